@@ -1,0 +1,1 @@
+"""Tessera agent: per-node gRPC server hosting the block engine."""

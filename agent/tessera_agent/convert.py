@@ -1,0 +1,124 @@
+"""Conversions between the agent proto and engine objects — the only place they live.
+
+Called by the servicer (requests in, replies out) and by the stage client (steps sent to
+the next stage and results read back).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera_agent.engine import sampling, stage, step
+
+
+def tensor_to_proto(t: torch.Tensor) -> pb.Tensor:
+    t = t.detach().to("cpu").contiguous()
+    return pb.Tensor(
+        shape=list(t.shape),
+        dtype=str(t.dtype).removeprefix("torch."),
+        data=t.view(torch.uint8).numpy().tobytes(),
+    )
+
+
+def tensor_from_proto(msg: pb.Tensor) -> torch.Tensor:
+    dtype = getattr(torch, msg.dtype)
+    raw = torch.frombuffer(bytearray(msg.data), dtype=torch.uint8)
+    return raw.view(dtype).reshape(tuple(msg.shape))
+
+
+def sampling_to_proto(p: sampling.SamplingParams) -> pb.SamplingParams:
+    return pb.SamplingParams(
+        max_tokens=p.max_tokens,
+        temperature=p.temperature,
+        top_k=p.top_k,
+        top_p=p.top_p,
+        has_seed=p.seed is not None,
+        seed=p.seed or 0,
+        stop_token_ids=list(p.stop_token_ids),
+        ignore_eos=p.ignore_eos,
+    )
+
+
+def sampling_from_proto(msg: pb.SamplingParams) -> sampling.SamplingParams:
+    """Raises InvalidArgumentError naming the bad field."""
+    return sampling.SamplingParams(
+        max_tokens=msg.max_tokens,
+        temperature=msg.temperature,
+        top_k=msg.top_k,
+        top_p=msg.top_p if msg.top_p else 1.0,
+        seed=msg.seed if msg.has_seed else None,
+        stop_token_ids=tuple(msg.stop_token_ids),
+        ignore_eos=msg.ignore_eos,
+    )
+
+
+def step_to_proto(inp: step.StepInput) -> pb.StageMessage:
+    chunks = [
+        pb.SeqChunk(
+            seq_id=c.seq_id,
+            start=c.start,
+            num_tokens=c.num_tokens,
+            block_table=list(c.block_table),
+            sample=c.sample,
+            params=sampling_to_proto(c.params) if c.sample else None,
+        )
+        for c in inp.chunks
+    ]
+    msg = pb.StageStep(step_id=inp.step_id, chunks=chunks, finished=list(inp.finished))
+    if inp.hidden is not None:
+        msg.hidden.CopyFrom(tensor_to_proto(inp.hidden))
+    return pb.StageMessage(step=msg)
+
+
+def step_from_proto(msg: pb.StageStep) -> step.StepInput:
+    chunks = [
+        step.SeqChunk(
+            seq_id=c.seq_id,
+            start=c.start,
+            num_tokens=c.num_tokens,
+            block_table=tuple(c.block_table),
+            sample=c.sample,
+            params=sampling_from_proto(c.params) if c.sample else sampling.SamplingParams(),
+        )
+        for c in msg.chunks
+    ]
+    hidden = tensor_from_proto(msg.hidden) if msg.HasField("hidden") else None
+    return step.StepInput(
+        step_id=msg.step_id, chunks=chunks, hidden=hidden, finished=list(msg.finished)
+    )
+
+
+def result_to_proto(out: step.StepOutput) -> pb.StageResult:
+    return pb.StageResult(
+        step=pb.StageStepResult(
+            step_id=out.step_id,
+            tokens=[pb.SampledToken(seq_id=s, token_id=t) for s, t in out.sampled.items()],
+        )
+    )
+
+
+def result_from_proto(msg: pb.StageStepResult) -> step.StepOutput:
+    return step.StepOutput(
+        step_id=msg.step_id, sampled={t.seq_id: int(t.token_id) for t in msg.tokens}
+    )
+
+
+def block_info(st: stage.Stage, num_stages: int, next_address: str) -> pb.BlockInfo:
+    s = st.spec
+    return pb.BlockInfo(
+        replica_id=s.replica_id,
+        stage_index=s.stage_index,
+        num_stages=num_stages,
+        model_path=s.model_path,
+        layer_start=s.start,
+        layer_end=s.end,
+        device=s.device,
+        param_bytes=st.param_bytes,
+        kv_bytes=st.kv_bytes,
+        kv_pages=st.num_pages,
+        page_size=s.page_size,
+        dtype=s.dtype,
+        num_tensors=len(st.tensor_names()),
+        next_stage_address=next_address,
+    )

@@ -1,0 +1,1 @@
+"""Block engine: model code, loader, paged KV cache, scheduler, runner, stages."""

@@ -1,0 +1,88 @@
+"""Paged KV cache storage of one stage: fixed-size pages of K and V per layer.
+
+The pool is one flat tensor per layer, `[num_pages * page_size, kv_heads, head_dim]`, so a
+token's slot is `page * page_size + offset`. Which pages belong to which sequence is
+decided by the replica leader's `PageAllocator` and arrives with each step as a block
+table; this module only stores. `export_sequence` / `import_sequence` copy one sequence's
+K/V for one layer out of and into the pool (KV migration builds on them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Geometry of a KV pool."""
+
+    num_layers: int
+    num_pages: int
+    page_size: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def bytes_per_page(self) -> int:
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.page_size * self.kv_heads * self.head_dim * elem
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_pages * self.bytes_per_page
+
+
+def pages_for_budget(
+    budget_bytes: int,
+    num_layers: int,
+    page_size: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+) -> int:
+    """How many pages a byte budget buys for a stage of `num_layers` layers."""
+    per_page = KVLayout(num_layers, 1, page_size, kv_heads, head_dim, dtype).bytes_per_page
+    return max(0, budget_bytes // per_page)
+
+
+class PagedKVCache:
+    """K/V page pool for the layers of one stage."""
+
+    def __init__(self, layout: KVLayout, device: torch.device) -> None:
+        self.layout = layout
+        slots = layout.num_pages * layout.page_size
+        shape = (slots, layout.kv_heads, layout.head_dim)
+        self.k = [
+            torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)
+        ]
+        self.v = [
+            torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)
+        ]
+
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return list(zip(self.k, self.v, strict=True))
+
+    def slots(self, block_table: list[int], length: int) -> torch.Tensor:
+        """Flat slot indices of positions [0, length) of a sequence."""
+        ps = self.layout.page_size
+        pages = torch.tensor(block_table, dtype=torch.long)
+        idx = (pages[:, None] * ps + torch.arange(ps)[None, :]).reshape(-1)
+        return idx[:length]
+
+    def export_sequence(
+        self, layer: int, block_table: list[int], length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy out K and V of positions [0, length) of one sequence in one local layer."""
+        s = self.slots(block_table, length)
+        return self.k[layer][s].clone(), self.v[layer][s].clone()
+
+    def import_sequence(
+        self, layer: int, block_table: list[int], k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """Write K and V (`[length, kv_heads, head_dim]`) of one sequence into its pages."""
+        s = self.slots(block_table, k.shape[0])
+        self.k[layer].index_copy_(0, s, k.to(self.layout.dtype))
+        self.v[layer].index_copy_(0, s, v.to(self.layout.dtype))

@@ -1,0 +1,190 @@
+"""Replica leader: drives continuous batching over the first stage and the rest of the pipeline.
+
+The leader agent of a replica owns the scheduler and page allocator. Its loop keeps up to
+`max_inflight` microbatches in flight (one per stage, at least two when pipelined) so
+that stages on different agents compute at the same time: microbatch A runs on stage 2
+while microbatch B runs on stage 1. Each step runs the local stage on the agent's compute
+thread, then goes downstream through a `Downstream` (the gRPC stage stream in production,
+an in-process runner chain in tests), and its sampled tokens come back to `postprocess`.
+Called by the agent servicer's `Generate`, by `tessera generate` and the engine bench.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from tessera_agent.engine import errors, page_allocator, runner, sampling, scheduler, step
+
+log = logging.getLogger(__name__)
+
+
+class Downstream(Protocol):
+    """The stages after the leader, seen as one: hidden states in, sampled tokens out."""
+
+    num_pages: int  # smallest KV pool among the downstream stages
+
+    async def submit(self, inp: step.StepInput) -> step.StepOutput: ...
+
+    async def close(self) -> None: ...
+
+
+DownstreamFactory = Callable[[], Awaitable[Downstream]]
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    kv_pages_total: int
+    kv_pages_used: int
+    running: int
+    waiting: int
+    preemptions: int
+
+
+class ReplicaEngine:
+    """Leader-side engine of one replica."""
+
+    def __init__(
+        self,
+        local: runner.StageRunner,
+        executor: concurrent.futures.Executor,
+        sched_cfg: scheduler.SchedulerConfig,
+        connect_downstream: DownstreamFactory | None = None,
+        max_inflight: int | None = None,
+    ) -> None:
+        self.local, self.executor, self.sched_cfg = local, executor, sched_cfg
+        self._connect = connect_downstream
+        self.max_inflight = max_inflight or (2 if connect_downstream else 1)
+        self._downstream: Downstream | None = None
+        self._sched: scheduler.Scheduler | None = None
+        self._queues: dict[str, asyncio.Queue[scheduler.TokenEvent]] = {}
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._ready_lock = asyncio.Lock()
+        self.steps = 0
+
+    # -- lifecycle --------------------------------------------------------------------
+    async def _ensure_ready(self) -> scheduler.Scheduler:
+        async with self._ready_lock:
+            if self._sched is not None and (self._connect is None or self._downstream):
+                return self._sched
+            pages = self.local.cache.layout.num_pages
+            if self._connect is not None:
+                self._downstream = await self._connect()
+                pages = min(pages, self._downstream.num_pages)
+            if self._sched is None or self._sched.num_unfinished == 0:
+                alloc = page_allocator.PageAllocator(pages, self.local.page_size)
+                self._sched = scheduler.Scheduler(alloc, self.sched_cfg)
+            if self._loop_task is None:
+                self._loop_task = asyncio.create_task(self._loop(), name="replica-loop")
+            return self._sched
+
+    async def close(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        for t in list(self._inflight):
+            t.cancel()
+        await asyncio.gather(*self._inflight, return_exceptions=True)
+        if self._downstream is not None:
+            await self._downstream.close()
+
+    def stats(self) -> ReplicaStats:
+        s = self._sched
+        if s is None:
+            return ReplicaStats(self.local.cache.layout.num_pages, 0, 0, 0, 0)
+        return ReplicaStats(
+            s.alloc.num_pages, s.alloc.used_pages, len(s.running), len(s.waiting), s.preemptions
+        )
+
+    # -- requests ---------------------------------------------------------------------
+    async def generate(
+        self, seq_id: str, prompt: list[int], params: sampling.SamplingParams
+    ) -> AsyncIterator[scheduler.TokenEvent]:
+        """Yield the request's token events; cancelling the consumer cancels the request."""
+        sched = await self._ensure_ready()
+        queue: asyncio.Queue[scheduler.TokenEvent] = asyncio.Queue()
+        sched.add(seq_id, prompt, params)
+        self._queues[seq_id] = queue
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                ev = await queue.get()
+                if ev.finish_reason == "error":
+                    finished = True
+                    raise errors.UnavailableError(ev.error or "replica failed")
+                yield ev
+                if ev.finish_reason is not None:
+                    finished = True
+                    return
+        finally:
+            self._queues.pop(seq_id, None)
+            if not finished:
+                self.cancel(seq_id)
+
+    def cancel(self, seq_id: str) -> None:
+        if self._sched is not None:
+            self._dispatch(self._sched.cancel(seq_id))
+            self._wake.set()
+
+    # -- loop -------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            self._fill()
+            await self._wake.wait()
+
+    def _fill(self) -> None:
+        sched = self._sched
+        if sched is None:
+            return
+        while len(self._inflight) < self.max_inflight:
+            max_seqs = None
+            if self.max_inflight > 1:
+                max_seqs = max(1, math.ceil(sched.num_unfinished / self.max_inflight))
+            planned = sched.schedule(max_seqs)
+            if planned is None:
+                return
+            task = asyncio.create_task(self._run(planned))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+    async def _run(self, planned: scheduler.ScheduledStep) -> None:
+        assert self._sched is not None
+        loop = asyncio.get_running_loop()
+        try:
+            out = await loop.run_in_executor(self.executor, self.local.execute, planned.input)
+            if self._connect is not None:
+                if self._downstream is None:
+                    raise errors.UnavailableError("downstream stage is not connected")
+                out = await self._downstream.submit(step.next_stage_input(planned.input, out))
+            events = self._sched.postprocess(planned, out.sampled)
+            self.steps += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a lost stage must not kill the loop: fail and reconnect
+            log.warning("replica step failed: %s", exc)
+            events = self._sched.fail(planned, f"replica step failed: {exc}")
+            if self._downstream is not None:
+                events += self._sched.fail_all(f"replica lost a stage: {exc}")
+                ds, self._downstream = self._downstream, None
+                await ds.close()
+        self._dispatch(events)
+        # Leave the in-flight set now (done-callbacks run later) so the loop can refill.
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.discard(task)
+        self._wake.set()
+
+    def _dispatch(self, events: list[scheduler.TokenEvent]) -> None:
+        for ev in events:
+            q = self._queues.get(ev.seq_id)
+            if q is not None:
+                q.put_nowait(ev)

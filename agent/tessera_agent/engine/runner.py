@@ -1,0 +1,120 @@
+"""Runs one step of one stage: builds attention metadata, runs the layers, samples if last.
+
+Called on the agent's compute thread by `replica.py` (leader) and by the stage stream
+servicer (later stages). Pure computation over the stage's model and KV pool; it never
+decides what to schedule.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tessera_agent.engine import kv_cache as kv_mod
+from tessera_agent.engine import model as model_mod
+from tessera_agent.engine import sampling, step
+
+
+class StageRunner:
+    """A loaded stage model plus its KV pool and (on the last stage) a sampler."""
+
+    def __init__(
+        self, model: model_mod.StageModel, cache: kv_mod.PagedKVCache, device: torch.device
+    ) -> None:
+        self.model, self.cache, self.device = model, cache, device
+        self.sampler = sampling.Sampler() if model.is_last else None
+        self.block_tables: dict[str, tuple[int, ...]] = {}  # last seen, for KV export
+
+    @property
+    def page_size(self) -> int:
+        return self.cache.layout.page_size
+
+    @torch.inference_mode()
+    def execute(self, inp: step.StepInput) -> step.StepOutput:
+        for seq_id in inp.finished:
+            self.forget(seq_id)
+        if not inp.chunks:
+            return step.StepOutput(step_id=inp.step_id)
+        md = self._metadata(inp.chunks)
+        if self.model.is_first:
+            if inp.token_ids is None:
+                raise ValueError("the first stage needs token ids")
+            x = torch.tensor(inp.token_ids, dtype=torch.long, device=self.device)
+        else:
+            if inp.hidden is None:
+                raise ValueError("a later stage needs hidden states")
+            x = inp.hidden.to(self.device, self.model.dtype_)
+        hidden = self.model(x, md, self.cache.layers())
+        if not self.model.is_last:
+            return step.StepOutput(step_id=inp.step_id, hidden=hidden)
+        rows, ids, params = [], [], []
+        end = 0
+        for c in inp.chunks:
+            end += c.num_tokens
+            if c.sample:
+                rows.append(end - 1)
+                ids.append(c.seq_id)
+                params.append(c.params)
+        sampled: dict[str, int] = {}
+        if rows:
+            logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
+            assert self.sampler is not None
+            sampled = dict(zip(ids, self.sampler.sample(logits.float(), ids, params), strict=True))
+        return step.StepOutput(step_id=inp.step_id, sampled=sampled)
+
+    def forget(self, seq_id: str) -> None:
+        self.block_tables.pop(seq_id, None)
+        if self.sampler is not None:
+            self.sampler.forget(seq_id)
+
+    def _metadata(self, chunks: list[step.SeqChunk]) -> model_mod.AttentionMetadata:
+        ps = self.page_size
+        positions: list[int] = []
+        slot_map: list[int] = []
+        decode_rows: list[int] = []
+        decode_tables: list[tuple[int, ...]] = []
+        decode_lens: list[int] = []
+        prefill: list[model_mod.PrefillSegment] = []
+        row = 0
+        for c in chunks:
+            self.block_tables[c.seq_id] = c.block_table
+            bt = c.block_table
+            for pos in range(c.start, c.start + c.num_tokens):
+                positions.append(pos)
+                slot_map.append(bt[pos // ps] * ps + pos % ps)
+            ctx = c.start + c.num_tokens
+            if c.num_tokens == 1:
+                decode_rows.append(row)
+                decode_tables.append(bt)
+                decode_lens.append(ctx)
+            else:
+                slots = self.cache.slots(list(bt), ctx).to(self.device)
+                mask = None
+                if c.start:
+                    q = torch.arange(c.num_tokens)[:, None] + c.start
+                    mask = (torch.arange(ctx)[None, :] <= q).to(self.device)
+                prefill.append(model_mod.PrefillSegment(row, c.num_tokens, slots, mask))
+            row += c.num_tokens
+        if decode_rows:
+            lmax = max(decode_lens)
+            npages = -(-lmax // ps)
+            tables = torch.tensor(
+                [list(t[:npages]) + [0] * (npages - len(t[:npages])) for t in decode_tables],
+                dtype=torch.long,
+            )
+            gather = (tables[:, :, None] * ps + torch.arange(ps)[None, None, :]).reshape(
+                len(decode_rows), -1
+            )[:, :lmax]
+            lens = torch.tensor(decode_lens)
+            mask = (torch.arange(lmax)[None, :] < lens[:, None])[:, None, None, :]
+            gather, mask = gather.to(self.device), mask.to(self.device)
+        else:
+            gather = torch.empty(0, 0, dtype=torch.long, device=self.device)
+            mask = torch.empty(0, 1, 1, 0, dtype=torch.bool, device=self.device)
+        return model_mod.AttentionMetadata(
+            positions=torch.tensor(positions, dtype=torch.long, device=self.device),
+            slot_mapping=torch.tensor(slot_map, dtype=torch.long, device=self.device),
+            decode_rows=torch.tensor(decode_rows, dtype=torch.long, device=self.device),
+            decode_gather=gather,
+            decode_mask=mask,
+            prefill=prefill,
+        )

@@ -1,0 +1,148 @@
+"""A loaded block: one layer range of one replica on one device, ready to run steps.
+
+Built by the agent servicer's `LoadBlock` (and by `tessera generate` / tests in-process).
+Combines the loader (weights), the KV pool sized from the memory budget left after the
+parameters, and the runner. Also provides `LocalDownstream`, an in-process chain of
+stages used where no network is wanted (tests of pipelining semantics, the engine bench).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tessera_agent.engine import config as config_mod
+from tessera_agent.engine import errors, kv_cache, loader, runner, step
+
+DEFAULT_PAGE_SIZE = 16
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """What to load: a layer range of a checkpoint for one stage of one replica."""
+
+    model_path: str
+    start: int
+    end: int
+    replica_id: str = "r0"
+    stage_index: int = 0
+    device: str = "cpu:0"
+    dtype: str = "float32"
+    kv_bytes: int = 0  # 0 = all of the device budget left after the parameters
+    page_size: int = DEFAULT_PAGE_SIZE
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in table:
+        raise errors.InvalidArgumentError(f"dtype: {name!r} is not one of {sorted(table)}")
+    return table[name]
+
+
+class Stage:
+    """A block loaded on a device, with its KV pool and runner."""
+
+    def __init__(
+        self,
+        spec: BlockSpec,
+        cfg: config_mod.ModelConfig,
+        runner_: runner.StageRunner,
+        param_bytes: int,
+    ) -> None:
+        self.spec, self.cfg, self.runner, self.param_bytes = spec, cfg, runner_, param_bytes
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.runner.cache.layout.total_bytes
+
+    @property
+    def num_pages(self) -> int:
+        return self.runner.cache.layout.num_pages
+
+    @property
+    def is_first(self) -> bool:
+        return self.spec.start == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.spec.end == self.cfg.num_layers
+
+    def tensor_names(self) -> list[str]:
+        return loader.checkpoint_names(self.cfg, self.spec.start, self.spec.end)
+
+
+def plan_bytes(spec: BlockSpec) -> tuple[config_mod.ModelConfig, int]:
+    """Validate the spec against the checkpoint and return (config, parameter bytes)."""
+    path = Path(spec.model_path)
+    if not (path / "config.json").is_file():
+        raise errors.NotFoundError(f"model not found: {spec.model_path} has no config.json")
+    try:
+        cfg = config_mod.ModelConfig.from_path(path)
+    except config_mod.ConfigError as exc:
+        raise errors.InvalidArgumentError(str(exc)) from exc
+    if not 0 <= spec.start < spec.end <= cfg.num_layers:
+        raise errors.InvalidArgumentError(
+            f"layers: range [{spec.start}, {spec.end}) is invalid for a model of "
+            f"{cfg.num_layers} layers (need 0 <= start < end <= {cfg.num_layers})"
+        )
+    if spec.page_size < 1:
+        raise errors.InvalidArgumentError("page_size: must be >= 1")
+    return cfg, loader.block_bytes(path, cfg, spec.start, spec.end, torch_dtype(spec.dtype))
+
+
+def load_stage(spec: BlockSpec, device: torch.device, budget_bytes: int) -> Stage:
+    """Load the block within `budget_bytes` of device memory (parameters plus KV pool)."""
+    cfg, pbytes = plan_bytes(spec)
+    if pbytes > budget_bytes:
+        raise errors.ResourceExhaustedError(
+            f"block [{spec.start}, {spec.end}) needs {pbytes} bytes of parameters but device "
+            f"{spec.device} has {budget_bytes} bytes free"
+        )
+    kv_budget = spec.kv_bytes or (budget_bytes - pbytes)
+    if pbytes + kv_budget > budget_bytes:
+        raise errors.ResourceExhaustedError(
+            f"block [{spec.start}, {spec.end}) needs {pbytes} bytes of parameters plus "
+            f"{kv_budget} of KV cache but device {spec.device} has {budget_bytes} bytes free"
+        )
+    dtype = torch_dtype(spec.dtype)
+    n_layers = spec.end - spec.start
+    pages = kv_cache.pages_for_budget(
+        kv_budget, n_layers, spec.page_size, cfg.num_kv_heads, cfg.head_dim, dtype
+    )
+    if pages < 1:
+        raise errors.ResourceExhaustedError(
+            f"block [{spec.start}, {spec.end}) leaves no room for a single KV page on "
+            f"{spec.device} ({kv_budget} bytes left after parameters)"
+        )
+    model = loader.load_stage(Path(spec.model_path), cfg, spec.start, spec.end, dtype, device)
+    layout = kv_cache.KVLayout(
+        n_layers, pages, spec.page_size, cfg.num_kv_heads, cfg.head_dim, dtype
+    )
+    cache = kv_cache.PagedKVCache(layout, device)
+    return Stage(spec, cfg, runner.StageRunner(model, cache, device), pbytes)
+
+
+class LocalDownstream:
+    """Stages after the leader, run in this process on their own single-thread executors."""
+
+    def __init__(self, runners: list[runner.StageRunner]) -> None:
+        self.runners = runners
+        self.num_pages = min(r.cache.layout.num_pages for r in runners)
+        self._pools = [concurrent.futures.ThreadPoolExecutor(1) for _ in runners]
+
+    async def submit(self, inp: step.StepInput) -> step.StepOutput:
+        loop = asyncio.get_running_loop()
+        out = step.StepOutput(step_id=inp.step_id)
+        cur = inp
+        for r, pool in zip(self.runners, self._pools, strict=True):
+            out = await loop.run_in_executor(pool, r.execute, cur)
+            cur = step.next_stage_input(inp, out)
+        return out
+
+    async def close(self) -> None:
+        for p in self._pools:
+            p.shutdown(wait=False)

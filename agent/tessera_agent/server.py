@@ -1,0 +1,83 @@
+"""Agent process entry point: serves the Agent and grpc.health.v1 services until signalled.
+
+Called by `tessera agent` (and by `tessera up`, which starts one process per local
+agent). Prints one line `tessera-agent <id> listening on <host>:<port>` once serving, so
+parents can wait for readiness; SIGTERM/SIGINT stop it gracefully.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+
+import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from tessera.rpc import transport
+from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+from tessera_agent import devices, servicer
+
+VERSION = "0.1.0"
+SERVICE_NAME = "tessera.rpc.v1.Agent"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    agent_id: str = "agent-0"
+    host: str = "127.0.0.1"
+    port: int = 50051  # 0 = pick a free port
+    devices: str = "cpu:1x4GiB"
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port: {self.port} is not a TCP port")
+        if self.threads < 0:
+            raise ValueError("threads: must be >= 0")
+
+
+async def serve(cfg: AgentConfig) -> None:
+    devs, nvml_status = devices.parse_devices(cfg.devices)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    server = transport.server()
+    svc = servicer.AgentServicer(cfg.agent_id, devs, nvml_status, VERSION)
+    pb_grpc.add_AgentServicer_to_server(svc, server)
+    health_svc = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_svc, server)
+    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_svc.set(name, health_pb2.HealthCheckResponse.SERVING)
+    sys.stdout.write(f"tessera-agent {cfg.agent_id} listening on {cfg.host}:{port}\n")
+    sys.stdout.flush()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    waiter = asyncio.create_task(server.wait_for_termination())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    for name in ("", SERVICE_NAME):
+        await health_svc.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await svc.close()
+    await server.stop(grace=1.0)
+    waiter.cancel()
+    stopper.cancel()
+
+
+def run(cfg: AgentConfig) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        asyncio.run(serve(cfg))
+    except devices.DeviceError as exc:
+        sys.stderr.write(f"tessera agent: {exc}\n")
+        return 2
+    return 0

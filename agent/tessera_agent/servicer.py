@@ -1,0 +1,381 @@
+"""gRPC servicer of the agent: translates proto ↔ engine objects and delegates.
+
+Thin by design (route_guide style): every method validates, calls into the engine
+(`engine.stage`, `engine.replica`) and maps `EngineError`s to gRPC statuses whose message
+names the cause. Created by `server.py`; one instance per agent process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import grpc
+
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+from tessera_agent import convert, devices, stage_client
+from tessera_agent.engine import errors, replica, scheduler, stage, step
+
+log = logging.getLogger(__name__)
+
+_CODES: dict[type[errors.EngineError], grpc.StatusCode] = {
+    errors.NotFoundError: grpc.StatusCode.NOT_FOUND,
+    errors.InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.FailedPreconditionError: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.UnavailableError: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def status_code(exc: BaseException) -> grpc.StatusCode:
+    for cls, code in _CODES.items():
+        if isinstance(exc, cls):
+            return code
+    if isinstance(exc, FileNotFoundError):
+        return grpc.StatusCode.NOT_FOUND
+    return grpc.StatusCode.INTERNAL
+
+
+async def _abort(ctx: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
+    await ctx.abort(status_code(exc), str(exc))
+    raise AssertionError("unreachable")  # ctx.abort raises
+
+
+@dataclass
+class Hosted:
+    """A block this agent holds, and (for stage 0) the replica engine it leads."""
+
+    stage: stage.Stage
+    num_stages: int
+    next_address: str
+    leader: replica.ReplicaEngine | None = None
+
+    @property
+    def holder(self) -> str:
+        return f"{self.stage.spec.replica_id}/{self.stage.spec.stage_index}"
+
+
+class AgentServicer(pb_grpc.AgentServicer):
+    def __init__(
+        self, agent_id: str, devs: list[devices.Device], nvml_status: str, version: str
+    ) -> None:
+        self.agent_id, self.nvml_status, self.version = agent_id, nvml_status, version
+        self.devices = {d.id: d for d in devs}
+        self.hosted: dict[tuple[str, int], Hosted] = {}
+        self.compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compute")
+        self.loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loader")
+        self._load_lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        for h in list(self.hosted.values()):
+            if h.leader is not None:
+                await h.leader.close()
+        self.compute.shutdown(wait=False, cancel_futures=True)
+        self.loader.shutdown(wait=False, cancel_futures=True)
+
+    # -- inventory ----------------------------------------------------------------------
+    def _blocks(self) -> list[pb.BlockInfo]:
+        return [
+            convert.block_info(h.stage, h.num_stages, h.next_address)
+            for _, h in sorted(self.hosted.items())
+        ]
+
+    async def Describe(
+        self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.DescribeReply:
+        kv = []
+        for (rid, _), h in sorted(self.hosted.items()):
+            if h.leader is not None:
+                s = h.leader.stats()
+                kv.append(
+                    pb.ReplicaKV(
+                        replica_id=rid,
+                        pages_total=s.kv_pages_total,
+                        pages_used=s.kv_pages_used,
+                        running=s.running,
+                        waiting=s.waiting,
+                        preemptions=s.preemptions,
+                    )
+                )
+        return pb.DescribeReply(
+            agent_id=self.agent_id,
+            nvml_status=self.nvml_status,
+            version=self.version,
+            devices=[
+                pb.Device(
+                    id=d.id,
+                    kind=d.kind,
+                    name=d.name,
+                    capacity_bytes=d.capacity_bytes,
+                    free_bytes=d.free_bytes,
+                )
+                for d in self.devices.values()
+            ],
+            blocks=self._blocks(),
+            kv=kv,
+        )
+
+    async def ListBlocks(
+        self, request: pb.ListBlocksRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ListBlocksReply:
+        return pb.ListBlocksReply(blocks=self._blocks())
+
+    # -- loading ------------------------------------------------------------------------
+    async def LoadBlock(
+        self, request: pb.LoadBlockRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.LoadBlockReply:
+        try:
+            return await self._load(request)
+        except errors.EngineError as exc:
+            await _abort(context, exc)
+
+    async def _load(self, req: pb.LoadBlockRequest) -> pb.LoadBlockReply:
+        spec = stage.BlockSpec(
+            model_path=req.model_path,
+            start=req.layer_start,
+            end=req.layer_end,
+            replica_id=req.replica_id,
+            stage_index=req.stage_index,
+            device=req.device,
+            dtype=req.dtype or "float32",
+            kv_bytes=req.kv_bytes,
+            page_size=req.page_size or stage.DEFAULT_PAGE_SIZE,
+        )
+        if not req.replica_id:
+            raise errors.InvalidArgumentError("replica_id: must not be empty")
+        num_stages = req.num_stages or 1
+        if not 0 <= req.stage_index < num_stages:
+            raise errors.InvalidArgumentError(
+                f"stage_index: {req.stage_index} is outside [0, {num_stages})"
+            )
+        async with self._load_lock:
+            key = (spec.replica_id, spec.stage_index)
+            if key in self.hosted:
+                h = self.hosted[key]
+                if h.stage.spec == spec and h.next_address == req.next_stage_address:
+                    return pb.LoadBlockReply(
+                        block=convert.block_info(h.stage, h.num_stages, h.next_address),
+                        already_loaded=True,
+                    )
+                raise errors.FailedPreconditionError(
+                    f"replica {spec.replica_id} stage {spec.stage_index} is already loaded "
+                    f"with layers [{h.stage.spec.start}, {h.stage.spec.end}) on "
+                    f"{h.stage.spec.device}; unload it first"
+                )
+            dev = self.devices.get(spec.device)
+            if dev is None:
+                raise errors.NotFoundError(
+                    f"device {spec.device!r} is not on agent {self.agent_id} "
+                    f"(devices: {', '.join(self.devices)})"
+                )
+            cfg, _ = await asyncio.get_running_loop().run_in_executor(
+                self.loader, stage.plan_bytes, spec
+            )
+            is_last = spec.end == cfg.num_layers
+            if (spec.start == 0) != (spec.stage_index == 0):
+                raise errors.InvalidArgumentError(
+                    f"stage_index: stage {spec.stage_index} cannot start at layer {spec.start} "
+                    "(only stage 0 starts at layer 0)"
+                )
+            if is_last != (spec.stage_index == num_stages - 1):
+                raise errors.InvalidArgumentError(
+                    f"num_stages: stage {spec.stage_index} of {num_stages} ends at layer "
+                    f"{spec.end} of {cfg.num_layers}; only the last stage ends the model"
+                )
+            if not is_last and not req.next_stage_address:
+                raise errors.InvalidArgumentError(
+                    "next_stage_address: required for a stage that does not end the model"
+                )
+            loaded = await asyncio.get_running_loop().run_in_executor(
+                self.loader, stage.load_stage, spec, dev.torch_device(), dev.free_bytes
+            )
+            h = Hosted(loaded, num_stages, req.next_stage_address)
+            dev.used[h.holder] = loaded.param_bytes + loaded.kv_bytes
+            if spec.stage_index == 0:
+                h.leader = self._make_leader(h, req)
+            self.hosted[key] = h
+            log.info("loaded %s layers [%d, %d) on %s", h.holder, spec.start, spec.end, dev.id)
+            return pb.LoadBlockReply(block=convert.block_info(loaded, num_stages, h.next_address))
+
+    def _make_leader(self, h: Hosted, req: pb.LoadBlockRequest) -> replica.ReplicaEngine:
+        st = h.stage
+        cfg = scheduler.SchedulerConfig(
+            max_num_seqs=req.max_num_seqs or 64,
+            max_batched_tokens=req.max_batched_tokens or 256,
+            max_model_len=st.cfg.max_positions,
+            eos_token_ids=st.cfg.eos_token_ids,
+        )
+        connect = None
+        if h.num_stages > 1:
+            hello = pb.StageHello(
+                replica_id=st.spec.replica_id,
+                stage_index=1,
+                layer_start=st.spec.end,
+                model_path=st.spec.model_path,
+            )
+            address = h.next_address
+
+            async def connect() -> replica.Downstream:
+                return await stage_client.RemoteDownstream.connect(address, hello)
+
+        return replica.ReplicaEngine(st.runner, self.compute, cfg, connect)
+
+    async def UnloadBlock(
+        self, request: pb.UnloadBlockRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.UnloadBlockReply:
+        async with self._load_lock:
+            h = self.hosted.pop((request.replica_id, request.stage_index), None)
+            if h is None:
+                await context.abort(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"replica {request.replica_id} has no stage "
+                    f"{request.stage_index} on agent {self.agent_id}",
+                )
+                raise AssertionError("unreachable")
+            if h.leader is not None:
+                await h.leader.close()
+            self.devices[h.stage.spec.device].used.pop(h.holder, None)
+            log.info("unloaded %s", h.holder)
+            return pb.UnloadBlockReply(unloaded=True)
+
+    # -- stage stream -------------------------------------------------------------------
+    async def StageStream(
+        self,
+        request_iterator: AsyncIterator[pb.StageMessage],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[pb.StageResult]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or not first.HasField("hello"):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "StageStream must open with a hello"
+            )
+            return
+        hello = first.hello
+        try:
+            h = self._check_hello(hello)
+            downstream = None
+            pages = h.stage.num_pages
+            if h.stage.spec.stage_index < h.num_stages - 1:
+                downstream = await stage_client.RemoteDownstream.connect(
+                    h.next_address,
+                    pb.StageHello(
+                        replica_id=hello.replica_id,
+                        stage_index=hello.stage_index + 1,
+                        layer_start=h.stage.spec.end,
+                        model_path=h.stage.spec.model_path,
+                    ),
+                )
+                pages = min(pages, downstream.num_pages)
+        except errors.EngineError as exc:
+            await _abort(context, exc)
+        yield pb.StageResult(
+            hello=pb.StageHelloReply(num_pages=pages, page_size=h.stage.spec.page_size)
+        )
+        results: asyncio.Queue[asyncio.Future[pb.StageResult] | None] = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async for msg in request_iterator:
+                    results.put_nowait(asyncio.ensure_future(self._stage_step(h, msg, downstream)))
+            finally:
+                results.put_nowait(None)
+
+        pump_task = asyncio.create_task(pump())
+        try:
+            while (fut := await results.get()) is not None:
+                try:
+                    yield await fut
+                except errors.EngineError as exc:
+                    await _abort(context, exc)
+        finally:
+            pump_task.cancel()
+            with contextlib.suppress(BaseException):
+                await pump_task
+            if downstream is not None:
+                await downstream.close()
+
+    def _check_hello(self, hello: pb.StageHello) -> Hosted:
+        h = self.hosted.get((hello.replica_id, hello.stage_index))
+        if h is None:
+            have = ", ".join(x.holder for x in self.hosted.values()) or "none"
+            raise errors.FailedPreconditionError(
+                f"stage mismatch: replica {hello.replica_id} has no stage {hello.stage_index} "
+                f"on agent {self.agent_id} (loaded: {have})"
+            )
+        s = h.stage.spec
+        if s.start != hello.layer_start:
+            raise errors.FailedPreconditionError(
+                f"stage mismatch: replica {hello.replica_id} stage {hello.stage_index} starts "
+                f"at layer {s.start} but the previous stage ends at layer {hello.layer_start}"
+            )
+        if s.model_path != hello.model_path:
+            raise errors.FailedPreconditionError(
+                f"stage mismatch: replica {hello.replica_id} stage {hello.stage_index} serves "
+                f"{s.model_path}, the previous stage {hello.model_path}"
+            )
+        return h
+
+    async def _stage_step(
+        self, h: Hosted, msg: pb.StageMessage, downstream: stage_client.RemoteDownstream | None
+    ) -> pb.StageResult:
+        inp = convert.step_from_proto(msg.step)
+        loop = asyncio.get_running_loop()
+        out = await loop.run_in_executor(self.compute, h.stage.runner.execute, inp)
+        if downstream is not None:
+            out = await downstream.submit(step.next_stage_input(inp, out))
+        return convert.result_to_proto(out)
+
+    # -- generation ---------------------------------------------------------------------
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.GenerateChunk]:
+        h = self.hosted.get((request.replica_id, 0))
+        if h is None or h.leader is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"replica {request.replica_id!r} is not led by agent "
+                f"{self.agent_id} (no stage 0 here)",
+            )
+            return
+        prompt = list(request.prompt_token_ids)
+        n = 0
+        try:
+            params = convert.sampling_from_proto(request.params)
+            vocab = h.stage.cfg.vocab_size
+            bad = [t for t in prompt if not 0 <= t < vocab]
+            if bad:
+                raise errors.InvalidArgumentError(
+                    f"prompt_token_ids: {bad[0]} is outside the vocabulary [0, {vocab})"
+                )
+            rid = request.request_id or uuid.uuid4().hex
+            async for ev in h.leader.generate(rid, prompt, params):
+                if ev.token is not None:
+                    n += 1
+                yield pb.GenerateChunk(
+                    token_ids=[ev.token] if ev.token is not None else [],
+                    finish_reason=ev.finish_reason or "",
+                    prompt_tokens=len(prompt),
+                    completion_tokens=n,
+                )
+        except errors.EngineError as exc:
+            await _abort(context, exc)
+
+    async def Cancel(
+        self, request: pb.CancelRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.CancelReply:
+        h = self.hosted.get((request.replica_id, 0))
+        if h is None or h.leader is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"replica {request.replica_id!r} is not led by this agent",
+            )
+            raise AssertionError("unreachable")
+        h.leader.cancel(request.request_id)
+        return pb.CancelReply(cancelled=True)

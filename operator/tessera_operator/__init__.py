@@ -1,0 +1,1 @@
+"""Kopf operator reconciling ServingDeployment custom resources."""

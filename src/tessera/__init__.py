@@ -1,0 +1,1 @@
+"""Tessera: block-granular LLM serving control plane (the pure core)."""

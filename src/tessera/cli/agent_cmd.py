@@ -1,0 +1,35 @@
+"""`tessera agent`: run one node agent (gRPC server hosting the block engine)."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("agent", help="run a node agent (gRPC)")
+    p.add_argument("--agent-id", default=socket.gethostname())
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=50051, help="0 picks a free port")
+    p.add_argument(
+        "--devices",
+        default="auto",
+        help="cpu:2x4GiB (declared CPU virtual devices), cuda (all GPUs), cuda:N, "
+        "or auto (GPUs via NVML, else one 4GiB CPU device)",
+    )
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tessera_agent import server
+
+    cfg = server.AgentConfig(
+        agent_id=args.agent_id,
+        host=args.host,
+        port=args.port,
+        devices=args.devices,
+        threads=args.threads,
+    )
+    return server.run(cfg)

@@ -1,0 +1,82 @@
+"""Per-stage prefill and decode time of a pipeline stage, including communication.
+
+Adds the pieces the per-layer profile leaves out: the tensor-parallel all-reduce (ring
+algorithm over the intra-node link) and the pipeline hop to the next stage (intra- or
+inter-node). Called by ``tessera.cost.capacity`` (replica capacity) and
+``tessera.cost.fit`` (to strip modeled all-reduce time from measured samples).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tessera.cost import fields
+from tessera.cost.profile import Link, Profile
+
+
+def allreduce_seconds(nbytes: float, ranks: int, link: Link) -> float:
+    """Ring all-reduce of ``nbytes`` over ``ranks`` GPUs: 2(p-1) steps of nbytes/p each."""
+    if ranks <= 1:
+        return 0.0
+    steps = 2 * (ranks - 1)
+    return steps * link.latency_s + steps * (nbytes / ranks) / link.bandwidth_bytes_per_s
+
+
+def layer_allreduce_seconds(profile: Profile, tokens: float, tp: int, link: Link) -> float:
+    """All-reduce time one decoder layer spends for ``tokens`` hidden states at degree tp."""
+    nbytes = tokens * profile.memory.activation_bytes_per_token
+    return profile.comm.allreduce_per_layer * allreduce_seconds(nbytes, tp, link)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One pipeline stage as the cost model sees it."""
+
+    layers: int  # number of decoder layers held
+    first: bool  # holds the token embedding
+    last: bool  # holds the final norm and lm_head
+    hop: Link | None  # link to the next stage (None for the last stage)
+
+    def __post_init__(self) -> None:
+        if self.layers < 0:
+            raise fields.FieldError("layers", "must be >= 0")
+        if (self.hop is None) != self.last:
+            raise fields.FieldError("hop", "the last stage and only it has no outgoing hop")
+
+
+def stage_decode_seconds(
+    profile: Profile, stage: StageSpec, batch: float, context: float, tp: int, intra: Link
+) -> float:
+    """Time of one decode step of ``batch`` sequences through one stage."""
+    per_layer = profile.decode.seconds(batch, context, tp)
+    per_layer += layer_allreduce_seconds(profile, batch, tp, intra)
+    total = stage.layers * per_layer
+    if stage.last:
+        total += profile.lm_head_decode.seconds(batch, 0.0, tp)
+    if stage.hop is not None:
+        total += stage.hop.transfer_seconds(batch * profile.memory.activation_bytes_per_token)
+    return total
+
+
+def stage_prefill_seconds(
+    profile: Profile, stage: StageSpec, tokens: float, tp: int, intra: Link
+) -> float:
+    """Time to prefill one ``tokens``-long prompt through one stage."""
+    per_layer = profile.prefill.seconds(tokens, tp)
+    per_layer += layer_allreduce_seconds(profile, tokens, tp, intra)
+    total = stage.layers * per_layer
+    if stage.last:  # logits of the last prompt position only
+        total += profile.lm_head_decode.seconds(1.0, 0.0, tp)
+    if stage.hop is not None:
+        total += stage.hop.transfer_seconds(tokens * profile.memory.activation_bytes_per_token)
+    return total
+
+
+def stage_param_bytes(profile: Profile, stage: StageSpec) -> int:
+    """Weight bytes of a whole stage (before dividing across its tp ranks)."""
+    total = stage.layers * profile.memory.layer_param_bytes
+    if stage.first:
+        total += profile.memory.embedding_param_bytes
+    if stage.last:
+        total += profile.memory.lm_head_param_bytes
+    return total

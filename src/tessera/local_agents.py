@@ -1,0 +1,120 @@
+"""Starts and stops local agent processes (`tessera agent`) for `tessera up`, tests and benches.
+
+Each agent is a child process started with `--port 0`; its first stdout line tells the
+port it bound. Stopping sends SIGTERM, then SIGKILL after a grace period, so no child is
+left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+_LISTEN_RE = re.compile(r"listening on (\S+):(\d+)")
+
+
+@dataclass
+class AgentProcess:
+    agent_id: str
+    proc: subprocess.Popen[str]
+    address: str = ""
+    output: list[str] = field(default_factory=list)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def start_agent(
+    agent_id: str,
+    devices: str = "cpu:1x2GiB",
+    threads: int = 1,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    timeout: float = 60.0,
+) -> AgentProcess:
+    """Start one agent process and wait until it listens; raise with its output if it dies."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "tessera.cli.main",
+        "agent",
+        "--agent-id",
+        agent_id,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--devices",
+        devices,
+        "--threads",
+        str(threads),
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    agent = AgentProcess(agent_id, proc)
+    ready = threading.Event()
+
+    def reader() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            agent.output.append(line.rstrip())
+            del agent.output[:-200]  # keep the tail only
+            m = _LISTEN_RE.search(line)
+            if m and not agent.address:
+                agent.address = f"{m.group(1)}:{m.group(2)}"
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=reader, daemon=True, name=f"agent-{agent_id}-out").start()
+    deadline = time.monotonic() + timeout
+    while not ready.wait(0.1):
+        if time.monotonic() > deadline:
+            stop_agent(agent)
+            raise RuntimeError(f"agent {agent_id} did not start within {timeout}s")
+    if not agent.address:
+        stop_agent(agent)
+        raise RuntimeError(f"agent {agent_id} exited: " + "\n".join(agent.output[-20:]))
+    return agent
+
+
+def stop_agent(agent: AgentProcess, grace: float = 5.0) -> None:
+    """SIGTERM, wait `grace` seconds, then SIGKILL the agent's process group."""
+    if agent.proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(agent.proc.pid, signal.SIGTERM)
+        try:
+            agent.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent.proc.pid, signal.SIGKILL)
+            agent.proc.wait()
+
+
+@contextlib.contextmanager
+def local_agents(
+    n: int, devices: str = "cpu:1x2GiB", threads: int = 1, prefix: str = "agent"
+) -> Iterator[list[AgentProcess]]:
+    """Run `n` agents for the duration of the block."""
+    agents: list[AgentProcess] = []
+    try:
+        for i in range(n):
+            agents.append(start_agent(f"{prefix}-{i}", devices, threads))
+        yield agents
+    finally:
+        for a in agents:
+            stop_agent(a)

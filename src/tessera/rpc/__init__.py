@@ -1,0 +1,1 @@
+"""Generated gRPC/protobuf stubs for the agent contract; regenerate with `make proto`."""

@@ -1,0 +1,1 @@
+"""tessera.rpc.v1 generated stubs."""

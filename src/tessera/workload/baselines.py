@@ -1,0 +1,105 @@
+"""Baseline forecasters: last value, moving average, exponential smoothing (per class).
+
+Callers: the predictor benchmark (as the bar the LSTM must clear) and the planner's
+control loop (a cheap forecaster needing no torch). Each implements
+`forecaster.Forecaster`. A hyperparameter left as None is chosen in ``fit`` — on the
+history given to ``fit`` only (the training split), by the lowest pooled RRMSE of the
+one-step-ahead predictions over that history — so the test split never tunes anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import numpy.typing as npt
+
+from tessera.workload import forecaster, rrmse
+
+WINDOWS = (1, 2, 3, 5, 8, 12, 20, 30, 50)  # moving-average windows tried by fit
+ALPHAS = tuple(round(0.05 * i, 2) for i in range(1, 21))  # smoothing factors tried by fit
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclasses.dataclass
+class LastValue:
+    """Predicts that the next span repeats the last one."""
+
+    def fit(self, history: FloatArray) -> None:
+        """Nothing to learn."""
+        forecaster.check_history(history)
+
+    def predict(self, history: FloatArray) -> FloatArray:
+        """The last row of `history`."""
+        forecaster.check_history(history)
+        return np.asarray(history[-1], dtype=np.float64).copy()
+
+
+@dataclasses.dataclass
+class MovingAverage:
+    """Predicts the mean of the last `window` spans (fewer while history is shorter)."""
+
+    window: int | None = None  # None: chosen from WINDOWS by fit
+
+    def __post_init__(self) -> None:
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"window must be at least 1, got {self.window}")
+
+    def fit(self, history: FloatArray) -> None:
+        """Choose `window` on `history` when it was left as None."""
+        forecaster.check_history(history)
+        if self.window is None and len(history) >= 2:
+            self.window = min(
+                WINDOWS, key=lambda w: rrmse.overall(history[1:], _moving_average(history, w))
+            )
+
+    def predict(self, history: FloatArray) -> FloatArray:
+        """Mean of the last `window` rows of `history`."""
+        forecaster.check_history(history)
+        window = self.window if self.window is not None else 1
+        return np.asarray(history[-window:].mean(axis=0), dtype=np.float64)
+
+
+@dataclasses.dataclass
+class ExpSmoothing:
+    """Simple exponential smoothing: level ← α·count + (1 − α)·level, started at span 0."""
+
+    alpha: float | None = None  # None: chosen from ALPHAS by fit
+
+    def __post_init__(self) -> None:
+        if self.alpha is not None and not 0 < self.alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
+
+    def fit(self, history: FloatArray) -> None:
+        """Choose `alpha` on `history` when it was left as None."""
+        forecaster.check_history(history)
+        if self.alpha is None and len(history) >= 2:
+            self.alpha = min(
+                ALPHAS, key=lambda a: rrmse.overall(history[1:], _smoothed(history, a)[:-1])
+            )
+
+    def predict(self, history: FloatArray) -> FloatArray:
+        """The smoothed level after the whole of `history`."""
+        forecaster.check_history(history)
+        alpha = self.alpha if self.alpha is not None else 1.0
+        return np.asarray(_smoothed(history, alpha)[-1], dtype=np.float64)
+
+
+def _moving_average(history: FloatArray, window: int) -> FloatArray:
+    """Row t-1 is the mean of rows max(0, t − window)..t−1, for t = 1..len − 1."""
+    csum = np.vstack([np.zeros((1, history.shape[1])), np.cumsum(history, axis=0)])
+    ends = np.arange(1, len(history))
+    starts = np.maximum(0, ends - window)
+    return np.asarray((csum[ends] - csum[starts]) / (ends - starts)[:, None], dtype=np.float64)
+
+
+def _smoothed(history: FloatArray, alpha: float) -> FloatArray:
+    """Row t is the level after rows 0..t (so it predicts row t + 1)."""
+    levels = np.empty_like(history, dtype=np.float64)
+    level = np.asarray(history[0], dtype=np.float64)
+    levels[0] = level
+    for t in range(1, len(history)):
+        level = alpha * history[t] + (1 - alpha) * level
+        levels[t] = level
+    return levels

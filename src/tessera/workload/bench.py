@@ -1,0 +1,178 @@
+"""Per-class arrival forecasting: LSTM vs baselines (RRMSE).
+
+`tessera bench predictor --json [--trace PATH]` (dispatched by tessera.cli.bench). Reads a
+trace, fits k-means request classes on the training part, bins per-class arrivals into
+spans, trains every forecaster on the first 90 % of spans, and scores one-step-ahead
+rolling predictions on the last 10 % with RRMSE (definitions in `rrmse`). Hyperparameters
+are chosen on the training spans only. All figures are computed, none are stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tessera.workload import (
+    baselines,
+    classes,
+    counts,
+    forecaster,
+    lstm,
+    plot,
+    rrmse,
+    traces,
+)
+
+DEFAULT_TRACE = Path(__file__).parents[3].parent / "shared/traces/azure_llm_2023_conv.csv"
+TRACE_ENV = "TESSERA_TRACE"
+FloatArray = npt.NDArray[np.float64]
+
+MODELS = ("lstm", "moving_average", "last_value", "exp_smoothing")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `tessera bench predictor`."""
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help=f"trace file (Azure/BurstGPT CSV or Tessera JSONL); default ${TRACE_ENV} "
+        f"or {DEFAULT_TRACE}",
+    )
+    parser.add_argument("--span-s", type=float, default=counts.DEFAULT_SPAN_S, help="span, s")
+    parser.add_argument(
+        "--classes",
+        type=int,
+        default=None,
+        metavar="K",
+        help="number of request classes (default: chosen by the silhouette criterion)",
+    )
+    parser.add_argument(
+        "--window", type=int, default=lstm.DEFAULT_WINDOW, help="LSTM input window, spans"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of k-means and the LSTM")
+    parser.add_argument("--epochs", type=int, default=150, help="LSTM training epochs")
+    parser.add_argument("--hidden", type=int, default=64, help="LSTM hidden size")
+    parser.add_argument(
+        "--plot", type=Path, default=None, help="write predicted vs actual (test split) PNG"
+    )
+
+
+def trace_path(arg: Path | None) -> Path:
+    """--trace if given, else $TESSERA_TRACE, else the shared Azure conversation trace."""
+    if arg is not None:
+        return arg
+    env = os.environ.get(TRACE_ENV)
+    return Path(env) if env else DEFAULT_TRACE
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark and return its figures as one JSON-serialisable dict."""
+    path = trace_path(args.trace)
+    span_s = float(args.span_s)
+    requests = traces.read_trace(path)
+    num_spans = counts.complete_spans(requests[-1].timestamp, span_s)
+    test0 = forecaster.split(num_spans)
+    if test0 <= args.window:
+        raise ValueError(
+            f"{path}: {test0} training spans of {span_s:g} s do not exceed the LSTM window "
+            f"of {args.window}; use a longer trace, a shorter --span-s or a smaller --window"
+        )
+    train_requests = [r for r in requests if r.timestamp < test0 * span_s]
+    workload = classes.fit_classes(train_requests, k=args.classes, seed=args.seed)
+    matrix = counts.class_counts(requests, workload, span_s, num_spans)
+    train, actual = matrix[:test0], matrix[test0:]
+
+    ma = baselines.MovingAverage()
+    es = baselines.ExpSmoothing()
+    net = lstm.LSTMForecaster(
+        window=args.window, hidden=args.hidden, epochs=args.epochs, seed=args.seed
+    )
+    models: dict[str, forecaster.Forecaster] = {
+        "lstm": net,
+        "moving_average": ma,
+        "last_value": baselines.LastValue(),
+        "exp_smoothing": es,
+    }
+    predictions: dict[str, FloatArray] = {}
+    train_s = predict_s = 0.0
+    for name, model in models.items():
+        start = time.perf_counter()
+        model.fit(train)
+        fitted = time.perf_counter()
+        predictions[name] = forecaster.rolling(model, matrix, test0)
+        if name == "lstm":
+            train_s, predict_s = fitted - start, time.perf_counter() - fitted
+
+    if args.plot is not None:
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        titles = [_class_title(workload, c, actual) for c in range(workload.k)]
+        plot.predictions_png(args.plot, actual, predictions, span_s, test0, titles)
+
+    per_class_rrmse = {name: rrmse.per_class(actual, p) for name, p in predictions.items()}
+    floors = rrmse.poisson_floor_per_class(actual)
+    result: dict[str, Any] = {
+        f"rrmse_{name}": _num(rrmse.overall(actual, predictions[name])) for name in MODELS
+    }
+    result.update(
+        trace=str(path),
+        requests=len(requests),
+        seed=args.seed,
+        span_s=span_s,
+        spans_train=test0,
+        spans_test=num_spans - test0,
+        classes=workload.k,
+        k_criterion=workload.criterion,
+        silhouettes={str(k): _num(s) for k, s in workload.silhouettes},
+        rrmse_total={name: _num(rrmse.total(actual, predictions[name])) for name in MODELS},
+        rrmse_poisson_floor=_num(rrmse.poisson_floor(actual)),
+        per_class=[
+            {
+                "class": c,
+                "centroid_tokens": [round(v, 1) for v in workload.centroids[c]],
+                "share": _num(workload.shares[c]),
+                "test_mean_count": _num(float(actual[:, c].mean())),
+                "rrmse": {name: _num(per_class_rrmse[name][c]) for name in MODELS},
+                "poisson_floor": _num(floors[c]),
+            }
+            for c in range(workload.k)
+        ],
+        hyperparameters={
+            "moving_average_window": ma.window,
+            "exp_smoothing_alpha": es.alpha,
+            "lstm": {
+                "window": net.window,
+                "hidden": net.hidden,
+                "epochs": net.epochs,
+                "best_epoch": net.best_epoch,
+                "lr": net.lr,
+                "batch_size": net.batch_size,
+                "residual_alpha": net.alpha,
+            },
+        },
+        train_s=round(train_s, 3),
+        predict_ms=round(1000 * predict_s / max(1, len(actual)), 3),
+        torch_threads=lstm.num_threads(),
+        plot=None if args.plot is None else str(args.plot),
+    )
+    return result
+
+
+def _class_title(workload: classes.WorkloadClasses, c: int, actual: FloatArray) -> str:
+    inp, out = workload.centroids[c]
+    return (
+        f"class {c}: ~{inp:.0f} in / {out:.0f} out tokens, "
+        f"{100 * workload.shares[c]:.0f} % of requests, test mean {actual[:, c].mean():.1f}/span"
+    )
+
+
+def _num(x: float) -> float | None:
+    """Round for the report; NaN (undefined RRMSE) becomes null."""
+    return None if math.isnan(x) else round(float(x), 4)

@@ -1,0 +1,101 @@
+"""Shared fixtures: tiny checkpoints generated at run time, HF reference generation, agents."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tessera_agent import tiny_checkpoint as tc
+
+    return tc.make_tiny(tmp_path_factory.mktemp("ckpt") / "tiny-llama", tc.TinySpec())
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tessera_agent import tiny_checkpoint as tc
+
+    return tc.make_tiny(
+        tmp_path_factory.mktemp("ckpt") / "tiny-qwen2", tc.TinySpec(arch="qwen2", seed=1)
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_llama3_sharded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tessera_agent import tiny_checkpoint as tc
+
+    return tc.make_tiny(
+        tmp_path_factory.mktemp("ckpt") / "tiny-llama3",
+        tc.TinySpec(layers=4, seed=2, rope_scaling="llama3", shards=3, tie_embeddings=True),
+    )
+
+
+@functools.cache
+def _hf_model(path: str):  # type: ignore[no-untyped-def]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+@functools.cache
+def _hf_greedy(path: str, prompt: tuple[int, ...], new: int) -> tuple[int, ...]:
+    import torch
+
+    ids = torch.tensor([list(prompt)])
+    out = _hf_model(path).generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=new,
+        pad_token_id=0,
+    )
+    return tuple(out[0, len(prompt) :].tolist())
+
+
+def hf_greedy(path: Path, prompt: list[int], new: int) -> list[int]:
+    """Greedy tokens from transformers `generate` (EOS ignored, so exactly `new` tokens)."""
+    return list(_hf_greedy(str(path), tuple(prompt), new))
+
+
+@pytest.fixture(scope="session")
+def prompts() -> list[list[int]]:
+    """8 prompts of different lengths (BOS id 0 first), deterministic."""
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    lengths = [3, 17, 5, 40, 9, 64, 1, 23]
+    return [[0, *torch.randint(5, 500, (n,), generator=g).tolist()] for n in lengths]
+
+
+@pytest.fixture
+def agents_factory() -> Iterator[object]:
+    """Start local agent processes: `agents_factory(n, devices=...)`; all stopped at the end."""
+    from tessera import local_agents
+
+    started: list[local_agents.AgentProcess] = []
+
+    def start(
+        n: int, devices: str = "cpu:1x512MiB", threads: int = 1, prefix: str = "agent"
+    ) -> list[local_agents.AgentProcess]:
+        out = [
+            local_agents.start_agent(f"{prefix}-{len(started) + i}", devices, threads)
+            for i in range(n)
+        ]
+        started.extend(out)
+        return out
+
+    yield start
+    for a in started:
+        local_agents.stop_agent(a)
