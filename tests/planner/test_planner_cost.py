@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 from planner_helpers import CLASSES, SLO, h100, shape
 
-from tessera.cost import analytic, capacity, fields, latency, model_shape
+from tessera import fields
+from tessera.cost import analytic, capacity, latency, model_shape
 from tessera.cost.capacity import CapacityOptions, ReplicaLayout, RequestClass, Slo
 
 PUBLISHED_BILLIONS = {

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from planner_helpers import h100, shape
 
-from tessera.cost import fields, fit, latency, profile
+from tessera import fields
+from tessera.cost import fit, latency, profile
 from tessera.cost.fit import LayerTiming
 from tessera.cost.profile import Profile
 

@@ -27,5 +27,15 @@ def _run(args: argparse.Namespace) -> int:
         if cli_main.main(["model", "make-tiny", str(model)]) != 0:
             return 1
     sys.stdout.write("generating through a 2-stage pipeline (layers 0-4, 4-8):\n")
-    return cli_main.main(["generate", str(model), "--prompt", "Once upon a time",
-                          "--stages", "0:4,4:8", "--max-tokens", "24"])
+    return cli_main.main(
+        [
+            "generate",
+            str(model),
+            "--prompt",
+            "Once upon a time",
+            "--stages",
+            "0:4,4:8",
+            "--max-tokens",
+            "24",
+        ]
+    )

@@ -46,13 +46,19 @@ def _run(args: argparse.Namespace) -> int:
     try:
         cfg = config.ModelConfig.from_path(args.model)
         tok = Tokenizer.from_file(str(args.model / "tokenizer.json"))
-        params = sampling.SamplingParams(max_tokens=args.max_tokens,
-                                         temperature=args.temperature, top_k=args.top_k,
-                                         top_p=args.top_p, seed=args.seed)
+        params = sampling.SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+        )
         prompt = tok.encode(args.prompt).ids
-        tokens = asyncio.run(gen.generate_in_process(args.model,
-                                                     _splits(args.stages, cfg.num_layers),
-                                                     prompt, params))
+        tokens = asyncio.run(
+            gen.generate_in_process(
+                args.model, _splits(args.stages, cfg.num_layers), prompt, params
+            )
+        )
     except (errors.EngineError, FileNotFoundError, ValueError) as exc:
         sys.stderr.write(f"tessera generate: {exc}\n")
         return 1

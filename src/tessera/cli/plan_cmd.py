@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from tessera.cost import fields
+from tessera import fields
 
 if TYPE_CHECKING:
     from tessera.planner.cluster import Cluster

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tessera.cost import fields
+from tessera import fields
 from tessera.cost.model_shape import ModelShape
 from tessera.cost.profile import CommSpec, DecodeCoeffs, Link, MemorySpec, PrefillCoeffs, Profile
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tessera.cost import fields, latency
+from tessera import fields
+from tessera.cost import latency
 from tessera.cost.profile import Link, Profile
 
 

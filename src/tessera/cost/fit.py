@@ -17,7 +17,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy import optimize
 
-from tessera.cost import analytic, fields, latency
+from tessera import fields
+from tessera.cost import analytic, latency
 from tessera.cost.model_shape import ModelShape
 from tessera.cost.profile import CommSpec, DecodeCoeffs, MemorySpec, PrefillCoeffs, Profile
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tessera.cost import fields
+from tessera import fields
 from tessera.cost.profile import Link, Profile
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tessera.cost import fields
+from tessera import fields
 
 # torch_dtype strings in config.json -> bytes per parameter / per KV element.
 _DTYPE_BYTES: tuple[tuple[str, int], ...] = (

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera.cost import fields
+from tessera import fields
 from tessera.cost.model_shape import ModelShape
 
 SCHEMA = "tessera.profile/v1"

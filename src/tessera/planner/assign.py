@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import optimize, sparse
 
-from tessera.cost import fields
+from tessera import fields
 
 OBJECTIVES: tuple[str, ...] = ("throughput", "makespan")
 TOLERANCE = 1e-7  # relative tolerance of the certificate checks

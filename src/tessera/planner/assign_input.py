@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tessera.cost import fields
+from tessera import fields
 from tessera.planner import assign, assign_flow
 
 

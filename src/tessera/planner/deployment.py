@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tessera.cost import fields
+from tessera import fields
 from tessera.planner import assign
 from tessera.planner.capacity_table import CapacityTable
 from tessera.planner.evaluate import Evaluation

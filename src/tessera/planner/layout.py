@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tessera.cost import fields
+from tessera import fields
 from tessera.planner.shapes import Shape
 
 NodeConfig = tuple[Shape, ...]  # shapes on one node, sorted by Shape.sort_key

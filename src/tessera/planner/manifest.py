@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tessera.cost import fields, model_shape
+from tessera import fields
+from tessera.cost import model_shape
 from tessera.cost.capacity import RequestClass, Slo
 from tessera.cost.model_shape import ModelShape
 

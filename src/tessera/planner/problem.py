@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tessera.cost import fields
+from tessera import fields
 from tessera.cost.capacity import CapacityOptions, RequestClass, Slo
 from tessera.cost.profile import CommSpec, Profile
 from tessera.planner.cluster import Cluster

@@ -22,7 +22,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from tessera.cost import fields
+from tessera import fields
 from tessera.planner import capacity_table, deployment, exhaustive, homogeneous, moves
 from tessera.planner.capacity_table import CapacityTable
 from tessera.planner.deployment import Deployment

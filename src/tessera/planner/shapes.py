@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from tessera.cost import fields
+from tessera import fields
 from tessera.cost.model_shape import ModelShape
 
 

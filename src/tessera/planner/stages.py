@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tessera.cost import fields
+from tessera import fields
 from tessera.cost.profile import Profile
 
 

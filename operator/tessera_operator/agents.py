@@ -1,0 +1,87 @@
+"""Agents as the operator sees them: discovery (static list or pods) and observation.
+
+`observe()` asks every agent for `Describe` concurrently and turns the replies into the
+core's `observed.Observed`; an agent that does not answer is marked unreachable with the
+reason, never dropped silently. Called by the operator's handlers and by `tessera up`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from tessera import observed
+from tessera.rpc import transport
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+
+
+@dataclass(frozen=True)
+class AgentRef:
+    name: str
+    address: str  # host:port
+
+
+def static_agents(items: Sequence[str]) -> list[AgentRef]:
+    """Parse `name=host:port` (or bare `host:port`, named agent-<i>) entries."""
+    out = []
+    for i, item in enumerate(items):
+        name, sep, address = item.partition("=")
+        if not sep:
+            name, address = f"agent-{i}", item
+        if ":" not in address:
+            raise ValueError(f"agent {item!r}: expected name=host:port")
+        out.append(AgentRef(name.strip(), address.strip()))
+    return out
+
+
+def from_describe(ref: AgentRef, d: pb.DescribeReply) -> observed.AgentInfo:
+    return observed.AgentInfo(
+        name=ref.name,
+        address=ref.address,
+        reachable=True,
+        devices=tuple(
+            observed.DeviceInfo(x.id, x.kind, x.capacity_bytes, x.free_bytes) for x in d.devices
+        ),
+        blocks=tuple(
+            observed.BlockInfo(
+                replica_id=b.replica_id,
+                stage_index=b.stage_index,
+                num_stages=b.num_stages,
+                model_path=b.model_path,
+                start=b.layer_start,
+                end=b.layer_end,
+                device=b.device,
+                dtype=b.dtype,
+                next_address=b.next_stage_address,
+                param_bytes=b.param_bytes,
+                kv_bytes=b.kv_bytes,
+            )
+            for b in d.blocks
+        ),
+        kv=tuple(
+            observed.ReplicaLoad(k.replica_id, k.pages_total, k.pages_used, k.running, k.waiting)
+            for k in d.kv
+        ),
+    )
+
+
+async def describe(ref: AgentRef, timeout: float = 5.0) -> observed.AgentInfo:
+    channel = transport.channel(ref.address)
+    try:
+        reply = await pb_grpc.AgentStub(channel).Describe(pb.DescribeRequest(), timeout=timeout)
+        return from_describe(ref, reply)
+    except grpc.aio.AioRpcError as exc:
+        return observed.AgentInfo(
+            ref.name, ref.address, reachable=False, error=f"{exc.code().name}: {exc.details()}"
+        )
+    finally:
+        await channel.close()
+
+
+async def observe(refs: Sequence[AgentRef], timeout: float = 5.0) -> observed.Observed:
+    infos = await asyncio.gather(*(describe(r, timeout) for r in refs))
+    return observed.Observed(tuple(infos))

@@ -1,0 +1,249 @@
+"""The desired deployment of a ServingDeployment: replicas, stages on agents/devices, layers.
+
+`make_plan()` turns a parsed spec plus the observed agents into a `Plan`. An explicit
+layout is taken as written (names resolved to replica ids). `layout: auto` uses the
+planner when a cost profile is available for the devices (`auto_planner`, injected by
+the caller), else the simplest valid plan that fits: one full-model replica per device
+that can hold it, or, when no single device can, one pipeline packed over consecutive
+devices. Raises `PlanError` with a condition reason when nothing fits. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tessera import api, observed
+from tessera.cost import model_shape
+
+KV_HEADROOM = 0.9  # share of the memory left after parameters given to KV pools
+
+
+class PlanError(Exception):
+    """No valid plan: `reason` is a condition reason (InvalidSpec, InsufficientCapacity...)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    agent: str
+    device: str
+    start: int
+    end: int
+    tp: int = 1
+
+
+@dataclass(frozen=True)
+class PlannedReplica:
+    replica_id: str  # "<namespace>.<deployment>.<replica>": unique across the cluster
+    name: str
+    stages: tuple[PlannedStage, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    model_path: str
+    dtype: str
+    replicas: tuple[PlannedReplica, ...]
+    kv_bytes: dict[tuple[str, int], int] = field(default_factory=dict)  # (replica, stage)
+    source: str = "explicit"  # "explicit", "auto:simple" or "auto:planner"
+    message: str = ""
+    class_shares: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def to_status(self) -> list[dict[str, object]]:
+        """The plan as written into status (CRD `status.plan.replicas`)."""
+        return [
+            {
+                "name": r.name,
+                "replicaId": r.replica_id,
+                "stages": [
+                    {"agent": s.agent, "device": s.device, "layers": [s.start, s.end], "tp": s.tp}
+                    for s in r.stages
+                ],
+            }
+            for r in self.replicas
+        ]
+
+
+AutoPlanner = Callable[
+    [api.ServingDeployment, model_shape.ModelShape, observed.Observed], "Plan | None"
+]
+
+
+def owner_prefix(dep: api.ServingDeployment) -> str:
+    """Replica ids of this deployment start with this prefix (names hold no dots)."""
+    return f"{dep.namespace}.{dep.name}."
+
+
+def _free_for(
+    dep: api.ServingDeployment, agent: observed.AgentInfo, dev: observed.DeviceInfo
+) -> int:
+    """Device memory available to this deployment: capacity minus other deployments' blocks."""
+    prefix = owner_prefix(dep)
+    others = sum(
+        b.param_bytes + b.kv_bytes
+        for b in agent.blocks
+        if b.device == dev.id and not b.replica_id.startswith(prefix)
+    )
+    return dev.capacity_bytes - others
+
+
+def stage_param_bytes(shape: model_shape.ModelShape, start: int, end: int) -> int:
+    """Parameter bytes a stage holds (a tied head shares the embedding on a full replica)."""
+    if start == 0 and end == shape.num_layers:
+        return shape.total_params * shape.dtype_bytes
+    total = (end - start) * shape.layer_params
+    if start == 0:
+        total += shape.embedding_params
+    if end == shape.num_layers:
+        total += shape.lm_head_params  # final norm + head (a tied head needs its own copy)
+    return total * shape.dtype_bytes
+
+
+def _kv_split(
+    dep: api.ServingDeployment,
+    shape: model_shape.ModelShape,
+    replicas: list[PlannedReplica],
+    obs: observed.Observed,
+) -> dict[tuple[str, int], int]:
+    """KV budget per stage: the explicit one, else an even share of what each device has
+    left after the parameters planned on it."""
+    out: dict[tuple[str, int], int] = {}
+    per_device: dict[tuple[str, str], list[tuple[str, int, int]]] = {}
+    for r in replicas:
+        for i, s in enumerate(r.stages):
+            per_device.setdefault((s.agent, s.device), []).append(
+                (r.replica_id, i, stage_param_bytes(shape, s.start, s.end))
+            )
+    for (agent_name, dev_id), stages in per_device.items():
+        agent = obs.agent(agent_name)
+        dev = next((d for d in agent.devices if d.id == dev_id), None) if agent else None
+        if dep.spec.layout.kv_cache_bytes:
+            share = dep.spec.layout.kv_cache_bytes
+        elif agent is None or dev is None:
+            share = 0
+        else:
+            left = _free_for(dep, agent, dev) - sum(p for _, _, p in stages)
+            share = int(max(0, left) * KV_HEADROOM) // len(stages)
+        for rid, i, _ in stages:
+            out[(rid, i)] = share
+    return out
+
+
+def _explicit(dep: api.ServingDeployment) -> list[PlannedReplica]:
+    prefix = owner_prefix(dep)
+    return [
+        PlannedReplica(
+            prefix + r.name,
+            r.name,
+            tuple(
+                PlannedStage(s.agent, s.device, s.layers[0], s.layers[1], s.tp) for s in r.stages
+            ),
+        )
+        for r in dep.spec.layout.replicas
+    ]
+
+
+def _simple_auto(
+    dep: api.ServingDeployment, shape: model_shape.ModelShape, obs: observed.Observed
+) -> list[PlannedReplica]:
+    prefix = owner_prefix(dep)
+    devices = [
+        (a, d, _free_for(dep, a, d))
+        for a in sorted(obs.agents, key=lambda a: a.name)
+        if a.reachable
+        for d in a.devices
+    ]
+    if not devices:
+        raise PlanError("AgentUnreachable", "no reachable agent offers a device")
+    full = stage_param_bytes(shape, 0, shape.num_layers)
+    # Leave room for at least one sequence of full context in KV.
+    fits = [(a, d) for a, d, free in devices if free * KV_HEADROOM > full * 1.1]
+    if fits:
+        return [
+            PlannedReplica(
+                f"{prefix}r{i}", f"r{i}", (PlannedStage(a.name, d.id, 0, shape.num_layers),)
+            )
+            for i, (a, d) in enumerate(fits)
+        ]
+    # No device holds the whole model: pack consecutive layers into devices in order.
+    stages: list[PlannedStage] = []
+    start = 0
+    for a, d, free in devices:
+        budget = free * 0.6  # keep 40% of each device for its KV pool
+        end = start
+        while end < shape.num_layers and stage_param_bytes(shape, start, end + 1) <= budget:
+            end += 1
+        if end > start:
+            stages.append(PlannedStage(a.name, d.id, start, end))
+            start = end
+        if start == shape.num_layers:
+            return [PlannedReplica(f"{prefix}r0", "r0", tuple(stages))]
+    raise PlanError(
+        "InsufficientCapacity",
+        f"the model needs {full} bytes of parameters; the agents' devices "
+        f"({', '.join(f'{a.name}/{d.id}' for a, d, _ in devices)}) cannot hold it "
+        "even as a pipeline",
+    )
+
+
+def make_plan(
+    dep: api.ServingDeployment,
+    shape: model_shape.ModelShape,
+    obs: observed.Observed,
+    model_path: str,
+    auto_planner: AutoPlanner | None = None,
+) -> Plan:
+    """The desired plan for `dep` given the observed agents."""
+    shares: dict[str, dict[str, float]] = {}
+    if dep.spec.layout.mode == "explicit":
+        replicas = _explicit(dep)
+        for r in replicas:
+            for s in r.stages:
+                agent = obs.agent(s.agent)
+                if (
+                    agent is not None
+                    and agent.reachable
+                    and s.device not in {d.id for d in agent.devices}
+                ):
+                    raise PlanError(
+                        "InvalidSpec",
+                        f"agent {s.agent} has no device {s.device} "
+                        f"(devices: {', '.join(d.id for d in agent.devices)})",
+                    )
+        source, message = "explicit", ""
+    else:
+        planned = auto_planner(dep, shape, obs) if auto_planner is not None else None
+        if planned is not None:
+            return planned
+        replicas = _simple_auto(dep, shape, obs)
+        source = "auto:simple"
+        message = (
+            "no cost profile for these devices: one full-model replica per device "
+            "that fits, else one pipeline"
+        )
+    for r in replicas:
+        for s in r.stages:
+            agent = obs.agent(s.agent)
+            if agent is None or not agent.reachable:
+                continue
+            dev = next((d for d in agent.devices if d.id == s.device), None)
+            need = stage_param_bytes(shape, s.start, s.end)
+            if dev is not None and need > _free_for(dep, agent, dev):
+                raise PlanError(
+                    "InsufficientCapacity",
+                    f"replica {r.name} layers [{s.start}, {s.end}) need {need} bytes "
+                    f"but {s.agent}/{s.device} has {_free_for(dep, agent, dev)}",
+                )
+    return Plan(
+        model_path,
+        dep.spec.model.dtype,
+        tuple(replicas),
+        _kv_split(dep, shape, replicas, obs),
+        source,
+        message,
+        shares,
+    )
