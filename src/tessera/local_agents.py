@@ -32,6 +32,15 @@ class AgentProcess:
         return self.proc.poll() is None
 
 
+def _die_with_parent() -> None:
+    """In the child: ask Linux to SIGTERM it if the parent dies, even by SIGKILL."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def start_agent(
     agent_id: str,
     devices: str = "cpu:1x2GiB",
@@ -65,6 +74,7 @@ def start_agent(
         text=True,
         env=env,
         start_new_session=True,
+        preexec_fn=_die_with_parent,
     )
     agent = AgentProcess(agent_id, proc)
     ready = threading.Event()

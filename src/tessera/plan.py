@@ -68,8 +68,17 @@ class Plan:
         ]
 
 
+@dataclass(frozen=True)
+class AutoResult:
+    """What an auto planner decides: replicas, per-class routing shares, a note."""
+
+    replicas: tuple[PlannedReplica, ...]
+    class_shares: dict[str, dict[str, float]]
+    message: str
+
+
 AutoPlanner = Callable[
-    [api.ServingDeployment, model_shape.ModelShape, observed.Observed], "Plan | None"
+    [api.ServingDeployment, model_shape.ModelShape, observed.Observed], "AutoResult | None"
 ]
 
 
@@ -218,13 +227,15 @@ def make_plan(
     else:
         planned = auto_planner(dep, shape, obs) if auto_planner is not None else None
         if planned is not None:
-            return planned
-        replicas = _simple_auto(dep, shape, obs)
-        source = "auto:simple"
-        message = (
-            "no cost profile for these devices: one full-model replica per device "
-            "that fits, else one pipeline"
-        )
+            replicas = list(planned.replicas)
+            source, message, shares = "auto:planner", planned.message, planned.class_shares
+        else:
+            replicas = _simple_auto(dep, shape, obs)
+            source = "auto:simple"
+            message = (
+                "no cost profile for these devices: one full-model replica per device "
+                "that fits, else one pipeline"
+            )
     for r in replicas:
         for s in r.stages:
             agent = obs.agent(s.agent)

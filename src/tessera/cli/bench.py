@@ -16,7 +16,7 @@ from typing import Any
 # bench name -> module implementing add_arguments(parser) and run(args) -> dict
 BENCHES: dict[str, str] = {
     "engine": "tessera_agent.bench_engine",
-    "serve": "tessera.gateway.bench_serve",
+    "serve": "tessera.cli.bench_serve",
     "planner": "tessera.planner.bench",
     "predictor": "tessera.workload.bench",
     "reconcile": "tessera_operator.bench_reconcile",

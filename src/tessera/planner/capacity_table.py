@@ -101,7 +101,7 @@ def build_table(problem: PlanningProblem) -> CapacityTable:
     ranges_by_pp: dict[int, tuple[tuple[int, int], ...]] = {}
     infos: dict[Shape, ShapeInfo] = {}
     infeasible: list[Shape] = []
-    for shape in shapes.enumerate_shapes(model, sizes, problem.max_pp):
+    for shape in shapes.enumerate_shapes(model, sizes, problem.max_pp, problem.max_tp):
         if shape.pp not in ranges_by_pp:
             ranges_by_pp[shape.pp] = stages.balance_layers(model.num_layers, shape.pp, costs)
         ranges = ranges_by_pp[shape.pp]

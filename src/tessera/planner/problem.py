@@ -40,6 +40,7 @@ class PlanningProblem:
     slo: Slo
     capacity_options: CapacityOptions = dataclasses.field(default_factory=CapacityOptions)
     max_pp: int = 16  # longest pipeline considered
+    max_tp: int = 0  # largest TP degree the engine runs (0: up to the node size)
 
     def __post_init__(self) -> None:
         if not self.nodes:

@@ -62,12 +62,16 @@ def tp_degrees(model: ModelShape, max_tp: int) -> tuple[int, ...]:
     )
 
 
-def enumerate_shapes(model: ModelShape, node_sizes: Counter[int], max_pp: int) -> tuple[Shape, ...]:
-    """All structurally valid shapes for nodes of the given sizes (size -> node count)."""
+def enumerate_shapes(
+    model: ModelShape, node_sizes: Counter[int], max_pp: int, max_tp: int = 0
+) -> tuple[Shape, ...]:
+    """All structurally valid shapes for nodes of the given sizes (size -> node count).
+
+    ``max_tp`` caps the TP degree (0: up to the node size), e.g. for an engine without TP."""
     pp_cap = min(max_pp, model.num_layers)
     out: set[Shape] = set()
     for size, count in node_sizes.items():
-        for tp in tp_degrees(model, size):
+        for tp in tp_degrees(model, min(size, max_tp) if max_tp else size):
             for pp in range(1, min(pp_cap, size // tp) + 1):
                 out.add(Shape(tp, pp, 1))
             if size % tp:

@@ -297,3 +297,45 @@ class CancelReply(_message.Message):
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
     cancelled: bool
     def __init__(self, cancelled: _Optional[bool] = ...) -> None: ...
+
+class ProfileRequest(_message.Message):
+    __slots__ = ("model_path", "device", "prefill_tokens", "decode_batches", "context_lens", "repeats")
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LENS_FIELD_NUMBER: _ClassVar[int]
+    REPEATS_FIELD_NUMBER: _ClassVar[int]
+    model_path: str
+    device: str
+    prefill_tokens: _containers.RepeatedScalarFieldContainer[int]
+    decode_batches: _containers.RepeatedScalarFieldContainer[int]
+    context_lens: _containers.RepeatedScalarFieldContainer[int]
+    repeats: int
+    def __init__(self, model_path: _Optional[str] = ..., device: _Optional[str] = ..., prefill_tokens: _Optional[_Iterable[int]] = ..., decode_batches: _Optional[_Iterable[int]] = ..., context_lens: _Optional[_Iterable[int]] = ..., repeats: _Optional[int] = ...) -> None: ...
+
+class LayerTiming(_message.Message):
+    __slots__ = ("kind", "size", "context_len", "tp", "seconds_per_layer")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LEN_FIELD_NUMBER: _ClassVar[int]
+    TP_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_PER_LAYER_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    size: int
+    context_len: int
+    tp: int
+    seconds_per_layer: float
+    def __init__(self, kind: _Optional[str] = ..., size: _Optional[int] = ..., context_len: _Optional[int] = ..., tp: _Optional[int] = ..., seconds_per_layer: _Optional[float] = ...) -> None: ...
+
+class ProfileReply(_message.Message):
+    __slots__ = ("timings", "device", "device_kind", "torch_threads")
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    TORCH_THREADS_FIELD_NUMBER: _ClassVar[int]
+    timings: _containers.RepeatedCompositeFieldContainer[LayerTiming]
+    device: str
+    device_kind: str
+    torch_threads: int
+    def __init__(self, timings: _Optional[_Iterable[_Union[LayerTiming, _Mapping]]] = ..., device: _Optional[str] = ..., device_kind: _Optional[str] = ..., torch_threads: _Optional[int] = ...) -> None: ...

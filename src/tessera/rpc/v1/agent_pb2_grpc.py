@@ -69,6 +69,11 @@ class AgentStub:
                 request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.CancelRequest.SerializeToString,
                 response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.CancelReply.FromString,
                 _registered_method=True)
+        self.Profile = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/Profile',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProfileRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProfileReply.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -124,6 +129,15 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Profile(self, request, context):
+        """Time single decoder layers (and the LM head) of a checkpoint on a device, for the
+        planner's measured cost profile (`tessera profile`). Loads a temporary one-layer
+        block and releases it afterwards.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -161,6 +175,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Cancel,
                     request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.CancelRequest.FromString,
                     response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.CancelReply.SerializeToString,
+            ),
+            'Profile': grpc.unary_unary_rpc_method_handler(
+                    servicer.Profile,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProfileRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProfileReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -352,6 +371,33 @@ class Agent:
             '/tessera.rpc.v1.Agent/Cancel',
             tessera_dot_rpc_dot_v1_dot_agent__pb2.CancelRequest.SerializeToString,
             tessera_dot_rpc_dot_v1_dot_agent__pb2.CancelReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Profile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/Profile',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ProfileRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ProfileReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,307 @@
+"""`tessera up -f MANIFEST`: serve a ServingDeployment locally; `tessera status` shows it.
+
+Starts local agent processes (or uses `--agent NAME=HOST:PORT`), converges them to the
+manifest with the same reconcile core the operator uses (rich progress bar), starts the
+OpenAI-compatible gateway, prints the URL and a curl example, then re-converges every
+`--reconcile-interval` seconds so a restarted agent gets its blocks back. Ctrl-C or
+SIGTERM stops the gateway and every child process. A small state file lets
+`tessera status` find the agents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+STATE_FILE = Path(".tessera/up.json")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("up", help="serve a ServingDeployment manifest locally")
+    p.add_argument("-f", "--file", type=Path, required=True, help="ServingDeployment manifest")
+    p.add_argument(
+        "--agents",
+        type=int,
+        default=0,
+        help="local agents to start (default: as many as the layout names, or 2)",
+    )
+    p.add_argument("--devices", default="cpu:1x2GiB", help="devices of each local agent")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads per local agent (default: cores / agents)",
+    )
+    p.add_argument(
+        "--agent",
+        action="append",
+        default=[],
+        help="use a running agent NAME=HOST:PORT instead of local ones (repeat)",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=None, help="gateway port (default: manifest)")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="cost profile JSON (from `tessera profile`) for layout: auto",
+    )
+    p.add_argument("--reconcile-interval", type=float, default=10.0)
+    p.add_argument("--state-file", type=Path, default=STATE_FILE)
+    p.set_defaults(func=_up)
+    s = sub.add_parser("status", help="replicas, stages, blocks and KV use per agent")
+    s.add_argument("--state-file", type=Path, default=STATE_FILE)
+    s.add_argument("--agent", action="append", default=[], help="NAME=HOST:PORT (repeat)")
+    s.set_defaults(func=_status)
+
+
+def _fail(msg: str) -> int:
+    sys.stderr.write(f"tessera up: {msg}\n")
+    return 1
+
+
+def _up(args: argparse.Namespace) -> int:
+    import yaml
+
+    from tessera import api, fields
+
+    try:
+        doc = yaml.safe_load(args.file.read_text())
+        dep = api.parse(doc)
+    except OSError as exc:
+        return _fail(f"cannot read {args.file}: {exc}")
+    except (fields.FieldError, yaml.YAMLError) as exc:
+        return _fail(f"{args.file}: {exc}")
+    return asyncio.run(_serve(args, dep))
+
+
+def _local_agent_count(args: argparse.Namespace, dep: Any) -> int:
+    if args.agents:
+        return int(args.agents)
+    names = {s.agent for r in dep.spec.layout.replicas for s in r.stages}
+    return len(names) or 2
+
+
+async def _serve(args: argparse.Namespace, dep: Any) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from tessera import local_agents, reconcile
+    from tessera.gateway import config as gw_config
+    from tessera.gateway import server as gw_server
+    from tessera_operator import actuate, agents, converge
+
+    console = Console(stderr=True)
+    model_path = converge.resolve_model_path(dep.spec, args.file.resolve().parent)
+    if not (Path(model_path) / "config.json").is_file():
+        return _fail(
+            f"spec.model.path: no checkpoint at {model_path} "
+            "(make one with `tessera model make-tiny`)"
+        )
+    auto = None
+    if args.profile is not None:
+        from tessera.cost import profile as profile_mod
+        from tessera.planner import auto as auto_mod
+
+        auto = auto_mod.auto_planner(
+            profile_mod.profile_from_json(json.loads(args.profile.read_text()))
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    procs: list[local_agents.AgentProcess] = []
+    gateway = None
+    refs: list[agents.AgentRef] = []
+    try:
+        if args.agent:
+            refs = agents.static_agents(args.agent)
+        else:
+            n = _local_agent_count(args, dep)
+            threads = args.threads or max(1, (os.cpu_count() or 1) // n)
+            with console.status(f"starting {n} local agents"):
+                for i in range(n):  # main thread: children die with this process
+                    procs.append(local_agents.start_agent(f"agent-{i}", args.devices, threads))
+            refs = [agents.AgentRef(p.agent_id, p.address) for p in procs]
+            for p in procs:
+                console.print(
+                    f"agent {p.agent_id} at {p.address} ({args.devices}, {threads} threads)"
+                )
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            console=console,
+        ) as bar:
+            task = bar.add_task("applying plan", total=None)
+
+            def progress(result: actuate.Result) -> None:
+                bar.update(
+                    task,
+                    advance=1,
+                    description=("✓ " if result.ok else "✗ ") + result.action.describe(),
+                )
+
+            first = await converge.converge(
+                dep, model_path, refs, progress=None, auto_planner=auto, apply=False
+            )
+            bar.update(task, total=max(1, len(first.actions)))
+            outcome = await converge.converge(dep, model_path, refs, progress, auto)
+        if outcome.reason != "Serving" or outcome.plan is None:
+            return _fail(f"{outcome.reason}: {outcome.message}")
+        port = args.port if args.port is not None else dep.spec.gateway.port
+        leaders = _leaders(outcome)
+        gateway = await gw_server.start_gateway(
+            gw_config.GatewayConfig(
+                model_name=dep.spec.model.name,
+                model_path=model_path,
+                host=args.host,
+                port=port,
+                replicas=tuple(gw_config.ReplicaEndpoint(rid, addr) for rid, addr in leaders),
+            )
+        )
+        if outcome.plan.class_shares:
+            gateway.set_class_shares(outcome.plan.class_shares)
+        _write_state(args.state_file, dep, refs, gateway.url)
+        console.print(
+            f"[bold green]serving[/] {dep.spec.model.name}: "
+            f"{len(leaders)} replicas ({outcome.plan.source}) at {gateway.url}"
+        )
+        sys.stdout.write(_curl_example(gateway.url, dep.spec.model.name))
+        sys.stdout.flush()
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), args.reconcile_interval)
+            if stop.is_set():
+                break
+            again = await converge.converge(dep, model_path, refs, auto_planner=auto)
+            if again.actions:
+                console.print(
+                    f"reconciled drift: {len(again.actions)} actions "
+                    f"({again.reason}: {again.message})"
+                )
+                gateway.update_replicas(
+                    [gw_config.ReplicaEndpoint(rid, addr) for rid, addr in _leaders(again)]
+                )
+        return 0
+    finally:
+        console.print("stopping")
+        if gateway is not None:
+            await gateway.stop()
+        if args.agent and refs:  # leave external agents as we found them
+            obs = await agents.observe(refs)
+            from tessera import plan as plan_mod
+
+            await actuate.apply(reconcile.delete_actions(obs, plan_mod.owner_prefix(dep)))
+        for p in procs:
+            local_agents.stop_agent(p)
+        with contextlib.suppress(FileNotFoundError):
+            args.state_file.unlink()
+
+
+def _leaders(outcome: Any) -> list[tuple[str, str]]:
+    obs = outcome.observed
+    out = []
+    for r in outcome.plan.replicas:
+        agent = obs.agent(r.stages[0].agent) if obs else None
+        if agent is not None and r.replica_id in outcome.ready_replicas:
+            out.append((r.replica_id, agent.address))
+    return out
+
+
+def _curl_example(url: str, model: str) -> str:
+    body = json.dumps({"model": model, "prompt": "Once upon a time", "max_tokens": 16})
+    return (
+        f"\nTry:\n  curl -s {url}/v1/completions -H 'Content-Type: application/json' "
+        f"-d '{body}'\n\nPress Ctrl-C to stop.\n"
+    )
+
+
+def _write_state(path: Path, dep: Any, refs: list[Any], url: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps(
+            {
+                "deployment": dep.name,
+                "namespace": dep.namespace,
+                "gateway": url,
+                "pid": os.getpid(),
+                "agents": [{"name": r.name, "address": r.address} for r in refs],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+def _status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tessera_operator import agents
+
+    if args.agent:
+        refs = agents.static_agents(args.agent)
+        gateway = ""
+    else:
+        try:
+            state = json.loads(args.state_file.read_text())
+        except FileNotFoundError:
+            sys.stderr.write(
+                f"tessera status: no {args.state_file}; is `tessera up` running "
+                "here? (or pass --agent NAME=HOST:PORT)\n"
+            )
+            return 1
+        refs = [agents.AgentRef(a["name"], a["address"]) for a in state["agents"]]
+        gateway = state.get("gateway", "")
+    obs = asyncio.run(agents.observe(refs))
+    console = Console()
+    if gateway:
+        console.print(f"gateway: {gateway}")
+    replicas = Table(title="replicas")
+    for col in ("replica", "stage", "agent", "device", "layers", "params MiB", "KV MiB"):
+        replicas.add_column(col)
+    rows = sorted((b.replica_id, b.stage_index, a.name, b) for a in obs.agents for b in a.blocks)
+    for rid, idx, name, b in rows:
+        replicas.add_row(
+            rid,
+            f"{idx + 1}/{b.num_stages}",
+            name,
+            b.device,
+            f"[{b.start}, {b.end})",
+            f"{b.param_bytes / 2**20:.1f}",
+            f"{b.kv_bytes / 2**20:.1f}",
+        )
+    console.print(replicas)
+    table = Table(title="agents")
+    for col in (
+        "agent",
+        "address",
+        "state",
+        "devices (free/capacity MiB)",
+        "blocks",
+        "KV pages used/total (replicas led)",
+    ):
+        table.add_column(col)
+    for a in obs.agents:
+        devs = ", ".join(
+            f"{d.id} {d.free_bytes / 2**20:.0f}/{d.capacity_bytes / 2**20:.0f}" for d in a.devices
+        )
+        kv = ", ".join(f"{k.replica_id}: {k.pages_used}/{k.pages_total}" for k in a.kv)
+        table.add_row(
+            a.name,
+            a.address,
+            "up" if a.reachable else f"DOWN: {a.error}",
+            devs,
+            str(len(a.blocks)),
+            kv or "-",
+        )
+    console.print(table)
+    return 0 if all(a.reachable for a in obs.agents) else 1
