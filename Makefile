@@ -34,3 +34,21 @@ proto: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+
+# ---- chart-check (issue 5: Helm chart and image) -------------------------------------------
+# `python -m tests.chart.chart_check`: checks that charts/tessera/crds is a copy of crds/,
+# lints the Dockerfile (hadolint and tests/chart/dockerfile_check.py), runs
+# `helm lint --strict`, renders the chart with the default and the all-toggles-on values for
+# two Kubernetes versions, validates every rendered object, and checks the operator's
+# ClusterRole against tests/operator/rbac_usage.json; prints the object and rule counts.
+# helm and hadolint are pinned, fetched once into the git-ignored .tools/ (scripts/fetch-*.sh).
+# tests/chart runs the same checks under `make test`.
+.PHONY: chart-crds
+
+chart-check: $(STAMP)
+	$(BIN)/python -m tests.chart.chart_check
+
+# After changing crds/ (the source of truth), refresh the chart's copy.
+chart-crds:
+	cp crds/*.yaml charts/tessera/crds/
+# ---- end chart-check ------------------------------------------------------------------------

@@ -381,23 +381,42 @@ class AgentServicer(pb_grpc.AgentServicer):
         h.leader.cancel(request.request_id)
         return pb.CancelReply(cancelled=True)
 
-    async def Profile(self, request: pb.ProfileRequest,
-                      context: grpc.aio.ServicerContext[Any, Any]) -> pb.ProfileReply:
+    async def Profile(
+        self, request: pb.ProfileRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ProfileReply:
         dev = self.devices.get(request.device or next(iter(self.devices)))
         if dev is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"device {request.device!r} is not on agent {self.agent_id}")
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"device {request.device!r} is not on agent {self.agent_id}",
+            )
             raise AssertionError("unreachable")
         try:
             timings = await asyncio.get_running_loop().run_in_executor(
-                self.compute, lambda: profiler.profile(
-                    request.model_path, dev.torch_device(), list(request.prefill_tokens),
-                    list(request.decode_batches), list(request.context_lens),
-                    request.repeats or 5))
+                self.compute,
+                lambda: profiler.profile(
+                    request.model_path,
+                    dev.torch_device(),
+                    list(request.prefill_tokens),
+                    list(request.decode_batches),
+                    list(request.context_lens),
+                    request.repeats or 5,
+                ),
+            )
         except (errors.EngineError, FileNotFoundError) as exc:
             await _abort(context, exc)
         return pb.ProfileReply(
-            device=dev.id, device_kind=dev.kind, torch_threads=torch.get_num_threads(),
-            timings=[pb.LayerTiming(kind=t.kind, size=t.size, context_len=t.context_len, tp=1,
-                                    seconds_per_layer=t.seconds_per_layer) for t in timings])
-
+            device=dev.id,
+            device_kind=dev.kind,
+            torch_threads=torch.get_num_threads(),
+            timings=[
+                pb.LayerTiming(
+                    kind=t.kind,
+                    size=t.size,
+                    context_len=t.context_len,
+                    tp=1,
+                    seconds_per_layer=t.seconds_per_layer,
+                )
+                for t in timings
+            ],
+        )

@@ -44,7 +44,8 @@ def from_describe(ref: AgentRef, d: pb.DescribeReply) -> observed.AgentInfo:
         address=ref.address,
         reachable=True,
         devices=tuple(
-            observed.DeviceInfo(x.id, x.kind, x.capacity_bytes, x.free_bytes) for x in d.devices
+            observed.DeviceInfo(x.id, x.kind, x.capacity_bytes, x.free_bytes, x.name)
+            for x in d.devices
         ),
         blocks=tuple(
             observed.BlockInfo(

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tessera import api, fields, observed, plan, reconcile
 from tessera.cost import model_shape
+from tessera.planner import auto as planner_auto
 from tessera_operator import actuate, agents
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -107,8 +108,9 @@ async def converge(
         return Outcome("InvalidSpec", "; ".join(str(e) for e in errs), errors=errs)
     assert shape is not None
     obs = await agents.observe(refs)
+    auto = auto_planner or planner_auto.default_auto_planner()
     try:
-        desired = plan.make_plan(dep, shape, obs, model_path, auto_planner)
+        desired = plan.make_plan(dep, shape, obs, model_path, auto)
     except plan.PlanError as exc:
         return Outcome(exc.reason, exc.message, observed=obs)
     actions = reconcile.reconcile(desired, obs, plan.owner_prefix(dep))

@@ -15,6 +15,7 @@ class DeviceInfo:
     kind: str
     capacity_bytes: int
     free_bytes: int
+    name: str = ""  # e.g. "NVIDIA H100 80GB HBM3" (NVML), "virtual CPU device"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tessera import api, observed
+from tessera import api, fields, observed
 from tessera.cost import model_shape
 
 KV_HEADROOM = 0.9  # share of the memory left after parameters given to KV pools
@@ -84,7 +84,12 @@ AutoPlanner = Callable[
 
 def owner_prefix(dep: api.ServingDeployment) -> str:
     """Replica ids of this deployment start with this prefix (names hold no dots)."""
-    return f"{dep.namespace}.{dep.name}."
+    return replica_prefix(dep.namespace, dep.name)
+
+
+def replica_prefix(namespace: str, name: str) -> str:
+    """`owner_prefix` from the object's identity alone (a finalizer may face a bad spec)."""
+    return f"{namespace}.{name}."
 
 
 def _free_for(
@@ -225,7 +230,10 @@ def make_plan(
                     )
         source, message = "explicit", ""
     else:
-        planned = auto_planner(dep, shape, obs) if auto_planner is not None else None
+        try:
+            planned = auto_planner(dep, shape, obs) if auto_planner is not None else None
+        except fields.FieldError as exc:  # the planner found no feasible deployment
+            raise PlanError("InsufficientCapacity", f"planner: {exc}") from exc
         if planned is not None:
             replicas = list(planned.replicas)
             source, message, shares = "auto:planner", planned.message, planned.class_shares

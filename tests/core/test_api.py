@@ -16,8 +16,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def _doc(**spec: Any) -> dict[str, Any]:
     base: dict[str, Any] = {"model": {"name": "m", "path": "p"}}
     base.update(spec)
-    return {"apiVersion": "serving.tessera.dev/v1alpha1", "kind": "ServingDeployment",
-            "metadata": {"name": "demo"}, "spec": base}
+    return {
+        "apiVersion": "serving.tessera.dev/v1alpha1",
+        "kind": "ServingDeployment",
+        "metadata": {"name": "demo"},
+        "spec": base,
+    }
 
 
 def test_local_example_parses() -> None:
@@ -27,21 +31,32 @@ def test_local_example_parses() -> None:
     assert dep.spec.gateway.port == 8000 and not dep.spec.policies.overload.enabled
 
 
-@pytest.mark.parametrize("spec, path", [
-    ({"gateway": {"port": 70000}}, "spec.gateway.port"),
-    ({"model": {"name": "m"}}, "spec.model.path"),
-    ({"model": {"name": "m", "path": "p", "dtype": "int3"}}, "spec.model.dtype"),
-    ({"layout": {"mode": "explicit"}}, "spec.layout.replicas"),
-    ({"layout": {"mode": "explicit", "replicas": [{"stages": [{"agent": "a",
-                                                             "layers": [4, 2]}]}]}},
-     "spec.layout.replicas[0].stages[0].layers"),
-    ({"layout": {"mode": "sideways"}}, "spec.layout.mode"),
-    ({"slo": {"ttftP99Ms": -1}}, "spec.slo.ttftP99Ms"),
-    ({"workload": {"classes": [{"name": "a", "inputTokens": 0, "outputTokens": 1}]}},
-     "spec.workload.classes[0].inputTokens"),
-    ({"policies": {"overload": {"enabled": "yes"}}}, "spec.policies.overload.enabled"),
-    ({"surprise": 1}, "spec.surprise"),
-])
+@pytest.mark.parametrize(
+    "spec, path",
+    [
+        ({"gateway": {"port": 70000}}, "spec.gateway.port"),
+        ({"model": {"name": "m"}}, "spec.model.path"),
+        ({"model": {"name": "m", "path": "p", "dtype": "int3"}}, "spec.model.dtype"),
+        ({"layout": {"mode": "explicit"}}, "spec.layout.replicas"),
+        (
+            {
+                "layout": {
+                    "mode": "explicit",
+                    "replicas": [{"stages": [{"agent": "a", "layers": [4, 2]}]}],
+                }
+            },
+            "spec.layout.replicas[0].stages[0].layers",
+        ),
+        ({"layout": {"mode": "sideways"}}, "spec.layout.mode"),
+        ({"slo": {"ttftP99Ms": -1}}, "spec.slo.ttftP99Ms"),
+        (
+            {"workload": {"classes": [{"name": "a", "inputTokens": 0, "outputTokens": 1}]}},
+            "spec.workload.classes[0].inputTokens",
+        ),
+        ({"policies": {"overload": {"enabled": "yes"}}}, "spec.policies.overload.enabled"),
+        ({"surprise": 1}, "spec.surprise"),
+    ],
+)
 def test_structural_errors_name_the_field(spec: dict[str, Any], path: str) -> None:
     with pytest.raises(fields.FieldError) as info:
         api.parse(_doc(**spec))
@@ -49,17 +64,31 @@ def test_structural_errors_name_the_field(spec: dict[str, Any], path: str) -> No
 
 
 def test_semantic_errors_name_the_field() -> None:
-    dep = api.parse(_doc(layout={"mode": "explicit", "replicas": [
-        {"stages": [{"agent": "a0", "layers": [0, 8]}]},
-        {"stages": [{"agent": "a0", "layers": [0, 12]}]},
-        {"stages": [{"agent": "a0", "layers": [0, 3]}, {"agent": "ghost", "layers": [4, 8]}]},
-        {"stages": [{"agent": "a0", "layers": [0, 8], "tp": 2}]},
-    ]}))
+    dep = api.parse(
+        _doc(
+            layout={
+                "mode": "explicit",
+                "replicas": [
+                    {"stages": [{"agent": "a0", "layers": [0, 8]}]},
+                    {"stages": [{"agent": "a0", "layers": [0, 12]}]},
+                    {
+                        "stages": [
+                            {"agent": "a0", "layers": [0, 3]},
+                            {"agent": "ghost", "layers": [4, 8]},
+                        ]
+                    },
+                    {"stages": [{"agent": "a0", "layers": [0, 8], "tp": 2}]},
+                ],
+            }
+        )
+    )
     errs = [str(e) for e in api.check_semantics(dep.spec, api.ModelFacts(8, 4, 2), ["a0"])]
     assert "spec.layout.replicas[1].stages[0].layers: end 12 exceeds the model's 8 layers" in errs
-    assert any(e.startswith("spec.layout.replicas[2].stages[1].layers: starts at layer 4")
-               for e in errs)
-    assert any(e.startswith("spec.layout.replicas[2].stages[1].agent: unknown agent 'ghost'")
-               for e in errs)
+    assert any(
+        e.startswith("spec.layout.replicas[2].stages[1].layers: starts at layer 4") for e in errs
+    )
+    assert any(
+        e.startswith("spec.layout.replicas[2].stages[1].agent: unknown agent 'ghost'") for e in errs
+    )
     assert any(e.startswith("spec.layout.replicas[3].stages[0].tp") for e in errs)
     assert not any("replicas[0]" in e for e in errs)

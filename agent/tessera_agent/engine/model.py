@@ -35,7 +35,7 @@ class AttentionMetadata:
     # Decode group: sequences contributing exactly one query token, attended in one batch.
     decode_rows: torch.Tensor  # [B] row of each decode token in the flat batch
     decode_gather: torch.Tensor  # [B, Lmax] KV slots to read (padded with slot 0)
-    decode_mask: torch.Tensor  # [B, 1, 1, Lmax] True where the slot is part of the context
+    decode_mask: torch.Tensor  # [B, 1, 1, Lmax] additive: 0 inside the context, -inf past it
     # Prefill chunks: one entry per sequence with more than one query token.
     prefill: list[PrefillSegment]
     cos: torch.Tensor | None = None  # [T, head_dim], filled by StageModel.forward
@@ -119,16 +119,18 @@ class Attention(nn.Module):
         out = torch.empty(t, self.nh, self.hd, dtype=x.dtype, device=x.device)
         if md.decode_rows.numel():
             qd = q.index_select(0, md.decode_rows).unsqueeze(2)  # [B, nh, 1, hd]
-            kd = k_cache[md.decode_gather].transpose(1, 2)  # [B, nkv, L, hd]
-            vd = v_cache[md.decode_gather].transpose(1, 2)
+            b, lmax = md.decode_gather.shape
+            flat = md.decode_gather.reshape(-1)  # index_select beats advanced indexing
+            kd = k_cache.index_select(0, flat).view(b, lmax, self.nkv, self.hd).transpose(1, 2)
+            vd = v_cache.index_select(0, flat).view(b, lmax, self.nkv, self.hd).transpose(1, 2)
             od = F.scaled_dot_product_attention(
                 qd, kd, vd, attn_mask=md.decode_mask, scale=self.scale, enable_gqa=True
             )
             out.index_copy_(0, md.decode_rows, od.squeeze(2))
         for seg in md.prefill:
             qs = q[seg.row : seg.row + seg.q_len].transpose(0, 1)  # [nh, q, hd]
-            ks = k_cache[seg.slots].transpose(0, 1)  # [nkv, ctx, hd]
-            vs = v_cache[seg.slots].transpose(0, 1)
+            ks = k_cache.index_select(0, seg.slots).transpose(0, 1)  # [nkv, ctx, hd]
+            vs = v_cache.index_select(0, seg.slots).transpose(0, 1)
             os_ = F.scaled_dot_product_attention(
                 qs,
                 ks,

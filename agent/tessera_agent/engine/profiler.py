@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from tessera_agent.engine import config, errors, sampling, stage, step
+from tessera_agent.engine import config, errors, kv_cache, sampling, stage, step
 
 
 @dataclass(frozen=True)
@@ -37,18 +37,27 @@ def _median(fn: object, repeats: int) -> float:
     return statistics.median(times)
 
 
-def profile(model_path: str, device: torch.device, prefill_tokens: list[int],
-            decode_batches: list[int], context_lens: list[int], repeats: int = 5,
-            page_size: int = 16) -> list[Timing]:
+def profile(
+    model_path: str,
+    device: torch.device,
+    prefill_tokens: list[int],
+    decode_batches: list[int],
+    context_lens: list[int],
+    repeats: int = 5,
+    page_size: int = 16,
+) -> list[Timing]:
     cfg = config.ModelConfig.from_path(Path(model_path))
     layer = 1 if cfg.num_layers > 2 else 0
-    need = max([*prefill_tokens, 1]) + max(b * (c + 1) for b in decode_batches or [1]
-                                            for c in context_lens or [1])
+    need = max([*prefill_tokens, 1]) + max(
+        b * (c + 1) for b in decode_batches or [1] for c in context_lens or [1]
+    )
     pages = -(-need // page_size) + max(decode_batches or [1])
-    kv = pages * stage.kv_cache.KVLayout(1, 1, page_size, cfg.num_kv_heads, cfg.head_dim
-                                         ).bytes_per_page
-    st = stage.load_stage(stage.BlockSpec(model_path, layer, layer + 1, kv_bytes=kv,
-                                          page_size=page_size), device, 1 << 40)
+    kv = pages * kv_cache.KVLayout(1, 1, page_size, cfg.num_kv_heads, cfg.head_dim).bytes_per_page
+    st = stage.load_stage(
+        stage.BlockSpec(model_path, layer, layer + 1, kv_bytes=kv, page_size=page_size),
+        device,
+        1 << 40,
+    )
     greedy = sampling.SamplingParams()
     out: list[Timing] = []
     hidden = cfg.hidden_size
@@ -59,19 +68,27 @@ def profile(model_path: str, device: torch.device, prefill_tokens: list[int],
 
     for n in prefill_tokens:
         if n < 1 or n > cfg.max_positions:
-            raise errors.InvalidArgumentError(f"prefill_tokens: {n} is outside [1, "
-                                              f"{cfg.max_positions}]")
+            raise errors.InvalidArgumentError(
+                f"prefill_tokens: {n} is outside [1, {cfg.max_positions}]"
+            )
         table = tuple(range(-(-n // page_size)))
         chunk = [step.SeqChunk("p", 0, n, table, False, greedy)]
         out.append(Timing("prefill", n, 0, _median(lambda c=chunk: run(c), repeats)))
     for b in decode_batches:
         for ctx in context_lens:
             per = -(-(ctx + 1) // page_size)
-            chunks = [step.SeqChunk(f"d{i}", ctx, 1, tuple(range(i * per, (i + 1) * per)),
-                                    False, greedy) for i in range(b)]
+            chunks = [
+                step.SeqChunk(f"d{i}", ctx, 1, tuple(range(i * per, (i + 1) * per)), False, greedy)
+                for i in range(b)
+            ]
             out.append(Timing("decode", b, ctx, _median(lambda c=chunks: run(c), repeats)))
-    head = stage.load_stage(stage.BlockSpec(model_path, cfg.num_layers - 1, cfg.num_layers,
-                                            kv_bytes=kv, page_size=page_size), device, 1 << 40)
+    head = stage.load_stage(
+        stage.BlockSpec(
+            model_path, cfg.num_layers - 1, cfg.num_layers, kv_bytes=kv, page_size=page_size
+        ),
+        device,
+        1 << 40,
+    )
     for b in decode_batches:
         h = torch.randn(b, hidden)
         with torch.inference_mode():

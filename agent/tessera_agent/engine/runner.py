@@ -105,11 +105,13 @@ class StageRunner:
                 len(decode_rows), -1
             )[:, :lmax]
             lens = torch.tensor(decode_lens)
-            mask = (torch.arange(lmax)[None, :] < lens[:, None])[:, None, None, :]
+            inside = (torch.arange(lmax)[None, :] < lens[:, None])[:, None, None, :]
+            # Additive float mask built once per step (a bool mask is converted per layer).
+            mask = torch.zeros(inside.shape).masked_fill_(~inside, float("-inf"))
             gather, mask = gather.to(self.device), mask.to(self.device)
         else:
             gather = torch.empty(0, 0, dtype=torch.long, device=self.device)
-            mask = torch.empty(0, 1, 1, 0, dtype=torch.bool, device=self.device)
+            mask = torch.empty(0, 1, 1, 0, device=self.device)
         return model_mod.AttentionMetadata(
             positions=torch.tensor(positions, dtype=torch.long, device=self.device),
             slot_mapping=torch.tensor(slot_map, dtype=torch.long, device=self.device),

@@ -1,14 +1,13 @@
 """`tessera demo`: the main job behind `make demo`.
 
-Makes the default tiny checkpoint under `.demo/` (once) and generates from it through the
-block engine, split into two pipeline stages. (Serving over HTTP arrives with
-`tessera up`.)
+Makes the default tiny checkpoint under `.demo/` (once), then serves it with
+`tessera up -f examples/local-tiny.yaml`: two local agents, two replicas (one whole-model,
+one 2-stage pipeline) behind the OpenAI-compatible gateway on localhost:8000.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,10 @@ from tessera.cli import main as cli_main
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("demo", help="make a tiny checkpoint and run it")
+    p = sub.add_parser("demo", help="make a tiny checkpoint and serve it on localhost:8000")
     p.add_argument("--dir", type=Path, default=Path(".demo"))
+    p.add_argument("--manifest", type=Path, default=Path("examples/local-tiny.yaml"))
+    p.add_argument("up_args", nargs="*", help="extra `tessera up` arguments (after --)")
     p.set_defaults(func=_run)
 
 
@@ -26,16 +27,4 @@ def _run(args: argparse.Namespace) -> int:
     if not (model / "config.json").is_file():
         if cli_main.main(["model", "make-tiny", str(model)]) != 0:
             return 1
-    sys.stdout.write("generating through a 2-stage pipeline (layers 0-4, 4-8):\n")
-    return cli_main.main(
-        [
-            "generate",
-            str(model),
-            "--prompt",
-            "Once upon a time",
-            "--stages",
-            "0:4,4:8",
-            "--max-tokens",
-            "24",
-        ]
-    )
+    return cli_main.main(["up", "-f", str(args.manifest), *args.up_args])

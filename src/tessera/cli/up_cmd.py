@@ -110,7 +110,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         from tessera.cost import profile as profile_mod
         from tessera.planner import auto as auto_mod
 
-        auto = auto_mod.auto_planner(
+        auto = auto_mod.default_auto_planner(
             profile_mod.profile_from_json(json.loads(args.profile.read_text()))
         )
     stop = asyncio.Event()
@@ -167,8 +167,15 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 replicas=tuple(gw_config.ReplicaEndpoint(rid, addr) for rid, addr in leaders),
             )
         )
-        if outcome.plan.class_shares:
-            gateway.set_class_shares(outcome.plan.class_shares)
+        if outcome.plan.class_shares and dep.spec.workload:
+            from tessera.gateway import router as gw_router
+
+            gateway.set_class_shares(
+                outcome.plan.class_shares,
+                gw_router.centroid_class_router(
+                    {c.name: (c.input_tokens, c.output_tokens) for c in dep.spec.workload}
+                ),
+            )
         _write_state(args.state_file, dep, refs, gateway.url)
         console.print(
             f"[bold green]serving[/] {dep.spec.model.name}: "

@@ -114,3 +114,43 @@ def auto_planner(
         )
 
     return run
+
+
+def gpu_type(device_name: str, capacity_bytes: int) -> str | None:
+    """The analytic profile type of an NVML device name, e.g. "NVIDIA H100 80GB HBM3"."""
+    name = device_name.upper()
+    big = capacity_bytes >= 70 << 30
+    if "H100" in name and big:
+        return "h100-80gb"
+    if "A100" in name and big:
+        return "a100-80gb"
+    return None
+
+
+def default_auto_planner(measured: Profile | None = None) -> plan.AutoPlanner:
+    """Pick the profile from what the agents report: the analytic profile of their GPU type
+    (H100/A100 80GB), else a measured profile (e.g. `tessera profile` on CPU) when given and
+    of the agents' kind; with neither, `make_plan` falls back to the simple plan."""
+
+    def run(
+        dep: api.ServingDeployment, shape: model_shape.ModelShape, obs: observed.Observed
+    ) -> plan.AutoResult | None:
+        types = {
+            gpu_type(d.name, d.capacity_bytes)
+            for a in obs.agents
+            if a.reachable
+            for d in a.devices
+            if d.kind == "cuda"
+        }
+        types.discard(None)
+        if len(types) == 1:
+            from tessera.cost import analytic
+
+            (kind,) = types
+            assert kind is not None
+            return auto_planner(analytic.analytic_profile(shape, kind))(dep, shape, obs)
+        if measured is not None:
+            return auto_planner(measured)(dep, shape, obs)
+        return None
+
+    return run

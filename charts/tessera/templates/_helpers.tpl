@@ -1,0 +1,193 @@
+{{/*
+Names, labels, images and ServiceAccount names shared by every template of the chart.
+Components: "operator", "agent", "gateway". Selector labels never include the chart version,
+so upgrades keep matching the pods they already own.
+*/}}
+
+{{/* Chart name, or nameOverride. */}}
+{{- define "tessera.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified prefix of object names: fullnameOverride, else "<release>-<name>", or the
+release name alone when it already contains the name. Truncated to leave room for suffixes.
+*/}}
+{{- define "tessera.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "<name>-<version>" for the helm.sh/chart label. */}}
+{{- define "tessera.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Name of a component's objects: (dict "ctx" $ "component" "agent") -> "<fullname>-agent". */}}
+{{- define "tessera.componentName" -}}
+{{- printf "%s-%s" (include "tessera.fullname" .ctx) .component | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels that identify a component's pods; also used by selectors and NetworkPolicies. */}}
+{{- define "tessera.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tessera.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Every label of a component's objects: selector labels plus version and ownership. */}}
+{{- define "tessera.labels" -}}
+helm.sh/chart: {{ include "tessera.chart" .ctx }}
+{{ include "tessera.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: tessera
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+{{- with .ctx.Values.global.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Agent selector as a label-selector string, for the operator's --agent-selector. */}}
+{{- define "tessera.agentSelector" -}}
+{{- if .Values.operator.agentSelector }}
+{{- .Values.operator.agentSelector }}
+{{- else }}
+{{- $labels := include "tessera.selectorLabels" (dict "ctx" . "component" "agent") | fromYaml }}
+{{- $pairs := list }}
+{{- range $k := keys $labels | sortAlpha }}
+{{- $pairs = append $pairs (printf "%s=%s" $k (get $labels $k)) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}
+{{- end }}
+
+{{/*
+Image reference of a component: (dict "ctx" $ "image" .Values.agent.image).
+repository@digest when a digest is set, else repository:tag with tag defaulting to appVersion.
+*/}}
+{{- define "tessera.image" -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag | toString) }}
+{{- end }}
+{{- end }}
+
+{{/* imagePullSecrets block of a pod spec (global.imagePullSecrets), or "". */}}
+{{- define "tessera.imagePullSecrets" -}}
+{{- with .Values.global.imagePullSecrets -}}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* ServiceAccount names. */}}
+{{- define "tessera.operator.serviceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (include "tessera.componentName" (dict "ctx" . "component" "operator")) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- required "operator.serviceAccount.name is required when operator.serviceAccount.create is false" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "tessera.agent.serviceAccountName" -}}
+{{- if .Values.agent.serviceAccount.create }}
+{{- default (include "tessera.componentName" (dict "ctx" . "component" "agent")) .Values.agent.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.agent.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Namespaces the operator serves: the list, or nothing for all namespaces. */}}
+{{- define "tessera.operator.allNamespaces" -}}
+{{- if not .Values.operator.watchNamespaces }}true{{ end }}
+{{- end }}
+
+{{/* Namespace where the operator looks for agent pods. */}}
+{{- define "tessera.agentNamespace" -}}
+{{- default .Release.Namespace .Values.operator.agentNamespace }}
+{{- end }}
+
+{{/* Name of the ConfigMap holding the gateway defaults. */}}
+{{- define "tessera.gatewayDefaultsName" -}}
+{{- printf "%s-gateway-defaults" (include "tessera.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Arguments of `tessera operator` (tessera.cli.operator_cmd), one per line. Scope: --namespace
+per watched namespace, or --all-namespaces. Peering: none with one replica (kopf then runs
+standalone); with more, --peering NAME (the pod template adds a distinct --priority).
+*/}}
+{{- define "tessera.operator.args" -}}
+{{- $o := .Values.operator -}}
+- operator
+- --agent-selector
+- {{ include "tessera.agentSelector" . | quote }}
+- --agent-namespace
+- {{ include "tessera.agentNamespace" . | quote }}
+- --agent-port
+- {{ .Values.agent.port | quote }}
+- --model-root
+- {{ .Values.modelCache.mountPath | quote }}
+- --gateway-config
+- /etc/tessera/gateway.json
+{{- if $o.watchNamespaces }}
+{{- range $o.watchNamespaces }}
+- --namespace
+- {{ . | quote }}
+{{- end }}
+{{- else }}
+- --all-namespaces
+{{- end }}
+{{- if gt (int $o.replicas) 1 }}
+- --peering
+- {{ $o.peering.name | quote }}
+{{- end }}
+{{- if $o.livenessProbe.enabled }}
+- --liveness
+- {{ printf "http://0.0.0.0:%d/healthz" (int $o.livenessProbe.port) | quote }}
+{{- end }}
+{{- with $o.logLevel }}
+- {{ printf "--%s" . | quote }}
+{{- end }}
+{{- range $o.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The model cache as a pod volume named "model-cache". */}}
+{{- define "tessera.modelCacheVolume" -}}
+{{- $mc := .Values.modelCache -}}
+- name: model-cache
+{{- if eq $mc.type "hostPath" }}
+  hostPath:
+    path: {{ $mc.hostPath.path }}
+    type: {{ $mc.hostPath.type }}
+{{- else if eq $mc.type "pvc" }}
+  persistentVolumeClaim:
+    claimName: {{ $mc.pvc.claimName }}
+{{- else }}
+  emptyDir: {}
+{{- end }}
+{{- end }}
+
+{{/*
+Labels the operator puts on every gateway pod and Service it creates
+(tessera_operator.gateway_objects.labels): the NetworkPolicy and the ServiceMonitor select
+gateways by them. app.kubernetes.io/instance is the ServingDeployment's name there.
+*/}}
+{{- define "tessera.gatewaySelectorLabels" -}}
+app.kubernetes.io/name: tessera
+app.kubernetes.io/component: gateway
+app.kubernetes.io/managed-by: tessera-operator
+{{- end }}

@@ -1,0 +1,128 @@
+"""Operator configuration: agent discovery, watched namespaces, resync period, gateway template.
+
+Built once at startup by `tessera operator` (`tessera.cli.operator_cmd`, from flags and
+`TESSERA_*` environment variables) or by tests and the reconcile bench, validated in
+`__post_init__`, and handed to every handler through kopf's memo. Nothing here reads the
+environment by itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera_operator import agents
+
+DEFAULT_AGENT_SELECTOR = "app.kubernetes.io/component=agent"
+
+# Gateway-template keys (camelCase, as in the chart's `gateway` values) -> field names.
+_TEMPLATE_KEYS = {
+    "image": "image",
+    "imagePullPolicy": "image_pull_policy",
+    "imagePullSecrets": "image_pull_secrets",
+    "resources": "resources",
+    "podAnnotations": "pod_annotations",
+    "podLabels": "pod_labels",
+    "priorityClassName": "priority_class_name",
+    "nodeSelector": "node_selector",
+    "tolerations": "tolerations",
+    "affinity": "affinity",
+    "serviceAccountName": "service_account_name",
+    "automountServiceAccountToken": "automount_service_account_token",
+    "podSecurityContext": "pod_security_context",
+    "securityContext": "security_context",
+    "serviceAnnotations": "service_annotations",
+}
+
+
+@dataclass(frozen=True)
+class GatewayTemplate:
+    """What the operator puts into every gateway Deployment and Service it creates.
+
+    Port, replicas and Service type come from each ServingDeployment's `spec.gateway`."""
+
+    image: str = "tessera:0.1.0"
+    image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = ()
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    pod_labels: Mapping[str, str] = field(default_factory=dict)
+    priority_class_name: str = ""
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    affinity: Mapping[str, Any] = field(default_factory=dict)
+    service_account_name: str = ""
+    automount_service_account_token: bool = False
+    pod_security_context: Mapping[str, Any] = field(default_factory=dict)
+    security_context: Mapping[str, Any] = field(default_factory=dict)
+    service_annotations: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.image:
+            raise ValueError("gateway.image: must not be empty")
+        if self.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
+            raise ValueError(
+                f"gateway.imagePullPolicy: {self.image_pull_policy!r} is not Always, "
+                "IfNotPresent or Never"
+            )
+
+    @classmethod
+    def from_mapping(cls, doc: Mapping[str, Any]) -> GatewayTemplate:
+        """From the JSON/YAML gateway-config file (keys as in `_TEMPLATE_KEYS`)."""
+        unknown = sorted(set(doc) - set(_TEMPLATE_KEYS))
+        if unknown:
+            raise ValueError(
+                f"gateway.{unknown[0]}: unknown key (allowed: {', '.join(_TEMPLATE_KEYS)})"
+            )
+        kwargs: dict[str, Any] = {}
+        for key, name in _TEMPLATE_KEYS.items():
+            if doc.get(key) is None:
+                continue
+            value = doc[key]
+            if name == "image_pull_secrets":
+                value = tuple(v["name"] if isinstance(v, Mapping) else str(v) for v in value)
+            elif name == "tolerations":
+                value = tuple(value)
+            kwargs[name] = value
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Everything the operator needs, validated once."""
+
+    agents: tuple[agents.AgentRef, ...] = ()  # static agents; empty: discover agent pods
+    agent_selector: str = DEFAULT_AGENT_SELECTOR  # label selector of the agent pods
+    agent_namespace: str = ""  # where agent pods run ("": every namespace)
+    agent_port: int = 50051  # gRPC port of the agent pods
+    namespaces: tuple[str, ...] = ()  # served namespaces; empty: all
+    resync_seconds: float = 10.0  # timer period that re-reconciles drift
+    model_root: str = "/models"  # where PVC checkpoints are mounted (operator and gateways)
+    gateway: GatewayTemplate = field(default_factory=GatewayTemplate)
+    api_server: str = ""  # Kubernetes API URL override (tests); "": in-cluster or kubeconfig
+    peering: str = ""  # kopf peering name; "": standalone
+    priority: int = 0  # kopf peering priority
+    liveness: str = ""  # kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz
+    finalizer_retries: int = 3  # attempts to unload blocks of a deleted deployment
+
+    def __post_init__(self) -> None:
+        names = [a.name for a in self.agents]
+        if len(set(names)) != len(names):
+            raise ValueError(f"agents: duplicate names in {names}")
+        if not self.agents and not self.agent_selector:
+            raise ValueError("agent_selector: required when no static agents are given")
+        if not 0 < self.agent_port < 65536:
+            raise ValueError(f"agent_port: {self.agent_port} is not a TCP port")
+        if not self.resync_seconds > 0:
+            raise ValueError("resync_seconds: must be > 0")
+        if self.finalizer_retries < 0:
+            raise ValueError("finalizer_retries: must be >= 0")
+        if self.api_server and not self.api_server.startswith(("http://", "https://")):
+            raise ValueError(f"api_server: {self.api_server!r} is not an http(s) URL")
+        if any(not ns for ns in self.namespaces):
+            raise ValueError("namespaces: empty name")
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.namespaces

@@ -1,0 +1,214 @@
+"""The gateway of a ServingDeployment as Kubernetes objects: routes ConfigMap, Deployment, Service.
+
+Pure builders called by `reconciler.py`; `owned.py` creates or replaces them. All three are
+owned by the custom resource (ownerReferences, so Kubernetes deletes them with it) and
+named `<deployment>-gateway[-routes]`. The gateway container runs
+`tessera gateway --routes /etc/tessera/routes.json` (`tessera.gateway.routes` describes the
+file) and reads the tokenizer from the model folder, mounted as the agents see it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import PurePosixPath
+from typing import Any
+
+from tessera import api, plan
+from tessera_operator import config
+
+ROUTES_DIR = "/etc/tessera"
+ROUTES_KEY = "routes.json"
+LABEL_DEPLOYMENT = f"{api.API_GROUP}/deployment"
+
+
+def gateway_name(dep: api.ServingDeployment) -> str:
+    return f"{dep.name}-gateway"
+
+
+def routes_name(dep: api.ServingDeployment) -> str:
+    return f"{dep.name}-gateway-routes"
+
+
+def endpoint(dep: api.ServingDeployment) -> str:
+    """The gateway's in-cluster URL (status.endpoint)."""
+    return f"http://{gateway_name(dep)}.{dep.namespace}.svc:{dep.spec.gateway.port}"
+
+
+def selector(dep: api.ServingDeployment) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "tessera",
+        "app.kubernetes.io/component": "gateway",
+        "app.kubernetes.io/instance": dep.name,
+    }
+
+
+def labels(dep: api.ServingDeployment) -> dict[str, str]:
+    return {
+        **selector(dep),
+        "app.kubernetes.io/managed-by": "tessera-operator",
+        LABEL_DEPLOYMENT: dep.name,
+    }
+
+
+def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The custom resource as the controlling owner of what the operator creates."""
+    meta = body["metadata"]
+    return {
+        "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
+        "kind": api.KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def routes(
+    dep: api.ServingDeployment, p: plan.Plan, model_path: str, addresses: Mapping[str, str]
+) -> dict[str, Any]:
+    """The routes document: every planned replica through its leader (stage 0) agent,
+    `addresses` mapping agent names to `host:port`. The gateway checks readiness itself."""
+    return {
+        "model": dep.spec.model.name,
+        "modelPath": model_path,
+        "replicas": [
+            {"id": r.replica_id, "address": addresses.get(r.stages[0].agent, "")}
+            for r in p.replicas
+        ],
+        "classShares": p.class_shares,
+        "classes": [
+            {"name": c.name, "inputTokens": c.input_tokens, "outputTokens": c.output_tokens}
+            for c in dep.spec.workload
+        ],
+    }
+
+
+def _meta(dep: api.ServingDeployment, name: str, owner: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": dep.namespace,
+        "labels": labels(dep),
+        "ownerReferences": [owner],
+    }
+
+
+def config_map(
+    dep: api.ServingDeployment, owner: dict[str, Any], routes_doc: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(dep, routes_name(dep), owner),
+        "data": {ROUTES_KEY: json.dumps(routes_doc, indent=2, sort_keys=True) + "\n"},
+    }
+
+
+def _model_volume(
+    dep: api.ServingDeployment, model_path: str, model_root: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(volume, mount) that show the checkpoint at `model_path` inside the gateway pod."""
+    m = dep.spec.model
+    if m.pvc:
+        volume = {"name": "model", "persistentVolumeClaim": {"claimName": m.pvc, "readOnly": True}}
+        return volume, {"name": "model", "mountPath": model_root, "readOnly": True}
+    folder = str(PurePosixPath(model_path))
+    volume = {"name": "model", "hostPath": {"path": folder, "type": "Directory"}}
+    return volume, {"name": "model", "mountPath": folder, "readOnly": True}
+
+
+def deployment(
+    dep: api.ServingDeployment,
+    owner: dict[str, Any],
+    tmpl: config.GatewayTemplate,
+    model_path: str,
+    model_root: str,
+) -> dict[str, Any]:
+    port = dep.spec.gateway.port
+    model_volume, model_mount = _model_volume(dep, model_path, model_root)
+    container: dict[str, Any] = {
+        "name": "gateway",
+        "image": tmpl.image,
+        "imagePullPolicy": tmpl.image_pull_policy,
+        "args": [
+            "gateway",
+            "--routes",
+            f"{ROUTES_DIR}/{ROUTES_KEY}",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(port),
+        ],
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 5,
+        },
+        "volumeMounts": [
+            {"name": "routes", "mountPath": ROUTES_DIR, "readOnly": True},
+            model_mount,
+        ],
+    }
+    if tmpl.resources:
+        container["resources"] = dict(tmpl.resources)
+    if tmpl.security_context:
+        container["securityContext"] = dict(tmpl.security_context)
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "automountServiceAccountToken": tmpl.automount_service_account_token,
+        "volumes": [
+            {"name": "routes", "configMap": {"name": routes_name(dep)}},
+            model_volume,
+        ],
+    }
+    optional = {
+        "serviceAccountName": tmpl.service_account_name,
+        "priorityClassName": tmpl.priority_class_name,
+        "nodeSelector": dict(tmpl.node_selector),
+        "tolerations": [dict(t) for t in tmpl.tolerations],
+        "affinity": dict(tmpl.affinity),
+        "securityContext": dict(tmpl.pod_security_context),
+        "imagePullSecrets": [{"name": s} for s in tmpl.image_pull_secrets],
+    }
+    pod_spec.update({k: v for k, v in optional.items() if v})
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(dep, gateway_name(dep), owner),
+        "spec": {
+            "replicas": dep.spec.gateway.replicas,
+            "selector": {"matchLabels": selector(dep)},
+            "template": {
+                "metadata": {
+                    "labels": {**labels(dep), **tmpl.pod_labels},
+                    "annotations": dict(tmpl.pod_annotations),
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def service(
+    dep: api.ServingDeployment, owner: dict[str, Any], tmpl: config.GatewayTemplate
+) -> dict[str, Any]:
+    meta = _meta(dep, gateway_name(dep), owner)
+    if tmpl.service_annotations:
+        meta["annotations"] = dict(tmpl.service_annotations)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "type": dep.spec.gateway.service_type,
+            "selector": selector(dep),
+            "ports": [
+                {
+                    "name": "http",
+                    "port": dep.spec.gateway.port,
+                    "targetPort": "http",
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }

@@ -1,0 +1,141 @@
+"""What every kopf handler calls: one reconcile pass over a ServingDeployment, or its finalizer.
+
+`run()` is level-triggered and idempotent (create, update, resume and the resync
+timer all run the same pass): parse the spec, discover the agents, `converge.converge`
+(semantic checks, observe, plan, diff, apply), create or replace the gateway's routes
+ConfigMap, Deployment and Service, then write the status last, through kopf's patch, as
+the difference from the current status (nothing when converged). Passes of one object
+never overlap: a per-object lock lives in kopf's per-object memo, and a timer pass that
+finds a pass running skips. `finalize()` unloads the deployment's blocks from every agent
+before kopf removes the finalizer. Handlers return None, so kopf stores no results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from tessera import api, fields, plan, reconcile
+from tessera_operator import (
+    actuate,
+    agents,
+    config,
+    converge,
+    discovery,
+    events,
+    gateway_objects,
+    kube,
+    owned,
+    status,
+)
+
+
+@dataclass(frozen=True)
+class Context:
+    """Operator-wide state every handler reaches through kopf's memo (`memo["ctx"]`)."""
+
+    config: config.OperatorConfig
+    kube: kube.Kube
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _lock(memo: kopf.Memo) -> asyncio.Lock:
+    lock = memo.get("lock")
+    if lock is None:
+        lock = memo["lock"] = asyncio.Lock()
+    assert isinstance(lock, asyncio.Lock)
+    return lock
+
+
+def _context(memo: kopf.Memo) -> Context:
+    ctx = memo["ctx"]
+    assert isinstance(ctx, Context)
+    return ctx
+
+
+async def run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, periodic: bool = False) -> None:
+    """One pass; `periodic` passes (the resync timer) skip when another pass is running."""
+    if body.metadata.get("deletionTimestamp"):
+        return  # the finalizer owns the object now
+    lock = _lock(memo)
+    if periodic and lock.locked():
+        return
+    async with lock:
+        await _pass(body, patch, _context(memo))
+
+
+async def _apply_gateway(
+    ctx: Context,
+    body: kopf.Body,
+    raw: dict[str, Any],
+    dep: api.ServingDeployment,
+    out: converge.Outcome,
+    model_path: str,
+    addresses: dict[str, str],
+) -> None:
+    assert out.plan is not None
+    owner = gateway_objects.owner_reference(raw)
+    routes = gateway_objects.routes(dep, out.plan, model_path, addresses)
+    tmpl = ctx.config.gateway
+    for obj in (
+        gateway_objects.config_map(dep, owner, routes),
+        gateway_objects.deployment(dep, owner, tmpl, model_path, ctx.config.model_root),
+        gateway_objects.service(dep, owner, tmpl),
+    ):
+        events.applied(body, await owned.apply(ctx.kube, obj))
+
+
+async def _pass(body: kopf.Body, patch: kopf.Patch, ctx: Context) -> None:
+    raw = copy.deepcopy(dict(body))
+    generation = int(body.metadata.get("generation") or 0)
+    previous: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
+    endpoint = ""
+    try:
+        dep = api.parse(raw)
+    except fields.FieldError as exc:
+        out = converge.Outcome("InvalidSpec", str(exc), errors=[exc])
+    else:
+        refs = await discovery.agent_refs(ctx.config, ctx.kube, dep.spec.resources.node_selector)
+        model_path = converge.resolve_model_path(dep.spec, None, ctx.config.model_root)
+        out = await converge.converge(
+            dep, model_path, refs, progress=functools.partial(events.action, body)
+        )
+        if out.plan is not None:
+            addresses = {r.name: r.address for r in refs}
+            await _apply_gateway(ctx, body, raw, dep, out, model_path, addresses)
+            endpoint = gateway_objects.endpoint(dep)
+    new = status.build(out, generation, previous, _now(), endpoint)
+    events.transition(body, status.condition(previous, "Ready"), status.condition(new, "Ready"))
+    for key, value in status.merge_patch(previous, new).items():
+        patch.status[key] = value
+
+
+async def finalize(body: kopf.Body, memo: kopf.Memo, retry: int) -> None:
+    """Unload every block of the deployment; retry while agents are down, then give up
+    (the blocks left on unreachable agents are reported as orphaned)."""
+    ctx = _context(memo)
+    async with _lock(memo):
+        meta = body.metadata
+        prefix = plan.replica_prefix(meta.namespace or "default", meta.name or "")
+        refs = await discovery.agent_refs(ctx.config, ctx.kube, {})
+        obs = await agents.observe(refs)
+        actions = reconcile.delete_actions(obs, prefix)
+        results = await actuate.apply(actions, functools.partial(events.action, body))
+        down = [a.name for a in obs.agents if not a.reachable]
+        failed = [r.action.describe() for r in results if not r.ok]
+        problems = [f"agent {n} unreachable" for n in down] + failed
+        if problems and retry < ctx.config.finalizer_retries:
+            raise kopf.TemporaryError("; ".join(problems), delay=2.0)
+        message = f"unloaded {len(results) - len(failed)} blocks"
+        if problems:
+            message += "; may be left behind: " + "; ".join(problems)
+        events.released(body, message, ok=not problems)

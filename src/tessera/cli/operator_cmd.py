@@ -1,0 +1,149 @@
+"""`tessera operator`: run the Kubernetes operator reconciling ServingDeployments (kopf).
+
+Registered by `tessera.cli.main`. Builds `tessera_operator.config.OperatorConfig` once
+from flags, each defaulting to a `TESSERA_*` environment variable, and runs
+`tessera_operator.runner`. Agents are either a static list (`--agent name=host:port`,
+or `TESSERA_AGENTS="a=h:p,b=h:p"`) or the pods matching `--agent-selector`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _env(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
+    p.add_argument(
+        "--agent",
+        action="append",
+        default=[a for a in _env("TESSERA_AGENTS").split(",") if a.strip()],
+        metavar="NAME=HOST:PORT",
+        help="a static agent (repeatable; env TESSERA_AGENTS, comma-separated); "
+        "none: discover agent pods",
+    )
+    p.add_argument(
+        "--agent-selector",
+        default=_env("TESSERA_AGENT_SELECTOR", "app.kubernetes.io/component=agent"),
+        help="label selector of the agent pods (env TESSERA_AGENT_SELECTOR)",
+    )
+    p.add_argument(
+        "--agent-namespace",
+        default=_env("TESSERA_AGENT_NAMESPACE"),
+        help="namespace of the agent pods; empty: all (env TESSERA_AGENT_NAMESPACE)",
+    )
+    p.add_argument(
+        "--agent-port",
+        type=int,
+        default=int(_env("TESSERA_AGENT_PORT", "50051")),
+        help="gRPC port of the agent pods (env TESSERA_AGENT_PORT)",
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="serve this namespace (repeatable; env TESSERA_NAMESPACES, comma-separated)",
+    )
+    where.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="serve every namespace (default)"
+    )
+    p.add_argument(
+        "--resync",
+        type=float,
+        default=float(_env("TESSERA_RESYNC_SECONDS", "10")),
+        help="seconds between drift-repair passes per deployment (env TESSERA_RESYNC_SECONDS)",
+    )
+    p.add_argument(
+        "--model-root",
+        default=_env("TESSERA_MODEL_ROOT", "/models"),
+        help="where PVC checkpoints are mounted (env TESSERA_MODEL_ROOT)",
+    )
+    p.add_argument(
+        "--gateway-image",
+        default=_env("TESSERA_GATEWAY_IMAGE"),
+        help="image of the gateway pods (env TESSERA_GATEWAY_IMAGE; overrides the config file)",
+    )
+    p.add_argument(
+        "--gateway-config",
+        type=Path,
+        default=Path(_env("TESSERA_GATEWAY_CONFIG")) if _env("TESSERA_GATEWAY_CONFIG") else None,
+        help="JSON/YAML gateway template (image, resources, ...; see docs/operator.md)",
+    )
+    p.add_argument("--peering", default=_env("TESSERA_PEERING"), help="kopf peering name")
+    p.add_argument("--priority", type=int, default=0, help="kopf peering priority")
+    p.add_argument(
+        "--liveness", default="", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
+    p.add_argument("--api-server", default="", help="Kubernetes API URL (default: in-cluster)")
+    p.add_argument("--verbose", action="store_true", help="debug logging")
+    p.add_argument("--debug", action="store_true", help="debug logging (as --verbose)")
+    p.add_argument("--quiet", action="store_true", help="warnings only")
+    p.set_defaults(func=_run)
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    """The validated `OperatorConfig` of the parsed flags."""
+    import yaml
+
+    from tessera_operator import agents, config
+
+    tmpl: dict[str, Any] = {}
+    if args.gateway_config is not None:
+        tmpl = yaml.safe_load(args.gateway_config.read_text(encoding="utf-8")) or {}
+        if not isinstance(tmpl, dict):
+            raise ValueError(f"{args.gateway_config}: expected a mapping")
+    if args.gateway_image:
+        tmpl["image"] = args.gateway_image
+    namespaces = list(args.namespace)
+    if not namespaces and not args.all_namespaces:
+        namespaces = [n for n in _env("TESSERA_NAMESPACES").split(",") if n.strip()]
+    return config.OperatorConfig(
+        agents=tuple(agents.static_agents(args.agent)),
+        agent_selector=args.agent_selector,
+        agent_namespace=args.agent_namespace,
+        agent_port=args.agent_port,
+        namespaces=tuple(n.strip() for n in namespaces),
+        resync_seconds=args.resync,
+        model_root=args.model_root,
+        gateway=config.GatewayTemplate.from_mapping(tmpl),
+        api_server=args.api_server,
+        peering=args.peering,
+        priority=args.priority,
+        liveness=args.liveness,
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    level = (
+        logging.DEBUG
+        if args.verbose or args.debug
+        else logging.WARNING
+        if args.quiet
+        else logging.INFO
+    )
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = build_config(args)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"tessera operator: {exc}\n")
+        return 1
+    from tessera_operator import runner
+
+    logging.getLogger("tessera.operator").info(
+        "config: %s",
+        json.dumps(
+            {"agents": [a.name for a in cfg.agents], "namespaces": list(cfg.namespaces) or "all"}
+        ),
+    )
+    return runner.run(cfg)

@@ -1,0 +1,126 @@
+"""Pure parts of the operator: status and conditions, gateway objects, configuration."""
+
+from __future__ import annotations
+
+import pytest
+
+from tessera import api, plan
+from tessera_operator import config, converge, gateway_objects, owned, status
+
+DEP = api.ServingDeployment(
+    "tiny",
+    api.DeploymentSpec(
+        model=api.ModelSpec("tiny-llama", pvc="models", sub_path="tiny"),
+        workload=(api.WorkloadClass("chat", 100, 20),),
+        gateway=api.GatewaySpec(port=8080, service_type="NodePort", replicas=2),
+    ),
+    namespace="team",
+    generation=3,
+)
+PLAN = plan.Plan(
+    "/models/tiny",
+    "float32",
+    (
+        plan.PlannedReplica("team.tiny.r0", "r0", (plan.PlannedStage("a", "cpu:0", 0, 8),)),
+        plan.PlannedReplica(
+            "team.tiny.r1",
+            "r1",
+            (plan.PlannedStage("b", "cpu:0", 0, 4), plan.PlannedStage("a", "cpu:0", 4, 8)),
+        ),
+    ),
+)
+
+
+def _outcome(reason: str, ready: int = 2, with_plan: bool = True) -> converge.Outcome:
+    out = converge.Outcome(reason, f"{reason} message", plan=PLAN if with_plan else None)
+    out.ready_replicas = ["team.tiny.r0", "team.tiny.r1"][:ready]
+    return out
+
+
+def test_conditions_and_transition_times() -> None:
+    first = status.build(_outcome("Loading", ready=1), 3, {}, "T1", "http://e")
+    conds = {c["type"]: c for c in first["conditions"]}
+    assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("False", "Loading")
+    assert conds["Progressing"]["status"] == "True" and conds["PlanValid"]["reason"] == "Planned"
+    assert first["phase"] == "Progressing" and first["readyReplicas"] == 1
+    assert first["lastPlanTime"] == "T1" and first["observedGeneration"] == 3
+
+    served = status.build(_outcome("Serving"), 3, first, "T2", "http://e")
+    conds = {c["type"]: c for c in served["conditions"]}
+    assert conds["Ready"]["lastTransitionTime"] == "T2"  # flipped
+    assert conds["PlanValid"]["lastTransitionTime"] == "T1"  # unchanged
+    assert conds["Degraded"]["lastTransitionTime"] == "T1"
+    assert served["lastPlanTime"] == "T1"  # same plan
+    again = status.build(_outcome("Serving"), 3, served, "T3", "http://e")
+    assert status.merge_patch(served, again) == {}  # converged: nothing to write
+
+    down = status.build(_outcome("AgentUnreachable", ready=1), 3, served, "T4", "http://e")
+    conds = {c["type"]: c for c in down["conditions"]}
+    assert conds["Degraded"]["status"] == "True" and conds["Degraded"]["reason"] == (
+        "AgentUnreachable"
+    )
+    assert down["phase"] == "Degraded"
+
+    invalid = status.build(_outcome("InvalidSpec", with_plan=False), 4, served, "T5", "")
+    assert invalid["plan"] == served["plan"] and invalid["phase"] == "Invalid"
+    assert status.condition(invalid, "PlanValid")["status"] == "False"
+    assert status.merge_patch({"x": 1, "phase": "Ready"}, {"phase": "Invalid"}) == {
+        "phase": "Invalid",
+        "x": None,
+    }
+
+
+def test_gateway_objects() -> None:
+    owner = gateway_objects.owner_reference({"metadata": {"name": "tiny", "uid": "u-1"}})
+    routes = gateway_objects.routes(DEP, PLAN, "/models/tiny", {"a": "10.0.0.1:1", "b": "h:2"})
+    assert routes["replicas"] == [
+        {"id": "team.tiny.r0", "address": "10.0.0.1:1"},
+        {"id": "team.tiny.r1", "address": "h:2"},
+    ]
+    assert routes["classes"] == [{"name": "chat", "inputTokens": 100, "outputTokens": 20}]
+    tmpl = config.GatewayTemplate.from_mapping(
+        {
+            "image": "reg/tessera:1",
+            "imagePullSecrets": [{"name": "pull"}],
+            "resources": {"limits": {"memory": "1Gi"}},
+            "serviceAnnotations": {"a": "b"},
+        }
+    )
+    dep = gateway_objects.deployment(DEP, owner, tmpl, "/models/tiny", "/models")
+    pod = dep["spec"]["template"]["spec"]
+    assert dep["spec"]["replicas"] == 2 and pod["imagePullSecrets"] == [{"name": "pull"}]
+    assert pod["containers"][0]["image"] == "reg/tessera:1"
+    assert pod["volumes"][1] == {
+        "name": "model",
+        "persistentVolumeClaim": {"claimName": "models", "readOnly": True},
+    }
+    svc = gateway_objects.service(DEP, owner, tmpl)
+    assert svc["spec"]["type"] == "NodePort" and svc["metadata"]["annotations"] == {"a": "b"}
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert gateway_objects.endpoint(DEP) == "http://tiny-gateway.team.svc:8080"
+    assert owned.desired_hash(svc) == owned.desired_hash(gateway_objects.service(DEP, owner, tmpl))
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError, match=r"gateway\.imagePullPolicy"):
+        config.GatewayTemplate(image_pull_policy="Sometimes")
+    with pytest.raises(ValueError, match=r"gateway\.bogus: unknown key"):
+        config.GatewayTemplate.from_mapping({"bogus": 1})
+    with pytest.raises(ValueError, match="resync_seconds"):
+        config.OperatorConfig(resync_seconds=0)
+    with pytest.raises(ValueError, match="api_server"):
+        config.OperatorConfig(api_server="localhost:8080")
+    assert config.OperatorConfig().clusterwide
+    assert not config.OperatorConfig(namespaces=("a",)).clusterwide
+
+
+def test_operator_command_builds_its_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tessera.cli import main as cli
+    from tessera.cli import operator_cmd
+
+    monkeypatch.setenv("TESSERA_AGENTS", "a=h:1,b=h:2")
+    monkeypatch.setenv("TESSERA_GATEWAY_IMAGE", "reg/gw:2")
+    args = cli.build_parser().parse_args(["operator", "-n", "x", "--resync", "3"])
+    cfg = operator_cmd.build_config(args)
+    assert [a.name for a in cfg.agents] == ["a", "b"] and cfg.namespaces == ("x",)
+    assert cfg.gateway.image == "reg/gw:2" and cfg.resync_seconds == 3.0
