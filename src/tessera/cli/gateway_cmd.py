@@ -1,0 +1,73 @@
+"""`tessera gateway`: run the OpenAI-compatible HTTP gateway in front of running agents.
+
+Registered by `tessera.cli.main`. Builds a `GatewayConfig` from the flags, starts the
+gateway and serves until SIGINT/SIGTERM. Replicas come from `--replica ID=HOST:PORT`
+(the replica's leader agent) or from a `--routes` JSON file re-read when it changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tessera.gateway import config as gateway_config
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("gateway", help="run the OpenAI-compatible HTTP gateway")
+    p.add_argument("--model-name", default="", help="served model name (the `model` field)")
+    p.add_argument("--model-path", default="", help="checkpoint directory (tokenizer, config)")
+    p.add_argument(
+        "--replica",
+        action="append",
+        default=[],
+        metavar="ID=HOST:PORT",
+        help="a replica and its leader agent (repeatable)",
+    )
+    p.add_argument("--routes", default="", metavar="FILE", help="routes JSON, re-read on change")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tessera.gateway import config
+
+    try:
+        cfg = config.GatewayConfig(
+            model_name=args.model_name,
+            model_path=args.model_path,
+            host=args.host,
+            port=args.port,
+            replicas=tuple(config.parse_replica(r) for r in args.replica),
+            routes_file=args.routes,
+            poll_interval_s=args.poll_interval,
+        )
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        return asyncio.run(_serve(cfg))
+    except (ValueError, OSError) as exc:
+        sys.stderr.write(f"tessera gateway: {exc}\n")
+        return 1
+
+
+async def _serve(cfg: gateway_config.GatewayConfig) -> int:
+    from tessera.gateway import server
+
+    handle = await server.start_gateway(cfg)
+    sys.stdout.write(f"gateway listening on {handle.url}\n")
+    sys.stdout.flush()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await handle.stop()
+    return 0

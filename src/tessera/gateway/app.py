@@ -1,0 +1,290 @@
+"""The aiohttp application: OpenAI-compatible endpoints plus /health and /metrics.
+
+Built by `server.start_gateway` from a `Service` (the loaded model, the dispatcher, the
+replica set, the metrics). Handlers stay thin: parse (`request_params`), tokenize, hand a
+`dispatch.Job` to `text_stream`, and format (`responses`). Any `errors.ApiError` becomes an
+OpenAI error body (the middleware); once a stream has started, it becomes an SSE error
+event followed by `data: [DONE]`. A client that disconnects cancels its handler (the
+runner enables handler cancellation), which cancels the agent call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from tessera.gateway import (
+    chat_template,
+    dispatch,
+    errors,
+    metrics,
+    model_info,
+    replicas,
+    request_params,
+    responses,
+    text_stream,
+    tokenizer,
+)
+
+log = logging.getLogger(__name__)
+
+INLINE_TOKENIZE_CHARS = 16_384  # longer prompts are tokenized in a worker thread
+CLIENT_CLOSED = 499  # status recorded when the client went away (nginx's convention)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Service:
+    """Everything the handlers use; assembled by `server.start_gateway`."""
+
+    model_name: str
+    info: model_info.ModelInfo
+    codec: tokenizer.TextCodec
+    template: chat_template.ChatTemplate
+    dispatcher: dispatch.Dispatcher
+    replicas: replicas.ReplicaSet
+    metrics: metrics.GatewayMetrics
+    created: int  # unix time the gateway started (/v1/models)
+
+
+def build(service: Service, max_body_bytes: int) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[_error_middleware])
+    h = _Handlers(service)
+    app.router.add_post("/v1/completions", h.completions)
+    app.router.add_post("/v1/chat/completions", h.chat)
+    app.router.add_get("/v1/models", h.models)
+    app.router.add_get("/health", h.health)
+    app.router.add_get("/metrics", h.metrics)
+    return app
+
+
+@web.middleware
+async def _error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except errors.ApiError as exc:
+        return _error_response(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = "not_found" if exc.status == 404 else None
+        return _error_response(errors.ApiError(exc.status, exc.reason, code=code))
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return _error_response(errors.ApiError(500, "internal gateway error", code="internal"))
+
+
+def _error_response(exc: errors.ApiError) -> web.Response:
+    return web.json_response(exc.body(), status=exc.status)
+
+
+class _Handlers:
+    def __init__(self, service: Service) -> None:
+        self.s = service
+
+    # -- generation ---------------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        m = self.s.metrics
+        started = time.monotonic()
+        status = 500
+        m.in_flight.inc()
+        try:
+            resp, status = await self._serve(request, kind, started)
+            return resp
+        except errors.ApiError as exc:
+            status = exc.status
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            status = CLIENT_CLOSED
+            raise
+        finally:
+            m.in_flight.dec()
+            m.requests.labels(request.path, str(status)).inc()
+            m.e2e.labels(request.path).observe(time.monotonic() - started)
+
+    async def _serve(
+        self, request: web.Request, kind: str, started: float
+    ) -> tuple[web.StreamResponse, int]:
+        body = await _json_body(request)
+        if kind == "chat":
+            chat = request_params.parse_chat(body, self.s.model_name)
+            messages = [{"role": x.role, "content": x.content} for x in chat.messages]
+            text = self.s.template.render(messages)
+            prompt = await self._encode(text, add_special_tokens=False)
+            sampling, stream, include_usage = chat.sampling, chat.stream, chat.include_usage
+        else:
+            comp = request_params.parse_completion(body, self.s.model_name)
+            if isinstance(comp.prompt, str):
+                prompt = await self._encode(comp.prompt, add_special_tokens=True)
+            else:
+                prompt = list(comp.prompt)
+            sampling, stream, include_usage = comp.sampling, comp.stream, comp.include_usage
+        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+        meta = responses.Meta(kind, prefix + uuid.uuid4().hex, int(time.time()), self.s.model_name)
+        job = self._job(meta.id, prompt, sampling, started)
+        self.s.metrics.prompt_tokens.inc(len(prompt))
+        gen = text_stream.TextGeneration(self.s.dispatcher, self.s.codec.decode, job, sampling.stop)
+        if stream:
+            return await _stream(request, gen, meta, include_usage)
+        result = await gen.complete()
+        use = responses.usage(len(prompt), gen.completion_tokens)
+        body_out = responses.full(meta, result.text, result.finish_reason or "stop", use)
+        return web.json_response(body_out), 200
+
+    async def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        if len(text) < INLINE_TOKENIZE_CHARS:
+            return self.s.codec.encode(text, add_special_tokens)
+        # long prompts: tokenize in a worker thread so running streams keep flowing
+        return await asyncio.to_thread(self.s.codec.encode, text, add_special_tokens)
+
+    def _job(
+        self, request_id: str, prompt: list[int], p: request_params.Sampling, started: float
+    ) -> dispatch.Job:
+        info = self.s.info
+        if not prompt:
+            raise errors.bad_request("prompt: tokenizes to no tokens", "prompt")
+        bad = [t for t in prompt if not 0 <= t < info.vocab_size]
+        if bad:
+            raise errors.bad_request(
+                f"prompt: token id {bad[0]} is outside the vocabulary [0, {info.vocab_size})",
+                "prompt",
+            )
+        if len(prompt) >= info.context_len:
+            raise errors.bad_request(
+                f"prompt: {len(prompt)} tokens do not fit the model's context of "
+                f"{info.context_len} tokens (at least one token must be generated)",
+                "prompt",
+                "context_length_exceeded",
+            )
+        max_tokens = p.max_tokens if p.max_tokens is not None else info.context_len - len(prompt)
+        if len(prompt) + max_tokens > info.context_len:
+            raise errors.bad_request(
+                f"This model's maximum context length is {info.context_len} tokens; the "
+                f"request asks for {len(prompt) + max_tokens} ({len(prompt)} in the prompt, "
+                f"{max_tokens} for the completion)",
+                "max_tokens",
+                "context_length_exceeded",
+            )
+        stop_ids = {t for s in p.stop if (t := self.s.codec.single_token(s)) is not None}
+        return dispatch.Job(
+            request_id=request_id,
+            prompt_ids=tuple(prompt),
+            max_tokens=max_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k,
+            seed=p.seed,
+            stop_token_ids=tuple(sorted(stop_ids)),
+            ignore_eos=p.ignore_eos,
+            received_at=started,
+        )
+
+    # -- inventory ----------------------------------------------------------------------
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        model = {
+            "id": self.s.model_name,
+            "object": "model",
+            "created": self.s.created,
+            "owned_by": "tessera",
+            "max_model_len": self.s.info.context_len,
+        }
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def health(self, request: web.Request) -> web.StreamResponse:
+        states = self.s.replicas.states()
+        ready = [rid for rid, st in states.items() if st.ready]
+        body = {
+            "status": "ok" if ready else "unavailable",
+            "model": self.s.model_name,
+            "ready_replicas": len(ready),
+            "replicas": {rid: st.to_json() for rid, st in states.items()},
+        }
+        return web.json_response(body, status=200 if ready else 503)
+
+    async def metrics(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(
+            body=self.s.metrics.render(), headers={"Content-Type": metrics.CONTENT_TYPE}
+        )
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise errors.ApiError(413, "request body too large", code="body_too_large") from exc
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise errors.bad_request(f"invalid JSON body: {exc}", None, "invalid_json") from exc
+    if not isinstance(body, dict):
+        raise errors.bad_request("the JSON body must be an object", None, "invalid_json")
+    return body
+
+
+async def _stream(
+    request: web.Request,
+    gen: text_stream.TextGeneration,
+    meta: responses.Meta,
+    include_usage: bool,
+) -> tuple[web.StreamResponse, int]:
+    """SSE response. Headers go out with the first text, so that failures (and retries on
+    other replicas) before it still produce a plain HTTP error."""
+    lost: set[str] = set()
+    while True:
+        events = gen.events(frozenset(lost))
+        try:
+            first = await anext(events, None)
+            break
+        except dispatch.ReplicaLost as exc:  # tokens came but no text yet: start over
+            lost.add(exc.replica_id)
+    status = 200
+
+    def chunk(text: str | None, reason: str | None = None, role: bool = False) -> bytes:
+        return responses.sse(responses.chunk(meta, text, reason, role, include_usage))
+
+    async with contextlib.aclosing(events):
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        if meta.kind == "chat":
+            await resp.write(chunk("", role=True))
+        ev = first
+        try:
+            while ev is not None:
+                if ev.text:
+                    await resp.write(chunk(ev.text))
+                if ev.finish_reason is not None:
+                    await resp.write(chunk(None, ev.finish_reason))
+                    break
+                ev = await anext(events, None)
+            if include_usage:
+                use = responses.usage(len(gen.job.prompt_ids), gen.completion_tokens)
+                await resp.write(responses.sse(responses.usage_chunk(meta, use)))
+        except errors.ApiError as exc:
+            status = exc.status
+            await resp.write(responses.sse(exc.body()))
+        except dispatch.ReplicaLost as exc:
+            status = 503
+            err = errors.unavailable(str(exc), code="replica_lost")
+            await resp.write(responses.sse(err.body()))
+        await resp.write(responses.DONE)
+        await resp.write_eof()
+    return resp, status

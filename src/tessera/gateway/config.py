@@ -1,0 +1,72 @@
+"""Gateway configuration: the served model, the listen address and the replicas to route to.
+
+Built once by the caller (`tessera up`, the `tessera gateway` CLI, tests) and passed to
+`server.start_gateway`. A replica is reached through its leader agent (stage 0), which
+serves `Generate` for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ReplicaEndpoint:
+    """One replica and the `host:port` of its leader agent."""
+
+    replica_id: str
+    address: str
+
+    def __post_init__(self) -> None:
+        if not self.replica_id:
+            raise ValueError("replica_id: must not be empty")
+        host, sep, port = self.address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"address: {self.address!r} is not host:port")
+
+
+def parse_replica(text: str) -> ReplicaEndpoint:
+    """`ID=HOST:PORT` (the `--replica` CLI form) → ReplicaEndpoint; ValueError if malformed."""
+    replica_id, sep, address = text.partition("=")
+    if not sep:
+        raise ValueError(f"replica: {text!r} is not ID=HOST:PORT")
+    return ReplicaEndpoint(replica_id.strip(), address.strip())
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Everything the gateway needs; validated here so a bad value fails at startup.
+
+    `model_name`/`model_path` may be left empty when `routes_file` names them; replicas in
+    a routes file replace `replicas`.
+    """
+
+    model_name: str
+    model_path: str
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0 picks a free port; GatewayHandle.url tells which
+    replicas: tuple[ReplicaEndpoint, ...] = ()
+    routes_file: str = ""  # JSON routes, re-read when its mtime changes (see routes.py)
+    poll_interval_s: float = 1.0  # Describe poll period of every leader
+    poll_timeout_s: float = 2.0  # a Describe slower than this marks the replica not ready
+    failure_backoff_s: float = 3.0  # a replica failing a request sits out this long
+    max_body_bytes: int = 32 << 20  # largest accepted HTTP request body
+    routing_seed: int = 0  # seeds the weighted per-class choice
+
+    def __post_init__(self) -> None:
+        if not self.routes_file and not (self.model_name and self.model_path):
+            raise ValueError("model_name and model_path: required unless routes_file is given")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port: {self.port} is outside [0, 65535]")
+        if not self.host:
+            raise ValueError("host: must not be empty")
+        for name in ("poll_interval_s", "poll_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0")
+        if self.failure_backoff_s < 0:
+            raise ValueError("failure_backoff_s: must be >= 0")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes: must be >= 1024")
+        ids = [r.replica_id for r in self.replicas]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"replicas: duplicate replica ids in {ids}")

@@ -1,0 +1,184 @@
+"""Runs one generation on a replica over gRPC, retrying elsewhere before the first token.
+
+Called by `text_stream.py` for every completion request. Each attempt asks the router for
+a ready replica, streams the leader's `Generate` and yields token chunks. Agent errors:
+
+* INVALID_ARGUMENT → 400 (the request itself is bad; no retry);
+* RESOURCE_EXHAUSTED (the request is larger than that replica's whole KV pool) → try the
+  other replicas; 400 if none can hold it;
+* anything else (UNAVAILABLE, NOT_FOUND, FAILED_PRECONDITION, ...) → the replica is marked
+  failed and, if no token was yielded yet, the request moves to another ready replica;
+  after the first token `ReplicaLost` is raised (the caller decides: restart a buffered
+  request, or end a stream with an error); 503 when every replica failed.
+
+Leaving the generator early (client disconnect, stop string) cancels the gRPC call, and
+the agent frees the request's KV pages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+
+import grpc
+
+from tessera.gateway import errors, metrics, replicas, router
+from tessera.rpc.v1 import agent_pb2 as pb
+
+
+@dataclass(frozen=True)
+class Job:
+    """One generation as sent to an agent."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop_token_ids: tuple[int, ...]
+    ignore_eos: bool
+    received_at: float  # monotonic time the HTTP request arrived (for TTFT)
+
+    def request(self, replica_id: str, attempt: int) -> pb.GenerateRequest:
+        return pb.GenerateRequest(
+            replica_id=replica_id,
+            request_id=self.request_id if attempt == 0 else f"{self.request_id}-{attempt}",
+            prompt_token_ids=list(self.prompt_ids),
+            params=pb.SamplingParams(
+                max_tokens=self.max_tokens,
+                temperature=self.temperature,
+                top_k=self.top_k,
+                top_p=self.top_p,
+                has_seed=self.seed is not None,
+                seed=self.seed or 0,
+                stop_token_ids=list(self.stop_token_ids),
+                ignore_eos=self.ignore_eos,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Tokens streamed by the replica; `finish_reason` ("stop"/"length") on the last."""
+
+    token_ids: tuple[int, ...]
+    finish_reason: str | None
+    replica_id: str
+
+
+class ReplicaLost(Exception):
+    """The replica failed after tokens were yielded."""
+
+    def __init__(self, replica_id: str, message: str) -> None:
+        super().__init__(f"replica {replica_id} failed mid-generation: {message}")
+        self.replica_id = replica_id
+
+
+class _AttemptFailed(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Dispatcher:
+    """Routes, calls and accounts generations."""
+
+    def __init__(
+        self,
+        replica_set: replicas.ReplicaSet,
+        route: router.Router,
+        gauges: metrics.GatewayMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._replicas = replica_set
+        self._router = route
+        self._metrics = gauges
+        self._clock = clock
+
+    async def generate(
+        self, job: Job, exclude: frozenset[str] = frozenset()
+    ) -> AsyncGenerator[Chunk, None]:
+        """Yield the job's token chunks; raises ApiError or ReplicaLost (module docstring)."""
+        tried = set(exclude)
+        failures: list[tuple[str, str, str]] = []  # (replica, code, message)
+        attempt = 0
+        while True:
+            ready = [r for r in self._replicas.ready_ids() if r not in tried]
+            route = self._router.choose(ready, len(job.prompt_ids), job.max_tokens)
+            if route is None:
+                raise _no_replica(failures)
+            rid = route.replica_id
+            tried.add(rid)
+            self._metrics.routed.labels(rid, route.policy).inc()
+            yielded = False
+            try:
+                async with contextlib.aclosing(self._attempt(job, rid, attempt)) as chunks:
+                    async for chunk in chunks:
+                        yielded = True
+                        yield chunk
+                return
+            except _AttemptFailed as exc:
+                if yielded:
+                    raise ReplicaLost(rid, str(exc)) from exc
+                failures.append((rid, exc.code, str(exc)))
+                self._metrics.retries.labels(rid, exc.code).inc()
+            attempt += 1
+
+    async def _attempt(self, job: Job, rid: str, attempt: int) -> AsyncGenerator[Chunk, None]:
+        ticket = self._router.admit(rid, len(job.prompt_ids), job.max_tokens)
+        self._metrics.outstanding.labels(rid).set(self._router.outstanding(rid))
+        call = self._replicas.stub(rid).Generate(job.request(rid, attempt))
+        last, first = self._clock(), True
+        try:
+            async for msg in call:
+                ids = tuple(int(t) for t in msg.token_ids)
+                reason = msg.finish_reason or None
+                if reason not in (None, "stop", "length"):
+                    self._replicas.mark_failed(rid, f"finish_reason {reason}")
+                    raise _AttemptFailed("ABORTED", f"the replica ended the request: {reason}")
+                if ids:
+                    now = self._clock()
+                    if first:
+                        self._metrics.ttft.observe(now - job.received_at)
+                        first = False
+                    else:
+                        self._metrics.itl.observe((now - last) / len(ids))
+                    last = now
+                    self._metrics.generation_tokens.inc(len(ids))
+                    self._router.progress(ticket, len(ids))
+                    self._metrics.outstanding.labels(rid).set(self._router.outstanding(rid))
+                yield Chunk(ids, reason, rid)
+                if reason is not None:
+                    return
+            self._replicas.mark_failed(rid, "stream ended without a finish reason")
+            raise _AttemptFailed("ABORTED", "the replica ended the stream without finishing")
+        except grpc.aio.AioRpcError as exc:
+            code, details = exc.code(), exc.details() or ""
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                raise errors.bad_request(details) from exc
+            if code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                self._replicas.mark_failed(rid, f"{code.name}: {details}")
+            raise _AttemptFailed(code.name, details) from exc
+        finally:
+            call.cancel()  # no-op once the call ended; frees the agent's pages otherwise
+            self._router.release(ticket)
+            self._metrics.outstanding.labels(rid).set(self._router.outstanding(rid))
+
+
+def _no_replica(failures: list[tuple[str, str, str]]) -> errors.ApiError:
+    if not failures:
+        return errors.unavailable("no replica is ready to serve this model")
+    if all(code == "RESOURCE_EXHAUSTED" for _, code, _ in failures):
+        return errors.bad_request(
+            f"the request does not fit any replica's KV cache ({failures[0][2]})",
+            "max_tokens",
+            "request_too_large",
+        )
+    summary = "; ".join(f"{rid}: {code} {msg}" for rid, code, msg in failures)
+    return errors.unavailable(
+        f"every replica tried failed ({summary})", code="replicas_unavailable"
+    )

@@ -1,0 +1,262 @@
+"""OpenAI request bodies → validated plain dataclasses (pure; raises `errors.ApiError`).
+
+Called by the handlers in `app.py` for `/v1/completions` and `/v1/chat/completions`.
+Defaults follow OpenAI: `temperature` 1.0, `top_p` 1.0, `max_tokens` 16 for completions
+and "the rest of the context" for chat. Extensions: `top_k` (0 or -1 = off) and
+`ignore_eos`. Parameters the gateway cannot honour (`n` > 1, `logprobs`, `echo`, penalties,
+`logit_bias`, tools, ...) are rejected with 400 rather than silently ignored; unknown
+fields and `user` are ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tessera.gateway import errors
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to sample and when to stop, as the client asked."""
+
+    max_tokens: int | None  # None: up to the end of the context
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompt: str | tuple[int, ...]  # text, or token ids given by the client
+    sampling: Sampling
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: tuple[ChatMessage, ...]
+    sampling: Sampling
+    stream: bool = False
+    include_usage: bool = False
+
+
+def check_model(body: Mapping[str, Any], served: str) -> None:
+    """400 when `model` is missing, 404 when it names another model."""
+    model = body.get("model")
+    if model is None:
+        raise errors.bad_request("model: required", "model", "missing_required_parameter")
+    if not isinstance(model, str):
+        raise errors.bad_request("model: must be a string", "model")
+    if model != served:
+        raise errors.ApiError(
+            404,
+            f"The model `{model}` does not exist; this gateway serves `{served}`",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def parse_completion(body: Mapping[str, Any], served: str) -> CompletionRequest:
+    check_model(body, served)
+    _reject_unsupported(body, ("echo", "suffix", "best_of"))
+    stream, include_usage = _stream(body)
+    return CompletionRequest(
+        prompt=_prompt(body.get("prompt")),
+        sampling=_sampling(body, COMPLETIONS_DEFAULT_MAX_TOKENS, "max_tokens"),
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def parse_chat(body: Mapping[str, Any], served: str) -> ChatRequest:
+    check_model(body, served)
+    _reject_unsupported(body, ("top_logprobs", "tools", "tool_choice", "functions"))
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise errors.bad_request(
+            'response_format: only {"type": "text"} is supported', "response_format"
+        )
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    stream, include_usage = _stream(body)
+    return ChatRequest(
+        messages=_messages(body.get("messages")),
+        sampling=_sampling(body, None, key),
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+# -- fields -------------------------------------------------------------------------------
+
+
+def _sampling(body: Mapping[str, Any], default_max: int | None, max_key: str) -> Sampling:
+    n = _int(body, "n", 1)
+    if n != 1:
+        raise errors.bad_request("n: only 1 is supported", "n")
+    max_tokens = _opt_int(body, max_key)
+    if max_tokens is None:
+        max_tokens = default_max
+    if max_tokens is not None and max_tokens < 1:
+        raise errors.bad_request(f"{max_key}: must be >= 1, got {max_tokens}", max_key)
+    temperature = _float(body, "temperature", 1.0)
+    if temperature < 0:
+        raise errors.bad_request(f"temperature: must be >= 0, got {temperature}", "temperature")
+    top_p = _float(body, "top_p", 1.0)
+    if not 0 < top_p <= 1:
+        raise errors.bad_request(f"top_p: must be in (0, 1], got {top_p}", "top_p")
+    top_k = _int(body, "top_k", 0)
+    if top_k < -1:
+        raise errors.bad_request(f"top_k: must be >= 0 (or -1 for off), got {top_k}", "top_k")
+    return Sampling(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=max(top_k, 0),
+        seed=_opt_int(body, "seed"),
+        stop=_stop(body.get("stop")),
+        ignore_eos=_bool(body, "ignore_eos", False),
+    )
+
+
+def _stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    stream = _bool(body, "stream", False)
+    opts = body.get("stream_options")
+    if opts is None:
+        return stream, False
+    if not stream:
+        raise errors.bad_request(
+            "stream_options: only allowed when stream is true", "stream_options"
+        )
+    if not isinstance(opts, dict):
+        raise errors.bad_request("stream_options: must be an object", "stream_options")
+    return stream, _bool(opts, "include_usage", False, "stream_options.include_usage")
+
+
+def _prompt(value: object) -> str | tuple[int, ...]:
+    # A batch of one prompt is accepted; larger batches would need n choices.
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(_is_int(t) for t in value):
+        return tuple(int(t) for t in value)
+    if value is None:
+        raise errors.bad_request("prompt: required", "prompt", "missing_required_parameter")
+    raise errors.bad_request(
+        "prompt: must be a string or a non-empty list of token ids (one prompt per request)",
+        "prompt",
+    )
+
+
+def _messages(value: object) -> tuple[ChatMessage, ...]:
+    if value is None:
+        raise errors.bad_request("messages: required", "messages", "missing_required_parameter")
+    if not isinstance(value, list) or not value:
+        raise errors.bad_request("messages: must be a non-empty list", "messages")
+    out = []
+    for i, msg in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise errors.bad_request(f"{where}: must be an object", "messages")
+        role = msg.get("role")
+        if role not in ROLES:
+            raise errors.bad_request(
+                f"{where}.role: must be one of {', '.join(ROLES)}, got {role!r}", "messages"
+            )
+        out.append(ChatMessage(str(role), _content(msg.get("content"), role, where)))
+    return tuple(out)
+
+
+def _content(value: object, role: object, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None and role == "assistant":
+        return ""
+    if isinstance(value, list):
+        texts = []
+        for part in value:
+            if not (
+                isinstance(part, dict)
+                and part.get("type") == "text"
+                and isinstance(part.get("text"), str)
+            ):
+                raise errors.bad_request(
+                    f"{where}.content: only text parts are supported", "messages"
+                )
+            texts.append(part["text"])
+        return "".join(texts)
+    raise errors.bad_request(
+        f"{where}.content: must be a string or a list of text parts", "messages"
+    )
+
+
+def _stop(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,) if value else ()
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return tuple(s for s in value if s)
+    raise errors.bad_request("stop: must be a string or a list of strings", "stop")
+
+
+def _reject_unsupported(body: Mapping[str, Any], extra: tuple[str, ...]) -> None:
+    for key in ("logprobs", "logit_bias", "presence_penalty", "frequency_penalty", *extra):
+        value = body.get(key)
+        if value in (None, False, 0, {}, [], "") or (key == "best_of" and value == 1):
+            continue
+        raise errors.bad_request(f"{key}: not supported by this gateway", key, "unsupported")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _opt_int(body: Mapping[str, Any], key: str) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if not _is_int(v):
+        raise errors.bad_request(f"{key}: must be an integer", key)
+    return int(v)
+
+
+def _int(body: Mapping[str, Any], key: str, default: int) -> int:
+    v = _opt_int(body, key)
+    return default if v is None else v
+
+
+def _float(body: Mapping[str, Any], key: str, default: float) -> float:
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+        raise errors.bad_request(f"{key}: must be a finite number", key)
+    return float(v)
+
+
+def _bool(body: Mapping[str, Any], key: str, default: bool, param: str = "") -> bool:
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise errors.bad_request(f"{param or key}: must be true or false", param or key)
+    return v

@@ -1,0 +1,108 @@
+"""OpenAI response bodies and SSE framing for completions and chat completions (pure).
+
+Called by the handlers in `app.py`. `kind` is "completion" (`/v1/completions`, objects
+`text_completion`) or "chat" (`/v1/chat/completions`, objects `chat.completion` and
+`chat.completion.chunk` with `delta`s).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class Meta:
+    """What every body of one response repeats."""
+
+    kind: str  # "completion" or "chat"
+    id: str
+    created: int
+    model: str
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def full(meta: Meta, text: str, finish_reason: str, use: dict[str, int]) -> dict[str, Any]:
+    """A non-streamed response."""
+    if meta.kind == "chat":
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        obj = "text_completion"
+    return {
+        "id": meta.id,
+        "object": obj,
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [choice],
+        "usage": use,
+    }
+
+
+def chunk(
+    meta: Meta,
+    text: str | None,
+    finish_reason: str | None = None,
+    role: bool = False,
+    with_usage_field: bool = False,
+) -> dict[str, Any]:
+    """One streamed chunk; for chat, `role=True` opens the assistant message."""
+    if meta.kind == "chat":
+        delta: dict[str, Any] = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        obj = "text_completion"
+    body = {
+        "id": meta.id,
+        "object": obj,
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [choice],
+    }
+    if with_usage_field:
+        body["usage"] = None  # OpenAI: null on every chunk but the usage chunk
+    return body
+
+
+def usage_chunk(meta: Meta, use: dict[str, int]) -> dict[str, Any]:
+    """The last chunk with `stream_options.include_usage`: no choices, the usage."""
+    return {
+        "id": meta.id,
+        "object": "chat.completion.chunk" if meta.kind == "chat" else "text_completion",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [],
+        "usage": use,
+    }
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    """One server-sent event carrying `obj` as JSON."""
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"

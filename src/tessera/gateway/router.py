@@ -1,0 +1,171 @@
+"""Which replica serves a request: per-class shares when set, else least outstanding tokens.
+
+Pure logic, no I/O; called by `dispatch.py` for every attempt of every request.
+
+Outstanding tokens of a replica = over the requests the gateway has in flight there, the
+prompt tokens not yet prefilled plus the `max_tokens` not yet generated. The gateway
+cannot see prefill progress, so a prompt counts until the request's first token arrives.
+Ties go to fewer in-flight requests, then to the replica picked least recently, so idle
+replicas share sequential traffic.
+
+Per-workload-class hook: a `ClassRouter` `(prompt_tokens, max_tokens) -> class name`
+(see `centroid_class_router` and `workload_class_router`) plus shares
+`{class name: {replica id: share}}` — what the planner's `Deployment.class_shares(name)`
+returns. When the request's class has shares, the replica is a weighted choice (seeded
+RNG) among ready replicas with a positive share; otherwise least outstanding tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+ClassRouter = Callable[[int, int], str | None]
+ClassShares = Mapping[str, Mapping[str, float]]
+
+
+@dataclass(frozen=True)
+class Route:
+    """A routing decision."""
+
+    replica_id: str
+    policy: str  # "class_share" or "least_outstanding"
+    class_name: str | None = None
+
+
+@dataclass
+class Ticket:
+    """One request's token accounting on the replica it was routed to."""
+
+    replica_id: str
+    prompt_left: int  # until the first token arrives
+    gen_left: int
+    released: bool = False
+
+    @property
+    def outstanding(self) -> int:
+        return self.prompt_left + self.gen_left
+
+
+class Router:
+    """Routes requests and keeps per-replica outstanding-token counts."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = random.Random(seed)
+        self._tokens: dict[str, int] = {}
+        self._requests: dict[str, int] = {}
+        self._last_pick: dict[str, int] = {}
+        self._picks = 0
+        self._shares: dict[str, dict[str, float]] = {}
+        self._classify: ClassRouter | None = None
+
+    # -- configuration ------------------------------------------------------------------
+    def set_class_shares(self, shares: ClassShares, classify: ClassRouter | None) -> None:
+        """Replace the per-class shares and classifier (empty shares: plain balancing)."""
+        clean: dict[str, dict[str, float]] = {}
+        for name, per_replica in shares.items():
+            for rid, share in per_replica.items():
+                if not (math.isfinite(share) and share >= 0):
+                    raise ValueError(f"class_shares[{name}][{rid}]: {share} is not >= 0")
+            clean[name] = dict(per_replica)
+        self._shares, self._classify = clean, classify
+
+    @property
+    def class_shares(self) -> dict[str, dict[str, float]]:
+        return {k: dict(v) for k, v in self._shares.items()}
+
+    # -- decisions ----------------------------------------------------------------------
+    def choose(self, ready: Sequence[str], prompt_tokens: int, max_tokens: int) -> Route | None:
+        """A replica among `ready` for this request, or None when `ready` is empty."""
+        if not ready:
+            return None
+        class_name = None
+        if self._shares and self._classify is not None:
+            class_name = self._classify(prompt_tokens, max_tokens)
+            weights = self._shares.get(class_name or "", {})
+            options = [(rid, weights.get(rid, 0.0)) for rid in ready]
+            options = [(rid, w) for rid, w in options if w > 0]
+            if options:
+                rid = self._rng.choices([r for r, _ in options], [w for _, w in options])[0]
+                return self._picked(Route(rid, "class_share", class_name))
+        best = min(
+            ready,
+            key=lambda r: (
+                self._tokens.get(r, 0),
+                self._requests.get(r, 0),
+                self._last_pick.get(r, -1),
+                r,
+            ),
+        )
+        return self._picked(Route(best, "least_outstanding", class_name))
+
+    def _picked(self, route: Route) -> Route:
+        self._last_pick[route.replica_id] = self._picks
+        self._picks += 1
+        return route
+
+    # -- accounting ---------------------------------------------------------------------
+    def admit(self, replica_id: str, prompt_tokens: int, max_tokens: int) -> Ticket:
+        """Count a request as in flight on `replica_id`."""
+        ticket = Ticket(replica_id, prompt_tokens, max_tokens)
+        self._tokens[replica_id] = self._tokens.get(replica_id, 0) + ticket.outstanding
+        self._requests[replica_id] = self._requests.get(replica_id, 0) + 1
+        return ticket
+
+    def progress(self, ticket: Ticket, new_tokens: int) -> None:
+        """`new_tokens` were generated: the prompt is prefilled, and fewer tokens remain."""
+        if ticket.released:
+            return
+        before = ticket.outstanding
+        ticket.prompt_left = 0
+        ticket.gen_left = max(0, ticket.gen_left - new_tokens)
+        self._tokens[ticket.replica_id] -= before - ticket.outstanding
+
+    def release(self, ticket: Ticket) -> None:
+        """The request ended (any way): drop what it still counted. Idempotent."""
+        if ticket.released:
+            return
+        self._tokens[ticket.replica_id] -= ticket.outstanding
+        self._requests[ticket.replica_id] -= 1
+        ticket.prompt_left, ticket.gen_left, ticket.released = 0, 0, True
+
+    def outstanding(self, replica_id: str) -> int:
+        return self._tokens.get(replica_id, 0)
+
+    def in_flight(self, replica_id: str) -> int:
+        return self._requests.get(replica_id, 0)
+
+
+class SupportsClassify(Protocol):
+    """What `tessera.workload.classes.WorkloadClasses` offers (no import needed here)."""
+
+    def classify(self, input_tokens: int, output_tokens: int) -> int: ...
+
+
+def workload_class_router(classes: SupportsClassify, names: Sequence[str]) -> ClassRouter:
+    """Adapt fitted `WorkloadClasses` (class ids) to names, e.g. `Deployment.classes`."""
+    names = tuple(names)
+
+    def classify(prompt_tokens: int, max_tokens: int) -> str | None:
+        cid = classes.classify(prompt_tokens, max_tokens)
+        return names[cid] if 0 <= cid < len(names) else None
+
+    return classify
+
+
+def centroid_class_router(centroids: Mapping[str, tuple[float, float]]) -> ClassRouter:
+    """Nearest class by (log1p input, log1p output) tokens — `WorkloadClasses.classify`'s
+    rule — from representative `{name: (input_tokens, output_tokens)}` (a deployment's
+    request classes). Ties go to the first class listed."""
+    points = [(name, math.log1p(i), math.log1p(o)) for name, (i, o) in centroids.items()]
+    if not points:
+        raise ValueError("centroid_class_router: no classes")
+
+    def classify(prompt_tokens: int, max_tokens: int) -> str | None:
+        x, y = math.log1p(prompt_tokens), math.log1p(max_tokens)
+        return min(points, key=lambda p: (p[1] - x) ** 2 + (p[2] - y) ** 2)[0]
+
+    return classify

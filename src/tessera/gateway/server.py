@@ -1,0 +1,190 @@
+"""Starts and stops a gateway in the running asyncio loop; the public entry point.
+
+Called in-process by `tessera up` and by `tessera gateway` (`cli/gateway_cmd.py`).
+`start_gateway` loads the model's tokenizer and metadata, polls every replica once (so
+`/health` is right from the start), binds the HTTP port and starts the maintenance loop
+(Describe polls and routes-file reloads every `poll_interval_s`). The returned
+`GatewayHandle` changes replicas and class shares at run time and stops everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from tessera.gateway import (
+    app,
+    chat_template,
+    config,
+    dispatch,
+    metrics,
+    model_info,
+    replicas,
+    router,
+    routes,
+    tokenizer,
+)
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_TIMEOUT_S = 5.0  # running HTTP handlers get this long when the gateway stops
+
+
+class GatewayHandle:
+    """A running gateway."""
+
+    def __init__(
+        self,
+        cfg: config.GatewayConfig,
+        service: app.Service,
+        route: router.Router,
+        runner: web.AppRunner,
+        url: str,
+        watcher: routes.RoutesWatcher | None,
+    ) -> None:
+        self.config = cfg
+        self.url = url  # http://host:port, with the real port when cfg.port was 0
+        self.service = service
+        self._router = route
+        self._runner = runner
+        self._watcher = watcher
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @property
+    def model_name(self) -> str:
+        return self.service.model_name
+
+    def update_replicas(self, endpoints: Sequence[config.ReplicaEndpoint]) -> None:
+        """Replace the replica list; new replicas are polled right away."""
+        self.service.replicas.update(endpoints)
+        self._wake.set()
+
+    def set_class_shares(
+        self, shares: router.ClassShares, class_router: router.ClassRouter | None = None
+    ) -> None:
+        """Per-class routing: `{class: {replica: share}}` (e.g. from
+        `Deployment.class_shares`) and the classifier naming a request's class (e.g.
+        `router.workload_class_router(classes, deployment.classes)`). Without a
+        classifier the shares are kept but unused; empty shares restore plain balancing."""
+        self._router.set_class_shares(shares, class_router)
+
+    def ready_replicas(self) -> list[str]:
+        return self.service.replicas.ready_ids()
+
+    async def refresh(self) -> None:
+        """Poll every replica now (and re-read the routes file if it changed)."""
+        self._reload_routes()
+        await self.service.replicas.poll_once()
+
+    def start_maintenance(self, interval_s: float) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._maintain(interval_s))
+
+    async def _maintain(self, interval_s: float) -> None:
+        while not self._stopping:
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                return
+            try:
+                await self.refresh()
+            except Exception:  # the loop must survive anything; the next poll retries
+                log.exception("gateway maintenance failed")
+
+    def _reload_routes(self) -> None:
+        if self._watcher is None:
+            return
+        try:
+            new = self._watcher.poll()
+        except ValueError as exc:
+            log.error("routes file ignored, keeping the previous routes: %s", exc)
+            return
+        if new is not None:
+            self._apply_routes(new)
+
+    def _apply_routes(self, new: routes.Routes) -> None:
+        if new.model and new.model != self.model_name:
+            log.warning(
+                "routes file names model %r; serving %r (restart to change)",
+                new.model,
+                self.model_name,
+            )
+        self.service.replicas.update(new.replicas)
+        classify = None
+        if new.class_centroids:
+            classify = router.centroid_class_router(new.class_centroids)
+        self._router.set_class_shares(new.class_shares, classify)
+        log.info(
+            "routes: %d replicas, %d classes with shares", len(new.replicas), len(new.class_shares)
+        )
+
+    async def stop(self) -> None:
+        """Stop serving, the maintenance loop and every agent channel. Idempotent."""
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._runner.cleanup()
+        await self.service.replicas.close()
+
+
+async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
+    """Load the model metadata, poll the replicas once, listen; see the module docstring."""
+    watcher = routes.RoutesWatcher(cfg.routes_file) if cfg.routes_file else None
+    initial = watcher.poll() if watcher is not None else None  # ValueError: fail at start
+    name = cfg.model_name or (initial.model if initial else "")
+    path = cfg.model_path or (initial.model_path if initial else "")
+    if not name or not path:
+        raise ValueError("model name and path: give them in the config or the routes file")
+    info = model_info.ModelInfo.load(path)
+    codec = tokenizer.TextCodec.load(path)
+    template = chat_template.ChatTemplate(info.chat_template, info.bos_token, info.eos_token)
+    gauges = metrics.GatewayMetrics()
+    replica_set = replicas.ReplicaSet(gauges, cfg.poll_timeout_s, cfg.failure_backoff_s)
+    route = router.Router(seed=cfg.routing_seed)
+    service = app.Service(
+        model_name=name,
+        info=info,
+        codec=codec,
+        template=template,
+        dispatcher=dispatch.Dispatcher(replica_set, route, gauges),
+        replicas=replica_set,
+        metrics=gauges,
+        created=int(time.time()),
+    )
+    runner = web.AppRunner(
+        app.build(service, cfg.max_body_bytes),
+        handler_cancellation=True,  # a client disconnect cancels its agent call
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, cfg.host, cfg.port)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        url_host = f"[{host}]" if ":" in host else host
+        handle = GatewayHandle(cfg, service, route, runner, f"http://{url_host}:{port}", watcher)
+        if initial is not None:
+            handle._apply_routes(initial)
+        else:
+            replica_set.update(cfg.replicas)
+        await replica_set.poll_once()
+    except BaseException:
+        await runner.cleanup()
+        await replica_set.close()
+        raise
+    handle.start_maintenance(cfg.poll_interval_s)
+    log.info("gateway for %s listening on %s", name, handle.url)
+    return handle

@@ -1,0 +1,70 @@
+"""Routing without servers: least outstanding tokens, tie rotation, accounting, class shares."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from tessera.gateway import router
+
+
+def test_least_outstanding_tokens_wins() -> None:
+    r = router.Router()
+    a = r.admit("a", prompt_tokens=100, max_tokens=50)
+    r.admit("b", prompt_tokens=10, max_tokens=20)
+    assert (r.outstanding("a"), r.outstanding("b")) == (150, 30)
+    assert r.choose(["a", "b"], 5, 5) == router.Route("b", "least_outstanding")
+    r.progress(a, 1)  # first token: the prompt is prefilled, 49 tokens remain
+    assert r.outstanding("a") == 49
+    r.progress(a, 30)
+    assert r.outstanding("a") == 19
+    assert r.choose(["a", "b"], 5, 5).replica_id == "a"
+    r.release(a)
+    r.release(a)  # idempotent
+    assert (r.outstanding("a"), r.in_flight("a")) == (0, 0)
+    assert r.choose([], 1, 1) is None
+
+
+def test_ties_rotate_so_idle_replicas_share_sequential_traffic() -> None:
+    r = router.Router()
+    picks = [r.choose(["a", "b", "c"], 10, 10).replica_id for _ in range(6)]
+    assert picks == ["a", "b", "c", "a", "b", "c"]
+    r.admit("a", 0, 5)
+    r.admit("b", 0, 5)
+    r.admit("b", 0, 0)  # same tokens as a, but more requests in flight
+    assert r.choose(["a", "b"], 1, 1).replica_id == "a"
+
+
+def test_class_shares_pick_by_weight_and_fall_back() -> None:
+    classify = router.centroid_class_router({"short": (32, 32), "long": (2000, 500)})
+    assert classify(20, 16) == "short" and classify(1500, 700) == "long"
+    r = router.Router(seed=3)
+    r.set_class_shares({"short": {"a": 0.75, "b": 0.25}, "long": {"c": 1.0}}, classify)
+    counts = collections.Counter(r.choose(["a", "b", "c"], 20, 16).replica_id for _ in range(2000))
+    assert set(counts) == {"a", "b"} and 0.70 < counts["a"] / 2000 < 0.80
+    route = r.choose(["a", "b", "c"], 1500, 700)
+    assert route == router.Route("c", "class_share", "long")
+    # the class's replicas are not ready: least outstanding tokens among the ready ones
+    r.admit("a", 100, 100)
+    assert r.choose(["a", "b"], 1500, 700) == router.Route("b", "least_outstanding", "long")
+    # deterministic for a seed
+    r1, r2 = router.Router(seed=9), router.Router(seed=9)
+    for x in (r1, r2):
+        x.set_class_shares({"short": {"a": 0.5, "b": 0.5}}, classify)
+    seq = [[x.choose(["a", "b"], 10, 10).replica_id for _ in range(20)] for x in (r1, r2)]
+    assert seq[0] == seq[1]
+    # empty shares: plain balancing again
+    r1.set_class_shares({}, classify)
+    assert r1.choose(["a", "b"], 10, 10).policy == "least_outstanding"
+    with pytest.raises(ValueError, match="not >= 0"):
+        r1.set_class_shares({"short": {"a": -1.0}}, classify)
+
+
+def test_workload_class_router_maps_ids_to_names() -> None:
+    class Fake:
+        def classify(self, input_tokens: int, output_tokens: int) -> int:
+            return 0 if input_tokens < 100 else 1
+
+    classify = router.workload_class_router(Fake(), ["c0", "c1"])
+    assert (classify(10, 10), classify(500, 10)) == ("c0", "c1")
