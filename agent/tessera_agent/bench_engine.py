@@ -8,7 +8,9 @@ ignored on both sides so every request produces the same number of tokens:
 - `single_agent_tok_s_b8`: one agent process holding the whole model, driven over gRPC;
 - `pipeline2_tok_s_b8`: two agent processes (layers 0-4 and 4-8), driven over gRPC, each
   agent with half the threads of the single agent so both use the same cores.
-Each figure is the median of `--repeats` timed runs after one warm-up run.
+The machine is shared and noisy, so compared runs are interleaved: each round times HF then
+the engine (and the single agent then the pipeline) back to back, after one warm-up round.
+Throughputs are medians over rounds; ratios are medians of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +37,14 @@ from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import tiny_checkpoint
 from tessera_agent.engine import config, replica, sampling, scheduler, stage
 
+Tokens = list[list[int]]
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="1 timed repeat, 16 new tokens")
+    parser.add_argument("--quick", action="store_true", help="2 rounds, 16 new tokens")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per comparison")
     parser.add_argument(
         "--model",
         type=Path,
@@ -47,34 +53,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _prompts(n: int, length: int, vocab: int, bos: int) -> list[list[int]]:
+def _prompts(n: int, length: int, vocab: int, bos: int) -> Tokens:
     g = torch.Generator().manual_seed(1234)
     ids = torch.randint(5, vocab, (n, length), generator=g)
     ids[:, 0] = bos
     return [row.tolist() for row in ids]
 
 
-def _timed(fn: Any, repeats: int) -> tuple[Any, float]:
-    """Run fn once to warm up, then `repeats` times; (last result, median seconds)."""
-    fn()
-    times, result = [], None
-    for _ in range(repeats):
+def _interleaved(
+    a: Callable[[], Tokens], b: Callable[[], Tokens], rounds: int
+) -> tuple[Tokens, Tokens, float, float, float]:
+    """Time a then b in each round (after a warm-up round): (tokens a, tokens b, median
+    seconds a, median seconds b, median of per-round b/a speed ratios)."""
+    a()
+    b()
+    ta: list[float] = []
+    tb: list[float] = []
+    out_a: Tokens = []
+    out_b: Tokens = []
+    for _ in range(rounds):
         t = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t)
-    return result, statistics.median(times)
+        out_a = a()
+        ta.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        out_b = b()
+        tb.append(time.perf_counter() - t)
+    ratio = statistics.median(x / y for x, y in zip(ta, tb, strict=True))
+    return out_a, out_b, statistics.median(ta), statistics.median(tb), ratio
 
 
-def _hf(
-    model_path: Path, prompts: list[list[int]], new: int, repeats: int
-) -> tuple[list[list[int]], float, float]:
+def _hf_generate(model_path: Path, prompts: Tokens, new: int) -> Callable[[int], Tokens]:
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(model_path)
     hf.generation_config.eos_token_id = None  # never stop early: fixed token counts
     ids = torch.tensor(prompts)
 
-    def gen(b: int) -> list[list[int]]:
+    def gen(b: int) -> Tokens:
         out = hf.generate(  # type: ignore[misc]
             ids[:b],
             attention_mask=torch.ones_like(ids[:b]),
@@ -84,21 +99,16 @@ def _hf(
         )
         return [row[ids.shape[1] :].tolist() for row in out]
 
-    _, t1 = _timed(lambda: gen(1), repeats)
-    toks8, t8 = _timed(lambda: gen(8), repeats)
-    return toks8, new / t1, 8 * new / t8
+    return gen
 
 
-def _engine(
-    model_path: Path, prompts: list[list[int]], new: int, repeats: int
-) -> tuple[list[list[int]], float, float]:
+@contextlib.contextmanager
+def _engine_generate(
+    model_path: Path, prompts: Tokens, new: int
+) -> Iterator[Callable[[int], Tokens]]:
+    cfg = config.ModelConfig.from_path(model_path)
     st = stage.load_stage(
-        stage.BlockSpec(
-            str(model_path),
-            0,
-            config.ModelConfig.from_path(model_path).num_layers,
-            kv_bytes=64 << 20,
-        ),
+        stage.BlockSpec(str(model_path), 0, cfg.num_layers, kv_bytes=64 << 20),
         torch.device("cpu"),
         1 << 30,
     )
@@ -106,9 +116,9 @@ def _engine(
     params = sampling.SamplingParams(max_tokens=new, ignore_eos=True)
     counter = iter(range(10**9))
 
-    async def run(b: int) -> list[list[int]]:
+    async def run(b: int) -> Tokens:
         eng = replica.ReplicaEngine(
-            st.runner, pool, scheduler.SchedulerConfig(max_model_len=st.cfg.max_positions)
+            st.runner, pool, scheduler.SchedulerConfig(max_model_len=cfg.max_positions)
         )
 
         async def one(p: list[int]) -> list[int]:
@@ -123,15 +133,13 @@ def _engine(
         finally:
             await eng.close()
 
-    _, t1 = _timed(lambda: asyncio.run(run(1)), repeats)
-    toks8, t8 = _timed(lambda: asyncio.run(run(8)), repeats)
-    pool.shutdown()
-    return toks8, new / t1, 8 * new / t8
+    try:
+        yield lambda b: asyncio.run(run(b))
+    finally:
+        pool.shutdown()
 
 
-async def _generate_all(
-    address: str, replica_id: str, prompts: list[list[int]], new: int
-) -> list[list[int]]:
+async def _generate_all(address: str, replica_id: str, prompts: Tokens, new: int) -> Tokens:
     channel = transport.channel(address)
     stub = pb_grpc.AgentStub(channel)
     params = pb.SamplingParams(max_tokens=new, ignore_eos=True)
@@ -155,75 +163,71 @@ async def _generate_all(
         await channel.close()
 
 
-def _agents(
+def _load(
+    agents: list[local_agents.AgentProcess],
     model_path: Path,
-    prompts: list[list[int]],
-    new: int,
-    repeats: int,
     splits: list[tuple[int, int]],
-    threads: int,
-) -> tuple[list[list[int]], float]:
-    with local_agents.local_agents(
-        len(splits), devices="cpu:1x1GiB", threads=threads, prefix="bench"
-    ) as agents:
-        for i in reversed(range(len(splits))):
-            a, b = splits[i]
-            stub = pb_grpc.AgentStub(transport.sync_channel(agents[i].address))
-            stub.LoadBlock(
-                pb.LoadBlockRequest(
-                    model_path=str(model_path),
-                    layer_start=a,
-                    layer_end=b,
-                    device="cpu:0",
-                    replica_id="bench",
-                    stage_index=i,
-                    num_stages=len(splits),
-                    kv_bytes=64 << 20,
-                    next_stage_address=agents[i + 1].address if i + 1 < len(splits) else "",
-                )
+    replica_id: str,
+) -> None:
+    for i in reversed(range(len(splits))):
+        a, b = splits[i]
+        stub = pb_grpc.AgentStub(transport.sync_channel(agents[i].address))
+        stub.LoadBlock(
+            pb.LoadBlockRequest(
+                model_path=str(model_path),
+                layer_start=a,
+                layer_end=b,
+                device="cpu:0",
+                replica_id=replica_id,
+                stage_index=i,
+                num_stages=len(splits),
+                kv_bytes=64 << 20,
+                next_stage_address=agents[i + 1].address if i + 1 < len(splits) else "",
             )
-        toks, t8 = _timed(
-            lambda: asyncio.run(_generate_all(agents[0].address, "bench", prompts[:8], new)),
-            repeats,
         )
-    return toks, 8 * new / t8
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     new = 16 if args.quick else args.new_tokens
-    repeats = 1 if args.quick else args.repeats
+    rounds = 2 if args.quick else args.rounds
+    threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory(prefix="tessera-bench-") as tmp:
         model_path = args.model or tiny_checkpoint.make_tiny(
             Path(tmp) / "tiny", tiny_checkpoint.TinySpec()
         )
         cfg = config.ModelConfig.from_path(model_path)
         prompts = _prompts(8, args.prompt_len, cfg.vocab_size, cfg.bos_token_id or 0)
-        threads = torch.get_num_threads()
-        hf_toks, hf1, hf8 = _hf(model_path, prompts, new, repeats)
-        eng_toks, e1, e8 = _engine(model_path, prompts, new, repeats)
+        hf = _hf_generate(model_path, prompts, new)
+        with _engine_generate(model_path, prompts, new) as eng:
+            _, _, hf_t1, eng_t1, _ = _interleaved(lambda: hf(1), lambda: eng(1), rounds)
+            hf_toks, eng_toks, hf_t8, eng_t8, eng_vs_hf = _interleaved(
+                lambda: hf(8), lambda: eng(8), rounds
+            )
         half = cfg.num_layers // 2
-        single_toks, s8 = _agents(model_path, prompts, new, repeats, [(0, cfg.num_layers)], threads)
-        pipe_toks, p8 = _agents(
-            model_path,
-            prompts,
-            new,
-            repeats,
-            [(0, half), (half, cfg.num_layers)],
-            max(1, threads // 2),
-        )
+        with (
+            local_agents.local_agents(1, "cpu:1x1GiB", threads, "single") as single,
+            local_agents.local_agents(2, "cpu:1x1GiB", max(1, threads // 2), "pipe") as pipe,
+        ):
+            _load(single, model_path, [(0, cfg.num_layers)], "single")
+            _load(pipe, model_path, [(0, half), (half, cfg.num_layers)], "pipe")
+            single_toks, pipe_toks, s_t8, p_t8, pipe_vs_single = _interleaved(
+                lambda: asyncio.run(_generate_all(single[0].address, "single", prompts, new)),
+                lambda: asyncio.run(_generate_all(pipe[0].address, "pipe", prompts, new)),
+                rounds,
+            )
     return {
-        "hf_tok_s_b1": round(hf1, 1),
-        "hf_tok_s_b8": round(hf8, 1),
-        "engine_tok_s_b1": round(e1, 1),
-        "engine_tok_s_b8": round(e8, 1),
-        "single_agent_tok_s_b8": round(s8, 1),
-        "pipeline2_tok_s_b8": round(p8, 1),
-        "engine_vs_hf_b8": round(e8 / hf8, 3),
-        "pipeline2_vs_single_b8": round(p8 / s8, 3),
+        "hf_tok_s_b1": round(new / hf_t1, 1),
+        "hf_tok_s_b8": round(8 * new / hf_t8, 1),
+        "engine_tok_s_b1": round(new / eng_t1, 1),
+        "engine_tok_s_b8": round(8 * new / eng_t8, 1),
+        "single_agent_tok_s_b8": round(8 * new / s_t8, 1),
+        "pipeline2_tok_s_b8": round(8 * new / p_t8, 1),
+        "engine_vs_hf_b8": round(eng_vs_hf, 3),
+        "pipeline2_vs_single_b8": round(pipe_vs_single, 3),
         "tokens_match": eng_toks == hf_toks and pipe_toks == hf_toks and single_toks == hf_toks,
         "new_tokens": new,
         "prompt_len": args.prompt_len,
-        "repeats": repeats,
+        "rounds": rounds,
         "torch_threads": threads,
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
     }

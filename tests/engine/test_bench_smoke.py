@@ -1,0 +1,27 @@
+"""`tessera bench engine --quick` runs and its tokens match transformers (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tessera.cli import main as cli
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_engine_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "engine", "--json", "--quick"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["tokens_match"] is True
+    for key in (
+        "hf_tok_s_b1",
+        "hf_tok_s_b8",
+        "engine_tok_s_b1",
+        "engine_tok_s_b8",
+        "pipeline2_tok_s_b8",
+        "engine_vs_hf_b8",
+        "pipeline2_vs_single_b8",
+    ):
+        assert out[key] > 0
