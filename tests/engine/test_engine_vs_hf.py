@@ -87,3 +87,12 @@ def test_stop_conditions(tiny_llama: Path) -> None:
     out, _ = helpers.run(stages, [prompt, prompt], params)
     assert out[0] == ref[: first + 1]  # the stop token is emitted, then generation ends
     assert out[1] == ref[:3]
+
+
+def test_mistral_arch(tmp_path: Path, prompts: list[list[int]]) -> None:
+    from tessera_agent import tiny_checkpoint as tc
+
+    path = tc.make_tiny(tmp_path / "tiny-mistral", tc.TinySpec(arch="mistral", layers=4, seed=3))
+    for splits in ([(0, 4)], [(0, 1), (1, 4)]):
+        out, _ = helpers.run(helpers.load(path, splits), prompts[:3], GREEDY)
+        assert out == _expected(path, prompts[:3])

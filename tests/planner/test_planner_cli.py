@@ -156,7 +156,10 @@ def _manifest(tmp_path: Path, edit: Any) -> str:
         ),
         (lambda d: d["spec"]["slo"].pop("tpotP99Ms"), "spec.slo.tpotP99Ms: is required"),
         (lambda d: d["spec"]["model"].update(path="/nonexistent"), "spec.model.path"),
-        (lambda d: d["spec"]["resources"].update(gpus=0), "spec.resources.gpus: must be >= 1"),
+        (
+            lambda d: d["spec"]["resources"].update(gpus=0),
+            "spec.resources.gpus: is required for planning (>= 1)",
+        ),
         (lambda d: d.update(kind="Deployment"), "kind: must be ServingDeployment"),
     ],
 )

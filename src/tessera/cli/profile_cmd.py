@@ -24,7 +24,12 @@ LOOPBACK_BANDWIDTH = 1e9  # bytes/s, nominal for gRPC over loopback (stated, not
 def register(sub: Any) -> None:
     p = sub.add_parser("profile", help="measure a cost profile on an agent")
     p.add_argument("--agent", required=True, help="agent address host:port")
-    p.add_argument("--model", type=Path, required=True, help="checkpoint directory")
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="checkpoint directory (default: the model of the agent's first block)",
+    )
     p.add_argument("--device", default="", help="agent device (default: its first)")
     p.add_argument(
         "--device-type",
@@ -63,13 +68,25 @@ def _run(args: argparse.Namespace) -> int:
     from tessera.rpc.v1 import agent_pb2 as pb
     from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
+    stub = pb_grpc.AgentStub(transport.sync_channel(args.agent))
+    if args.model is None:
+        try:
+            blocks = stub.ListBlocks(pb.ListBlocksRequest(), timeout=30).blocks
+        except grpc.RpcError as exc:
+            sys.stderr.write(
+                f"tessera profile: agent {args.agent}: {exc.code().name}: {exc.details()}\n"
+            )
+            return 1
+        if not blocks:
+            sys.stderr.write("tessera profile: the agent holds no block; pass --model DIR\n")
+            return 1
+        args.model = Path(blocks[0].model_path)
     try:
         config = json.loads((args.model / "config.json").read_text())
         shape = model_shape.from_hf_config(config, args.model.name)
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"tessera profile: --model {args.model}: {exc}\n")
         return 1
-    stub = pb_grpc.AgentStub(transport.sync_channel(args.agent))
     try:
         reply = stub.Profile(
             pb.ProfileRequest(

@@ -1,10 +1,8 @@
-"""The planner's view of a ServingDeployment manifest (a minimal, temporary parser).
+"""The planner's view of a ServingDeployment manifest, parsed by `tessera.api`.
 
-``planner_inputs_from_manifest`` reads only what planning needs: the model's
-``config.json`` (found under ``spec.model.path``, relative to ``base_dir``), the GPU budget,
-the workload classes and the SLO. The operator's typed ``tessera.api`` will replace this
-parser; the lead swaps it by building :class:`PlannerInputs` from the API object instead.
-Called by ``tessera.cli.plan_cmd``. This module and the CLI are the only planner code
+``planner_inputs_from_manifest`` takes what planning needs from the parsed manifest: the
+model's ``config.json`` (found under ``spec.model.path``, relative to ``base_dir``), the GPU
+budget, the workload classes and the SLO. Called by ``tessera.cli.plan_cmd``. This module and the CLI are the only planner code
 that touches files.
 """
 
@@ -15,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tessera import fields
+from tessera import api, fields
 from tessera.cost import model_shape
 from tessera.cost.capacity import RequestClass, Slo
 from tessera.cost.model_shape import ModelShape
 
-LAYOUT_MODES: tuple[str, ...] = ("auto", "manual")
+LAYOUT_MODES: tuple[str, ...] = api.LAYOUT_MODES
 
 
 @dataclass(frozen=True)
@@ -58,78 +56,41 @@ def read_model_shape(model_dir: Path, name: str) -> ModelShape:
 
 
 def planner_inputs_from_manifest(doc: Any, base_dir: Path | str) -> PlannerInputs:
-    """Parse the planner subset of a decoded ServingDeployment document."""
-    root = fields.mapping(doc, "")
-    kind = root.get("kind")
-    if kind != "ServingDeployment":
-        raise fields.FieldError("kind", f"must be ServingDeployment, got {kind!r}")
-    meta = fields.mapping(root.get("metadata", {}), "metadata")
-    name = fields.string(meta.get("name", "deployment"), "metadata.name")
-    spec = fields.mapping(fields.require(root, "spec", ""), "spec")
+    """The planner's inputs from a decoded ServingDeployment document.
 
-    model_doc = fields.mapping(fields.require(spec, "model", "spec"), "spec.model")
-    model_name = fields.string(fields.require(model_doc, "name", "spec.model"), "spec.model.name")
-    model_path = Path(
-        fields.string(fields.require(model_doc, "path", "spec.model"), "spec.model.path")
-    )
+    The document is parsed by `tessera.api` (the one typed manifest); planning additionally
+    needs a GPU budget, workload classes and both SLO targets, checked here by field."""
+    dep = api.parse(doc)
+    spec = dep.spec
+    model_path = Path(spec.model.path or spec.model.sub_path)
     if not model_path.is_absolute():
         model_path = Path(base_dir) / model_path
-    model = read_model_shape(model_path, model_name)
-
-    res = fields.mapping(fields.require(spec, "resources", "spec"), "spec.resources")
-    gpus = fields.integer(
-        fields.require(res, "gpus", "spec.resources"), "spec.resources.gpus", minimum=1
-    )
-    max_gpus = fields.integer(res.get("maxGpus", gpus), "spec.resources.maxGpus", minimum=1)
-    memory = None
-    if res.get("gpuMemory") is not None:
-        memory = fields.byte_quantity(res["gpuMemory"], "spec.resources.gpuMemory")
-
-    layout = fields.mapping(spec.get("layout", {}), "spec.layout")
-    mode = fields.string(layout.get("mode", "auto"), "spec.layout.mode", choices=LAYOUT_MODES)
-
-    workload = fields.mapping(fields.require(spec, "workload", "spec"), "spec.workload")
-    raw_classes = fields.sequence(
-        fields.require(workload, "classes", "spec.workload"), "spec.workload.classes"
-    )
-    classes: list[RequestClass] = []
-    for j, item in enumerate(raw_classes):
-        path = f"spec.workload.classes[{j}]"
-        obj = fields.mapping(item, path)
-        cls_name = fields.string(obj.get("name", f"class-{j}"), f"{path}.name")
-        if any(c.name == cls_name for c in classes):
-            raise fields.FieldError(f"{path}.name", f"duplicate class name {cls_name!r}")
-        classes.append(
-            RequestClass(
-                name=cls_name,
-                input_tokens=fields.integer(
-                    fields.require(obj, "inputTokens", path), f"{path}.inputTokens", minimum=1
-                ),
-                output_tokens=fields.integer(
-                    fields.require(obj, "outputTokens", path), f"{path}.outputTokens", minimum=1
-                ),
-                rate=fields.number(obj.get("rate", 0.0), f"{path}.rate", minimum=0),
+    model = read_model_shape(model_path, spec.model.name)
+    if spec.resources.gpus < 1:
+        raise fields.FieldError("spec.resources.gpus", "is required for planning (>= 1)")
+    if not spec.workload:
+        raise fields.FieldError("spec.workload.classes", "is required for planning")
+    for j, c in enumerate(spec.workload):
+        if any(o.name == c.name for o in spec.workload[:j]):
+            raise fields.FieldError(
+                f"spec.workload.classes[{j}].name", f"duplicate class name {c.name!r}"
             )
-        )
-
-    slo_doc = fields.mapping(fields.require(spec, "slo", "spec"), "spec.slo")
-    slo = Slo(
-        ttft_s=fields.number(
-            fields.require(slo_doc, "ttftP99Ms", "spec.slo"), "spec.slo.ttftP99Ms", positive=True
-        )
-        / 1e3,
-        tpot_s=fields.number(
-            fields.require(slo_doc, "tpotP99Ms", "spec.slo"), "spec.slo.tpotP99Ms", positive=True
-        )
-        / 1e3,
-    )
+    if not spec.slo.ttft_p99_ms:
+        raise fields.FieldError("spec.slo.ttftP99Ms", "is required for planning (> 0)")
+    if not spec.slo.tpot_p99_ms:
+        raise fields.FieldError("spec.slo.tpotP99Ms", "is required for planning (> 0)")
+    memory = None
+    if spec.resources.gpu_memory:
+        memory = fields.byte_quantity(spec.resources.gpu_memory, "spec.resources.gpuMemory")
     return PlannerInputs(
-        name=name,
+        name=dep.name,
         model=model,
-        gpus=gpus,
-        max_gpus=max_gpus,
+        gpus=spec.resources.gpus,
+        max_gpus=spec.resources.max_gpus or spec.resources.gpus,
         gpu_memory_bytes=memory,
-        classes=tuple(classes),
-        slo=slo,
-        layout_mode=mode,
+        classes=tuple(
+            RequestClass(c.name, c.input_tokens, c.output_tokens, c.rate) for c in spec.workload
+        ),
+        slo=Slo(ttft_s=spec.slo.ttft_p99_ms / 1e3, tpot_s=spec.slo.tpot_p99_ms / 1e3),
+        layout_mode=spec.layout.mode,
     )
