@@ -163,30 +163,6 @@ async def _generate_all(address: str, replica_id: str, prompts: Tokens, new: int
         await channel.close()
 
 
-def _load(
-    agents: list[local_agents.AgentProcess],
-    model_path: Path,
-    splits: list[tuple[int, int]],
-    replica_id: str,
-) -> None:
-    for i in reversed(range(len(splits))):
-        a, b = splits[i]
-        stub = pb_grpc.AgentStub(transport.sync_channel(agents[i].address))
-        stub.LoadBlock(
-            pb.LoadBlockRequest(
-                model_path=str(model_path),
-                layer_start=a,
-                layer_end=b,
-                device="cpu:0",
-                replica_id=replica_id,
-                stage_index=i,
-                num_stages=len(splits),
-                kv_bytes=64 << 20,
-                next_stage_address=agents[i + 1].address if i + 1 < len(splits) else "",
-            )
-        )
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     new = 16 if args.quick else args.new_tokens
     rounds = 2 if args.quick else args.rounds
@@ -208,8 +184,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             local_agents.local_agents(1, "cpu:1x1GiB", threads, "single") as single,
             local_agents.local_agents(2, "cpu:1x1GiB", max(1, threads // 2), "pipe") as pipe,
         ):
-            _load(single, model_path, [(0, cfg.num_layers)], "single")
-            _load(pipe, model_path, [(0, half), (half, cfg.num_layers)], "pipe")
+            local_agents.load_pipeline(
+                single, str(model_path), [(0, cfg.num_layers)], "single", 64 << 20
+            )
+            local_agents.load_pipeline(
+                pipe, str(model_path), [(0, half), (half, cfg.num_layers)], "pipe", 64 << 20
+            )
             single_toks, pipe_toks, s_t8, p_t8, pipe_vs_single = _interleaved(
                 lambda: asyncio.run(_generate_all(single[0].address, "single", prompts, new)),
                 lambda: asyncio.run(_generate_all(pipe[0].address, "pipe", prompts, new)),

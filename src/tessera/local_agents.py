@@ -128,3 +128,40 @@ def local_agents(
     finally:
         for a in agents:
             stop_agent(a)
+
+
+def load_pipeline(
+    agents: list[AgentProcess],
+    model_path: str,
+    splits: list[tuple[int, int]],
+    replica_id: str,
+    kv_bytes: int = 32 << 20,
+    device: str = "cpu:0",
+) -> None:
+    """Load one replica whose stage i (layers splits[i]) runs on agents[i].
+
+    Stages are loaded last to first, each pointing at the next agent. For tests and
+    benches; deployments go through the reconcile core and the actuator instead."""
+    from tessera.rpc import transport
+    from tessera.rpc.v1 import agent_pb2 as pb
+    from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+
+    for i in reversed(range(len(splits))):
+        a, b = splits[i]
+        channel = transport.sync_channel(agents[i].address)
+        try:
+            pb_grpc.AgentStub(channel).LoadBlock(
+                pb.LoadBlockRequest(
+                    model_path=model_path,
+                    layer_start=a,
+                    layer_end=b,
+                    device=device,
+                    replica_id=replica_id,
+                    stage_index=i,
+                    num_stages=len(splits),
+                    kv_bytes=kv_bytes,
+                    next_stage_address=agents[i + 1].address if i + 1 < len(splits) else "",
+                )
+            )
+        finally:
+            channel.close()

@@ -34,21 +34,7 @@ def load_replica(
     kv_bytes: int = 32 << 20,
 ) -> None:
     """Load stages last to first, each pointing at the next agent."""
-    for i in reversed(range(len(splits))):
-        a, b = splits[i]
-        _stub(agents[i]).LoadBlock(
-            pb.LoadBlockRequest(
-                model_path=str(model),
-                layer_start=a,
-                layer_end=b,
-                device="cpu:0",
-                replica_id=replica_id,
-                stage_index=i,
-                num_stages=len(splits),
-                kv_bytes=kv_bytes,
-                next_stage_address=agents[i + 1].address if i + 1 < len(splits) else "",
-            )
-        )
+    local_agents.load_pipeline(agents, str(model), splits, replica_id, kv_bytes)
 
 
 def generate(

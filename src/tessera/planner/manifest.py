@@ -2,8 +2,8 @@
 
 ``planner_inputs_from_manifest`` takes what planning needs from the parsed manifest: the
 model's ``config.json`` (found under ``spec.model.path``, relative to ``base_dir``), the GPU
-budget, the workload classes and the SLO. Called by ``tessera.cli.plan_cmd``. This module and the CLI are the only planner code
-that touches files.
+budget, the workload classes and the SLO. Called by ``tessera.cli.plan_cmd``. This module
+and the CLI are the only planner code that touches files.
 """
 
 from __future__ import annotations
