@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,6 +92,7 @@ async def converge(
     progress: actuate.Progress | None = None,
     auto_planner: plan.AutoPlanner | None = None,
     apply: bool = True,
+    on_actions: Callable[[list[reconcile.Action]], None] | None = None,
 ) -> Outcome:
     shape = model_facts(model_path, dep.spec.model.dtype)
     facts = (
@@ -115,6 +116,8 @@ async def converge(
         return Outcome(exc.reason, exc.message, observed=obs)
     actions = reconcile.reconcile(desired, obs, plan.owner_prefix(dep))
     out = Outcome("Serving", "", plan=desired, actions=actions, observed=obs)
+    if on_actions is not None:
+        on_actions(actions)  # e.g. size a progress bar before anything is applied
     if apply and actions:
         out.results = await actuate.apply(actions, progress)
         obs = await agents.observe(refs)

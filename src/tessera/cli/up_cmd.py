@@ -149,11 +149,14 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                     description=("✓ " if result.ok else "✗ ") + result.action.describe(),
                 )
 
-            first = await converge.converge(
-                dep, model_path, refs, progress=None, auto_planner=auto, apply=False
+            outcome = await converge.converge(
+                dep,
+                model_path,
+                refs,
+                progress,
+                auto,
+                on_actions=lambda acts: bar.update(task, total=max(1, len(acts))),
             )
-            bar.update(task, total=max(1, len(first.actions)))
-            outcome = await converge.converge(dep, model_path, refs, progress, auto)
         if outcome.reason != "Serving" or outcome.plan is None:
             return _fail(f"{outcome.reason}: {outcome.message}")
         port = args.port if args.port is not None else dep.spec.gateway.port
