@@ -32,10 +32,13 @@ class AgentConfig:
     port: int = 50051  # 0 = pick a free port
     devices: str = "cpu:1x4GiB"
     threads: int = 0  # torch intra-op threads; 0 = torch's default
+    metrics_port: int = 0  # Prometheus /metrics port; 0 = off
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port: {self.port} is not a TCP port")
+        if not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"metrics_port: {self.metrics_port} is not a TCP port")
         if self.threads < 0:
             raise ValueError("threads: must be >= 0")
 
@@ -50,6 +53,8 @@ async def serve(cfg: AgentConfig) -> None:
     health_svc = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_svc, server)
     port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    if cfg.metrics_port:
+        svc.metrics.serve(cfg.host, cfg.metrics_port)
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_svc.set(name, health_pb2.HealthCheckResponse.SERVING)

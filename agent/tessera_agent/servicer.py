@@ -21,7 +21,7 @@ import torch
 
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
-from tessera_agent import convert, devices, stage_client
+from tessera_agent import convert, devices, metrics, stage_client
 from tessera_agent.engine import errors, profiler, replica, scheduler, stage, step
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class AgentServicer(pb_grpc.AgentServicer):
         self.compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compute")
         self.loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loader")
         self._load_lock = asyncio.Lock()
+        self.metrics = metrics.AgentMetrics(self)
 
     async def close(self) -> None:
         for h in list(self.hosted.values()):
@@ -347,6 +348,7 @@ class AgentServicer(pb_grpc.AgentServicer):
             return
         prompt = list(request.prompt_token_ids)
         n = 0
+        outcome = "cancelled"  # unless the stream reaches its end or fails
         try:
             params = convert.sampling_from_proto(request.params)
             vocab = h.stage.cfg.vocab_size
@@ -356,9 +358,13 @@ class AgentServicer(pb_grpc.AgentServicer):
                     f"prompt_token_ids: {bad[0]} is outside the vocabulary [0, {vocab})"
                 )
             rid = request.request_id or uuid.uuid4().hex
+            self.metrics.prompt_tokens.labels(request.replica_id).inc(len(prompt))
             async for ev in h.leader.generate(rid, prompt, params):
                 if ev.token is not None:
                     n += 1
+                    self.metrics.generated_tokens.labels(request.replica_id).inc()
+                if ev.finish_reason:
+                    outcome = ev.finish_reason
                 yield pb.GenerateChunk(
                     token_ids=[ev.token] if ev.token is not None else [],
                     finish_reason=ev.finish_reason or "",
@@ -366,7 +372,10 @@ class AgentServicer(pb_grpc.AgentServicer):
                     completion_tokens=n,
                 )
         except errors.EngineError as exc:
+            outcome = status_code(exc).name.lower()
             await _abort(context, exc)
+        finally:
+            self.metrics.requests.labels(request.replica_id, outcome).inc()
 
     async def Cancel(
         self, request: pb.CancelRequest, context: grpc.aio.ServicerContext[Any, Any]

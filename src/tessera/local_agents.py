@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 _LISTEN_RE = re.compile(r"listening on (\S+):(\d+)")
@@ -48,6 +48,7 @@ def start_agent(
     host: str = "127.0.0.1",
     port: int = 0,
     timeout: float = 60.0,
+    extra_args: Sequence[str] = (),
 ) -> AgentProcess:
     """Start one agent process and wait until it listens; raise with its output if it dies."""
     cmd = [
@@ -65,6 +66,7 @@ def start_agent(
         devices,
         "--threads",
         str(threads),
+        *extra_args,
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(

@@ -19,6 +19,12 @@ def register(sub: Any) -> None:
         "or auto (GPUs via NVML, else one 4GiB CPU device)",
     )
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve Prometheus /metrics on this port (0: off)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -31,5 +37,6 @@ def _run(args: argparse.Namespace) -> int:
         port=args.port,
         devices=args.devices,
         threads=args.threads,
+        metrics_port=args.metrics_port,
     )
     return server.run(cfg)

@@ -1,0 +1,117 @@
+"""Prometheus metrics of an agent — every agent metric is declared here.
+
+Request and token counters are incremented by the servicer's `Generate`; the state
+gauges (KV pages, running/waiting sequences, device memory, loaded bytes) are read from
+the servicer at scrape time by a collector, so they can never drift from the truth.
+Served on `--metrics-port` by `server.py` (0 disables it). Registry per instance: no
+global state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class AgentState(Protocol):
+    """What the collector reads (the servicer)."""
+
+    agent_id: str
+    devices: dict[str, Any]
+    hosted: dict[tuple[str, int], Any]
+
+
+class _StateCollector(Collector):
+    def __init__(self, state: AgentState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        cap = GaugeMetricFamily(
+            "tessera_agent_device_capacity_bytes", "Memory budget of a device", labels=["device"]
+        )
+        free = GaugeMetricFamily(
+            "tessera_agent_device_free_bytes",
+            "Device budget not held by loaded blocks",
+            labels=["device"],
+        )
+        for d in self.state.devices.values():
+            cap.add_metric([d.id], d.capacity_bytes)
+            free.add_metric([d.id], d.free_bytes)
+        params = GaugeMetricFamily(
+            "tessera_agent_block_param_bytes",
+            "Parameter bytes of a loaded block",
+            labels=["replica", "stage"],
+        )
+        kvb = GaugeMetricFamily(
+            "tessera_agent_block_kv_bytes",
+            "KV pool bytes of a loaded block",
+            labels=["replica", "stage"],
+        )
+        total = GaugeMetricFamily(
+            "tessera_agent_kv_pages_total",
+            "KV pages the replica's scheduler may use",
+            labels=["replica"],
+        )
+        used = GaugeMetricFamily(
+            "tessera_agent_kv_pages_used", "KV pages held by running sequences", labels=["replica"]
+        )
+        running = GaugeMetricFamily(
+            "tessera_agent_running_sequences", "Sequences being computed", labels=["replica"]
+        )
+        waiting = GaugeMetricFamily(
+            "tessera_agent_waiting_sequences",
+            "Sequences waiting for KV pages or a slot",
+            labels=["replica"],
+        )
+        preempt = CounterMetricFamily(
+            "tessera_agent_preemptions", "Sequences preempted for KV pages", labels=["replica"]
+        )
+        steps = CounterMetricFamily(
+            "tessera_agent_replica_steps",
+            "Scheduler steps completed by a replica",
+            labels=["replica"],
+        )
+        for (rid, idx), h in list(self.state.hosted.items()):
+            params.add_metric([rid, str(idx)], h.stage.param_bytes)
+            kvb.add_metric([rid, str(idx)], h.stage.kv_bytes)
+            if h.leader is not None:
+                s = h.leader.stats()
+                total.add_metric([rid], s.kv_pages_total)
+                used.add_metric([rid], s.kv_pages_used)
+                running.add_metric([rid], s.running)
+                waiting.add_metric([rid], s.waiting)
+                preempt.add_metric([rid], s.preemptions)
+                steps.add_metric([rid], h.leader.steps)
+        yield from (cap, free, params, kvb, total, used, running, waiting, preempt, steps)
+
+
+class AgentMetrics:
+    def __init__(self, state: AgentState) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "tessera_agent_requests",
+            "Generate requests by outcome",
+            ["replica", "outcome"],
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "tessera_agent_prompt_tokens",
+            "Prompt tokens received",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.generated_tokens = Counter(
+            "tessera_agent_generated_tokens",
+            "Tokens generated",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.registry.register(_StateCollector(state))
+
+    def serve(self, host: str, port: int) -> None:
+        """Serve /metrics over HTTP on a daemon thread."""
+        start_http_server(port, addr=host, registry=self.registry)
