@@ -5,6 +5,7 @@ disconnect and survive a dead agent."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -284,5 +285,43 @@ async def test_dead_agent_requests_move_to_the_other_replica(
         assert (status, body["error"]["code"]) == (503, "no_replica_ready")
         async with session.get(h.url + "/health") as r:
             assert r.status == 503
+    finally:
+        await h.stop()
+
+
+async def test_stream_continues_on_another_replica_when_its_replica_dies(
+    agents_factory: Start, tiny_llama: Path, tok: Tokenizer, session: aiohttp.ClientSession
+) -> None:
+    """Losing the serving replica mid-stream loses nothing: the gateway continues the
+    request on another replica from the tokens already sent, and the whole greedy text
+    still equals transformers' output."""
+    x, y, z = agents_factory(3)
+    load_replica([x], tiny_llama, [(0, 8)], "x")
+    load_replica([y, z], tiny_llama, [(0, 4), (4, 8)], "yz")
+    ep_x = config.ReplicaEndpoint("x", x.address)
+    ep_yz = config.ReplicaEndpoint("yz", y.address)
+    h = await helpers.start(str(tiny_llama), ep_yz, failure_backoff_s=0.0)
+    try:
+        n = 120
+        text = "Once upon a time"
+        resp = await session.post(h.url + C, json=_greedy(text, n, stream=True))
+        head = [await resp.content.readuntil(b"\n\n") for _ in range(3)]
+        assert all(line.startswith(b"data: ") for line in head)
+        h.update_replicas([ep_x, ep_yz])  # a second replica appears while yz streams
+        await h.refresh()
+        z.proc.kill()  # the pipeline's last stage dies mid-stream
+        z.proc.wait()
+        rest = (b"".join(head) + await resp.read()).decode()
+        assert rest.endswith("data: [DONE]\n\n") and "error" not in rest
+        pieces = [
+            json.loads(line[6:])["choices"][0]["text"]
+            for line in rest.split("\n\n")
+            if line.startswith("data: {")
+        ]
+        assert "".join(pieces) == _expected(tiny_llama, tok, tok.encode(text).ids, n)
+        retries = await helpers.metric(
+            session, h.url, "tessera_gateway_retries_total", replica="yz"
+        )
+        assert retries >= 1
     finally:
         await h.stop()

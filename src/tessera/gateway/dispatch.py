@@ -7,9 +7,13 @@ a ready replica, streams the leader's `Generate` and yields token chunks. Agent 
 * RESOURCE_EXHAUSTED (the request is larger than that replica's whole KV pool) → try the
   other replicas; 400 if none can hold it;
 * anything else (UNAVAILABLE, NOT_FOUND, FAILED_PRECONDITION, ...) → the replica is marked
-  failed and, if no token was yielded yet, the request moves to another ready replica;
-  after the first token `ReplicaLost` is raised (the caller decides: restart a buffered
-  request, or end a stream with an error); 503 when every replica failed.
+  failed and the request moves to another ready replica. Before the first token it simply
+  starts there; after tokens were yielded it *continues* there: the prompt becomes the
+  original prompt plus the tokens generated so far and `max_tokens` what is left, so the
+  client's stream goes on where it stopped (greedy output is unchanged; a seeded sampler
+  continues with seed + tokens so far, so a resumed request is a valid sample but not the
+  one an uninterrupted run would give). `ReplicaLost` is raised only when no replica is
+  left to continue on; 503 when every replica failed before the first token.
 
 Leaving the generator early (client disconnect, stop string) cancels the gRPC call, and
 the agent frees the request's KV pages.
@@ -18,6 +22,7 @@ the agent frees the request's KV pages.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -106,33 +111,42 @@ class Dispatcher:
         tried = set(exclude)
         failures: list[tuple[str, str, str]] = []  # (replica, code, message)
         attempt = 0
+        generated: list[int] = []  # tokens already yielded (they survive a lost replica)
+        current = job
+        lost: ReplicaLost | None = None
         while True:
             ready = [r for r in self._replicas.ready_ids() if r not in tried]
-            route = self._router.choose(ready, len(job.prompt_ids), job.max_tokens)
+            route = self._router.choose(ready, len(current.prompt_ids), current.max_tokens)
             if route is None:
+                if lost is not None:
+                    raise lost
                 raise _no_replica(failures)
             rid = route.replica_id
             tried.add(rid)
             self._metrics.routed.labels(rid, route.policy).inc()
-            yielded = False
             try:
-                async with contextlib.aclosing(self._attempt(job, rid, attempt)) as chunks:
+                async with contextlib.aclosing(
+                    self._attempt(current, rid, attempt, resumed=bool(generated))
+                ) as chunks:
                     async for chunk in chunks:
-                        yielded = True
+                        generated.extend(chunk.token_ids)
                         yield chunk
                 return
             except _AttemptFailed as exc:
-                if yielded:
-                    raise ReplicaLost(rid, str(exc)) from exc
                 failures.append((rid, exc.code, str(exc)))
                 self._metrics.retries.labels(rid, exc.code).inc()
+                if generated:
+                    lost = ReplicaLost(rid, str(exc))
+                    current = _continuation(job, generated)
             attempt += 1
 
-    async def _attempt(self, job: Job, rid: str, attempt: int) -> AsyncGenerator[Chunk, None]:
+    async def _attempt(
+        self, job: Job, rid: str, attempt: int, resumed: bool = False
+    ) -> AsyncGenerator[Chunk, None]:
         ticket = self._router.admit(rid, len(job.prompt_ids), job.max_tokens)
         self._metrics.outstanding.labels(rid).set(self._router.outstanding(rid))
         call = self._replicas.stub(rid).Generate(job.request(rid, attempt))
-        last, first = self._clock(), True
+        last, first = self._clock(), not resumed  # a resumed request had its first token
         try:
             async for msg in call:
                 ids = tuple(int(t) for t in msg.token_ids)
@@ -167,6 +181,16 @@ class Dispatcher:
             call.cancel()  # no-op once the call ended; frees the agent's pages otherwise
             self._router.release(ticket)
             self._metrics.outstanding.labels(rid).set(self._router.outstanding(rid))
+
+
+def _continuation(job: Job, generated: list[int]) -> Job:
+    """The rest of `job` after `generated` tokens: same request, longer prompt."""
+    return dataclasses.replace(
+        job,
+        prompt_ids=job.prompt_ids + tuple(generated),
+        max_tokens=job.max_tokens - len(generated),
+        seed=None if job.seed is None else job.seed + len(generated),
+    )
 
 
 def _no_replica(failures: list[tuple[str, str, str]]) -> errors.ApiError:
