@@ -9,58 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 import torch
 
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
-from tessera_agent import convert, devices, metrics, stage_client
-from tessera_agent.engine import errors, profiler, replica, scheduler, stage, step
+from tessera_agent import convert, devices, grpc_status, hosted, metrics, stage_client, stage_server
+from tessera_agent.engine import errors, profiler, replica, scheduler, stage
 
 log = logging.getLogger(__name__)
-
-_CODES: dict[type[errors.EngineError], grpc.StatusCode] = {
-    errors.NotFoundError: grpc.StatusCode.NOT_FOUND,
-    errors.InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
-    errors.ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    errors.FailedPreconditionError: grpc.StatusCode.FAILED_PRECONDITION,
-    errors.UnavailableError: grpc.StatusCode.UNAVAILABLE,
-}
-
-
-def status_code(exc: BaseException) -> grpc.StatusCode:
-    for cls, code in _CODES.items():
-        if isinstance(exc, cls):
-            return code
-    if isinstance(exc, FileNotFoundError):
-        return grpc.StatusCode.NOT_FOUND
-    return grpc.StatusCode.INTERNAL
-
-
-async def _abort(ctx: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> NoReturn:
-    await ctx.abort(status_code(exc), str(exc))
-    raise AssertionError("unreachable")  # ctx.abort raises
-
-
-@dataclass
-class Hosted:
-    """A block this agent holds, and (for stage 0) the replica engine it leads."""
-
-    stage: stage.Stage
-    num_stages: int
-    next_address: str
-    leader: replica.ReplicaEngine | None = None
-
-    @property
-    def holder(self) -> str:
-        return f"{self.stage.spec.replica_id}/{self.stage.spec.stage_index}"
 
 
 class AgentServicer(pb_grpc.AgentServicer):
@@ -69,7 +31,7 @@ class AgentServicer(pb_grpc.AgentServicer):
     ) -> None:
         self.agent_id, self.nvml_status, self.version = agent_id, nvml_status, version
         self.devices = {d.id: d for d in devs}
-        self.hosted: dict[tuple[str, int], Hosted] = {}
+        self.hosted: dict[tuple[str, int], hosted.Hosted] = {}
         self.compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compute")
         self.loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loader")
         self._load_lock = asyncio.Lock()
@@ -136,7 +98,7 @@ class AgentServicer(pb_grpc.AgentServicer):
         try:
             return await self._load(request)
         except errors.EngineError as exc:
-            await _abort(context, exc)
+            await grpc_status.abort(context, exc)
 
     async def _load(self, req: pb.LoadBlockRequest) -> pb.LoadBlockReply:
         spec = stage.BlockSpec(
@@ -198,7 +160,7 @@ class AgentServicer(pb_grpc.AgentServicer):
             loaded = await asyncio.get_running_loop().run_in_executor(
                 self.loader, stage.load_stage, spec, dev.torch_device(), dev.free_bytes
             )
-            h = Hosted(loaded, num_stages, req.next_stage_address)
+            h = hosted.Hosted(loaded, num_stages, req.next_stage_address)
             dev.used[h.holder] = loaded.param_bytes + loaded.kv_bytes
             if spec.stage_index == 0:
                 h.leader = self._make_leader(h, req)
@@ -206,7 +168,7 @@ class AgentServicer(pb_grpc.AgentServicer):
             log.info("loaded %s layers [%d, %d) on %s", h.holder, spec.start, spec.end, dev.id)
             return pb.LoadBlockReply(block=convert.block_info(loaded, num_stages, h.next_address))
 
-    def _make_leader(self, h: Hosted, req: pb.LoadBlockRequest) -> replica.ReplicaEngine:
+    def _make_leader(self, h: hosted.Hosted, req: pb.LoadBlockRequest) -> replica.ReplicaEngine:
         st = h.stage
         cfg = scheduler.SchedulerConfig(
             max_num_seqs=req.max_num_seqs or 64,
@@ -253,86 +215,10 @@ class AgentServicer(pb_grpc.AgentServicer):
         request_iterator: AsyncIterator[pb.StageMessage],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.StageResult]:
-        first = await anext(aiter(request_iterator), None)
-        if first is None or not first.HasField("hello"):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "StageStream must open with a hello"
-            )
-            return
-        hello = first.hello
-        try:
-            h = self._check_hello(hello)
-            downstream = None
-            pages = h.stage.num_pages
-            if h.stage.spec.stage_index < h.num_stages - 1:
-                downstream = await stage_client.RemoteDownstream.connect(
-                    h.next_address,
-                    pb.StageHello(
-                        replica_id=hello.replica_id,
-                        stage_index=hello.stage_index + 1,
-                        layer_start=h.stage.spec.end,
-                        model_path=h.stage.spec.model_path,
-                    ),
-                )
-                pages = min(pages, downstream.num_pages)
-        except errors.EngineError as exc:
-            await _abort(context, exc)
-        yield pb.StageResult(
-            hello=pb.StageHelloReply(num_pages=pages, page_size=h.stage.spec.page_size)
-        )
-        results: asyncio.Queue[asyncio.Future[pb.StageResult] | None] = asyncio.Queue()
-
-        async def pump() -> None:
-            try:
-                async for msg in request_iterator:
-                    results.put_nowait(asyncio.ensure_future(self._stage_step(h, msg, downstream)))
-            finally:
-                results.put_nowait(None)
-
-        pump_task = asyncio.create_task(pump())
-        try:
-            while (fut := await results.get()) is not None:
-                try:
-                    yield await fut
-                except errors.EngineError as exc:
-                    await _abort(context, exc)
-        finally:
-            pump_task.cancel()
-            with contextlib.suppress(BaseException):
-                await pump_task
-            if downstream is not None:
-                await downstream.close()
-
-    def _check_hello(self, hello: pb.StageHello) -> Hosted:
-        h = self.hosted.get((hello.replica_id, hello.stage_index))
-        if h is None:
-            have = ", ".join(x.holder for x in self.hosted.values()) or "none"
-            raise errors.FailedPreconditionError(
-                f"stage mismatch: replica {hello.replica_id} has no stage {hello.stage_index} "
-                f"on agent {self.agent_id} (loaded: {have})"
-            )
-        s = h.stage.spec
-        if s.start != hello.layer_start:
-            raise errors.FailedPreconditionError(
-                f"stage mismatch: replica {hello.replica_id} stage {hello.stage_index} starts "
-                f"at layer {s.start} but the previous stage ends at layer {hello.layer_start}"
-            )
-        if s.model_path != hello.model_path:
-            raise errors.FailedPreconditionError(
-                f"stage mismatch: replica {hello.replica_id} stage {hello.stage_index} serves "
-                f"{s.model_path}, the previous stage {hello.model_path}"
-            )
-        return h
-
-    async def _stage_step(
-        self, h: Hosted, msg: pb.StageMessage, downstream: stage_client.RemoteDownstream | None
-    ) -> pb.StageResult:
-        inp = convert.step_from_proto(msg.step)
-        loop = asyncio.get_running_loop()
-        out = await loop.run_in_executor(self.compute, h.stage.runner.execute, inp)
-        if downstream is not None:
-            out = await downstream.submit(step.next_stage_input(inp, out))
-        return convert.result_to_proto(out)
+        async for reply in stage_server.serve(
+            self.hosted, self.agent_id, self.compute, request_iterator, context
+        ):
+            yield reply
 
     # -- generation ---------------------------------------------------------------------
     async def Generate(
@@ -372,8 +258,8 @@ class AgentServicer(pb_grpc.AgentServicer):
                     completion_tokens=n,
                 )
         except errors.EngineError as exc:
-            outcome = status_code(exc).name.lower()
-            await _abort(context, exc)
+            outcome = grpc_status.code(exc).name.lower()
+            await grpc_status.abort(context, exc)
         finally:
             self.metrics.requests.labels(request.replica_id, outcome).inc()
 
@@ -413,7 +299,7 @@ class AgentServicer(pb_grpc.AgentServicer):
                 ),
             )
         except (errors.EngineError, FileNotFoundError) as exc:
-            await _abort(context, exc)
+            await grpc_status.abort(context, exc)
         return pb.ProfileReply(
             device=dev.id,
             device_kind=dev.kind,

@@ -1,0 +1,117 @@
+"""Server side of the stage stream: one later stage of a replica, fed by the stage before it.
+
+Called by the servicer's `StageStream`. The first message is a hello naming the replica,
+the expected stage index, start layer and model: a mismatch is FAILED_PRECONDITION
+("stage mismatch"). The reply tells the upstream stage the smallest KV pool from here to
+the last stage. Then each step runs on the agent's compute thread, is forwarded to the
+next stage when there is one, and the sampled tokens travel back in order: steps are
+pumped concurrently so this stage computes step n+1 while step n is downstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import grpc
+
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera_agent import convert, grpc_status, hosted, stage_client
+from tessera_agent.engine import errors, step
+
+Hosting = Mapping[tuple[str, int], hosted.Hosted]
+
+
+def check_hello(blocks: Hosting, agent_id: str, hello: pb.StageHello) -> hosted.Hosted:
+    h = blocks.get((hello.replica_id, hello.stage_index))
+    if h is None:
+        have = ", ".join(x.holder for x in blocks.values()) or "none"
+        raise errors.FailedPreconditionError(
+            f"stage mismatch: replica {hello.replica_id} has no stage {hello.stage_index} "
+            f"on agent {agent_id} (loaded: {have})"
+        )
+    s = h.stage.spec
+    if s.start != hello.layer_start:
+        raise errors.FailedPreconditionError(
+            f"stage mismatch: replica {hello.replica_id} stage {hello.stage_index} starts "
+            f"at layer {s.start} but the previous stage ends at layer {hello.layer_start}"
+        )
+    if s.model_path != hello.model_path:
+        raise errors.FailedPreconditionError(
+            f"stage mismatch: replica {hello.replica_id} stage {hello.stage_index} serves "
+            f"{s.model_path}, the previous stage {hello.model_path}"
+        )
+    return h
+
+
+async def _step(
+    compute: concurrent.futures.Executor,
+    h: hosted.Hosted,
+    msg: pb.StageMessage,
+    downstream: stage_client.RemoteDownstream | None,
+) -> pb.StageResult:
+    inp = convert.step_from_proto(msg.step)
+    loop = asyncio.get_running_loop()
+    out = await loop.run_in_executor(compute, h.stage.runner.execute, inp)
+    if downstream is not None:
+        out = await downstream.submit(step.next_stage_input(inp, out))
+    return convert.result_to_proto(out)
+
+
+async def serve(
+    blocks: Hosting,
+    agent_id: str,
+    compute: concurrent.futures.Executor,
+    request_iterator: AsyncIterator[pb.StageMessage],
+    context: grpc.aio.ServicerContext[Any, Any],
+) -> AsyncIterator[pb.StageResult]:
+    first = await anext(aiter(request_iterator), None)
+    if first is None or not first.HasField("hello"):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "StageStream must open with a hello")
+        return
+    hello = first.hello
+    try:
+        h = check_hello(blocks, agent_id, hello)
+        downstream = None
+        pages = h.stage.num_pages
+        if h.stage.spec.stage_index < h.num_stages - 1:
+            downstream = await stage_client.RemoteDownstream.connect(
+                h.next_address,
+                pb.StageHello(
+                    replica_id=hello.replica_id,
+                    stage_index=hello.stage_index + 1,
+                    layer_start=h.stage.spec.end,
+                    model_path=h.stage.spec.model_path,
+                ),
+            )
+            pages = min(pages, downstream.num_pages)
+    except errors.EngineError as exc:
+        await grpc_status.abort(context, exc)
+    yield pb.StageResult(
+        hello=pb.StageHelloReply(num_pages=pages, page_size=h.stage.spec.page_size)
+    )
+    results: asyncio.Queue[asyncio.Future[pb.StageResult] | None] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for msg in request_iterator:
+                results.put_nowait(asyncio.ensure_future(_step(compute, h, msg, downstream)))
+        finally:
+            results.put_nowait(None)
+
+    pump_task = asyncio.create_task(pump())
+    try:
+        while (fut := await results.get()) is not None:
+            try:
+                yield await fut
+            except errors.EngineError as exc:
+                await grpc_status.abort(context, exc)
+    finally:
+        pump_task.cancel()
+        with contextlib.suppress(BaseException):
+            await pump_task
+        if downstream is not None:
+            await downstream.close()
