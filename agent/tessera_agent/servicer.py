@@ -139,9 +139,10 @@ class AgentServicer(pb_grpc.AgentServicer):
                     f"device {spec.device!r} is not on agent {self.agent_id} "
                     f"(devices: {', '.join(self.devices)})"
                 )
-            cfg, _ = await asyncio.get_running_loop().run_in_executor(
+            planned = await asyncio.get_running_loop().run_in_executor(
                 self.loader, stage.plan_bytes, spec
             )
+            cfg = planned[0]
             is_last = spec.end == cfg.num_layers
             if (spec.start == 0) != (spec.stage_index == 0):
                 raise errors.InvalidArgumentError(
@@ -158,7 +159,7 @@ class AgentServicer(pb_grpc.AgentServicer):
                     "next_stage_address: required for a stage that does not end the model"
                 )
             loaded = await asyncio.get_running_loop().run_in_executor(
-                self.loader, stage.load_stage, spec, dev.torch_device(), dev.free_bytes
+                self.loader, stage.load_stage, spec, dev.torch_device(), dev.free_bytes, planned
             )
             h = hosted.Hosted(loaded, num_stages, req.next_stage_address)
             dev.used[h.holder] = loaded.param_bytes + loaded.kv_bytes

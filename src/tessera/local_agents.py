@@ -28,9 +28,6 @@ class AgentProcess:
     address: str = ""
     output: list[str] = field(default_factory=list)
 
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
 
 def _die_with_parent() -> None:
     """In the child: ask Linux to SIGTERM it if the parent dies, even by SIGKILL."""

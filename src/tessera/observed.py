@@ -64,7 +64,3 @@ class Observed:
             if a.name == name:
                 return a
         return None
-
-    @property
-    def names(self) -> list[str]:
-        return [a.name for a in self.agents]

@@ -68,11 +68,6 @@ class ModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise ConfigError("num_key_value_heads must divide num_attention_heads")
 
-    @property
-    def kv_bytes_per_token_per_layer(self) -> int:
-        """Bytes of K and V for one token in one layer at float32."""
-        return 2 * self.num_kv_heads * self.head_dim * 4
-
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
         try:

@@ -63,14 +63,6 @@ class Stage:
     def num_pages(self) -> int:
         return self.runner.cache.layout.num_pages
 
-    @property
-    def is_first(self) -> bool:
-        return self.spec.start == 0
-
-    @property
-    def is_last(self) -> bool:
-        return self.spec.end == self.cfg.num_layers
-
     def tensor_names(self) -> list[str]:
         return loader.checkpoint_names(self.cfg, self.spec.start, self.spec.end)
 
@@ -94,9 +86,14 @@ def plan_bytes(spec: BlockSpec) -> tuple[config_mod.ModelConfig, int]:
     return cfg, loader.block_bytes(path, cfg, spec.start, spec.end, torch_dtype(spec.dtype))
 
 
-def load_stage(spec: BlockSpec, device: torch.device, budget_bytes: int) -> Stage:
+def load_stage(
+    spec: BlockSpec,
+    device: torch.device,
+    budget_bytes: int,
+    planned: tuple[config_mod.ModelConfig, int] | None = None,
+) -> Stage:
     """Load the block within `budget_bytes` of device memory (parameters plus KV pool)."""
-    cfg, pbytes = plan_bytes(spec)
+    cfg, pbytes = planned or plan_bytes(spec)  # callers that validated first pass it in
     if pbytes > budget_bytes:
         raise errors.ResourceExhaustedError(
             f"block [{spec.start}, {spec.end}) needs {pbytes} bytes of parameters but device "
