@@ -42,8 +42,11 @@ def build_registry(cfg: config.OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.timer(
         *RESOURCE, interval=cfg.resync_seconds, initial_delay=cfg.resync_seconds, registry=registry
     )
-    async def resync(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-        await reconciler.run(body, patch, memo, periodic=True)
+    async def resync(
+        body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
+    ) -> None:
+        if not stopped:  # a stopping timer (object deleted, operator exiting) starts no pass
+            await reconciler.run(body, patch, memo, periodic=True)
 
     @kopf.on.delete(*RESOURCE, registry=registry)
     async def deleted(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:

@@ -29,6 +29,10 @@ def settings(cfg: config.OperatorConfig) -> kopf.OperatorSettings:
     s.scanning.disabled = True
     s.posting.reporting_component = "tessera-operator"
     s.posting.event_name_prefix = "tessera-"
+    # A deleted object keeps its finalizer until its resync timer has exited. When the
+    # deletion lands mid-pass, kopf re-checks the timer after `cancellation_polling`
+    # seconds (60 by default), so a delete could hang for a minute; re-check each second.
+    s.background.cancellation_polling = 1.0
     return s
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -301,3 +302,26 @@ def test_invalid_specs_then_a_valid_one(
     )
     wait_for("the fixed one Ready", lambda: ready(kube, "too-deep", generation=2))
     assert ("default.too-deep.r0", 0, 0, 8) in blocks(procs[1])
+
+
+def test_delete_during_a_resync_pass_is_prompt(
+    agents_factory: Start,
+    tiny_llama: Path,
+    start_operator: Callable[..., Any],
+    kube: client.ApiClient,
+) -> None:
+    """A deletion landing while the resync timer runs a pass must not wait for kopf's
+    default 60 s re-check of the timer (this once hung the lifecycle test in CI)."""
+    procs = agents_factory(1)
+    start_operator(refs(procs), resync_seconds=0.01)  # the timer is nearly always mid-pass
+    one = [{"name": "r0", "stages": [{"agent": "agent-0", "device": "cpu:0", "layers": [0, 8]}]}]
+    for name in ("d0", "d1", "d2"):
+        custom(kube).create_namespaced_custom_object(
+            GROUP, VERSION, "default", PLURAL, manifest(name, tiny_llama, one)
+        )
+        wait_for("Ready=True", lambda: ready(kube, name))  # noqa: B023 - used before next loop
+        started = time.monotonic()
+        custom(kube).delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name)
+        wait_for("the object to be gone", lambda: get_sd(kube, name) is None, timeout=15.0)  # noqa: B023
+        assert time.monotonic() - started < 15.0
+        assert blocks(procs[0]) == []
