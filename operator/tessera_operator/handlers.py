@@ -42,10 +42,9 @@ def build_registry(cfg: config.OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.timer(
         *RESOURCE, interval=cfg.resync_seconds, initial_delay=cfg.resync_seconds, registry=registry
     )
-    async def resync(
-        body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
-    ) -> None:
-        if not stopped:  # a stopping timer (object deleted, operator exiting) starts no pass
+    async def resync(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kw: Any) -> None:
+        # a stopping timer (object deleted, operator exiting) starts no pass
+        if not kw["stopped"]:
             await reconciler.run(body, patch, memo, periodic=True)
 
     @kopf.on.delete(*RESOURCE, registry=registry)
