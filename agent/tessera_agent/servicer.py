@@ -19,8 +19,17 @@ import torch
 
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
-from tessera_agent import convert, devices, grpc_status, hosted, metrics, stage_client, stage_server
-from tessera_agent.engine import errors, profiler, replica, scheduler, stage
+from tessera_agent import (
+    convert,
+    devices,
+    grpc_status,
+    hosted,
+    metrics,
+    stage_client,
+    stage_server,
+    tensor_transfer,
+)
+from tessera_agent.engine import errors, loader, profiler, replica, scheduler, stage
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +148,9 @@ class AgentServicer(pb_grpc.AgentServicer):
                     f"device {spec.device!r} is not on agent {self.agent_id} "
                     f"(devices: {', '.join(self.devices)})"
                 )
+            copy = req.HasField("source")
             planned = await asyncio.get_running_loop().run_in_executor(
-                self.loader, stage.plan_bytes, spec
+                self.loader, stage.plan_bytes, spec, not copy
             )
             cfg = planned[0]
             is_last = spec.end == cfg.num_layers
@@ -158,15 +168,29 @@ class AgentServicer(pb_grpc.AgentServicer):
                 raise errors.InvalidArgumentError(
                     "next_stage_address: required for a stage that does not end the model"
                 )
+            tensors = None
+            if copy:  # refuse before transferring anything when the block cannot fit
+                stage.kv_pages(spec, cfg, planned[1], dev.free_bytes)
+                names = loader.checkpoint_names(cfg, spec.start, spec.end)
+                tensors = await tensor_transfer.fetch(req.source, names)
             loaded = await asyncio.get_running_loop().run_in_executor(
-                self.loader, stage.load_stage, spec, dev.torch_device(), dev.free_bytes, planned
+                self.loader,
+                stage.load_stage,
+                spec,
+                dev.torch_device(),
+                dev.free_bytes,
+                planned,
+                tensors,
             )
             h = hosted.Hosted(loaded, num_stages, req.next_stage_address)
             dev.used[h.holder] = loaded.param_bytes + loaded.kv_bytes
             if spec.stage_index == 0:
                 h.leader = self._make_leader(h, req)
             self.hosted[key] = h
-            log.info("loaded %s layers [%d, %d) on %s", h.holder, spec.start, spec.end, dev.id)
+            how = f"copied from {req.source.address}" if copy else "read from the checkpoint"
+            log.info(
+                "loaded %s layers [%d, %d) on %s, %s", h.holder, spec.start, spec.end, dev.id, how
+            )
             return pb.LoadBlockReply(block=convert.block_info(loaded, num_stages, h.next_address))
 
     def _make_leader(self, h: hosted.Hosted, req: pb.LoadBlockRequest) -> replica.ReplicaEngine:
@@ -209,6 +233,22 @@ class AgentServicer(pb_grpc.AgentServicer):
             self.devices[h.stage.spec.device].used.pop(h.holder, None)
             log.info("unloaded %s", h.holder)
             return pb.UnloadBlockReply(unloaded=True)
+
+    async def FetchTensors(
+        self, request: pb.FetchTensorsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.TensorChunk]:
+        h = self.hosted.get((request.replica_id, request.stage_index))
+        try:
+            if h is None:
+                raise errors.NotFoundError(
+                    f"replica {request.replica_id} has no stage {request.stage_index} "
+                    f"on agent {self.agent_id}"
+                )
+            tensors = tensor_transfer.held(h.stage, list(request.names))
+            for chunk in tensor_transfer.chunks(tensors, request.chunk_bytes):
+                yield chunk
+        except errors.EngineError as exc:
+            await grpc_status.abort(context, exc)
 
     # -- stage stream -------------------------------------------------------------------
     async def StageStream(

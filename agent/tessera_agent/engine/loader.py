@@ -103,10 +103,12 @@ def load_stage(
     end: int,
     dtype: torch.dtype,
     device: torch.device,
+    tensors: dict[str, torch.Tensor] | None = None,
 ) -> model_mod.StageModel:
-    """Build a StageModel for [start, end) and fill it from the checkpoint."""
-    names = checkpoint_names(cfg, start, end)
-    tensors = read_tensors(model_path, names)
+    """Build a StageModel for [start, end) and fill it from the checkpoint, or from
+    `tensors` (checkpoint names to tensors, e.g. copied from a peer) when given."""
+    if tensors is None:
+        tensors = read_tensors(model_path, checkpoint_names(cfg, start, end))
     with torch.device("meta"):
         stage = model_mod.StageModel(cfg, start, end)
     stage = stage.to_empty(device=device).to(dtype)

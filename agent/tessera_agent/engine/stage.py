@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
+from tessera_agent.engine import block_tensors, errors, kv_cache, loader, runner, step
 from tessera_agent.engine import config as config_mod
-from tessera_agent.engine import errors, kv_cache, loader, runner, step
 
 DEFAULT_PAGE_SIZE = 16
 
@@ -66,9 +66,16 @@ class Stage:
     def tensor_names(self) -> list[str]:
         return loader.checkpoint_names(self.cfg, self.spec.start, self.spec.end)
 
+    def tensor(self, name: str) -> torch.Tensor:
+        """A checkpoint tensor of this block, by name (a view of the loaded weights)."""
+        return block_tensors.tensor(self.runner.model, name)
 
-def plan_bytes(spec: BlockSpec) -> tuple[config_mod.ModelConfig, int]:
-    """Validate the spec against the checkpoint and return (config, parameter bytes)."""
+
+def plan_bytes(spec: BlockSpec, weights: bool = True) -> tuple[config_mod.ModelConfig, int]:
+    """Validate the spec against the checkpoint and return (config, parameter bytes).
+
+    With `weights=False` (a block copied from a peer) only config.json must exist, and the
+    bytes come from the shapes it implies."""
     path = Path(spec.model_path)
     if not (path / "config.json").is_file():
         raise errors.NotFoundError(f"model not found: {spec.model_path} has no config.json")
@@ -83,17 +90,15 @@ def plan_bytes(spec: BlockSpec) -> tuple[config_mod.ModelConfig, int]:
         )
     if spec.page_size < 1:
         raise errors.InvalidArgumentError("page_size: must be >= 1")
-    return cfg, loader.block_bytes(path, cfg, spec.start, spec.end, torch_dtype(spec.dtype))
+    dtype = torch_dtype(spec.dtype)
+    if not weights:
+        return cfg, block_tensors.nbytes(cfg, spec.start, spec.end, dtype)
+    return cfg, loader.block_bytes(path, cfg, spec.start, spec.end, dtype)
 
 
-def load_stage(
-    spec: BlockSpec,
-    device: torch.device,
-    budget_bytes: int,
-    planned: tuple[config_mod.ModelConfig, int] | None = None,
-) -> Stage:
-    """Load the block within `budget_bytes` of device memory (parameters plus KV pool)."""
-    cfg, pbytes = planned or plan_bytes(spec)  # callers that validated first pass it in
+def kv_pages(spec: BlockSpec, cfg: config_mod.ModelConfig, pbytes: int, budget_bytes: int) -> int:
+    """KV pages the block gets within `budget_bytes` (parameters plus KV pool);
+    ResourceExhaustedError, naming the sizes, when it does not fit."""
     if pbytes > budget_bytes:
         raise errors.ResourceExhaustedError(
             f"block [{spec.start}, {spec.end}) needs {pbytes} bytes of parameters but device "
@@ -115,9 +120,28 @@ def load_stage(
             f"block [{spec.start}, {spec.end}) leaves no room for a single KV page on "
             f"{spec.device} ({kv_budget} bytes left after parameters)"
         )
-    model = loader.load_stage(Path(spec.model_path), cfg, spec.start, spec.end, dtype, device)
+    return pages
+
+
+def load_stage(
+    spec: BlockSpec,
+    device: torch.device,
+    budget_bytes: int,
+    planned: tuple[config_mod.ModelConfig, int] | None = None,
+    tensors: dict[str, torch.Tensor] | None = None,
+) -> Stage:
+    """Load the block within `budget_bytes` of device memory (parameters plus KV pool),
+    from the checkpoint or from `tensors` (by checkpoint name, copied from a peer)."""
+    cfg, pbytes = planned or plan_bytes(spec, weights=tensors is None)  # validated by callers
+    pages = kv_pages(spec, cfg, pbytes, budget_bytes)
+    dtype = torch_dtype(spec.dtype)
+    if tensors is not None:
+        block_tensors.check(cfg, spec.start, spec.end, tensors)
+    model = loader.load_stage(
+        Path(spec.model_path), cfg, spec.start, spec.end, dtype, device, tensors
+    )
     layout = kv_cache.KVLayout(
-        n_layers, pages, spec.page_size, cfg.num_kv_heads, cfg.head_dim, dtype
+        spec.end - spec.start, pages, spec.page_size, cfg.num_kv_heads, cfg.head_dim, dtype
     )
     cache = kv_cache.PagedKVCache(layout, device)
     return Stage(spec, cfg, runner.StageRunner(model, cache, device), pbytes)

@@ -74,6 +74,11 @@ class AgentStub:
                 request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProfileRequest.SerializeToString,
                 response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProfileReply.FromString,
                 _registered_method=True)
+        self.FetchTensors = channel.unary_stream(
+                '/tessera.rpc.v1.Agent/FetchTensors',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.FetchTensorsRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.TensorChunk.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -138,6 +143,15 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchTensors(self, request, context):
+        """Stream tensors of a hosted block, by checkpoint name (e.g. "model.layers.3.mlp.up_proj.weight"),
+        in chunks. A peer agent calls it to copy a block (LoadBlock with a source) without
+        reading the checkpoint from storage; any sub-range of the hosted layers can be fetched.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -180,6 +194,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Profile,
                     request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProfileRequest.FromString,
                     response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProfileReply.SerializeToString,
+            ),
+            'FetchTensors': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchTensors,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.FetchTensorsRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.TensorChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -398,6 +417,33 @@ class Agent:
             '/tessera.rpc.v1.Agent/Profile',
             tessera_dot_rpc_dot_v1_dot_agent__pb2.ProfileRequest.SerializeToString,
             tessera_dot_rpc_dot_v1_dot_agent__pb2.ProfileReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchTensors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/FetchTensors',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.FetchTensorsRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.TensorChunk.FromString,
             options,
             channel_credentials,
             insecure,
