@@ -25,3 +25,10 @@ def test_bench_engine_quick(capsys: pytest.CaptureFixture[str]) -> None:
         "pipeline2_vs_single_b8",
     ):
         assert out[key] > 0
+
+
+def test_bench_copy_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "copy", "--json", "--quick"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["tokens_match"] is True
+    assert out["param_bytes"] > 0 and out["load_checkpoint_warm_s"] > 0 and out["load_peer_s"] > 0

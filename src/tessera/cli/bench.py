@@ -16,6 +16,7 @@ from typing import Any
 # bench name -> module implementing add_arguments(parser) and run(args) -> dict
 BENCHES: dict[str, str] = {
     "engine": "tessera_agent.bench_engine",
+    "copy": "tessera_agent.bench_copy",
     "serve": "tessera.cli.bench_serve",
     "planner": "tessera.planner.bench",
     "predictor": "tessera.workload.bench",
