@@ -64,6 +64,30 @@ def _hf_greedy(path: str, prompt: tuple[int, ...], new: int) -> tuple[int, ...]:
     return tuple(out[0, len(prompt) :].tolist())
 
 
+@functools.cache
+def _hf_greedy_logprobs(path: str, prompt: tuple[int, ...], new: int):  # type: ignore[no-untyped-def]
+    import torch
+
+    ids = torch.tensor([list(prompt)])
+    out = _hf_model(path).generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=new,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    logits = torch.cat([step.float() for step in out.logits])  # [new, vocab], raw
+    return tuple(out.sequences[0, len(prompt) :].tolist()), torch.log_softmax(logits, dim=-1)
+
+
+def hf_greedy_logprobs(path: Path, prompt: list[int], new: int):  # type: ignore[no-untyped-def]
+    """(greedy tokens, [new, vocab] log-softmax of the raw logits at each step) from
+    transformers `generate`, EOS ignored."""
+    return _hf_greedy_logprobs(str(path), tuple(prompt), new)
+
+
 def hf_greedy(path: Path, prompt: list[int], new: int) -> list[int]:
     """Greedy tokens from transformers `generate` (EOS ignored, so exactly `new` tokens)."""
     return list(_hf_greedy(str(path), tuple(prompt), new))

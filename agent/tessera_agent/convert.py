@@ -37,6 +37,8 @@ def sampling_to_proto(p: sampling.SamplingParams) -> pb.SamplingParams:
         seed=p.seed or 0,
         stop_token_ids=list(p.stop_token_ids),
         ignore_eos=p.ignore_eos,
+        has_logprobs=p.logprobs is not None,
+        logprobs=p.logprobs or 0,
     )
 
 
@@ -50,7 +52,21 @@ def sampling_from_proto(msg: pb.SamplingParams) -> sampling.SamplingParams:
         seed=msg.seed if msg.has_seed else None,
         stop_token_ids=tuple(msg.stop_token_ids),
         ignore_eos=msg.ignore_eos,
+        logprobs=msg.logprobs if msg.has_logprobs else None,
     )
+
+
+def logprobs_to_proto(lp: sampling.TokenLogprobs) -> pb.TokenLogprobs:
+    return pb.TokenLogprobs(
+        logprob=lp.logprob,
+        top_ids=[i for i, _ in lp.top],
+        top_logprobs=[v for _, v in lp.top],
+    )
+
+
+def logprobs_from_proto(msg: pb.TokenLogprobs) -> sampling.TokenLogprobs:
+    top = zip(msg.top_ids, msg.top_logprobs, strict=True)
+    return sampling.TokenLogprobs(msg.logprob, tuple((int(i), float(v)) for i, v in top))
 
 
 def step_to_proto(inp: step.StepInput) -> pb.StageMessage:
@@ -93,14 +109,25 @@ def result_to_proto(out: step.StepOutput) -> pb.StageResult:
     return pb.StageResult(
         step=pb.StageStepResult(
             step_id=out.step_id,
-            tokens=[pb.SampledToken(seq_id=s, token_id=t) for s, t in out.sampled.items()],
+            tokens=[
+                pb.SampledToken(
+                    seq_id=s,
+                    token_id=t,
+                    logprobs=logprobs_to_proto(out.logprobs[s]) if s in out.logprobs else None,
+                )
+                for s, t in out.sampled.items()
+            ],
         )
     )
 
 
 def result_from_proto(msg: pb.StageStepResult) -> step.StepOutput:
     return step.StepOutput(
-        step_id=msg.step_id, sampled={t.seq_id: int(t.token_id) for t in msg.tokens}
+        step_id=msg.step_id,
+        sampled={t.seq_id: int(t.token_id) for t in msg.tokens},
+        logprobs={
+            t.seq_id: logprobs_from_proto(t.logprobs) for t in msg.tokens if t.HasField("logprobs")
+        },
     )
 
 

@@ -297,6 +297,7 @@ class AgentServicer(pb_grpc.AgentServicer):
                     finish_reason=ev.finish_reason or "",
                     prompt_tokens=len(prompt),
                     completion_tokens=n,
+                    logprobs=[convert.logprobs_to_proto(ev.logprobs)] if ev.logprobs else [],
                 )
         except errors.EngineError as exc:
             outcome = grpc_status.code(exc).name.lower()

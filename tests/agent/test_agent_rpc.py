@@ -234,3 +234,37 @@ def test_cancel_by_disconnect_frees_pages(agents_factory: Start, tiny_llama: Pat
 def test_agent_rejects_gpu_without_driver() -> None:
     with pytest.raises(RuntimeError, match="no NVIDIA GPU"):
         local_agents.start_agent("gpu", devices="cuda:0")
+
+
+def test_logprobs_cross_the_pipeline(agents_factory: Start, tiny_llama: Path) -> None:
+    """Log-probabilities computed on the last stage reach the client through the stage
+    stream and Generate, equal to transformers' (one per token, top-N best first)."""
+    from tests.conftest import hf_greedy_logprobs
+
+    agents = agents_factory(2)
+    load_replica(agents, tiny_llama, [(0, 5), (5, 8)])
+    prompt = [0, 11, 22, 33]
+    params = pb.SamplingParams(max_tokens=NEW, ignore_eos=True, has_logprobs=True, logprobs=2)
+    req = pb.GenerateRequest(replica_id="r0", prompt_token_ids=prompt, params=params)
+    chunks = [c for c in _stub(agents[0]).Generate(req) if c.token_ids]
+    tokens, hf_lp = hf_greedy_logprobs(tiny_llama, prompt, NEW)
+    assert [t for c in chunks for t in c.token_ids] == list(tokens)
+    for t, c in enumerate(chunks):
+        (lp,) = c.logprobs
+        assert lp.logprob == pytest.approx(float(hf_lp[t, tokens[t]]), abs=1e-4)
+        assert list(lp.top_ids) == hf_lp[t].topk(2).indices.tolist()
+    plain = pb.GenerateRequest(
+        replica_id="r0", prompt_token_ids=prompt, params=pb.SamplingParams(max_tokens=2)
+    )
+    assert all(not c.logprobs for c in _stub(agents[0]).Generate(plain))
+    with pytest.raises(grpc.RpcError) as info:
+        list(
+            _stub(agents[0]).Generate(
+                pb.GenerateRequest(
+                    replica_id="r0",
+                    prompt_token_ids=prompt,
+                    params=pb.SamplingParams(max_tokens=2, has_logprobs=True, logprobs=50),
+                )
+            )
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]

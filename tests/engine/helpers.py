@@ -30,7 +30,9 @@ async def generate_many(
     params: list[sampling.SamplingParams] | sampling.SamplingParams,
     delays: list[float] | None = None,
     max_batched_tokens: int = 256,
+    sink: dict[int, list[scheduler.TokenEvent]] | None = None,
 ) -> tuple[list[list[int]], replica.ReplicaEngine]:
+    """Generate every prompt concurrently; token events land in `sink[i]` when given."""
     pool = concurrent.futures.ThreadPoolExecutor(1)
     connect = None
     if len(stages) > 1:
@@ -49,11 +51,13 @@ async def generate_many(
     async def one(i: int) -> list[int]:
         if delays:
             await asyncio.sleep(delays[i])
-        return [
-            ev.token
-            async for ev in eng.generate(f"seq{i}", prompts[i], plist[i])
-            if ev.token is not None
-        ]
+        out = []
+        async for ev in eng.generate(f"seq{i}", prompts[i], plist[i]):
+            if ev.token is not None:
+                out.append(ev.token)
+                if sink is not None:
+                    sink.setdefault(i, []).append(ev)
+        return out
 
     try:
         out = list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))

@@ -165,7 +165,7 @@ class ReplicaEngine:
                 if self._downstream is None:
                     raise errors.UnavailableError("downstream stage is not connected")
                 out = await self._downstream.submit(step.next_stage_input(planned.input, out))
-            events = self._sched.postprocess(planned, out.sampled)
+            events = self._sched.postprocess(planned, out.sampled, out.logprobs)
             self.steps += 1
         except asyncio.CancelledError:
             raise

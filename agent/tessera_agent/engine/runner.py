@@ -54,12 +54,21 @@ class StageRunner:
                 rows.append(end - 1)
                 ids.append(c.seq_id)
                 params.append(c.params)
-        sampled: dict[str, int] = {}
+        out = step.StepOutput(step_id=inp.step_id)
         if rows:
-            logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
+            logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)]).float()
             assert self.sampler is not None
-            sampled = dict(zip(ids, self.sampler.sample(logits.float(), ids, params), strict=True))
-        return step.StepOutput(step_id=inp.step_id, sampled=sampled)
+            tokens = self.sampler.sample(logits, ids, params)
+            out.sampled = dict(zip(ids, tokens, strict=True))
+            asked = [i for i, p in enumerate(params) if p.logprobs is not None]
+            if asked:
+                lps = sampling.token_logprobs(
+                    logits[torch.tensor(asked, device=self.device)],
+                    [tokens[i] for i in asked],
+                    [params[i].logprobs or 0 for i in asked],
+                )
+                out.logprobs = {ids[i]: lp for i, lp in zip(asked, lps, strict=True)}
+        return out
 
     def forget(self, seq_id: str) -> None:
         self.block_tables.pop(seq_id, None)

@@ -1,4 +1,5 @@
-"""Token sampling on the last stage: greedy, temperature, top-k, top-p, per-request seed.
+"""Token sampling on the last stage: greedy, temperature, top-k, top-p, per-request seed,
+and log-probabilities of the chosen tokens when a request asks for them.
 
 Called by `runner.py` with the logits of the rows to sample. Each seeded request owns a
 `torch.Generator`, kept by the last stage until the leader reports the sequence finished,
@@ -25,6 +26,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; N: the chosen token's and the top N's
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -35,10 +37,37 @@ class SamplingParams:
             raise errors.InvalidArgumentError("top_k: must be >= 0")
         if not 0.0 < self.top_p <= 1.0:
             raise errors.InvalidArgumentError("top_p: must be in (0, 1]")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise errors.InvalidArgumentError(f"logprobs: must be in [0, {MAX_LOGPROBS}]")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probability of a sampled token under the model (the raw logits' log-softmax,
+    before temperature, top-k or top-p), and the `n` most likely tokens with theirs."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], ns: list[int]) -> list[TokenLogprobs]:
+    """logits: [N, vocab] of the rows whose tokens were `tokens`; `ns[i]` alternatives."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, torch.tensor(tokens, dtype=torch.long, device=lp.device)[:, None])
+    k = max(ns, default=0)
+    top_v, top_i = torch.topk(lp, k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+    out = []
+    for row, n in enumerate(ns):
+        alts = zip(top_i[row, :n].tolist(), top_v[row, :n].tolist(), strict=True)
+        out.append(TokenLogprobs(float(chosen[row, 0]), tuple((int(i), float(v)) for i, v in alts)))
+    return out
 
 
 class Sampler:

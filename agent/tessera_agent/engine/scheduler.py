@@ -53,6 +53,7 @@ class TokenEvent:
     token: int | None
     finish_reason: str | None = None  # "stop", "length", "cancelled", "error" or None
     error: str | None = None  # why, when finish_reason is "error"
+    logprobs: sampling.TokenLogprobs | None = None  # of `token`, when the request asked
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,12 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     # -- results ----------------------------------------------------------------------
-    def postprocess(self, sched: ScheduledStep, sampled: dict[str, int]) -> list[TokenEvent]:
+    def postprocess(
+        self,
+        sched: ScheduledStep,
+        sampled: dict[str, int],
+        logprobs: dict[str, sampling.TokenLogprobs] | None = None,
+    ) -> list[TokenEvent]:
         events: list[TokenEvent] = []
         for seq, chunk in zip(sched.seqs, sched.input.chunks, strict=True):
             seq.in_flight = False
@@ -205,7 +211,8 @@ class Scheduler:
             token = sampled[seq.seq_id]
             seq.tokens.append(token)
             reason = self._stop_reason(seq, token)
-            events.append(TokenEvent(seq.seq_id, token, None))
+            lp = logprobs.get(seq.seq_id) if logprobs else None
+            events.append(TokenEvent(seq.seq_id, token, None, logprobs=lp))
             if reason is not None:
                 events.append(self._finish(seq, reason))
         return events

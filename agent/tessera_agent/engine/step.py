@@ -48,6 +48,7 @@ class StepOutput:
     step_id: int
     hidden: torch.Tensor | None = None
     sampled: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, sampling.TokenLogprobs] = field(default_factory=dict)  # if asked
 
 
 def next_stage_input(inp: StepInput, out: StepOutput) -> StepInput:
