@@ -330,3 +330,66 @@ async def test_stream_continues_on_another_replica_when_its_replica_dies(
         assert retries >= 1
     finally:
         await h.stop()
+
+
+async def test_logprobs_in_both_shapes_streamed_and_not(
+    gw: server.GatewayHandle, session: aiohttp.ClientSession, tiny_llama: Path, tok: Tokenizer
+) -> None:
+    from tests.conftest import hf_greedy_logprobs
+
+    text = "Once upon a time"
+    ids = tok.encode(text).ids
+    tokens, hf_lp = hf_greedy_logprobs(tiny_llama, ids, 6)
+
+    def token_text(i: int) -> str:
+        return str(tok.decode([i], skip_special_tokens=False))
+
+    # completions: the legacy shape, values equal to transformers' log-softmax
+    status, body = await helpers.post(session, gw.url + C, _greedy(text, 6, logprobs=2))
+    assert status == 200, body
+    lp = body["choices"][0]["logprobs"]
+    assert lp["tokens"] == [token_text(t) for t in tokens]
+    assert lp["token_logprobs"] == pytest.approx(
+        [float(hf_lp[i, t]) for i, t in enumerate(tokens)], abs=1e-4
+    )
+    for i, top in enumerate(lp["top_logprobs"]):
+        want = hf_lp[i].topk(2)
+        assert list(top) == [token_text(t) for t in want.indices.tolist()]
+        assert list(top.values()) == pytest.approx(want.values.tolist(), abs=1e-4)
+    offsets = [0]
+    for t in lp["tokens"][:-1]:
+        offsets.append(offsets[-1] + len(t))
+    assert lp["text_offset"] == offsets
+    # not asked: null, as before
+    status, body = await helpers.post(session, gw.url + C, _greedy(text, 6))
+    assert body["choices"][0]["logprobs"] is None
+    # chat, streamed: every token's entry arrives once, in order, with bytes and alternatives
+    messages = [{"role": "user", "content": "Hi"}]
+    events = await helpers.post_stream(
+        session, gw.url + CHAT, _greedy(messages, 6, logprobs=True, top_logprobs=3)
+    )
+    entries = [
+        e
+        for ev in events
+        if isinstance(ev, dict)
+        for ch in ev["choices"]
+        if ch["logprobs"]
+        for e in ch["logprobs"]["content"]
+    ]
+    assert len(entries) == 6
+    raw = b"".join(bytes(e["bytes"]) for e in entries)
+    assert raw.decode(errors="replace") == helpers.streamed_text(events)  # bytes rebuild it
+    for e in entries:
+        assert len(e["top_logprobs"]) == 3
+        assert e["logprob"] <= e["top_logprobs"][0]["logprob"] + 1e-6
+        assert e["top_logprobs"][0]["token"] == e["token"]  # greedy picks the best
+    # chat, buffered: the same entries
+    status, body = await helpers.post(
+        session, gw.url + CHAT, _greedy(messages, 6, logprobs=True, top_logprobs=3)
+    )
+    again = body["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in again] == [e["token"] for e in entries]
+    assert [e["logprob"] for e in again] == pytest.approx([e["logprob"] for e in entries])
+    # a bad count is a 400 naming the parameter
+    status, body = await helpers.post(session, gw.url + C, _greedy(text, 6, logprobs=99))
+    assert (status, body["error"]["param"]) == (400, "logprobs")

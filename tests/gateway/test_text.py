@@ -124,7 +124,9 @@ def test_request_validation() -> None:
         ({"model": "m", "prompt": "x", "top_p": 1.5}, 400, "top_p"),
         ({"model": "m", "prompt": "x", "top_k": -2}, 400, "top_k"),
         ({"model": "m", "prompt": "x", "n": 2}, 400, "n"),
-        ({"model": "m", "prompt": "x", "logprobs": 2}, 400, "logprobs"),
+        ({"model": "m", "prompt": "x", "logprobs": 21}, 400, "logprobs"),
+        ({"model": "m", "prompt": "x", "logprobs": -1}, 400, "logprobs"),
+        ({"model": "m", "prompt": "x", "logprobs": True}, 400, "logprobs"),
         ({"model": "m", "prompt": "x", "echo": True}, 400, "echo"),
         ({"model": "m", "prompt": "x", "stop": 3}, 400, "stop"),
         ({"model": "m", "prompt": "x", "stream_options": {}}, 400, "stream_options"),
@@ -147,6 +149,20 @@ def test_request_validation() -> None:
         "m",
     )
     assert ok_chat.messages == (request_params.ChatMessage("user", "ab"),)
+    assert ok_chat.sampling.logprobs is None
+    assert parse({"model": "m", "prompt": "x", "logprobs": 0}, "m").sampling.logprobs == 0
+    assert parse({"model": "m", "prompt": "x", "logprobs": 5}, "m").sampling.logprobs == 5
+    one = [{"role": "user", "content": "x"}]
+    asks = {"model": "m", "messages": one, "logprobs": True}
+    assert chat(asks, "m").sampling.logprobs == 0
+    assert chat({**asks, "top_logprobs": 4}, "m").sampling.logprobs == 4
+    assert chat({**asks, "logprobs": False}, "m").sampling.logprobs is None
+    for bad, param in (
+        ({**asks, "logprobs": False, "top_logprobs": 2}, "top_logprobs"),
+        ({**asks, "top_logprobs": 21}, "top_logprobs"),
+        ({**asks, "logprobs": 3}, "logprobs"),
+    ):
+        assert _err(chat, bad, "m").param == param, bad
     assert ok_chat.sampling.max_tokens == 4
     assert (
         chat(
@@ -201,3 +217,17 @@ def test_routes_file(tmp_path: Path) -> None:
     for obj, match in bad:
         with pytest.raises(ValueError, match=match):
             routes.parse(obj)
+
+
+def test_token_bytes_of_byte_level_and_byte_fallback_tokens(tiny_llama: Path) -> None:
+    from tokenizers import Tokenizer, models
+
+    from tessera.gateway import tokenizer
+
+    codec = tokenizer.TextCodec.load(tiny_llama)
+    text = "naïve café ✓"
+    ids = codec.encode(text, add_special_tokens=False)
+    assert b"".join(codec.token_bytes(i) for i in ids) == text.encode()
+    fallback = Tokenizer(models.WordLevel({"<0xE2>": 0, "hi": 1, "<unk>": 2}, unk_token="<unk>"))
+    sp = tokenizer.TextCodec(fallback)
+    assert sp.token_bytes(0) == b"\xe2" and sp.token_bytes(1) == b"hi"

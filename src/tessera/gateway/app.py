@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ from tessera.gateway import (
     chat_template,
     dispatch,
     errors,
+    logprobs,
     metrics,
     model_info,
     replicas,
@@ -141,11 +142,13 @@ class _Handlers:
         job = self._job(meta.id, prompt, sampling, started)
         self.s.metrics.prompt_tokens.inc(len(prompt))
         gen = text_stream.TextGeneration(self.s.dispatcher, self.s.codec.decode, job, sampling.stop)
+        shape = _LogprobShape(kind, self.s.codec) if sampling.logprobs is not None else None
         if stream:
-            return await _stream(request, gen, meta, include_usage)
+            return await _stream(request, gen, meta, include_usage, shape)
         result = await gen.complete()
         use = responses.usage(len(prompt), gen.completion_tokens)
-        body_out = responses.full(meta, result.text, result.finish_reason or "stop", use)
+        lp = shape.payload(result.logprobs) if shape else None
+        body_out = responses.full(meta, result.text, result.finish_reason or "stop", use, lp)
         return web.json_response(body_out), 200
 
     async def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
@@ -194,6 +197,7 @@ class _Handlers:
             stop_token_ids=tuple(sorted(stop_ids)),
             ignore_eos=p.ignore_eos,
             received_at=started,
+            logprobs=p.logprobs,
         )
 
     # -- inventory ----------------------------------------------------------------------
@@ -238,11 +242,30 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
+class _LogprobShape:
+    """Log-probabilities of one response in its endpoint's shape; for a completions
+    stream it keeps the running `text_offset`."""
+
+    def __init__(self, kind: str, codec: tokenizer.TextCodec) -> None:
+        self.kind, self.codec, self.offset = kind, codec, 0
+
+    def payload(self, entries: Sequence[dispatch.TokenLogprob]) -> dict[str, Any] | None:
+        if not entries:
+            return None
+        text = self.codec.token_text
+        if self.kind == "chat":
+            return logprobs.chat(entries, text, self.codec.token_bytes)
+        out = logprobs.completion(entries, text, self.offset)
+        self.offset += logprobs.text_length(entries, text)
+        return out
+
+
 async def _stream(
     request: web.Request,
     gen: text_stream.TextGeneration,
     meta: responses.Meta,
     include_usage: bool,
+    shape: _LogprobShape | None = None,
 ) -> tuple[web.StreamResponse, int]:
     """SSE response. Headers go out with the first text, so that failures (and retries on
     other replicas) before it still produce a plain HTTP error."""
@@ -256,8 +279,13 @@ async def _stream(
             lost.add(exc.replica_id)
     status = 200
 
-    def chunk(text: str | None, reason: str | None = None, role: bool = False) -> bytes:
-        return responses.sse(responses.chunk(meta, text, reason, role, include_usage))
+    def chunk(
+        text: str | None,
+        reason: str | None = None,
+        role: bool = False,
+        lp: dict[str, Any] | None = None,
+    ) -> bytes:
+        return responses.sse(responses.chunk(meta, text, reason, role, include_usage, lp))
 
     async with contextlib.aclosing(events):
         resp = web.StreamResponse(
@@ -269,10 +297,12 @@ async def _stream(
         ev = first
         try:
             while ev is not None:
+                lp = shape.payload(ev.logprobs) if shape else None
                 if ev.text:
-                    await resp.write(chunk(ev.text))
+                    await resp.write(chunk(ev.text, lp=lp))
+                    lp = None
                 if ev.finish_reason is not None:
-                    await resp.write(chunk(None, ev.finish_reason))
+                    await resp.write(chunk(None, ev.finish_reason, lp=lp))
                     break
                 ev = await anext(events, None)
             if include_usage:

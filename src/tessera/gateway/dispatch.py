@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -47,6 +47,7 @@ class Job:
     stop_token_ids: tuple[int, ...]
     ignore_eos: bool
     received_at: float  # monotonic time the HTTP request arrived (for TTFT)
+    logprobs: int | None = None  # None: not asked; N: each token's and the top N's
 
     def request(self, replica_id: str, attempt: int) -> pb.GenerateRequest:
         return pb.GenerateRequest(
@@ -62,8 +63,19 @@ class Job:
                 seed=self.seed or 0,
                 stop_token_ids=list(self.stop_token_ids),
                 ignore_eos=self.ignore_eos,
+                has_logprobs=self.logprobs is not None,
+                logprobs=self.logprobs or 0,
             ),
         )
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability and the top alternatives (id, logprob)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,7 @@ class Chunk:
     token_ids: tuple[int, ...]
     finish_reason: str | None
     replica_id: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when the job asked
 
 
 class ReplicaLost(Exception):
@@ -165,7 +178,7 @@ class Dispatcher:
                     self._metrics.generation_tokens.inc(len(ids))
                     self._router.progress(ticket, len(ids))
                     self._metrics.outstanding.labels(rid).set(self._router.outstanding(rid))
-                yield Chunk(ids, reason, rid)
+                yield Chunk(ids, reason, rid, _logprobs(ids, msg.logprobs))
                 if reason is not None:
                     return
             self._replicas.mark_failed(rid, "stream ended without a finish reason")
@@ -181,6 +194,13 @@ class Dispatcher:
             call.cancel()  # no-op once the call ended; frees the agent's pages otherwise
             self._router.release(ticket)
             self._metrics.outstanding.labels(rid).set(self._router.outstanding(rid))
+
+
+def _logprobs(ids: tuple[int, ...], msgs: Sequence[pb.TokenLogprobs]) -> tuple[TokenLogprob, ...]:
+    return tuple(
+        TokenLogprob(t, m.logprob, tuple(zip(m.top_ids, m.top_logprobs, strict=True)))
+        for t, m in zip(ids, msgs, strict=False)
+    )
 
 
 def _continuation(job: Job, generated: list[int]) -> Job:

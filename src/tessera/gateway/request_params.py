@@ -3,9 +3,10 @@
 Called by the handlers in `app.py` for `/v1/completions` and `/v1/chat/completions`.
 Defaults follow OpenAI: `temperature` 1.0, `top_p` 1.0, `max_tokens` 16 for completions
 and "the rest of the context" for chat. Extensions: `top_k` (0 or -1 = off) and
-`ignore_eos`. Parameters the gateway cannot honour (`n` > 1, `logprobs`, `echo`, penalties,
-`logit_bias`, tools, ...) are rejected with 400 rather than silently ignored; unknown
-fields and `user` are ignored.
+`ignore_eos`. Log-probabilities: `logprobs` (0-20 alternatives) for completions,
+`logprobs: true` plus `top_logprobs` (0-20) for chat. Parameters the gateway cannot honour
+(`n` > 1, `echo`, penalties, `logit_bias`, tools, ...) are rejected with 400 rather than
+silently ignored; unknown fields and `user` are ignored.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from tessera.gateway import errors
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+MAX_LOGPROBS = 20  # alternatives per token, as the agents allow
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -32,6 +34,7 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: not asked; N: each token's and the top N's
 
 
 @dataclass(frozen=True)
@@ -76,9 +79,14 @@ def parse_completion(body: Mapping[str, Any], served: str) -> CompletionRequest:
     check_model(body, served)
     _reject_unsupported(body, ("echo", "suffix", "best_of"))
     stream, include_usage = _stream(body)
+    logprobs = _opt_int(body, "logprobs")
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise errors.bad_request(
+            f"logprobs: must be in [0, {MAX_LOGPROBS}], got {logprobs}", "logprobs"
+        )
     return CompletionRequest(
         prompt=_prompt(body.get("prompt")),
-        sampling=_sampling(body, COMPLETIONS_DEFAULT_MAX_TOKENS, "max_tokens"),
+        sampling=_sampling(body, COMPLETIONS_DEFAULT_MAX_TOKENS, "max_tokens", logprobs),
         stream=stream,
         include_usage=include_usage,
     )
@@ -86,7 +94,7 @@ def parse_completion(body: Mapping[str, Any], served: str) -> CompletionRequest:
 
 def parse_chat(body: Mapping[str, Any], served: str) -> ChatRequest:
     check_model(body, served)
-    _reject_unsupported(body, ("top_logprobs", "tools", "tool_choice", "functions"))
+    _reject_unsupported(body, ("tools", "tool_choice", "functions"))
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
         raise errors.bad_request(
@@ -96,7 +104,7 @@ def parse_chat(body: Mapping[str, Any], served: str) -> ChatRequest:
     stream, include_usage = _stream(body)
     return ChatRequest(
         messages=_messages(body.get("messages")),
-        sampling=_sampling(body, None, key),
+        sampling=_sampling(body, None, key, _chat_logprobs(body)),
         stream=stream,
         include_usage=include_usage,
     )
@@ -105,7 +113,21 @@ def parse_chat(body: Mapping[str, Any], served: str) -> ChatRequest:
 # -- fields -------------------------------------------------------------------------------
 
 
-def _sampling(body: Mapping[str, Any], default_max: int | None, max_key: str) -> Sampling:
+def _chat_logprobs(body: Mapping[str, Any]) -> int | None:
+    wanted = _bool(body, "logprobs", False)
+    top = _opt_int(body, "top_logprobs")
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise errors.bad_request(
+            f"top_logprobs: must be in [0, {MAX_LOGPROBS}], got {top}", "top_logprobs"
+        )
+    if top and not wanted:
+        raise errors.bad_request("top_logprobs: requires logprobs to be true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _sampling(
+    body: Mapping[str, Any], default_max: int | None, max_key: str, logprobs: int | None
+) -> Sampling:
     n = _int(body, "n", 1)
     if n != 1:
         raise errors.bad_request("n: only 1 is supported", "n")
@@ -131,6 +153,7 @@ def _sampling(body: Mapping[str, Any], default_max: int | None, max_key: str) ->
         seed=_opt_int(body, "seed"),
         stop=_stop(body.get("stop")),
         ignore_eos=_bool(body, "ignore_eos", False),
+        logprobs=logprobs,
     )
 
 
@@ -217,7 +240,7 @@ def _stop(value: object) -> tuple[str, ...]:
 
 
 def _reject_unsupported(body: Mapping[str, Any], extra: tuple[str, ...]) -> None:
-    for key in ("logprobs", "logit_bias", "presence_penalty", "frequency_penalty", *extra):
+    for key in ("logit_bias", "presence_penalty", "frequency_penalty", *extra):
         value = body.get(key)
         if value in (None, False, 0, {}, [], "") or (key == "best_of" and value == 1):
             continue

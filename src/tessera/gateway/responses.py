@@ -32,18 +32,24 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def full(meta: Meta, text: str, finish_reason: str, use: dict[str, int]) -> dict[str, Any]:
-    """A non-streamed response."""
+def full(
+    meta: Meta,
+    text: str,
+    finish_reason: str,
+    use: dict[str, int],
+    logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A non-streamed response; `logprobs` already in the endpoint's shape."""
     if meta.kind == "chat":
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": finish_reason,
         }
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         obj = "text_completion"
     return {
         "id": meta.id,
@@ -61,6 +67,7 @@ def chunk(
     finish_reason: str | None = None,
     role: bool = False,
     with_usage_field: bool = False,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One streamed chunk; for chat, `role=True` opens the assistant message."""
     if meta.kind == "chat":
@@ -72,12 +79,17 @@ def chunk(
         choice: dict[str, Any] = {
             "index": 0,
             "delta": delta,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": finish_reason,
         }
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {
+            "index": 0,
+            "text": text or "",
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
         obj = "text_completion"
     body = {
         "id": meta.id,

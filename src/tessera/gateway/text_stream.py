@@ -21,6 +21,7 @@ class TextEvent:
 
     text: str
     finish_reason: str | None = None
+    logprobs: tuple[dispatch.TokenLogprob, ...] = ()  # of the tokens since the last event
 
 
 class TextGeneration:
@@ -46,34 +47,39 @@ class TextGeneration:
         detok = detokenize.IncrementalDetokenizer(self._decode, self.job.prompt_ids)
         matcher = stop_strings.StopMatcher(self._stops)
         self.completion_tokens = 0
+        pending: list[dispatch.TokenLogprob] = []  # held back with text not yet emitted
         async with contextlib.aclosing(self._dispatcher.generate(self.job, exclude)) as chunks:
             async for chunk in chunks:
                 self.completion_tokens += len(chunk.token_ids)
+                pending.extend(chunk.logprobs)
                 text = matcher.feed(detok.add(chunk.token_ids))
                 if chunk.finish_reason is not None and not matcher.stopped:
                     text += matcher.feed(detok.flush())
                     if not matcher.stopped:
                         text += matcher.flush()
                 if matcher.stopped:
-                    yield TextEvent(text, "stop")
+                    yield TextEvent(text, "stop", tuple(pending))
                     return
                 if chunk.finish_reason is not None:
-                    yield TextEvent(text, chunk.finish_reason)
+                    yield TextEvent(text, chunk.finish_reason, tuple(pending))
                     return
                 if text:
-                    yield TextEvent(text)
+                    yield TextEvent(text, None, tuple(pending))
+                    pending.clear()
 
     async def complete(self) -> TextEvent:
         """The whole completion; a replica lost mid-way restarts it on another replica."""
         lost: set[str] = set()
         while True:
             parts: list[str] = []
+            logprobs: list[dispatch.TokenLogprob] = []
             reason: str | None = None
             try:
                 async with contextlib.aclosing(self.events(frozenset(lost))) as events:
                     async for ev in events:
                         parts.append(ev.text)
+                        logprobs.extend(ev.logprobs)
                         reason = ev.finish_reason or reason
-                return TextEvent("".join(parts), reason or "stop")
+                return TextEvent("".join(parts), reason or "stop", tuple(logprobs))
             except dispatch.ReplicaLost as exc:
                 lost.add(exc.replica_id)

@@ -6,10 +6,28 @@ handlers (prompts, stop strings) and, through `decode`, by `detokenize.py`.
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback
+
+
+@functools.cache
+def _byte_level_decoder() -> dict[str, int]:
+    """The byte-level BPE alphabet (GPT-2's printable stand-ins for the 256 bytes)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
 
 
 class TextCodec:
@@ -31,6 +49,20 @@ class TextCodec:
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=True))
+
+    def token_text(self, token_id: int) -> str:
+        """One token's own text, special tokens included (for log-probability listings)."""
+        return str(self._tok.decode([token_id], skip_special_tokens=False))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes a token stands for, even when they are part of a character."""
+        piece = self._tok.id_to_token(token_id) or ""
+        table = _byte_level_decoder()
+        if isinstance(self._tok.decoder, decoders.ByteLevel) and all(c in table for c in piece):
+            return bytes(table[c] for c in piece)
+        if m := _BYTE_TOKEN.fullmatch(piece):
+            return bytes([int(m.group(1), 16)])
+        return self.token_text(token_id).encode()
 
     def single_token(self, text: str) -> int | None:
         """The id of `text` if it is exactly one token (stop strings become stop tokens)."""
