@@ -393,3 +393,50 @@ async def test_logprobs_in_both_shapes_streamed_and_not(
     # a bad count is a 400 naming the parameter
     status, body = await helpers.post(session, gw.url + C, _greedy(text, 6, logprobs=99))
     assert (status, body["error"]["param"]) == (400, "logprobs")
+
+
+async def test_n_choices_buffered_and_streamed(
+    gw: server.GatewayHandle, session: aiohttp.ClientSession, tiny_llama: Path, tok: Tokenizer
+) -> None:
+    text = "The quick brown fox"
+    ids = tok.encode(text).ids
+    # greedy: every choice is transformers' greedy text
+    status, body = await helpers.post(session, gw.url + C, {**_greedy(text, 8), "n": 2})
+    assert status == 200, body
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    want = _expected(tiny_llama, tok, ids, 8)
+    assert [c["text"] for c in body["choices"]] == [want, want]
+    assert body["usage"]["completion_tokens"] == 16 and body["usage"]["prompt_tokens"] == len(ids)
+    # seeded sampling: choice i is the single request with seed + i
+    sampled = {"model": helpers.MODEL, "prompt": text, "max_tokens": 8, "ignore_eos": True}
+    sampled |= {"temperature": 1.0, "seed": 5}
+    status, body = await helpers.post(session, gw.url + C, {**sampled, "n": 3})
+    assert status == 200, body
+    singles = []
+    for i in range(3):
+        _, one = await helpers.post(session, gw.url + C, {**sampled, "seed": 5 + i})
+        singles.append(one["choices"][0]["text"])
+    assert [c["text"] for c in body["choices"]] == singles
+    assert len(set(singles)) > 1  # different seeds, different samples
+    # streamed chat: both choices open, interleave, finish, and rebuild the buffered texts
+    messages = [{"role": "user", "content": "Hi"}]
+    chat_body = {**sampled, "messages": messages, "n": 2}
+    del chat_body["prompt"]
+    events = await helpers.post_stream(
+        session, gw.url + CHAT, {**chat_body, "stream_options": {"include_usage": True}}
+    )
+    texts = {0: "", 1: ""}
+    finished, opened = set(), set()
+    for ev in events:
+        if not isinstance(ev, dict) or not ev["choices"]:
+            continue
+        (ch,) = ev["choices"]
+        if ch["delta"].get("role"):
+            opened.add(ch["index"])
+        texts[ch["index"]] += ch["delta"].get("content") or ""
+        if ch["finish_reason"]:
+            finished.add(ch["index"])
+    assert opened == finished == {0, 1}
+    assert events[-2]["usage"]["completion_tokens"] == 16
+    _, buffered = await helpers.post(session, gw.url + CHAT, chat_body)
+    assert [c["message"]["content"] for c in buffered["choices"]] == [texts[0], texts[1]]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -24,6 +25,7 @@ from aiohttp import web
 
 from tessera.gateway import (
     chat_template,
+    choices,
     dispatch,
     errors,
     logprobs,
@@ -141,15 +143,27 @@ class _Handlers:
         meta = responses.Meta(kind, prefix + uuid.uuid4().hex, int(time.time()), self.s.model_name)
         job = self._job(meta.id, prompt, sampling, started)
         self.s.metrics.prompt_tokens.inc(len(prompt))
-        gen = text_stream.TextGeneration(self.s.dispatcher, self.s.codec.decode, job, sampling.stop)
-        shape = _LogprobShape(kind, self.s.codec) if sampling.logprobs is not None else None
+        gens = [
+            text_stream.TextGeneration(
+                self.s.dispatcher, self.s.codec.decode, _nth(job, i), sampling.stop
+            )
+            for i in range(sampling.n)
+        ]
+        shapes = [
+            _LogprobShape(kind, self.s.codec) if sampling.logprobs is not None else None
+            for _ in gens
+        ]
         if stream:
-            return await _stream(request, gen, meta, include_usage, shape)
-        result = await gen.complete()
-        use = responses.usage(len(prompt), gen.completion_tokens)
-        lp = shape.payload(result.logprobs) if shape else None
-        body_out = responses.full(meta, result.text, result.finish_reason or "stop", use, lp)
-        return web.json_response(body_out), 200
+            return await _stream(request, gens, meta, include_usage, shapes)
+        results = await asyncio.gather(*(g.complete() for g in gens))
+        use = responses.usage(len(prompt), sum(g.completion_tokens for g in gens))
+        choices = [
+            responses.Choice(
+                r.text, r.finish_reason or "stop", shape.payload(r.logprobs) if shape else None
+            )
+            for r, shape in zip(results, shapes, strict=True)
+        ]
+        return web.json_response(responses.full(meta, choices, use)), 200
 
     async def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         if len(text) < INLINE_TOKENIZE_CHARS:
@@ -242,6 +256,14 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
+def _nth(job: dispatch.Job, i: int) -> dispatch.Job:
+    """Choice `i` of a request: its own agent request id, and seed + i when seeded."""
+    if i == 0:
+        return job
+    seed = None if job.seed is None else job.seed + i
+    return dataclasses.replace(job, request_id=f"{job.request_id}-{i}", seed=seed)
+
+
 class _LogprobShape:
     """Log-probabilities of one response in its endpoint's shape; for a completions
     stream it keeps the running `text_offset`."""
@@ -262,30 +284,31 @@ class _LogprobShape:
 
 async def _stream(
     request: web.Request,
-    gen: text_stream.TextGeneration,
+    gens: list[text_stream.TextGeneration],
     meta: responses.Meta,
     include_usage: bool,
-    shape: _LogprobShape | None = None,
+    shapes: list[_LogprobShape | None],
 ) -> tuple[web.StreamResponse, int]:
-    """SSE response. Headers go out with the first text, so that failures (and retries on
-    other replicas) before it still produce a plain HTTP error."""
-    lost: set[str] = set()
-    while True:
-        events = gen.events(frozenset(lost))
-        try:
-            first = await anext(events, None)
-            break
-        except dispatch.ReplicaLost as exc:  # tokens came but no text yet: start over
-            lost.add(exc.replica_id)
+    """SSE response of every choice, interleaved. Headers go out with the first text, so
+    that failures (and retries on other replicas) before it still produce a plain HTTP
+    error."""
+    events = choices.merged(gens)
+    try:
+        first = await anext(events, None)
+    except BaseException:
+        await events.aclose()
+        raise
     status = 200
 
     def chunk(
+        index: int,
         text: str | None,
         reason: str | None = None,
         role: bool = False,
         lp: dict[str, Any] | None = None,
     ) -> bytes:
-        return responses.sse(responses.chunk(meta, text, reason, role, include_usage, lp))
+        body = responses.chunk(meta, text, reason, role, include_usage, lp, index)
+        return responses.sse(body)
 
     async with contextlib.aclosing(events):
         resp = web.StreamResponse(
@@ -293,20 +316,23 @@ async def _stream(
         )
         await resp.prepare(request)
         if meta.kind == "chat":
-            await resp.write(chunk("", role=True))
-        ev = first
+            for i in range(len(gens)):
+                await resp.write(chunk(i, "", role=True))
+        item = first
         try:
-            while ev is not None:
+            while item is not None:
+                i, ev = item.index, item.event
+                shape = shapes[i]
                 lp = shape.payload(ev.logprobs) if shape else None
                 if ev.text:
-                    await resp.write(chunk(ev.text, lp=lp))
+                    await resp.write(chunk(i, ev.text, lp=lp))
                     lp = None
                 if ev.finish_reason is not None:
-                    await resp.write(chunk(None, ev.finish_reason, lp=lp))
-                    break
-                ev = await anext(events, None)
+                    await resp.write(chunk(i, None, ev.finish_reason, lp=lp))
+                item = await anext(events, None)
             if include_usage:
-                use = responses.usage(len(gen.job.prompt_ids), gen.completion_tokens)
+                done = sum(g.completion_tokens for g in gens)
+                use = responses.usage(len(gens[0].job.prompt_ids), done)
                 await resp.write(responses.sse(responses.usage_chunk(meta, use)))
         except errors.ApiError as exc:
             status = exc.status

@@ -4,8 +4,9 @@ Called by the handlers in `app.py` for `/v1/completions` and `/v1/chat/completio
 Defaults follow OpenAI: `temperature` 1.0, `top_p` 1.0, `max_tokens` 16 for completions
 and "the rest of the context" for chat. Extensions: `top_k` (0 or -1 = off) and
 `ignore_eos`. Log-probabilities: `logprobs` (0-20 alternatives) for completions,
-`logprobs: true` plus `top_logprobs` (0-20) for chat. Parameters the gateway cannot honour
-(`n` > 1, `echo`, penalties, `logit_bias`, tools, ...) are rejected with 400 rather than
+`logprobs: true` plus `top_logprobs` (0-20) for chat; `n` (1-16) choices, each generated on
+its own (seed + index when a seed is given). Parameters the gateway cannot honour
+(`best_of` > 1, `echo`, penalties, `logit_bias`, tools, ...) are rejected with 400 rather than
 silently ignored; unknown fields and `user` are ignored.
 """
 
@@ -20,6 +21,7 @@ from tessera.gateway import errors
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MAX_LOGPROBS = 20  # alternatives per token, as the agents allow
+MAX_CHOICES = 16  # `n`
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -35,6 +37,7 @@ class Sampling:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: not asked; N: each token's and the top N's
+    n: int = 1  # choices, each its own generation (seed + index when seeded)
 
 
 @dataclass(frozen=True)
@@ -129,8 +132,8 @@ def _sampling(
     body: Mapping[str, Any], default_max: int | None, max_key: str, logprobs: int | None
 ) -> Sampling:
     n = _int(body, "n", 1)
-    if n != 1:
-        raise errors.bad_request("n: only 1 is supported", "n")
+    if not 1 <= n <= MAX_CHOICES:
+        raise errors.bad_request(f"n: must be in [1, {MAX_CHOICES}], got {n}", "n")
     max_tokens = _opt_int(body, max_key)
     if max_tokens is None:
         max_tokens = default_max
@@ -154,6 +157,7 @@ def _sampling(
         stop=_stop(body.get("stop")),
         ignore_eos=_bool(body, "ignore_eos", False),
         logprobs=logprobs,
+        n=n,
     )
 
 

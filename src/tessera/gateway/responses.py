@@ -32,31 +32,31 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def full(
-    meta: Meta,
-    text: str,
-    finish_reason: str,
-    use: dict[str, int],
-    logprobs: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A non-streamed response; `logprobs` already in the endpoint's shape."""
-    if meta.kind == "chat":
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": logprobs,
-            "finish_reason": finish_reason,
-        }
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        obj = "text_completion"
+@dataclass(frozen=True)
+class Choice:
+    """One finished choice of a non-streamed response."""
+
+    text: str
+    finish_reason: str
+    logprobs: dict[str, Any] | None = None  # already in the endpoint's shape
+
+
+def full(meta: Meta, choices: list[Choice], use: dict[str, int]) -> dict[str, Any]:
+    """A non-streamed response."""
+    out: list[dict[str, Any]] = []
+    for i, c in enumerate(choices):
+        body: dict[str, Any] = {"index": i}
+        if meta.kind == "chat":
+            body["message"] = {"role": "assistant", "content": c.text}
+        else:
+            body["text"] = c.text
+        out.append({**body, "logprobs": c.logprobs, "finish_reason": c.finish_reason})
     return {
         "id": meta.id,
-        "object": obj,
+        "object": "chat.completion" if meta.kind == "chat" else "text_completion",
         "created": meta.created,
         "model": meta.model,
-        "choices": [choice],
+        "choices": out,
         "usage": use,
     }
 
@@ -68,8 +68,9 @@ def chunk(
     role: bool = False,
     with_usage_field: bool = False,
     logprobs: dict[str, Any] | None = None,
+    index: int = 0,
 ) -> dict[str, Any]:
-    """One streamed chunk; for chat, `role=True` opens the assistant message."""
+    """One streamed chunk of choice `index`; for chat, `role=True` opens its message."""
     if meta.kind == "chat":
         delta: dict[str, Any] = {}
         if role:
@@ -77,7 +78,7 @@ def chunk(
         if text is not None:
             delta["content"] = text
         choice: dict[str, Any] = {
-            "index": 0,
+            "index": index,
             "delta": delta,
             "logprobs": logprobs,
             "finish_reason": finish_reason,
@@ -85,7 +86,7 @@ def chunk(
         obj = "chat.completion.chunk"
     else:
         choice = {
-            "index": 0,
+            "index": index,
             "text": text or "",
             "logprobs": logprobs,
             "finish_reason": finish_reason,
