@@ -70,6 +70,16 @@ class _StateCollector(Collector):
         preempt = CounterMetricFamily(
             "tessera_agent_preemptions", "Sequences preempted for KV pages", labels=["replica"]
         )
+        hits = CounterMetricFamily(
+            "tessera_agent_prefix_cache_hit_tokens",
+            "Prompt tokens whose KV came from the prefix cache",
+            labels=["replica"],
+        )
+        cached = GaugeMetricFamily(
+            "tessera_agent_prefix_cache_pages",
+            "Full KV pages registered in the prefix cache (held or evictable)",
+            labels=["replica"],
+        )
         steps = CounterMetricFamily(
             "tessera_agent_replica_steps",
             "Scheduler steps completed by a replica",
@@ -85,8 +95,23 @@ class _StateCollector(Collector):
                 running.add_metric([rid], s.running)
                 waiting.add_metric([rid], s.waiting)
                 preempt.add_metric([rid], s.preemptions)
+                hits.add_metric([rid], s.prefix_hit_tokens)
+                cached.add_metric([rid], s.cached_pages)
                 steps.add_metric([rid], h.leader.steps)
-        yield from (cap, free, params, kvb, total, used, running, waiting, preempt, steps)
+        yield from (
+            cap,
+            free,
+            params,
+            kvb,
+            total,
+            used,
+            running,
+            waiting,
+            preempt,
+            hits,
+            cached,
+            steps,
+        )
 
 
 class AgentMetrics:

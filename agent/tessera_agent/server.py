@@ -33,6 +33,7 @@ class AgentConfig:
     devices: str = "cpu:1x4GiB"
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     metrics_port: int = 0  # Prometheus /metrics port; 0 = off
+    prefix_caching: bool = True  # replicas led here reuse KV pages of computed prefixes
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -48,7 +49,9 @@ async def serve(cfg: AgentConfig) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     server = transport.server()
-    svc = servicer.AgentServicer(cfg.agent_id, devs, nvml_status, VERSION)
+    svc = servicer.AgentServicer(
+        cfg.agent_id, devs, nvml_status, VERSION, prefix_caching=cfg.prefix_caching
+    )
     pb_grpc.add_AgentServicer_to_server(svc, server)
     health_svc = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_svc, server)

@@ -36,9 +36,15 @@ log = logging.getLogger(__name__)
 
 class AgentServicer(pb_grpc.AgentServicer):
     def __init__(
-        self, agent_id: str, devs: list[devices.Device], nvml_status: str, version: str
+        self,
+        agent_id: str,
+        devs: list[devices.Device],
+        nvml_status: str,
+        version: str,
+        prefix_caching: bool = True,
     ) -> None:
         self.agent_id, self.nvml_status, self.version = agent_id, nvml_status, version
+        self.prefix_caching = prefix_caching
         self.devices = {d.id: d for d in devs}
         self.hosted: dict[tuple[str, int], hosted.Hosted] = {}
         self.compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compute")
@@ -200,6 +206,7 @@ class AgentServicer(pb_grpc.AgentServicer):
             max_batched_tokens=req.max_batched_tokens or 256,
             max_model_len=st.cfg.max_positions,
             eos_token_ids=st.cfg.eos_token_ids,
+            prefix_caching=self.prefix_caching,
         )
         connect = None
         if h.num_stages > 1:

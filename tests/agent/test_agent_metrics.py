@@ -45,3 +45,27 @@ def test_metrics_endpoint(tiny_llama: Path) -> None:
     assert _value(text, 'tessera_agent_kv_pages_total{replica="r0"}') > 0
     assert _value(text, 'tessera_agent_device_capacity_bytes{device="cpu:0"}') == 512 << 20
     assert _value(text, 'tessera_agent_replica_steps_total{replica="r0"}') >= 5
+
+
+@pytest.mark.parametrize("caching", [True, False], ids=["prefix-caching", "no-prefix-caching"])
+def test_prefix_cache_hits_are_counted_and_can_be_turned_off(
+    tiny_llama: Path, caching: bool
+) -> None:
+    from tests.conftest import hf_greedy
+
+    port = _free_port()
+    extra = ["--metrics-port", str(port)] + ([] if caching else ["--no-prefix-caching"])
+    agent = local_agents.start_agent("pc", "cpu:1x512MiB", extra_args=extra)
+    prefix = [0, *range(100, 140)]  # 41 tokens: 2 full pages of 16
+    prompts = [[*prefix, 7, 8], [*prefix, 9]]
+    try:
+        local_agents.load_pipeline([agent], str(tiny_llama), [(0, 8)], "r0")
+        for p in prompts:  # one after the other: the second finds the first's pages
+            assert generate(agent, p, max_tokens=6)[0] == hf_greedy(tiny_llama, p, 6)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    finally:
+        local_agents.stop_agent(agent)
+    hits = _value(text, 'tessera_agent_prefix_cache_hit_tokens_total{replica="r0"}')
+    assert hits == (32 if caching else 0)
+    assert (_value(text, 'tessera_agent_prefix_cache_pages{replica="r0"}') > 0) == caching

@@ -1,32 +1,59 @@
-"""Page allocator of a replica: which KV pages each sequence owns.
+"""Page allocator of a replica: which KV pages each sequence owns, and a prefix cache.
 
 Owned by the replica leader's scheduler. Every stage of the replica has a pool of at
 least `num_pages` pages of the same page size, so one allocator's block tables are valid
 on every stage (as in vLLM's pipeline-parallel design); stages just follow them.
+
+Prefix caching (automatic, at page granularity): once every stage has computed a full
+page of a sequence, the page is registered under a key naming all the tokens up to its end
+(the key of the page before it plus its own tokens; compared exactly, not by a hash, so
+two different prefixes never share a page). A new sequence whose prompt starts
+with registered pages shares them (reference counts) and starts computing after them.
+Shared pages are only ever read: a sequence writes beyond its cached prefix, into pages of
+its own. Pages nobody holds stay cached until they are needed: fresh pages are taken
+first, then the least recently released cached page is evicted.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Sequence
+
+Key = Hashable  # (key of the previous page or None, this page's tokens)
+
+
+def _page_key(parent: Key | None, tokens: Sequence[int]) -> Key:
+    return (parent, tuple(tokens))
 
 
 class PageAllocator:
-    """Free list of page ids plus each sequence's ordered block table."""
+    """Free pages, each sequence's ordered block table, and the cached full pages."""
 
-    def __init__(self, num_pages: int, page_size: int) -> None:
+    def __init__(self, num_pages: int, page_size: int, prefix_caching: bool = True) -> None:
         if num_pages < 1:
             raise ValueError("num_pages: the KV pool has no page; give the device more memory")
         self.num_pages, self.page_size = num_pages, page_size
-        self._free: deque[int] = deque(range(num_pages))
+        self.prefix_caching = prefix_caching
+        self._free: deque[int] = deque(range(num_pages))  # never cached, or evicted
         self._tables: dict[str, list[int]] = {}
+        self._refs: dict[int, int] = {}  # pages held by sequences -> how many hold them
+        self._key_of: dict[int, Key] = {}  # registered page -> its prefix key
+        self._page_of: dict[Key, int] = {}  # prefix key -> registered page
+        self._cached_free: OrderedDict[int, None] = OrderedDict()  # registered, unheld (LRU)
+        self._keys: dict[str, list[Key]] = {}  # per sequence: keys of its full pages so far
 
     @property
     def free_pages(self) -> int:
-        return len(self._free)
+        """Pages a new sequence can get (fresh ones plus evictable cached ones)."""
+        return len(self._free) + len(self._cached_free)
 
     @property
     def used_pages(self) -> int:
-        return self.num_pages - len(self._free)
+        return self.num_pages - self.free_pages
+
+    @property
+    def cached_pages(self) -> int:
+        return len(self._page_of)
 
     def pages_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
@@ -34,10 +61,54 @@ class PageAllocator:
     def block_table(self, seq_id: str) -> list[int]:
         return self._tables.get(seq_id, [])
 
+    # -- prefix cache -------------------------------------------------------------------
+    def share_prefix(self, seq_id: str, tokens: Sequence[int]) -> int:
+        """Give a sequence with no pages yet the cached pages its tokens start with;
+        returns the number of tokens they hold (always fewer than `len(tokens)`, so the
+        last token is computed and sampled from)."""
+        if not self.prefix_caching or self._tables.get(seq_id):
+            return 0
+        ps = self.page_size
+        pages: list[int] = []
+        keys: list[Key] = []
+        parent: Key | None = None
+        for i in range((len(tokens) - 1) // ps):
+            key = _page_key(parent, tokens[i * ps : (i + 1) * ps])
+            page = self._page_of.get(key)
+            if page is None:
+                break
+            pages.append(page)
+            keys.append(key)
+            parent = key
+        if not pages:
+            return 0
+        for page in pages:
+            self._hold(page)
+        self._tables[seq_id] = pages
+        self._keys[seq_id] = keys
+        return len(pages) * ps
+
+    def register(self, seq_id: str, tokens: Sequence[int], num_computed: int) -> None:
+        """Register the sequence's full pages among its first `num_computed` tokens
+        (their K/V are written on every stage)."""
+        if not self.prefix_caching:
+            return
+        ps = self.page_size
+        table = self._tables.get(seq_id, [])
+        keys = self._keys.setdefault(seq_id, [])
+        for i in range(len(keys), min(num_computed // ps, len(table))):
+            key = _page_key(keys[-1] if keys else None, tokens[i * ps : (i + 1) * ps])
+            keys.append(key)
+            page = table[i]
+            if key not in self._page_of and page not in self._key_of:
+                self._page_of[key] = page
+                self._key_of[page] = key
+
+    # -- allocation ---------------------------------------------------------------------
     def can_grow(self, seq_id: str, num_tokens: int) -> bool:
         """Whether the sequence can hold `num_tokens` tokens after allocating."""
         have = len(self._tables.get(seq_id, ()))
-        return self.pages_needed(num_tokens) - have <= len(self._free)
+        return self.pages_needed(num_tokens) - have <= self.free_pages
 
     def grow(self, seq_id: str, num_tokens: int) -> bool:
         """Allocate pages so the sequence holds `num_tokens` tokens; False if the pool is short."""
@@ -45,10 +116,32 @@ class PageAllocator:
             return False
         table = self._tables.setdefault(seq_id, [])
         while len(table) < self.pages_needed(num_tokens):
-            table.append(self._free.popleft())
+            page = self._take()
+            self._hold(page)
+            table.append(page)
         return True
 
     def free(self, seq_id: str) -> None:
-        """Return all pages of the sequence to the pool (finish, cancel or preemption)."""
+        """Release the sequence's pages (finish, cancel or preemption); registered pages
+        nobody holds any more stay cached, the others return to the free list."""
+        self._keys.pop(seq_id, None)
         for page in self._tables.pop(seq_id, ()):
-            self._free.append(page)
+            self._refs[page] -= 1
+            if self._refs[page]:
+                continue
+            del self._refs[page]
+            if page in self._key_of:
+                self._cached_free[page] = None
+            else:
+                self._free.append(page)
+
+    def _take(self) -> int:
+        if self._free:
+            return self._free.popleft()
+        page, _ = self._cached_free.popitem(last=False)  # evict the least recently released
+        del self._page_of[self._key_of.pop(page)]
+        return page
+
+    def _hold(self, page: int) -> None:
+        self._refs[page] = self._refs.get(page, 0) + 1
+        self._cached_free.pop(page, None)

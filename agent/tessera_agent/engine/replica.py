@@ -44,6 +44,8 @@ class ReplicaStats:
     running: int
     waiting: int
     preemptions: int
+    prefix_hit_tokens: int = 0  # prompt tokens served from the prefix cache
+    cached_pages: int = 0  # full pages registered in the prefix cache
 
 
 class ReplicaEngine:
@@ -79,7 +81,9 @@ class ReplicaEngine:
                 self._downstream = await self._connect()
                 pages = min(pages, self._downstream.num_pages)
             if self._sched is None or self._sched.num_unfinished == 0:
-                alloc = page_allocator.PageAllocator(pages, self.local.page_size)
+                alloc = page_allocator.PageAllocator(
+                    pages, self.local.page_size, self.sched_cfg.prefix_caching
+                )
                 self._sched = scheduler.Scheduler(alloc, self.sched_cfg)
             if self._loop_task is None:
                 self._loop_task = asyncio.create_task(self._loop(), name="replica-loop")
@@ -100,7 +104,13 @@ class ReplicaEngine:
         if s is None:
             return ReplicaStats(self.local.cache.layout.num_pages, 0, 0, 0, 0)
         return ReplicaStats(
-            s.alloc.num_pages, s.alloc.used_pages, len(s.running), len(s.waiting), s.preemptions
+            s.alloc.num_pages,
+            s.alloc.used_pages,
+            len(s.running),
+            len(s.waiting),
+            s.preemptions,
+            s.prefix_hit_tokens,
+            s.alloc.cached_pages,
         )
 
     # -- requests ---------------------------------------------------------------------

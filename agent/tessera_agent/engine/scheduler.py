@@ -4,8 +4,10 @@
 budget (chunked prefill: a long prompt is split across steps and mixes with decodes).
 Pages come from the replica's `PageAllocator`; when the pool is full, a running sequence
 is preempted (its pages freed, recomputed later from its tokens) or new requests wait —
-nothing crashes and no sequence's pages are touched by another. `postprocess()` applies
-the sampled tokens and stop conditions and returns plain `TokenEvent`s.
+nothing crashes and no sequence's pages are written by another. A sequence admitted with a
+prompt prefix already in the allocator's prefix cache starts computing after it.
+`postprocess()` applies the sampled tokens and stop conditions and returns plain
+`TokenEvent`s.
 Called by `replica.py`; returns plain data, does no I/O.
 """
 
@@ -62,6 +64,7 @@ class SchedulerConfig:
     max_batched_tokens: int = 256
     max_model_len: int = 1024
     eos_token_ids: tuple[int, ...] = ()
+    prefix_caching: bool = True
 
 
 @dataclass
@@ -82,6 +85,7 @@ class Scheduler:
         self._steps = itertools.count()
         self._finished_ids: list[str] = []
         self.preemptions = 0
+        self.prefix_hit_tokens = 0  # prompt tokens whose K/V came from the prefix cache
 
     # -- requests ---------------------------------------------------------------------
     def add(self, seq_id: str, prompt: list[int], params: sampling.SamplingParams) -> Sequence:
@@ -139,9 +143,15 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(chosen) < limit:
             seq = self.waiting[0]
+            cached = self.alloc.share_prefix(seq.seq_id, seq.tokens) if not seq.num_computed else 0
+            seq.num_computed += cached
             n = min(len(seq.tokens) - seq.num_computed, budget)
             if not self.alloc.grow(seq.seq_id, seq.num_computed + n):
+                if cached:  # let the shared pages go while it waits
+                    self.alloc.free(seq.seq_id)
+                    seq.num_computed = 0
                 break  # pool full: wait (FCFS) until pages are freed
+            self.prefix_hit_tokens += cached
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
@@ -206,6 +216,7 @@ class Scheduler:
                 events.append(self._finish(seq, "cancelled"))
                 continue
             seq.num_computed = chunk.start + chunk.num_tokens
+            self.alloc.register(seq.seq_id, seq.tokens, seq.num_computed)
             if not chunk.sample:
                 continue
             token = sampled[seq.seq_id]

@@ -25,6 +25,12 @@ def register(sub: Any) -> None:
         default=0,
         help="serve Prometheus /metrics on this port (0: off)",
     )
+    p.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="do not reuse the KV pages of prompt prefixes already computed",
+    )
     p.set_defaults(func=_run)
 
 
@@ -38,5 +44,6 @@ def _run(args: argparse.Namespace) -> int:
         devices=args.devices,
         threads=args.threads,
         metrics_port=args.metrics_port,
+        prefix_caching=args.prefix_caching,
     )
     return server.run(cfg)
