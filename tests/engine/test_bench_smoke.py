@@ -32,3 +32,12 @@ def test_bench_copy_quick(capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["tokens_match"] is True
     assert out["param_bytes"] > 0 and out["load_checkpoint_warm_s"] > 0 and out["load_peer_s"] > 0
+
+
+def test_bench_prefix_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", "prefix", "--json", "--quick", "--prefix", "64"]  # 4 requests
+    assert cli.main(args) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["tokens_match"] is True
+    assert out["prefix_hit_tokens"] == 3 * 64  # 4 full pages, for each request after the first
+    assert out["ttft_cached_ms"] > 0 and out["ttft_uncached_ms"] > 0

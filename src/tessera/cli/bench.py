@@ -17,6 +17,7 @@ from typing import Any
 BENCHES: dict[str, str] = {
     "engine": "tessera_agent.bench_engine",
     "copy": "tessera_agent.bench_copy",
+    "prefix": "tessera_agent.bench_prefix",
     "serve": "tessera.cli.bench_serve",
     "planner": "tessera.planner.bench",
     "predictor": "tessera.workload.bench",
