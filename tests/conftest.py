@@ -50,21 +50,6 @@ def _hf_model(path: str):  # type: ignore[no-untyped-def]
 
 
 @functools.cache
-def _hf_greedy(path: str, prompt: tuple[int, ...], new: int) -> tuple[int, ...]:
-    import torch
-
-    ids = torch.tensor([list(prompt)])
-    out = _hf_model(path).generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        do_sample=False,
-        max_new_tokens=new,
-        pad_token_id=0,
-    )
-    return tuple(out[0, len(prompt) :].tolist())
-
-
-@functools.cache
 def _hf_greedy_logprobs(path: str, prompt: tuple[int, ...], new: int):  # type: ignore[no-untyped-def]
     import torch
 
@@ -90,7 +75,7 @@ def hf_greedy_logprobs(path: Path, prompt: list[int], new: int):  # type: ignore
 
 def hf_greedy(path: Path, prompt: list[int], new: int) -> list[int]:
     """Greedy tokens from transformers `generate` (EOS ignored, so exactly `new` tokens)."""
-    return list(_hf_greedy(str(path), tuple(prompt), new))
+    return list(_hf_greedy_logprobs(str(path), tuple(prompt), new)[0])
 
 
 @pytest.fixture(scope="session")
