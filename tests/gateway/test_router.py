@@ -68,3 +68,34 @@ def test_workload_class_router_maps_ids_to_names() -> None:
 
     classify = router.workload_class_router(Fake(), ["c0", "c1"])
     assert (classify(10, 10), classify(500, 10)) == ("c0", "c1")
+
+
+def test_prefix_affinity_prefers_the_kv_owner_while_it_is_worth_it() -> None:
+    r = router.Router()
+    system = list(range(1000, 1100))  # a 100-token shared prompt prefix
+    first = r.choose(["a", "b"], 110, 8, [*system, *range(10)])
+    assert first == router.Route("a", "least_outstanding")
+    busy = r.admit("a", 0, 60)  # a is busier than b by 60 tokens < 64 saved
+    route = r.choose(["a", "b"], 105, 8, [*system, 7, 7, 7, 7, 7])
+    assert route == router.Route("a", "prefix_affinity")  # 64-token prefix known on a
+    r.admit("a", 0, 10)  # now 70 more than b: the saved prefill no longer pays
+    route = r.choose(["a", "b"], 105, 8, [*system, 1, 2, 3, 4, 5])
+    assert route == router.Route("b", "least_outstanding")
+    r.release(busy)  # a: 10 outstanding, b: 0
+    # b got the prefix last and owns it now; a request b would not get by load alone goes there
+    r.admit("b", 0, 30)
+    assert r.choose(["a", "b"], 105, 8, [*system, 9]) == router.Route("b", "prefix_affinity")
+    assert r.choose(["a", "b"], 40, 8, list(range(40))).policy == "least_outstanding"
+    # the owner is not ready: balance among the ready ones
+    assert r.choose(["a"], 105, 8, [*system, 9]) == router.Route("a", "least_outstanding")
+    # short prompts (under 33 tokens) are never remembered
+    assert r.choose(["a", "b"], 32, 8, list(range(32))).policy == "least_outstanding"
+    assert r.choose(["a", "b"], 32, 8, list(range(32))).policy == "least_outstanding"
+
+
+def test_remembered_prefixes_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(router, "PREFIX_ENTRIES", 3)
+    r = router.Router()
+    for i in range(5):
+        r.choose(["a"], 40, 1, [i] * 40)
+    assert len(r._owners) == 3

@@ -440,3 +440,25 @@ async def test_n_choices_buffered_and_streamed(
     assert events[-2]["usage"]["completion_tokens"] == 16
     _, buffered = await helpers.post(session, gw.url + CHAT, chat_body)
     assert [c["message"]["content"] for c in buffered["choices"]] == [texts[0], texts[1]]
+
+
+async def test_shared_prefixes_go_to_the_replica_that_cached_them(
+    gw: server.GatewayHandle, session: aiohttp.ClientSession, tiny_llama: Path, tok: Tokenizer
+) -> None:
+    system = [0, *range(200, 260)]  # 61 shared tokens
+    bodies = [_greedy([*system, 5 + i, 6 + i], 4) for i in range(4)]
+    for body in bodies:  # one after the other: both replicas idle each time
+        status, out = await helpers.post(session, gw.url + C, body)
+        assert status == 200, out
+        assert out["choices"][0]["text"] == _expected(tiny_llama, tok, body["prompt"], 4)  # type: ignore[arg-type]
+    affine = {
+        rid: await helpers.metric(
+            session,
+            gw.url,
+            "tessera_gateway_routed_requests_total",
+            replica=rid,
+            policy="prefix_affinity",
+        )
+        for rid in ("one", "two")
+    }
+    assert sorted(affine.values()) == [0, 3]  # all but the first followed the prefix

@@ -129,7 +129,9 @@ class Dispatcher:
         lost: ReplicaLost | None = None
         while True:
             ready = [r for r in self._replicas.ready_ids() if r not in tried]
-            route = self._router.choose(ready, len(current.prompt_ids), current.max_tokens)
+            route = self._router.choose(
+                ready, len(current.prompt_ids), current.max_tokens, current.prompt_ids
+            )
             if route is None:
                 if lost is not None:
                     raise lost

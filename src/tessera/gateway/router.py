@@ -1,4 +1,5 @@
-"""Which replica serves a request: per-class shares when set, else least outstanding tokens.
+"""Which replica serves a request: per-class shares when set, else the replica that holds
+the prompt's prefix in its KV cache when that is worth it, else least outstanding tokens.
 
 Pure logic, no I/O; called by `dispatch.py` for every attempt of every request.
 
@@ -13,18 +14,40 @@ Per-workload-class hook: a `ClassRouter` `(prompt_tokens, max_tokens) -> class n
 `{class name: {replica id: share}}` — what the planner's `Deployment.class_shares(name)`
 returns. When the request's class has shares, the replica is a weighted choice (seeded
 RNG) among ready replicas with a positive share; otherwise least outstanding tokens.
+
+Prefix affinity (the KV-cache owner first): agents cache the KV pages of prompt prefixes
+they computed, so a request whose prompt starts like an earlier one is cheaper where that
+one ran. The router remembers, for prompt prefixes of 32, 64, 128, ... tokens (up to the
+whole prompt but its last token), the replica it last sent them to (at most
+`PREFIX_ENTRIES`, least recently used dropped). A request goes to the owner of its longest
+remembered prefix when that replica is ready and its outstanding tokens exceed the least
+loaded replica's by no more than the prefix length — the prefill the cache saves — so a
+hot system prompt still spreads once its owner is busy. It is a hint: the agent may have
+evicted the pages, which costs only the prefill.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 ClassRouter = Callable[[int, int], str | None]
 ClassShares = Mapping[str, Mapping[str, float]]
+PREFIX_MIN = 32  # shortest prompt prefix remembered (tokens); lengths double from there
+PREFIX_ENTRIES = 4096  # remembered prefixes, least recently used dropped
+
+
+def _prefix_lengths(n: int) -> list[int]:
+    """Prefix lengths remembered for a prompt of n tokens, longest first."""
+    out, length = [], PREFIX_MIN
+    while length < n:
+        out.append(length)
+        length *= 2
+    return out[::-1]
 
 
 @dataclass(frozen=True)
@@ -32,7 +55,7 @@ class Route:
     """A routing decision."""
 
     replica_id: str
-    policy: str  # "class_share" or "least_outstanding"
+    policy: str  # "class_share", "prefix_affinity" or "least_outstanding"
     class_name: str | None = None
 
 
@@ -61,6 +84,8 @@ class Router:
         self._picks = 0
         self._shares: dict[str, dict[str, float]] = {}
         self._classify: ClassRouter | None = None
+        # hash of a prompt prefix -> replica (a hint: a collision only costs a prefill)
+        self._owners: OrderedDict[int, str] = OrderedDict()
 
     # -- configuration ------------------------------------------------------------------
     def set_class_shares(self, shares: ClassShares, classify: ClassRouter | None) -> None:
@@ -78,10 +103,24 @@ class Router:
         return {k: dict(v) for k, v in self._shares.items()}
 
     # -- decisions ----------------------------------------------------------------------
-    def choose(self, ready: Sequence[str], prompt_tokens: int, max_tokens: int) -> Route | None:
-        """A replica among `ready` for this request, or None when `ready` is empty."""
+    def choose(
+        self,
+        ready: Sequence[str],
+        prompt_tokens: int,
+        max_tokens: int,
+        prompt_ids: Sequence[int] = (),
+    ) -> Route | None:
+        """A replica among `ready` for this request, or None when `ready` is empty;
+        `prompt_ids` (when given) enable prefix affinity and are remembered."""
         if not ready:
             return None
+        route = self._choose(ready, prompt_tokens, max_tokens, prompt_ids)
+        self._remember(prompt_ids, route.replica_id)
+        return route
+
+    def _choose(
+        self, ready: Sequence[str], prompt_tokens: int, max_tokens: int, prompt_ids: Sequence[int]
+    ) -> Route:
         class_name = None
         if self._shares and self._classify is not None:
             class_name = self._classify(prompt_tokens, max_tokens)
@@ -100,7 +139,27 @@ class Router:
                 r,
             ),
         )
+        owner, saved = self._owner(ready, prompt_ids)
+        if owner is not None and owner != best:
+            if self._tokens.get(owner, 0) - self._tokens.get(best, 0) <= saved:
+                return self._picked(Route(owner, "prefix_affinity", class_name))
         return self._picked(Route(best, "least_outstanding", class_name))
+
+    def _owner(self, ready: Sequence[str], prompt_ids: Sequence[int]) -> tuple[str | None, int]:
+        """The ready replica that last got the longest remembered prefix, and its length."""
+        for length in _prefix_lengths(len(prompt_ids)):
+            rid = self._owners.get(hash(tuple(prompt_ids[:length])))
+            if rid is not None and rid in ready:
+                return rid, length
+        return None, 0
+
+    def _remember(self, prompt_ids: Sequence[int], replica_id: str) -> None:
+        for length in _prefix_lengths(len(prompt_ids)):
+            key = hash(tuple(prompt_ids[:length]))
+            self._owners[key] = replica_id
+            self._owners.move_to_end(key)
+        while len(self._owners) > PREFIX_ENTRIES:
+            self._owners.popitem(last=False)
 
     def _picked(self, route: Route) -> Route:
         self._last_pick[route.replica_id] = self._picks
