@@ -326,6 +326,21 @@ def test_agent_toggles(helm: Path) -> None:
     assert container(ds)["resources"]["limits"]["nvidia.com/gpu"] == 8
 
 
+def test_agent_args_parse_with_the_real_cli(helm: Path) -> None:
+    """Every flag the chart can give the agent is one `tessera agent` has."""
+    from tessera.cli import main
+
+    ds = one(render(helm, "agent.threads=4", "agent.prefixCaching=false"), "DaemonSet", "agent")
+    args = container(ds)["args"]
+    assert args[-3:] == ["--threads", "4", "--no-prefix-caching"]
+    parsed = main.build_parser().parse_args(args)
+    assert parsed.threads == 4 and parsed.prefix_caching is False
+    default = main.build_parser().parse_args(
+        container(one(render(helm), "DaemonSet", "agent"))["args"]
+    )
+    assert default.prefix_caching is True
+
+
 def test_cpu_agents_request_no_gpu(helm: Path) -> None:
     ds = one(render(helm, "agent.gpu.count=0", "agent.devices=cpu:2x4GiB"), "DaemonSet", "agent")
     resources = container(ds)["resources"]
