@@ -81,6 +81,8 @@ class AgentServicer(pb_grpc.AgentServicer):
                         running=s.running,
                         waiting=s.waiting,
                         preemptions=s.preemptions,
+                        prefix_hit_tokens=s.prefix_hit_tokens,
+                        cached_pages=s.cached_pages,
                     )
                 )
         return pb.DescribeReply(

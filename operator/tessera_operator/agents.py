@@ -64,7 +64,15 @@ def from_describe(ref: AgentRef, d: pb.DescribeReply) -> observed.AgentInfo:
             for b in d.blocks
         ),
         kv=tuple(
-            observed.ReplicaLoad(k.replica_id, k.pages_total, k.pages_used, k.running, k.waiting)
+            observed.ReplicaLoad(
+                k.replica_id,
+                k.pages_total,
+                k.pages_used,
+                k.running,
+                k.waiting,
+                k.prefix_hit_tokens,
+                k.cached_pages,
+            )
             for k in d.kv
         ),
     )

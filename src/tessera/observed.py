@@ -42,6 +42,8 @@ class ReplicaLoad:
     pages_used: int
     running: int = 0
     waiting: int = 0
+    prefix_hit_tokens: int = 0
+    cached_pages: int = 0
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tessera import local_agents
-from tests.agent.test_agent_rpc import generate
+from tessera.rpc.v1 import agent_pb2 as pb
+from tests.agent.test_agent_rpc import _stub, generate
 
 pytestmark = pytest.mark.slow
 
@@ -64,8 +65,11 @@ def test_prefix_cache_hits_are_counted_and_can_be_turned_off(
             assert generate(agent, p, max_tokens=6)[0] == hf_greedy(tiny_llama, p, 6)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
             text = r.read().decode()
+        (kv,) = _stub(agent).Describe(pb.DescribeRequest()).kv
     finally:
         local_agents.stop_agent(agent)
+    assert kv.prefix_hit_tokens == (32 if caching else 0)  # Describe says it too
+    assert (kv.cached_pages > 0) == caching
     hits = _value(text, 'tessera_agent_prefix_cache_hit_tokens_total{replica="r0"}')
     assert hits == (32 if caching else 0)
     assert (_value(text, 'tessera_agent_prefix_cache_pages{replica="r0"}') > 0) == caching

@@ -117,6 +117,7 @@ def test_up_serves_and_stops_cleanly(tiny_llama: Path, tmp_path: Path, sig: int)
         )
         assert status.returncode == 0, status.stderr
         assert "default.tiny.r1" in status.stdout and "[4, 8)" in status.stdout
+        assert "0 hit" in status.stdout  # prefix-cache hits per replica led (none here)
     finally:
         up.send_signal(sig)
         up.wait(60)

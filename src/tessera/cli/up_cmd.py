@@ -297,14 +297,17 @@ def _status(args: argparse.Namespace) -> int:
         "state",
         "devices (free/capacity MiB)",
         "blocks",
-        "KV pages used/total (replicas led)",
+        "KV pages used/total, prefix-cache hit tokens (replicas led)",
     ):
         table.add_column(col)
     for a in obs.agents:
         devs = ", ".join(
             f"{d.id} {d.free_bytes / 2**20:.0f}/{d.capacity_bytes / 2**20:.0f}" for d in a.devices
         )
-        kv = ", ".join(f"{k.replica_id}: {k.pages_used}/{k.pages_total}" for k in a.kv)
+        kv = ", ".join(
+            f"{k.replica_id}: {k.pages_used}/{k.pages_total}, {k.prefix_hit_tokens} hit"
+            for k in a.kv
+        )
         table.add_row(
             a.name,
             a.address,

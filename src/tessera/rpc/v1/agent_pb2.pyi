@@ -21,20 +21,24 @@ class Device(_message.Message):
     def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ...) -> None: ...
 
 class ReplicaKV(_message.Message):
-    __slots__ = ("replica_id", "pages_total", "pages_used", "running", "waiting", "preemptions")
+    __slots__ = ("replica_id", "pages_total", "pages_used", "running", "waiting", "preemptions", "prefix_hit_tokens", "cached_pages")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PAGES_USED_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PAGES_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     pages_total: int
     pages_used: int
     running: int
     waiting: int
     preemptions: int
-    def __init__(self, replica_id: _Optional[str] = ..., pages_total: _Optional[int] = ..., pages_used: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., preemptions: _Optional[int] = ...) -> None: ...
+    prefix_hit_tokens: int
+    cached_pages: int
+    def __init__(self, replica_id: _Optional[str] = ..., pages_total: _Optional[int] = ..., pages_used: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., preemptions: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., cached_pages: _Optional[int] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
     __slots__ = ()
