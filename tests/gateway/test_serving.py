@@ -233,10 +233,18 @@ async def test_client_disconnect_returns_kv_pages(
         with pytest.raises(asyncio.CancelledError):
             await task
         assert await _wait_pages(leader, "two", baseline) == baseline
+        # n choices streamed: dropping the connection cancels every choice's agent request
+        resp = await session.post(h.url + C, json={**body, "n": 3})
+        for _ in range(6):
+            assert (await resp.content.readuntil(b"\n\n")).startswith(b"data: ")
+        running = await _wait_pages(leader, "two", baseline, above=True)
+        assert running > baseline
+        resp.close()
+        assert await _wait_pages(leader, "two", baseline) == baseline
         closed = await helpers.metric(
             session, h.url, "tessera_gateway_requests_total", status="499"
         )
-        assert closed == 2
+        assert closed == 3
     finally:
         await h.stop()
 
