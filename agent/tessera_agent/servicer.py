@@ -24,6 +24,7 @@ from tessera_agent import (
     devices,
     grpc_status,
     hosted,
+    kv_transfer,
     metrics,
     stage_client,
     stage_server,
@@ -258,6 +259,103 @@ class AgentServicer(pb_grpc.AgentServicer):
                 yield chunk
         except errors.EngineError as exc:
             await grpc_status.abort(context, exc)
+
+    # -- KV movement --------------------------------------------------------------------
+    def _leader(self, replica_id: str) -> replica.ReplicaEngine:
+        h = self.hosted.get((replica_id, 0))
+        if h is None or h.leader is None:
+            raise errors.NotFoundError(
+                f"replica {replica_id!r} is not led by agent {self.agent_id} (no stage 0 here)"
+            )
+        return h.leader
+
+    def _stage(self, replica_id: str, stage_index: int) -> stage.Stage:
+        h = self.hosted.get((replica_id, stage_index))
+        if h is None:
+            raise errors.NotFoundError(
+                f"replica {replica_id} has no stage {stage_index} on agent {self.agent_id}"
+            )
+        return h.stage
+
+    @staticmethod
+    def _pin_reply(pin: replica.Pin) -> pb.PinReply:
+        return pb.PinReply(
+            pin_id=pin.pin_id,
+            page_ids=list(pin.page_ids),
+            num_tokens=pin.num_tokens,
+            page_size=pin.page_size,
+        )
+
+    async def PinPrefix(
+        self, request: pb.PinPrefixRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.PinReply:
+        try:
+            leader = self._leader(request.replica_id)
+            return self._pin_reply(await leader.pin_prefix(list(request.token_ids)))
+        except errors.EngineError as exc:
+            await grpc_status.abort(context, exc)
+
+    async def ReservePages(
+        self, request: pb.ReservePagesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.PinReply:
+        try:
+            leader = self._leader(request.replica_id)
+            return self._pin_reply(await leader.reserve_pages(request.num_pages))
+        except errors.EngineError as exc:
+            await grpc_status.abort(context, exc)
+
+    async def CommitPrefix(
+        self, request: pb.CommitPrefixRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.CommitPrefixReply:
+        try:
+            leader = self._leader(request.replica_id)
+            n = await leader.commit_prefix(request.pin_id, list(request.token_ids))
+            return pb.CommitPrefixReply(registered_pages=n)
+        except errors.EngineError as exc:
+            await grpc_status.abort(context, exc)
+
+    async def ReleasePin(
+        self, request: pb.ReleasePinRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ReleasePinReply:
+        try:
+            self._leader(request.replica_id).release_pin(request.pin_id)
+            return pb.ReleasePinReply(released=True)
+        except errors.EngineError as exc:
+            await grpc_status.abort(context, exc)
+
+    async def ExportKV(
+        self, request: pb.ExportKVRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.KVLayer]:
+        try:
+            st = self._stage(request.replica_id, request.stage_index)
+            layers = kv_transfer.export_layers(
+                st, list(request.page_ids), request.layer_start, request.layer_end
+            )
+            for layer in layers:
+                yield layer
+        except errors.EngineError as exc:
+            await grpc_status.abort(context, exc)
+
+    async def ImportKV(
+        self,
+        request_iterator: AsyncIterator[pb.KVImportMessage],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.ImportKVReply:
+        n = 0
+        try:
+            first = await anext(request_iterator, None)
+            if first is None or not first.HasField("header"):
+                raise errors.InvalidArgumentError("ImportKV: the first message must be a header")
+            head = first.header
+            st = self._stage(head.replica_id, head.stage_index)
+            async for msg in request_iterator:
+                if not msg.HasField("layer"):
+                    raise errors.InvalidArgumentError("ImportKV: one header, then layers")
+                kv_transfer.import_layer(st, list(head.page_ids), msg.layer)
+                n += 1
+        except errors.EngineError as exc:
+            await grpc_status.abort(context, exc)
+        return pb.ImportKVReply(layers=n)
 
     # -- stage stream -------------------------------------------------------------------
     async def StageStream(

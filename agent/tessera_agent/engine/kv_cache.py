@@ -76,13 +76,14 @@ class PagedKVCache:
         self, layer: int, block_table: list[int], length: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Copy out K and V of positions [0, length) of one sequence in one local layer."""
-        s = self.slots(block_table, length)
+        s = self.slots(block_table, length).to(self.k[layer].device)
         return self.k[layer][s].clone(), self.v[layer][s].clone()
 
     def import_sequence(
         self, layer: int, block_table: list[int], k: torch.Tensor, v: torch.Tensor
     ) -> None:
         """Write K and V (`[length, kv_heads, head_dim]`) of one sequence into its pages."""
-        s = self.slots(block_table, k.shape[0])
-        self.k[layer].index_copy_(0, s, k.to(self.layout.dtype))
-        self.v[layer].index_copy_(0, s, v.to(self.layout.dtype))
+        dev = self.k[layer].device
+        s = self.slots(block_table, k.shape[0]).to(dev)
+        self.k[layer].index_copy_(0, s, k.to(dev, self.layout.dtype))
+        self.v[layer].index_copy_(0, s, v.to(dev, self.layout.dtype))

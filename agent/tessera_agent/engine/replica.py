@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import logging
 import math
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,6 +36,16 @@ class Downstream(Protocol):
 
 
 DownstreamFactory = Callable[[], Awaitable[Downstream]]
+
+
+@dataclass(frozen=True)
+class Pin:
+    """KV pages held on this leader for a KV move (see `pin_prefix`, `reserve_pages`)."""
+
+    pin_id: str  # "" when nothing is held
+    page_ids: tuple[int, ...]
+    num_tokens: int  # tokens the pages hold (0 for reserved pages not yet written)
+    page_size: int
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,7 @@ class ReplicaEngine:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._ready_lock = asyncio.Lock()
+        self._pins: set[str] = set()
         self.steps = 0
 
     # -- lifecycle --------------------------------------------------------------------
@@ -88,6 +100,53 @@ class ReplicaEngine:
             if self._loop_task is None:
                 self._loop_task = asyncio.create_task(self._loop(), name="replica-loop")
             return self._sched
+
+    # -- KV movement: pages held outside any request ---------------------------------------
+    async def pin_prefix(self, tokens: list[int]) -> Pin:
+        """Hold the prefix-cache pages that `tokens` start with (so they are not evicted
+        while a peer copies them); an empty pin when none are cached."""
+        alloc = (await self._ensure_ready()).alloc
+        pin_id = f"pin-{uuid.uuid4().hex}"
+        n = alloc.share_prefix(pin_id, tokens)
+        if not n:
+            return Pin("", (), 0, alloc.page_size)
+        self._pins.add(pin_id)
+        return Pin(pin_id, tuple(alloc.block_table(pin_id)), n, alloc.page_size)
+
+    async def reserve_pages(self, num_pages: int) -> Pin:
+        """Hold `num_pages` fresh pages for K/V a peer will import."""
+        alloc = (await self._ensure_ready()).alloc
+        if num_pages < 1:
+            raise errors.InvalidArgumentError("num_pages: must be >= 1")
+        pin_id = f"pin-{uuid.uuid4().hex}"
+        if not alloc.grow(pin_id, num_pages * alloc.page_size):
+            raise errors.ResourceExhaustedError(
+                f"cannot reserve {num_pages} KV pages: {alloc.free_pages} of "
+                f"{alloc.num_pages} are free"
+            )
+        self._pins.add(pin_id)
+        return Pin(pin_id, tuple(alloc.block_table(pin_id)), 0, alloc.page_size)
+
+    async def commit_prefix(self, pin_id: str, tokens: list[int]) -> int:
+        """Register a reserved pin's pages in the prefix cache as holding `tokens` (full
+        pages only) and let the pin go; returns the pages registered."""
+        alloc = self._pinned(pin_id)
+        pages = min(len(alloc.block_table(pin_id)), len(tokens) // alloc.page_size)
+        before = alloc.cached_pages
+        alloc.register(pin_id, tokens, pages * alloc.page_size)
+        registered = alloc.cached_pages - before
+        self.release_pin(pin_id)
+        return registered
+
+    def release_pin(self, pin_id: str) -> None:
+        alloc = self._pinned(pin_id)
+        alloc.free(pin_id)
+        self._pins.discard(pin_id)
+
+    def _pinned(self, pin_id: str) -> page_allocator.PageAllocator:
+        if pin_id not in self._pins or self._sched is None:
+            raise errors.NotFoundError(f"no KV pin {pin_id!r} on this replica")
+        return self._sched.alloc
 
     async def close(self) -> None:
         if self._loop_task is not None:

@@ -401,3 +401,109 @@ class TensorChunk(_message.Message):
     offset: int
     data: bytes
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., total_bytes: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PinPrefixRequest(_message.Message):
+    __slots__ = ("replica_id", "token_ids")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, replica_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReservePagesRequest(_message.Message):
+    __slots__ = ("replica_id", "num_pages")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    num_pages: int
+    def __init__(self, replica_id: _Optional[str] = ..., num_pages: _Optional[int] = ...) -> None: ...
+
+class PinReply(_message.Message):
+    __slots__ = ("pin_id", "page_ids", "num_tokens", "page_size")
+    PIN_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    pin_id: str
+    page_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_tokens: int
+    page_size: int
+    def __init__(self, pin_id: _Optional[str] = ..., page_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class CommitPrefixRequest(_message.Message):
+    __slots__ = ("replica_id", "pin_id", "token_ids")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    PIN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    pin_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, replica_id: _Optional[str] = ..., pin_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CommitPrefixReply(_message.Message):
+    __slots__ = ("registered_pages",)
+    REGISTERED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    registered_pages: int
+    def __init__(self, registered_pages: _Optional[int] = ...) -> None: ...
+
+class ReleasePinRequest(_message.Message):
+    __slots__ = ("replica_id", "pin_id")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    PIN_ID_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    pin_id: str
+    def __init__(self, replica_id: _Optional[str] = ..., pin_id: _Optional[str] = ...) -> None: ...
+
+class ReleasePinReply(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class ExportKVRequest(_message.Message):
+    __slots__ = ("replica_id", "stage_index", "page_ids", "layer_start", "layer_end")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    stage_index: int
+    page_ids: _containers.RepeatedScalarFieldContainer[int]
+    layer_start: int
+    layer_end: int
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
+
+class KVLayer(_message.Message):
+    __slots__ = ("layer", "k", "v")
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    V_FIELD_NUMBER: _ClassVar[int]
+    layer: int
+    k: Tensor
+    v: Tensor
+    def __init__(self, layer: _Optional[int] = ..., k: _Optional[_Union[Tensor, _Mapping]] = ..., v: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class KVImportHeader(_message.Message):
+    __slots__ = ("replica_id", "stage_index", "page_ids")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    stage_index: int
+    page_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class KVImportMessage(_message.Message):
+    __slots__ = ("header", "layer")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    header: KVImportHeader
+    layer: KVLayer
+    def __init__(self, header: _Optional[_Union[KVImportHeader, _Mapping]] = ..., layer: _Optional[_Union[KVLayer, _Mapping]] = ...) -> None: ...
+
+class ImportKVReply(_message.Message):
+    __slots__ = ("layers",)
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    layers: int
+    def __init__(self, layers: _Optional[int] = ...) -> None: ...

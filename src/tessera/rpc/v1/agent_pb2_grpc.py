@@ -79,6 +79,36 @@ class AgentStub:
                 request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.FetchTensorsRequest.SerializeToString,
                 response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.TensorChunk.FromString,
                 _registered_method=True)
+        self.PinPrefix = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/PinPrefix',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.PinPrefixRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.PinReply.FromString,
+                _registered_method=True)
+        self.ReservePages = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/ReservePages',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ReservePagesRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.PinReply.FromString,
+                _registered_method=True)
+        self.CommitPrefix = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/CommitPrefix',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.CommitPrefixRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.CommitPrefixReply.FromString,
+                _registered_method=True)
+        self.ReleasePin = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/ReleasePin',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ReleasePinRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ReleasePinReply.FromString,
+                _registered_method=True)
+        self.ExportKV = channel.unary_stream(
+                '/tessera.rpc.v1.Agent/ExportKV',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ExportKVRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.KVLayer.FromString,
+                _registered_method=True)
+        self.ImportKV = channel.stream_unary(
+                '/tessera.rpc.v1.Agent/ImportKV',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.KVImportMessage.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ImportKVReply.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -152,6 +182,48 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PinPrefix(self, request, context):
+        """KV movement: a request's computed prefix from one replica to another, whatever the two
+        replicas' stage splits. On the source leader, PinPrefix holds the prefix-cache pages of
+        a token prefix; each source stage's ExportKV streams their K/V; on the target leader,
+        ReservePages holds fresh pages, each target stage's ImportKV writes them, and
+        CommitPrefix registers them in the target's prefix cache under the tokens. A request
+        continued there (prompt = tokens so far) then skips recomputing that prefix.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReservePages(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitPrefix(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleasePin(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExportKV(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportKV(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -199,6 +271,36 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.FetchTensors,
                     request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.FetchTensorsRequest.FromString,
                     response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.TensorChunk.SerializeToString,
+            ),
+            'PinPrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.PinPrefix,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.PinPrefixRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.PinReply.SerializeToString,
+            ),
+            'ReservePages': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReservePages,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ReservePagesRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.PinReply.SerializeToString,
+            ),
+            'CommitPrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitPrefix,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.CommitPrefixRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.CommitPrefixReply.SerializeToString,
+            ),
+            'ReleasePin': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleasePin,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ReleasePinRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ReleasePinReply.SerializeToString,
+            ),
+            'ExportKV': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportKV,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ExportKVRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.KVLayer.SerializeToString,
+            ),
+            'ImportKV': grpc.stream_unary_rpc_method_handler(
+                    servicer.ImportKV,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.KVImportMessage.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ImportKVReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -444,6 +546,168 @@ class Agent:
             '/tessera.rpc.v1.Agent/FetchTensors',
             tessera_dot_rpc_dot_v1_dot_agent__pb2.FetchTensorsRequest.SerializeToString,
             tessera_dot_rpc_dot_v1_dot_agent__pb2.TensorChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PinPrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/PinPrefix',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.PinPrefixRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.PinReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReservePages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/ReservePages',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ReservePagesRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.PinReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitPrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/CommitPrefix',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.CommitPrefixRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.CommitPrefixReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleasePin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/ReleasePin',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ReleasePinRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ReleasePinReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportKV(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/ExportKV',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ExportKVRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.KVLayer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportKV(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/tessera.rpc.v1.Agent/ImportKV',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.KVImportMessage.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ImportKVReply.FromString,
             options,
             channel_credentials,
             insecure,
