@@ -41,3 +41,11 @@ def test_bench_prefix_quick(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["tokens_match"] is True
     assert out["prefix_hit_tokens"] == 3 * 64  # 4 full pages, for each request after the first
     assert out["ttft_cached_ms"] > 0 and out["ttft_uncached_ms"] > 0
+
+
+def test_bench_kvmove_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "kvmove", "--json", "--quick"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["tokens_match"] is True
+    assert out["moved_tokens"] == 240  # 15 full pages of the 256-token prompt
+    assert out["recompute_ttft_ms"] > 0 and out["move_then_ttft_ms"] > 0

@@ -18,6 +18,7 @@ BENCHES: dict[str, str] = {
     "engine": "tessera_agent.bench_engine",
     "copy": "tessera_agent.bench_copy",
     "prefix": "tessera_agent.bench_prefix",
+    "kvmove": "tessera_agent.bench_kvmove",
     "serve": "tessera.cli.bench_serve",
     "planner": "tessera.planner.bench",
     "predictor": "tessera.workload.bench",

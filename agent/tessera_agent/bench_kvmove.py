@@ -1,0 +1,112 @@
+"""KV move against recompute: continuing a long request on another replica.
+
+`tessera bench kvmove --json [--quick]`. Two agent processes with one thread each, each
+leading a whole-model replica of the default tiny checkpoint. Each round takes two fresh
+prompts of `--prompt` tokens and runs both on the source replica (their K/V is then in its
+prefix cache). Then, on the target replica: the first prompt is continued cold (time to
+first token = recomputing the prefill), and the second is moved with
+`tessera.kv_move.move_prefix` and then continued (move time + time to first token).
+Reported: medians over rounds, the median of per-round speed-ups
+(`recompute_vs_move`), the bytes moved, and whether the moved request's tokens equal the
+source's (`tokens_match`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tessera import kv_move, local_agents
+from tessera.rpc import transport
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+from tessera_agent import tiny_checkpoint
+from tessera_agent.engine import config, kv_cache
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="2 rounds, 256-token prompts")
+    parser.add_argument("--prompt", type=int, default=768, help="prompt tokens")
+    parser.add_argument("--rounds", type=int, default=5)
+
+
+def _generate(stub: pb_grpc.AgentStub, replica_id: str, prompt: list[int], n: int) -> list[int]:
+    params = pb.SamplingParams(max_tokens=n, ignore_eos=True)
+    req = pb.GenerateRequest(replica_id=replica_id, prompt_token_ids=prompt, params=params)
+    return [t for ch in stub.Generate(req, timeout=300) for t in ch.token_ids]
+
+
+def _timed(fn: Any) -> tuple[float, Any]:
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rounds = 2 if args.quick else args.rounds
+    length = 256 if args.quick else args.prompt
+    with tempfile.TemporaryDirectory(prefix="tessera-bench-") as tmp:
+        path = tiny_checkpoint.make_tiny(Path(tmp) / "tiny", tiny_checkpoint.TinySpec())
+        cfg = config.ModelConfig.from_path(path)
+        if length >= cfg.max_positions:
+            raise SystemExit(f"--prompt must stay below {cfg.max_positions}")
+        g = torch.Generator().manual_seed(0)
+        with local_agents.local_agents(2, "cpu:1x2GiB", 1, "kvmove") as (a, b):
+            for agent, rid in ((a, "src"), (b, "dst")):
+                local_agents.load_pipeline(
+                    [agent], str(path), [(0, cfg.num_layers)], rid, 256 << 20
+                )
+            src = pb_grpc.AgentStub(transport.sync_channel(a.address))
+            dst = pb_grpc.AgentStub(transport.sync_channel(b.address))
+            src_ref = [kv_move.StageRef(a.address, "src", 0, 0, cfg.num_layers)]
+            dst_ref = [kv_move.StageRef(b.address, "dst", 0, 0, cfg.num_layers)]
+            recompute: list[float] = []
+            moved: list[float] = []
+            move_only: list[float] = []
+            match, pages = True, 0
+            for _ in range(rounds + 1):  # the first round warms up
+                cold, warm = (
+                    [
+                        cfg.bos_token_id or 0,
+                        *torch.randint(5, cfg.vocab_size, (length - 1,), generator=g).tolist(),
+                    ]
+                    for _ in range(2)
+                )
+                _generate(src, "src", cold, 1)
+                want = _generate(src, "src", warm, 4)
+                t_cold, _ = _timed(lambda: _generate(dst, "dst", cold, 1))  # noqa: B023
+                t_move, info = _timed(
+                    lambda: asyncio.run(kv_move.move_prefix(warm, src_ref, dst_ref))  # noqa: B023
+                )
+                t_first, _ = _timed(lambda: _generate(dst, "dst", warm, 1))  # noqa: B023
+                match = match and _generate(dst, "dst", warm, 4) == want
+                recompute.append(t_cold)
+                move_only.append(t_move)
+                moved.append(t_move + t_first)
+                pages = info.pages
+    page_bytes = kv_cache.KVLayout(
+        cfg.num_layers, 1, 16, cfg.num_kv_heads, cfg.head_dim
+    ).bytes_per_page
+    r, m, mo = recompute[1:], moved[1:], move_only[1:]
+    return {
+        "recompute_ttft_ms": round(1000 * statistics.median(r), 2),
+        "move_ms": round(1000 * statistics.median(mo), 2),
+        "move_then_ttft_ms": round(1000 * statistics.median(m), 2),
+        "recompute_vs_move": round(statistics.median(x / y for x, y in zip(r, m, strict=True)), 2),
+        "moved_tokens": pages * 16,
+        "moved_bytes": pages * page_bytes,
+        "tokens_match": match,
+        "prompt_tokens": length,
+        "rounds": rounds,
+        "transport": "grpc (CPU), agents with 1 thread each",
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
+    }
