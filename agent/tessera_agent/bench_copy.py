@@ -40,12 +40,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=5)
 
 
-def _generate(stub: pb_grpc.AgentStub, replica_id: str, prompt: list[int]) -> list[int]:
-    params = pb.SamplingParams(max_tokens=8, ignore_eos=True)
-    req = pb.GenerateRequest(replica_id=replica_id, prompt_token_ids=prompt, params=params)
-    return [t for ch in stub.Generate(req, timeout=120) for t in ch.token_ids]
-
-
 def _evict(model: Path) -> None:
     """Drop the checkpoint's pages from the page cache (Linux; a no-op where unsupported)."""
     for f in model.iterdir():
@@ -106,7 +100,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if i + 1 < rounds:
                     dst.UnloadBlock(pb.UnloadBlockRequest(replica_id=f"peer{i}"))
             prompt = [cfg.bos_token_id or 0, 5, 6, 7, 8]
-            match = _generate(dst, f"peer{rounds - 1}", prompt) == _generate(src, "src", prompt)
+            copied = local_agents.generate_tokens(dst, f"peer{rounds - 1}", prompt, 8)
+            match = copied == local_agents.generate_tokens(src, "src", prompt, 8)
     nbytes = reply.block.param_bytes
     return {
         "param_bytes": nbytes,

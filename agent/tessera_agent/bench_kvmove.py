@@ -27,7 +27,6 @@ import torch
 
 from tessera import kv_move, local_agents
 from tessera.rpc import transport
-from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import tiny_checkpoint
 from tessera_agent.engine import config, kv_cache
@@ -37,12 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="2 rounds, 256-token prompts")
     parser.add_argument("--prompt", type=int, default=768, help="prompt tokens")
     parser.add_argument("--rounds", type=int, default=5)
-
-
-def _generate(stub: pb_grpc.AgentStub, replica_id: str, prompt: list[int], n: int) -> list[int]:
-    params = pb.SamplingParams(max_tokens=n, ignore_eos=True)
-    req = pb.GenerateRequest(replica_id=replica_id, prompt_token_ids=prompt, params=params)
-    return [t for ch in stub.Generate(req, timeout=300) for t in ch.token_ids]
 
 
 def _timed(fn: Any) -> tuple[float, Any]:
@@ -81,14 +74,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     ]
                     for _ in range(2)
                 )
-                _generate(src, "src", cold, 1)
-                want = _generate(src, "src", warm, 4)
-                t_cold, _ = _timed(lambda: _generate(dst, "dst", cold, 1))  # noqa: B023
+                gen = local_agents.generate_tokens
+                gen(src, "src", cold, 1)
+                want = gen(src, "src", warm, 4)
+                t_cold, _ = _timed(lambda: gen(dst, "dst", cold, 1))  # noqa: B023
                 t_move, info = _timed(
                     lambda: asyncio.run(kv_move.move_prefix(warm, src_ref, dst_ref))  # noqa: B023
                 )
-                t_first, _ = _timed(lambda: _generate(dst, "dst", warm, 1))  # noqa: B023
-                match = match and _generate(dst, "dst", warm, 4) == want
+                t_first, _ = _timed(lambda: gen(dst, "dst", warm, 1))  # noqa: B023
+                match = match and gen(dst, "dst", warm, 4) == want
                 recompute.append(t_cold)
                 move_only.append(t_move)
                 moved.append(t_move + t_first)

@@ -18,7 +18,8 @@ from tessera_agent import convert
 from tessera_agent.engine import errors, stage
 
 
-def _pages(st: stage.Stage, page_ids: Sequence[int]) -> list[int]:
+def valid_pages(st: stage.Stage, page_ids: Sequence[int]) -> list[int]:
+    """The page ids as ints, each inside the stage's pool (InvalidArgumentError if not)."""
     pages = [int(p) for p in page_ids]
     if not pages:
         raise errors.InvalidArgumentError("page_ids: at least one page is required")
@@ -42,7 +43,7 @@ def export_layers(
     st: stage.Stage, page_ids: Sequence[int], start: int = 0, end: int = 0
 ) -> Iterator[pb.KVLayer]:
     """K and V of the pages for global layers [start, end) (all of the stage's if both 0)."""
-    pages = _pages(st, page_ids)
+    pages = valid_pages(st, page_ids)
     if not start and not end:
         start, end = st.spec.start, st.spec.end
     locals_ = [_local(st, layer) for layer in range(start, end)]  # validate before streaming
@@ -63,12 +64,12 @@ def _tensor(layer: int, name: str, msg: pb.Tensor, want: tuple[int, ...]) -> tor
         raise errors.InvalidArgumentError(f"{where}: not a {msg.dtype!r} tensor: {exc}") from exc
 
 
-def import_layer(st: stage.Stage, page_ids: Sequence[int], msg: pb.KVLayer) -> None:
-    """Write one layer's K and V into the pages (reserved on the leader for this move)."""
-    pages = _pages(st, page_ids)
+def import_layer(st: stage.Stage, page_ids: list[int], msg: pb.KVLayer) -> None:
+    """Write one layer's K and V into the pages (validated by `valid_pages`; reserved on the
+    leader for this move)."""
     local = _local(st, msg.layer)
     cache = st.runner.cache
     layout = cache.layout
-    want = (len(pages) * layout.page_size, layout.kv_heads, layout.head_dim)
+    want = (len(page_ids) * layout.page_size, layout.kv_heads, layout.head_dim)
     k, v = _tensor(msg.layer, "k", msg.k, want), _tensor(msg.layer, "v", msg.v, want)
-    cache.import_sequence(local, pages, k, v)
+    cache.import_sequence(local, page_ids, k, v)

@@ -348,10 +348,11 @@ class AgentServicer(pb_grpc.AgentServicer):
                 raise errors.InvalidArgumentError("ImportKV: the first message must be a header")
             head = first.header
             st = self._stage(head.replica_id, head.stage_index)
+            pages = kv_transfer.valid_pages(st, head.page_ids)
             async for msg in request_iterator:
                 if not msg.HasField("layer"):
                     raise errors.InvalidArgumentError("ImportKV: one header, then layers")
-                kv_transfer.import_layer(st, list(head.page_ids), msg.layer)
+                kv_transfer.import_layer(st, pages, msg.layer)
                 n += 1
         except errors.EngineError as exc:
             await grpc_status.abort(context, exc)

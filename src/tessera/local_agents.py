@@ -17,6 +17,10 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
 _LISTEN_RE = re.compile(r"listening on (\S+):(\d+)")
 
@@ -164,3 +168,15 @@ def load_pipeline(
             )
         finally:
             channel.close()
+
+
+def generate_tokens(
+    stub: pb_grpc.AgentStub, replica_id: str, prompt: list[int], max_tokens: int
+) -> list[int]:
+    """Greedy tokens of one request through an `AgentStub` of the replica's leader (EOS
+    ignored, so exactly `max_tokens`). For benches; clients go through the gateway."""
+    from tessera.rpc.v1 import agent_pb2 as pb
+
+    params = pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    req = pb.GenerateRequest(replica_id=replica_id, prompt_token_ids=prompt, params=params)
+    return [t for ch in stub.Generate(req, timeout=300) for t in ch.token_ids]

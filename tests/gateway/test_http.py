@@ -24,12 +24,6 @@ async def gw(tiny_llama: Path) -> AsyncIterator[server.GatewayHandle]:
     await h.stop()
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
 async def test_errors_in_openai_format(
     gw: server.GatewayHandle, session: aiohttp.ClientSession
 ) -> None:

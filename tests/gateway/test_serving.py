@@ -62,12 +62,6 @@ async def gw(
     await h.stop()
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
 @pytest.fixture(scope="module")
 def tok(tiny_llama: Path) -> Tokenizer:
     return Tokenizer.from_file(str(tiny_llama / "tokenizer.json"))

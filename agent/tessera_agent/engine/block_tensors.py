@@ -78,16 +78,17 @@ def check(
             )
 
 
-def tensor(model: model_mod.StageModel, name: str) -> torch.Tensor:
-    """The checkpoint tensor `name` as held by the loaded block (a view, not a copy).
+def not_held(model: model_mod.StageModel, name: str) -> errors.NotFoundError:
+    """The error for a tensor the block does not hold, naming the layers it does."""
+    return errors.NotFoundError(
+        f"tensor not held: {name} (the block holds layers [{model.start}, {model.end}) "
+        f"of {model.cfg.num_layers})"
+    )
 
-    NotFoundError names the tensor and the layers the block holds when it is not there."""
-    cfg = model.cfg
-    if name not in loader.checkpoint_names(cfg, model.start, model.end):
-        raise errors.NotFoundError(
-            f"tensor not held: {name} (the block holds layers [{model.start}, {model.end}) "
-            f"of {cfg.num_layers})"
-        )
+
+def tensor(model: model_mod.StageModel, name: str) -> torch.Tensor:
+    """The checkpoint tensor `name` as held by the loaded block (a view, not a copy);
+    `name` must be one of `loader.checkpoint_names` of the block's range."""
     if name == "model.embed_tokens.weight":
         src = model.embed_tokens if model.embed_tokens is not None else model.lm_head
         assert src is not None  # a tied head stands in for the embedding

@@ -5,9 +5,10 @@ least `num_pages` pages of the same page size, so one allocator's block tables a
 on every stage (as in vLLM's pipeline-parallel design); stages just follow them.
 
 Prefix caching (automatic, at page granularity): once every stage has computed a full
-page of a sequence, the page is registered under a key naming all the tokens up to its end
-(the key of the page before it plus its own tokens; compared exactly, not by a hash, so
-two different prefixes never share a page). A new sequence whose prompt starts
+page of a sequence, the page is registered under a key naming all the tokens up to its end:
+the content id of the page before it plus its own tokens. Content ids are never reused, and
+keys are compared exactly (not by a hash), so two different prefixes never share a page,
+while each lookup costs one page of tokens, not the whole prefix. A new sequence whose prompt starts
 with registered pages shares them (reference counts) and starts computing after them.
 Shared pages are only ever read: a sequence writes beyond its cached prefix, into pages of
 its own. Pages nobody holds stay cached until they are needed: fresh pages are taken
@@ -16,14 +17,11 @@ first, then the least recently released cached page is evicted.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
-Key = Hashable  # (key of the previous page or None, this page's tokens)
-
-
-def _page_key(parent: Key | None, tokens: Sequence[int]) -> Key:
-    return (parent, tuple(tokens))
+Key = tuple[int, tuple[int, ...]]  # (content id of the previous page, 0 at the start; tokens)
 
 
 class PageAllocator:
@@ -39,8 +37,10 @@ class PageAllocator:
         self._refs: dict[int, int] = {}  # pages held by sequences -> how many hold them
         self._key_of: dict[int, Key] = {}  # registered page -> its prefix key
         self._page_of: dict[Key, int] = {}  # prefix key -> registered page
+        self._content: dict[int, int] = {}  # registered page -> content id (never reused)
+        self._ids = itertools.count(1)
         self._cached_free: OrderedDict[int, None] = OrderedDict()  # registered, unheld (LRU)
-        self._keys: dict[str, list[Key]] = {}  # per sequence: keys of its full pages so far
+        self._chains: dict[str, list[int]] = {}  # per sequence: content ids of its full pages
 
     @property
     def free_pages(self) -> int:
@@ -70,22 +70,21 @@ class PageAllocator:
             return 0
         ps = self.page_size
         pages: list[int] = []
-        keys: list[Key] = []
-        parent: Key | None = None
+        chain: list[int] = []
         for i in range((len(tokens) - 1) // ps):
-            key = _page_key(parent, tokens[i * ps : (i + 1) * ps])
-            page = self._page_of.get(key)
+            page = self._page_of.get(
+                (chain[-1] if chain else 0, tuple(tokens[i * ps : (i + 1) * ps]))
+            )
             if page is None:
                 break
             pages.append(page)
-            keys.append(key)
-            parent = key
+            chain.append(self._content[page])
         if not pages:
             return 0
         for page in pages:
             self._hold(page)
         self._tables[seq_id] = pages
-        self._keys[seq_id] = keys
+        self._chains[seq_id] = chain
         return len(pages) * ps
 
     def register(self, seq_id: str, tokens: Sequence[int], num_computed: int) -> None:
@@ -95,14 +94,15 @@ class PageAllocator:
             return
         ps = self.page_size
         table = self._tables.get(seq_id, [])
-        keys = self._keys.setdefault(seq_id, [])
-        for i in range(len(keys), min(num_computed // ps, len(table))):
-            key = _page_key(keys[-1] if keys else None, tokens[i * ps : (i + 1) * ps])
-            keys.append(key)
-            page = table[i]
-            if key not in self._page_of and page not in self._key_of:
-                self._page_of[key] = page
-                self._key_of[page] = key
+        chain = self._chains.setdefault(seq_id, [])
+        for i in range(len(chain), min(num_computed // ps, len(table))):
+            key = (chain[-1] if chain else 0, tuple(tokens[i * ps : (i + 1) * ps]))
+            owner = self._page_of.get(key)
+            if owner is None:  # first to compute this content: its own (fresh) page holds it
+                owner = table[i]
+                self._page_of[key], self._key_of[owner] = owner, key
+                self._content[owner] = next(self._ids)
+            chain.append(self._content[owner])
 
     # -- allocation ---------------------------------------------------------------------
     def can_grow(self, seq_id: str, num_tokens: int) -> bool:
@@ -124,7 +124,7 @@ class PageAllocator:
     def free(self, seq_id: str) -> None:
         """Release the sequence's pages (finish, cancel or preemption); registered pages
         nobody holds any more stay cached, the others return to the free list."""
-        self._keys.pop(seq_id, None)
+        self._chains.pop(seq_id, None)
         for page in self._tables.pop(seq_id, ()):
             self._refs[page] -= 1
             if self._refs[page]:
@@ -140,6 +140,7 @@ class PageAllocator:
             return self._free.popleft()
         page, _ = self._cached_free.popitem(last=False)  # evict the least recently released
         del self._page_of[self._key_of.pop(page)]
+        del self._content[page]
         return page
 
     def _hold(self, page: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,8 +67,15 @@ class Stage:
     def tensor_names(self) -> list[str]:
         return loader.checkpoint_names(self.cfg, self.spec.start, self.spec.end)
 
+    @functools.cached_property
+    def _held(self) -> frozenset[str]:
+        return frozenset(self.tensor_names())
+
     def tensor(self, name: str) -> torch.Tensor:
-        """A checkpoint tensor of this block, by name (a view of the loaded weights)."""
+        """A checkpoint tensor of this block, by name (a view of the loaded weights);
+        NotFoundError names the layers the block holds when it is not one of them."""
+        if name not in self._held:
+            raise block_tensors.not_held(self.runner.model, name)
         return block_tensors.tensor(self.runner.model, name)
 
 

@@ -278,7 +278,7 @@ class _LogprobShape:
         if self.kind == "chat":
             return logprobs.chat(entries, text, self.codec.token_bytes)
         out = logprobs.completion(entries, text, self.offset)
-        self.offset += logprobs.text_length(entries, text)
+        self.offset += sum(len(t) for t in out["tokens"])
         return out
 
 

@@ -48,8 +48,3 @@ def chat(
             for e in entries
         ]
     }
-
-
-def text_length(entries: Sequence[dispatch.TokenLogprob], text: TokenText) -> int:
-    """Characters the entries' token texts span (advances a stream's `text_offset`)."""
-    return sum(len(text(e.token_id)) for e in entries)

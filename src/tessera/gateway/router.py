@@ -41,11 +41,12 @@ PREFIX_MIN = 32  # shortest prompt prefix remembered (tokens); lengths double fr
 PREFIX_ENTRIES = 4096  # remembered prefixes, least recently used dropped
 
 
-def _prefix_lengths(n: int) -> list[int]:
-    """Prefix lengths remembered for a prompt of n tokens, longest first."""
+def _prefix_hashes(prompt_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """(length, hash) of the prefixes remembered for a prompt, longest first: 32, 64, ...
+    tokens, up to the whole prompt but its last token."""
     out, length = [], PREFIX_MIN
-    while length < n:
-        out.append(length)
+    while length < len(prompt_ids):
+        out.append((length, hash(tuple(prompt_ids[:length]))))
         length *= 2
     return out[::-1]
 
@@ -114,12 +115,17 @@ class Router:
         `prompt_ids` (when given) enable prefix affinity and are remembered."""
         if not ready:
             return None
-        route = self._choose(ready, prompt_tokens, max_tokens, prompt_ids)
-        self._remember(prompt_ids, route.replica_id)
+        prefixes = _prefix_hashes(prompt_ids)
+        route = self._choose(ready, prompt_tokens, max_tokens, prefixes)
+        self._remember(prefixes, route.replica_id)
         return route
 
     def _choose(
-        self, ready: Sequence[str], prompt_tokens: int, max_tokens: int, prompt_ids: Sequence[int]
+        self,
+        ready: Sequence[str],
+        prompt_tokens: int,
+        max_tokens: int,
+        prefixes: list[tuple[int, int]],
     ) -> Route:
         class_name = None
         if self._shares and self._classify is not None:
@@ -139,23 +145,24 @@ class Router:
                 r,
             ),
         )
-        owner, saved = self._owner(ready, prompt_ids)
+        owner, saved = self._owner(ready, prefixes)
         if owner is not None and owner != best:
             if self._tokens.get(owner, 0) - self._tokens.get(best, 0) <= saved:
                 return self._picked(Route(owner, "prefix_affinity", class_name))
         return self._picked(Route(best, "least_outstanding", class_name))
 
-    def _owner(self, ready: Sequence[str], prompt_ids: Sequence[int]) -> tuple[str | None, int]:
+    def _owner(
+        self, ready: Sequence[str], prefixes: list[tuple[int, int]]
+    ) -> tuple[str | None, int]:
         """The ready replica that last got the longest remembered prefix, and its length."""
-        for length in _prefix_lengths(len(prompt_ids)):
-            rid = self._owners.get(hash(tuple(prompt_ids[:length])))
+        for length, key in prefixes:
+            rid = self._owners.get(key)
             if rid is not None and rid in ready:
                 return rid, length
         return None, 0
 
-    def _remember(self, prompt_ids: Sequence[int], replica_id: str) -> None:
-        for length in _prefix_lengths(len(prompt_ids)):
-            key = hash(tuple(prompt_ids[:length]))
+    def _remember(self, prefixes: list[tuple[int, int]], replica_id: str) -> None:
+        for _, key in prefixes:
             self._owners[key] = replica_id
             self._owners.move_to_end(key)
         while len(self._owners) > PREFIX_ENTRIES:
