@@ -61,6 +61,7 @@ class TinySpec:
     vocab: int = 512
     seed: int = 0
     intermediate: int = 0  # 0 = derive from hidden (Llama's ~2.75x rounded to 32)
+    head_dim: int = 0  # 0 = hidden // heads; set it for q/o widths other than hidden
     max_positions: int = 1024
     rope_scaling: str = "none"  # "none" or "llama3"
     tie_embeddings: bool | None = None  # None = arch default (qwen2 ties, llama does not)
@@ -74,7 +75,9 @@ class TinySpec:
         for name in ("layers", "hidden", "heads", "kv_heads", "vocab", "shards"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1")
-        if self.hidden % self.heads:
+        if self.head_dim < 0:
+            raise ValueError("head_dim: must be >= 0 (0 = hidden // heads)")
+        if not self.head_dim and self.hidden % self.heads:
             raise ValueError(f"hidden: {self.hidden} is not divisible by heads {self.heads}")
         if self.heads % self.kv_heads:
             raise ValueError(f"kv_heads: {self.kv_heads} does not divide heads {self.heads}")
@@ -86,6 +89,10 @@ class TinySpec:
     @property
     def tied(self) -> bool:
         return self.arch == "qwen2" if self.tie_embeddings is None else self.tie_embeddings
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden // self.heads
 
     @property
     def ffn(self) -> int:
@@ -129,7 +136,7 @@ def _config(spec: TinySpec, tok: Tokenizer) -> dict[str, object]:
         "num_hidden_layers": spec.layers,
         "num_attention_heads": spec.heads,
         "num_key_value_heads": spec.kv_heads,
-        "head_dim": spec.hidden // spec.heads,
+        "head_dim": spec.hd,
         "hidden_act": "silu",
         "max_position_embeddings": spec.max_positions,
         "rms_norm_eps": 1e-5 if spec.arch != "qwen2" else 1e-6,
@@ -167,7 +174,7 @@ def _config(spec: TinySpec, tok: Tokenizer) -> dict[str, object]:
 def _weights(spec: TinySpec) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(spec.seed)
     std = spec.init_std or 1.0 / math.sqrt(spec.hidden)
-    hd = spec.hidden // spec.heads
+    hd = spec.hd
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (spec.vocab, spec.hidden)}
     for i in range(spec.layers):
         p = f"model.layers.{i}."

@@ -16,30 +16,19 @@ import re
 import torch
 
 from tessera_agent.engine import config as config_mod
-from tessera_agent.engine import errors, loader
+from tessera_agent.engine import errors, loader, tp
 from tessera_agent.engine import model as model_mod
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
-def shapes(cfg: config_mod.ModelConfig, start: int, end: int) -> dict[str, tuple[int, ...]]:
-    """Checkpoint shape of every tensor layer range [start, end) needs, in load order."""
-    h, ffn = cfg.hidden_size, cfg.intermediate_size
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    per_layer: dict[str, tuple[int, ...]] = {
-        "input_layernorm.weight": (h,),
-        "post_attention_layernorm.weight": (h,),
-        "self_attn.q_proj.weight": (q, h),
-        "self_attn.k_proj.weight": (kv, h),
-        "self_attn.v_proj.weight": (kv, h),
-        "self_attn.q_proj.bias": (q,),
-        "self_attn.k_proj.bias": (kv,),
-        "self_attn.v_proj.bias": (kv,),
-        "self_attn.o_proj.weight": (h, q),
-        "mlp.gate_proj.weight": (ffn, h),
-        "mlp.up_proj.weight": (ffn, h),
-        "mlp.down_proj.weight": (h, ffn),
-    }
+def shapes(
+    cfg: config_mod.ModelConfig, start: int, end: int, shard: tp.TPShard = tp.SINGLE
+) -> dict[str, tuple[int, ...]]:
+    """Checkpoint shape of every tensor layer range [start, end) needs, in load order, as
+    held by TP rank `shard` (the full shapes when tp=1)."""
+    h = cfg.hidden_size
+    per_layer = tp.layer_shapes(cfg)
     fixed = {
         "model.embed_tokens.weight": (cfg.vocab_size, h),
         "lm_head.weight": (cfg.vocab_size, h),
@@ -48,15 +37,22 @@ def shapes(cfg: config_mod.ModelConfig, start: int, end: int) -> dict[str, tuple
     out: dict[str, tuple[int, ...]] = {}
     for name in loader.checkpoint_names(cfg, start, end):
         m = _LAYER_RE.match(name)
-        out[name] = per_layer[m.group(2)] if m else fixed[name]
+        out[name] = tp.shard_shape(name, per_layer[m.group(2)] if m else fixed[name], shard)
     return out
 
 
-def nbytes(cfg: config_mod.ModelConfig, start: int, end: int, dtype: torch.dtype) -> int:
-    """Parameter bytes of the range at `dtype`, from the config alone (tied head once)."""
+def nbytes(
+    cfg: config_mod.ModelConfig,
+    start: int,
+    end: int,
+    dtype: torch.dtype,
+    shard: tp.TPShard = tp.SINGLE,
+) -> int:
+    """Parameter bytes of the range at `dtype` on TP rank `shard`, from the config alone
+    (tied head once)."""
     elem = torch.tensor([], dtype=dtype).element_size()
     total = 0
-    for shape in shapes(cfg, start, end).values():
+    for shape in shapes(cfg, start, end, shard).values():
         n = 1
         for d in shape:
             n *= d
@@ -65,14 +61,20 @@ def nbytes(cfg: config_mod.ModelConfig, start: int, end: int, dtype: torch.dtype
 
 
 def check(
-    cfg: config_mod.ModelConfig, start: int, end: int, tensors: dict[str, torch.Tensor]
+    cfg: config_mod.ModelConfig,
+    start: int,
+    end: int,
+    tensors: dict[str, torch.Tensor],
+    shard: tp.TPShard = tp.SINGLE,
 ) -> None:
-    """FailedPreconditionError naming the first tensor missing or of the wrong shape."""
-    for name, shape in shapes(cfg, start, end).items():
+    """FailedPreconditionError naming the first tensor missing or of the wrong shape; a
+    tensor may come whole or already sliced to `shard` (a peer holding the same rank)."""
+    whole = shapes(cfg, start, end)
+    for name, shape in shapes(cfg, start, end, shard).items():
         got = tensors.get(name)
         if got is None:
             raise errors.FailedPreconditionError(f"tensor missing from the copy: {name}")
-        if tuple(got.shape) != shape:
+        if tuple(got.shape) not in (shape, whole[name]):
             raise errors.FailedPreconditionError(
                 f"tensor {name} has shape {tuple(got.shape)}, but config.json implies {shape}"
             )

@@ -20,6 +20,7 @@ from safetensors import safe_open
 from tessera_agent.engine import config as config_mod
 from tessera_agent.engine import errors
 from tessera_agent.engine import model as model_mod
+from tessera_agent.engine import tp as tp_mod
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "I8": 1, "U8": 1}
@@ -104,13 +105,16 @@ def load_stage(
     dtype: torch.dtype,
     device: torch.device,
     tensors: dict[str, torch.Tensor] | None = None,
+    shard: tp_mod.TPShard = tp_mod.SINGLE,
 ) -> model_mod.StageModel:
     """Build a StageModel for [start, end) and fill it from the checkpoint, or from
-    `tensors` (checkpoint names to tensors, e.g. copied from a peer) when given."""
+    `tensors` (checkpoint names to tensors, e.g. copied from a peer) when given; with TP,
+    only TP rank `shard`'s slice of each layer is kept."""
     if tensors is None:
         tensors = read_tensors(model_path, checkpoint_names(cfg, start, end))
+    tensors = tp_mod.shard_tensors(cfg, tensors, shard)
     with torch.device("meta"):
-        stage = model_mod.StageModel(cfg, start, end)
+        stage = model_mod.StageModel(cfg, start, end, shard)
     stage = stage.to_empty(device=device).to(dtype)
     stage.dtype_ = dtype
     stage.inv_freq = model_mod.rope_inv_freq(cfg.head_dim, cfg.rope).to(device)

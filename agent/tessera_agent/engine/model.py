@@ -14,6 +14,7 @@ addressable by name for copying and migration.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from tessera_agent.engine import config as config_mod
+from tessera_agent.engine import tp as tp_mod
+
+# Sums a row-parallel projection's partial outputs across the stage's TP ranks (in place).
+AllReduce = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -92,9 +97,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: config_mod.ModelConfig) -> None:
+    """GQA attention over the paged cache; with TP, this rank's q and KV heads only
+    (qkv column-parallel, o row-parallel, partial outputs summed by `all_reduce`)."""
+
+    def __init__(self, cfg: config_mod.ModelConfig, shard: tp_mod.TPShard = tp_mod.SINGLE) -> None:
         super().__init__()
-        self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.nh, self.nkv, _ = tp_mod.local_sizes(cfg, shard)
+        self.hd = cfg.head_dim
+        self.all_reduce: AllReduce | None = None
         self.q_size, self.kv_size = self.nh * self.hd, self.nkv * self.hd
         self.qkv_proj = nn.Linear(
             cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias
@@ -141,29 +151,36 @@ class Attention(nn.Module):
                 enable_gqa=True,
             )
             out[seg.row : seg.row + seg.q_len] = os_.transpose(0, 1)
-        return self.o_proj(out.view(t, self.q_size))  # type: ignore[no-any-return]
+        o: torch.Tensor = self.o_proj(out.view(t, self.q_size))
+        return o if self.all_reduce is None else self.all_reduce(o)
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: config_mod.ModelConfig) -> None:
+    """SwiGLU; with TP, gate/up column-parallel and down row-parallel (then all-reduced)."""
+
+    def __init__(self, cfg: config_mod.ModelConfig, shard: tp_mod.TPShard = tp_mod.SINGLE) -> None:
         super().__init__()
-        self.ffn = cfg.intermediate_size
+        self.ffn = tp_mod.local_sizes(cfg, shard)[2]
+        self.all_reduce: AllReduce | None = None
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.ffn, bias=False)
         self.down_proj = nn.Linear(self.ffn, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.ffn, dim=-1)
-        return self.down_proj(F.silu(gate) * up)  # type: ignore[no-any-return]
+        d: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        return d if self.all_reduce is None else self.all_reduce(d)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: config_mod.ModelConfig, index: int) -> None:
+    def __init__(
+        self, cfg: config_mod.ModelConfig, index: int, shard: tp_mod.TPShard = tp_mod.SINGLE
+    ) -> None:
         super().__init__()
         self.index = index  # global layer index in the checkpoint
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, shard)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, shard)
 
     def forward(
         self, x: torch.Tensor, md: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
@@ -173,18 +190,25 @@ class DecoderLayer(nn.Module):
 
 
 class StageModel(nn.Module):
-    """Decoder layers [start, end) of a checkpoint, plus embedding / head at the ends."""
+    """Decoder layers [start, end) of a checkpoint, plus embedding / head at the ends;
+    with TP (`shard`), this rank's slice of every layer (see `tp.py`)."""
 
-    def __init__(self, cfg: config_mod.ModelConfig, start: int, end: int) -> None:
+    def __init__(
+        self,
+        cfg: config_mod.ModelConfig,
+        start: int,
+        end: int,
+        shard: tp_mod.TPShard = tp_mod.SINGLE,
+    ) -> None:
         super().__init__()
         if not 0 <= start < end <= cfg.num_layers:
             raise ValueError(
                 f"layer range [{start}, {end}) is outside the model's {cfg.num_layers} layers"
             )
-        self.cfg, self.start, self.end = cfg, start, end
+        self.cfg, self.start, self.end, self.shard = cfg, start, end, shard
         self.is_first, self.is_last = start == 0, end == cfg.num_layers
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if self.is_first else None
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(start, end))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, shard) for i in range(start, end))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if self.is_last else None
         self.lm_head = (
             nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) if self.is_last else None
@@ -192,6 +216,13 @@ class StageModel(nn.Module):
         self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope), persistent=False)
         self.dtype_ = torch.float32  # parameter dtype, set by the loader
+
+    def set_all_reduce(self, fn: AllReduce | None) -> None:
+        """Install the TP group's all-reduce after every row-parallel projection."""
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
+            layer.self_attn.all_reduce = fn
+            layer.mlp.all_reduce = fn
 
     def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]

@@ -19,6 +19,10 @@ def register(sub: Any) -> None:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument(
+        "--head-dim", type=int, default=0, help="attention head width (0 = hidden / heads)"
+    )
+    p.add_argument("--intermediate", type=int, default=0, help="MLP width (0 = ~2.75x hidden)")
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-positions", type=int, default=1024)
@@ -37,6 +41,8 @@ def _make_tiny(args: argparse.Namespace) -> int:
             hidden=args.hidden,
             heads=args.heads,
             kv_heads=args.kv_heads,
+            head_dim=args.head_dim,
+            intermediate=args.intermediate,
             vocab=args.vocab,
             seed=args.seed,
             max_positions=args.max_positions,

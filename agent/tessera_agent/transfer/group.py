@@ -1,0 +1,154 @@
+"""One torch.distributed group formed on demand, used by TP ranks and pipeline stages.
+
+`form(spec)` reaches the rendezvous store the plan handed out, builds the backend (NCCL
+when every rank is a CUDA device, gloo otherwise) over a key prefix unique to this
+formation, and returns a `Group` with the few operations the engine needs: all-reduce
+(TP), broadcast of a step to the other ranks, and point-to-point tensors. No
+`init_process_group`: an agent holds as many groups as it hosts replicas, each closed at
+unload. Every operation has the group's timeout, so a dead rank fails the group instead of
+hanging it. Called by `tessera_agent.replica_groups` and by tests.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._C import _distributed_c10d as c10d
+
+from tessera_agent.transfer import gloo, nccl, store
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Where and how to form a group."""
+
+    store_address: str  # host:port of the rendezvous TCPStore (the plan hands it out)
+    name: str  # key prefix unique to this formation (replica, generation, stage)
+    rank: int
+    size: int
+    backend: str = "gloo"  # "gloo" or "nccl" (see `choose`)
+    timeout_s: float = DEFAULT_TIMEOUT_S  # per operation, and to wait for the other ranks
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or not 0 <= self.rank < self.size:
+            raise ValueError(f"group {self.name}: rank {self.rank} outside [0, {self.size})")
+        if self.backend not in (gloo.NAME, nccl.NAME):
+            raise ValueError(f"group {self.name}: backend {self.backend!r} is not gloo or nccl")
+
+
+def choose(device_kinds: list[str]) -> str:
+    """The backend for ranks on these device kinds: NCCL only when all are CUDA."""
+    if device_kinds and all(k == "cuda" for k in device_kinds):
+        return nccl.NAME
+    return gloo.NAME
+
+
+class GroupError(RuntimeError):
+    """The group failed (a rank died, timed out, or the group was closed)."""
+
+
+class Group:
+    """A formed group; operations are serialized (one in flight per group)."""
+
+    def __init__(
+        self, spec: GroupSpec, pg: c10d.Backend, device: torch.device, st: c10d.Store
+    ) -> None:
+        # The backend's collectives are bound in C++ and missing from torch's stubs.
+        self._pg: Any
+        self.spec, self._pg, self.device, self._store = spec, pg, device, st
+        self._lock = threading.Lock()
+        self.failed: str | None = None
+
+    @property
+    def backend(self) -> str:
+        return self.spec.backend
+
+    @property
+    def rank(self) -> int:
+        return self.spec.rank
+
+    @property
+    def size(self) -> int:
+        return self.spec.size
+
+    def _run(self, what: str, work: c10d.Work) -> None:
+        try:
+            work.wait()
+        except Exception as exc:
+            self.failed = f"group {self.spec.name} failed in {what}: {exc}"
+            raise GroupError(self.failed) from exc
+
+    def _check(self) -> None:
+        if self.failed is not None:
+            raise GroupError(self.failed)
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum `t` across the ranks, in place; returns `t`."""
+        with self._lock:
+            self._check()
+            self._run("all_reduce", self._pg.allreduce([t]))
+        return t
+
+    def broadcast_object(self, obj: object, root: int = 0) -> object:
+        """`obj` from rank `root` to every rank (pickled); others pass anything."""
+        with self._lock:
+            self._check()
+            if self.rank == root:
+                data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+                size = torch.tensor([len(data)], dtype=torch.long, device=self.device)
+                self._run("broadcast", self._pg.broadcast(size, root))
+                buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+                self._run("broadcast", self._pg.broadcast(buf, root))
+                return obj
+            size = torch.zeros(1, dtype=torch.long, device=self.device)
+            self._run("broadcast", self._pg.broadcast(size, root))
+            buf = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
+            self._run("broadcast", self._pg.broadcast(buf, root))
+            return pickle.loads(buf.cpu().numpy().tobytes())
+
+    def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
+        with self._lock:
+            self._check()
+            self._run("send", self._pg.send([t.contiguous()], dst, tag))
+
+    def recv(self, t: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
+        with self._lock:
+            self._check()
+            self._run("recv", self._pg.recv([t], src, tag))
+        return t
+
+    def close(self) -> None:
+        """Let the group go; later operations fail with the reason."""
+        if self.failed is None:
+            self.failed = f"group {self.spec.name} was closed"
+        shutdown = getattr(self._pg, "shutdown", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:  # a half-dead group may refuse; it is gone either way
+                pass
+
+
+def form(spec: GroupSpec, device: torch.device) -> Group:
+    """Join the group `spec` names; returns once every rank has joined, or raises
+    GroupError after `spec.timeout_s`."""
+    try:
+        client = store.connect(spec.store_address, spec.timeout_s)
+        prefixed = c10d.PrefixStore(f"tessera/{spec.name}/", client)
+        if spec.backend == nccl.NAME:
+            pg = nccl.make(prefixed, spec.rank, spec.size, spec.timeout_s, device)
+        else:
+            pg = gloo.make(prefixed, spec.rank, spec.size, spec.timeout_s)
+            device = torch.device("cpu")
+    except Exception as exc:
+        raise GroupError(
+            f"group {spec.name}: rank {spec.rank} of {spec.size} could not join at "
+            f"{spec.store_address} ({spec.backend}): {exc}"
+        ) from exc
+    return Group(spec, pg, device, client)
