@@ -9,7 +9,8 @@ import pytest
 
 from tessera_agent.engine import errors, sampling, stage
 from tests.conftest import hf_greedy
-from tests.engine import helpers, tp_helpers
+from tessera_agent import tp_local
+from tests.engine import helpers
 
 NEW = 8
 GREEDY = sampling.SamplingParams(max_tokens=NEW, ignore_eos=True)
@@ -37,7 +38,7 @@ def tiny_gqa(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _check(path: Path, splits: list[tuple[int, int]], tp: int, prompts: list[list[int]]) -> None:
-    rep = tp_helpers.TPReplica(path, splits, tp)
+    rep = tp_local.TPReplica(path, splits, tp)
     try:
         out, eng = helpers.run(rep.stages, prompts, GREEDY)
     finally:

@@ -17,6 +17,7 @@ from typing import Any
 BENCHES: dict[str, str] = {
     "engine": "tessera_agent.bench_engine",
     "copy": "tessera_agent.bench_copy",
+    "tp": "tessera_agent.bench_tp",
     "prefix": "tessera_agent.bench_prefix",
     "kvmove": "tessera_agent.bench_kvmove",
     "serve": "tessera.cli.bench_serve",

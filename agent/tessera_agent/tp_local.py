@@ -1,9 +1,10 @@
-"""Tensor-parallel stages across local processes, for the engine's TP tests.
+"""A tensor-parallel replica across local processes, without agents (tests, `bench tp`).
 
-The test process drives: it holds rank 0 of every stage (the replica leader and, for a
+The calling process drives: it holds rank 0 of every stage (the replica leader and, for a
 pipeline, the later stages chained in-process). One spawned process holds every other
 rank, each on its own thread, loaded from the same checkpoint and joined to its stage's
-gloo group through the test's TCPStore.
+gloo group through a TCPStore served here. Used by the engine's TP oracle tests and by
+`tessera bench tp`.
 """
 
 from __future__ import annotations
@@ -33,15 +34,16 @@ class Rank:
     group_name: str
     store_address: str
     timeout_s: float = 60.0
+    kv_bytes: int = 16 << 20
 
 
-def load(r: Rank, kv_bytes: int = 16 << 20) -> stage.Stage:
+def load(r: Rank) -> stage.Stage:
     spec = stage.BlockSpec(
         r.model_path,
         r.start,
         r.end,
         stage_index=r.stage_index,
-        kv_bytes=kv_bytes,
+        kv_bytes=r.kv_bytes,
         tp_size=r.tp_size,
         tp_rank=r.tp_rank,
     )
@@ -58,9 +60,9 @@ def _follower(r: Rank) -> None:
     tp_runner.follow(st.runner, join(r))
 
 
-def followers_main(ranks: list[Rank]) -> None:
+def followers_main(ranks: list[Rank], threads: int = 1) -> None:
     """Entry point of the follower process: one thread per rank, until rank 0 says stop."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     threads = [threading.Thread(target=_follower, args=(r,)) for r in ranks]
     for t in threads:
         t.start()
@@ -71,20 +73,39 @@ def followers_main(ranks: list[Rank]) -> None:
 class TPReplica:
     """Stages [(start, end)] of `model_path`, each sharded over `tp` ranks; rank 0 here."""
 
-    def __init__(self, model_path: Path, splits: list[tuple[int, int]], tp: int) -> None:
+    def __init__(
+        self,
+        model_path: Path,
+        splits: list[tuple[int, int]],
+        tp: int,
+        kv_bytes: int = 16 << 20,
+        follower_threads: int = 1,
+    ) -> None:
         self.server = store.serve()
         address = f"127.0.0.1:{self.server.port}"
         nonce = uuid.uuid4().hex[:8]
         self.ranks = [
             [
-                Rank(str(model_path), a, b, i, tp, k, f"test-{nonce}/stage{i}", address)
+                Rank(
+                    str(model_path),
+                    a,
+                    b,
+                    i,
+                    tp,
+                    k,
+                    f"local-{nonce}/s{i}",
+                    address,
+                    kv_bytes=kv_bytes,
+                )
                 for k in range(tp)
             ]
             for i, (a, b) in enumerate(splits)
         ]
         ctx = multiprocessing.get_context("spawn")
         self.proc = ctx.Process(
-            target=followers_main, args=([r for s in self.ranks for r in s[1:]],), daemon=True
+            target=followers_main,
+            args=([r for s in self.ranks for r in s[1:]], follower_threads),
+            daemon=True,
         )
         self.proc.start()
         self.stages: list[stage.Stage] = []
