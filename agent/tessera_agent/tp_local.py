@@ -63,10 +63,10 @@ def _follower(r: Rank) -> None:
 def followers_main(ranks: list[Rank], threads: int = 1) -> None:
     """Entry point of the follower process: one thread per rank, until rank 0 says stop."""
     torch.set_num_threads(threads)
-    threads = [threading.Thread(target=_follower, args=(r,)) for r in ranks]
-    for t in threads:
+    workers = [threading.Thread(target=_follower, args=(r,)) for r in ranks]
+    for t in workers:
         t.start()
-    for t in threads:
+    for t in workers:
         t.join()
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tessera_agent import tp_local
 from tessera_agent.engine import errors, sampling, stage
 from tests.conftest import hf_greedy
-from tessera_agent import tp_local
 from tests.engine import helpers
 
 NEW = 8

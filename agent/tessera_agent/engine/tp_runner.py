@@ -29,9 +29,14 @@ _STEP, _PING, _STOP = "step", "ping", "stop"
 class Collective(Protocol):
     """What a TP stage needs from its group (`transfer.group.Group` provides it)."""
 
-    rank: int
-    size: int
-    failed: str | None
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def failed(self) -> str | None: ...
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor: ...
 
