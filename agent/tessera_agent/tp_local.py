@@ -80,6 +80,7 @@ class TPReplica:
         tp: int,
         kv_bytes: int = 16 << 20,
         follower_threads: int = 1,
+        timeout_s: float = 60.0,
     ) -> None:
         self.server = store.serve()
         address = f"127.0.0.1:{self.server.port}"
@@ -95,6 +96,7 @@ class TPReplica:
                     k,
                     f"local-{nonce}/s{i}",
                     address,
+                    timeout_s=timeout_s,
                     kv_bytes=kv_bytes,
                 )
                 for k in range(tp)
@@ -112,15 +114,19 @@ class TPReplica:
         for ranks in self.ranks:
             st = load(ranks[0])
             drv = tp_runner.TPRunner(st.runner)
-            drv.attach(join(ranks[0]), ping_s=5.0)
+            drv.attach(join(ranks[0]), ping_s=timeout_s / 4)
             st.runner = drv
             self.stages.append(st)
 
     def close(self) -> None:
+        """Stop every rank: rank 0 says stop, the follower process then exits."""
+        alive = self.proc.is_alive()
         for st in self.stages:
             assert isinstance(st.runner, tp_runner.TPRunner)
             st.runner.close()
+        if not alive:
+            return
         self.proc.join(timeout=60)
         if self.proc.is_alive():
             self.proc.kill()
-            raise AssertionError("follower process did not stop after rank 0 said stop")
+            raise RuntimeError("follower process did not stop after rank 0 said stop")

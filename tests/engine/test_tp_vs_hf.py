@@ -90,3 +90,48 @@ def test_shard_bytes_and_kv_heads(tiny_llama: Path) -> None:
     assert half.num_pages == 2 * whole.num_pages  # same bytes, half the heads per page
     assert half.param_bytes < whole.param_bytes
     assert half.param_bytes == sum(p.numel() * 4 for p in half.runner.model.parameters())
+
+
+def test_dead_rank_fails_fast_and_says_why(tiny_llama: Path, prompts: list[list[int]]) -> None:
+    """Killing the process of TP rank 1 mid-decode: the running requests end with an error
+    in seconds (no hang), and the stage reports not ready with the reason."""
+    import asyncio
+    import concurrent.futures
+    import time
+
+    from tessera_agent.engine import replica, scheduler, tp_runner
+
+    rep = tp_local.TPReplica(tiny_llama, [(0, 8)], 2, timeout_s=10.0)
+    drv = rep.stages[0].runner
+    assert isinstance(drv, tp_runner.TPRunner)
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    eng = replica.ReplicaEngine(drv, pool, scheduler.SchedulerConfig(max_model_len=1024))
+    params = sampling.SamplingParams(max_tokens=400, ignore_eos=True)
+
+    async def one(i: int, got: list[int]) -> None:
+        async for ev in eng.generate(f"s{i}", prompts[i], params):
+            if ev.token is not None:
+                got.append(ev.token)
+
+    async def main() -> tuple[list[BaseException | None], float]:
+        got: list[list[int]] = [[] for _ in range(4)]
+        tasks = [asyncio.create_task(one(i, got[i])) for i in range(4)]
+        while min(len(g) for g in got) < 3:  # decoding
+            await asyncio.sleep(0.05)
+        rep.proc.kill()
+        t = time.monotonic()
+        try:
+            done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+        finally:
+            await eng.close()
+        return [d if isinstance(d, BaseException) else None for d in done], time.monotonic() - t
+
+    try:
+        outcomes, waited = asyncio.run(main())
+    finally:
+        pool.shutdown()
+        rep.close()
+    assert all(isinstance(o, errors.UnavailableError) for o in outcomes), outcomes
+    assert waited < 20.0
+    assert not drv.ready
+    assert "tensor-parallel group failed" in drv.reason
