@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 
 from tessera.rpc.v1 import agent_pb2 as pb
-from tessera_agent.engine import sampling, stage, step
+from tessera_agent import tp_member
+from tessera_agent.engine import errors, sampling, stage, step
+from tessera_agent.transfer import group
 
 
 def tensor_to_proto(t: torch.Tensor) -> pb.Tensor:
@@ -131,9 +133,17 @@ def result_from_proto(msg: pb.StageStepResult) -> step.StepOutput:
     )
 
 
-def block_info(st: stage.Stage, num_stages: int, next_address: str) -> pb.BlockInfo:
+def block_info(
+    st: stage.Stage, num_stages: int, next_address: str, tp: tp_member.TPMember | None = None
+) -> pb.BlockInfo:
     s = st.spec
+    state, reason = tp.status() if tp is not None else ("", "")
     return pb.BlockInfo(
+        tp_size=s.tp_size,
+        tp_rank=s.tp_rank,
+        transport=tp.backend if tp is not None else "",
+        group_state=state,
+        group_reason=reason,
         replica_id=s.replica_id,
         stage_index=s.stage_index,
         num_stages=num_stages,
@@ -149,3 +159,34 @@ def block_info(st: stage.Stage, num_stages: int, next_address: str) -> pb.BlockI
         num_tensors=len(st.tensor_names()),
         next_stage_address=next_address,
     )
+
+
+def group_from_proto(
+    req: pb.LoadBlockRequest, spec: stage.BlockSpec, device_kind: str
+) -> group.GroupSpec | None:
+    """The TP group a block joins (None when tp = 1); InvalidArgumentError names what is
+    missing. One group per stage: its name is the plan's formation key plus the stage."""
+    if spec.tp_size == 1:
+        return None
+    dp = req.data_plane
+    if not dp.store_address or not dp.group:
+        raise errors.InvalidArgumentError(
+            "data_plane: tp_size > 1 needs a store_address and a group to form its "
+            "tensor-parallel group"
+        )
+    backend = dp.backend or group.choose([device_kind])
+    if backend == "nccl" and device_kind != "cuda":
+        raise errors.InvalidArgumentError(
+            f"data_plane.backend: nccl needs a CUDA device, {spec.device} is {device_kind}"
+        )
+    try:
+        return group.GroupSpec(
+            store_address=dp.store_address,
+            name=f"{dp.group}/stage{spec.stage_index}",
+            rank=spec.tp_rank,
+            size=spec.tp_size,
+            backend=backend,
+            timeout_s=dp.timeout_s or group.DEFAULT_TIMEOUT_S,
+        )
+    except ValueError as exc:
+        raise errors.InvalidArgumentError(f"data_plane: {exc}") from exc

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tessera_agent import tp_member
 from tessera_agent.engine import replica, stage
 
 
@@ -18,6 +19,7 @@ class Hosted:
     num_stages: int
     next_address: str
     leader: replica.ReplicaEngine | None = None
+    tp: tp_member.TPMember | None = None  # this block's rank of a tensor-parallel stage
 
     @property
     def holder(self) -> str:

@@ -29,6 +29,7 @@ from tessera_agent import (
     stage_client,
     stage_server,
     tensor_transfer,
+    tp_member,
 )
 from tessera_agent.engine import errors, loader, profiler, replica, scheduler, stage
 
@@ -43,8 +44,10 @@ class AgentServicer(pb_grpc.AgentServicer):
         nvml_status: str,
         version: str,
         prefix_caching: bool = True,
+        store_address: str = "",
     ) -> None:
         self.agent_id, self.nvml_status, self.version = agent_id, nvml_status, version
+        self.store_address = store_address  # this agent's rendezvous store (data plane)
         self.prefix_caching = prefix_caching
         self.devices = {d.id: d for d in devs}
         self.hosted: dict[tuple[str, int], hosted.Hosted] = {}
@@ -57,13 +60,15 @@ class AgentServicer(pb_grpc.AgentServicer):
         for h in list(self.hosted.values()):
             if h.leader is not None:
                 await h.leader.close()
+            if h.tp is not None:
+                h.tp.close()
         self.compute.shutdown(wait=False, cancel_futures=True)
         self.loader.shutdown(wait=False, cancel_futures=True)
 
     # -- inventory ----------------------------------------------------------------------
     def _blocks(self) -> list[pb.BlockInfo]:
         return [
-            convert.block_info(h.stage, h.num_stages, h.next_address)
+            convert.block_info(h.stage, h.num_stages, h.next_address, h.tp)
             for _, h in sorted(self.hosted.items())
         ]
 
@@ -102,6 +107,7 @@ class AgentServicer(pb_grpc.AgentServicer):
             ],
             blocks=self._blocks(),
             kv=kv,
+            store_address=self.store_address,
         )
 
     async def ListBlocks(
@@ -129,6 +135,8 @@ class AgentServicer(pb_grpc.AgentServicer):
             dtype=req.dtype or "float32",
             kv_bytes=req.kv_bytes,
             page_size=req.page_size or stage.DEFAULT_PAGE_SIZE,
+            tp_size=req.tp_size or 1,
+            tp_rank=req.tp_rank,
         )
         if not req.replica_id:
             raise errors.InvalidArgumentError("replica_id: must not be empty")
@@ -143,7 +151,7 @@ class AgentServicer(pb_grpc.AgentServicer):
                 h = self.hosted[key]
                 if h.stage.spec == spec and h.next_address == req.next_stage_address:
                     return pb.LoadBlockReply(
-                        block=convert.block_info(h.stage, h.num_stages, h.next_address),
+                        block=convert.block_info(h.stage, h.num_stages, h.next_address, h.tp),
                         already_loaded=True,
                     )
                 raise errors.FailedPreconditionError(
@@ -173,10 +181,11 @@ class AgentServicer(pb_grpc.AgentServicer):
                     f"num_stages: stage {spec.stage_index} of {num_stages} ends at layer "
                     f"{spec.end} of {cfg.num_layers}; only the last stage ends the model"
                 )
-            if not is_last and not req.next_stage_address:
+            if not is_last and not req.next_stage_address and spec.tp_rank == 0:
                 raise errors.InvalidArgumentError(
                     "next_stage_address: required for a stage that does not end the model"
                 )
+            group_spec = convert.group_from_proto(req, spec, dev.kind)
             tensors = None
             if copy:  # refuse before transferring anything when the block cannot fit
                 stage.kv_pages(spec, cfg, planned[1], dev.free_bytes)
@@ -193,14 +202,18 @@ class AgentServicer(pb_grpc.AgentServicer):
             )
             h = hosted.Hosted(loaded, num_stages, req.next_stage_address)
             dev.used[h.holder] = loaded.param_bytes + loaded.kv_bytes
-            if spec.stage_index == 0:
+            if group_spec is not None:  # forms in the background; steps wait for it
+                h.tp = tp_member.TPMember(loaded, group_spec, dev.torch_device())
+            if spec.stage_index == 0 and spec.tp_rank == 0:
                 h.leader = self._make_leader(h, req)
             self.hosted[key] = h
             how = f"copied from {req.source.address}" if copy else "read from the checkpoint"
             log.info(
                 "loaded %s layers [%d, %d) on %s, %s", h.holder, spec.start, spec.end, dev.id, how
             )
-            return pb.LoadBlockReply(block=convert.block_info(loaded, num_stages, h.next_address))
+            return pb.LoadBlockReply(
+                block=convert.block_info(loaded, num_stages, h.next_address, h.tp)
+            )
 
     def _make_leader(self, h: hosted.Hosted, req: pb.LoadBlockRequest) -> replica.ReplicaEngine:
         st = h.stage
@@ -240,6 +253,8 @@ class AgentServicer(pb_grpc.AgentServicer):
                 raise AssertionError("unreachable")
             if h.leader is not None:
                 await h.leader.close()
+            if h.tp is not None:
+                await asyncio.get_running_loop().run_in_executor(None, h.tp.close)
             self.devices[h.stage.spec.device].used.pop(h.holder, None)
             log.info("unloaded %s", h.holder)
             return pb.UnloadBlockReply(unloaded=True)
