@@ -45,11 +45,29 @@ class ResourcesSpec:
 
 
 @dataclass(frozen=True)
-class StageSpec:
+class RankSpec:
+    """Where one tensor-parallel rank of a stage runs."""
+
     agent: str
+    device: str
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    agent: str  # where rank 0 runs (the rank the previous stage talks to)
     device: str
     layers: tuple[int, int]  # [start, end)
     tp: int = 1
+    # Ranks 1..tp-1; empty: on `agent`, the devices after `device` (cpu:0 -> cpu:1, ...).
+    ranks: tuple[RankSpec, ...] = ()
+
+    def placements(self) -> tuple[RankSpec, ...]:
+        """Every rank's agent and device, rank 0 first."""
+        if self.ranks or self.tp == 1:
+            return (RankSpec(self.agent, self.device), *self.ranks)
+        kind, _, index = self.device.partition(":")
+        first = int(index) if index.isdigit() else 0
+        return tuple(RankSpec(self.agent, f"{kind}:{first + k}") for k in range(self.tp))
 
 
 @dataclass(frozen=True)
@@ -192,6 +210,26 @@ def _layers(value: Any, path: str) -> tuple[int, int]:
     return start, end
 
 
+def _ranks(doc: Any, tp: int, path: str) -> tuple[RankSpec, ...]:
+    items = fields.sequence(doc, path)
+    if items and len(items) != tp - 1:
+        raise fields.FieldError(
+            path, f"lists {len(items)} ranks; a stage with tp={tp} needs {tp - 1} (ranks 1..)"
+        )
+    out = []
+    for k, rdoc in enumerate(items):
+        rpath = f"{path}[{k}]"
+        r = fields.mapping(rdoc, rpath)
+        _unknown(r, ("agent", "device"), rpath)
+        out.append(
+            RankSpec(
+                agent=fields.string(fields.require(r, "agent", rpath), f"{rpath}.agent"),
+                device=fields.string(_opt(r, "device", "cpu:0"), f"{rpath}.device"),
+            )
+        )
+    return tuple(out)
+
+
 def _layout(doc: Any, path: str) -> LayoutSpec:
     lay = fields.mapping(doc, path)
     _unknown(lay, ("mode", "replicas", "kvCacheBytes"), path)
@@ -208,13 +246,15 @@ def _layout(doc: Any, path: str) -> LayoutSpec:
         for j, sdoc in enumerate(sdocs):
             spath = f"{rpath}.stages[{j}]"
             s = fields.mapping(sdoc, spath)
-            _unknown(s, ("agent", "device", "layers", "tp"), spath)
+            _unknown(s, ("agent", "device", "layers", "tp", "ranks"), spath)
+            tp = fields.integer(_opt(s, "tp", 1), f"{spath}.tp", minimum=1)
             stages.append(
                 StageSpec(
                     agent=fields.string(fields.require(s, "agent", spath), f"{spath}.agent"),
                     device=fields.string(_opt(s, "device", "cpu:0"), f"{spath}.device"),
                     layers=_layers(fields.require(s, "layers", spath), f"{spath}.layers"),
-                    tp=fields.integer(_opt(s, "tp", 1), f"{spath}.tp", minimum=1),
+                    tp=tp,
+                    ranks=_ranks(_opt(s, "ranks", []), tp, f"{spath}.ranks"),
                 )
             )
         replicas.append(
@@ -337,11 +377,11 @@ def check_semantics(
     spec: DeploymentSpec,
     model: ModelFacts | None,
     agents: Sequence[str] | None = None,
-    max_tp: int = 1,
+    max_tp: int = 0,
 ) -> list[fields.FieldError]:
     """Every problem of `spec` against the model and (if known) the agents, by field.
 
-    `max_tp` is the largest tensor-parallel degree the engine implements (1 today)."""
+    `max_tp` caps the tensor-parallel degree (0: any degree the heads allow)."""
     errs: list[fields.FieldError] = []
     if model is None:
         errs.append(fields.FieldError("spec.model.path", "model not readable: no config.json"))
@@ -375,7 +415,7 @@ def check_semantics(
                         f"attention and {model.num_kv_heads} KV heads",
                     )
                 )
-            if st.tp > max_tp:
+            if max_tp and st.tp > max_tp:
                 errs.append(
                     fields.FieldError(
                         f"{spath}.tp",
@@ -388,6 +428,21 @@ def check_semantics(
                     fields.FieldError(
                         f"{spath}.agent",
                         f"unknown agent {st.agent!r} (known: {', '.join(agents) or 'none'})",
+                    )
+                )
+            for k, rank in enumerate(st.ranks):
+                if agents is not None and rank.agent not in agents:
+                    errs.append(
+                        fields.FieldError(
+                            f"{spath}.ranks[{k}].agent",
+                            f"unknown agent {rank.agent!r} (known: {', '.join(agents) or 'none'})",
+                        )
+                    )
+            places = [(p.agent, p.device) for p in st.placements()]
+            if len(set(places)) != len(places):
+                errs.append(
+                    fields.FieldError(
+                        f"{spath}.ranks", "two tensor-parallel ranks on one agent device"
                     )
                 )
         if rep.stages and expect != model.num_layers and expect <= model.num_layers:

@@ -77,6 +77,17 @@ def test_semantic_errors_name_the_field() -> None:
                             {"agent": "ghost", "layers": [4, 8]},
                         ]
                     },
+                    {"stages": [{"agent": "a0", "layers": [0, 8], "tp": 3}]},
+                    {
+                        "stages": [
+                            {
+                                "agent": "a0",
+                                "layers": [0, 8],
+                                "tp": 2,
+                                "ranks": [{"agent": "ghost2"}],
+                            }
+                        ]
+                    },
                     {"stages": [{"agent": "a0", "layers": [0, 8], "tp": 2}]},
                 ],
             }
@@ -90,5 +101,39 @@ def test_semantic_errors_name_the_field() -> None:
     assert any(
         e.startswith("spec.layout.replicas[2].stages[1].agent: unknown agent 'ghost'") for e in errs
     )
-    assert any(e.startswith("spec.layout.replicas[3].stages[0].tp") for e in errs)
+    assert any(
+        e.startswith("spec.layout.replicas[3].stages[0].tp: 3 does not divide") for e in errs
+    )
+    assert any(
+        e.startswith("spec.layout.replicas[4].stages[0].ranks[0].agent: unknown agent 'ghost2'")
+        for e in errs
+    )
+    assert not any("replicas[5]" in e for e in errs)  # tp=2 on a0's cpu:0 and cpu:1
     assert not any("replicas[0]" in e for e in errs)
+
+
+def test_tp_ranks_are_placed() -> None:
+    st = api.StageSpec("a0", "cuda:2", (0, 8), tp=2)
+    assert [(r.agent, r.device) for r in st.placements()] == [("a0", "cuda:2"), ("a0", "cuda:3")]
+    st = api.StageSpec("a0", "cpu:0", (0, 8), tp=2, ranks=(api.RankSpec("a1", "cpu:0"),))
+    assert [(r.agent, r.device) for r in st.placements()] == [("a0", "cpu:0"), ("a1", "cpu:0")]
+    with pytest.raises(fields.FieldError, match="needs 1"):
+        api.parse(
+            _doc(
+                layout={
+                    "mode": "explicit",
+                    "replicas": [
+                        {
+                            "stages": [
+                                {
+                                    "agent": "a0",
+                                    "layers": [0, 8],
+                                    "tp": 2,
+                                    "ranks": [{"agent": "a1"}, {"agent": "a2"}],
+                                }
+                            ]
+                        }
+                    ],
+                }
+            )
+        )
