@@ -1,11 +1,14 @@
-"""Block load time: from the checkpoint on disk against a copy from a peer agent over gRPC.
+"""Block load time: from the checkpoint on disk against a copy from a peer agent.
 
 `tessera bench copy --json [--quick]`. Two agent processes; agent A holds the whole model,
 read from the checkpoint (hidden 1024 by default, about 380 MB). Each round, agent B loads
-the same block three ways, unloading it after each: from the checkpoint with its files
+the same block four ways, unloading it after each: from the checkpoint with its files
 evicted from the page cache first (`posix_fadvise(DONTNEED)` after `fsync`, so a cold read
 from this machine's disk), from the checkpoint again (warm: the page cache serves it, the
-fastest a disk load gets), and as a copy from A (`LoadBlock` with a source, over gRPC).
+fastest a disk load gets), and as a copy from A (`LoadBlock` with a source) over each
+transport: the data plane (`gloo`: a 2-rank group, tensors sent point-to-point; the
+default) and the gRPC fallback (`grpc`: `FetchTensors` chunks). `load_peer_s` is the
+default path; `peer_{gloo,grpc}_gb_s` the bandwidth of each, `gloo_vs_grpc` their ratio.
 Times are medians over rounds, ratios medians of per-round ratios. Greedy tokens of the
 copied block are compared with the source's (`tokens_match`). A cluster's checkpoint on
 network storage is slower to read than this local disk; that case is not measured here.
@@ -90,12 +93,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cold: list[float] = []
             disk: list[float] = []
             peer: list[float] = []
+            via_grpc: list[float] = []
+            grpc_source = pb.BlockSource(
+                address=a.address, replica_id="src", stage_index=0, transport="grpc"
+            )
             for i in range(rounds):
                 _evict(path)
                 cold.append(timed(f"cold{i}"))
                 dst.UnloadBlock(pb.UnloadBlockRequest(replica_id=f"cold{i}"))
                 disk.append(timed(f"disk{i}"))
                 dst.UnloadBlock(pb.UnloadBlockRequest(replica_id=f"disk{i}"))
+                via_grpc.append(timed(f"grpc{i}", source=grpc_source))
+                dst.UnloadBlock(pb.UnloadBlockRequest(replica_id=f"grpc{i}"))
                 peer.append(timed(f"peer{i}", source=source))
                 if i + 1 < rounds:
                     dst.UnloadBlock(pb.UnloadBlockRequest(replica_id=f"peer{i}"))
@@ -111,10 +120,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "peer_vs_cold": _ratio(cold, peer),
         "peer_vs_warm": _ratio(disk, peer),
         "peer_gb_s": round(nbytes / statistics.median(peer) / 1e9, 2),
+        "load_peer_grpc_s": round(statistics.median(via_grpc), 3),
+        "peer_gloo_gb_s": round(nbytes / statistics.median(peer) / 1e9, 2),
+        "peer_grpc_gb_s": round(nbytes / statistics.median(via_grpc) / 1e9, 2),
+        "gloo_vs_grpc": _ratio(via_grpc, peer),
         "tokens_match": match,
         "rounds": rounds,
         "hidden": hidden,
         "layers": args.layers,
-        "transport": "grpc (CPU)",
+        "transport": "gloo",  # load_peer_s; the gRPC fallback is timed beside it
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
     }

@@ -32,6 +32,7 @@ from tessera_agent import (
     tp_member,
 )
 from tessera_agent.engine import errors, loader, profiler, replica, scheduler, stage
+from tessera_agent.transfer import block_copy, group
 
 log = logging.getLogger(__name__)
 
@@ -186,11 +187,17 @@ class AgentServicer(pb_grpc.AgentServicer):
                     "next_stage_address: required for a stage that does not end the model"
                 )
             group_spec = convert.group_from_proto(req, spec, dev.kind)
-            tensors = None
+            tensors, moved_by = None, ""
             if copy:  # refuse before transferring anything when the block cannot fit
                 stage.kv_pages(spec, cfg, planned[1], dev.free_bytes)
                 names = loader.checkpoint_names(cfg, spec.start, spec.end)
-                tensors = await tensor_transfer.fetch(req.source, names)
+                tensors, moved_by = await block_copy.fetch(
+                    req.source,
+                    names,
+                    self.store_address,
+                    dev.torch_device(),
+                    group.choose([dev.kind]),
+                )
             loaded = await asyncio.get_running_loop().run_in_executor(
                 self.loader,
                 stage.load_stage,
@@ -207,7 +214,11 @@ class AgentServicer(pb_grpc.AgentServicer):
             if spec.stage_index == 0 and spec.tp_rank == 0:
                 h.leader = self._make_leader(h, req)
             self.hosted[key] = h
-            how = f"copied from {req.source.address}" if copy else "read from the checkpoint"
+            how = (
+                f"copied from {req.source.address} over {moved_by}"
+                if copy
+                else "read from the checkpoint"
+            )
             log.info(
                 "loaded %s layers [%d, %d) on %s, %s", h.holder, spec.start, spec.end, dev.id, how
             )
@@ -258,6 +269,38 @@ class AgentServicer(pb_grpc.AgentServicer):
             self.devices[h.stage.spec.device].used.pop(h.holder, None)
             log.info("unloaded %s", h.holder)
             return pb.UnloadBlockReply(unloaded=True)
+
+    async def PushTensors(
+        self, request: pb.PushTensorsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.PushTensorsReply:
+        try:
+            h = self.hosted.get((request.replica_id, request.stage_index))
+            if h is None:
+                raise errors.NotFoundError(
+                    f"replica {request.replica_id} has no stage {request.stage_index} "
+                    f"on agent {self.agent_id}"
+                )
+            tensors = tensor_transfer.held(h.stage, list(request.names))
+            dp = request.data_plane
+            if not dp.store_address or not dp.group:
+                raise errors.InvalidArgumentError("data_plane: store_address and group needed")
+            spec = group.GroupSpec(
+                dp.store_address,
+                dp.group,
+                0,
+                2,
+                dp.backend or "gloo",
+                dp.timeout_s or group.DEFAULT_TIMEOUT_S,
+            )
+            sent = await asyncio.get_running_loop().run_in_executor(
+                self.loader, block_copy.push, tensors, spec
+            )
+            return pb.PushTensorsReply(bytes=sent)
+        except (errors.EngineError, ValueError) as exc:
+            await grpc_status.abort(context, exc)
+        except group.GroupError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        raise AssertionError("unreachable")
 
     async def FetchTensors(
         self, request: pb.FetchTensorsRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -54,7 +54,7 @@ def chunks(tensors: list[tuple[str, torch.Tensor]], chunk_bytes: int) -> Iterato
                 break
 
 
-def _error(source: pb.BlockSource, exc: grpc.aio.AioRpcError) -> errors.EngineError:
+def error(source: pb.BlockSource, exc: grpc.aio.AioRpcError) -> errors.EngineError:
     where = f"copy source {source.replica_id}/{source.stage_index} at {source.address}"
     code, details = exc.code(), exc.details() or ""
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -139,7 +139,7 @@ async def fetch(
         async for ch in stream:
             received.add(ch)
     except grpc.aio.AioRpcError as exc:
-        raise _error(source, exc) from exc
+        raise error(source, exc) from exc
     finally:
         await channel.close()
     return received.result()

@@ -115,14 +115,34 @@ class DataPlane(_message.Message):
     def __init__(self, store_address: _Optional[str] = ..., group: _Optional[str] = ..., backend: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class BlockSource(_message.Message):
-    __slots__ = ("address", "replica_id", "stage_index")
+    __slots__ = ("address", "replica_id", "stage_index", "transport")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     address: str
     replica_id: str
     stage_index: int
-    def __init__(self, address: _Optional[str] = ..., replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ...) -> None: ...
+    transport: str
+    def __init__(self, address: _Optional[str] = ..., replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., transport: _Optional[str] = ...) -> None: ...
+
+class PushTensorsRequest(_message.Message):
+    __slots__ = ("replica_id", "stage_index", "names", "data_plane")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    stage_index: int
+    names: _containers.RepeatedScalarFieldContainer[str]
+    data_plane: DataPlane
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., names: _Optional[_Iterable[str]] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ...) -> None: ...
+
+class PushTensorsReply(_message.Message):
+    __slots__ = ("bytes",)
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    def __init__(self, bytes: _Optional[int] = ...) -> None: ...
 
 class BlockInfo(_message.Message):
     __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason")

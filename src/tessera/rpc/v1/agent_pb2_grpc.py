@@ -79,6 +79,11 @@ class AgentStub:
                 request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.FetchTensorsRequest.SerializeToString,
                 response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.TensorChunk.FromString,
                 _registered_method=True)
+        self.PushTensors = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/PushTensors',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.PushTensorsRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.PushTensorsReply.FromString,
+                _registered_method=True)
         self.PinPrefix = channel.unary_unary(
                 '/tessera.rpc.v1.Agent/PinPrefix',
                 request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.PinPrefixRequest.SerializeToString,
@@ -182,6 +187,15 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PushTensors(self, request, context):
+        """Block copy over the data plane: this agent joins a 2-rank group on `data_plane` as rank
+        0 and sends the named tensors of a hosted block to rank 1, the copying agent (which
+        falls back to FetchTensors when the group cannot be formed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PinPrefix(self, request, context):
         """KV movement: a request's computed prefix from one replica to another, whatever the two
         replicas' stage splits. On the source leader, PinPrefix holds the prefix-cache pages of
@@ -271,6 +285,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.FetchTensors,
                     request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.FetchTensorsRequest.FromString,
                     response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.TensorChunk.SerializeToString,
+            ),
+            'PushTensors': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushTensors,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.PushTensorsRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.PushTensorsReply.SerializeToString,
             ),
             'PinPrefix': grpc.unary_unary_rpc_method_handler(
                     servicer.PinPrefix,
@@ -546,6 +565,33 @@ class Agent:
             '/tessera.rpc.v1.Agent/FetchTensors',
             tessera_dot_rpc_dot_v1_dot_agent__pb2.FetchTensorsRequest.SerializeToString,
             tessera_dot_rpc_dot_v1_dot_agent__pb2.TensorChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushTensors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/PushTensors',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.PushTensorsRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.PushTensorsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,103 @@
+"""Block copy over the data plane: a peer's tensors pushed through a 2-rank group.
+
+The copying agent (`LoadBlock` with a `source`) calls `fetch`: it asks the source to push
+(`PushTensors`) and, at the same time, joins a fresh 2-rank group on its own rendezvous
+store as rank 1; the source joins as rank 0 (`push`, called by the servicer), broadcasts a
+header (names, dtypes, shapes) and sends each tensor point-to-point. NCCL when both ends
+are CUDA devices, gloo otherwise. When the group cannot be formed, or the source says no,
+`fetch` falls back to the gRPC `FetchTensors` stream (`tensor_transfer.fetch`) and says
+which transport moved the bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Sequence
+
+import grpc
+import torch
+
+from tessera.rpc import transport
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+from tessera_agent import tensor_transfer
+from tessera_agent.transfer import group
+from tessera_agent.transfer import grpc as grpc_transport
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def push(tensors: list[tuple[str, torch.Tensor]], spec: group.GroupSpec) -> int:
+    """Source side (rank 0): send `tensors` to rank 1; returns the bytes sent."""
+    g = group.form(spec, tensors[0][1].device if tensors else torch.device("cpu"))
+    try:
+        header = [(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in tensors]
+        g.broadcast_object(header)
+        total = 0
+        for _, t in tensors:
+            g.send(t.detach().to(g.device).contiguous(), dst=1)
+            total += t.numel() * t.element_size()
+        return total
+    finally:
+        g.close()
+
+
+def _receive(spec: group.GroupSpec, device: torch.device) -> dict[str, torch.Tensor]:
+    g = group.form(spec, device)
+    try:
+        header = g.broadcast_object(None)
+        assert isinstance(header, list)
+        out: dict[str, torch.Tensor] = {}
+        for name, dtype, shape in header:
+            buf = torch.empty(shape, dtype=_DTYPES[dtype], device=g.device)
+            out[name] = g.recv(buf, src=0)
+        return out
+    finally:
+        g.close()
+
+
+async def fetch(
+    source: pb.BlockSource,
+    names: Sequence[str],
+    store_address: str,
+    device: torch.device,
+    backend: str = "gloo",
+    timeout_s: float = 30.0,
+) -> tuple[dict[str, torch.Tensor], str]:
+    """(tensors by name, transport used): over a group when possible, else gRPC."""
+    if source.transport != grpc_transport.NAME and store_address:
+        spec = group.GroupSpec(store_address, f"copy/{uuid.uuid4().hex}", 1, 2, backend, timeout_s)
+        dp = pb.DataPlane(
+            store_address=store_address, group=spec.name, backend=backend, timeout_s=timeout_s
+        )
+        channel = transport.channel(source.address)
+        try:
+            call = pb_grpc.AgentStub(channel).PushTensors(
+                pb.PushTensorsRequest(
+                    replica_id=source.replica_id,
+                    stage_index=source.stage_index,
+                    names=list(names),
+                    data_plane=dp,
+                ),
+                timeout=timeout_s,
+            )
+            loop = asyncio.get_running_loop()
+            received = loop.run_in_executor(None, _receive, spec, device)
+            try:
+                await call
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                    received.cancel()
+                    raise tensor_transfer.error(source, exc) from exc
+                raise
+            return await received, backend
+        except (grpc.aio.AioRpcError, group.GroupError) as exc:
+            log.warning("copy over %s failed, falling back to gRPC: %s", backend, exc)
+        finally:
+            await channel.close()
+    tensors = await tensor_transfer.fetch(source, names)
+    return tensors, grpc_transport.NAME
