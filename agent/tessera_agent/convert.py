@@ -1,7 +1,8 @@
 """Conversions between the agent proto and engine objects — the only place they live.
 
 Called by the servicer (requests in, replies out) and by the stage client (steps sent to
-the next stage and results read back).
+the next stage and results read back). Blocks convert in `tessera.rpc.blocks`, shared
+with the operator.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from tessera.rpc.v1 import agent_pb2 as pb
-from tessera_agent import tp_member
-from tessera_agent.engine import errors, sampling, stage, step
+from tessera_agent import devices
+from tessera_agent.engine import errors, replica, sampling, stage, step
 from tessera_agent.transfer import group
 
 
@@ -133,43 +134,37 @@ def result_from_proto(msg: pb.StageStepResult) -> step.StepOutput:
     )
 
 
-def block_info(
-    st: stage.Stage, num_stages: int, next_address: str, tp: tp_member.TPMember | None = None
-) -> pb.BlockInfo:
-    s = st.spec
-    state, reason = tp.status() if tp is not None else ("", "")
-    return pb.BlockInfo(
-        tp_size=s.tp_size,
-        tp_rank=s.tp_rank,
-        transport=tp.backend if tp is not None else "",
-        group_state=state,
-        group_reason=reason,
-        replica_id=s.replica_id,
-        stage_index=s.stage_index,
-        num_stages=num_stages,
-        model_path=s.model_path,
-        layer_start=s.start,
-        layer_end=s.end,
-        device=s.device,
-        param_bytes=st.param_bytes,
-        kv_bytes=st.kv_bytes,
-        kv_pages=st.num_pages,
-        page_size=s.page_size,
-        dtype=s.dtype,
-        num_tensors=len(st.tensor_names()),
-        next_stage_address=next_address,
+def replica_kv(replica_id: str, s: replica.ReplicaStats) -> pb.ReplicaKV:
+    return pb.ReplicaKV(
+        replica_id=replica_id,
+        pages_total=s.kv_pages_total,
+        pages_used=s.kv_pages_used,
+        running=s.running,
+        waiting=s.waiting,
+        preemptions=s.preemptions,
+        prefix_hit_tokens=s.prefix_hit_tokens,
+        cached_pages=s.cached_pages,
+    )
+
+
+def device_to_proto(d: devices.Device) -> pb.Device:
+    return pb.Device(
+        id=d.id,
+        kind=d.kind,
+        name=d.name,
+        capacity_bytes=d.capacity_bytes,
+        free_bytes=d.free_bytes,
     )
 
 
 def group_from_proto(
-    req: pb.LoadBlockRequest, spec: stage.BlockSpec, device_kind: str
+    dp: pb.DataPlane | None, spec: stage.BlockSpec, device_kind: str
 ) -> group.GroupSpec | None:
     """The TP group a block joins (None when tp = 1); InvalidArgumentError names what is
     missing. One group per stage: its name is the plan's formation key plus the stage."""
     if spec.tp_size == 1:
         return None
-    dp = req.data_plane
-    if not dp.store_address or not dp.group:
+    if dp is None or not dp.store_address or not dp.group:
         raise errors.InvalidArgumentError(
             "data_plane: tp_size > 1 needs a store_address and a group to form its "
             "tensor-parallel group"

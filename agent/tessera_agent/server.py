@@ -19,7 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
-from tessera_agent import devices, servicer
+from tessera_agent import devices, load_config, servicer
 from tessera_agent.transfer import store
 
 VERSION = "0.1.0"
@@ -50,13 +50,14 @@ async def serve(cfg: AgentConfig) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     server = transport.server()
+    defaults = load_config.LoadDefaults(prefix_caching=cfg.prefix_caching)
     rendezvous = store.serve(cfg.host)  # data-plane groups of replicas hosted here meet on it
     svc = servicer.AgentServicer(
         cfg.agent_id,
         devs,
         nvml_status,
         VERSION,
-        prefix_caching=cfg.prefix_caching,
+        defaults=defaults,
         store_address=f"{cfg.host}:{rendezvous.port}",
     )
     pb_grpc.add_AgentServicer_to_server(svc, server)

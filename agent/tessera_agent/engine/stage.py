@@ -11,36 +11,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from tessera import blocks
 from tessera_agent.engine import block_tensors, errors, kv_cache, loader, runner, step, tp
 from tessera_agent.engine import config as config_mod
 
-DEFAULT_PAGE_SIZE = 16
+DEFAULT_PAGE_SIZE = blocks.DEFAULT_PAGE_SIZE
+# What to load: the one block identity (`tessera.blocks.Block`), built positionally as
+# `BlockSpec(model_path, start, end, ...)`; `kv_bytes` 0 = all the budget left.
+BlockSpec = blocks.Block
 
 
-@dataclass(frozen=True)
-class BlockSpec:
-    """What to load: a layer range of a checkpoint for one stage of one replica."""
-
-    model_path: str
-    start: int
-    end: int
-    replica_id: str = "r0"
-    stage_index: int = 0
-    device: str = "cpu:0"
-    dtype: str = "float32"
-    kv_bytes: int = 0  # 0 = all of the device budget left after the parameters
-    page_size: int = DEFAULT_PAGE_SIZE
-    tp_size: int = 1  # tensor-parallel ranks of this stage
-    tp_rank: int = 0  # which of them this block is
-
-    @property
-    def shard(self) -> tp.TPShard:
-        return tp.TPShard(self.tp_size, self.tp_rank)
+def shard(spec: BlockSpec) -> tp.TPShard:
+    """The block's slice of its stage's tensor-parallel group."""
+    return tp.TPShard(spec.tp_size, spec.tp_rank)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -104,16 +91,12 @@ def plan_bytes(spec: BlockSpec, weights: bool = True) -> tuple[config_mod.ModelC
         )
     if spec.page_size < 1:
         raise errors.InvalidArgumentError("page_size: must be >= 1")
-    if not 0 <= spec.tp_rank < spec.tp_size:
-        raise errors.InvalidArgumentError(
-            f"tp_rank: {spec.tp_rank} is outside [0, {spec.tp_size}) (tp_size {spec.tp_size})"
-        )
     why = tp.check(cfg, spec.tp_size)
     if why is not None:
         raise errors.InvalidArgumentError(f"tp_size: {why}")
     dtype = torch_dtype(spec.dtype)
     if not weights or spec.tp_size > 1:  # a shard's bytes follow from the shapes
-        return cfg, block_tensors.nbytes(cfg, spec.start, spec.end, dtype, spec.shard)
+        return cfg, block_tensors.nbytes(cfg, spec.start, spec.end, dtype, shard(spec))
     return cfg, loader.block_bytes(path, cfg, spec.start, spec.end, dtype)
 
 
@@ -133,7 +116,7 @@ def kv_pages(spec: BlockSpec, cfg: config_mod.ModelConfig, pbytes: int, budget_b
         )
     dtype = torch_dtype(spec.dtype)
     n_layers = spec.end - spec.start
-    kv_heads = tp.local_sizes(cfg, spec.shard)[1]  # each rank stores its KV heads only
+    kv_heads = tp.local_sizes(cfg, shard(spec))[1]  # each rank stores its KV heads only
     pages = kv_cache.pages_for_budget(
         kv_budget, n_layers, spec.page_size, kv_heads, cfg.head_dim, dtype
     )
@@ -158,11 +141,11 @@ def load_stage(
     pages = kv_pages(spec, cfg, pbytes, budget_bytes)
     dtype = torch_dtype(spec.dtype)
     if tensors is not None:
-        block_tensors.check(cfg, spec.start, spec.end, tensors, spec.shard)
+        block_tensors.check(cfg, spec.start, spec.end, tensors, shard(spec))
     model = loader.load_stage(
-        Path(spec.model_path), cfg, spec.start, spec.end, dtype, device, tensors, spec.shard
+        Path(spec.model_path), cfg, spec.start, spec.end, dtype, device, tensors, shard(spec)
     )
-    kv_heads = tp.local_sizes(cfg, spec.shard)[1]
+    kv_heads = tp.local_sizes(cfg, shard(spec))[1]
     layout = kv_cache.KVLayout(
         spec.end - spec.start, pages, spec.page_size, kv_heads, cfg.head_dim, dtype
     )

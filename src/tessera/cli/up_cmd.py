@@ -155,11 +155,12 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 refs,
                 progress,
                 auto,
-                on_actions=lambda acts: bar.update(task, total=max(1, len(acts))),
+                on_steps=lambda t: bar.update(task, total=max(1, len(t.steps))),
             )
         if outcome.reason != "Serving" or outcome.plan is None:
             return _fail(f"{outcome.reason}: {outcome.message}")
         port = args.port if args.port is not None else dep.spec.gateway.port
+        routes = outcome.routes
         leaders = _leaders(outcome)
         gateway = await gw_server.start_gateway(
             gw_config.GatewayConfig(
@@ -191,7 +192,10 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 await asyncio.wait_for(stop.wait(), args.reconcile_interval)
             if stop.is_set():
                 break
-            again = await converge.converge(dep, model_path, refs, auto_planner=auto)
+            again = await converge.converge(
+                dep, model_path, refs, auto_planner=auto, published=routes
+            )
+            routes = again.routes or routes
             if again.actions:
                 console.print(
                     f"reconciled drift: {len(again.actions)} actions "
