@@ -26,11 +26,11 @@ def _spec(address: str, name: str, rank: int, size: int = 2, t: float = 10.0) ->
 
 
 def test_groups_form_and_close_on_demand(store_address: str) -> None:
-    """Two groups at once on one store, then a third after they are closed: no global
-    init_process_group, nothing restarted."""
+    """Two groups at once on one store, closed, then formed again under the same names:
+    no global init_process_group, nothing restarted, no stale rendezvous keys read."""
     pool = concurrent.futures.ThreadPoolExecutor(4)
-    for _ in range(2):
-        names = [f"g-{uuid.uuid4().hex}" for _ in range(2)]
+    names = [f"g-{uuid.uuid4().hex}" for _ in range(2)]
+    for _ in range(2):  # the second time under the same names: closing forgot the keys
         futs = [
             pool.submit(group.form, _spec(store_address, n, r), torch.device("cpu"))
             for n in names

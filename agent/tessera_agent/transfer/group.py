@@ -6,7 +6,10 @@ formation, and returns a `Group` with the few operations the engine needs: all-r
 (TP), broadcast of a step to the other ranks, and point-to-point tensors. No
 `init_process_group`: an agent holds as many groups as it hosts replicas, each closed at
 unload. Every operation has the group's timeout, so a dead rank fails the group instead of
-hanging it. Called by `tessera_agent.replica_groups` and by tests.
+hanging it. Every key a rank touches in the store is deleted when it closes its group,
+so a group formed again under the same name (a replica reloaded after a failure) never
+reads a dead rank's address. Called by `tessera_agent.tp_member`, `transfer.block_copy`
+and tests.
 """
 
 from __future__ import annotations
@@ -49,6 +52,58 @@ def choose(device_kinds: list[str]) -> str:
     return gloo.NAME
 
 
+class _Recording(c10d.Store):
+    """A store that remembers every key its group reads or writes (to delete at close)."""
+
+    def __init__(self, inner: c10d.Store) -> None:
+        super().__init__()
+        self.inner = inner
+        self.keys: set[str] = set()
+
+    def set(self, key: str, value: Any) -> None:
+        self.keys.add(key)
+        self.inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        self.keys.add(key)
+        return self.inner.get(key)
+
+    def add(self, key: str, value: int) -> int:
+        self.keys.add(key)
+        return self.inner.add(key, value)
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        self.keys.add(key)
+        return self.inner.compare_set(key, expected, desired)
+
+    def wait(self, keys: list[str], timeout: Any = None) -> None:
+        self.keys.update(keys)
+        if timeout is None:
+            self.inner.wait(keys)
+        else:
+            self.inner.wait(keys, timeout)
+
+    def check(self, keys: list[str]) -> bool:
+        return self.inner.check(keys)
+
+    def delete_key(self, key: str) -> bool:
+        return self.inner.delete_key(key)
+
+    def num_keys(self) -> int:
+        return self.inner.num_keys()
+
+    def set_timeout(self, timeout: Any) -> None:
+        self.inner.set_timeout(timeout)
+
+    def forget_all(self) -> None:
+        for key in self.keys:
+            try:
+                self.inner.delete_key(key)
+            except Exception:  # the store's agent may be gone with its keys
+                return
+        self.keys.clear()
+
+
 class GroupError(RuntimeError):
     """The group failed (a rank died, timed out, or the group was closed)."""
 
@@ -57,7 +112,7 @@ class Group:
     """A formed group; operations are serialized (one in flight per group)."""
 
     def __init__(
-        self, spec: GroupSpec, pg: c10d.Backend, device: torch.device, st: c10d.Store
+        self, spec: GroupSpec, pg: c10d.Backend, device: torch.device, st: _Recording
     ) -> None:
         # The backend's collectives are bound in C++ and missing from torch's stubs.
         self._pg: Any
@@ -133,6 +188,7 @@ class Group:
                 shutdown()
             except Exception:  # a half-dead group may refuse; it is gone either way
                 pass
+        self._store.forget_all()
 
 
 def form(spec: GroupSpec, device: torch.device) -> Group:
@@ -140,7 +196,7 @@ def form(spec: GroupSpec, device: torch.device) -> Group:
     GroupError after `spec.timeout_s`."""
     try:
         client = store.connect(spec.store_address, spec.timeout_s)
-        prefixed = c10d.PrefixStore(f"tessera/{spec.name}/", client)
+        prefixed = _Recording(c10d.PrefixStore(f"tessera/{spec.name}/", client))
         if spec.backend == nccl.NAME:
             pg = nccl.make(prefixed, spec.rank, spec.size, spec.timeout_s, device)
         else:
@@ -151,4 +207,4 @@ def form(spec: GroupSpec, device: torch.device) -> Group:
             f"group {spec.name}: rank {spec.rank} of {spec.size} could not join at "
             f"{spec.store_address} ({spec.backend}): {exc}"
         ) from exc
-    return Group(spec, pg, device, client)
+    return Group(spec, pg, device, prefixed)
