@@ -55,7 +55,9 @@ async def _block(action: actions.BlockAction, timeout: float) -> Result:
             )
             return Result(action, True)
         source = action.source if isinstance(action, actions.LoadBlock) else None
-        reply = await stub.LoadBlock(rpc_blocks.load_request(action.block, source), timeout=timeout)
+        dp = action.data_plane if isinstance(action, actions.LoadBlock) else None
+        req = rpc_blocks.load_request(action.block, source, data_plane=dp)
+        reply = await stub.LoadBlock(req, timeout=timeout)
         note = ""
         if isinstance(action, actions.LoadBlock):
             note = "already loaded" if reply.already_loaded else ""

@@ -61,6 +61,7 @@ def from_describe(ref: AgentRef, d: pb.DescribeReply) -> observed.AgentInfo:
             )
             for k in d.kv
         ),
+        store_address=d.store_address,
     )
 
 

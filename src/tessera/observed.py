@@ -44,6 +44,7 @@ class AgentInfo:
     blocks: tuple[blk.Block, ...] = ()
     kv: tuple[ReplicaLoad, ...] = ()
     error: str = ""  # why it is unreachable
+    store_address: str = ""  # its rendezvous store, where data-plane groups meet
 
 
 @dataclass(frozen=True)

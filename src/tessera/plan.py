@@ -35,6 +35,11 @@ class PlannedStage:
     start: int
     end: int
     tp: int = 1
+    ranks: tuple[tuple[str, str], ...] = ()  # (agent, device) of TP ranks 1..tp-1
+
+    def placements(self) -> tuple[tuple[str, str], ...]:
+        """(agent, device) of every TP rank, rank 0 (this stage's agent) first."""
+        return ((self.agent, self.device), *self.ranks)
 
 
 @dataclass(frozen=True)
@@ -161,7 +166,15 @@ def _explicit(dep: api.ServingDeployment) -> list[PlannedReplica]:
             prefix + r.name,
             r.name,
             tuple(
-                PlannedStage(s.agent, s.device, s.layers[0], s.layers[1], s.tp) for s in r.stages
+                PlannedStage(
+                    s.agent,
+                    s.device,
+                    s.layers[0],
+                    s.layers[1],
+                    s.tp,
+                    tuple((p.agent, p.device) for p in s.placements()[1:]),
+                )
+                for s in r.stages
             ),
         )
         for r in dep.spec.layout.replicas
@@ -227,17 +240,18 @@ def make_plan(
         replicas = _explicit(dep)
         for r in replicas:
             for s in r.stages:
-                agent = obs.agent(s.agent)
-                if (
-                    agent is not None
-                    and agent.reachable
-                    and s.device not in {d.id for d in agent.devices}
-                ):
-                    raise PlanError(
-                        "InvalidSpec",
-                        f"agent {s.agent} has no device {s.device} "
-                        f"(devices: {', '.join(d.id for d in agent.devices)})",
-                    )
+                for name, device in s.placements():
+                    agent = obs.agent(name)
+                    if (
+                        agent is not None
+                        and agent.reachable
+                        and device not in {d.id for d in agent.devices}
+                    ):
+                        raise PlanError(
+                            "InvalidSpec",
+                            f"agent {name} has no device {device} "
+                            f"(devices: {', '.join(d.id for d in agent.devices)})",
+                        )
         source, message = "explicit", ""
     else:
         try:
@@ -269,7 +283,10 @@ def make_plan(
                 )
     gens = generation_policy.assign(
         f"{dep.namespace}.{dep.name}",
-        [(r.name, [(s.agent, s.device, s.start, s.end) for s in r.stages]) for r in replicas],
+        [
+            (r.name, [(s.agent, s.device, s.start, s.end, s.ranks) for s in r.stages])
+            for r in replicas
+        ],
         obs,
         (model_path, dep.spec.model.dtype),
         floor,

@@ -14,29 +14,40 @@ from tessera.policies import actions, transition
 
 
 def desired_blocks(p: plan.Plan, obs: observed.Observed) -> list[transition.Placed]:
-    """Every block the plan wants, with addresses resolved; last stages first."""
+    """Every block the plan wants, one per tensor-parallel rank, with addresses resolved;
+    last stages first. TP ranks meet on the replica leader's rendezvous store."""
     out: list[transition.Placed] = []
     for r in p.replicas:
         n = len(r.stages)
+        lead = obs.agent(r.stages[0].agent)
+        dp = None
+        if any(s.tp > 1 for s in r.stages):
+            dp = actions.DataPlane(lead.store_address if lead else "", r.replica_id)
         for i in reversed(range(n)):
             s = r.stages[i]
-            agent = obs.agent(s.agent)
             nxt = obs.agent(r.stages[i + 1].agent) if i + 1 < n else None
-            block = blocks.Block(
-                model_path=p.model_path,
-                start=s.start,
-                end=s.end,
-                replica_id=r.replica_id,
-                stage_index=i,
-                device=s.device,
-                dtype=p.dtype,
-                kv_bytes=p.kv_bytes.get((r.replica_id, i), 0),
-                num_stages=n,
-                next_address=nxt.address if nxt else "",
-                generation=r.generation,
-                param_bytes=p.param_bytes.get((r.replica_id, i), 0),
-            )
-            out.append(transition.Placed(s.agent, agent.address if agent else "", block))
+            for rank, (name, device) in enumerate(s.placements()):
+                agent = obs.agent(name)
+                block = blocks.Block(
+                    model_path=p.model_path,
+                    start=s.start,
+                    end=s.end,
+                    replica_id=r.replica_id,
+                    stage_index=i,
+                    device=device,
+                    dtype=p.dtype,
+                    kv_bytes=p.kv_bytes.get((r.replica_id, i), 0),
+                    num_stages=n,
+                    next_address=nxt.address if nxt and rank == 0 else "",
+                    generation=r.generation,
+                    tp_size=s.tp,
+                    tp_rank=rank,
+                    param_bytes=p.param_bytes.get((r.replica_id, i), 0) // s.tp,
+                )
+                placed = transition.Placed(
+                    name, agent.address if agent else "", block, dp if s.tp > 1 else None
+                )
+                out.append(placed)
     return out
 
 

@@ -85,7 +85,7 @@ def _up(args: argparse.Namespace) -> int:
 def _local_agent_count(args: argparse.Namespace, dep: Any) -> int:
     if args.agents:
         return int(args.agents)
-    names = {s.agent for r in dep.spec.layout.replicas for s in r.stages}
+    names = {p.agent for r in dep.spec.layout.replicas for s in r.stages for p in s.placements()}
     return len(names) or 2
 
 
@@ -280,18 +280,37 @@ def _status(args: argparse.Namespace) -> int:
     if gateway:
         console.print(f"gateway: {gateway}")
     replicas = Table(title="replicas")
-    for col in ("replica", "stage", "agent", "device", "layers", "params MiB", "KV MiB"):
+    for col in (
+        "replica",
+        "stage",
+        "tp rank",
+        "agent",
+        "device",
+        "layers",
+        "params MiB",
+        "KV MiB",
+        "data plane",
+    ):
         replicas.add_column(col)
-    rows = sorted((b.replica_id, b.stage_index, a.name, b) for a in obs.agents for b in a.blocks)
-    for rid, idx, name, b in rows:
+    rows = sorted(
+        (b.replica_id, b.stage_index, b.tp_rank, a.name, b) for a in obs.agents for b in a.blocks
+    )
+    for rid, idx, rank, name, b in rows:
+        plane = "-"
+        if b.tp_size > 1:
+            plane = f"{b.transport} {b.group_state}" + (
+                f": {b.group_reason}" if b.group_reason else ""
+            )
         replicas.add_row(
             rid,
             f"{idx + 1}/{b.num_stages}",
+            f"{rank}/{b.tp_size}",
             name,
             b.device,
             f"[{b.start}, {b.end})",
             f"{b.param_bytes / 2**20:.1f}",
             f"{b.kv_bytes / 2**20:.1f}",
+            plane,
         )
     console.print(replicas)
     table = Table(title="agents")

@@ -40,11 +40,21 @@ class PeerSource:
 
 
 @dataclass(frozen=True)
+class DataPlane:
+    """Where a tensor-parallel block's ranks meet to form their group (`LoadBlock`)."""
+
+    store_address: str  # the leader agent's rendezvous store
+    group: str  # key prefix of the replica's groups (each stage adds its index)
+    timeout_s: float = 0.0  # per collective; 0 = the agent's default
+
+
+@dataclass(frozen=True)
 class LoadBlock:
     agent: str
     address: str
     block: blocks.Block
     source: PeerSource | None = None  # None: read the checkpoint from storage
+    data_plane: DataPlane | None = None  # for a block with tp_size > 1
 
     kind = "LoadBlock"
 

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 from tessera import blocks, observed
 
-StageWhere = tuple[str, str, int, int]  # (agent, device, start, end)
+# (agent, device, start, end) of a stage, and optionally the (agent, device) of its
+# tensor-parallel ranks 1..tp-1 (a stage's tp is 1 + their count).
+StageWhere = tuple[str, str, int, int] | tuple[str, str, int, int, tuple[tuple[str, str], ...]]
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,11 @@ def _agrees(
             return False
         if b.num_stages != len(stages) or not 0 <= b.stage_index < len(stages):
             return False
-        if (agent, b.device, b.start, b.end) != tuple(stages[b.stage_index]):
+        where = stages[b.stage_index]
+        ranks: tuple[tuple[str, str], ...] = where[4] if len(where) == 5 else ()
+        places = ((where[0], where[1]), *ranks)
+        if (b.start, b.end) != (where[2], where[3]) or b.tp_size != len(places):
+            return False
+        if b.tp_rank >= len(places) or (agent, b.device) != places[b.tp_rank]:
             return False
     return True

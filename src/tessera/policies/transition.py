@@ -49,6 +49,7 @@ class Placed:
     agent: str
     address: str
     block: blocks.Block
+    data_plane: actions.DataPlane | None = None  # how a TP rank meets its group
 
 
 @dataclass(frozen=True)
@@ -268,7 +269,7 @@ class _Sim:
             )
             if loaded_by is not None:
                 deps.append(loaded_by)
-        sid = self.add(actions.LoadBlock(p.agent, p.address, p.block, peer), deps)
+        sid = self.add(actions.LoadBlock(p.agent, p.address, p.block, peer, p.data_plane), deps)
         if src is not None:
             self.readers.setdefault((src[0].agent, src[0].block.key), []).append(sid)
         dev = (p.agent, p.block.device)
@@ -337,8 +338,13 @@ def plan(world: World, target: Target) -> Transition:
         sim.retire(rid, [])
     rewire: list[Placed] = []
     missing: dict[str, list[Placed]] = {}
+    broken = _broken_tp_stages(sim, want)
     for where, p in want.items():
         held = sim.present.get(where)
+        stage_key = (p.block.replica_id, p.block.stage_index)
+        if held is not None and stage_key in broken:  # its group failed: reload every rank
+            sim.unload(held[0], [])
+            held = None
         if held is not None and held[0].block.same_layout(p.block):
             continue
         if held is not None and _rewire_only(p.block, held[0].block):
@@ -410,6 +416,22 @@ def plan(world: World, target: Target) -> Transition:
         sim.start_bytes,
         sim.ours_bytes,
     )
+
+
+def _broken_tp_stages(sim: _Sim, want: Mapping[Where, Placed]) -> set[tuple[str, int]]:
+    """Tensor-parallel stages to load again as a whole: a rank reports its group failed,
+    or some ranks are held while others are missing (a new group needs all of them)."""
+    held: dict[tuple[str, int], list[bool]] = {}
+    failed: set[tuple[str, int]] = set()
+    for where, p in want.items():
+        if p.block.tp_size == 1:
+            continue
+        key = (p.block.replica_id, p.block.stage_index)
+        have = sim.present.get(where)
+        held.setdefault(key, []).append(have is not None)
+        if have is not None and have[0].block.group_state == "failed":
+            failed.add(key)
+    return failed | {k for k, got in held.items() if any(got) and not all(got)}
 
 
 def _make_room(

@@ -66,6 +66,7 @@ def load_request(
     source: actions.PeerSource | None = None,
     max_num_seqs: int = 0,
     max_batched_tokens: int = 0,
+    data_plane: actions.DataPlane | None = None,
 ) -> pb.LoadBlockRequest:
     """The request that loads `b` (its `kv_bytes` is the budget asked; 0 = all left)."""
     req = pb.LoadBlockRequest(
@@ -86,6 +87,14 @@ def load_request(
         tp_size=b.tp_size,
         tp_rank=b.tp_rank,
     )
+    if data_plane is not None:
+        req.data_plane.CopyFrom(
+            pb.DataPlane(
+                store_address=data_plane.store_address,
+                group=data_plane.group,
+                timeout_s=data_plane.timeout_s,
+            )
+        )
     if source is not None:
         req.source.CopyFrom(
             pb.BlockSource(
