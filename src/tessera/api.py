@@ -438,11 +438,13 @@ def check_semantics(
                             f"unknown agent {rank.agent!r} (known: {', '.join(agents) or 'none'})",
                         )
                     )
-            places = [(p.agent, p.device) for p in st.placements()]
-            if len(set(places)) != len(places):
+            names = [p.agent for p in st.placements()]
+            if len(set(names)) != len(names):
                 errs.append(
                     fields.FieldError(
-                        f"{spath}.ranks", "two tensor-parallel ranks on one agent device"
+                        f"{spath}.ranks",
+                        f"the {st.tp} tensor-parallel ranks need {st.tp} different agents "
+                        "(an agent holds one rank of a stage); list them in `ranks`",
                     )
                 )
         if rep.stages and expect != model.num_layers and expect <= model.num_layers:

@@ -108,7 +108,10 @@ def test_semantic_errors_name_the_field() -> None:
         e.startswith("spec.layout.replicas[4].stages[0].ranks[0].agent: unknown agent 'ghost2'")
         for e in errs
     )
-    assert not any("replicas[5]" in e for e in errs)  # tp=2 on a0's cpu:0 and cpu:1
+    assert any(  # tp=2 on a0's cpu:0 and cpu:1: one agent holds one rank of a stage
+        e.startswith("spec.layout.replicas[5].stages[0].ranks: the 2 tensor-parallel ranks")
+        for e in errs
+    )
     assert not any("replicas[0]" in e for e in errs)
 
 
