@@ -113,17 +113,24 @@ class Transition:
 
 
 def complete_replicas(obs: observed.Observed, owner_prefix: str) -> set[str]:
-    """Replicas of the deployment with every stage held on a reachable agent."""
-    stages: dict[str, set[int]] = {}
-    total: dict[str, int] = {}
+    """Replicas of the deployment with every stage (every TP rank of it) held on a
+    reachable agent and no tensor-parallel group failed."""
+    ranks: dict[str, set[tuple[int, int]]] = {}
+    total: dict[str, set[tuple[int, int]]] = {}
+    failed: set[str] = set()
     for a in obs.agents:
         if not a.reachable:
             continue
         for b in a.blocks:
             if b.replica_id.startswith(owner_prefix):
-                stages.setdefault(b.replica_id, set()).add(b.stage_index)
-                total[b.replica_id] = b.num_stages
-    return {r for r, s in stages.items() if s == set(range(total[r]))}
+                ranks.setdefault(b.replica_id, set()).add((b.stage_index, b.tp_rank))
+                total.setdefault(b.replica_id, set()).update(
+                    (b.stage_index, k) for k in range(b.tp_size)
+                )
+                total[b.replica_id].update((i, 0) for i in range(b.num_stages))
+                if b.group_state == "failed":
+                    failed.add(b.replica_id)
+    return {r for r, s in ranks.items() if s == total[r] and r not in failed}
 
 
 def replica_load(obs: observed.Observed, replica_id: str) -> observed.ReplicaLoad | None:
@@ -339,11 +346,12 @@ def plan(world: World, target: Target) -> Transition:
     rewire: list[Placed] = []
     missing: dict[str, list[Placed]] = {}
     broken = _broken_tp_stages(sim, want)
+    regroup: dict[tuple[str, int], list[int]] = {}  # a new group forms after the old closed
     for where, p in want.items():
         held = sim.present.get(where)
         stage_key = (p.block.replica_id, p.block.stage_index)
         if held is not None and stage_key in broken:  # its group failed: reload every rank
-            sim.unload(held[0], [])
+            regroup.setdefault(stage_key, []).append(sim.unload(held[0], []))
             held = None
         if held is not None and held[0].block.same_layout(p.block):
             continue
@@ -368,7 +376,7 @@ def plan(world: World, target: Target) -> Transition:
             break
         prev: list[int] = []
         for p in sorted(missing[r.id], key=lambda p: -p.block.stage_index):
-            got = sim.load(p, prev)
+            got = sim.load(p, prev + regroup.get((r.id, p.block.stage_index), []))
             if isinstance(got, Blocked):
                 blocked = got
                 break
