@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tessera_agent import tp_member
+from tessera_agent import stage_link, tp_member
 from tessera_agent.engine import replica, stage
 
 
@@ -20,6 +20,13 @@ class Hosted:
     stage: stage.Stage
     leader: replica.ReplicaEngine | None = None
     tp: tp_member.TPMember | None = None  # this block's rank of a tensor-parallel stage
+    link_down: stage_link.StageLink | None = None  # hidden states to the next stage
+    link_up: stage_link.StageLink | None = None  # hidden states from the previous stage
+
+    def close_links(self) -> None:
+        for link in (self.link_down, self.link_up):
+            if link is not None:
+                link.close()
 
     @property
     def num_stages(self) -> int:

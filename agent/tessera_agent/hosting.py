@@ -19,7 +19,16 @@ import logging
 
 from tessera import blocks
 from tessera.rpc.v1 import agent_pb2 as pb
-from tessera_agent import booking, convert, hosted, leader, load_check, load_config, tp_member
+from tessera_agent import (
+    booking,
+    convert,
+    hosted,
+    leader,
+    load_check,
+    load_config,
+    stage_link,
+    tp_member,
+)
 from tessera_agent.engine import errors, loader, replica, stage
 from tessera_agent.transfer import block_copy, group
 
@@ -60,6 +69,7 @@ class Hosting:
                 await h.leader.close()
             if h.tp is not None:
                 h.tp.close()
+            h.close_links()
         self.loader.shutdown(wait=False, cancel_futures=True)
 
     # -- look-ups -----------------------------------------------------------------------
@@ -94,6 +104,9 @@ class Hosting:
             transport=h.tp.backend if h.tp is not None else "",
             group_state=state,
             group_reason=reason,
+            activations=""
+            if h.stage.spec.is_last or h.stage.spec.tp_rank
+            else ("gloo" if h.link_down is not None and h.link_down.ready else "grpc"),
         )
 
     # -- changes ------------------------------------------------------------------------
@@ -141,6 +154,17 @@ class Hosting:
             self.memory.book(dev.id, h.holder, loaded.param_bytes + loaded.kv_bytes)
             if group_spec is not None:  # forms in the background; rank 0's steps wait for it
                 h.tp = tp_member.TPMember(loaded, group_spec, dev.torch_device())
+            if data_plane is not None and data_plane.store_address and spec.tp_rank == 0:
+                t = data_plane.timeout_s or group.DEFAULT_TIMEOUT_S
+                dp = (data_plane.store_address, data_plane.group)
+                if not spec.is_last:  # stage links: rank 0 to rank 0, formed in the background
+                    h.link_down = stage_link.StageLink(
+                        stage_link.link_spec(*dp, spec.stage_index, 0, t)
+                    )
+                if spec.stage_index > 0:
+                    h.link_up = stage_link.StageLink(
+                        stage_link.link_spec(*dp, spec.stage_index - 1, 1, t)
+                    )
             if spec.stage_index == 0 and spec.tp_rank == 0:
                 cfg_s = leader.scheduler_config(h, self.defaults, max_num_seqs, max_batched_tokens)
                 h.leader = leader.make_leader(h, cfg_s, self.compute)
@@ -183,5 +207,6 @@ class Hosting:
                 await h.leader.close()
             if h.tp is not None:  # rank 0 stops its followers; a follower lets go
                 await asyncio.get_running_loop().run_in_executor(None, h.tp.close)
+            h.close_links()
             self.memory.release(h.stage.spec.device, h.holder)
             log.info("unloaded %s", h.holder)

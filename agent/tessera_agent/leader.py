@@ -45,6 +45,8 @@ def make_leader(
         )
 
         async def connect() -> replica.Downstream:
-            return await stage_client.RemoteDownstream.connect(h.next_address, hello)
+            ds = await stage_client.RemoteDownstream.connect(h.next_address, hello)
+            ds.link = h.link_down  # hidden states over the data plane once it is formed
+            return ds
 
     return replica.ReplicaEngine(st.runner, compute, cfg, connect)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections import deque
 
 import grpc
@@ -17,7 +18,7 @@ import grpc
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
-from tessera_agent import convert
+from tessera_agent import convert, stage_link
 from tessera_agent.engine import errors, step
 
 
@@ -37,6 +38,7 @@ class RemoteDownstream:
         self._write_lock = asyncio.Lock()
         self._closed = False
         self._reader = asyncio.create_task(self._read_loop(), name=f"stage-reader-{address}")
+        self.link: stage_link.StageLink | None = None  # set by the owner when there is one
 
     @classmethod
     async def connect(
@@ -70,12 +72,26 @@ class RemoteDownstream:
         if self._closed:
             raise errors.UnavailableError(f"stage stream to {self.address} is closed")
         fut: asyncio.Future[step.StepOutput] = asyncio.get_running_loop().create_future()
+        sent: asyncio.Future[None] | None = None
         async with self._write_lock:
             self._pending.append(fut)
             try:
-                await self._call.write(convert.step_to_proto(inp))
+                link = self.link
+                if link is not None and link.ready and inp.hidden is not None:
+                    msg = convert.step_to_proto(dataclasses.replace(inp, hidden=None))
+                    msg.step.hidden_on_link = True
+                    msg.step.hidden_dtype = str(inp.hidden.dtype).removeprefix("torch.")
+                    await self._call.write(msg)
+                    sent = link.send(inp.hidden, inp.step_id)  # in stream order
+                else:
+                    await self._call.write(convert.step_to_proto(inp))
             except Exception as exc:
                 self._fail(errors.UnavailableError(f"stage stream to {self.address}: {exc}"))
+        if sent is not None:
+            try:
+                await sent
+            except Exception as exc:
+                self._fail(errors.UnavailableError(f"stage link to {self.address}: {exc}"))
         return await fut
 
     async def _read_loop(self) -> None:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import grpc
+import torch
 
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import convert, grpc_status, hosted, stage_client
@@ -54,6 +55,15 @@ async def _step(
     downstream: stage_client.RemoteDownstream | None,
 ) -> pb.StageResult:
     inp = convert.step_from_proto(msg.step)
+    if msg.step.hidden_on_link:  # posted first: receives are issued in stream order
+        link = h.link_up
+        if link is not None and link.group is None:
+            await link.settled()
+        if link is None or not link.ready:
+            raise errors.UnavailableError("the stage link the previous stage used is gone")
+        n = sum(c.num_tokens for c in inp.chunks)
+        dtype = getattr(torch, msg.step.hidden_dtype or "float32")
+        inp.hidden = await link.receive((n, h.stage.cfg.hidden_size), dtype, inp.step_id)
     loop = asyncio.get_running_loop()
     out = await loop.run_in_executor(compute, h.stage.runner.execute, inp)
     if downstream is not None:
@@ -88,6 +98,7 @@ async def serve(
                 ),
             )
             pages = min(pages, downstream.num_pages)
+            downstream.link = h.link_down
     except errors.EngineError as exc:
         await grpc_status.abort(context, exc)
     yield pb.StageResult(

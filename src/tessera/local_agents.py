@@ -140,15 +140,29 @@ def load_pipeline(
     replica_id: str,
     kv_bytes: int = 32 << 20,
     device: str = "cpu:0",
+    data_plane: bool = True,
 ) -> None:
     """Load one replica whose stage i (layers splits[i]) runs on agents[i].
 
-    Stages are loaded last to first, each pointing at the next agent. For tests and
-    benches; deployments go through the reconcile core and the actuator instead."""
+    Stages are loaded last to first, each pointing at the next agent; with `data_plane`
+    (and more than one stage) the stages send hidden states over gloo links that meet on
+    the first agent's store, else over the gRPC stream. For tests and benches;
+    deployments go through the reconcile core and the actuator instead."""
     from tessera import blocks
+    from tessera.policies import actions
     from tessera.rpc import blocks as rpc_blocks
     from tessera.rpc import transport
+    from tessera.rpc.v1 import agent_pb2 as pb
     from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+
+    dp = None
+    if data_plane and len(splits) > 1:
+        channel = transport.sync_channel(agents[0].address)
+        try:
+            store = pb_grpc.AgentStub(channel).Describe(pb.DescribeRequest()).store_address
+        finally:
+            channel.close()
+        dp = actions.DataPlane(store, f"{replica_id}/{time.monotonic_ns()}")
 
     for i in reversed(range(len(splits))):
         a, b = splits[i]
@@ -165,7 +179,7 @@ def load_pipeline(
                 num_stages=len(splits),
                 next_address=agents[i + 1].address if i + 1 < len(splits) else "",
             )
-            pb_grpc.AgentStub(channel).LoadBlock(rpc_blocks.load_request(block))
+            pb_grpc.AgentStub(channel).LoadBlock(rpc_blocks.load_request(block, data_plane=dp))
         finally:
             channel.close()
 

@@ -21,7 +21,7 @@ def desired_blocks(p: plan.Plan, obs: observed.Observed) -> list[transition.Plac
         n = len(r.stages)
         lead = obs.agent(r.stages[0].agent)
         dp = None
-        if any(s.tp > 1 for s in r.stages):
+        if n > 1 or any(s.tp > 1 for s in r.stages):  # TP groups, stage links
             dp = actions.DataPlane(lead.store_address if lead else "", r.replica_id)
         for i in reversed(range(n)):
             s = r.stages[i]
@@ -44,9 +44,7 @@ def desired_blocks(p: plan.Plan, obs: observed.Observed) -> list[transition.Plac
                     tp_rank=rank,
                     param_bytes=p.param_bytes.get((r.replica_id, i), 0) // s.tp,
                 )
-                placed = transition.Placed(
-                    name, agent.address if agent else "", block, dp if s.tp > 1 else None
-                )
+                placed = transition.Placed(name, agent.address if agent else "", block, dp)
                 out.append(placed)
     return out
 

@@ -173,3 +173,23 @@ def test_killed_rank_fails_fast_then_reload_reforms(
     load_tp([[a, c]], tiny_llama, [(0, 8)], "tp", timeout_s=10.0)
     assert _generate(a, "tp", prompts[2]) == want
     assert _states(a)[("tp", 0)].group_state == "ready"
+
+
+def test_pipeline_hidden_states_over_the_stage_link(
+    agents_factory: Start, tiny_llama: Path, prompts: list[list[int]]
+) -> None:
+    """A 3-stage pipeline loaded with a data plane sends its hidden states stage to stage
+    over gloo links (the blocks say so) and still gives transformers' tokens; loaded
+    without one, the same pipeline uses the gRPC stream."""
+    agents = agents_factory(3)
+    splits = [(0, 3), (3, 5), (5, 8)]
+    local_agents.load_pipeline(agents, str(tiny_llama), splits, "link", 16 << 20)
+    local_agents.load_pipeline(agents, str(tiny_llama), splits, "plain", 16 << 20, data_plane=False)
+    for p in prompts[:3]:
+        want = hf_greedy(tiny_llama, p, NEW)
+        assert _generate(agents[0], "link", p) == want
+        assert _generate(agents[0], "plain", p) == want
+    for a in agents[:2]:
+        blocks = _states(a)
+        assert blocks[("link", agents.index(a))].activations == "gloo"
+        assert blocks[("plain", agents.index(a))].activations == "grpc"

@@ -35,6 +35,7 @@ def to_proto(b: blocks.Block, kv_pages: int = 0, num_tensors: int = 0) -> pb.Blo
         transport=b.transport,
         group_state=b.group_state,
         group_reason=b.group_reason,
+        activations=b.activations,
     )
 
 
@@ -58,6 +59,7 @@ def from_proto(m: pb.BlockInfo) -> blocks.Block:
         transport=m.transport,
         group_state=m.group_state,
         group_reason=m.group_reason,
+        activations=m.activations,
     )
 
 
