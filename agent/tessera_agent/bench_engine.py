@@ -7,7 +7,9 @@ ignored on both sides so every request produces the same number of tokens:
 - `engine_tok_s_b{1,8}`: the Tessera engine in this process (same torch threads as HF);
 - `single_agent_tok_s_b8`: one agent process holding the whole model, driven over gRPC;
 - `pipeline2_tok_s_b8`: two agent processes (layers 0-4 and 4-8), driven over gRPC, each
-  agent with half the threads of the single agent so both use the same cores.
+  agent with half the threads of the single agent so both use the same cores; the hidden
+  states cross between the stages on a gloo link (`pipeline_activations`), the steps and
+  sampled tokens on the gRPC stage stream.
 The machine is shared and noisy, so compared runs are interleaved: each round times HF then
 the engine (and the single agent then the pipeline) back to back, after one warm-up round.
 Throughputs are medians over rounds; ratios are medians of the per-round ratios.
@@ -205,6 +207,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "engine_vs_hf_b8": round(eng_vs_hf, 3),
         "pipeline2_vs_single_b8": round(pipe_vs_single, 3),
         "tokens_match": eng_toks == hf_toks and pipe_toks == hf_toks and single_toks == hf_toks,
+        # the pipeline's hidden states go stage to stage over a gloo link (the data plane);
+        # steps and sampled tokens over the gRPC stream
+        "pipeline_activations": "gloo",
         "new_tokens": new,
         "prompt_len": args.prompt_len,
         "rounds": rounds,
