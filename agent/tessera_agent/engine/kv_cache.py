@@ -9,6 +9,7 @@ K/V for one layer out of and into the pool (KV migration builds on them).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -87,3 +88,26 @@ class PagedKVCache:
         s = self.slots(block_table, k.shape[0]).to(dev)
         self.k[layer].index_copy_(0, s, k.to(dev, self.layout.dtype))
         self.v[layer].index_copy_(0, s, v.to(dev, self.layout.dtype))
+
+    # -- shifting memory between parameters and KV (engine/memory_shift.py) ---------------
+    def grow(self, extra_pages: int) -> None:
+        """Append `extra_pages` zeroed pages to every layer's pool. Existing pages keep
+        their ids and contents, so block tables stay valid (`resize_` keeps the tensors,
+        appending slots at the end; on CPU the storage is reallocated once)."""
+        if extra_pages < 0:
+            raise ValueError(f"extra_pages: must be >= 0, got {extra_pages}")
+        old = self.layout.num_pages * self.layout.page_size
+        new = old + extra_pages * self.layout.page_size
+        for t in (*self.k, *self.v):
+            t.resize_((new, *t.shape[1:]))
+            t[old:].zero_()
+        self.layout = dataclasses.replace(
+            self.layout, num_pages=self.layout.num_pages + extra_pages
+        )
+
+    def keep_layers(self, first: int, last: int) -> None:
+        """Keep only local layers [first, last); the others' K/V are released."""
+        if not 0 <= first < last <= self.layout.num_layers:
+            raise ValueError(f"keep_layers: [{first}, {last}) is not within the pool's layers")
+        self.k, self.v = self.k[first:last], self.v[first:last]
+        self.layout = dataclasses.replace(self.layout, num_layers=last - first)

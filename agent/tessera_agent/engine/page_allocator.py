@@ -121,6 +121,14 @@ class PageAllocator:
             table.append(page)
         return True
 
+    def add_pages(self, extra: int) -> None:
+        """Grow the pool by `extra` fresh pages, ids after the existing ones (every stage's
+        KV pool grew first: engine/memory_shift.py); pages held now are untouched."""
+        if extra < 0:
+            raise ValueError(f"extra: must be >= 0, got {extra}")
+        self._free.extend(range(self.num_pages, self.num_pages + extra))
+        self.num_pages += extra
+
     def free(self, seq_id: str) -> None:
         """Release the sequence's pages (finish, cancel or preemption); registered pages
         nobody holds any more stay cached, the others return to the free list."""

@@ -1,0 +1,132 @@
+"""Parameters and KV share one budget: dropping layers grows the KV pool of a running block.
+
+The KunServe drop of two whole-model replicas into one 2-stage pipeline, in process and
+mid-decode: replica A keeps layers [0, 4), its peer B keeps [4, 8); the running requests'
+K/V of layers 4-7 is copied from A to B first; both pools grow by exactly the bytes freed;
+the allocator gains pages while the running requests keep theirs; requests that were
+queued for memory start; every request's greedy tokens equal transformers'.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tessera_agent.engine import config as config_mod
+from tessera_agent.engine import (
+    kv_cache,
+    memory_shift,
+    page_allocator,
+    sampling,
+    scheduler,
+    stage,
+    step,
+)
+from tests.conftest import hf_greedy
+
+NEW = 12
+PAGE = 4
+POOL_PAGES = 16  # 64 tokens: two of the prompts below at a time
+GREEDY = sampling.SamplingParams(max_tokens=NEW, ignore_eos=True)
+
+
+def _load(path: Path, kv_bytes: int, rid: str) -> stage.Stage:
+    spec = stage.BlockSpec(str(path), 0, 8, replica_id=rid, kv_bytes=kv_bytes, page_size=PAGE)
+    return stage.load_stage(spec, torch.device("cpu"), 1 << 30)
+
+
+def _step(sched: scheduler.Scheduler, stages: list[stage.Stage], sink: dict[str, list[int]]) -> int:
+    """One engine step through the pipeline: schedule, run every stage, postprocess;
+    sampled tokens land in `sink`."""
+    planned = sched.schedule()
+    assert planned is not None
+    inp = planned.input
+    out = step.StepOutput(step_id=inp.step_id)
+    for st in stages:
+        out = st.runner.execute(inp)
+        inp = step.next_stage_input(inp, out)
+    for ev in sched.postprocess(planned, out.sampled, out.logprobs):
+        if ev.token is not None:
+            sink.setdefault(ev.seq_id, []).append(ev.token)
+    return len(planned.seqs)
+
+
+def test_drop_grows_kv_mid_decode_and_tokens_match_hf(
+    tiny_llama: Path, prompts: list[list[int]]
+) -> None:
+    cfg = config_mod.ModelConfig.from_path(tiny_llama)
+    per_page = kv_cache.KVLayout(8, 1, PAGE, cfg.num_kv_heads, cfg.head_dim).bytes_per_page
+    a = _load(tiny_llama, POOL_PAGES * per_page, "a")
+    b = _load(tiny_llama, POOL_PAGES * per_page, "b")  # the peer replica, idle here
+    assert a.num_pages == b.num_pages == POOL_PAGES
+    budget_a = a.param_bytes + a.kv_bytes  # the device budget the block books
+
+    chosen = [prompts[i] for i in (1, 3, 0, 4, 7)]  # 18, 41, 4, 10, 24 tokens
+    alloc = page_allocator.PageAllocator(POOL_PAGES, PAGE, prefix_caching=False)
+    sched = scheduler.Scheduler(
+        alloc, scheduler.SchedulerConfig(max_model_len=cfg.max_positions, max_batched_tokens=64)
+    )
+    for i, p in enumerate(chosen):
+        sched.add(f"q{i}", p, GREEDY)
+
+    sink: dict[str, list[int]] = {}
+    # Whole-model execution on A until requests are decoding while others wait for memory.
+    for _ in range(6):
+        _step(sched, [a], sink)
+    running = [s for s in sched.running if s.num_computed]
+    assert running and sched.waiting, "the pool should be full with a queue behind it"
+    decoding = [s for s in running if s.output]
+    assert decoding, "some request should be mid-decode at the drop"
+    tables = {s.seq_id: list(alloc.block_table(s.seq_id)) for s in running}
+    before_wait = len(sched.waiting)
+
+    # Exchange: the running requests' K/V of layers 4-7 goes from A to B (same page ids).
+    for s in running:
+        for layer in range(4, 8):
+            k, v = a.runner.cache.export_sequence(layer, tables[s.seq_id], s.num_computed)
+            b.runner.cache.import_sequence(layer, tables[s.seq_id], k, v)
+    shift_a = memory_shift.drop_layers(a, 0, 4)
+    shift_b = memory_shift.drop_layers(b, 4, 8)
+
+    # Accounting: every freed parameter byte and the dropped layers' KV became pages.
+    for sh, st in ((shift_a, a), (shift_b, b)):
+        assert sh.freed_param_bytes > 0 and sh.pages_before == POOL_PAGES
+        half = kv_cache.KVLayout(4, 1, PAGE, cfg.num_kv_heads, cfg.head_dim).bytes_per_page
+        assert sh.pages_after == (sh.kv_bytes_before + sh.freed_param_bytes) // half
+        assert sh.pages_after > 2 * POOL_PAGES  # half the layers' KV alone doubles the pages
+        assert st.param_bytes + st.kv_bytes <= budget_a  # still within the device budget
+    assert a.param_bytes + shift_a.freed_param_bytes + shift_a.kv_bytes_before == budget_a
+    assert a.runner.model.is_first and not a.runner.model.is_last
+    assert b.runner.model.is_last and not b.runner.model.is_first
+    assert a.tensor_names()[-1].startswith("model.layers.3.")
+
+    alloc.add_pages(memory_shift.allocator_target([a, b]) - alloc.num_pages)
+    assert alloc.num_pages == min(shift_a.pages_after, shift_b.pages_after)
+    for s in running:  # running requests keep their pages
+        assert list(alloc.block_table(s.seq_id)) == tables[s.seq_id]
+
+    # Cooperative execution as a 2-stage pipeline: queued requests start at once.
+    _step(sched, [a, b], sink)
+    assert len(sched.waiting) < before_wait
+    while sched.has_work():
+        _step(sched, [a, b], sink)
+    out = [sink[f"q{i}"] for i in range(len(chosen))]
+    assert out == [hf_greedy(tiny_llama, p, NEW) for p in chosen]
+
+
+def test_grow_pool_keeps_pages_and_contents(tiny_llama: Path) -> None:
+    cfg = config_mod.ModelConfig.from_path(tiny_llama)
+    per_page = kv_cache.KVLayout(8, 1, PAGE, cfg.num_kv_heads, cfg.head_dim).bytes_per_page
+    st = _load(tiny_llama, 4 * per_page, "c")
+    k0 = st.runner.cache.k[0]
+    k0[:PAGE].fill_(1.5)
+    added = memory_shift.grow_pool(st, 3 * per_page + per_page // 2)
+    assert added == 3 and st.num_pages == 7 and st.kv_bytes == 7 * per_page
+    assert st.runner.cache.k[0] is k0 and k0.shape[0] == 7 * PAGE  # same tensor, grown
+    assert bool((k0[:PAGE] == 1.5).all()) and bool((k0[4 * PAGE :] == 0).all())
+    alloc = page_allocator.PageAllocator(4, PAGE)
+    assert alloc.grow("x", 4 * PAGE)
+    alloc.add_pages(added)
+    assert alloc.free_pages == 3 and alloc.grow("y", 3 * PAGE)
+    assert set(alloc.block_table("y")) == {4, 5, 6}
