@@ -130,3 +130,56 @@ def test_grow_pool_keeps_pages_and_contents(tiny_llama: Path) -> None:
     alloc.add_pages(added)
     assert alloc.free_pages == 3 and alloc.grow("y", 3 * PAGE)
     assert set(alloc.block_table("y")) == {4, 5, 6}
+
+
+def test_replica_engine_gains_pages_while_requests_run(
+    tiny_llama: Path, prompts: list[list[int]]
+) -> None:
+    """Through the asyncio replica engine: the pool grows on the compute thread between
+    steps while requests decode, the allocator follows, and every request finishes with
+    transformers' tokens on more pages than it started with."""
+    import asyncio
+    import concurrent.futures
+
+    from tessera_agent.engine import replica
+
+    cfg = config_mod.ModelConfig.from_path(tiny_llama)
+    per_page = kv_cache.KVLayout(8, 1, PAGE, cfg.num_kv_heads, cfg.head_dim).bytes_per_page
+    st = _load(tiny_llama, POOL_PAGES * per_page, "d")
+    chosen = [prompts[i] for i in (1, 3, 0, 4, 7)]
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    sched_cfg = scheduler.SchedulerConfig(
+        max_model_len=cfg.max_positions, max_batched_tokens=64, prefix_caching=False
+    )
+    eng = replica.ReplicaEngine(st.runner, pool, sched_cfg)
+
+    async def main() -> tuple[list[list[int]], list[replica.ReplicaStats]]:
+        outs: list[list[int]] = [[] for _ in chosen]
+        seen: list[replica.ReplicaStats] = []
+
+        async def one(i: int) -> None:
+            async for ev in eng.generate(f"q{i}", chosen[i], GREEDY):
+                if ev.token is not None:
+                    outs[i].append(ev.token)
+
+        async def grow_when_decoding() -> None:
+            while not any(outs):
+                await asyncio.sleep(0.005)
+            seen.append(eng.stats())
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(pool, memory_shift.grow_pool, st, 48 * per_page)
+            assert eng.add_pages(st.num_pages) == 48
+            seen.append(eng.stats())
+
+        await asyncio.gather(*(one(i) for i in range(len(chosen))), grow_when_decoding())
+        await eng.close()
+        return outs, seen
+
+    try:
+        outs, seen = asyncio.run(main())
+    finally:
+        pool.shutdown()
+    before, after = seen
+    assert before.kv_pages_total == POOL_PAGES and after.kv_pages_total == POOL_PAGES + 48
+    assert before.waiting > 0 and before.running > 0  # grown mid-run, with a queue
+    assert outs == [hf_greedy(tiny_llama, p, NEW) for p in chosen]
