@@ -73,6 +73,18 @@ def test_r_unreachable_falls_back_and_changes_nothing() -> None:
     assert not changed(plan) and plan.freed_by_replica == {}
 
 
+def test_groups_never_outnumber_their_layers() -> None:
+    """A 4-layer model pipelines at most 4 ways: 16 replicas form four 4-member groups
+    at most, freeing 12 copies; more cannot be had."""
+    reps = tuple(dp.Replica(f"r{i}", frozenset(range(4))) for i in range(16))
+    p4 = 4 * LAYER
+    plan = dp.plan_drop(dp.DropInput(reps, (LAYER,) * 4, 12 * p4))
+    assert not plan.fallback and sorted(len(g.members) for g in plan.groups) == [4] * 4
+    assert all(len(g.stages) == 4 for g in plan.groups)
+    plan = dp.plan_drop(dp.DropInput(reps, (LAYER,) * 4, 12 * p4 + 1))
+    assert plan.fallback and f"frees {12 * p4} bytes" in plan.message
+
+
 def test_existing_groups_count_only_duplicated_layers() -> None:
     """Two 2-stage pipelines (each holding one copy) merge into one 4-stage pipeline;
     the stages go to members that already hold them (drop only, never load)."""
@@ -127,9 +139,10 @@ def test_balanced_cuts_matches_brute_force(costs: list[int], k: int) -> None:
     assert max(sum(costs[a:b]) for a, b in parts) == best
 
 
-@given(n=st.integers(1, 12), r_layers=st.integers(0, 12 * L))
+@given(n=st.integers(1, L), r_layers=st.integers(0, L * L))
 def test_plan_frees_enough_with_fewest_merges(n: int, r_layers: int) -> None:
-    """Whole replicas: each merge frees P, so the plan uses ceil(R/P) merges or falls back."""
+    """Whole replicas (no more than layers, so groups are never capped): each merge frees
+    P, so the plan uses ceil(R/P) merges or falls back."""
     required = r_layers * LAYER
     plan = dp.plan_drop(whole(n, required))
     need = -(-required // P)

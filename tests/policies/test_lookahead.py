@@ -122,3 +122,10 @@ def test_split_never_loses_or_duplicates_tokens(lens: list[int], min_tokens: int
             assert prefix == pos and tokens > 0
             pos += tokens
         assert pos == n
+
+
+def test_lookahead_only_while_dropped_with_a_deep_queue() -> None:
+    assert la.use_lookahead(True, 2 * 4 * 32, 4)
+    assert not la.use_lookahead(True, 2 * 4 * 32 - 1, 4)
+    assert not la.use_lookahead(False, 10_000, 4)
+    assert not la.use_lookahead(True, 10_000, 1)

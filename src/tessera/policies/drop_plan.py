@@ -12,7 +12,9 @@ by group size; pop the two smallest groups, merge them, and count as freed one c
 the layers both held (the duplicated layers); repeat until freed >= R or one group is
 left. Merging the smallest groups first keeps pipelines short, and the performance loss
 of a drop grows with the number of stages a request crosses (KunServe §4.1, Figure 5).
-O(N log N) for N replicas (plus the stage assignment below, O(k L^2) per group).
+O(N log N) for N replicas (plus the stage assignment below, O(k L^2) per group). A
+group never gets more members than the layers it holds: a member without a layer would
+have no KV to grow, so merging stops there (a 4-layer model pipelines at most 4 ways).
 
 Stage assignment ("balanced by the cost model"): a merged group of k members holding L
 layers is cut into k contiguous stages minimising the slowest stage (a linear-partition
@@ -125,8 +127,13 @@ def plan_drop(inp: DropInput) -> DropPlan:
     freed, merges = 0, 0
     freed_of: dict[tuple[str, ...], int] = {}
     while len(heap) >= 2 and freed < inp.required_bytes:
-        _, _, g0 = heapq.heappop(heap)
-        _, _, g1 = heapq.heappop(heap)
+        e0, e1 = heapq.heappop(heap), heapq.heappop(heap)
+        g0, g1 = e0[2], e1[2]
+        if len(g0) + len(g1) > len(layers_of[g0] | layers_of[g1]):
+            # a member would hold no layer (and so no KV): the two smallest groups cannot
+            # merge, so no two can
+            heap += [e0, e1]
+            break
         dup = layers_of[g0] & layers_of[g1]
         gained = sum(inp.layer_bytes[i] for i in dup)
         new = g0 + g1

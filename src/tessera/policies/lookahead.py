@@ -233,3 +233,12 @@ def pipeline_bubble(microbatches: Sequence[Microbatch], cost: ChunkCost, stages:
     """Bubble fraction of the microbatches on `stages` equal stages (cost split evenly)."""
     times = [[cost.batch(m.chunks) / stages] * stages for m in microbatches]
     return bubble_fraction(times)
+
+
+def use_lookahead(
+    dropped: bool, queued_tokens: int, stages: int, min_tokens: int = DEFAULT_MIN_TOKENS
+) -> bool:
+    """Lookahead only while a replica runs dropped (pipelined) and its queue is deep:
+    at least two microbatches of `min_tokens` per stage. Otherwise the normal scheduler
+    (waiting for a queue to look ahead at would add latency, §4.3's discussion)."""
+    return dropped and stages > 1 and queued_tokens >= 2 * stages * min_tokens
