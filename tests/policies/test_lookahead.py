@@ -129,3 +129,15 @@ def test_lookahead_only_while_dropped_with_a_deep_queue() -> None:
     assert not la.use_lookahead(True, 2 * 4 * 32 - 1, 4)
     assert not la.use_lookahead(False, 10_000, 4)
     assert not la.use_lookahead(True, 10_000, 1)
+
+
+def test_cost_from_a_stored_profile_matches_its_prefill_model() -> None:
+    from tessera.cost import analytic
+    from tessera.cost.model_shape import ModelShape
+
+    shape = ModelShape("m", 4096, 11008, 32, 32, 32, 32000, 128)
+    prof = analytic.analytic_profile(shape, "h100-80gb")
+    cost = la.cost_from_profile(prof, 4)
+    for n in (1, 64, 1024, 8192):
+        assert cost.chunk(0, n) == pytest.approx(4 * prof.prefill.seconds(n, 1))
+    assert cost.chunk(4096, 512) > cost.chunk(0, 512)

@@ -16,6 +16,7 @@ alpha, beta, gamma come from a non-negative least-squares fit (scipy) to timing 
 `samples_from_timings` turns `tessera profile`'s prefill `LayerTiming`s (p = 0, c = the
 prompt length) into `ChunkSample`s; those give alpha through the c^2 + c term, which the
 prefix term shares by the paper's model. Samples with a prefix can be added directly.
+`cost_from_profile` reads the same coefficients off a stored profile's prefill model.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 from scipy import optimize
 
 from tessera.cost import fit as fit_mod
+from tessera.cost import profile as profile_mod
 
 DEFAULT_MIN_TOKENS = 32
 
@@ -132,6 +134,19 @@ def cut(mb: Microbatch, position: int) -> tuple[Microbatch, Microbatch]:
         else:
             rest.append(c)
     return Microbatch(tuple(first)), Microbatch(tuple(rest))
+
+
+def cost_from_profile(prof: profile_mod.Profile, num_layers: int) -> ChunkCost:
+    """Eq. 1 for a stage of `num_layers` layers from a stored profile (`tessera profile
+    --out`), without its raw samples: the profile's prefill model at tp 1,
+    fixed + per_tp + per_token*n + per_token_sq*n^2, is Eq. 1 at p = 0 with
+    alpha = per_token_sq, beta = per_token - per_token_sq, gamma = fixed + per_tp."""
+    pf = prof.prefill
+    return ChunkCost(
+        alpha=num_layers * pf.per_token_sq,
+        beta=num_layers * max(0.0, pf.per_token - pf.per_token_sq),
+        gamma=num_layers * (pf.fixed + pf.per_tp),
+    )
 
 
 def split_balanced(mb: Microbatch, cost: ChunkCost) -> tuple[Microbatch, Microbatch]:
