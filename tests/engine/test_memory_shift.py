@@ -4,13 +4,17 @@ The KunServe drop of two whole-model replicas into one 2-stage pipeline, in proc
 mid-decode: replica A keeps layers [0, 4), its peer B keeps [4, 8); the running requests'
 K/V of layers 4-7 is copied from A to B first; both pools grow by exactly the bytes freed;
 the allocator gains pages while the running requests keep theirs; requests that were
-queued for memory start; every request's greedy tokens equal transformers'.
+queued for memory start. Then the restore, mid-decode again: held pages are compacted
+below the original pool, A takes layers 4-7 back from B with the running requests' KV,
+and both pools return to their original size. Every request's greedy tokens equal
+transformers'.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from tessera_agent.engine import config as config_mod
@@ -52,7 +56,7 @@ def _step(sched: scheduler.Scheduler, stages: list[stage.Stage], sink: dict[str,
     return len(planned.seqs)
 
 
-def test_drop_grows_kv_mid_decode_and_tokens_match_hf(
+def test_drop_and_restore_mid_decode_tokens_match_hf(
     tiny_llama: Path, prompts: list[list[int]]
 ) -> None:
     cfg = config_mod.ModelConfig.from_path(tiny_llama)
@@ -109,8 +113,33 @@ def test_drop_grows_kv_mid_decode_and_tokens_match_hf(
     # Cooperative execution as a 2-stage pipeline: queued requests start at once.
     _step(sched, [a, b], sink)
     assert len(sched.waiting) < before_wait
-    while sched.has_work():
+    while sched.waiting or alloc.used_pages > POOL_PAGES:
         _step(sched, [a, b], sink)
+    running = list(sched.running)
+    assert running and any(len(s.output) < NEW for s in running), "restore mid-decode"
+    assert max(p for s in running for p in alloc.block_table(s.seq_id)) >= POOL_PAGES
+
+    # Restore: A takes [4, 8) back (from B's weights) and becomes a whole replica again,
+    # serving the running requests; its pool returns to exactly the pages it had.
+    assert memory_shift.restored_pages(a, 0, 8) == POOL_PAGES
+    moves = alloc.compact(POOL_PAGES)  # held pages move below the smaller pool
+    assert moves and all(old >= POOL_PAGES > new for old, new in moves.items())
+    memory_shift.move_pages(a, moves)
+    memory_shift.move_pages(b, moves)
+    names = b.tensor_names()
+    back = memory_shift.restore_layers(a, 0, 8, {n: b.tensor(n) for n in names})
+    assert back.pages_after == POOL_PAGES and a.kv_bytes == POOL_PAGES * per_page
+    assert a.param_bytes + a.kv_bytes == budget_a  # the same budget, as accounted
+    assert a.runner.model.is_first and a.runner.model.is_last
+    for s in running:  # each running request's KV of layers 4-7 comes home from B
+        table = list(alloc.block_table(s.seq_id))
+        for local in range(4):
+            k, v = b.runner.cache.export_sequence(local, table, s.num_computed)
+            a.runner.cache.import_sequence(4 + local, table, k, v)
+    b_back = memory_shift.restore_layers(b, 0, 8)  # B whole again, from the checkpoint
+    assert b_back.pages_after == POOL_PAGES
+    while sched.has_work():
+        _step(sched, [a], sink)
     out = [sink[f"q{i}"] for i in range(len(chosen))]
     assert out == [hf_greedy(tiny_llama, p, NEW) for p in chosen]
 
@@ -183,3 +212,26 @@ def test_replica_engine_gains_pages_while_requests_run(
     assert before.kv_pages_total == POOL_PAGES and after.kv_pages_total == POOL_PAGES + 48
     assert before.waiting > 0 and before.running > 0  # grown mid-run, with a queue
     assert outs == [hf_greedy(tiny_llama, p, NEW) for p in chosen]
+
+
+def test_compact_moves_held_and_shared_pages_below_the_limit() -> None:
+    alloc = page_allocator.PageAllocator(8, 2)
+    alloc.add_pages(4)  # a drop grew the pool to 12
+    assert alloc.grow("filler", 16)  # pages 0-7
+    assert alloc.grow("a", 4)  # pages 8, 9
+    alloc.register("a", [1, 2, 3, 4], 4)  # both full pages cached
+    assert alloc.share_prefix("b", [1, 2, 3, 4, 5]) == 4  # b shares 8, 9
+    assert alloc.grow("b", 6)  # and owns 10
+    alloc.free("filler")
+    moves = alloc.compact(6)
+    assert alloc.num_pages == 6 and set(moves) == {8, 9, 10}
+    assert all(new < 6 for new in moves.values())
+    assert alloc.block_table("a") == [moves[8], moves[9]]
+    assert alloc.block_table("b") == [moves[8], moves[9], moves[10]]
+    assert alloc.share_prefix("c", [1, 2, 3, 4, 9]) == 4  # the cache follows the move
+    assert alloc.block_table("c") == [moves[8], moves[9]]
+    assert alloc.free_pages == 3 and alloc.used_pages == 3
+    with_held = page_allocator.PageAllocator(4, 2)
+    assert with_held.grow("x", 8)
+    with pytest.raises(ValueError, match="4 are held"):
+        with_held.compact(3)

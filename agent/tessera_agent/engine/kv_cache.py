@@ -111,3 +111,27 @@ class PagedKVCache:
             raise ValueError(f"keep_layers: [{first}, {last}) is not within the pool's layers")
         self.k, self.v = self.k[first:last], self.v[first:last]
         self.layout = dataclasses.replace(self.layout, num_layers=last - first)
+
+    def shrink(self, num_pages: int) -> None:
+        """Keep pages [0, num_pages) (the allocator compacted held pages below it) and
+        release the rest (new, smaller tensors: `resize_` would keep the storage)."""
+        if not 1 <= num_pages <= self.layout.num_pages:
+            raise ValueError(f"shrink: {num_pages} is not in [1, {self.layout.num_pages}]")
+        slots = num_pages * self.layout.page_size
+        self.k = [t[:slots].clone() for t in self.k]
+        self.v = [t[:slots].clone() for t in self.v]
+        self.layout = dataclasses.replace(self.layout, num_pages=num_pages)
+
+    def add_layers(self, before: int, after: int) -> None:
+        """Add empty pools for `before` layers in front and `after` layers behind."""
+        shape = tuple(self.k[0].shape)
+        dev, dt = self.k[0].device, self.layout.dtype
+
+        def zeros(n: int) -> list[torch.Tensor]:
+            return [torch.zeros(shape, dtype=dt, device=dev) for _ in range(n)]
+
+        self.k = zeros(before) + self.k + zeros(after)
+        self.v = zeros(before) + self.v + zeros(after)
+        self.layout = dataclasses.replace(
+            self.layout, num_layers=self.layout.num_layers + before + after
+        )

@@ -13,7 +13,12 @@ among its stages (`allocator_target`).
 Callers run these on the stage's compute thread between steps (they change the tensors a
 step reads). The KV of running requests for the layers a block drops must have been
 copied to the peer that keeps them first (`PagedKVCache.export_sequence` /
-`import_sequence`; the coordinated exchange of the live executor). How this maps to GPUs
+`import_sequence`; the coordinated exchange of the live executor). Restore is the
+inverse: `PageAllocator.compact` moves held pages below the smaller pool
+(`restored_pages`), `move_pages` copies their K/V on every stage, and `restore_layers`
+shrinks the pool and loads the layers back (from a peer's tensors or the checkpoint),
+after which the running requests' KV for those layers is copied back from the peer.
+How this maps to GPUs
 (CUDA virtual-memory remapping, or several page arenas) is in docs/overload.md.
 """
 
@@ -21,10 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
+import torch
 from torch import nn
 
-from tessera_agent.engine import block_tensors, kv_cache, stage
+from tessera_agent.engine import block_tensors, kv_cache, loader, sampling, stage
 
 
 @dataclass(frozen=True)
@@ -62,9 +69,10 @@ def drop_layers(st: stage.Stage, start: int, end: int) -> Shift:
         model.norm, model.lm_head, model.is_last = None, None, False
         r.sampler = None
     r.cache.keep_layers(start - old_start, end - old_start)
-    _spend(st, kv_before + freed)
+    budget = kv_budget(st) + freed
+    _spend(st, budget)
     st.param_bytes -= freed
-    st.spec = dataclasses.replace(st.spec, start=start, end=end, kv_bytes=st.kv_bytes)
+    st.spec = dataclasses.replace(st.spec, start=start, end=end, kv_bytes=budget)
     st.__dict__.pop("_held", None)  # the cached set of tensor names it holds
     return Shift(
         (old_start, old_end),
@@ -80,15 +88,22 @@ def drop_layers(st: stage.Stage, start: int, end: int) -> Shift:
 def grow_pool(st: stage.Stage, extra_bytes: int) -> int:
     """Spend `extra_bytes` more of the device on this block's KV pool; returns pages added."""
     before = st.num_pages
-    _spend(st, st.kv_bytes + extra_bytes)
-    st.spec = dataclasses.replace(st.spec, kv_bytes=st.kv_bytes)
+    budget = kv_budget(st) + extra_bytes
+    _spend(st, budget)
+    st.spec = dataclasses.replace(st.spec, kv_bytes=budget)
     return st.num_pages - before
 
 
-def _spend(st: stage.Stage, kv_budget: int) -> None:
+def kv_budget(st: stage.Stage) -> int:
+    """Bytes of the device the block may spend on KV: the spec's budget (kept exact across
+    shifts, so page rounding never leaks bytes), else the pool it has."""
+    return st.spec.kv_bytes or st.kv_bytes
+
+
+def _spend(st: stage.Stage, budget: int) -> None:
     layout = st.runner.cache.layout
     pages = kv_cache.pages_for_budget(
-        kv_budget,
+        budget,
         layout.num_layers,
         layout.page_size,
         layout.kv_heads,
@@ -101,3 +116,88 @@ def _spend(st: stage.Stage, kv_budget: int) -> None:
 def allocator_target(stages: list[stage.Stage]) -> int:
     """Pages the replica's allocator may hand out: the smallest pool among its stages."""
     return min(s.num_pages for s in stages)
+
+
+# -- restore: take layers back, give KV pages back -----------------------------------------
+def restored_pages(st: stage.Stage, start: int, end: int) -> int:
+    """KV pages the block keeps once it holds [start, end) again, in the same budget
+    (its parameters plus its KV budget). Compact the allocator to at most this first."""
+    dtype = stage.torch_dtype(st.spec.dtype)
+    budget = st.param_bytes + kv_budget(st) - block_tensors.nbytes(st.cfg, start, end, dtype)
+    layout = st.runner.cache.layout
+    return kv_cache.pages_for_budget(
+        budget, end - start, layout.page_size, layout.kv_heads, layout.head_dim, layout.dtype
+    )
+
+
+def move_pages(st: stage.Stage, moves: dict[int, int]) -> None:
+    """Copy K/V of pages the allocator moved (`PageAllocator.compact`), every layer."""
+    if not moves:
+        return
+    cache = st.runner.cache
+    old = cache.slots(list(moves), len(moves) * cache.layout.page_size)
+    new = cache.slots(list(moves.values()), len(moves) * cache.layout.page_size)
+    for t in (*cache.k, *cache.v):
+        t[new.to(t.device)] = t[old.to(t.device)]
+
+
+def restore_layers(
+    st: stage.Stage, start: int, end: int, tensors: dict[str, torch.Tensor] | None = None
+) -> Shift:
+    """Hold [start, end) again (a superset of the block's layers): the pool shrinks to
+    `restored_pages` first, then the missing layers are loaded from `tensors` (checkpoint
+    names, pulled from the peer that kept them) or from the checkpoint, with empty K/V
+    pools the caller fills with the running requests' KV from that peer."""
+    old_start, old_end = st.spec.start, st.spec.end
+    cfg = st.cfg
+    if not 0 <= start <= old_start < old_end <= end <= cfg.num_layers:
+        raise ValueError(
+            f"restore_layers: [{start}, {end}) must contain the block's [{old_start}, {old_end})"
+        )
+    r = st.runner
+    pages_before, kv_before = r.cache.layout.num_pages, r.cache.layout.total_bytes
+    pages = restored_pages(st, start, end)
+    if pages < 1:
+        raise ValueError(f"restore_layers: no KV page would be left for [{start}, {end})")
+    r.cache.shrink(min(pages, pages_before))
+    dtype = stage.torch_dtype(st.spec.dtype)
+    path = Path(st.spec.model_path)
+    model = r.model
+    pre = (
+        loader.load_stage(path, cfg, start, old_start, dtype, r.device, tensors)
+        if start < old_start
+        else None
+    )
+    post = (
+        loader.load_stage(path, cfg, old_end, end, dtype, r.device, tensors)
+        if old_end < end
+        else None
+    )
+    layers = list(model.layers)
+    if pre is not None:
+        layers = list(pre.layers) + layers
+        model.embed_tokens, model.is_first = pre.embed_tokens, pre.is_first
+    if post is not None:
+        layers = layers + list(post.layers)
+        model.norm, model.lm_head, model.is_last = post.norm, post.lm_head, post.is_last
+        if model.is_last and r.sampler is None:
+            r.sampler = sampling.Sampler()
+    model.layers = nn.ModuleList(layers)
+    model.start, model.end = start, end
+    r.cache.add_layers(old_start - start, end - old_end)
+    added = block_tensors.nbytes(cfg, start, end, dtype) - block_tensors.nbytes(
+        cfg, old_start, old_end, dtype
+    )
+    budget = kv_budget(st) - added
+    st.param_bytes += added
+    st.spec = dataclasses.replace(st.spec, start=start, end=end, kv_bytes=budget)
+    st.__dict__.pop("_held", None)
+    return Shift(
+        (old_start, old_end),
+        (start, end),
+        -added,
+        kv_before,
+        st.kv_bytes,
+        pages_before,
+        st.num_pages,
+    )
