@@ -147,7 +147,9 @@ def restore_layers(
     """Hold [start, end) again (a superset of the block's layers): the pool shrinks to
     `restored_pages` first, then the missing layers are loaded from `tensors` (checkpoint
     names, pulled from the peer that kept them) or from the checkpoint, with empty K/V
-    pools the caller fills with the running requests' KV from that peer."""
+    pools the caller fills with the running requests' KV from that peer. (A model with
+    tied embeddings restored at both ends gets an untied copy of the head; the accounting
+    counts the tie once, as the loader does: under by one embedding matrix.)"""
     old_start, old_end = st.spec.start, st.spec.end
     cfg = st.cfg
     if not 0 <= start <= old_start < old_end <= end <= cfg.num_layers:
