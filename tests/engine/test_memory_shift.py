@@ -235,3 +235,24 @@ def test_compact_moves_held_and_shared_pages_below_the_limit() -> None:
     assert with_held.grow("x", 8)
     with pytest.raises(ValueError, match="4 are held"):
         with_held.compact(3)
+
+
+def test_drop_then_restore_any_range_with_tied_head(
+    tiny_llama3_sharded: Path, prompts: list[list[int]]
+) -> None:
+    """A block drops to its first, last or middle layers and restores from the checkpoint
+    (tied embeddings: the head shares the embedding again); it then serves as before."""
+    from tests.engine import helpers
+
+    for keep in ((0, 2), (2, 4), (1, 3)):
+        (st,) = helpers.load(tiny_llama3_sharded, [(0, 4)], kv_bytes=1 << 20)
+        pages, params = st.num_pages, st.param_bytes
+        memory_shift.drop_layers(st, *keep)
+        assert st.num_pages > pages and st.param_bytes < params
+        memory_shift.restore_layers(st, 0, 4)
+        assert (st.num_pages, st.param_bytes) == (pages, params)
+        model = st.runner.model
+        assert model.lm_head is not None and model.embed_tokens is not None
+        assert model.lm_head.weight is model.embed_tokens.weight
+        out, _ = helpers.run([st], prompts[:2], GREEDY)
+        assert out == [hf_greedy(tiny_llama3_sharded, p, NEW) for p in prompts[:2]], keep

@@ -147,9 +147,7 @@ def restore_layers(
     """Hold [start, end) again (a superset of the block's layers): the pool shrinks to
     `restored_pages` first, then the missing layers are loaded from `tensors` (checkpoint
     names, pulled from the peer that kept them) or from the checkpoint, with empty K/V
-    pools the caller fills with the running requests' KV from that peer. (A model with
-    tied embeddings restored at both ends gets an untied copy of the head; the accounting
-    counts the tie once, as the loader does: under by one embedding matrix.)"""
+    pools the caller fills with the running requests' KV from that peer."""
     old_start, old_end = st.spec.start, st.spec.end
     cfg = st.cfg
     if not 0 <= start <= old_start < old_end <= end <= cfg.num_layers:
@@ -184,6 +182,8 @@ def restore_layers(
         model.norm, model.lm_head, model.is_last = post.norm, post.lm_head, post.is_last
         if model.is_last and r.sampler is None:
             r.sampler = sampling.Sampler()
+    if cfg.tie_embeddings and model.embed_tokens is not None and model.lm_head is not None:
+        model.lm_head.weight = model.embed_tokens.weight  # one copy, as the loader does
     model.layers = nn.ModuleList(layers)
     model.start, model.end = start, end
     r.cache.add_layers(old_start - start, end - old_end)
