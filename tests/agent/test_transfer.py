@@ -22,7 +22,7 @@ def store_address() -> Iterator[str]:
 
 
 def _spec(address: str, name: str, rank: int, size: int = 2, t: float = 10.0) -> group.GroupSpec:
-    return group.GroupSpec(address, name, rank, size, "gloo", t)
+    return group.GroupSpec(address, name, rank, size, "gloo", t, form_timeout_s=max(t, 60.0))
 
 
 def test_groups_form_and_close_on_demand(store_address: str) -> None:
@@ -64,7 +64,8 @@ def test_a_rank_that_never_comes_fails_the_formation_in_time(store_address: str)
     t = time.monotonic()
     with pytest.raises(group.GroupError, match="could not join"):
         group.form(
-            _spec(store_address, f"lonely-{uuid.uuid4().hex}", 0, t=2.0), torch.device("cpu")
+            group.GroupSpec(store_address, f"lonely-{uuid.uuid4().hex}", 0, 2, "gloo", 2.0, 2.0),
+            torch.device("cpu"),
         )
     assert time.monotonic() - t < 30
 

@@ -14,6 +14,7 @@ and tests.
 
 from __future__ import annotations
 
+import datetime
 import pickle
 import threading
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from torch._C import _distributed_c10d as c10d
 from tessera_agent.transfer import gloo, nccl, store
 
 DEFAULT_TIMEOUT_S = 30.0
+FORM_TIMEOUT_S = 180.0  # to wait for every rank to join: ranks load their weights first
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,8 @@ class GroupSpec:
     rank: int
     size: int
     backend: str = "gloo"  # "gloo" or "nccl" (see `choose`)
-    timeout_s: float = DEFAULT_TIMEOUT_S  # per operation, and to wait for the other ranks
+    timeout_s: float = DEFAULT_TIMEOUT_S  # per collective (all-reduce, broadcast)
+    form_timeout_s: float = FORM_TIMEOUT_S  # to wait for the other ranks to join
 
     def __post_init__(self) -> None:
         if self.size < 1 or not 0 <= self.rank < self.size:
@@ -117,6 +120,7 @@ class Group:
         # The backend's collectives are bound in C++ and missing from torch's stubs.
         self._pg: Any
         self.spec, self._pg, self.device, self._store = spec, pg, device, st
+        self._timeout = datetime.timedelta(seconds=spec.timeout_s)
         self._lock = threading.Lock()
         self.failed: str | None = None
 
@@ -147,8 +151,16 @@ class Group:
         """Sum `t` across the ranks, in place; returns `t`."""
         with self._lock:
             self._check()
-            self._run("all_reduce", self._pg.allreduce([t]))
+            opts = c10d.AllreduceOptions()
+            opts.timeout = self._timeout
+            self._run("all_reduce", self._pg.allreduce([t], opts))
         return t
+
+    def _bcast(self, t: torch.Tensor, root: int) -> c10d.Work:
+        opts = c10d.BroadcastOptions()
+        opts.rootRank, opts.rootTensor, opts.timeout = root, 0, self._timeout
+        work: c10d.Work = self._pg.broadcast([t], opts)
+        return work
 
     def broadcast_object(self, obj: object, root: int = 0) -> object:
         """`obj` from rank `root` to every rank (pickled); others pass anything."""
@@ -157,14 +169,14 @@ class Group:
             if self.rank == root:
                 data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
                 size = torch.tensor([len(data)], dtype=torch.long, device=self.device)
-                self._run("broadcast", self._pg.broadcast(size, root))
+                self._run("broadcast", self._bcast(size, root))
                 buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
-                self._run("broadcast", self._pg.broadcast(buf, root))
+                self._run("broadcast", self._bcast(buf, root))
                 return obj
             size = torch.zeros(1, dtype=torch.long, device=self.device)
-            self._run("broadcast", self._pg.broadcast(size, root))
+            self._run("broadcast", self._bcast(size, root))
             buf = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
-            self._run("broadcast", self._pg.broadcast(buf, root))
+            self._run("broadcast", self._bcast(buf, root))
             return pickle.loads(buf.cpu().numpy().tobytes())
 
     def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
@@ -193,14 +205,15 @@ class Group:
 
 def form(spec: GroupSpec, device: torch.device) -> Group:
     """Join the group `spec` names; returns once every rank has joined, or raises
-    GroupError after `spec.timeout_s`."""
+    GroupError after `spec.form_timeout_s`."""
+    wait = max(spec.form_timeout_s, spec.timeout_s)
     try:
-        client = store.connect(spec.store_address, spec.timeout_s)
+        client = store.connect(spec.store_address, wait)
         prefixed = _Recording(c10d.PrefixStore(f"tessera/{spec.name}/", client))
         if spec.backend == nccl.NAME:
-            pg = nccl.make(prefixed, spec.rank, spec.size, spec.timeout_s, device)
+            pg = nccl.make(prefixed, spec.rank, spec.size, wait, device)
         else:
-            pg = gloo.make(prefixed, spec.rank, spec.size, spec.timeout_s)
+            pg = gloo.make(prefixed, spec.rank, spec.size, wait)
             device = torch.device("cpu")
     except Exception as exc:
         raise GroupError(
