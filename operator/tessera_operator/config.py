@@ -42,7 +42,7 @@ class GatewayTemplate:
 
     Port, replicas and Service type come from each ServingDeployment's `spec.gateway`."""
 
-    image: str = "tessera:0.1.0"
+    image: str = "tessera-control-plane:0.1.0"
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
     resources: Mapping[str, Any] = field(default_factory=dict)

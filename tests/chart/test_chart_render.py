@@ -243,7 +243,7 @@ def test_gateway_template_is_what_the_operator_reads(helm: Path) -> None:
     data = one(objects, "ConfigMap", "gateway")["data"]
     doc = json.loads(data["gateway.json"])
     tmpl = config.GatewayTemplate.from_mapping(doc)  # refuses unknown keys
-    assert tmpl.image == "tessera:0.1.0"
+    assert tmpl.image == "tessera-control-plane:0.1.0"
     assert tmpl.image_pull_secrets == ("registry-credentials",)
     assert tmpl.automount_service_account_token is False
     assert tmpl.service_account_name == "tessera-gateway"
@@ -377,9 +377,10 @@ def test_every_pod_runs_non_root_read_only_without_capabilities(helm: Path, name
 
 def test_image_tag_defaults_to_app_version_and_digest_wins(helm: Path) -> None:
     objects = render(helm, "operator.image.digest=sha256:" + "a" * 64)
-    assert container(one(objects, "DaemonSet", "agent"))["image"] == "tessera:0.1.0"
+    assert container(one(objects, "DaemonSet", "agent"))["image"] == "tessera-agent:0.1.0"
     digest = "sha256:" + "a" * 64
-    assert container(one(objects, "Deployment", "operator"))["image"] == f"tessera@{digest}"
+    operator = container(one(objects, "Deployment", "operator"))
+    assert operator["image"] == f"tessera-control-plane@{digest}"
 
 
 # --- monitoring and network policy --------------------------------------------------------
