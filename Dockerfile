@@ -45,16 +45,25 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 COPY requirements/control-plane.txt /tmp/control-plane.txt
 RUN python -m venv /opt/tessera \
-    && /opt/tessera/bin/pip install --no-deps --requirement /tmp/control-plane.txt
+    && /opt/tessera/bin/pip install --no-deps --no-compile --requirement /tmp/control-plane.txt
 COPY --from=wheel /wheels /wheels
 # --no-deps: the wheel's metadata asks for torch and transformers, which these roles never
-# import (tests/image/test_control_plane_imports.py); then pip and its setuptools go, and the
-# build fails if torch or transformers are importable or the CLI does not start.
-RUN /opt/tessera/bin/pip install --no-deps /wheels/tessera-*.whl \
-    && /opt/tessera/bin/python -m pip uninstall --yes pip setuptools \
-    && /opt/tessera/bin/python -c "import importlib.util as u, sys; \
+# import (tests/image/test_control_plane_imports.py). Then what they never load goes: pip,
+# setuptools, the test suites of numpy, scipy and networkx, the kubernetes client's unused
+# asyncio copy (kubernetes.aio). Bytecode is compiled only for what the roles import at start
+# (the pods' root filesystem is read-only: without it every start would compile them again).
+# The build fails if torch or transformers are importable or the CLI does not start.
+WORKDIR /opt/tessera
+RUN bin/pip install --no-deps --no-compile /wheels/tessera-*.whl \
+    && bin/python -m pip uninstall --yes pip setuptools \
+    && rm -rf lib/python3.*/site-packages/kubernetes/aio \
+    && find lib/python3.*/site-packages/numpy lib/python3.*/site-packages/scipy \
+       lib/python3.*/site-packages/networkx -type d -name tests -prune -exec rm -rf {} + \
+    && PYTHONDONTWRITEBYTECODE='' bin/python -c "import tessera.cli.main as m, \
+tessera_operator.runner, tessera.gateway.server, tessera.planner.assign; m.build_parser()" \
+    && bin/python -c "import importlib.util as u, sys; \
 sys.exit(any(u.find_spec(m) for m in ('torch', 'transformers')))" \
-    && /opt/tessera/bin/tessera --help > /dev/null
+    && bin/tessera --help > /dev/null
 
 # ---- agent-builder: torch of the chosen variant, then the project with its dependencies ----
 FROM ${PYTHON_IMAGE} AS agent-builder
@@ -63,7 +72,6 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/${TORCH_VARIANT}
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # torch first, from the chosen variant's index, in its own layer (the slow one, cached across
 # source changes): pyproject pins torch==2.13.0, which the variant's build (2.13.0+cu124,
 # say) already satisfies, so installing the wheel next keeps it.

@@ -2,7 +2,8 @@
 
 The control-plane image installs the project with `pip install --no-deps` over
 requirements/control-plane.txt, so that list must be closed: every requirement of every
-listed distribution (markers evaluated, no extras) is listed too. `closure()` computes it from
+listed distribution (markers evaluated, no extras) is listed too, except the distributions
+the .in file excludes with a leading "!" (and what only they pull in). `closure()` computes it from
 the installed metadata of the .venv (the same wheels the tests run against), pinned to the
 installed versions. Callers: `make control-plane-requirements` (`--write` regenerates the
 .txt), tests/image/test_control_plane_imports.py (checks the committed file) and
@@ -37,7 +38,13 @@ def _names(path: Path) -> list[str]:
 
 
 def roots() -> list[NormalizedName]:
-    return [canonicalize_name(Requirement(ln).name) for ln in _names(ROOTS_FILE)]
+    names = [ln for ln in _names(ROOTS_FILE) if not ln.startswith("!")]
+    return [canonicalize_name(Requirement(ln).name) for ln in names]
+
+
+def excluded() -> set[NormalizedName]:
+    """Distributions left out on purpose (`!name` lines), with their own dependencies."""
+    return {canonicalize_name(ln[1:].strip()) for ln in _names(ROOTS_FILE) if ln.startswith("!")}
 
 
 def pins() -> dict[NormalizedName, str]:
@@ -62,13 +69,16 @@ def requires(dist: str) -> list[NormalizedName]:
     return found
 
 
-def closure(start: list[NormalizedName]) -> dict[NormalizedName, str]:
-    """Every distribution `start` needs, transitively, with its installed version."""
+def closure(
+    start: list[NormalizedName], skip: set[NormalizedName] | None = None
+) -> dict[NormalizedName, str]:
+    """Every distribution `start` needs, transitively, with its installed version; the
+    names in `skip` are not followed."""
     seen: dict[NormalizedName, str] = {}
     stack = list(start)
     while stack:
         name = stack.pop()
-        if name not in seen:
+        if name not in seen and name not in (skip or set()):
             seen[name] = md.version(name)
             stack.extend(requires(name))
     return dict(sorted(seen.items()))
@@ -82,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"rewrite {PINS_FILE.name}")
     args = parser.parse_args(argv)
-    text = render(closure(roots()))
+    text = render(closure(roots(), excluded()))
     if args.write:
         PINS_FILE.write_text(text)
     else:

@@ -6,7 +6,8 @@ tmpfs /tmp, the model cache read-only at /models, the host's network. Checks, in
 
 1. the control-plane image has no torch and no transformers (neither in its site-packages
    nor importable), the agent image has both (the control); `tessera agent` in the
-   control-plane image fails with a message naming torch;
+   control-plane image fails with a message naming torch; `tessera plan` (scipy's HiGHS)
+   plans there what it plans on the host;
 2. in both images the process runs as 10001:10001, `/` is read-only and /tmp writable;
 3. the agent image serves a tiny checkpoint through `tessera agent`;
 4. the test API server (KMock, `tessera_operator.testing`, on the host) and
@@ -14,7 +15,7 @@ tmpfs /tmp, the model cache read-only at /models, the host's network. Checks, in
    Ready with the blocks loaded on that agent; the liveness endpoint answers;
 5. the gateway Deployment the operator wrote is run as written (its image must be the
    control-plane image; its args; the routes ConfigMap and the model at its mount paths): it
-   answers a completion whose text equals Hugging Face transformers' greedy decoding of the
+   answers a completion whose tokens are Hugging Face transformers' greedy tokens for the
    same prompt on the same weights (computed on the host).
 
 Prints one JSON object (image sizes, the last build's times from build/image/build.json,
@@ -29,6 +30,7 @@ import os
 import platform
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -102,6 +104,26 @@ def check_contents(cp: containers.Container, agent: containers.Container, work: 
     )
 
 
+def check_planner(cp: containers.Container, work: Path) -> None:
+    """1b: the planner (scipy's HiGHS, what the pruned scipy must still hold) plans in the
+    control-plane image exactly what it plans on the host."""
+    argv = ["plan", "-f", "planner/llama2-13b-h100.yaml", "--cluster",
+            "clusters/2x8-h100.yaml", "--json"]  # fmt: skip
+    host = subprocess.run(
+        [sys.executable, "-m", "tessera.cli.main", *argv], cwd=ROOT / "examples",
+        capture_output=True, text=True, check=True, timeout=300,
+    )  # fmt: skip
+    inside = cp.run(
+        ["sh", "-c", 'cd /examples && exec tessera "$@"', "sh", *argv],
+        work, [(ROOT / "examples", "/examples")], timeout=300,
+    )  # fmt: skip
+    expect(inside.returncode == 0, f"tessera plan in {cp.image}: {inside.stderr[-2000:]}")
+    expect(
+        json.loads(inside.stdout) == json.loads(host.stdout),
+        f"tessera plan in {cp.image} differs from the host's:\n{inside.stdout[:2000]}",
+    )
+
+
 def check_user_and_root(ctr: containers.Container, work: Path) -> None:
     """2: uid/gid 10001, `/` read-only, /tmp writable."""
     script = (
@@ -149,8 +171,9 @@ def ready_condition(obj: dict[str, Any] | None) -> dict[str, Any] | None:
     return None
 
 
-def hf_text(model: Path) -> str:
-    """transformers' greedy continuation of PROMPT, decoded by the gateway's own codec."""
+def hf_tokens(model: Path) -> list[str]:
+    """transformers' greedy continuation of PROMPT (EOS ignored), each token's own text as
+    the gateway's codec writes it in `logprobs.tokens`."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -164,13 +187,13 @@ def hf_text(model: Path) -> str:
         ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW_TOKENS,
         pad_token_id=0,
     )  # fmt: skip
-    return codec.decode(out[0, ids.shape[1] :].tolist())
+    return [codec.token_text(t) for t in out[0, ids.shape[1] :].tolist()]
 
 
 def complete(url: str) -> dict[str, Any]:
     body = {
         "model": "tiny-llama", "prompt": PROMPT, "max_tokens": NEW_TOKENS, "temperature": 0,
-        "ignore_eos": True,
+        "ignore_eos": True, "logprobs": 1,
     }  # fmt: skip
     req = urllib.request.Request(
         f"{url}/v1/completions", data=json.dumps(body).encode(),
@@ -206,13 +229,14 @@ def run_checks(cp_image: str, agent_image: str, work: Path, timings: dict[str, f
         try:
             t0 = time.monotonic()
             check_contents(cp, agent, work)
+            check_planner(cp, work)
             for ctr in (cp, agent):
                 check_user_and_root(ctr, work)
             timings["static_checks_s"] = time.monotonic() - t0
 
             models = work / "models"
             model = make_model(models)
-            expected = hf_text(model)
+            expected = hf_tokens(model)
             mounts = [(models, MODEL_ROOT)]
 
             t0 = time.monotonic()
@@ -284,13 +308,11 @@ def run_checks(cp_image: str, agent_image: str, work: Path, timings: dict[str, f
             url = f"http://127.0.0.1:{gateway_port}"
             answer = complete(url)
             timings["gateway_first_completion_s"] = time.monotonic() - t0
-            text = str(answer["choices"][0]["text"])
-            expect(
-                answer["usage"]["completion_tokens"] == NEW_TOKENS,
-                f"completion: {answer}",
-            )
-            expect(text == expected, f"completion {text!r} != transformers {expected!r}")
-            return text
+            choice = answer["choices"][0]
+            expect(answer["usage"]["completion_tokens"] == NEW_TOKENS, f"completion: {answer}")
+            tokens = choice["logprobs"]["tokens"]
+            expect(tokens == expected, f"completion tokens {tokens} != transformers {expected}")
+            return str(choice["text"])
         except Exception:
             stack.close()  # stop the processes first, so their logs are complete
             for label, tail in logs.items():
