@@ -7,9 +7,10 @@
 #      says exactly what is missing and stops;
 #   2. the base: scripts/image/base.sh (a stand-in for python:3.11.11-slim-bookworm, cached);
 #   3. the torch index: with TORCH_VARIANT=cpu and no TORCH_INDEX_URL, a PEP 503 simple index
-#      on 127.0.0.1 holding the local torch wheel ($TORCH_WHEEL_DIR) and its dependencies
-#      (downloaded once from PyPI into $CACHE); other variants use the Dockerfile's default
-#      index (download.pytorch.org) or TORCH_INDEX_URL;
+#      on disk holding the local torch wheel ($TORCH_WHEEL_DIR) and its dependencies
+#      (downloaded once from PyPI into $CACHE), bind-mounted into the build and named by a
+#      file:// TORCH_INDEX_URL; other variants use the Dockerfile's default index
+#      (download.pytorch.org) or TORCH_INDEX_URL;
 #   4. `buildah bud --layers` of the targets control-plane and agent (layers cached, so a
 #      re-run with unchanged sources takes seconds).
 #
@@ -61,9 +62,7 @@ BASE_IMAGE="$("$ROOT/scripts/image/base.sh")"
 base_s=$((SECONDS - t0))
 
 # ---- 3. torch index ----
-server_pid=""
-cleanup() { [ -z "$server_pid" ] || kill "$server_pid" 2>/dev/null || true; }
-trap cleanup EXIT
+volumes=()
 if [ -z "$TORCH_INDEX_URL" ] && [ "$TORCH_VARIANT" = cpu ]; then
   shopt -s nullglob
   wheels=("$TORCH_WHEEL_DIR"/torch-"$TORCH_VERSION"+cpu-*.whl)
@@ -71,9 +70,10 @@ if [ -z "$TORCH_INDEX_URL" ] && [ "$TORCH_VARIANT" = cpu ]; then
   [ "${#wheels[@]}" -gt 0 ] || die "no torch-$TORCH_VERSION+cpu wheel in $TORCH_WHEEL_DIR;" \
     "set TORCH_WHEEL_DIR, or TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"
   wheel="${wheels[0]}"
-  index="$CACHE/torch-index-$(basename "$wheel" .whl)"
+  name="$(basename "$wheel" .whl)"
+  index="$CACHE/torch-index/$name"
   if [ ! -f "$index/simple/torch/index.html" ]; then
-    log "local torch index: $(basename "$wheel") and its dependencies from PyPI -> $index"
+    log "local torch index: $name and its dependencies from PyPI -> $index"
     rm -rf "$index.part" && mkdir -p "$index.part/files"
     cp "$wheel" "$index.part/files/"
     "$PY" -m pip download --quiet --only-binary=:all: --dest "$index.part/files" "$wheel" >&2
@@ -95,19 +95,10 @@ for name, files in projects.items():
 PY
     mv "$index.part" "$index"
   fi
-  port_file="$(mktemp)"
-  "$PY" - "$index" "$port_file" >/dev/null 2>&1 <<'PY' &
-import functools, http.server, pathlib, sys
-handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[1])
-server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-pathlib.Path(sys.argv[2]).write_text(str(server.server_address[1]))
-server.serve_forever()
-PY
-  server_pid=$!
-  for _ in $(seq 100); do [ -s "$port_file" ] && break; sleep 0.1; done
-  [ -s "$port_file" ] || die "the local torch index did not start"
-  TORCH_INDEX_URL="http://127.0.0.1:$(cat "$port_file")/simple"
-  rm -f "$port_file"
+  # A PEP 503 index on disk, bind-mounted into the build's RUN steps (never into the image).
+  # The URL names the wheel, so the torch layer's cache key changes exactly when it does.
+  volumes+=(--volume "$index:/run/torch-index/${name//+/_}:ro")
+  TORCH_INDEX_URL="file:///run/torch-index/${name//+/_}/simple"
   log "torch index: $TORCH_INDEX_URL"
 fi
 
@@ -116,6 +107,7 @@ bud=(buildah bud --isolation chroot --network host --layers --pull=never
      --build-arg "PYTHON_IMAGE=$BASE_IMAGE" --file Dockerfile)
 [ -z "$CA_BUNDLE" ] || [ ! -f "$CA_BUNDLE" ] ||
   bud+=(--volume "$CA_BUNDLE:/etc/ssl/certs/ca-certificates.crt:ro")
+bud+=("${volumes[@]}")
 
 log "building $CONTROL_PLANE_IMAGE (target control-plane)"
 t0=$SECONDS

@@ -35,10 +35,9 @@ def buildah(*args: str) -> str:
 
 
 def image_size(image: str) -> int:
-    """Bytes of an image in buildah's storage (the sum of its layers, uncompressed)."""
-    for entry in json.loads(buildah("images", "--json", image)):
-        return int(entry["size"])
-    raise RuntimeError(f"{image}: not in buildah's storage (run `make image`)")
+    """Bytes of an image: the sum of its layers (uncompressed tars) in its manifest."""
+    manifest = json.loads(json.loads(buildah("inspect", "--type", "image", image))["Manifest"])
+    return sum(int(layer["size"]) for layer in manifest["layers"])
 
 
 @dataclass
@@ -55,10 +54,8 @@ class Container:
         subprocess.run(["buildah", "rm", name], capture_output=True, check=False)  # a leftover
         buildah("from", "--pull=never", "--name", name, image)
         rootfs = Path(buildah("mount", name))
-        env = json.loads(
-            buildah("inspect", "--type", "image", "--format", "{{json .OCIv1.Config.Env}}", image)
-        )
-        return cls(image, name, rootfs, list(env or []))
+        config = json.loads(buildah("inspect", "--type", "image", image))["OCIv1"]["config"]
+        return cls(image, name, rootfs, list(config.get("Env") or []))
 
     def remove(self) -> None:
         subprocess.run(["buildah", "umount", self.name], capture_output=True, check=False)

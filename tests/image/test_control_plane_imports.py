@@ -60,6 +60,8 @@ if any(a.startswith("tessera.cli") for a in sys.argv[2:]):
             main.main(argv)
         except SystemExit as exc:
             assert exc.code == 0, (argv, exc.code)
+    # A command that needs torch says so and exits 2 instead of a traceback.
+    assert main.main(["agent", "--devices", "cpu:1x1GiB"]) == 2
 leaked = sorted(m for m in set(sys.modules) - preloaded if m.partition(".")[0] in blocked)
 assert not leaked, leaked
 print("imported", len(sys.modules), "modules")
