@@ -74,6 +74,7 @@ CONTROL_PLANE_ENTRY = [
     "tessera_operator:testing,bench_",  # test support (kmock) and benchmarks stay out
     "tessera.gateway:",
     "tessera.planner:bench",
+    "tessera.policies:",  # the elastic policies the operator and the gateway apply
     "tessera.rpc:regen",  # regen needs grpc_tools (dev)
     "tessera.crd",
 ]
