@@ -40,21 +40,7 @@ log() { echo "image: $*" >&2; }
 die() { echo "image: $*" >&2; exit 1; }
 
 # ---- 1. tools ----
-missing=()
-command -v buildah >/dev/null || missing+=(buildah)
-command -v debootstrap >/dev/null || missing+=(debootstrap)
-if [ "${#missing[@]}" -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    log "installing ${missing[*]} with apt-get"
-    apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      "${missing[@]}" >&2
-  else
-    die "missing: ${missing[*]}. Install them as root (apt-get install ${missing[*]} on" \
-      "Debian/Ubuntu) and re-run; this build uses buildah's chroot isolation as root."
-  fi
-fi
-[ "$(id -u)" = 0 ] || die "run as root: buildah --isolation chroot and debootstrap need it"
+"$ROOT/scripts/image/tools.sh"
 
 # ---- 2. base ----
 t0=$SECONDS
