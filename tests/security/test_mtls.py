@@ -77,22 +77,26 @@ def test_pipeline_over_mtls_gives_transformers_tokens(
     a, b = secure_agents
     monkeypatch.setenv(transport.TLS_DIR_ENV, str(pki_dirs[access.OPERATOR]))
     local_agents.load_pipeline([a, b], str(tiny_llama), [(0, 4), (4, 8)], "piped")
-    # a block copy: agent b fetches layers 0-4 from agent a (agent-to-agent FetchTensors)
-    reply = _stub(b, pki_dirs[access.OPERATOR]).LoadBlock(
-        pb.LoadBlockRequest(
+    # replica "copied" runs b -> a; its stage 0 on b copies layers 0-4 from agent a's
+    # "piped" stage 0 (agent-to-agent FetchTensors) instead of reading the checkpoint
+    operator = _stub(a, pki_dirs[access.OPERATOR])
+    for i, (agent, (start, end)) in reversed(list(enumerate([(b, (0, 4)), (a, (4, 8))]))):
+        req = pb.LoadBlockRequest(
             model_path=str(tiny_llama),
-            layer_start=0,
-            layer_end=8,
+            layer_start=start,
+            layer_end=end,
             device="cpu:0",
             replica_id="copied",
-            stage_index=0,
-            num_stages=1,
+            stage_index=i,
+            num_stages=2,
             kv_bytes=16 << 20,
-            source=pb.BlockSource(address=a.address, replica_id="piped", stage_index=0),
-        ),
-        timeout=120,
-    )
-    assert reply.block.layer_end == 8
+            next_stage_address=a.address if i == 0 else "",
+        )
+        if i == 0:
+            req.source.CopyFrom(pb.BlockSource(address=a.address, replica_id="piped"))
+        reply = _stub(agent, pki_dirs[access.OPERATOR]).LoadBlock(req, timeout=120)
+        assert (reply.block.layer_start, reply.block.layer_end) == (start, end)
+    assert operator.ListBlocks(pb.ListBlocksRequest(), timeout=10) is not None
     want = hf_greedy(tiny_llama, PROMPT, 12)
     gateway = _stub(a, pki_dirs[access.GATEWAY])
     assert local_agents.generate_tokens(gateway, "piped", PROMPT, 12) == want
@@ -112,7 +116,10 @@ def test_pipeline_over_mtls_gives_transformers_tokens(
                 kv_move.StageRef(a.address, "piped", 0, 0, 4),
                 kv_move.StageRef(b.address, "piped", 1, 4, 8),
             ],
-            [kv_move.StageRef(b.address, "copied", 0, 0, 8)],
+            [
+                kv_move.StageRef(b.address, "copied", 0, 0, 4),
+                kv_move.StageRef(a.address, "copied", 1, 4, 8),
+            ],
         )
     )
     assert moved.tokens == 32
