@@ -19,8 +19,8 @@ from tessera_operator import config
 
 ROUTES_DIR = "/etc/tessera"
 ROUTES_KEY = "routes.json"
-TLS_DIR = "/etc/tessera/tls"  # the gateway's client certificate (TESSERA_TLS_DIR)
-API_KEYS_DIR = "/etc/tessera/api-keys"
+TLS_DIR = "/var/run/tessera/tls"  # the gateway's client certificate (TESSERA_TLS_DIR)
+API_KEYS_DIR = "/var/run/tessera/api-keys"
 LABEL_DEPLOYMENT = f"{api.API_GROUP}/deployment"
 
 
