@@ -69,6 +69,17 @@ def tls_from_env() -> TlsFiles | None:
     return TlsFiles.from_dir(folder) if folder else None
 
 
+def describe_mode() -> str:
+    """One line saying how this process's gRPC is protected (printed by `tessera up`)."""
+    files = tls_from_env()
+    if files is None:
+        return (
+            f"gRPC is plaintext (loopback only; set {TLS_DIR_ENV} for mutual TLS, "
+            "see docs/security.md)"
+        )
+    return f"gRPC uses mutual TLS with the certificate in {files.cert.parent}"
+
+
 def _resolve(tls: TlsFiles | bool | None) -> TlsFiles | None:
     # True/default: from the environment; False: plaintext; TlsFiles: these files.
     if tls is True:
