@@ -6,12 +6,13 @@ runs, in one process so the bench can interrupt each part: three local agent pro
 (replica r0 whole on agent-0; replica r1 a 2-stage pipeline on agent-1 and agent-2),
 converged by the operator's reconcile core; `tessera.cli.supervise` restarting dead
 agents; the reconcile loop re-converging (reloading a restarted agent's blocks); and the
-gateway. The trace's first N requests (greedy, streamed; transforms as in
-`tessera bench serve`) are replayed twice: clean, then with chaos:
+gateway. After a short warm-up, the trace's first N requests (greedy, streamed; transforms
+as in `tessera bench serve`) are replayed twice: clean, then with chaos:
 1. at 25% of the replay, SIGKILL agent-2 (r1's last stage, mid-decode): r1's running
    streams fail over to r0; the supervisor restarts agent-2; the next reconcile pass is
    killed (its task cancelled) as soon as it has applied one action, then started afresh;
 2. once r1 is back, and no earlier than 55% of the replay, SIGKILL agent-0 (r0).
+`tokens_match` compares streamed texts (decoded from the tokens), request by request.
 Reported: `requests_sent`, `completed`, `lost` (requests without a full, error-free
 answer), `tokens_match` (every chaos-run text equals the clean run's, greedy),
 `p99_ttft_ratio_vs_clean`, `recovery_s` per kill (kill to both replicas ready at the
@@ -252,6 +253,7 @@ async def _bench(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     d = _Deployment(dep, str(model), args.reconcile_interval)
     try:
         await d.start()
+        await _replay(d.gateway.url, reqs[:8], args.seed + 1)  # warm-up, not measured
         clean = await _replay(d.gateway.url, reqs, args.seed)
         log: list[dict[str, Any]] = []
         chaos_task = asyncio.create_task(_chaos(d, reqs[-1][0], log))
