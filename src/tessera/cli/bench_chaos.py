@@ -156,8 +156,10 @@ class _Deployment:
             local_agents.stop_agent(p)
 
 
-async def _replay(url: str, reqs: list[tuple[float, int, int]], seed: int) -> dict[str, Any]:
-    """Per request: text, finish and TTFT (None when it failed)."""
+async def _replay(
+    url: str, reqs: list[tuple[float, int, int]], seed: int, active: list[int] | None = None
+) -> dict[str, Any]:
+    """Per request: text and TTFT (None when it failed); `active[0]` counts streams open."""
     import json
     import random
 
@@ -177,6 +179,8 @@ async def _replay(url: str, reqs: list[tuple[float, int, int]], seed: int) -> di
                 "temperature": 0, "ignore_eos": True, "stream": True,
                 "stream_options": {"include_usage": True}}  # fmt: skip
         sent, parts, got, first = time.perf_counter(), [], 0, None
+        if active is not None:
+            active[0] += 1
         try:
             async with session.post(f"{url}/v1/completions", json=body) as resp:
                 if resp.status != 200:
@@ -198,6 +202,9 @@ async def _replay(url: str, reqs: list[tuple[float, int, int]], seed: int) -> di
         except aiohttp.ClientError as exc:
             errors.append(f"client error: {exc}")
             return
+        finally:
+            if active is not None:
+                active[0] -= 1
         if got != out:
             errors.append(f"request {i}: {got} of {out} tokens")
             return
@@ -218,7 +225,9 @@ async def _until(cond: Any, timeout: float, every: float = 0.05) -> float:
     return time.monotonic() - t0
 
 
-async def _chaos(d: _Deployment, span_s: float, log: list[dict[str, Any]]) -> list[float]:
+async def _chaos(
+    d: _Deployment, span_s: float, log: list[dict[str, Any]], active: list[int]
+) -> list[float]:
     """The kills; returns the recovery time of each agent kill."""
     t0 = time.monotonic()
     recoveries = []
@@ -227,7 +236,13 @@ async def _chaos(d: _Deployment, span_s: float, log: list[dict[str, Any]]) -> li
         proc = d.procs[victim]
         killed = time.monotonic()
         os.kill(proc.proc.pid, signal.SIGKILL)
-        log.append({"t_s": round(killed - t0, 2), "event": f"SIGKILL agent-{victim}"})
+        log.append(
+            {
+                "t_s": round(killed - t0, 2),
+                "event": f"SIGKILL agent-{victim}",
+                "requests_streaming": active[0],
+            }
+        )
         await _until(lambda: not d.all_ready(), 30)
         if victim == 2:  # kill the reconcile pass that reloads it, once it has acted
             d.applied.clear()
@@ -256,8 +271,9 @@ async def _bench(args: argparse.Namespace, model: Path) -> dict[str, Any]:
         await _replay(d.gateway.url, reqs[:8], args.seed + 1)  # warm-up, not measured
         clean = await _replay(d.gateway.url, reqs, args.seed)
         log: list[dict[str, Any]] = []
-        chaos_task = asyncio.create_task(_chaos(d, reqs[-1][0], log))
-        chaotic = await _replay(d.gateway.url, reqs, args.seed)
+        active = [0]
+        chaos_task = asyncio.create_task(_chaos(d, reqs[-1][0], log, active))
+        chaotic = await _replay(d.gateway.url, reqs, args.seed, active)
         recoveries = await chaos_task
         passes = d.passes
     finally:
