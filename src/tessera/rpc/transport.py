@@ -37,6 +37,12 @@ OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # A restarted peer (same address) must be reachable again within seconds: gRPC's default
+    # reconnect back-off grows to 120 s, which left a pipeline's link to a restarted next
+    # stage failing long after the stage was back (found by `tessera bench chaos`).
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
 
