@@ -31,7 +31,9 @@ PROMPT = [0, *range(300, 320)]
 @pytest.fixture(scope="module")
 def pki_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("pki")
-    dirs = pki.write_deployment(root / "ours")
+    ours = pki.make_authority()
+    dirs = {r: pki.write_leaf(ours, root / "ours" / r, r) for r in sorted(access.ROLES)}
+    dirs["no-role"] = pki.write_leaf(ours, root / "ours" / "no-role", "intern")
     foreign = pki.make_authority("someone-else")
     dirs["foreign"] = pki.write_leaf(foreign, root / "foreign", access.ADMIN)
     return dirs
@@ -188,6 +190,11 @@ def test_roles_and_model_root_are_enforced(
         assert err.value.code() == denied and "model_path" in err.value.details()
     assert "outside the model root" in _details(lambda: operator.LoadBlock(
         pb.LoadBlockRequest(model_path="/etc"), timeout=30))  # fmt: skip
+    # our CA, but no Tessera role in the OU: authenticated, not authorized
+    no_role = _stub(a, pki_dirs["no-role"])
+    with pytest.raises(grpc.RpcError) as err:
+        no_role.Describe(pb.DescribeRequest(), timeout=10)
+    assert err.value.code() == denied and "no Tessera role" in err.value.details()
     # everyone may look
     for role in (access.GATEWAY, access.OPERATOR, access.AGENT):
         assert _stub(a, pki_dirs[role]).ListBlocks(pb.ListBlocksRequest(), timeout=10) is not None
