@@ -49,7 +49,7 @@ def test_up_restarts_a_killed_agent_and_reloads_its_blocks(
     (tmp_path / "m.yaml").write_text(manifest.replace("../.demo/tiny-llama", str(tiny_llama)))
     up = subprocess.Popen(
         [sys.executable, "-m", "tessera.cli.main", "up", "-f", str(tmp_path / "m.yaml"),
-         "--port", "0", "--state-file", str(tmp_path / "s.json"), "--reconcile-interval", "30"],
+         "--port", "0", "--state-file", str(tmp_path / "s.json"), "--reconcile-interval", "600"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -94,7 +94,7 @@ def test_up_restarts_a_killed_agent_and_reloads_its_blocks(
         os.kill(agent1[0], signal.SIGKILL)
         wait_for(r"agent agent-1 restarted at 127\.0\.0\.1:\d+")
         wait_for(r"reconciled drift: \d+ actions")
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180
         while _get(f"{url}/health").get("ready_replicas") != 2:
             assert time.monotonic() < deadline, _get(f"{url}/health")
             time.sleep(0.3)
@@ -102,8 +102,10 @@ def test_up_restarts_a_killed_agent_and_reloads_its_blocks(
         # r1 spans both agents; several requests land on both replicas
         for _ in range(4):
             assert _complete(url, prompt) == want
+        # the periodic pass (every 600 s) cannot have done it: the supervisor's restart
+        # triggered the re-converge at once
         print(f"agent-1 killed; both replicas ready again after {recovered:.1f}s")
-        assert recovered < 30  # well before the 30 s reconcile interval would have fired
+        assert recovered < 600
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(60)
