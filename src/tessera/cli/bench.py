@@ -30,6 +30,7 @@ BENCHES: dict[str, str] = {
     "planner": "tessera.planner.bench",
     "predictor": "tessera.workload.bench",
     "reconcile": "tessera_operator.bench_reconcile",
+    "chaos": "tessera.cli.bench_chaos",
 }
 
 
