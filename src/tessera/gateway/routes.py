@@ -6,12 +6,17 @@ gateway (`server.py`) re-reads it whenever its mtime changes. Format:
     {"model": "NAME", "modelPath": "DIR",
      "replicas": [{"id": "r0", "address": "host:port"}, ...],
      "classShares": {"CLASS": {"r0": 0.7, "r1": 0.3}, ...},
-     "classes": [{"name": "CLASS", "inputTokens": 512, "outputTokens": 128}, ...]}
+     "classes": [{"name": "CLASS", "inputTokens": 512, "outputTokens": 128}, ...],
+     "version": 3, "drainDeadlineSeconds": 30}
 
 Only `replicas` is required; a replica whose `address` is still empty (its leader agent
 is not known yet) is left out until a later version of the file names it. `classes`
 (representative token counts, as in the ServingDeployment spec) let the gateway classify
-requests for `classShares`. A change is detected by mtime, size or inode, so the atomic
+requests for `classShares`. `version` (the plan generation, default 0) and
+`drainDeadlineSeconds` drive the cut-over (`cutover.py`): replicas the previous document
+named that a new one does not are *leaving*; their in-flight requests finish there within
+the deadline or move. A document with a lower version than the one served is ignored. A
+change is detected by mtime, size or inode, so the atomic
 symlink swap of a mounted ConfigMap counts.
 """
 
@@ -24,6 +29,8 @@ from typing import Any
 
 from tessera.gateway import config
 
+DEFAULT_DRAIN_DEADLINE_S = 30.0
+
 
 @dataclass(frozen=True)
 class Routes:
@@ -34,6 +41,8 @@ class Routes:
     model_path: str = ""
     class_shares: dict[str, dict[str, float]] = field(default_factory=dict)
     class_centroids: dict[str, tuple[float, float]] = field(default_factory=dict)
+    version: int = 0  # plan generation; a higher one is a cut-over
+    drain_deadline_s: float = DEFAULT_DRAIN_DEADLINE_S  # leaving replicas' requests by then
 
 
 def parse(obj: object) -> Routes:
@@ -64,6 +73,10 @@ def parse(obj: object) -> Routes:
         model_path=_str(obj, "modelPath"),
         class_shares=_shares(obj.get("classShares", {})),
         class_centroids=_centroids(obj.get("classes", [])),
+        version=_version(obj.get("version", 0)),
+        drain_deadline_s=_number(
+            obj.get("drainDeadlineSeconds", DEFAULT_DRAIN_DEADLINE_S), "drainDeadlineSeconds"
+        ),
     )
 
 
@@ -111,6 +124,12 @@ def _number(v: object, where: str) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
         raise ValueError(f"{where}: expected a number >= 0")
     return float(v)
+
+
+def _version(v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError("version: expected an integer >= 0")
+    return v
 
 
 def _shares(v: object) -> dict[str, dict[str, float]]:
