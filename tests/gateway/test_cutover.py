@@ -107,7 +107,7 @@ async def test_request_removed_mid_decode_moves_its_kv_and_continues(
     session: aiohttp.ClientSession,
 ) -> None:
     tok = Tokenizer.from_file(str(tiny_llama / "tokenizer.json"))
-    n = 400
+    n = 200
     want = tok.decode(hf_greedy(tiny_llama, PROMPT, n), skip_special_tokens=True)
     started = asyncio.Event()
     req = asyncio.create_task(_stream_until(session, gw.url, n, started))
@@ -126,7 +126,8 @@ async def test_request_removed_mid_decode_moves_its_kv_and_continues(
         )
         == 1
     )
-    assert _hits(cluster[1], "new") - hits_before >= 48  # the moved KV was used, not recomputed
+    # the moved KV was used, not recomputed: at least the prompt's 2 full pages
+    assert _hits(cluster[1], "new") - hits_before >= 32
 
     async def left() -> bool:
         return (await _admin(session, gw.url))["leaving"] == {}
@@ -162,6 +163,11 @@ async def test_short_request_drains_on_the_leaving_replica(
     await asyncio.wait_for(started.wait(), 120)
     assert gw.apply_routes(_routes(2, 120.0, config.ReplicaEndpoint("new", cluster[1].address)))
     assert await asyncio.wait_for(req, 300) == want
+
+    async def left() -> bool:
+        return (await _admin(session, gw.url))["leaving"] == {}
+
+    await _poll(left)
     assert (
         await helpers.metric(
             session, gw.url, "tessera_gateway_cutover_requests_total", outcome="drained"

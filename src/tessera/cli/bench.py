@@ -20,6 +20,7 @@ BENCHES: dict[str, str] = {
     "prefix": "tessera_agent.bench_prefix",
     "kvmove": "tessera_agent.bench_kvmove",
     "serve": "tessera.cli.bench_serve",
+    "relayout": "tessera.cli.bench_relayout",
     "planner": "tessera.planner.bench",
     "predictor": "tessera.workload.bench",
     "reconcile": "tessera_operator.bench_reconcile",

@@ -98,6 +98,8 @@ class Cutover:
         gone = [ep for ep in self._replicas.endpoints if ep.replica_id not in names]
         for ep in gone:
             self._leaving[ep.replica_id] = Leaving(ep, now, new.drain_deadline_s)
+            for a in self._table.on(ep.replica_id):
+                self._watched[a] = ep.replica_id  # counted when it ends, however soon
         if gone or new.version != self.version:
             log.info(
                 "routes version %d -> %d: %d replicas, leaving %s",
