@@ -7,9 +7,11 @@ by X, streamed, greedy) and, during the replay, rewrites the manifest: 2 whole r
 1 whole + a 2-stage pipeline (layers 0-4 | 4-8) → the pipeline split at other layers and
 on the other agents (0-6 | 6-8) → back to 2 whole replicas. `tessera up` watches its
 manifest and runs each transition (make-before-break; in-flight requests on leaving
-replicas drain or have their KV moved). At each transition one long greedy request is
-started just before the manifest changes (`--long-tokens`), so the move path runs even
-when the trace's requests are short; it is counted with the others.
+replicas drain or have their KV moved). At each transition `--long-requests` (2) long
+greedy requests (`--long-tokens`) are started and decoding before the manifest changes
+(least-outstanding routing spreads them over both replicas, so one runs on the replica
+that leaves), so the move path runs even when the trace's requests are short; they are
+counted with the others.
 
 Reported: `requests_sent`, `requests_completed` (every token arrived, no error), `lost`,
 `tokens_match` (every completed greedy text equals `transformers`' greedy decode of the
@@ -93,6 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-input", type=int, default=256)
     parser.add_argument("--max-output", type=int, default=64)
     parser.add_argument("--long-tokens", type=int, default=300)
+    parser.add_argument("--long-requests", type=int, default=2)
     parser.add_argument("--drain-deadline", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--transition-timeout", type=float, default=180.0)
@@ -237,21 +240,22 @@ async def _transition(
     run: Run,
     args: argparse.Namespace,
     rng: random.Random,
-) -> tuple[Window, Request | None]:
-    long_tokens, timeout = args.long_tokens, args.transition_timeout
+) -> Window:
     before = set((await _admin(session, url))["replicas"])
-    long = None
-    if long_tokens:
-        long = Request([rng.randrange(5, 500) for _ in range(40)], long_tokens, 0.0)
+    longs = [
+        Request([rng.randrange(5, 500) for _ in range(40)], args.long_tokens, 0.0)
+        for _ in range(args.long_requests if args.long_tokens else 0)
+    ]
+    for long in longs:
         run.requests.append(long)
         long.at = time.perf_counter() - run.t0
         asyncio.get_running_loop().create_task(_one(session, url, long, run))
-        while long.ttft is None and not long.error:
-            await asyncio.sleep(0.02)  # the long request is decoding when the layout changes
+    while any(r.ttft is None and not r.error for r in longs):
+        await asyncio.sleep(0.02)  # the long requests decode when the layout changes
     w = Window(LAYOUTS[layout][0], time.perf_counter())
     w.bytes_before = run.samples[-1][1] if run.samples else 0
     write_manifest(path, model, layout)
-    deadline = w.start + timeout
+    deadline = w.start + args.transition_timeout
     while True:
         snap = await _admin(session, url)
         now = set(snap["replicas"])
@@ -265,7 +269,7 @@ async def _transition(
     await asyncio.sleep(0.3)  # one more sample of the settled layout
     w.bytes_after = run.samples[-1][1]
     w.peak = max(b for t, b, _ in run.samples if w.start <= t <= w.end + 0.3)
-    return w, long
+    return w
 
 
 async def _drive(
@@ -288,7 +292,7 @@ async def _drive(
         span = rows[-1][0]
         for k, layout in enumerate(SEQUENCE[1:], start=1):
             await asyncio.sleep(max(0.0, run.t0 + span * k / len(SEQUENCE) - time.perf_counter()))
-            w, _ = await _transition(session, url, path, model, layout, run, args, rng)
+            w = await _transition(session, url, path, model, layout, run, args, rng)
             run.windows.append(w)
         await asyncio.gather(*replay)
         while any(not r.done and not r.error for r in run.requests):
@@ -416,7 +420,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ],
         "cutover_requests": result.cutover,
         "drain_deadline_s": args.drain_deadline,
-        "long_requests_injected": len(windows) if args.long_tokens else 0,
+        "long_requests_injected": len(windows) * args.long_requests if args.long_tokens else 0,
         "long_tokens": args.long_tokens,
         "time_scale": args.time_scale,
         "trace": str(args.trace),

@@ -1,6 +1,11 @@
 """`tessera up` watches its manifest: a saved change is applied to the running deployment.
 
-`ManifestWatcher.poll()` is called by `up_cmd._serve` every `--watch-interval` seconds.
+`run_loop` is `up_cmd._serve`'s loop once serving: every `--watch-interval` seconds it
+polls `ManifestWatcher`, and it runs a converge pass (`converge_pass`, given by `up`)
+at once after a change, then every `--watch-interval` while a transition is under way
+(each pass does the steps that can be done now: level-triggered, like the operator),
+and every `--reconcile-interval` otherwise (drift: a restarted agent gets its blocks).
+`ManifestWatcher.poll()`
 It notices a change of the file (mtime, size or inode, so an editor's atomic rename
 counts), parses and validates it (`api.parse`), and returns the new `ServingDeployment`;
 `up` then runs the transition to it through the operator's converge pass (the pure
@@ -11,8 +16,12 @@ A manifest that does not parse, or that names another deployment or model, is re
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import os
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +82,43 @@ class ManifestWatcher:
         dep = dataclasses.replace(dep, generation=max(dep.generation, old.generation + 1))
         self.current = dep
         return dep
+
+
+ConvergePass = Callable[[api.ServingDeployment], Awaitable[bool]]
+
+
+async def run_loop(
+    stop: asyncio.Event,
+    watcher: ManifestWatcher,
+    converge_pass: ConvergePass,
+    report: Callable[[str], None],
+    reconcile_interval_s: float,
+    watch_interval_s: float,
+) -> None:
+    """Until `stop`: apply manifest changes and re-converge (module docstring).
+    `converge_pass(dep)` returns True while a transition is still under way."""
+    busy = False
+    next_pass = time.monotonic() + reconcile_interval_s
+    while not stop.is_set():
+        wait = watch_interval_s
+        if not busy:
+            wait = min(wait, max(0.0, next_pass - time.monotonic()))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                await stop.wait()
+        if stop.is_set():
+            return
+        try:
+            changed = watcher.poll()
+        except ManifestError as exc:
+            report(f"manifest not applied: {exc}")
+            changed = None
+        if changed is not None:
+            report(f"manifest changed: applying generation {changed.generation}")
+            busy = True
+        if busy or time.monotonic() >= next_pass:
+            try:
+                busy = await converge_pass(watcher.current)
+            except Exception as exc:  # the loop must survive anything; the next pass retries
+                report(f"converge pass failed: {exc!r}")
+            next_pass = time.monotonic() + reconcile_interval_s
