@@ -54,6 +54,18 @@ def register(sub: Any) -> None:
         help="cost profile JSON (from `tessera profile`) for layout: auto",
     )
     p.add_argument("--reconcile-interval", type=float, default=10.0)
+    p.add_argument(
+        "--watch-interval",
+        type=float,
+        default=1.0,
+        help="seconds between checks of the manifest (a saved change is applied)",
+    )
+    p.add_argument(
+        "--drain-deadline",
+        type=float,
+        default=30.0,
+        help="seconds a leaving replica's requests may finish there before they move",
+    )
     p.add_argument("--state-file", type=Path, default=STATE_FILE)
     p.set_defaults(func=_up)
     s = sub.add_parser("status", help="replicas, stages, blocks and KV use per agent")
@@ -94,6 +106,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from rich.progress import BarColumn, Progress, TextColumn
 
     from tessera import local_agents, reconcile
+    from tessera.cli import up_watch
     from tessera.gateway import config as gw_config
     from tessera.gateway import server as gw_server
     from tessera_operator import actuate, agents, converge
@@ -186,20 +199,23 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
         sys.stdout.write(_curl_example(gateway.url, dep.spec.model.name))
         sys.stdout.flush()
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), args.reconcile_interval)
-            if stop.is_set():
-                break
-            again = await converge.converge(dep, model_path, refs, auto_planner=auto)
+
+        async def one_pass(current: Any) -> bool:
+            assert gateway is not None
+            again = await converge.converge(current, model_path, refs, auto_planner=auto)
             if again.actions:
                 console.print(
-                    f"reconciled drift: {len(again.actions)} actions "
-                    f"({again.reason}: {again.message})"
+                    f"reconciled: {len(again.actions)} actions ({again.reason}: {again.message})"
                 )
                 gateway.update_replicas(
                     [gw_config.ReplicaEndpoint(rid, addr) for rid, addr in _leaders(again)]
                 )
+            return False
+
+        watcher = up_watch.ManifestWatcher(args.file, dep)
+        await up_watch.run_loop(
+            stop, watcher, one_pass, console.print, args.reconcile_interval, args.watch_interval
+        )
         return 0
     finally:
         console.print("stopping")
