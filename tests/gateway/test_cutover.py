@@ -126,6 +126,8 @@ async def test_request_removed_mid_decode_moves_its_kv_and_continues(
         )
         == 1
     )
+    # a redirect, not a failure: no retry counted, the old replica not marked failed
+    assert await helpers.metric(session, gw.url, "tessera_gateway_retries_total") == 0
     # the moved KV was used, not recomputed: at least the prompt's 2 full pages
     assert _hits(cluster[1], "new") - hits_before >= 32
 
