@@ -157,6 +157,9 @@ class Cutover:
                 with contextlib.suppress(KeyError):
                     self._metrics.leaving_in_flight.remove(rid)
                 log.info("replica %s left: no request runs on it any more", rid)
+        known = {ep.replica_id for ep in self._replicas.endpoints} | self._leaving.keys()
+        for rid in self._layouts.keys() - known:
+            del self._layouts[rid]  # a replica gone for good: its id never comes back
         if not self._leaving:
             return
         survivors = await self._survivors()
