@@ -2,7 +2,10 @@
 
 Starts local agent processes (or uses `--agent NAME=HOST:PORT`), converges them to the
 manifest with the same reconcile core the operator uses (rich progress bar), starts the
-OpenAI-compatible gateway, prints the URL and a curl example, then re-converges every
+OpenAI-compatible gateway, prints the URL and a curl example, then watches the manifest
+(`up_watch`): a saved change runs a transition to the new layout (the operator's converge
+pass: pure transition planner + executor; cut-overs go to the in-process gateway, whose
+leaving replicas drain or move their requests), and it re-converges every
 `--reconcile-interval` seconds so a restarted agent gets its blocks back. Ctrl-C or
 SIGTERM stops the gateway and every child process. A small state file lets
 `tessera status` find the agents.
@@ -105,9 +108,10 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from tessera import local_agents, reconcile
+    from tessera import local_agents, reconcile, routes_doc
     from tessera.cli import up_watch
     from tessera.gateway import config as gw_config
+    from tessera.gateway import routes as gw_routes
     from tessera.gateway import server as gw_server
     from tessera_operator import actuate, agents, converge
 
@@ -126,6 +130,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         auto = auto_mod.default_auto_planner(
             profile_mod.profile_from_json(json.loads(args.profile.read_text()))
         )
+    rollout = converge.Rollout(drain_deadline_s=args.drain_deadline)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -168,11 +173,13 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 refs,
                 progress,
                 auto,
-                on_actions=lambda acts: bar.update(task, total=max(1, len(acts))),
+                on_steps=lambda t: bar.update(task, total=max(1, len(t.steps))),
+                rollout=rollout,
             )
-        if outcome.reason != "Serving" or outcome.plan is None:
+        if outcome.reason != "Serving" or outcome.plan is None or outcome.routes is None:
             return _fail(f"{outcome.reason}: {outcome.message}")
         port = args.port if args.port is not None else dep.spec.gateway.port
+        published = outcome.routes
         leaders = _leaders(outcome)
         gateway = await gw_server.start_gateway(
             gw_config.GatewayConfig(
@@ -180,18 +187,11 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 model_path=model_path,
                 host=args.host,
                 port=port,
-                replicas=tuple(gw_config.ReplicaEndpoint(rid, addr) for rid, addr in leaders),
             )
         )
-        if outcome.plan.class_shares and dep.spec.workload:
-            from tessera.gateway import router as gw_router
-
-            gateway.set_class_shares(
-                outcome.plan.class_shares,
-                gw_router.centroid_class_router(
-                    {c.name: (c.input_tokens, c.output_tokens) for c in dep.spec.workload}
-                ),
-            )
+        gateway.apply_routes(gw_routes.from_doc(outcome.routes))
+        _set_shares(gateway, outcome.plan, dep)
+        await gateway.refresh()
         _write_state(args.state_file, dep, refs, gateway.url)
         console.print(
             f"[bold green]serving[/] {dep.spec.model.name}: "
@@ -199,18 +199,38 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
         sys.stdout.write(_curl_example(gateway.url, dep.spec.model.name))
         sys.stdout.flush()
+        said, last_plan = "", outcome.plan
 
         async def one_pass(current: Any) -> bool:
+            """A converge pass toward `current`; True while a transition is under way."""
+            nonlocal published, said, last_plan
             assert gateway is not None
-            again = await converge.converge(current, model_path, refs, auto_planner=auto)
-            if again.actions:
-                console.print(
-                    f"reconciled: {len(again.actions)} actions ({again.reason}: {again.message})"
-                )
-                gateway.update_replicas(
-                    [gw_config.ReplicaEndpoint(rid, addr) for rid, addr in _leaders(again)]
-                )
-            return False
+
+            async def publish(doc: routes_doc.RoutesDoc) -> None:
+                assert gateway is not None
+                gateway.apply_routes(gw_routes.from_doc(doc))
+                _set_shares(gateway, last_plan, current)
+
+            again = await converge.converge(
+                current,
+                model_path,
+                refs,
+                auto_planner=auto,
+                published=published,
+                publish=publish,
+                rollout=rollout,
+            )
+            published = again.routes or published
+            if again.plan is not None and again.plan.class_shares != last_plan.class_shares:
+                last_plan = again.plan
+                _set_shares(gateway, last_plan, current)
+            last_plan = again.plan or last_plan
+            note = f"{again.reason}: {again.message}"
+            if note != said and (again.actions or again.reason != "Serving"):
+                console.print(note)
+            said = note
+            remaining = again.remaining
+            return remaining is not None and bool(remaining.steps) and remaining.blocked is None
 
         watcher = up_watch.ManifestWatcher(args.file, dep)
         await up_watch.run_loop(
@@ -230,6 +250,22 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             local_agents.stop_agent(p)
         with contextlib.suppress(FileNotFoundError):
             args.state_file.unlink()
+
+
+def _set_shares(gateway: Any, p: Any, dep: Any) -> None:
+    """The plan's per-class shares (a routes document from the planner carries none),
+    over the replicas the gateway routes to, classes by the manifest's centroids."""
+    if not (p.class_shares and dep.spec.workload):
+        return
+    from tessera.gateway import router as gw_router
+
+    routed = {e.replica_id for e in gateway.service.replicas.endpoints}
+    gateway.set_class_shares(
+        {k: {r: v for r, v in per.items() if r in routed} for k, per in p.class_shares.items()},
+        gw_router.centroid_class_router(
+            {c.name: (c.input_tokens, c.output_tokens) for c in dep.spec.workload}
+        ),
+    )
 
 
 def _leaders(outcome: Any) -> list[tuple[str, str]]:

@@ -3,7 +3,8 @@
 Installed on the application by `server.start_gateway`. The executor of a transition
 (operator or `tessera up`) reads it to see which routes version the gateway serves and
 how many requests still run on each leaving replica:
-`{"version": int, "replicas": [ids], "leaving": {replica_id: in-flight requests}}`.
+`{"version": int, "replicas": [ids], "leaving": {replica_id: in-flight requests}}`
+(`tessera.routes_doc.AdminRoutes`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,6 @@ from tessera.gateway import cutover
 
 def install(application: web.Application, switch: cutover.Cutover) -> None:
     async def routes(request: web.Request) -> web.StreamResponse:
-        return web.json_response(switch.snapshot())
+        return web.json_response(switch.snapshot().to_json())
 
     application.router.add_get("/admin/v1/routes", routes)

@@ -27,9 +27,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
-from tessera import kv_move
+from tessera import kv_move, routes_doc
 from tessera.gateway import config, inflight, metrics, replicas, routes, stage_chain
 from tessera.policies import drain
 
@@ -117,13 +116,13 @@ class Cutover:
             self._task = asyncio.get_running_loop().create_task(self._run())
         return True
 
-    def snapshot(self) -> dict[str, Any]:
-        """`{"version", "replicas": [ids], "leaving": {id: in-flight requests}}`."""
-        return {
-            "version": self.version,
-            "replicas": [ep.replica_id for ep in self._replicas.endpoints],
-            "leaving": {rid: self._table.count(rid) for rid in sorted(self._leaving)},
-        }
+    def snapshot(self) -> routes_doc.AdminRoutes:
+        """`GET /admin/v1/routes`: the version, its replicas, in-flight per leaving one."""
+        return routes_doc.AdminRoutes(
+            self.version,
+            tuple(ep.replica_id for ep in self._replicas.endpoints),
+            {rid: self._table.count(rid) for rid in sorted(self._leaving)},
+        )
 
     @property
     def leaving(self) -> dict[str, Leaving]:

@@ -1,6 +1,6 @@
-"""Pure decision functions of the elastic control loops (one concept per module).
+"""Decisions, pure: functions over frozen dataclasses that return decision dataclasses.
 
-Each module takes frozen dataclasses describing what is observed and wanted and returns a
-decision dataclass; the operator, the agents, the gateway and `tessera up` only apply
-them. Nothing here does I/O or imports torch, kopf or grpc (import-linter enforces it).
+One concept per module (`actions.py`, `links.py`, `transition.py`, ...). The operator,
+`tessera up`, the agents and the gateway only apply what these return. No I/O, no torch,
+kopf or grpc (an import-linter contract keeps it so).
 """
