@@ -24,19 +24,19 @@ def test_transitions_under_load_lose_nothing_and_match_transformers() -> None:
     args = parser.parse_args(
         [
             "--requests",
-            "24",
+            "16",
             "--time-scale",
             "2",
             "--long-tokens",
-            "160",
+            "64",
             "--drain-deadline",
-            "0.5",
+            "0.2",
             "--max-output",
-            "24",
+            "16",
         ]
     )
     out = bench_relayout.run(args)
-    assert out["requests_sent"] == 24 + 3 * 2
+    assert out["requests_sent"] == 16 + 3 * 2
     assert out["lost"] == 0, out["lost_examples"]
     assert out["requests_completed"] == out["requests_sent"]
     assert out["tokens_match"] and out["tokens_compared"] == out["requests_sent"]

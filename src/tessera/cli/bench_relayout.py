@@ -87,14 +87,14 @@ SEQUENCE = [0, 1, 2, 0]  # layouts in order: start, then three transitions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--requests", type=int, default=160)
+    parser.add_argument("--requests", type=int, default=120)
     parser.add_argument("--time-scale", type=float, default=2.0)
     parser.add_argument("--trace", type=Path, default=bench_serve.TRACE)
     parser.add_argument("--input-scale", type=float, default=0.1)
     parser.add_argument("--output-scale", type=float, default=0.1)
     parser.add_argument("--max-input", type=int, default=256)
     parser.add_argument("--max-output", type=int, default=64)
-    parser.add_argument("--long-tokens", type=int, default=300)
+    parser.add_argument("--long-tokens", type=int, default=128)
     parser.add_argument("--long-requests", type=int, default=2)
     parser.add_argument("--drain-deadline", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -266,6 +266,7 @@ async def _transition(
             raise SystemExit(f"tessera bench relayout: transition to {w.name} timed out: {snap}")
         await asyncio.sleep(0.1)
     w.end = time.perf_counter()
+    _note(f"transition to {w.name}: {w.end - w.start:.2f} s")
     await asyncio.sleep(0.3)  # one more sample of the settled layout
     w.bytes_after = run.samples[-1][1]
     w.peak = max(b for t, b, _ in run.samples if w.start <= t <= w.end + 0.3)
@@ -305,6 +306,11 @@ async def _drive(
     return run
 
 
+def _note(msg: str) -> None:
+    sys.stderr.write(f"[relayout {time.strftime('%H:%M:%S')}] {msg}\n")
+    sys.stderr.flush()
+
+
 def _cutover_counts(text: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in text.splitlines():
@@ -332,6 +338,7 @@ def _reference(model: Path, reqs: list[Request]) -> list[bool]:
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
+    torch.set_num_threads(1)  # one thread: no spinning against the agents on a busy host
     hf: Any = AutoModelForCausalLM.from_pretrained(str(model))
     hf.generation_config.eos_token_id = None
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
@@ -384,13 +391,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log: list[str] = []
         try:
             url = _wait_for_url(up, log)
+            _note(f"serving at {url}")
             agents = [a["address"] for a in json.loads(state.read_text())["agents"]]
             result = asyncio.run(_drive(args, url, agents, path, model))
         finally:
             os.killpg(up.pid, signal.SIGTERM)
             up.wait(30)
         completed = [r for r in result.requests if r.done and not r.error]
+        _note(f"replay done: {len(completed)}/{len(result.requests)} completed; comparing")
         matches = _reference(model, completed)
+        _note("compared with transformers")
     windows = result.windows
 
     def during(r: Request) -> bool:
