@@ -32,7 +32,7 @@ from tessera_operator import actuate, agents
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
-Publish = Callable[[routes_doc.RoutesDoc], Awaitable[None]]
+Publish = Callable[[routes_doc.RoutesDoc, plan.Plan], Awaitable[None]]
 Transition = transition.Transition
 
 
@@ -53,6 +53,16 @@ class Outcome:
     ready_replicas: list[str] = field(default_factory=list)
     routes: routes_doc.RoutesDoc | None = None  # published at the end of the pass
     serving: list[str] = field(default_factory=list)  # routed replicas with every block
+
+    @property
+    def whole(self) -> bool:
+        """A complete generation serves: the routes name replicas, each with every block
+        loaded (the old set during a transition, the new one after its cut-over)."""
+        return (
+            self.routes is not None
+            and bool(self.routes.replicas)
+            and len(self.serving) == len(self.routes.replicas)
+        )
 
     @property
     def failed(self) -> list[actuate.Result]:
@@ -144,7 +154,8 @@ async def converge(
     rollout: Rollout | None = None,
 ) -> Outcome:
     """One pass. `published` is the routes document the gateway was last given (None:
-    none yet); `publish` writes a new one (a cut-over)."""
+    none yet); `publish(doc, plan)` writes a new one (a cut-over), `plan` giving the
+    model and class shares around the replica set."""
     rollout = rollout or Rollout()
     shape = model_facts(model_path, dep.spec.model.dtype)
     facts = (
@@ -193,7 +204,7 @@ async def converge(
             cut.replicas, cut.version, rollout.drain_deadline_s, rollout.clock()
         )
         if publish is not None:
-            await publish(doc)
+            await publish(doc, desired)
         out.routes = doc
 
     if apply and t.steps:
