@@ -107,25 +107,28 @@ async def _apply_gateway(
     owner: dict[str, Any],
     out: converge.Outcome,
     model_path: str,
+    routes_cm: dict[str, Any] | None,
 ) -> None:
+    """The routes ConfigMap (`routes_cm`: as read at the pass's start, None when a
+    cut-over rewrote it since), the gateway Deployment and Service."""
     tmpl = ctx.config.gateway
     doc = out.routes or routes_doc.RoutesDoc(())  # nothing routed yet
+    cm = gateway_objects.config_map(
+        dep, owner, gateway_objects.routes(dep, out.plan, model_path, doc)
+    )
+    events.applied(body, await owned.apply(ctx.kube, cm, routes_cm))
     for obj in (
-        gateway_objects.config_map(
-            dep, owner, gateway_objects.routes(dep, out.plan, model_path, doc)
-        ),
         gateway_objects.deployment(dep, owner, tmpl, model_path, ctx.config.model_root),
         gateway_objects.service(dep, owner, tmpl),
     ):
         events.applied(body, await owned.apply(ctx.kube, obj))
 
 
-async def _published(ctx: Context, dep: api.ServingDeployment) -> routes_doc.RoutesDoc | None:
-    """The routes last published (level-triggered: read back every pass)."""
-    cm = await ctx.kube.get(
+async def _routes_config_map(ctx: Context, dep: api.ServingDeployment) -> dict[str, Any] | None:
+    """The routes ConfigMap as stored (level-triggered: read back every pass)."""
+    return await ctx.kube.get(
         kube.path("v1", "configmaps", dep.namespace, gateway_objects.routes_name(dep))
     )
-    return gateway_objects.published(cm)
 
 
 async def _pass(body: kopf.Body, patch: kopf.Patch, ctx: Context) -> None:
@@ -141,17 +144,20 @@ async def _pass(body: kopf.Body, patch: kopf.Patch, ctx: Context) -> None:
         refs = await discovery.agent_refs(ctx.config, ctx.kube, dep.spec.resources.node_selector)
         model_path = converge.resolve_model_path(dep.spec, None, ctx.config.model_root)
         owner = gateway_objects.owner_reference(raw)
+        routes_cm = await _routes_config_map(ctx, dep)
+        published = gateway_objects.published(routes_cm)
         out = await converge.converge(
             dep,
             model_path,
             refs,
             progress=functools.partial(events.action, body),
-            published=await _published(ctx, dep),
+            published=published,
             publish=_routes_writer(ctx, body, dep, owner, model_path),
             rollout=_rollout(ctx.config),
         )
         if out.plan is not None:
-            await _apply_gateway(ctx, body, dep, owner, out, model_path)
+            unchanged = routes_cm if out.routes is published else None
+            await _apply_gateway(ctx, body, dep, owner, out, model_path, unchanged)
             endpoint = gateway_objects.endpoint(dep)
     new = status.build(out, generation, previous, _now(), endpoint)
     events.transition(body, status.condition(previous, "Ready"), status.condition(new, "Ready"))
