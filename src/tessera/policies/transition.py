@@ -203,6 +203,12 @@ class _Sim:
             key=lambda p: -p.block.stage_index,
         )
 
+    def complete(self, rid: str) -> bool:
+        held = self.held(rid)
+        return bool(held) and {p.block.stage_index for p in held} == set(
+            range(held[0].block.num_stages)
+        )
+
     def deficit(self, need: Mapping[DevKey, int]) -> dict[DevKey, int]:
         return {k: n - self.free.get(k, 0) for k, n in need.items() if n > self.free.get(k, 0)}
 
@@ -302,11 +308,12 @@ def _victim(sim: _Sim, need: Mapping[DevKey, int], target_ids: set[str]) -> str 
     complete replica keeps serving (or nothing was serving to begin with)."""
     short = sim.deficit(need)
     best: tuple[int, str] | None = None
+    complete = [r.id for r in sim.routed if sim.complete(r.id)]
     for r in sim.routed:
         if r.id in target_ids or not sim.ours(r.id):
             continue
-        if sim.world.published is not None and len(sim.routed) < 2:
-            continue  # it is the last one serving
+        if sim.world.published is not None and not [c for c in complete if c != r.id]:
+            continue  # no other complete replica would serve
         freed = sum(
             min(p.block.bytes, short.get((p.agent, p.block.device), 0)) for p in sim.held(r.id)
         )
