@@ -133,9 +133,9 @@ def _failure_reason(code: str) -> str:
 
 @dataclass(frozen=True)
 class Rollout:
-    """How transitions run: drain deadline and policy, link model, the clock."""
+    """How transitions run: drain policy (its deadline goes into every routes document
+    published), link model, the clock."""
 
-    drain_deadline_s: float = routes_doc.DEFAULT_DRAIN_DEADLINE_S
     drain: transition.DrainPolicy = field(default_factory=transition.DrainPolicy)
     links: links.LinkModel = field(default_factory=links.LinkModel)
     clock: Callable[[], float] = time.time
@@ -200,9 +200,7 @@ async def converge(
         on_steps(t)  # e.g. size a progress bar before anything is applied
 
     async def cut_over(cut: step_actions.CutOver) -> None:
-        doc = routes_doc.RoutesDoc(
-            cut.replicas, cut.version, rollout.drain_deadline_s, rollout.clock()
-        )
+        doc = routes_doc.RoutesDoc(cut.replicas, cut.version, cut.drain_deadline_s, rollout.clock())
         if publish is not None:
             await publish(doc, desired)
         out.routes = doc
@@ -229,8 +227,8 @@ async def converge(
     elif step is not None:
         out.reason = "Switching" if out.serving else "Loading"
         out.message = (
-            f"generation {after.generation} ({after.mode}): step {step.id + 1} of "
-            f"{len(after.steps)} left: {step.action.describe()}"
+            f"generation {after.generation} ({after.mode}), {len(after.steps)} steps "
+            f"left; next: {step.action.describe()}"
         )
     elif len(out.ready_replicas) < len(desired.replicas):
         out.reason = "Loading"

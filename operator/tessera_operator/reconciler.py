@@ -76,7 +76,6 @@ async def run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, periodic: boo
 
 def _rollout(cfg: config.OperatorConfig) -> converge.Rollout:
     return converge.Rollout(
-        drain_deadline_s=cfg.drain_deadline_seconds,
         drain=transition.DrainPolicy(
             cfg.drain_deadline_seconds, cfg.drain_grace_seconds, cfg.drain_settle_seconds
         ),

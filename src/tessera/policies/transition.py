@@ -62,7 +62,8 @@ class Target:
 
 @dataclass(frozen=True)
 class DrainPolicy:
-    deadline_s: float = routes_doc.DEFAULT_DRAIN_DEADLINE_S  # when nothing is published
+    # the deadline a cut-over publishes (drains use the one their routes document says)
+    deadline_s: float = routes_doc.DEFAULT_DRAIN_DEADLINE_S
     grace_s: float = 5.0  # past the deadline: the gateway has given up on the replica
     settle_s: float = 2.0  # before an idle replica counts as drained: the gateway's reload
 
@@ -289,13 +290,10 @@ class _Sim:
     def cut_over(self, replicas: list[routes_doc.RouteReplica], after: list[int]) -> int:
         keep = {r.id for r in replicas}
         gone = tuple(r.id for r in self.routed if r.id not in keep)
-        deadline = (
-            self.world.published.drain_deadline_s
-            if self.world.published is not None
-            else self.world.drain.deadline_s
-        )
         sid = self.add(
-            actions.CutOver(self.target.generation, tuple(replicas), gone, deadline),
+            actions.CutOver(
+                self.target.generation, tuple(replicas), gone, self.world.drain.deadline_s
+            ),
             after + self.route_steps,
         )
         self.routed = list(replicas)
