@@ -32,7 +32,7 @@ from tessera_operator import actuate, agents
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
-Publish = Callable[[routes_doc.RoutesDoc], Awaitable[None]]
+Publish = Callable[[routes_doc.RoutesDoc, plan.Plan], Awaitable[None]]
 Transition = transition.Transition
 
 
@@ -53,6 +53,16 @@ class Outcome:
     ready_replicas: list[str] = field(default_factory=list)
     routes: routes_doc.RoutesDoc | None = None  # published at the end of the pass
     serving: list[str] = field(default_factory=list)  # routed replicas with every block
+
+    @property
+    def whole(self) -> bool:
+        """A complete generation serves: the routes name replicas, each with every block
+        loaded (the old set during a transition, the new one after its cut-over)."""
+        return (
+            self.routes is not None
+            and bool(self.routes.replicas)
+            and len(self.serving) == len(self.routes.replicas)
+        )
 
     @property
     def failed(self) -> list[actuate.Result]:
@@ -123,9 +133,9 @@ def _failure_reason(code: str) -> str:
 
 @dataclass(frozen=True)
 class Rollout:
-    """How transitions run: drain deadline and policy, link model, the clock."""
+    """How transitions run: drain policy (its deadline goes into every routes document
+    published), link model, the clock."""
 
-    drain_deadline_s: float = routes_doc.DEFAULT_DRAIN_DEADLINE_S
     drain: transition.DrainPolicy = field(default_factory=transition.DrainPolicy)
     links: links.LinkModel = field(default_factory=links.LinkModel)
     clock: Callable[[], float] = time.time
@@ -144,7 +154,8 @@ async def converge(
     rollout: Rollout | None = None,
 ) -> Outcome:
     """One pass. `published` is the routes document the gateway was last given (None:
-    none yet); `publish` writes a new one (a cut-over)."""
+    none yet); `publish(doc, plan)` writes a new one (a cut-over), `plan` giving the
+    model and class shares around the replica set."""
     rollout = rollout or Rollout()
     shape = model_facts(model_path, dep.spec.model.dtype)
     facts = (
@@ -189,11 +200,9 @@ async def converge(
         on_steps(t)  # e.g. size a progress bar before anything is applied
 
     async def cut_over(cut: step_actions.CutOver) -> None:
-        doc = routes_doc.RoutesDoc(
-            cut.replicas, cut.version, rollout.drain_deadline_s, rollout.clock()
-        )
+        doc = routes_doc.RoutesDoc(cut.replicas, cut.version, cut.drain_deadline_s, rollout.clock())
         if publish is not None:
-            await publish(doc)
+            await publish(doc, desired)
         out.routes = doc
 
     if apply and t.steps:
@@ -218,8 +227,8 @@ async def converge(
     elif step is not None:
         out.reason = "Switching" if out.serving else "Loading"
         out.message = (
-            f"generation {after.generation} ({after.mode}): step {step.id + 1} of "
-            f"{len(after.steps)} left: {step.action.describe()}"
+            f"generation {after.generation} ({after.mode}), {len(after.steps)} steps "
+            f"left; next: {step.action.describe()}"
         )
     elif len(out.ready_replicas) < len(desired.replicas):
         out.reason = "Loading"

@@ -24,6 +24,7 @@ BENCHES: dict[str, str] = {
     "planner": "tessera.planner.bench",
     "predictor": "tessera.workload.bench",
     "reconcile": "tessera_operator.bench_reconcile",
+    "transition": "tessera.policies.bench",
 }
 
 

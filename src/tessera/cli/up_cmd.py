@@ -113,6 +113,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from tessera.gateway import config as gw_config
     from tessera.gateway import routes as gw_routes
     from tessera.gateway import server as gw_server
+    from tessera.policies import transition
     from tessera_operator import actuate, agents, converge
 
     console = Console(stderr=True)
@@ -130,7 +131,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         auto = auto_mod.default_auto_planner(
             profile_mod.profile_from_json(json.loads(args.profile.read_text()))
         )
-    rollout = converge.Rollout(drain_deadline_s=args.drain_deadline)
+    rollout = converge.Rollout(drain=transition.DrainPolicy(deadline_s=args.drain_deadline))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -199,17 +200,17 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
         sys.stdout.write(_curl_example(gateway.url, dep.spec.model.name))
         sys.stdout.flush()
-        said, last_plan = "", outcome.plan
+        said = ""
 
         async def one_pass(current: Any) -> bool:
             """A converge pass toward `current`; True while a transition is under way."""
-            nonlocal published, said, last_plan
+            nonlocal published, said
             assert gateway is not None
 
-            async def publish(doc: routes_doc.RoutesDoc) -> None:
+            async def publish(doc: routes_doc.RoutesDoc, p: Any) -> None:
                 assert gateway is not None
                 gateway.apply_routes(gw_routes.from_doc(doc))
-                _set_shares(gateway, last_plan, current)
+                _set_shares(gateway, p, current)
 
             again = await converge.converge(
                 current,
@@ -221,10 +222,6 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 rollout=rollout,
             )
             published = again.routes or published
-            if again.plan is not None and again.plan.class_shares != last_plan.class_shares:
-                last_plan = again.plan
-                _set_shares(gateway, last_plan, current)
-            last_plan = again.plan or last_plan
             note = f"{again.reason}: {again.message}"
             if note != said and (again.actions or again.reason != "Serving"):
                 console.print(note)

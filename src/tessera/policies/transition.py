@@ -62,7 +62,8 @@ class Target:
 
 @dataclass(frozen=True)
 class DrainPolicy:
-    deadline_s: float = routes_doc.DEFAULT_DRAIN_DEADLINE_S  # when nothing is published
+    # the deadline a cut-over publishes (drains use the one their routes document says)
+    deadline_s: float = routes_doc.DEFAULT_DRAIN_DEADLINE_S
     grace_s: float = 5.0  # past the deadline: the gateway has given up on the replica
     settle_s: float = 2.0  # before an idle replica counts as drained: the gateway's reload
 
@@ -203,6 +204,12 @@ class _Sim:
             key=lambda p: -p.block.stage_index,
         )
 
+    def complete(self, rid: str) -> bool:
+        held = self.held(rid)
+        return bool(held) and {p.block.stage_index for p in held} == set(
+            range(held[0].block.num_stages)
+        )
+
     def deficit(self, need: Mapping[DevKey, int]) -> dict[DevKey, int]:
         return {k: n - self.free.get(k, 0) for k, n in need.items() if n > self.free.get(k, 0)}
 
@@ -283,13 +290,10 @@ class _Sim:
     def cut_over(self, replicas: list[routes_doc.RouteReplica], after: list[int]) -> int:
         keep = {r.id for r in replicas}
         gone = tuple(r.id for r in self.routed if r.id not in keep)
-        deadline = (
-            self.world.published.drain_deadline_s
-            if self.world.published is not None
-            else self.world.drain.deadline_s
-        )
         sid = self.add(
-            actions.CutOver(self.target.generation, tuple(replicas), gone, deadline),
+            actions.CutOver(
+                self.target.generation, tuple(replicas), gone, self.world.drain.deadline_s
+            ),
             after + self.route_steps,
         )
         self.routed = list(replicas)
@@ -302,11 +306,12 @@ def _victim(sim: _Sim, need: Mapping[DevKey, int], target_ids: set[str]) -> str 
     complete replica keeps serving (or nothing was serving to begin with)."""
     short = sim.deficit(need)
     best: tuple[int, str] | None = None
+    complete = [r.id for r in sim.routed if sim.complete(r.id)]
     for r in sim.routed:
         if r.id in target_ids or not sim.ours(r.id):
             continue
-        if sim.world.published is not None and len(sim.routed) < 2:
-            continue  # it is the last one serving
+        if sim.world.published is not None and not [c for c in complete if c != r.id]:
+            continue  # no other complete replica would serve
         freed = sum(
             min(p.block.bytes, short.get((p.agent, p.block.device), 0)) for p in sim.held(r.id)
         )
