@@ -32,7 +32,7 @@ from tessera_operator import actuate, agents, gateway_objects
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
-Publish = Callable[[routes_doc.RoutesDoc], Awaitable[None]]
+Publish = Callable[[routes_doc.RoutesDoc, plan.Plan], Awaitable[None]]
 Transition = transition.Transition
 
 
@@ -133,10 +133,11 @@ def _failure_reason(code: str) -> str:
 
 @dataclass(frozen=True)
 class Rollout:
-    """How transitions run: the drain deadline every routes document publishes (it
-    overrides `drain.deadline_s`), the rest of the drain policy, link model, the clock."""
+    """How transitions run: the drain policy (`drain.deadline_s` is the deadline every
+    routes document publishes; `drain_deadline_s`, when set, overrides it), link model,
+    the clock."""
 
-    drain_deadline_s: float = routes_doc.DEFAULT_DRAIN_DEADLINE_S
+    drain_deadline_s: float | None = None
     drain: transition.DrainPolicy = field(default_factory=transition.DrainPolicy)
     links: links.LinkModel = field(default_factory=links.LinkModel)
     clock: Callable[[], float] = time.time
@@ -155,8 +156,9 @@ async def converge(
     rollout: Rollout | None = None,
 ) -> Outcome:
     """One pass. `published` is the routes document the gateway was last given (None:
-    none yet); `publish(doc)` writes a new one (a cut-over: the replica set, version,
-    deadline and time, with the model, classes and class shares of the plan)."""
+    none yet); `publish(doc, plan)` writes a new one (a cut-over: the replica set,
+    version, deadline and time, filled with the model, classes and class shares of
+    `plan`, the plan being moved to)."""
     rollout = rollout or Rollout()
     shape = model_facts(model_path, dep.spec.model.dtype)
     facts = (
@@ -190,7 +192,9 @@ async def converge(
         )
     target = reconcile.target(desired, obs)
 
-    drain = dataclasses.replace(rollout.drain, deadline_s=rollout.drain_deadline_s)
+    drain = rollout.drain
+    if rollout.drain_deadline_s is not None:
+        drain = dataclasses.replace(drain, deadline_s=rollout.drain_deadline_s)
 
     def world(o: observed.Observed, routes: routes_doc.RoutesDoc | None) -> transition.World:
         return transition.World(
@@ -210,7 +214,7 @@ async def converge(
             routes_doc.RoutesDoc(cut.replicas, cut.version, cut.drain_deadline_s, rollout.clock()),
         )
         if publish is not None:
-            await publish(doc)
+            await publish(doc, desired)
         out.routes = doc
 
     if apply and t.steps:

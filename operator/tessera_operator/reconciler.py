@@ -76,7 +76,6 @@ async def run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, periodic: boo
 
 def _rollout(cfg: config.OperatorConfig) -> converge.Rollout:
     return converge.Rollout(
-        drain_deadline_s=cfg.drain_deadline_seconds,
         drain=transition.DrainPolicy(
             cfg.drain_deadline_seconds, cfg.drain_grace_seconds, cfg.drain_settle_seconds
         ),
@@ -89,7 +88,7 @@ def _routes_writer(
     """The cut-over of a transition: write the routes ConfigMap now (the gateway re-reads
     it)."""
 
-    async def publish(doc: routes_doc.RoutesDoc) -> None:
+    async def publish(doc: routes_doc.RoutesDoc, _plan: plan.Plan) -> None:
         cm = gateway_objects.config_map(dep, owner, doc.to_json())
         events.applied(body, await owned.apply(ctx.kube, cm))
 
