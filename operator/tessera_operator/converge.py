@@ -28,7 +28,7 @@ from tessera.cost import model_shape
 from tessera.planner import auto as planner_auto
 from tessera.policies import actions as step_actions
 from tessera.policies import links, transition
-from tessera_operator import actuate, agents
+from tessera_operator import actuate, agents, gateway_objects
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -133,9 +133,11 @@ def _failure_reason(code: str) -> str:
 
 @dataclass(frozen=True)
 class Rollout:
-    """How transitions run: drain policy (its deadline goes into every routes document
-    published), link model, the clock."""
+    """How transitions run: the drain policy (`drain.deadline_s` is the deadline every
+    routes document publishes; `drain_deadline_s`, when set, overrides it), link model,
+    the clock."""
 
+    drain_deadline_s: float | None = None
     drain: transition.DrainPolicy = field(default_factory=transition.DrainPolicy)
     links: links.LinkModel = field(default_factory=links.LinkModel)
     clock: Callable[[], float] = time.time
@@ -154,8 +156,9 @@ async def converge(
     rollout: Rollout | None = None,
 ) -> Outcome:
     """One pass. `published` is the routes document the gateway was last given (None:
-    none yet); `publish(doc, plan)` writes a new one (a cut-over), `plan` giving the
-    model and class shares around the replica set."""
+    none yet); `publish(doc, plan)` writes a new one (a cut-over: the replica set,
+    version, deadline and time, filled with the model, classes and class shares of
+    `plan`, the plan being moved to)."""
     rollout = rollout or Rollout()
     shape = model_facts(model_path, dep.spec.model.dtype)
     facts = (
@@ -189,9 +192,13 @@ async def converge(
         )
     target = reconcile.target(desired, obs)
 
+    drain = rollout.drain
+    if rollout.drain_deadline_s is not None:
+        drain = dataclasses.replace(drain, deadline_s=rollout.drain_deadline_s)
+
     def world(o: observed.Observed, routes: routes_doc.RoutesDoc | None) -> transition.World:
         return transition.World(
-            o, prefix, routes, rollout.clock(), links=rollout.links, drain=rollout.drain
+            o, prefix, routes, rollout.clock(), links=rollout.links, drain=drain
         )
 
     t = transition.plan(world(obs, published), target)
@@ -200,7 +207,12 @@ async def converge(
         on_steps(t)  # e.g. size a progress bar before anything is applied
 
     async def cut_over(cut: step_actions.CutOver) -> None:
-        doc = routes_doc.RoutesDoc(cut.replicas, cut.version, cut.drain_deadline_s, rollout.clock())
+        doc = gateway_objects.filled(
+            dep,
+            desired,
+            model_path,
+            routes_doc.RoutesDoc(cut.replicas, cut.version, cut.drain_deadline_s, rollout.clock()),
+        )
         if publish is not None:
             await publish(doc, desired)
         out.routes = doc

@@ -68,16 +68,22 @@ def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
 def routes(
     dep: api.ServingDeployment, p: plan.Plan | None, model_path: str, doc: routes_doc.RoutesDoc
 ) -> dict[str, Any]:
-    """The routes document (`tessera.routes_doc`): the replica set, version, drain deadline
-    and cut-over time of `doc` (what the transition published), with the model, the
-    workload classes and the plan's class shares of the routed replicas. The gateway
-    checks readiness itself."""
+    """The routes document (`tessera.routes_doc`) as JSON: `filled(...)`."""
+    return filled(dep, p, model_path, doc).to_json()
+
+
+def filled(
+    dep: api.ServingDeployment, p: plan.Plan | None, model_path: str, doc: routes_doc.RoutesDoc
+) -> routes_doc.RoutesDoc:
+    """The replica set, version, drain deadline and cut-over time of `doc` (what the
+    transition published), with the model, the workload classes and the plan's class
+    shares of the routed replicas. The gateway checks readiness itself."""
     routed = set(doc.replica_ids)
     shares = {
         c: {r: v for r, v in per.items() if r in routed}
         for c, per in (p.class_shares if p is not None else {}).items()
     }
-    full = dataclasses.replace(
+    return dataclasses.replace(
         doc,
         model=dep.spec.model.name,
         model_path=model_path,
@@ -87,7 +93,6 @@ def routes(
             for c in dep.spec.workload
         ),
     )
-    return full.to_json()
 
 
 def published(config_map_obj: Mapping[str, Any] | None) -> routes_doc.RoutesDoc | None:

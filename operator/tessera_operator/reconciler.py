@@ -83,17 +83,13 @@ def _rollout(cfg: config.OperatorConfig) -> converge.Rollout:
 
 
 def _routes_writer(
-    ctx: Context,
-    body: kopf.Body,
-    dep: api.ServingDeployment,
-    owner: dict[str, Any],
-    model_path: str,
+    ctx: Context, body: kopf.Body, dep: api.ServingDeployment, owner: dict[str, Any]
 ) -> converge.Publish:
     """The cut-over of a transition: write the routes ConfigMap now (the gateway re-reads
-    it), with the model and classes of the plan being moved to."""
+    it)."""
 
-    async def publish(doc: routes_doc.RoutesDoc, p: plan.Plan) -> None:
-        cm = gateway_objects.config_map(dep, owner, gateway_objects.routes(dep, p, model_path, doc))
+    async def publish(doc: routes_doc.RoutesDoc, _plan: plan.Plan) -> None:
+        cm = gateway_objects.config_map(dep, owner, doc.to_json())
         events.applied(body, await owned.apply(ctx.kube, cm))
 
     return publish
@@ -151,7 +147,7 @@ async def _pass(body: kopf.Body, patch: kopf.Patch, ctx: Context) -> None:
             refs,
             progress=functools.partial(events.action, body),
             published=published,
-            publish=_routes_writer(ctx, body, dep, owner, model_path),
+            publish=_routes_writer(ctx, body, dep, owner),
             rollout=_rollout(ctx.config),
         )
         if out.plan is not None:

@@ -19,6 +19,7 @@ from tessera.rpc import blocks as rpc_blocks
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import booking, devices, hosting, load_config
 from tessera_agent.engine import errors, sampling
+from tests.conftest import hf_greedy
 
 MiB = 1 << 20
 
@@ -51,8 +52,10 @@ def test_generations_coexist_then_the_old_one_is_freed(tiny_llama: Path) -> None
         after_one = dev.free_bytes
         new = await h.load(_block(tiny_llama, "default.d.r0.g2", 2))
         assert new.how == "loaded" and dev.free_bytes < after_one
-        # both serve the same greedy tokens, side by side
-        assert await _greedy(h, "default.d.r0.g1") == await _greedy(h, "default.d.r0.g2")
+        # both serve transformers' greedy tokens, side by side
+        want = hf_greedy(tiny_llama, [3, 1, 4, 1], 5)
+        assert await _greedy(h, "default.d.r0.g1") == want
+        assert await _greedy(h, "default.d.r0.g2") == want
         held = [(b.replica_id, b.generation, b.param_bytes > 0) for b, _ in h.held()]
         assert held == [("default.d.r0.g1", 1, True), ("default.d.r0.g2", 2, True)]
         await h.unload("default.d.r0.g1", 0)

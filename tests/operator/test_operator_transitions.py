@@ -23,6 +23,7 @@ from kubernetes import client
 from tessera import local_agents
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+from tests.conftest import hf_greedy
 from tests.operator import kstatus
 from tests.operator.conftest import (
     GROUP,
@@ -37,6 +38,7 @@ from tests.operator.conftest import (
 from tests.operator.test_operator_lifecycle import blocks, manifest, ready, refs
 
 pytestmark = pytest.mark.slow
+PROMPT = [1, 5, 9, 13]
 Start = Callable[..., list[local_agents.AgentProcess]]
 
 
@@ -69,7 +71,7 @@ def _routes(kube: client.ApiClient, name: str) -> dict[str, Any]:
 
 def _tokens(agent: local_agents.AgentProcess, replica: str) -> list[int]:
     stub = pb_grpc.AgentStub(transport.sync_channel(agent.address))
-    return local_agents.generate_tokens(stub, replica, [1, 5, 9, 13], 6)
+    return local_agents.generate_tokens(stub, replica, PROMPT, 6)
 
 
 def _real(
@@ -110,6 +112,7 @@ def test_transitions_resume_after_an_operator_restart(
         1,
     )
     expected = _tokens(a0, "default.live.r0.g1")
+    assert expected == hf_greedy(tiny_llama, PROMPT, 6)  # every layout below must match
 
     # 1 whole + a two-stage pipeline; caught after the cut-over, before the old r1 is freed
     _apply(kube, "live", [_whole("r0", "agent-0"), _pipe("r1", 4)])
@@ -190,6 +193,7 @@ def test_impossible_transition_keeps_the_old_layout_serving(
     )
     wait_for("generation 1 Current", lambda: ready(kube, "tight"), timeout=180)
     expected = _tokens(procs[0], "default.tight.r0.g1")
+    assert expected == hf_greedy(tiny_llama, PROMPT, 6)
     _apply(kube, "tight", [_pipe("r0", 6)])
 
     def stalled() -> dict[str, Any] | None:
