@@ -190,8 +190,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 port=port,
             )
         )
-        gateway.apply_routes(gw_routes.from_doc(outcome.routes))
-        _set_shares(gateway, outcome.plan, dep)
+        gateway.apply_routes(gw_routes.from_doc(outcome.routes))  # with the class shares
         await gateway.refresh()
         _write_state(args.state_file, dep, refs, gateway.url)
         console.print(
@@ -207,10 +206,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             nonlocal published, said
             assert gateway is not None
 
-            async def publish(doc: routes_doc.RoutesDoc, p: Any) -> None:
+            async def publish(doc: routes_doc.RoutesDoc, _plan: Any) -> None:
                 assert gateway is not None
-                gateway.apply_routes(gw_routes.from_doc(doc))
-                _set_shares(gateway, p, current)
+                gateway.apply_routes(gw_routes.from_doc(doc))  # a cut-over (cutover.py)
 
             again = await converge.converge(
                 current,
@@ -247,22 +245,6 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             local_agents.stop_agent(p)
         with contextlib.suppress(FileNotFoundError):
             args.state_file.unlink()
-
-
-def _set_shares(gateway: Any, p: Any, dep: Any) -> None:
-    """The plan's per-class shares (a routes document from the planner carries none),
-    over the replicas the gateway routes to, classes by the manifest's centroids."""
-    if not (p.class_shares and dep.spec.workload):
-        return
-    from tessera.gateway import router as gw_router
-
-    routed = {e.replica_id for e in gateway.service.replicas.endpoints}
-    gateway.set_class_shares(
-        {k: {r: v for r, v in per.items() if r in routed} for k, per in p.class_shares.items()},
-        gw_router.centroid_class_router(
-            {c.name: (c.input_tokens, c.output_tokens) for c in dep.spec.workload}
-        ),
-    )
 
 
 def _leaders(outcome: Any) -> list[tuple[str, str]]:
