@@ -90,10 +90,9 @@ def test_transitions_resume_after_an_operator_restart(
 ) -> None:
     procs = agents_factory(2)
     a0, a1 = procs
-    # a settle time holds each transition after its cut-over (the leaving replica idle
-    # but not yet freed) long enough to stop the operator there
-    opts = {"drain_settle_seconds": 4.0}
-    first = start_operator(refs(procs), **opts)
+    # a long settle time holds the first operator's transition after its cut-over (the
+    # leaving replica idle but not yet freed) long enough to stop the operator there
+    first = start_operator(refs(procs), drain_settle_seconds=60.0)
     custom(kube).create_namespaced_custom_object(
         GROUP,
         VERSION,
@@ -134,7 +133,7 @@ def test_transitions_resume_after_an_operator_restart(
     assert (progressing["status"], progressing["reason"]) == ("True", "Switching")
     assert "drain default.live.r1.g1" in progressing["message"]
 
-    start_operator(refs(procs), **opts)  # a new operator: nothing in memory
+    start_operator(refs(procs))  # a new operator (default settle): nothing in memory
     obj = wait_for("generation 2 Current", lambda: ready(kube, "live", 2), timeout=180)
     assert kstatus.compute(obj) == "Current" and obj["status"]["plan"]["generation"] == 2
     assert _real(kube, "live", procs) == (
