@@ -1,7 +1,8 @@
 """Conversions between the agent proto and engine objects — the only place they live.
 
 Called by the servicer (requests in, replies out) and by the stage client (steps sent to
-the next stage and results read back).
+the next stage and results read back). Blocks convert in `tessera.rpc.blocks`, shared
+with the operator.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from collections.abc import Sequence
 import torch
 
 from tessera.rpc.v1 import agent_pb2 as pb
-from tessera_agent.engine import sampling, scheduler, stage, step
+from tessera_agent import devices
+from tessera_agent.engine import replica, sampling, scheduler, step
 
 
 def tensor_to_proto(t: torch.Tensor) -> pb.Tensor:
@@ -149,21 +151,24 @@ def result_from_proto(msg: pb.StageStepResult) -> step.StepOutput:
     )
 
 
-def block_info(st: stage.Stage, num_stages: int, next_address: str) -> pb.BlockInfo:
-    s = st.spec
-    return pb.BlockInfo(
-        replica_id=s.replica_id,
-        stage_index=s.stage_index,
-        num_stages=num_stages,
-        model_path=s.model_path,
-        layer_start=s.start,
-        layer_end=s.end,
-        device=s.device,
-        param_bytes=st.param_bytes,
-        kv_bytes=st.kv_bytes,
-        kv_pages=st.num_pages,
-        page_size=s.page_size,
-        dtype=s.dtype,
-        num_tensors=len(st.tensor_names()),
-        next_stage_address=next_address,
+def replica_kv(replica_id: str, s: replica.ReplicaStats) -> pb.ReplicaKV:
+    return pb.ReplicaKV(
+        replica_id=replica_id,
+        pages_total=s.kv_pages_total,
+        pages_used=s.kv_pages_used,
+        running=s.running,
+        waiting=s.waiting,
+        preemptions=s.preemptions,
+        prefix_hit_tokens=s.prefix_hit_tokens,
+        cached_pages=s.cached_pages,
+    )
+
+
+def device_to_proto(d: devices.Device) -> pb.Device:
+    return pb.Device(
+        id=d.id,
+        kind=d.kind,
+        name=d.name,
+        capacity_bytes=d.capacity_bytes,
+        free_bytes=d.free_bytes,
     )

@@ -19,7 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
-from tessera_agent import authz, devices, servicer
+from tessera_agent import authz, devices, load_config, servicer
 
 VERSION = "0.1.0"
 SERVICE_NAME = "tessera.rpc.v1.Agent"
@@ -56,9 +56,8 @@ async def serve(cfg: AgentConfig) -> None:
     server = transport.server(
         (authz.Authorizer(tls=tls is not None, model_root=cfg.model_root or None),)
     )
-    svc = servicer.AgentServicer(
-        cfg.agent_id, devs, nvml_status, VERSION, prefix_caching=cfg.prefix_caching
-    )
+    defaults = load_config.LoadDefaults(prefix_caching=cfg.prefix_caching)
+    svc = servicer.AgentServicer(cfg.agent_id, devs, nvml_status, VERSION, defaults=defaults)
     pb_grpc.add_AgentServicer_to_server(svc, server)
     health_svc = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_svc, server)

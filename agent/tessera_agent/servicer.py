@@ -1,14 +1,18 @@
 """gRPC servicer of the agent: translates proto ↔ engine objects and delegates.
 
-Thin by design (route_guide style): every method validates, calls into the engine
-(`engine.stage`, `engine.replica`) and maps `EngineError`s to gRPC statuses whose message
-names the cause. Created by `server.py`; one instance per agent process.
+Thin by design (route_guide style): every method converts the request
+(`tessera.rpc.blocks`, `convert`), delegates (`hosting` loads, rewires, unloads and looks
+blocks up; `booking` holds the memory; `leader` builds replica engines with the
+`load_config.LoadDefaults`; `kv_transfer`, `tensor_transfer`, `stage_server` and the
+engine do the work) and maps `EngineError`s to gRPC statuses whose message names the
+cause. Created by `server.py`; one instance per agent process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -17,20 +21,22 @@ from typing import Any
 import grpc
 import torch
 
+from tessera.rpc import blocks as rpc_blocks
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import (
+    booking,
     convert,
     devices,
     grpc_status,
-    hosted,
+    hosting,
     kv_transfer,
+    load_config,
     metrics,
-    stage_client,
     stage_server,
     tensor_transfer,
 )
-from tessera_agent.engine import errors, loader, profiler, replica, scheduler, stage
+from tessera_agent.engine import errors, profiler, replica, stage
 
 log = logging.getLogger(__name__)
 
@@ -43,63 +49,42 @@ class AgentServicer(pb_grpc.AgentServicer):
         nvml_status: str,
         version: str,
         prefix_caching: bool = True,
+        defaults: load_config.LoadDefaults | None = None,
     ) -> None:
         self.agent_id, self.nvml_status, self.version = agent_id, nvml_status, version
-        self.prefix_caching = prefix_caching
-        self.devices = {d.id: d for d in devs}
-        self.hosted: dict[tuple[str, int], hosted.Hosted] = {}
+        defaults = defaults or load_config.LoadDefaults(prefix_caching=prefix_caching)
+        self.defaults = defaults
+        self.memory = booking.Booking(agent_id, devs)
+        self.devices = self.memory.devices
         self.compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compute")
-        self.loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loader")
-        self._load_lock = asyncio.Lock()
+        self.hosting = hosting.Hosting(agent_id, self.memory, defaults, self.compute)
+        self.hosted = self.hosting.hosted  # read by the metrics collector and StageStream
         self.metrics = metrics.AgentMetrics(self)
 
     async def close(self) -> None:
-        for h in list(self.hosted.values()):
-            if h.leader is not None:
-                await h.leader.close()
+        await self.hosting.close()
         self.compute.shutdown(wait=False, cancel_futures=True)
-        self.loader.shutdown(wait=False, cancel_futures=True)
 
     # -- inventory ----------------------------------------------------------------------
     def _blocks(self) -> list[pb.BlockInfo]:
         return [
-            convert.block_info(h.stage, h.num_stages, h.next_address)
-            for _, h in sorted(self.hosted.items())
+            rpc_blocks.to_proto(b, st.num_pages, len(st.tensor_names()))
+            for b, st in self.hosting.held()
         ]
 
     async def Describe(
         self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.DescribeReply:
-        kv = []
-        for (rid, _), h in sorted(self.hosted.items()):
-            if h.leader is not None:
-                s = h.leader.stats()
-                kv.append(
-                    pb.ReplicaKV(
-                        replica_id=rid,
-                        pages_total=s.kv_pages_total,
-                        pages_used=s.kv_pages_used,
-                        running=s.running,
-                        waiting=s.waiting,
-                        preemptions=s.preemptions,
-                        prefix_hit_tokens=s.prefix_hit_tokens,
-                        cached_pages=s.cached_pages,
-                    )
-                )
+        kv = [
+            convert.replica_kv(rid, h.leader.stats())
+            for (rid, _), h in sorted(self.hosted.items())
+            if h.leader is not None
+        ]
         return pb.DescribeReply(
             agent_id=self.agent_id,
             nvml_status=self.nvml_status,
             version=self.version,
-            devices=[
-                pb.Device(
-                    id=d.id,
-                    kind=d.kind,
-                    name=d.name,
-                    capacity_bytes=d.capacity_bytes,
-                    free_bytes=d.free_bytes,
-                )
-                for d in self.devices.values()
-            ],
+            devices=[convert.device_to_proto(d) for d in self.devices.values()],
             blocks=self._blocks(),
             kv=kv,
         )
@@ -114,148 +99,42 @@ class AgentServicer(pb_grpc.AgentServicer):
         self, request: pb.LoadBlockRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.LoadBlockReply:
         try:
-            return await self._load(request)
+            try:
+                spec = rpc_blocks.from_load_request(
+                    request, self.defaults.dtype, self.defaults.page_size
+                )
+            except ValueError as exc:
+                raise errors.InvalidArgumentError(str(exc)) from exc
+            done = await self.hosting.load(
+                spec,
+                request.source if request.HasField("source") else None,
+                request.max_num_seqs,
+                request.max_batched_tokens,
+            )
         except errors.EngineError as exc:
             await grpc_status.abort(context, exc)
-
-    async def _load(self, req: pb.LoadBlockRequest) -> pb.LoadBlockReply:
-        spec = stage.BlockSpec(
-            model_path=req.model_path,
-            start=req.layer_start,
-            end=req.layer_end,
-            replica_id=req.replica_id,
-            stage_index=req.stage_index,
-            device=req.device,
-            dtype=req.dtype or "float32",
-            kv_bytes=req.kv_bytes,
-            page_size=req.page_size or stage.DEFAULT_PAGE_SIZE,
+        st = done.hosted.stage
+        held = dataclasses.replace(st.spec, param_bytes=st.param_bytes, kv_bytes=st.kv_bytes)
+        return pb.LoadBlockReply(
+            block=rpc_blocks.to_proto(held, st.num_pages, len(st.tensor_names())),
+            already_loaded=done.how != "loaded",
         )
-        if not req.replica_id:
-            raise errors.InvalidArgumentError("replica_id: must not be empty")
-        num_stages = req.num_stages or 1
-        if not 0 <= req.stage_index < num_stages:
-            raise errors.InvalidArgumentError(
-                f"stage_index: {req.stage_index} is outside [0, {num_stages})"
-            )
-        async with self._load_lock:
-            key = (spec.replica_id, spec.stage_index)
-            if key in self.hosted:
-                h = self.hosted[key]
-                if h.stage.spec == spec and h.next_address == req.next_stage_address:
-                    return pb.LoadBlockReply(
-                        block=convert.block_info(h.stage, h.num_stages, h.next_address),
-                        already_loaded=True,
-                    )
-                raise errors.FailedPreconditionError(
-                    f"replica {spec.replica_id} stage {spec.stage_index} is already loaded "
-                    f"with layers [{h.stage.spec.start}, {h.stage.spec.end}) on "
-                    f"{h.stage.spec.device}; unload it first"
-                )
-            dev = self.devices.get(spec.device)
-            if dev is None:
-                raise errors.NotFoundError(
-                    f"device {spec.device!r} is not on agent {self.agent_id} "
-                    f"(devices: {', '.join(self.devices)})"
-                )
-            copy = req.HasField("source")
-            planned = await asyncio.get_running_loop().run_in_executor(
-                self.loader, stage.plan_bytes, spec, not copy
-            )
-            cfg = planned[0]
-            is_last = spec.end == cfg.num_layers
-            if (spec.start == 0) != (spec.stage_index == 0):
-                raise errors.InvalidArgumentError(
-                    f"stage_index: stage {spec.stage_index} cannot start at layer {spec.start} "
-                    "(only stage 0 starts at layer 0)"
-                )
-            if is_last != (spec.stage_index == num_stages - 1):
-                raise errors.InvalidArgumentError(
-                    f"num_stages: stage {spec.stage_index} of {num_stages} ends at layer "
-                    f"{spec.end} of {cfg.num_layers}; only the last stage ends the model"
-                )
-            if not is_last and not req.next_stage_address:
-                raise errors.InvalidArgumentError(
-                    "next_stage_address: required for a stage that does not end the model"
-                )
-            tensors = None
-            if copy:  # refuse before transferring anything when the block cannot fit
-                stage.kv_pages(spec, cfg, planned[1], dev.free_bytes)
-                names = loader.checkpoint_names(cfg, spec.start, spec.end)
-                tensors = await tensor_transfer.fetch(req.source, names)
-            loaded = await asyncio.get_running_loop().run_in_executor(
-                self.loader,
-                stage.load_stage,
-                spec,
-                dev.torch_device(),
-                dev.free_bytes,
-                planned,
-                tensors,
-            )
-            h = hosted.Hosted(loaded, num_stages, req.next_stage_address)
-            dev.used[h.holder] = loaded.param_bytes + loaded.kv_bytes
-            if spec.stage_index == 0:
-                h.leader = self._make_leader(h, req)
-            self.hosted[key] = h
-            how = f"copied from {req.source.address}" if copy else "read from the checkpoint"
-            log.info(
-                "loaded %s layers [%d, %d) on %s, %s", h.holder, spec.start, spec.end, dev.id, how
-            )
-            return pb.LoadBlockReply(block=convert.block_info(loaded, num_stages, h.next_address))
-
-    def _make_leader(self, h: hosted.Hosted, req: pb.LoadBlockRequest) -> replica.ReplicaEngine:
-        st = h.stage
-        defaults = scheduler.SchedulerConfig
-        cfg = scheduler.SchedulerConfig(
-            max_num_seqs=req.max_num_seqs or defaults.max_num_seqs,
-            max_batched_tokens=req.max_batched_tokens or defaults.max_batched_tokens,
-            max_model_len=st.cfg.max_positions,
-            eos_token_ids=st.cfg.eos_token_ids,
-            prefix_caching=self.prefix_caching,
-        )
-        connect = None
-        if h.num_stages > 1:
-            hello = pb.StageHello(
-                replica_id=st.spec.replica_id,
-                stage_index=1,
-                layer_start=st.spec.end,
-                model_path=st.spec.model_path,
-            )
-            address = h.next_address
-
-            async def connect() -> replica.Downstream:
-                return await stage_client.RemoteDownstream.connect(address, hello)
-
-        return replica.ReplicaEngine(st.runner, self.compute, cfg, connect)
 
     async def UnloadBlock(
         self, request: pb.UnloadBlockRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.UnloadBlockReply:
-        async with self._load_lock:
-            h = self.hosted.pop((request.replica_id, request.stage_index), None)
-            if h is None:
-                await context.abort(
-                    grpc.StatusCode.NOT_FOUND,
-                    f"replica {request.replica_id} has no stage "
-                    f"{request.stage_index} on agent {self.agent_id}",
-                )
-                raise AssertionError("unreachable")
-            if h.leader is not None:
-                await h.leader.close()
-            self.devices[h.stage.spec.device].used.pop(h.holder, None)
-            log.info("unloaded %s", h.holder)
-            return pb.UnloadBlockReply(unloaded=True)
+        try:
+            await self.hosting.unload(request.replica_id, request.stage_index)
+        except errors.EngineError as exc:
+            await grpc_status.abort(context, exc)
+        return pb.UnloadBlockReply(unloaded=True)
 
     async def FetchTensors(
         self, request: pb.FetchTensorsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.TensorChunk]:
-        h = self.hosted.get((request.replica_id, request.stage_index))
         try:
-            if h is None:
-                raise errors.NotFoundError(
-                    f"replica {request.replica_id} has no stage {request.stage_index} "
-                    f"on agent {self.agent_id}"
-                )
-            tensors = tensor_transfer.held(h.stage, list(request.names))
+            st = self._stage(request.replica_id, request.stage_index)
+            tensors = tensor_transfer.held(st, list(request.names))
             for chunk in tensor_transfer.chunks(tensors, request.chunk_bytes):
                 yield chunk
         except errors.EngineError as exc:
@@ -263,20 +142,10 @@ class AgentServicer(pb_grpc.AgentServicer):
 
     # -- KV movement --------------------------------------------------------------------
     def _leader(self, replica_id: str) -> replica.ReplicaEngine:
-        h = self.hosted.get((replica_id, 0))
-        if h is None or h.leader is None:
-            raise errors.NotFoundError(
-                f"replica {replica_id!r} is not led by agent {self.agent_id} (no stage 0 here)"
-            )
-        return h.leader
+        return self.hosting.leader(replica_id)
 
     def _stage(self, replica_id: str, stage_index: int) -> stage.Stage:
-        h = self.hosted.get((replica_id, stage_index))
-        if h is None:
-            raise errors.NotFoundError(
-                f"replica {replica_id} has no stage {stage_index} on agent {self.agent_id}"
-            )
-        return h.stage
+        return self.hosting.get(replica_id, stage_index).stage
 
     @staticmethod
     def _pin_reply(pin: replica.Pin) -> pb.PinReply:

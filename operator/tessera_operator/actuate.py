@@ -1,18 +1,25 @@
-"""Actuator: applies the reconcile core's actions to agents over gRPC.
+"""Executor: applies a transition's steps (`tessera.policies.transition`) to the world.
 
-Thin on purpose: one RPC per action, results reported per action (with the gRPC status
-name as the failure code) so that callers can raise events and conditions. A failed
-action never stops the others. Called by the operator's handlers and by `tessera up`.
+Thin on purpose: block actions are one agent RPC each (`LoadBlock` with the block and an
+optional peer source, `UnloadBlock`, a rewire as a `LoadBlock` that differs only in its
+next-stage address); a `CutOver` calls the shell's `publish` (the operator writes the
+routes ConfigMap, `tessera up` its routes file); a `Drain` is a check of the observation
+(`transition.drained`), never a sleep. Steps run in plan order; a step whose
+dependencies failed or still wait is skipped, so one pass does everything that can be
+done now and the next pass re-plans from what it observes (level-triggered: no step
+counter survives a pass). Results are reported per step so callers raise events and
+conditions. Called by the operator's converge pass, its finalizer and `tessera up`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
 
-from tessera import reconcile
+from tessera.policies import actions, transition
+from tessera.rpc import blocks as rpc_blocks
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
@@ -20,44 +27,43 @@ from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
 @dataclass(frozen=True)
 class Result:
-    action: reconcile.Action
+    action: actions.Action
     ok: bool
-    code: str = "OK"  # gRPC status name on failure
+    code: str = "OK"  # gRPC status name on failure; "WAITING" for a drain not done
     message: str = ""
+    step: int = -1  # the step's id in its transition; -1 outside one
+
+    @property
+    def waiting(self) -> bool:
+        return self.code == "WAITING"
 
 
 Progress = Callable[[Result], None]
+Publish = Callable[[actions.CutOver], Awaitable[None]]
 
 
-async def _one(action: reconcile.Action, timeout: float) -> Result:
+async def _block(action: actions.BlockAction, timeout: float) -> Result:
     channel = transport.channel(action.address)
     stub = pb_grpc.AgentStub(channel)
     try:
-        if isinstance(action, reconcile.LoadBlock):
-            reply = await stub.LoadBlock(
-                pb.LoadBlockRequest(
-                    model_path=action.model_path,
-                    layer_start=action.start,
-                    layer_end=action.end,
-                    device=action.device,
-                    replica_id=action.replica_id,
-                    stage_index=action.stage_index,
-                    num_stages=action.num_stages,
-                    next_stage_address=action.next_address,
-                    dtype=action.dtype,
-                    kv_bytes=action.kv_bytes,
+        if isinstance(action, actions.UnloadBlock):
+            await stub.UnloadBlock(
+                pb.UnloadBlockRequest(
+                    replica_id=action.block.replica_id, stage_index=action.block.stage_index
                 ),
                 timeout=timeout,
             )
+            return Result(action, True)
+        source = action.source if isinstance(action, actions.LoadBlock) else None
+        reply = await stub.LoadBlock(rpc_blocks.load_request(action.block, source), timeout=timeout)
+        note = ""
+        if isinstance(action, actions.LoadBlock):
             note = "already loaded" if reply.already_loaded else ""
-            return Result(action, True, message=note)
-        await stub.UnloadBlock(
-            pb.UnloadBlockRequest(replica_id=action.replica_id, stage_index=action.stage_index),
-            timeout=timeout,
-        )
-        return Result(action, True)
+            if source is not None:
+                note = f"copied from {source.agent}" + (f", {note}" if note else "")
+        return Result(action, True, message=note)
     except grpc.aio.AioRpcError as exc:
-        if isinstance(action, reconcile.UnloadBlock) and exc.code() == grpc.StatusCode.NOT_FOUND:
+        if isinstance(action, actions.UnloadBlock) and exc.code() == grpc.StatusCode.NOT_FOUND:
             return Result(action, True, message="already gone")
         return Result(action, False, exc.code().name, exc.details() or "")
     finally:
@@ -65,13 +71,57 @@ async def _one(action: reconcile.Action, timeout: float) -> Result:
 
 
 async def apply(
-    actions: Sequence[reconcile.Action], progress: Progress | None = None, timeout: float = 300.0
+    block_actions: Sequence[actions.BlockAction],
+    progress: Progress | None = None,
+    timeout: float = 300.0,
 ) -> list[Result]:
-    """Apply actions in order (unloads before loads, as the core orders them)."""
+    """Apply block actions in order, each regardless of the others (the finalizer)."""
     results = []
-    for action in actions:
-        result = await _one(action, timeout)
+    for action in block_actions:
+        result = await _block(action, timeout)
         results.append(result)
         if progress is not None:
             progress(result)
+    return results
+
+
+async def execute(
+    t: transition.Transition,
+    world: transition.World,
+    publish: Publish,
+    progress: Progress | None = None,
+    timeout: float = 300.0,
+) -> list[Result]:
+    """Apply the steps of `t` that can be done now (see the module docstring)."""
+    results: list[Result] = []
+    stuck: set[int] = set()  # failed, waiting, or behind one of those
+    for step in t.steps:
+        if stuck.intersection(step.after):
+            stuck.add(step.id)
+            continue
+        a = step.action
+        if isinstance(a, actions.Drain):
+            if transition.drained(world, a.replica_id):
+                result = Result(a, True, message="idle", step=step.id)
+            else:
+                result = Result(a, False, "WAITING", "requests in flight", step=step.id)
+        elif isinstance(a, actions.CutOver):
+            try:
+                await publish(a)
+                result = Result(a, True, step=step.id)
+            except Exception as exc:  # a failed write of the routes: retried next pass
+                result = Result(a, False, "PUBLISH_FAILED", str(exc), step=step.id)
+        elif isinstance(a, actions.MoveKV):
+            # requests are the gateway's: it moves the KV of its in-flight requests
+            result = Result(
+                a, False, "UNIMPLEMENTED", "KV moves are applied by the gateway", step=step.id
+            )
+        else:
+            done = await _block(a, timeout)
+            result = Result(done.action, done.ok, done.code, done.message, step.id)
+        results.append(result)
+        if progress is not None:
+            progress(result)
+        if not result.ok:
+            stuck.add(step.id)
     return results

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import grpc
 
 from tessera import observed
+from tessera.rpc import blocks as rpc_blocks
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
@@ -47,22 +48,7 @@ def from_describe(ref: AgentRef, d: pb.DescribeReply) -> observed.AgentInfo:
             observed.DeviceInfo(x.id, x.kind, x.capacity_bytes, x.free_bytes, x.name)
             for x in d.devices
         ),
-        blocks=tuple(
-            observed.BlockInfo(
-                replica_id=b.replica_id,
-                stage_index=b.stage_index,
-                num_stages=b.num_stages,
-                model_path=b.model_path,
-                start=b.layer_start,
-                end=b.layer_end,
-                device=b.device,
-                dtype=b.dtype,
-                next_address=b.next_stage_address,
-                param_bytes=b.param_bytes,
-                kv_bytes=b.kv_bytes,
-            )
-            for b in d.blocks
-        ),
+        blocks=tuple(rpc_blocks.from_proto(b) for b in d.blocks),
         kv=tuple(
             observed.ReplicaLoad(
                 k.replica_id,

@@ -113,6 +113,12 @@ class OperatorConfig:
     priority: int = 0  # kopf peering priority
     liveness: str = ""  # kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz
     finalizer_retries: int = 3  # attempts to unload blocks of a deleted deployment
+    # transitions: how long a leaving replica may keep its requests (routes document),
+    # how long past that the operator waits before freeing it anyway, and how long after
+    # a cut-over an idle replica still counts as possibly routed (the gateway's reload)
+    drain_deadline_seconds: float = 30.0
+    drain_grace_seconds: float = 5.0
+    drain_settle_seconds: float = 2.0
 
     def __post_init__(self) -> None:
         names = [a.name for a in self.agents]
@@ -126,6 +132,9 @@ class OperatorConfig:
             raise ValueError("resync_seconds: must be > 0")
         if self.finalizer_retries < 0:
             raise ValueError("finalizer_retries: must be >= 0")
+        for name in ("drain_deadline_seconds", "drain_grace_seconds", "drain_settle_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0")
         if self.api_server and not self.api_server.startswith(("http://", "https://")):
             raise ValueError(f"api_server: {self.api_server!r} is not an http(s) URL")
         if any(not ns for ns in self.namespaces):

@@ -1,47 +1,83 @@
-"""One level-triggered pass: validate, observe, plan, diff and apply — shared by every shell.
+"""One level-triggered pass: validate, observe, plan, transition and apply — shared by every shell.
 
 `converge()` is what the operator's handlers and timer call and what `tessera up` runs:
 1. semantic checks of the spec against the model's config.json and the known agents;
 2. observe the agents (`Describe`);
-3. plan (`tessera.plan.make_plan`);
-4. diff against the observed blocks (`tessera.reconcile.reconcile`);
-5. apply the actions (`actuate.apply`) and observe again.
+3. plan (`tessera.plan.make_plan`), the generation floored at the routes version
+   already published;
+4. plan the transition from what the agents hold and the routes published
+   (`tessera.policies.transition.plan`);
+5. execute the steps that can be done now (`actuate.execute`; a cut-over calls the
+   shell's `publish`), observe again and re-plan to say where things stand.
 It returns everything the caller needs to write status, conditions and events; it never
-raises for a bad spec or an unreachable agent — those become a `reason`.
+raises for a bad spec or an unreachable agent — those become a `reason`. Nothing of a
+transition is remembered between passes: the next pass re-plans from observation.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tessera import api, fields, observed, plan, reconcile
+from tessera import api, fields, observed, plan, reconcile, routes_doc
 from tessera.cost import model_shape
 from tessera.planner import auto as planner_auto
-from tessera_operator import actuate, agents
+from tessera.policies import actions as step_actions
+from tessera.policies import links, transition
+from tessera_operator import actuate, agents, gateway_objects
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+Publish = Callable[[routes_doc.RoutesDoc, plan.Plan], Awaitable[None]]
+Transition = transition.Transition
 
 
 @dataclass
 class Outcome:
-    """What one pass saw and did. `reason` is a condition reason, "Serving" when done."""
+    """What one pass saw and did. `reason` is a condition reason: "Serving" when done,
+    "Switching" while a transition runs with a complete generation serving, "Loading"
+    while none serves yet, or why the pass could not proceed."""
 
     reason: str
     message: str
     plan: plan.Plan | None = None
-    actions: list[reconcile.Action] = field(default_factory=list)
+    transition: Transition | None = None  # as planned at the pass's start
+    remaining: Transition | None = None  # as re-planned at its end
     results: list[actuate.Result] = field(default_factory=list)
     observed: observed.Observed | None = None
     errors: list[fields.FieldError] = field(default_factory=list)
     ready_replicas: list[str] = field(default_factory=list)
+    routes: routes_doc.RoutesDoc | None = None  # published at the end of the pass
+    serving: list[str] = field(default_factory=list)  # routed replicas with every block
+
+    @property
+    def whole(self) -> bool:
+        """A complete generation serves: the routes name replicas, each with every block
+        loaded (the old set during a transition, the new one after its cut-over)."""
+        return (
+            self.routes is not None
+            and bool(self.routes.replicas)
+            and len(self.serving) == len(self.routes.replicas)
+        )
 
     @property
     def failed(self) -> list[actuate.Result]:
-        return [r for r in self.results if not r.ok]
+        return [r for r in self.results if not r.ok and not r.waiting]
+
+    @property
+    def actions(self) -> list[step_actions.Action]:
+        return [s.action for s in self.transition.steps] if self.transition else []
+
+    @property
+    def current_step(self) -> step_actions.Step | None:
+        """The first step still to do, when a transition runs."""
+        if self.remaining is None or not self.remaining.steps:
+            return None
+        return self.remaining.steps[0]
 
 
 def model_facts(model_path: str, dtype: str) -> model_shape.ModelShape | None:
@@ -70,19 +106,41 @@ def resolve_model_path(
 
 def ready_replicas(p: plan.Plan, obs: observed.Observed) -> list[str]:
     """Replicas whose every stage is loaded as planned on a reachable agent."""
+    have = {(a.name, b.key) for a in obs.agents if a.reachable for b in a.blocks}
     want = reconcile.desired_blocks(p, obs)
-    have = {
-        (a.name, b.replica_id, b.stage_index) for a in obs.agents if a.reachable for b in a.blocks
-    }
-    ready = []
-    for r in p.replicas:
-        if all(
-            (w.agent, w.replica_id, w.stage_index) in have
-            for w in want
-            if w.replica_id == r.replica_id
-        ):
-            ready.append(r.replica_id)
-    return ready
+    return [
+        r.replica_id
+        for r in p.replicas
+        if all((w.agent, w.block.key) in have for w in want if w.block.replica_id == r.replica_id)
+    ]
+
+
+def serving(obs: observed.Observed, prefix: str, routes: routes_doc.RoutesDoc | None) -> list[str]:
+    """Routed replicas with every stage held: a complete generation serves."""
+    if routes is None:
+        return []
+    done = transition.complete_replicas(obs, prefix)
+    return [r for r in routes.replica_ids if r in done]
+
+
+def _failure_reason(code: str) -> str:
+    if code == "RESOURCE_EXHAUSTED":
+        return "InsufficientCapacity"
+    if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+        return "AgentUnreachable"
+    return "LoadFailed"
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """How transitions run: the drain policy (`drain.deadline_s` is the deadline every
+    routes document publishes; `drain_deadline_s`, when set, overrides it), link model,
+    the clock."""
+
+    drain_deadline_s: float | None = None
+    drain: transition.DrainPolicy = field(default_factory=transition.DrainPolicy)
+    links: links.LinkModel = field(default_factory=links.LinkModel)
+    clock: Callable[[], float] = time.time
 
 
 async def converge(
@@ -92,8 +150,16 @@ async def converge(
     progress: actuate.Progress | None = None,
     auto_planner: plan.AutoPlanner | None = None,
     apply: bool = True,
-    on_actions: Callable[[list[reconcile.Action]], None] | None = None,
+    on_steps: Callable[[transition.Transition], None] | None = None,
+    published: routes_doc.RoutesDoc | None = None,
+    publish: Publish | None = None,
+    rollout: Rollout | None = None,
 ) -> Outcome:
+    """One pass. `published` is the routes document the gateway was last given (None:
+    none yet); `publish(doc, plan)` writes a new one (a cut-over: the replica set,
+    version, deadline and time, filled with the model, classes and class shares of
+    `plan`, the plan being moved to)."""
+    rollout = rollout or Rollout()
     shape = model_facts(model_path, dep.spec.model.dtype)
     facts = (
         api.ModelFacts(shape.num_layers, shape.num_heads, shape.num_kv_heads)
@@ -106,44 +172,82 @@ async def converge(
             errs[0] = fields.FieldError(
                 "spec.model.path", f"model not readable: no config.json in {model_path}"
             )
-        return Outcome("InvalidSpec", "; ".join(str(e) for e in errs), errors=errs)
+        return Outcome(
+            "InvalidSpec", "; ".join(str(e) for e in errs), errors=errs, routes=published
+        )
     assert shape is not None
+    prefix = plan.owner_prefix(dep)
     obs = await agents.observe(refs)
     auto = auto_planner or planner_auto.default_auto_planner()
+    floor = published.version if published is not None else 0
     try:
-        desired = plan.make_plan(dep, shape, obs, model_path, auto)
+        desired = plan.make_plan(dep, shape, obs, model_path, auto, floor)
     except plan.PlanError as exc:
-        return Outcome(exc.reason, exc.message, observed=obs)
-    actions = reconcile.reconcile(desired, obs, plan.owner_prefix(dep))
-    out = Outcome("Serving", "", plan=desired, actions=actions, observed=obs)
-    if on_actions is not None:
-        on_actions(actions)  # e.g. size a progress bar before anything is applied
-    if apply and actions:
-        out.results = await actuate.apply(actions, progress)
+        return Outcome(
+            exc.reason,
+            exc.message,
+            observed=obs,
+            routes=published,
+            serving=serving(obs, prefix, published),
+        )
+    target = reconcile.target(desired, obs)
+
+    drain = rollout.drain
+    if rollout.drain_deadline_s is not None:
+        drain = dataclasses.replace(drain, deadline_s=rollout.drain_deadline_s)
+
+    def world(o: observed.Observed, routes: routes_doc.RoutesDoc | None) -> transition.World:
+        return transition.World(
+            o, prefix, routes, rollout.clock(), links=rollout.links, drain=drain
+        )
+
+    t = transition.plan(world(obs, published), target)
+    out = Outcome("Serving", "", plan=desired, transition=t, observed=obs, routes=published)
+    if on_steps is not None:
+        on_steps(t)  # e.g. size a progress bar before anything is applied
+
+    async def cut_over(cut: step_actions.CutOver) -> None:
+        doc = gateway_objects.filled(
+            dep,
+            desired,
+            model_path,
+            routes_doc.RoutesDoc(cut.replicas, cut.version, cut.drain_deadline_s, rollout.clock()),
+        )
+        if publish is not None:
+            await publish(doc, desired)
+        out.routes = doc
+
+    if apply and t.steps:
+        out.results = await actuate.execute(t, world(obs, published), cut_over, progress)
         obs = await agents.observe(refs)
         out.observed = obs
+    after = transition.plan(world(obs, out.routes), target)
+    out.remaining = after
     out.ready_replicas = ready_replicas(desired, obs)
+    out.serving = serving(obs, prefix, out.routes)
     down = [a for a in obs.agents if not a.reachable]
+    step = out.current_step
     if out.failed:
         f = out.failed[0]
-        reason = (
-            "InsufficientCapacity"
-            if f.code == "RESOURCE_EXHAUSTED"
-            else (
-                "AgentUnreachable"
-                if f.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
-                else "LoadFailed"
-            )
-        )
-        out.reason, out.message = reason, f"{f.action.describe()}: {f.code}: {f.message}"
+        out.reason = _failure_reason(f.code)
+        out.message = f"{f.action.describe()}: {f.code}: {f.message}"
+    elif after.blocked is not None:
+        out.reason, out.message = after.blocked.reason, after.blocked.message
     elif down:
         out.reason = "AgentUnreachable"
         out.message = "; ".join(f"agent {a.name} ({a.address}): {a.error}" for a in down)
-    elif len(out.ready_replicas) < len(desired.replicas):
-        out.reason, out.message = (
-            "Loading",
-            (f"{len(out.ready_replicas)}/{len(desired.replicas)} replicas loaded"),
+    elif step is not None:
+        out.reason = "Switching" if out.serving else "Loading"
+        out.message = (
+            f"generation {after.generation} ({after.mode}), {len(after.steps)} steps "
+            f"left; next: {step.action.describe()}"
         )
+    elif len(out.ready_replicas) < len(desired.replicas):
+        out.reason = "Loading"
+        out.message = f"{len(out.ready_replicas)}/{len(desired.replicas)} replicas loaded"
     else:
-        out.message = f"{len(desired.replicas)} replicas serving ({desired.source})"
+        out.message = (
+            f"{len(desired.replicas)} replicas serving ({desired.source}, "
+            f"generation {desired.generation})"
+        )
     return out

@@ -1,7 +1,8 @@
 """Kubernetes Events the operator records on a ServingDeployment (via kopf's event poster).
 
-Called by `reconciler.py`: one event per block action (`BlockLoaded`, `BlockUnloaded`,
-`BlockLoadFailed`, `BlockUnloadFailed`), one per gateway object written
+Called by `reconciler.py`: one event per transition step applied (`BlockLoaded`,
+`BlockUnloaded`, `StageRewired`, `RoutesCutOver`, `ReplicaDrained`, or the `...Failed`
+counterpart), one per gateway object written
 (`GatewayCreated`, `GatewayUpdated`), and one per change of the Ready condition's reason
 (`Serving` as Normal; `InvalidSpec`, `InsufficientCapacity`, `AgentUnreachable`,
 `LoadFailed`, `Loading` as Warning except Loading). A timer pass that changes nothing
@@ -15,23 +16,30 @@ from typing import Any
 
 import kopf
 
-from tessera import reconcile
 from tessera_operator import actuate, owned
+
+# action kind -> (reason when done, reason when failed)
+REASONS = {
+    "LoadBlock": ("BlockLoaded", "BlockLoadFailed"),
+    "UnloadBlock": ("BlockUnloaded", "BlockUnloadFailed"),
+    "Rewire": ("StageRewired", "RewireFailed"),
+    "CutOver": ("RoutesCutOver", "CutOverFailed"),
+    "Drain": ("ReplicaDrained", "DrainFailed"),
+    "MoveKV": ("KVMoved", "KVMoveFailed"),
+}
 
 
 def action(body: kopf.Body, result: actuate.Result) -> None:
-    """Record one applied block action."""
-    load = isinstance(result.action, reconcile.LoadBlock)
+    """Record one applied step (a drain still waiting is recorded by status, not here)."""
+    if result.waiting:
+        return
+    done, failed = REASONS.get(result.action.kind, ("StepDone", "StepFailed"))
     what = result.action.describe()
     if result.ok:
         note = f" ({result.message})" if result.message else ""
-        kopf.info(body, reason="BlockLoaded" if load else "BlockUnloaded", message=what + note)
+        kopf.info(body, reason=done, message=what + note)
     else:
-        kopf.warn(
-            body,
-            reason="BlockLoadFailed" if load else "BlockUnloadFailed",
-            message=f"{what}: {result.code}: {result.message}",
-        )
+        kopf.warn(body, reason=failed, message=f"{what}: {result.code}: {result.message}")
 
 
 def applied(body: kopf.Body, result: owned.Applied) -> None:
@@ -49,10 +57,20 @@ def transition(body: kopf.Body, old: Mapping[str, Any], new: Mapping[str, Any]) 
     if (old.get("status"), old.get("reason")) == (new.get("status"), new.get("reason")):
         return
     reason, message = str(new.get("reason", "")), str(new.get("message", ""))
-    if new.get("status") == "True" or reason == "Loading":
+    if new.get("status") == "True" or reason in ("Loading", "Switching"):
         kopf.info(body, reason=reason, message=message)
     else:
         kopf.warn(body, reason=reason, message=message)
+
+
+def switching(body: kopf.Body, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    """Record a transition starting (Progressing becomes Switching) and ending."""
+    was, now = old.get("reason"), new.get("reason")
+    if now == "Switching" and was != "Switching":
+        kopf.info(body, reason="Switching", message=str(new.get("message", "")))
+    elif was == "Switching" and now != "Switching":
+        note = f" ({now}: {new.get('message', '')})" if now != "Serving" else ""
+        kopf.info(body, reason="Switched", message="transition ended" + note)
 
 
 def released(body: kopf.Body, message: str, ok: bool) -> None:

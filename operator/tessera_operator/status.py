@@ -1,16 +1,24 @@
-"""The ServingDeployment status from one reconcile pass: conditions, phase, plan, endpoint.
+"""The ServingDeployment status from one reconcile pass: conditions, phase, plan, transition.
 
 Pure; called by `reconciler.py`, which writes the result last, as a merge patch of only
 what changed (`merge_patch`), so a converged pass writes nothing. Conditions:
 
-* `Ready`: True (reason Serving) when every planned replica has all its blocks loaded;
-  else False with the pass's reason (InvalidSpec, InsufficientCapacity,
-  AgentUnreachable, LoadFailed, Loading).
-* `Progressing`: True (reason Loading) while blocks are being loaded; else False.
-* `Degraded`: True when an agent is unreachable or a load failed after a plan exists.
+* `Ready`: True (reason Serving) while a complete generation serves: every replica the
+  routes name has every block loaded — also while a transition runs or is stalled (the
+  old layout serving); else False with the pass's reason.
+* `Progressing`: True while a transition runs (reason Switching: a generation serves;
+  Loading: none serves yet), its message the plan generation and the step it is on;
+  else False with the pass's reason.
+* `Degraded`: True when an agent is unreachable or an action failed after a plan exists.
 * `PlanValid`: True (reason Planned) when a plan was made; else False with the reason.
+* kstatus conventions (Flux, Argo CD, `kubectl wait`): `Reconciling` True while work is
+  under way (Loading, Switching); `Stalled` True when the pass cannot proceed (invalid
+  spec, no capacity, a transition that cannot be done, a failed action, an unreachable
+  agent), with the reason and message saying why. Never both True.
 
-`lastTransitionTime` changes only when a condition's status flips.
+`status.transition` (generation, mode, steps left, the next step) is present while a
+transition has steps left; `status.plan.generation` is the plan generation (the routes
+version). `lastTransitionTime` changes only when a condition's status flips.
 """
 
 from __future__ import annotations
@@ -20,12 +28,24 @@ from typing import Any
 
 from tessera_operator import converge
 
-CONDITIONS = ("Ready", "Progressing", "Degraded", "PlanValid")
+CONDITIONS = ("Ready", "Progressing", "Degraded", "PlanValid", "Reconciling", "Stalled")
+WORKING = ("Loading", "Switching")  # work under way
+STALLED = (
+    "InvalidSpec",
+    "InsufficientCapacity",
+    "InsufficientMemory",
+    "NoSource",
+    "AgentUnreachable",
+    "LoadFailed",
+)
 PHASES = {
     "Serving": "Ready",
     "Loading": "Progressing",
+    "Switching": "Progressing",
     "InvalidSpec": "Invalid",
     "InsufficientCapacity": "Pending",
+    "InsufficientMemory": "Pending",
+    "NoSource": "Pending",
     "AgentUnreachable": "Degraded",
     "LoadFailed": "Degraded",
 }
@@ -34,22 +54,51 @@ PHASES = {
 def _wanted(out: converge.Outcome) -> dict[str, tuple[bool, str, str]]:
     """type -> (status, reason, message) for this pass."""
     reason, msg = out.reason, out.message
+    serving = out.whole or (reason == "Serving" and out.routes is None)
     degraded = reason in ("AgentUnreachable", "LoadFailed") or (
-        reason == "InsufficientCapacity" and out.plan is not None
+        reason in ("InsufficientCapacity", "InsufficientMemory", "NoSource")
+        and out.plan is not None
     )
     planned = out.plan is not None
     plan_msg = (
-        f"{len(out.plan.replicas)} replicas ({out.plan.source})"
-        + (f": {out.plan.message}" if out.plan.message else "")
+        f"{len(out.plan.replicas)} replicas ({out.plan.source}, generation "
+        f"{out.plan.generation})" + (f": {out.plan.message}" if out.plan.message else "")
         if out.plan is not None
         else msg
     )
+    if serving and reason != "Serving":
+        ready_msg = f"serving: {', '.join(out.serving)}; {reason}: {msg}"
+    else:
+        ready_msg = msg
+    stalled = reason in STALLED
     return {
-        "Ready": (reason == "Serving", reason, msg),
-        "Progressing": (reason == "Loading", reason, msg),
+        "Ready": (serving, "Serving" if serving else reason, ready_msg),
+        "Progressing": (reason in WORKING, reason, msg),
         "Degraded": (degraded, reason if degraded else "AsExpected", msg if degraded else ""),
         "PlanValid": (planned, "Planned" if planned else reason, plan_msg),
+        "Reconciling": (reason in WORKING, reason, msg if reason in WORKING else ""),
+        "Stalled": (stalled, reason if stalled else "AsExpected", msg if stalled else ""),
     }
+
+
+def transition_status(out: converge.Outcome) -> dict[str, Any] | None:
+    """`status.transition` while steps are left, else None."""
+    t = out.remaining
+    if t is None or not t.steps:
+        return None
+    step = t.steps[0]
+    doc: dict[str, Any] = {
+        "generation": t.generation,
+        "mode": t.mode,
+        "stepsLeft": len(t.steps),
+        "step": step.action.describe(),
+        "action": step.action.kind,
+    }
+    if t.blocked is not None:
+        doc["blockedReason"] = t.blocked.reason
+    if out.routes is not None:
+        doc["routesVersion"] = out.routes.version
+    return doc
 
 
 def conditions(
@@ -58,7 +107,7 @@ def conditions(
     previous: Sequence[Mapping[str, Any]],
     now: str,
 ) -> list[dict[str, Any]]:
-    """The four conditions, keeping each one's lastTransitionTime unless its status flips."""
+    """The conditions, keeping each one's lastTransitionTime unless its status flips."""
     before = {c.get("type"): c for c in previous}
     result = []
     for ctype, (ok, reason, message) in _wanted(out).items():
@@ -93,7 +142,11 @@ def build(
         if key in previous
     }
     if out.plan is not None:
-        plan_doc: dict[str, Any] = {"source": out.plan.source, "replicas": out.plan.to_status()}
+        plan_doc: dict[str, Any] = {
+            "source": out.plan.source,
+            "generation": out.plan.generation,
+            "replicas": out.plan.to_status(),
+        }
         if out.plan.message:
             plan_doc["message"] = out.plan.message
         if previous.get("plan") != plan_doc or "lastPlanTime" not in previous:
@@ -102,8 +155,14 @@ def build(
         status["replicas"] = len(out.plan.replicas)
         status["readyReplicas"] = len(out.ready_replicas)
         status["endpoint"] = endpoint
+    moving = transition_status(out)
+    if moving is not None:
+        status["transition"] = moving
     status["observedGeneration"] = generation
-    status["phase"] = PHASES.get(out.reason, "Pending")
+    phase = PHASES.get(out.reason, "Pending")
+    if out.whole and out.reason in STALLED and out.reason != "InvalidSpec":
+        phase = "Degraded"  # the old layout keeps serving
+    status["phase"] = phase
     status["conditions"] = conditions(out, generation, previous.get("conditions") or [], now)
     return status
 

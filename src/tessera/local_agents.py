@@ -147,27 +147,27 @@ def load_pipeline(
 
     Stages are loaded last to first, each pointing at the next agent. For tests and
     benches; deployments go through the reconcile core and the actuator instead."""
+    from tessera import blocks
+    from tessera.rpc import blocks as rpc_blocks
     from tessera.rpc import transport
-    from tessera.rpc.v1 import agent_pb2 as pb
     from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
     for i in reversed(range(len(splits))):
         a, b = splits[i]
         channel = transport.sync_channel(agents[i].address)
         try:
-            pb_grpc.AgentStub(channel).LoadBlock(
-                pb.LoadBlockRequest(
-                    model_path=model_path,
-                    layer_start=a,
-                    layer_end=b,
-                    device=device,
-                    replica_id=replica_id,
-                    stage_index=i,
-                    num_stages=len(splits),
-                    kv_bytes=kv_bytes,
-                    next_stage_address=agents[i + 1].address if i + 1 < len(splits) else "",
-                )
+            block = blocks.Block(
+                model_path,
+                a,
+                b,
+                replica_id=replica_id,
+                stage_index=i,
+                device=device,
+                kv_bytes=kv_bytes,
+                num_stages=len(splits),
+                next_address=agents[i + 1].address if i + 1 < len(splits) else "",
             )
+            pb_grpc.AgentStub(channel).LoadBlock(rpc_blocks.load_request(block))
         finally:
             channel.close()
 

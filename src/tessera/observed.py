@@ -1,4 +1,6 @@
-"""What the agents report: devices and loaded blocks, as plain data for the reconcile core.
+"""What the agents report: devices, loaded blocks and replica load, as plain data.
+
+Held blocks are `tessera.blocks.Block`s (the one block identity), with the bytes they hold.
 
 Built by the operator's agent layer (`tessera_operator.agents.observe`) from `Describe`
 replies, and by tests directly. Pure data.
@@ -8,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tessera import blocks as blk
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -16,21 +20,6 @@ class DeviceInfo:
     capacity_bytes: int
     free_bytes: int
     name: str = ""  # e.g. "NVIDIA H100 80GB HBM3" (NVML), "virtual CPU device"
-
-
-@dataclass(frozen=True)
-class BlockInfo:
-    replica_id: str
-    stage_index: int
-    num_stages: int
-    model_path: str
-    start: int
-    end: int
-    device: str
-    dtype: str = "float32"
-    next_address: str = ""
-    param_bytes: int = 0
-    kv_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -52,7 +41,7 @@ class AgentInfo:
     address: str
     reachable: bool = True
     devices: tuple[DeviceInfo, ...] = ()
-    blocks: tuple[BlockInfo, ...] = ()
+    blocks: tuple[blk.Block, ...] = ()
     kv: tuple[ReplicaLoad, ...] = ()
     error: str = ""  # why it is unreachable
 

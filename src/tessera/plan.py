@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tessera import api, fields, observed
+from tessera import api, blocks, fields, observed
 from tessera.cost import model_shape
+from tessera.policies import generation as generation_policy
 
 KV_HEADROOM = 0.9  # share of the memory left after parameters given to KV pools
 
@@ -38,9 +39,12 @@ class PlannedStage:
 
 @dataclass(frozen=True)
 class PlannedReplica:
-    replica_id: str  # "<namespace>.<deployment>.<replica>": unique across the cluster
+    # "<namespace>.<deployment>.<replica>.g<generation>" (`blocks.replica_id`) once
+    # `make_plan` assigned generations; unique across the cluster
+    replica_id: str
     name: str
     stages: tuple[PlannedStage, ...]
+    generation: int = 0  # layout generation that introduced this replica's layout
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ class Plan:
     source: str = "explicit"  # "explicit", "auto:simple" or "auto:planner"
     message: str = ""
     class_shares: dict[str, dict[str, float]] = field(default_factory=dict)
+    generation: int = 0  # plan (layout) generation: the routes version
+    param_bytes: dict[tuple[str, int], int] = field(default_factory=dict)  # (replica, stage)
 
     def to_status(self) -> list[dict[str, object]]:
         """The plan as written into status (CRD `status.plan.replicas`)."""
@@ -59,6 +65,7 @@ class Plan:
             {
                 "name": r.name,
                 "replicaId": r.replica_id,
+                "generation": r.generation,
                 "stages": [
                     {"agent": s.agent, "device": s.device, "layers": [s.start, s.end], "tp": s.tp}
                     for s in r.stages
@@ -210,8 +217,11 @@ def make_plan(
     obs: observed.Observed,
     model_path: str,
     auto_planner: AutoPlanner | None = None,
+    floor: int = 0,
 ) -> Plan:
-    """The desired plan for `dep` given the observed agents."""
+    """The desired plan for `dep` given the observed agents. Replica ids carry their
+    layout generation (`policies.generation`); `floor` is the routes version already
+    published, below which the plan generation never goes."""
     shares: dict[str, dict[str, float]] = {}
     if dep.spec.layout.mode == "explicit":
         replicas = _explicit(dep)
@@ -257,6 +267,22 @@ def make_plan(
                     f"replica {r.name} layers [{s.start}, {s.end}) need {need} bytes "
                     f"but {s.agent}/{s.device} has {_free_for(dep, agent, dev)}",
                 )
+    gens = generation_policy.assign(
+        f"{dep.namespace}.{dep.name}",
+        [(r.name, [(s.agent, s.device, s.start, s.end) for s in r.stages]) for r in replicas],
+        obs,
+        (model_path, dep.spec.model.dtype),
+        floor,
+    )
+    renamed = {
+        r.replica_id: blocks.replica_id(dep.namespace, dep.name, r.name, gens.per_replica[r.name])
+        for r in replicas
+    }
+    replicas = [
+        PlannedReplica(renamed[r.replica_id], r.name, r.stages, gens.per_replica[r.name])
+        for r in replicas
+    ]
+    shares = {c: {renamed.get(k, k): v for k, v in per.items()} for c, per in shares.items()}
     return Plan(
         model_path,
         dep.spec.model.dtype,
@@ -265,4 +291,10 @@ def make_plan(
         source,
         message,
         shares,
+        gens.plan,
+        {
+            (r.replica_id, i): stage_param_bytes(shape, s.start, s.end)
+            for r in replicas
+            for i, s in enumerate(r.stages)
+        },
     )

@@ -11,30 +11,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from tessera import blocks
 from tessera_agent.engine import block_tensors, errors, kv_cache, loader, runner, step
 from tessera_agent.engine import config as config_mod
 
-DEFAULT_PAGE_SIZE = 16
-
-
-@dataclass(frozen=True)
-class BlockSpec:
-    """What to load: a layer range of a checkpoint for one stage of one replica."""
-
-    model_path: str
-    start: int
-    end: int
-    replica_id: str = "r0"
-    stage_index: int = 0
-    device: str = "cpu:0"
-    dtype: str = "float32"
-    kv_bytes: int = 0  # 0 = all of the device budget left after the parameters
-    page_size: int = DEFAULT_PAGE_SIZE
+DEFAULT_PAGE_SIZE = blocks.DEFAULT_PAGE_SIZE
+# What to load: the one block identity (`tessera.blocks.Block`), built positionally as
+# `BlockSpec(model_path, start, end, ...)`; `kv_bytes` 0 = all the budget left.
+BlockSpec = blocks.Block
 
 
 def torch_dtype(name: str) -> torch.dtype:

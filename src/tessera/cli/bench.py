@@ -27,10 +27,12 @@ BENCHES: dict[str, str] = {
     "prefix": "tessera_agent.bench_prefix",
     "kvmove": "tessera_agent.bench_kvmove",
     "serve": "tessera.cli.bench_serve",
+    "relayout": "tessera.cli.bench_relayout",
     "planner": "tessera.planner.bench",
     "predictor": "tessera.workload.bench",
     "reconcile": "tessera_operator.bench_reconcile",
     "chaos": "tessera.cli.bench_chaos",
+    "transition": "tessera.policies.bench",
 }
 
 

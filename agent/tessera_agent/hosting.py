@@ -1,0 +1,161 @@
+"""The blocks an agent hosts: load (from the checkpoint or a peer), rewire, unload, look up.
+
+One `Hosting` per agent process, owned by the servicer, which only translates protos to
+calls of it. Loads are serialised (one lock) and run on a loader thread; each is
+validated (`load_check`) before anything is read or transferred, books its bytes on its
+device (`booking`) and, for stage 0, gets its replica engine (`leader`). Blocks are
+keyed by (replica id, stage): blocks of a new layout generation carry a new replica id,
+so they load beside the old generation's and both serve until the old one is unloaded.
+A load of a block already held with the same layout is answered as already loaded; one
+that differs only in its next-stage address rewires the stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+
+from tessera import blocks
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera_agent import booking, hosted, leader, load_check, load_config, tensor_transfer
+from tessera_agent.engine import errors, loader, replica, stage
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    hosted: hosted.Hosted
+    how: str  # "loaded", "already loaded" or "rewired"
+
+
+class Hosting:
+    def __init__(
+        self,
+        agent_id: str,
+        memory: booking.Booking,
+        defaults: load_config.LoadDefaults,
+        compute: concurrent.futures.Executor,
+    ) -> None:
+        self.agent_id, self.memory, self.defaults, self.compute = (
+            agent_id,
+            memory,
+            defaults,
+            compute,
+        )
+        self.hosted: dict[Key, hosted.Hosted] = {}
+        self.loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loader")
+        self._lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        for h in list(self.hosted.values()):
+            if h.leader is not None:
+                await h.leader.close()
+        self.loader.shutdown(wait=False, cancel_futures=True)
+
+    # -- look-ups -----------------------------------------------------------------------
+    def get(self, replica_id: str, stage_index: int) -> hosted.Hosted:
+        h = self.hosted.get((replica_id, stage_index))
+        if h is None:
+            raise errors.NotFoundError(
+                f"replica {replica_id} has no stage {stage_index} on agent {self.agent_id}"
+            )
+        return h
+
+    def leader(self, replica_id: str) -> replica.ReplicaEngine:
+        h = self.hosted.get((replica_id, 0))
+        if h is None or h.leader is None:
+            raise errors.NotFoundError(
+                f"replica {replica_id!r} is not led by agent {self.agent_id} (no stage 0 here)"
+            )
+        return h.leader
+
+    def held(self) -> list[tuple[blocks.Block, stage.Stage]]:
+        """Every hosted block with the bytes it holds, in key order."""
+        return [
+            (
+                dataclasses.replace(
+                    h.stage.spec, param_bytes=h.stage.param_bytes, kv_bytes=h.stage.kv_bytes
+                ),
+                h.stage,
+            )
+            for _, h in sorted(self.hosted.items())
+        ]
+
+    # -- changes ------------------------------------------------------------------------
+    async def load(
+        self,
+        spec: blocks.Block,
+        source: pb.BlockSource | None = None,
+        max_num_seqs: int = 0,
+        max_batched_tokens: int = 0,
+    ) -> Loaded:
+        load_check.check_request(spec)
+        async with self._lock:
+            key = (spec.replica_id, spec.stage_index)
+            if key in self.hosted:
+                return self._again(self.hosted[key], spec)
+            dev = self.memory.device(spec.device)
+            loop = asyncio.get_running_loop()
+            copy = source is not None
+            planned = await loop.run_in_executor(self.loader, stage.plan_bytes, spec, not copy)
+            cfg = planned[0]
+            load_check.check_against_model(spec, cfg)
+            tensors = None
+            if source is not None:  # refuse before transferring anything when it cannot fit
+                stage.kv_pages(spec, cfg, planned[1], dev.free_bytes)
+                names = loader.checkpoint_names(cfg, spec.start, spec.end)
+                tensors = await tensor_transfer.fetch(source, names)
+            loaded = await loop.run_in_executor(
+                self.loader,
+                stage.load_stage,
+                spec,
+                dev.torch_device(),
+                dev.free_bytes,
+                planned,
+                tensors,
+            )
+            h = hosted.Hosted(loaded)
+            self.memory.book(dev.id, h.holder, loaded.param_bytes + loaded.kv_bytes)
+            if spec.stage_index == 0:
+                cfg_s = leader.scheduler_config(h, self.defaults, max_num_seqs, max_batched_tokens)
+                h.leader = leader.make_leader(h, cfg_s, self.compute)
+            self.hosted[key] = h
+            how = f"copied from {source.address}" if source is not None else "from the checkpoint"
+            log.info(
+                "loaded %s layers [%d, %d) on %s (generation %d), %s",
+                h.holder,
+                spec.start,
+                spec.end,
+                dev.id,
+                spec.generation,
+                how,
+            )
+            return Loaded(h, "loaded")
+
+    def _again(self, h: hosted.Hosted, spec: blocks.Block) -> Loaded:
+        have = h.stage.spec
+        if have == spec:
+            return Loaded(h, "already loaded")
+        if have == dataclasses.replace(spec, next_address=have.next_address):
+            h.stage.spec = spec  # new streams and the leader's next connect use it
+            log.info("rewired %s to %s", h.holder, spec.next_address or "(last stage)")
+            return Loaded(h, "rewired")
+        raise errors.FailedPreconditionError(
+            f"replica {spec.replica_id} stage {spec.stage_index} is already loaded "
+            f"with layers [{have.start}, {have.end}) on {have.device}; unload it first "
+            "(a new layout takes a new replica id)"
+        )
+
+    async def unload(self, replica_id: str, stage_index: int) -> None:
+        async with self._lock:
+            h = self.get(replica_id, stage_index)
+            del self.hosted[(replica_id, stage_index)]
+            if h.leader is not None:
+                await h.leader.close()
+            self.memory.release(h.stage.spec.device, h.holder)
+            log.info("unloaded %s", h.holder)

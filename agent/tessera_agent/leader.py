@@ -1,0 +1,50 @@
+"""The replica engine a stage-0 block leads: scheduler limits and the downstream link.
+
+Called by `hosting.Hosting.load` for stage 0. Scheduler limits come from the request
+when it sets them, else from the agent's `LoadDefaults`. The downstream connection is
+opened lazily (and again after a lost stage) to the hosted block's *current* next-stage
+address, so a rewire takes effect on the next connect.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera_agent import hosted, load_config, stage_client
+from tessera_agent.engine import replica, scheduler
+
+
+def scheduler_config(
+    h: hosted.Hosted,
+    defaults: load_config.LoadDefaults,
+    max_num_seqs: int = 0,
+    max_batched_tokens: int = 0,
+) -> scheduler.SchedulerConfig:
+    st = h.stage
+    return scheduler.SchedulerConfig(
+        max_num_seqs=max_num_seqs or defaults.max_num_seqs,
+        max_batched_tokens=max_batched_tokens or defaults.max_batched_tokens,
+        max_model_len=st.cfg.max_positions,
+        eos_token_ids=st.cfg.eos_token_ids,
+        prefix_caching=defaults.prefix_caching,
+    )
+
+
+def make_leader(
+    h: hosted.Hosted, cfg: scheduler.SchedulerConfig, compute: concurrent.futures.Executor
+) -> replica.ReplicaEngine:
+    st = h.stage
+    connect = None
+    if h.num_stages > 1:
+        hello = pb.StageHello(
+            replica_id=st.spec.replica_id,
+            stage_index=1,
+            layer_start=st.spec.end,
+            model_path=st.spec.model_path,
+        )
+
+        async def connect() -> replica.Downstream:
+            return await stage_client.RemoteDownstream.connect(h.next_address, hello)
+
+    return replica.ReplicaEngine(st.runner, compute, cfg, connect)

@@ -1,0 +1,149 @@
+"""The action vocabulary of live reconfiguration: what a transition plan asks shells to do.
+
+Every elastic mechanism (layout switch, parameter drop, layer replication, variants) is a
+transition made of these actions. Policies (`policies.transition` and the ones that come
+after it) return them inside `Step`s; the operator's executor
+(`tessera_operator.actuate`), `tessera up` and the gateway apply them. Pure data.
+
+* `LoadBlock`: load a block on an agent, from the checkpoint or copied from a peer that
+  holds the tensors (`PeerSource`).
+* `UnloadBlock`: free a block (parameters and KV pool).
+* `Rewire`: point a loaded stage at a new downstream (next stage's agent address).
+* `MoveKV`: move a request's computed prefix (KV pages) from one replica to another; the
+  gateway applies it to long in-flight requests of a leaving replica (`tessera.kv_move`).
+* `Drain`: wait until a replica that no route names any more has no request running or
+  waiting (observed), or its drain deadline has passed.
+* `CutOver`: publish a new routes document (`tessera.routes_doc`): the gateway sends new
+  requests to its replicas only; replicas of its previous document that it no longer
+  names are leaving.
+
+Later actions (drop or restore layers, replicate a layer, load an adapter) join the
+`Action` union; every action has `kind` (a stable name used in status and events) and
+`describe()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tessera import blocks, routes_doc
+
+
+@dataclass(frozen=True)
+class PeerSource:
+    """A hosted block to copy the tensors from (`LoadBlock` with a source)."""
+
+    agent: str
+    address: str
+    replica_id: str
+    stage_index: int
+
+
+@dataclass(frozen=True)
+class LoadBlock:
+    agent: str
+    address: str
+    block: blocks.Block
+    source: PeerSource | None = None  # None: read the checkpoint from storage
+
+    kind = "LoadBlock"
+
+    def describe(self) -> str:
+        how = f" (copy from {self.source.agent})" if self.source is not None else ""
+        return f"load {self.block.describe()} on {self.agent}{how}"
+
+
+@dataclass(frozen=True)
+class UnloadBlock:
+    agent: str
+    address: str
+    block: blocks.Block
+
+    kind = "UnloadBlock"
+
+    def describe(self) -> str:
+        b = self.block
+        return f"unload {b.replica_id} stage {b.stage_index} from {self.agent}"
+
+
+@dataclass(frozen=True)
+class Rewire:
+    """Point a loaded stage at a new next-stage address (`block.next_address`)."""
+
+    agent: str
+    address: str
+    block: blocks.Block
+
+    kind = "Rewire"
+
+    def describe(self) -> str:
+        b = self.block
+        return (
+            f"rewire {b.replica_id} stage {b.stage_index} on {self.agent} "
+            f"to {b.next_address or '(last stage)'}"
+        )
+
+
+@dataclass(frozen=True)
+class MoveKV:
+    """Move a request's prefix KV from a leaving replica to a surviving one."""
+
+    request_id: str
+    source_replica: str
+    source_address: str  # the source replica's leader agent
+    target_replica: str
+    target_address: str
+
+    kind = "MoveKV"
+
+    def describe(self) -> str:
+        return (
+            f"move KV of request {self.request_id} from {self.source_replica} "
+            f"to {self.target_replica}"
+        )
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Wait for a replica no route names to go idle (or its deadline plus grace)."""
+
+    replica_id: str
+    deadline_s: float
+
+    kind = "Drain"
+
+    def describe(self) -> str:
+        return f"drain {self.replica_id} (deadline {self.deadline_s:g}s)"
+
+
+@dataclass(frozen=True)
+class CutOver:
+    """Publish routes naming exactly `replicas` (at plan generation `version`)."""
+
+    version: int
+    replicas: tuple[routes_doc.RouteReplica, ...]
+    leaving: tuple[str, ...] = ()  # replicas the previous document named and this drops
+    drain_deadline_s: float = routes_doc.DEFAULT_DRAIN_DEADLINE_S
+
+    kind = "CutOver"
+
+    def describe(self) -> str:
+        ids = ", ".join(r.id for r in self.replicas) or "(none)"
+        gone = f"; leaving: {', '.join(self.leaving)}" if self.leaving else ""
+        return f"cut routes over to version {self.version}: {ids}{gone}"
+
+
+Action = LoadBlock | UnloadBlock | Rewire | MoveKV | Drain | CutOver
+BlockAction = LoadBlock | UnloadBlock | Rewire
+
+
+@dataclass(frozen=True)
+class Step:
+    """One action of a plan; `after` names the steps (by `id`) that must be done first."""
+
+    id: int
+    action: Action
+    after: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        return f"{self.id}: {self.action.describe()}"

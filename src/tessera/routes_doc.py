@@ -1,0 +1,194 @@
+"""The routes document's schema: one place for the operator (writer) and the gateway (reader).
+
+The operator (`tessera_operator.gateway_objects.routes`) and `tessera up` write it; the
+gateway re-reads it (`tessera.gateway.routes`) and answers `GET /admin/v1/routes` with
+`AdminRoutes`. JSON form:
+
+    {"version": 3,                      # plan generation the replicas belong to
+     "drainDeadlineSeconds": 30.0,      # how long leaving replicas may keep requests
+     "cutOverAt": 1763800000.0,         # unix time this replica set was published
+     "model": "NAME", "modelPath": "DIR",
+     "replicas": [{"id": "ns.dep.r0.g3", "address": "host:port"}, ...],
+     "classShares": {"CLASS": {"ns.dep.r0.g3": 1.0}},
+     "classes": [{"name": "CLASS", "inputTokens": 512, "outputTokens": 128}]}
+
+Cut-over semantics: every change of the replica set is a cut-over, even at the same
+`version` (a transition done in the freeing order publishes several documents of one
+version, each dropping the replicas about to be freed). Replicas named by the previous
+document but not by the new one are *leaving*: the gateway sends them no new requests;
+their in-flight requests finish within `drainDeadlineSeconds` or have their KV moved to
+a surviving replica and continue there. The operator frees a leaving replica's blocks
+once the agents report it idle, or `cutOverAt + drainDeadlineSeconds + grace` has
+passed. Documents written before this field set existed parse as version 0 with the
+default deadline. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_DRAIN_DEADLINE_S = 30.0
+
+
+@dataclass(frozen=True)
+class RouteReplica:
+    id: str
+    address: str  # the leader's (stage 0) agent, host:port; "" = not placed yet
+
+
+@dataclass(frozen=True)
+class ClassCentroid:
+    name: str
+    input_tokens: float
+    output_tokens: float
+
+
+@dataclass(frozen=True)
+class RoutesDoc:
+    replicas: tuple[RouteReplica, ...]
+    version: int = 0
+    drain_deadline_s: float = DEFAULT_DRAIN_DEADLINE_S
+    cut_over_at: float = 0.0
+    model: str = ""
+    model_path: str = ""
+    class_shares: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    classes: tuple[ClassCentroid, ...] = ()
+
+    @property
+    def replica_ids(self) -> tuple[str, ...]:
+        return tuple(r.id for r in self.replicas)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "drainDeadlineSeconds": self.drain_deadline_s,
+            "cutOverAt": self.cut_over_at,
+            "model": self.model,
+            "modelPath": self.model_path,
+            "replicas": [{"id": r.id, "address": r.address} for r in self.replicas],
+            "classShares": {k: dict(v) for k, v in self.class_shares.items()},
+            "classes": [
+                {"name": c.name, "inputTokens": c.input_tokens, "outputTokens": c.output_tokens}
+                for c in self.classes
+            ],
+        }
+
+
+def leaving(previous: RoutesDoc | None, new: RoutesDoc) -> tuple[str, ...]:
+    """Replicas `previous` named that `new` does not."""
+    if previous is None:
+        return ()
+    keep = set(new.replica_ids)
+    return tuple(r for r in previous.replica_ids if r not in keep)
+
+
+def parse(obj: object) -> RoutesDoc:
+    """Validate a routes document; ValueError naming the bad field."""
+    if not isinstance(obj, dict):
+        raise ValueError("routes: expected a JSON object")
+    raw = obj.get("replicas")
+    if not isinstance(raw, list):
+        raise ValueError("replicas: expected a list of {id, address}")
+    replicas = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise ValueError(f"replicas[{i}]: expected an object")
+        rid, address = item.get("id", ""), item.get("address", "")
+        if not isinstance(rid, str) or not rid:
+            raise ValueError(f"replicas[{i}].id: expected a non-empty string")
+        if not isinstance(address, str):
+            raise ValueError(f"replicas[{i}].address: expected a string host:port")
+        replicas.append(RouteReplica(rid, address))
+    ids = [r.id for r in replicas]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"replicas: duplicate ids in {ids}")
+    version = obj.get("version", 0)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError("version: expected an integer >= 0")
+    return RoutesDoc(
+        replicas=tuple(replicas),
+        version=version,
+        drain_deadline_s=_number(
+            obj.get("drainDeadlineSeconds", DEFAULT_DRAIN_DEADLINE_S), "drainDeadlineSeconds"
+        ),
+        cut_over_at=_number(obj.get("cutOverAt", 0.0), "cutOverAt"),
+        model=_str(obj, "model"),
+        model_path=_str(obj, "modelPath"),
+        class_shares=_shares(obj.get("classShares", {})),
+        classes=_classes(obj.get("classes", [])),
+    )
+
+
+@dataclass(frozen=True)
+class AdminRoutes:
+    """`GET /admin/v1/routes` of the gateway: the version it routes by, its replicas and,
+    per leaving replica, the requests still in flight there."""
+
+    version: int
+    replicas: tuple[str, ...]
+    leaving: Mapping[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "replicas": list(self.replicas),
+            "leaving": dict(self.leaving),
+        }
+
+
+def parse_admin(obj: object) -> AdminRoutes:
+    if not isinstance(obj, dict):
+        raise ValueError("admin routes: expected a JSON object")
+    version, replicas, gone = obj.get("version"), obj.get("replicas"), obj.get("leaving", {})
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ValueError("version: expected an integer")
+    if not isinstance(replicas, list) or not all(isinstance(r, str) for r in replicas):
+        raise ValueError("replicas: expected a list of replica ids")
+    if not isinstance(gone, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in gone.values()
+    ):
+        raise ValueError("leaving: expected {replica id: in-flight count}")
+    return AdminRoutes(version, tuple(replicas), {str(k): int(v) for k, v in gone.items()})
+
+
+def _str(obj: Mapping[str, Any], key: str) -> str:
+    v = obj.get(key, "")
+    if not isinstance(v, str):
+        raise ValueError(f"{key}: expected a string")
+    return v
+
+
+def _number(v: object, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+        raise ValueError(f"{where}: expected a number >= 0")
+    return float(v)
+
+
+def _shares(v: object) -> dict[str, dict[str, float]]:
+    if not isinstance(v, dict):
+        raise ValueError("classShares: expected {class: {replica: share}}")
+    out: dict[str, dict[str, float]] = {}
+    for name, per in v.items():
+        if not isinstance(per, dict):
+            raise ValueError(f"classShares.{name}: expected {{replica: share}}")
+        out[str(name)] = {str(r): _number(s, f"classShares.{name}.{r}") for r, s in per.items()}
+    return out
+
+
+def _classes(v: object) -> tuple[ClassCentroid, ...]:
+    if not isinstance(v, list):
+        raise ValueError("classes: expected a list of {name, inputTokens, outputTokens}")
+    out = []
+    for i, c in enumerate(v):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+            raise ValueError(f"classes[{i}]: expected {{name, inputTokens, outputTokens}}")
+        out.append(
+            ClassCentroid(
+                c["name"],
+                _number(c.get("inputTokens"), f"classes[{i}].inputTokens"),
+                _number(c.get("outputTokens"), f"classes[{i}].outputTokens"),
+            )
+        )
+    return tuple(out)

@@ -1,0 +1,116 @@
+"""The one conversion between `tessera.blocks.Block` and the agent proto.
+
+`to_proto`/`from_proto` for `BlockInfo` (what an agent reports) and
+`load_request`/`from_load_request` for `LoadBlockRequest` (what the operator asks).
+Used by the agent servicer (requests in, inventory out), the operator's observation and
+executor, and the local launchers; nowhere else marshals a block by hand.
+"""
+
+from __future__ import annotations
+
+from tessera import blocks
+from tessera.policies import actions
+from tessera.rpc.v1 import agent_pb2 as pb
+
+
+def to_proto(b: blocks.Block, kv_pages: int = 0, num_tensors: int = 0) -> pb.BlockInfo:
+    return pb.BlockInfo(
+        replica_id=b.replica_id,
+        stage_index=b.stage_index,
+        num_stages=b.num_stages,
+        model_path=b.model_path,
+        layer_start=b.start,
+        layer_end=b.end,
+        device=b.device,
+        param_bytes=b.param_bytes,
+        kv_bytes=b.kv_bytes,
+        kv_pages=kv_pages,
+        page_size=b.page_size,
+        dtype=b.dtype,
+        num_tensors=num_tensors,
+        next_stage_address=b.next_address,
+        generation=b.generation,
+        tp_size=b.tp_size,
+        tp_rank=b.tp_rank,
+    )
+
+
+def from_proto(m: pb.BlockInfo) -> blocks.Block:
+    return blocks.Block(
+        model_path=m.model_path,
+        start=m.layer_start,
+        end=m.layer_end,
+        replica_id=m.replica_id,
+        stage_index=m.stage_index,
+        device=m.device,
+        dtype=m.dtype or "float32",
+        kv_bytes=m.kv_bytes,
+        page_size=m.page_size or blocks.DEFAULT_PAGE_SIZE,
+        num_stages=m.num_stages or 1,
+        next_address=m.next_stage_address,
+        generation=m.generation,
+        tp_size=m.tp_size or 1,
+        tp_rank=m.tp_rank,
+        param_bytes=m.param_bytes,
+    )
+
+
+def load_request(
+    b: blocks.Block,
+    source: actions.PeerSource | None = None,
+    max_num_seqs: int = 0,
+    max_batched_tokens: int = 0,
+) -> pb.LoadBlockRequest:
+    """The request that loads `b` (its `kv_bytes` is the budget asked; 0 = all left)."""
+    req = pb.LoadBlockRequest(
+        model_path=b.model_path,
+        layer_start=b.start,
+        layer_end=b.end,
+        device=b.device,
+        replica_id=b.replica_id,
+        stage_index=b.stage_index,
+        num_stages=b.num_stages,
+        next_stage_address=b.next_address,
+        dtype=b.dtype,
+        kv_bytes=b.kv_bytes,
+        page_size=b.page_size,
+        max_num_seqs=max_num_seqs,
+        max_batched_tokens=max_batched_tokens,
+        generation=b.generation,
+        tp_size=b.tp_size,
+        tp_rank=b.tp_rank,
+    )
+    if source is not None:
+        req.source.CopyFrom(
+            pb.BlockSource(
+                address=source.address,
+                replica_id=source.replica_id,
+                stage_index=source.stage_index,
+            )
+        )
+    return req
+
+
+def from_load_request(
+    req: pb.LoadBlockRequest,
+    dtype: str = "float32",
+    page_size: int = blocks.DEFAULT_PAGE_SIZE,
+) -> blocks.Block:
+    """The block a request asks for, `dtype` and `page_size` filling what it leaves unset
+    (and one stage, tensor-parallel size 1). ValueError for an invalid shard."""
+    return blocks.Block(
+        model_path=req.model_path,
+        start=req.layer_start,
+        end=req.layer_end,
+        replica_id=req.replica_id,
+        stage_index=req.stage_index,
+        device=req.device,
+        dtype=req.dtype or dtype,
+        kv_bytes=req.kv_bytes,
+        page_size=req.page_size or page_size,
+        num_stages=req.num_stages or 1,
+        next_address=req.next_stage_address,
+        generation=req.generation,
+        tp_size=req.tp_size or 1,
+        tp_rank=req.tp_rank,
+    )
