@@ -18,8 +18,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 class LoadDefaults:
     dtype: str = "float32"  # parameter and KV dtype
     page_size: int = blocks.DEFAULT_PAGE_SIZE  # tokens per KV page
-    max_num_seqs: int = scheduler.SchedulerConfig.max_num_seqs  # running at once
-    max_batched_tokens: int = scheduler.SchedulerConfig.max_batched_tokens  # per step
+    # leader scheduler limits: sequences running at once, tokens per step
+    max_num_seqs: int = scheduler.SchedulerConfig.max_num_seqs
+    max_batched_tokens: int = scheduler.SchedulerConfig.max_batched_tokens
     prefix_caching: bool = True  # leaders reuse KV pages of prompt prefixes computed before
 
     def __post_init__(self) -> None:

@@ -33,6 +33,9 @@ _TEMPLATE_KEYS = {
     "podSecurityContext": "pod_security_context",
     "securityContext": "security_context",
     "serviceAnnotations": "service_annotations",
+    "tlsSecretName": "tls_secret_name",
+    "apiKeysSecretName": "api_keys_secret_name",
+    "extraArgs": "extra_args",
 }
 
 
@@ -42,7 +45,7 @@ class GatewayTemplate:
 
     Port, replicas and Service type come from each ServingDeployment's `spec.gateway`."""
 
-    image: str = "tessera:0.1.0"
+    image: str = "tessera-control-plane:0.1.0"
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
     resources: Mapping[str, Any] = field(default_factory=dict)
@@ -57,6 +60,11 @@ class GatewayTemplate:
     pod_security_context: Mapping[str, Any] = field(default_factory=dict)
     security_context: Mapping[str, Any] = field(default_factory=dict)
     service_annotations: Mapping[str, str] = field(default_factory=dict)
+    # mTLS to the agents: a TLS Secret (ca.crt, tls.crt, tls.key; OU=gateway) that must
+    # exist in each ServingDeployment's namespace; "": plaintext (docs/security.md)
+    tls_secret_name: str = ""
+    api_keys_secret_name: str = ""  # Secret with key `keys` (gateway/auth.py); "": no keys
+    extra_args: tuple[str, ...] = ()  # appended to `tessera gateway` (e.g. limits)
 
     def __post_init__(self) -> None:
         if not self.image:
@@ -82,7 +90,7 @@ class GatewayTemplate:
             value = doc[key]
             if name == "image_pull_secrets":
                 value = tuple(v["name"] if isinstance(v, Mapping) else str(v) for v in value)
-            elif name == "tolerations":
+            elif name in ("tolerations", "extra_args"):
                 value = tuple(value)
             kwargs[name] = value
         return cls(**kwargs)
@@ -105,6 +113,12 @@ class OperatorConfig:
     priority: int = 0  # kopf peering priority
     liveness: str = ""  # kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz
     finalizer_retries: int = 3  # attempts to unload blocks of a deleted deployment
+    # transitions: how long a leaving replica may keep its requests (routes document),
+    # how long past that the operator waits before freeing it anyway, and how long after
+    # a cut-over an idle replica still counts as possibly routed (the gateway's reload)
+    drain_deadline_seconds: float = 30.0
+    drain_grace_seconds: float = 5.0
+    drain_settle_seconds: float = 2.0
 
     def __post_init__(self) -> None:
         names = [a.name for a in self.agents]
@@ -118,6 +132,9 @@ class OperatorConfig:
             raise ValueError("resync_seconds: must be > 0")
         if self.finalizer_retries < 0:
             raise ValueError("finalizer_retries: must be >= 0")
+        for name in ("drain_deadline_seconds", "drain_grace_seconds", "drain_settle_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0")
         if self.api_server and not self.api_server.startswith(("http://", "https://")):
             raise ValueError(f"api_server: {self.api_server!r} is not an http(s) URL")
         if any(not ns for ns in self.namespaces):

@@ -28,11 +28,11 @@ from tessera.cost import model_shape
 from tessera.planner import auto as planner_auto
 from tessera.policies import actions as step_actions
 from tessera.policies import links, transition
-from tessera_operator import actuate, agents
+from tessera_operator import actuate, agents, gateway_objects
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
-Publish = Callable[[routes_doc.RoutesDoc], Awaitable[None]]
+Publish = Callable[[routes_doc.RoutesDoc, plan.Plan], Awaitable[None]]
 Transition = transition.Transition
 
 
@@ -53,6 +53,16 @@ class Outcome:
     ready_replicas: list[str] = field(default_factory=list)
     routes: routes_doc.RoutesDoc | None = None  # published at the end of the pass
     serving: list[str] = field(default_factory=list)  # routed replicas with every block
+
+    @property
+    def whole(self) -> bool:
+        """A complete generation serves: the routes name replicas, each with every block
+        loaded (the old set during a transition, the new one after its cut-over)."""
+        return (
+            self.routes is not None
+            and bool(self.routes.replicas)
+            and len(self.serving) == len(self.routes.replicas)
+        )
 
     @property
     def failed(self) -> list[actuate.Result]:
@@ -123,9 +133,11 @@ def _failure_reason(code: str) -> str:
 
 @dataclass(frozen=True)
 class Rollout:
-    """How transitions run: drain deadline and policy, link model, the clock."""
+    """How transitions run: the drain policy (`drain.deadline_s` is the deadline every
+    routes document publishes; `drain_deadline_s`, when set, overrides it), link model,
+    the clock."""
 
-    drain_deadline_s: float = routes_doc.DEFAULT_DRAIN_DEADLINE_S
+    drain_deadline_s: float | None = None
     drain: transition.DrainPolicy = field(default_factory=transition.DrainPolicy)
     links: links.LinkModel = field(default_factory=links.LinkModel)
     clock: Callable[[], float] = time.time
@@ -144,7 +156,9 @@ async def converge(
     rollout: Rollout | None = None,
 ) -> Outcome:
     """One pass. `published` is the routes document the gateway was last given (None:
-    none yet); `publish` writes a new one (a cut-over)."""
+    none yet); `publish(doc, plan)` writes a new one (a cut-over: the replica set,
+    version, deadline and time, filled with the model, classes and class shares of
+    `plan`, the plan being moved to)."""
     rollout = rollout or Rollout()
     shape = model_facts(model_path, dep.spec.model.dtype)
     facts = (
@@ -178,9 +192,13 @@ async def converge(
         )
     target = reconcile.target(desired, obs)
 
+    drain = rollout.drain
+    if rollout.drain_deadline_s is not None:
+        drain = dataclasses.replace(drain, deadline_s=rollout.drain_deadline_s)
+
     def world(o: observed.Observed, routes: routes_doc.RoutesDoc | None) -> transition.World:
         return transition.World(
-            o, prefix, routes, rollout.clock(), links=rollout.links, drain=rollout.drain
+            o, prefix, routes, rollout.clock(), links=rollout.links, drain=drain
         )
 
     t = transition.plan(world(obs, published), target)
@@ -189,11 +207,14 @@ async def converge(
         on_steps(t)  # e.g. size a progress bar before anything is applied
 
     async def cut_over(cut: step_actions.CutOver) -> None:
-        doc = routes_doc.RoutesDoc(
-            cut.replicas, cut.version, rollout.drain_deadline_s, rollout.clock()
+        doc = gateway_objects.filled(
+            dep,
+            desired,
+            model_path,
+            routes_doc.RoutesDoc(cut.replicas, cut.version, cut.drain_deadline_s, rollout.clock()),
         )
         if publish is not None:
-            await publish(doc)
+            await publish(doc, desired)
         out.routes = doc
 
     if apply and t.steps:
@@ -218,8 +239,8 @@ async def converge(
     elif step is not None:
         out.reason = "Switching" if out.serving else "Loading"
         out.message = (
-            f"generation {after.generation} ({after.mode}): step {step.id + 1} of "
-            f"{len(after.steps)} left: {step.action.describe()}"
+            f"generation {after.generation} ({after.mode}), {len(after.steps)} steps "
+            f"left; next: {step.action.describe()}"
         )
     elif len(out.ready_replicas) < len(desired.replicas):
         out.reason = "Loading"

@@ -63,6 +63,16 @@ def transition(body: kopf.Body, old: Mapping[str, Any], new: Mapping[str, Any]) 
         kopf.warn(body, reason=reason, message=message)
 
 
+def switching(body: kopf.Body, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    """Record a transition starting (Progressing becomes Switching) and ending."""
+    was, now = old.get("reason"), new.get("reason")
+    if now == "Switching" and was != "Switching":
+        kopf.info(body, reason="Switching", message=str(new.get("message", "")))
+    elif was == "Switching" and now != "Switching":
+        note = f" ({now}: {new.get('message', '')})" if now != "Serving" else ""
+        kopf.info(body, reason="Switched", message="transition ended" + note)
+
+
 def released(body: kopf.Body, message: str, ok: bool) -> None:
     """Record the finalizer's outcome."""
     if ok:

@@ -9,16 +9,19 @@ file) and reads the tokenizer from the model folder, mounted as the agents see i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from tessera import api, plan
+from tessera import api, plan, routes_doc
 from tessera_operator import config
 
 ROUTES_DIR = "/etc/tessera"
 ROUTES_KEY = "routes.json"
+TLS_DIR = "/var/run/tessera/tls"  # the gateway's client certificate (TESSERA_TLS_DIR)
+API_KEYS_DIR = "/var/run/tessera/api-keys"
 LABEL_DEPLOYMENT = f"{api.API_GROUP}/deployment"
 
 
@@ -65,23 +68,47 @@ def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def routes(
-    dep: api.ServingDeployment, p: plan.Plan, model_path: str, addresses: Mapping[str, str]
+    dep: api.ServingDeployment, p: plan.Plan | None, model_path: str, doc: routes_doc.RoutesDoc
 ) -> dict[str, Any]:
-    """The routes document: every planned replica through its leader (stage 0) agent,
-    `addresses` mapping agent names to `host:port`. The gateway checks readiness itself."""
-    return {
-        "model": dep.spec.model.name,
-        "modelPath": model_path,
-        "replicas": [
-            {"id": r.replica_id, "address": addresses.get(r.stages[0].agent, "")}
-            for r in p.replicas
-        ],
-        "classShares": p.class_shares,
-        "classes": [
-            {"name": c.name, "inputTokens": c.input_tokens, "outputTokens": c.output_tokens}
-            for c in dep.spec.workload
-        ],
+    """The routes document (`tessera.routes_doc`) as JSON: `filled(...)`."""
+    return filled(dep, p, model_path, doc).to_json()
+
+
+def filled(
+    dep: api.ServingDeployment, p: plan.Plan | None, model_path: str, doc: routes_doc.RoutesDoc
+) -> routes_doc.RoutesDoc:
+    """The replica set, version, drain deadline and cut-over time of `doc` (what the
+    transition published), with the model, the workload classes and the plan's class
+    shares of the routed replicas. The gateway checks readiness itself."""
+    routed = set(doc.replica_ids)
+    shares = {
+        c: {r: v for r, v in per.items() if r in routed}
+        for c, per in (p.class_shares if p is not None else {}).items()
     }
+    return dataclasses.replace(
+        doc,
+        model=dep.spec.model.name,
+        model_path=model_path,
+        class_shares={c: per for c, per in shares.items() if per},
+        classes=tuple(
+            routes_doc.ClassCentroid(c.name, c.input_tokens, c.output_tokens)
+            for c in dep.spec.workload
+        ),
+    )
+
+
+def published(config_map_obj: Mapping[str, Any] | None) -> routes_doc.RoutesDoc | None:
+    """The routes document a routes ConfigMap holds (None: absent or unreadable, which the
+    next cut-over replaces)."""
+    if config_map_obj is None:
+        return None
+    raw = (config_map_obj.get("data") or {}).get(ROUTES_KEY)
+    if not raw:
+        return None
+    try:
+        return routes_doc.parse(json.loads(raw))
+    except ValueError:
+        return None
 
 
 def _meta(dep: api.ServingDeployment, name: str, owner: dict[str, Any]) -> dict[str, Any]:
@@ -149,6 +176,22 @@ def deployment(
             model_mount,
         ],
     }
+    container["args"] += list(tmpl.extra_args)
+    volumes = [{"name": "routes", "configMap": {"name": routes_name(dep)}}, model_volume]
+    env: list[dict[str, Any]] = []
+    for volume, folder, variable, value in (
+        ("tls", TLS_DIR, "TESSERA_TLS_DIR", TLS_DIR),
+        ("api-keys", API_KEYS_DIR, "TESSERA_API_KEYS_FILE", f"{API_KEYS_DIR}/keys"),
+    ):
+        secret = tmpl.tls_secret_name if volume == "tls" else tmpl.api_keys_secret_name
+        if secret:
+            volumes.append({"name": volume, "secret": {"secretName": secret}})
+            container["volumeMounts"].append(
+                {"name": volume, "mountPath": folder, "readOnly": True}
+            )
+            env.append({"name": variable, "value": value})
+    if env:
+        container["env"] = env
     if tmpl.resources:
         container["resources"] = dict(tmpl.resources)
     if tmpl.security_context:
@@ -156,10 +199,7 @@ def deployment(
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "automountServiceAccountToken": tmpl.automount_service_account_token,
-        "volumes": [
-            {"name": "routes", "configMap": {"name": routes_name(dep)}},
-            model_volume,
-        ],
+        "volumes": volumes,
     }
     optional = {
         "serviceAccountName": tmpl.service_account_name,

@@ -47,15 +47,19 @@ def _carry_over(desired: dict[str, Any], existing: dict[str, Any]) -> None:
                 desired["spec"][key] = existing["spec"][key]
 
 
-async def apply(client: kube.Kube, desired: dict[str, Any]) -> Applied:
-    """Create `desired`, or replace the existing object when its desired hash differs."""
+async def apply(
+    client: kube.Kube, desired: dict[str, Any], existing: dict[str, Any] | None = None
+) -> Applied:
+    """Create `desired`, or replace the existing object when its desired hash differs.
+    `existing`: the object as just read in this pass (saves a GET), else it is read."""
     obj = copy.deepcopy(desired)
     digest = desired_hash(desired)
     meta = obj["metadata"]
     meta.setdefault("annotations", {})[HASH_ANNOTATION] = digest
     plural = PLURALS[(obj["apiVersion"], obj["kind"])]
     ns, name = meta["namespace"], meta["name"]
-    existing = await client.get(kube.path(obj["apiVersion"], plural, ns, name))
+    if existing is None:
+        existing = await client.get(kube.path(obj["apiVersion"], plural, ns, name))
     if existing is None:
         await client.create(kube.path(obj["apiVersion"], plural, ns), obj)
         return Applied(obj["kind"], name, "created")

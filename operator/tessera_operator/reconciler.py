@@ -21,7 +21,8 @@ from typing import Any
 
 import kopf
 
-from tessera import api, fields, plan, reconcile
+from tessera import api, fields, plan, reconcile, routes_doc
+from tessera.policies import transition
 from tessera_operator import (
     actuate,
     agents,
@@ -73,25 +74,56 @@ async def run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, periodic: boo
         await _pass(body, patch, _context(memo))
 
 
+def _rollout(cfg: config.OperatorConfig) -> converge.Rollout:
+    return converge.Rollout(
+        drain=transition.DrainPolicy(
+            cfg.drain_deadline_seconds, cfg.drain_grace_seconds, cfg.drain_settle_seconds
+        ),
+    )
+
+
+def _routes_writer(
+    ctx: Context, body: kopf.Body, dep: api.ServingDeployment, owner: dict[str, Any]
+) -> converge.Publish:
+    """The cut-over of a transition: write the routes ConfigMap now (the gateway re-reads
+    it)."""
+
+    async def publish(doc: routes_doc.RoutesDoc, _plan: plan.Plan) -> None:
+        cm = gateway_objects.config_map(dep, owner, doc.to_json())
+        events.applied(body, await owned.apply(ctx.kube, cm))
+
+    return publish
+
+
 async def _apply_gateway(
     ctx: Context,
     body: kopf.Body,
-    raw: dict[str, Any],
     dep: api.ServingDeployment,
+    owner: dict[str, Any],
     out: converge.Outcome,
     model_path: str,
-    addresses: dict[str, str],
+    routes_cm: dict[str, Any] | None,
 ) -> None:
-    assert out.plan is not None
-    owner = gateway_objects.owner_reference(raw)
-    routes = gateway_objects.routes(dep, out.plan, model_path, addresses)
+    """The routes ConfigMap (`routes_cm`: as read at the pass's start, None when a
+    cut-over rewrote it since), the gateway Deployment and Service."""
     tmpl = ctx.config.gateway
+    doc = out.routes or routes_doc.RoutesDoc(())  # nothing routed yet
+    cm = gateway_objects.config_map(
+        dep, owner, gateway_objects.routes(dep, out.plan, model_path, doc)
+    )
+    events.applied(body, await owned.apply(ctx.kube, cm, routes_cm))
     for obj in (
-        gateway_objects.config_map(dep, owner, routes),
         gateway_objects.deployment(dep, owner, tmpl, model_path, ctx.config.model_root),
         gateway_objects.service(dep, owner, tmpl),
     ):
         events.applied(body, await owned.apply(ctx.kube, obj))
+
+
+async def _routes_config_map(ctx: Context, dep: api.ServingDeployment) -> dict[str, Any] | None:
+    """The routes ConfigMap as stored (level-triggered: read back every pass)."""
+    return await ctx.kube.get(
+        kube.path("v1", "configmaps", dep.namespace, gateway_objects.routes_name(dep))
+    )
 
 
 async def _pass(body: kopf.Body, patch: kopf.Patch, ctx: Context) -> None:
@@ -106,15 +138,27 @@ async def _pass(body: kopf.Body, patch: kopf.Patch, ctx: Context) -> None:
     else:
         refs = await discovery.agent_refs(ctx.config, ctx.kube, dep.spec.resources.node_selector)
         model_path = converge.resolve_model_path(dep.spec, None, ctx.config.model_root)
+        owner = gateway_objects.owner_reference(raw)
+        routes_cm = await _routes_config_map(ctx, dep)
+        published = gateway_objects.published(routes_cm)
         out = await converge.converge(
-            dep, model_path, refs, progress=functools.partial(events.action, body)
+            dep,
+            model_path,
+            refs,
+            progress=functools.partial(events.action, body),
+            published=published,
+            publish=_routes_writer(ctx, body, dep, owner),
+            rollout=_rollout(ctx.config),
         )
         if out.plan is not None:
-            addresses = {r.name: r.address for r in refs}
-            await _apply_gateway(ctx, body, raw, dep, out, model_path, addresses)
+            unchanged = routes_cm if out.routes is published else None
+            await _apply_gateway(ctx, body, dep, owner, out, model_path, unchanged)
             endpoint = gateway_objects.endpoint(dep)
     new = status.build(out, generation, previous, _now(), endpoint)
     events.transition(body, status.condition(previous, "Ready"), status.condition(new, "Ready"))
+    events.switching(
+        body, status.condition(previous, "Progressing"), status.condition(new, "Progressing")
+    )
     for key, value in status.merge_patch(previous, new).items():
         patch.status[key] = value
 

@@ -3,9 +3,9 @@
 Pure; called by `reconciler.py`, which writes the result last, as a merge patch of only
 what changed (`merge_patch`), so a converged pass writes nothing. Conditions:
 
-* `Ready`: True (reason Serving) while a complete generation serves: some replica the
-  routes name has every block loaded — also while a transition runs or is stalled;
-  else False with the pass's reason.
+* `Ready`: True (reason Serving) while a complete generation serves: every replica the
+  routes name has every block loaded — also while a transition runs or is stalled (the
+  old layout serving); else False with the pass's reason.
 * `Progressing`: True while a transition runs (reason Switching: a generation serves;
   Loading: none serves yet), its message the plan generation and the step it is on;
   else False with the pass's reason.
@@ -54,7 +54,7 @@ PHASES = {
 def _wanted(out: converge.Outcome) -> dict[str, tuple[bool, str, str]]:
     """type -> (status, reason, message) for this pass."""
     reason, msg = out.reason, out.message
-    serving = bool(out.serving) or reason == "Serving"
+    serving = out.whole or (reason == "Serving" and out.routes is None)
     degraded = reason in ("AgentUnreachable", "LoadFailed") or (
         reason in ("InsufficientCapacity", "InsufficientMemory", "NoSource")
         and out.plan is not None
@@ -160,7 +160,7 @@ def build(
         status["transition"] = moving
     status["observedGeneration"] = generation
     phase = PHASES.get(out.reason, "Pending")
-    if out.serving and out.reason in STALLED and out.reason != "InvalidSpec":
+    if out.whole and out.reason in STALLED and out.reason != "InvalidSpec":
         phase = "Degraded"  # the old layout keeps serving
     status["phase"] = phase
     status["conditions"] = conditions(out, generation, previous.get("conditions") or [], now)

@@ -60,13 +60,6 @@ class RoutesDoc:
     def replica_ids(self) -> tuple[str, ...]:
         return tuple(r.id for r in self.replicas)
 
-    def same_routes(self, other: RoutesDoc | None) -> bool:
-        """Same replica set at the same addresses and version (no cut-over between them)."""
-        return other is not None and (
-            self.version,
-            frozenset(self.replicas),
-        ) == (other.version, frozenset(other.replicas))
-
     def to_json(self) -> dict[str, Any]:
         return {
             "version": self.version,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -89,7 +90,9 @@ def _apply(steps: tuple[actions.Step, ...], state: State) -> State:
             blocks[act.agent].append(act.block)
         elif isinstance(act, actions.CutOver):
             routes = routes_doc.RoutesDoc(act.replicas, act.version, cut_over_at=0.0)
-    return _agents({k: tuple(v) for k, v in blocks.items()}), routes
+    return observed.Observed(
+        tuple(dataclasses.replace(a, blocks=tuple(blocks[a.name])) for a in obs.agents)
+    ), routes
 
 
 def test_converges_and_second_pass_is_empty() -> None:
@@ -204,3 +207,25 @@ def test_auto_simple_plan_and_insufficient_capacity() -> None:
     piped = plan.make_plan(dep, SHAPE, roomy, "/m")
     (only,) = piped.replicas
     assert len(only.stages) == 2 and only.stages[0].end == only.stages[1].start
+
+
+def test_a_new_auto_plan_is_a_transition_too() -> None:
+    """`layout: auto` on two agents, then a third joins: the new replica gets the next
+    generation, the others keep theirs, and the routes cut over to the larger set."""
+    dep = _dep({"mode": "auto"})
+    state = _apply(_pass(dep, (_agents(), None))[1].steps, (_agents(), None))
+    obs, routes = state
+    third = observed.AgentInfo(
+        "n2", "10.0.0.2:50051", devices=(observed.DeviceInfo("cpu:0", "cpu", 2 * GiB, 2 * GiB),)
+    )
+    grown = observed.Observed((*obs.agents, third))
+    p, t = _pass(dep, (grown, routes))
+    assert [r.replica_id for r in p.replicas] == [
+        "default.demo.r0.g1",
+        "default.demo.r1.g1",
+        "default.demo.r2.g2",
+    ]
+    assert [s.action.kind for s in t.steps] == ["LoadBlock", "CutOver"]
+    load = t.steps[0].action
+    assert isinstance(load, actions.LoadBlock) and load.source is not None  # a peer has it
+    assert _pass(dep, _apply(t.steps, (grown, routes)))[1].converged

@@ -207,13 +207,19 @@ def test_routes_file(tmp_path: Path) -> None:
     assert got is not None and [r.replica_id for r in got.replicas] == ["r0"]  # r1: no address
     assert got.class_shares == {"short": {"r0": 1.0}}
     assert got.class_centroids == {"short": (100.0, 20.0)}
+    assert (got.version, got.drain_deadline_s) == (0, routes.DEFAULT_DRAIN_DEADLINE_S)
     assert watcher.poll() is None  # unchanged
+    cut = routes.parse({"replicas": [], "version": 4, "drainDeadlineSeconds": 2.5})
+    assert (cut.version, cut.drain_deadline_s) == (4, 2.5)
     bad = [
         ({}, "replicas"),
         ({"replicas": [{"id": "r0", "address": "nohostport"}]}, "replicas\\[0\\].address"),
         ({"replicas": [{"id": "a", "address": "h:1"}, {"id": "a", "address": "h:2"}]}, "dup"),
         ({"replicas": [], "classShares": {"c": {"r": -1}}}, "classShares.c.r"),
         ({"replicas": [], "classes": [{"name": "c"}]}, "inputTokens"),
+        ({"replicas": [], "version": -1}, "version"),
+        ({"replicas": [], "version": 1.5}, "version"),
+        ({"replicas": [], "drainDeadlineSeconds": "soon"}, "drainDeadlineSeconds"),
     ]
     for obj, match in bad:
         with pytest.raises(ValueError, match=match):

@@ -87,4 +87,4 @@ def test_operator_discovers_agent_pods_by_label_and_node_selector(
     custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, doc)
     obj = wait_for("Ready=True", lambda: ready(kube, "found"))
     assert obj["status"]["plan"]["replicas"][0]["stages"][0]["agent"] == "node-a"
-    assert blocks(agent) == [("default.found.r0", 0, 0, 8)]
+    assert blocks(agent) == [("default.found.r0.g1", 0, 0, 8)]

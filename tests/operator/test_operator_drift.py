@@ -67,7 +67,7 @@ def test_agent_killed_then_restarted(
     back = local_agents.start_agent("agent-1", "cpu:1x512MiB", 1, port=port)
     try:
         obj = wait_for("Ready again", lambda: ready(kube, "drift"))
-        assert blocks(back) == [("default.drift.r1", 1, 4, 8)]
+        assert blocks(back) == [("default.drift.r1.g1", 1, 4, 8)]
         assert condition(obj, "Degraded")["status"] == "False"
         assert obj["status"]["readyReplicas"] == 2
     finally:
@@ -109,16 +109,16 @@ def test_operator_restarted_mid_load_loads_nothing_twice(
 
     start_operator(refs([a0, a1]), resync_seconds=30.0)
     wait_for("Ready after the restart", lambda: ready(kube, "restart"))
-    assert blocks(a0) == [("default.restart.r1", 0, 0, 4)]
-    assert blocks(a1) == [("default.restart.r0", 0, 0, 8), ("default.restart.r1", 1, 4, 8)]
+    assert blocks(a0) == [("default.restart.r1.g1", 0, 0, 4)]
+    assert blocks(a1) == [("default.restart.r0.g1", 0, 0, 8), ("default.restart.r1.g1", 1, 4, 8)]
     # The agents log every block they really load (an idempotent repeat is not logged).
     loaded = collections.Counter(
         m.group(1) for a in (a0, a1) for line in a.output if (m := _LOADED.search(line))
     )
     assert sorted(loaded) == [
-        "default.restart.r0/0",
-        "default.restart.r1/0",
-        "default.restart.r1/1",
+        "default.restart.r0.g1/0",
+        "default.restart.r1.g1/0",
+        "default.restart.r1.g1/1",
     ], loaded
     assert set(loaded.values()) == {1}, loaded  # no block was loaded twice
     # Events posted by the operators agree (the first one's last events may be lost

@@ -77,9 +77,16 @@ def refs(procs: list[local_agents.AgentProcess]) -> list[agents.AgentRef]:
 
 
 def ready(kube: client.ApiClient, name: str, generation: int = 1) -> dict[str, Any] | None:
+    """The object once Ready at `generation` with no transition left (kstatus Current)."""
     obj = get_sd(kube, name)
     c = condition(obj, "Ready")
-    if obj and c.get("status") == "True" and obj["status"]["observedGeneration"] == generation:
+    if (
+        obj
+        and c.get("status") == "True"
+        and obj["status"]["observedGeneration"] == generation
+        and condition(obj, "Reconciling").get("status") == "False"
+        and "transition" not in obj["status"]
+    ):
         return obj
     return None
 
@@ -120,8 +127,8 @@ def test_create_update_delete(
     st = obj["status"]
     assert st["phase"] == "Ready" and st["replicas"] == st["readyReplicas"] == 2
     assert [r["replicaId"] for r in st["plan"]["replicas"]] == [
-        "default.tiny.r0",
-        "default.tiny.r1",
+        "default.tiny.r0.g1",
+        "default.tiny.r1.g1",
     ]
     assert st["plan"]["source"] == "explicit"
     assert st["endpoint"] == "http://tiny-gateway.default.svc:8000"
@@ -130,6 +137,8 @@ def test_create_update_delete(
         "Progressing": "False",
         "Degraded": "False",
         "PlanValid": "True",
+        "Reconciling": "False",
+        "Stalled": "False",
     }
     # kopf keeps its state in annotations under our prefix, never in status
     notes = obj["metadata"].get("annotations", {})
@@ -144,9 +153,9 @@ def test_create_update_delete(
         "replicas",
         "endpoint",
         "lastPlanTime",
-    }
-    assert blocks(procs[0]) == [("default.tiny.r0", 0, 0, 8), ("default.tiny.r1", 0, 0, 4)]
-    assert blocks(procs[1]) == [("default.tiny.r1", 1, 4, 8)]
+    }  # no "transition": none is under way
+    assert blocks(procs[0]) == [("default.tiny.r0.g1", 0, 0, 8), ("default.tiny.r1.g1", 0, 0, 4)]
+    assert blocks(procs[1]) == [("default.tiny.r1.g1", 1, 4, 8)]
     reasons = [r for r, _ in wait_for("events", lambda: events(kube, "tiny"))]
     assert reasons.count("BlockLoaded") == 3 and "Serving" in reasons
 
@@ -168,13 +177,15 @@ def test_create_update_delete(
     routes = json.loads(cm.data["routes.json"])
     assert routes["model"] == "tiny-llama" and routes["modelPath"] == str(tiny_llama)
     assert routes["replicas"] == [
-        {"id": "default.tiny.r0", "address": procs[0].address},
-        {"id": "default.tiny.r1", "address": procs[0].address},
+        {"id": "default.tiny.r0.g1", "address": procs[0].address},
+        {"id": "default.tiny.r1.g1", "address": procs[0].address},
     ]
+    assert routes["version"] == 1 and routes["drainDeadlineSeconds"] == 30
     answer = asyncio.run(_complete(routes, tmp_path))
     assert answer["choices"][0]["text"] and answer["usage"]["completion_tokens"] == 4
 
-    # spec update: r1 becomes a 2-stage pipeline cut at 6; r0 moves to agent-1; new port
+    # spec update: r1 becomes a 2-stage pipeline cut at 6; r0 moves to agent-1; new port:
+    # both get generation-2 ids, loaded beside the old ones before the routes cut over
     custom(kube).patch_namespaced_custom_object(
         GROUP,
         VERSION,
@@ -205,10 +216,14 @@ def test_create_update_delete(
     obj = wait_for("Ready at generation 2", lambda: ready(kube, "tiny", generation=2))
     assert obj["metadata"]["generation"] == 2
     assert all(c["observedGeneration"] == 2 for c in obj["status"]["conditions"])
-    assert blocks(procs[0]) == [("default.tiny.r1", 0, 0, 6)]
-    assert blocks(procs[1]) == [("default.tiny.r0", 0, 0, 8), ("default.tiny.r1", 1, 6, 8)]
+    assert blocks(procs[0]) == [("default.tiny.r1.g2", 0, 0, 6)]
+    assert blocks(procs[1]) == [("default.tiny.r0.g2", 0, 0, 8), ("default.tiny.r1.g2", 1, 6, 8)]
     reasons = [r for r, _ in events(kube, "tiny")]
     assert reasons.count("BlockUnloaded") == 3 and reasons.count("BlockLoaded") == 6
+    assert "RoutesCutOver" in reasons and reasons.count("ReplicaDrained") == 2
+    # make-before-break: every new block loaded before the first old one was freed
+    order = [r for r in reasons if r in ("BlockLoaded", "BlockUnloaded")]
+    assert order.index("BlockUnloaded") > max(i for i, r in enumerate(order) if r == "BlockLoaded")
     assert obj["status"]["endpoint"] == "http://tiny-gateway.default.svc:8080"
     svc = core.read_namespaced_service("tiny-gateway", "default")
     dep = apps.read_namespaced_deployment("tiny-gateway", "default")
@@ -218,13 +233,15 @@ def test_create_update_delete(
     routes = json.loads(
         core.read_namespaced_config_map("tiny-gateway-routes", "default").data["routes.json"]
     )
-    assert routes["replicas"][0] == {"id": "default.tiny.r0", "address": procs[1].address}
+    assert routes["replicas"][0] == {"id": "default.tiny.r0.g2", "address": procs[1].address}
+    assert routes["version"] == 2
 
     # delete: the finalizer unloads every block, then the object is gone
     custom(kube).delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "tiny")
     wait_for("the object to be gone", lambda: get_sd(kube, "tiny") is None)
     assert blocks(procs[0]) == [] and blocks(procs[1]) == []
-    assert "BlocksReleased" in [r for r, _ in events(kube, "tiny")]
+    # kopf posts events in the background: the last one may land after the object is gone
+    wait_for("BlocksReleased", lambda: "BlocksReleased" in [r for r, _ in events(kube, "tiny")])
 
 
 def test_invalid_specs_then_a_valid_one(
@@ -301,7 +318,7 @@ def test_invalid_specs_then_a_valid_one(
         },
     )
     wait_for("the fixed one Ready", lambda: ready(kube, "too-deep", generation=2))
-    assert ("default.too-deep.r0", 0, 0, 8) in blocks(procs[1])
+    assert ("default.too-deep.r0.g1", 0, 0, 8) in blocks(procs[1])
 
 
 def test_delete_during_a_resync_pass_is_prompt(

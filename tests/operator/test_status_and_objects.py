@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from tessera import api, plan
+from tessera import api, observed, plan, routes_doc
+from tessera.policies import transition
 from tessera_operator import config, converge, gateway_objects, owned, status
+from tests.operator import kstatus
 
 DEP = api.ServingDeployment(
     "tiny",
@@ -70,14 +74,84 @@ def test_conditions_and_transition_times() -> None:
     }
 
 
+def _routed(*ids: str) -> routes_doc.RoutesDoc:
+    return routes_doc.RoutesDoc(tuple(routes_doc.RouteReplica(i, "h:1") for i in ids), 2)
+
+
+def _kstatus(st: dict[str, Any], generation: int = 3) -> str:
+    return kstatus.compute({"metadata": {"generation": generation}, "status": st})
+
+
+def test_transition_status_and_kstatus() -> None:
+    """Switching with the old generation serving: Ready, Progressing/Switching with the
+    step, Reconciling (InProgress); blocked: Ready, Stalled with the reason (Failed);
+    done: Current."""
+    old = routes_doc.RoutesDoc((routes_doc.RouteReplica("team.tiny.r0", "h:1"),), 1)
+    world = transition.World(observed.Observed(), "team.tiny.", old)
+    target = transition.Target(2, (), (routes_doc.RouteReplica("team.tiny.r1", "h:1"),))
+    moving = converge.Outcome("Switching", "generation 2: next: cut over", plan=PLAN)
+    moving.routes, moving.serving = old, ["team.tiny.r0"]
+    moving.remaining = transition.plan(world, target)
+    st = status.build(moving, 3, {}, "T1", "")
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["Ready"]["status"] == "True" and conds["Ready"]["reason"] == "Serving"
+    assert (conds["Progressing"]["status"], conds["Progressing"]["reason"]) == (
+        "True",
+        "Switching",
+    )
+    assert conds["Reconciling"]["status"] == "True" and conds["Stalled"]["status"] == "False"
+    assert st["transition"]["generation"] == 2 and st["transition"]["action"] == "CutOver"
+    assert st["phase"] == "Progressing"
+    assert _kstatus(st) == "InProgress" and _kstatus(st, generation=4) == "InProgress"
+
+    stuck = converge.Outcome("InsufficientMemory", "replica r1 needs 5 bytes", plan=PLAN)
+    stuck.routes, stuck.serving = old, ["team.tiny.r0"]
+    st = status.build(stuck, 3, st, "T2", "")
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["Ready"]["status"] == "True"  # the old layout keeps serving
+    assert "InsufficientMemory" in conds["Ready"]["message"]
+    assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == (
+        "True",
+        "InsufficientMemory",
+    )
+    assert conds["Reconciling"]["status"] == "False"
+    assert st["phase"] == "Degraded" and "transition" not in st
+    assert _kstatus(st) == "Failed"
+
+    done = converge.Outcome("Serving", "2 replicas serving", plan=PLAN)
+    done.routes, done.serving = _routed("team.tiny.r1"), ["team.tiny.r1"]
+    st = status.build(done, 3, st, "T3", "")
+    assert _kstatus(st) == "Current" and status.condition(st, "Ready")["status"] == "True"
+    # a routed replica lost (agent down): not a complete generation
+    down = converge.Outcome("AgentUnreachable", "agent b", plan=PLAN)
+    down.routes, down.serving = _routed("team.tiny.r0", "team.tiny.r1"), ["team.tiny.r0"]
+    st = status.build(down, 3, st, "T4", "")
+    assert status.condition(st, "Ready")["status"] == "False" and _kstatus(st) == "Failed"
+
+
 def test_gateway_objects() -> None:
     owner = gateway_objects.owner_reference({"metadata": {"name": "tiny", "uid": "u-1"}})
-    routes = gateway_objects.routes(DEP, PLAN, "/models/tiny", {"a": "10.0.0.1:1", "b": "h:2"})
+    doc = routes_doc.RoutesDoc(
+        (
+            routes_doc.RouteReplica("team.tiny.r0", "10.0.0.1:1"),
+            routes_doc.RouteReplica("team.tiny.r1", "h:2"),
+        ),
+        version=3,
+        drain_deadline_s=12.0,
+        cut_over_at=5.0,
+    )
+    routes = gateway_objects.routes(DEP, PLAN, "/models/tiny", doc)
     assert routes["replicas"] == [
         {"id": "team.tiny.r0", "address": "10.0.0.1:1"},
         {"id": "team.tiny.r1", "address": "h:2"},
     ]
+    assert (routes["version"], routes["drainDeadlineSeconds"], routes["cutOverAt"]) == (3, 12, 5)
     assert routes["classes"] == [{"name": "chat", "inputTokens": 100, "outputTokens": 20}]
+    # the ConfigMap reads back as what was published
+    cm = gateway_objects.config_map(DEP, {"name": "x"}, routes)
+    assert gateway_objects.published(cm) == routes_doc.parse(routes)
+    assert gateway_objects.published(cm) is not None
+    assert gateway_objects.published(None) is None
     tmpl = config.GatewayTemplate.from_mapping(
         {
             "image": "reg/tessera:1",
@@ -99,6 +173,32 @@ def test_gateway_objects() -> None:
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     assert gateway_objects.endpoint(DEP) == "http://tiny-gateway.team.svc:8080"
     assert owned.desired_hash(svc) == owned.desired_hash(gateway_objects.service(DEP, owner, tmpl))
+
+
+def test_gateway_mounts_its_certificate_and_api_keys() -> None:
+    owner = gateway_objects.owner_reference({"metadata": {"name": "tiny", "uid": "u-1"}})
+    tmpl = config.GatewayTemplate.from_mapping(
+        {
+            "tlsSecretName": "tessera-gateway-tls",
+            "apiKeysSecretName": "keys",
+            "extraArgs": ["--max-n", "4"],
+        }
+    )
+    pod = gateway_objects.deployment(DEP, owner, tmpl, "/models/tiny", "/models")["spec"][
+        "template"
+    ]["spec"]
+    c = pod["containers"][0]
+    assert c["args"][-2:] == ["--max-n", "4"]
+    assert {e["name"]: e["value"] for e in c["env"]} == {
+        "TESSERA_TLS_DIR": "/var/run/tessera/tls",
+        "TESSERA_API_KEYS_FILE": "/var/run/tessera/api-keys/keys",
+    }
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets == {"tls": "tessera-gateway-tls", "api-keys": "keys"}
+    plain = gateway_objects.deployment(
+        DEP, owner, config.GatewayTemplate(), "/models/tiny", "/models"
+    )
+    assert "env" not in plain["spec"]["template"]["spec"]["containers"][0]
 
 
 def test_config_is_validated() -> None:

@@ -2,7 +2,10 @@
 
 Starts local agent processes (or uses `--agent NAME=HOST:PORT`), converges them to the
 manifest with the same reconcile core the operator uses (rich progress bar), starts the
-OpenAI-compatible gateway, prints the URL and a curl example, then re-converges every
+OpenAI-compatible gateway, prints the URL and a curl example, then watches the manifest
+(`up_watch`): a saved change runs a transition to the new layout (the operator's converge
+pass: pure transition planner + executor; cut-overs go to the in-process gateway, whose
+leaving replicas drain or move their requests), and it re-converges every
 `--reconcile-interval` seconds so a restarted agent gets its blocks back. Ctrl-C or
 SIGTERM stops the gateway and every child process. A small state file lets
 `tessera status` find the agents.
@@ -54,6 +57,18 @@ def register(sub: Any) -> None:
         help="cost profile JSON (from `tessera profile`) for layout: auto",
     )
     p.add_argument("--reconcile-interval", type=float, default=10.0)
+    p.add_argument(
+        "--watch-interval",
+        type=float,
+        default=1.0,
+        help="seconds between checks of the manifest (a saved change is applied)",
+    )
+    p.add_argument(
+        "--drain-deadline",
+        type=float,
+        default=30.0,
+        help="seconds a leaving replica's requests may finish there before they move",
+    )
     p.add_argument("--state-file", type=Path, default=STATE_FILE)
     p.set_defaults(func=_up)
     s = sub.add_parser("status", help="replicas, stages, blocks and KV use per agent")
@@ -93,9 +108,13 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from tessera import local_agents, reconcile
+    from tessera import local_agents, reconcile, routes_doc
+    from tessera.cli import supervise, up_watch
     from tessera.gateway import config as gw_config
+    from tessera.gateway import routes as gw_routes
     from tessera.gateway import server as gw_server
+    from tessera.policies import transition
+    from tessera.rpc import transport
     from tessera_operator import actuate, agents, converge
 
     console = Console(stderr=True)
@@ -113,11 +132,14 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         auto = auto_mod.default_auto_planner(
             profile_mod.profile_from_json(json.loads(args.profile.read_text()))
         )
+    rollout = converge.Rollout(drain=transition.DrainPolicy(deadline_s=args.drain_deadline))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     procs: list[local_agents.AgentProcess] = []
+    supervisor = None
+    threads = 0
     gateway = None
     refs: list[agents.AgentRef] = []
     try:
@@ -130,6 +152,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 for i in range(n):  # main thread: children die with this process
                     procs.append(local_agents.start_agent(f"agent-{i}", args.devices, threads))
             refs = [agents.AgentRef(p.agent_id, p.address) for p in procs]
+            console.print(transport.describe_mode())
             for p in procs:
                 console.print(
                     f"agent {p.agent_id} at {p.address} ({args.devices}, {threads} threads)"
@@ -156,11 +179,12 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 progress,
                 auto,
                 on_steps=lambda t: bar.update(task, total=max(1, len(t.steps))),
+                rollout=rollout,
             )
-        if outcome.reason != "Serving" or outcome.plan is None:
+        if outcome.reason != "Serving" or outcome.plan is None or outcome.routes is None:
             return _fail(f"{outcome.reason}: {outcome.message}")
         port = args.port if args.port is not None else dep.spec.gateway.port
-        routes = outcome.routes
+        published = outcome.routes
         leaders = _leaders(outcome)
         gateway = await gw_server.start_gateway(
             gw_config.GatewayConfig(
@@ -168,18 +192,10 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 model_path=model_path,
                 host=args.host,
                 port=port,
-                replicas=tuple(gw_config.ReplicaEndpoint(rid, addr) for rid, addr in leaders),
             )
         )
-        if outcome.plan.class_shares and dep.spec.workload:
-            from tessera.gateway import router as gw_router
-
-            gateway.set_class_shares(
-                outcome.plan.class_shares,
-                gw_router.centroid_class_router(
-                    {c.name: (c.input_tokens, c.output_tokens) for c in dep.spec.workload}
-                ),
-            )
+        gateway.apply_routes(gw_routes.from_doc(outcome.routes))  # with the class shares
+        await gateway.refresh()
         _write_state(args.state_file, dep, refs, gateway.url)
         console.print(
             f"[bold green]serving[/] {dep.spec.model.name}: "
@@ -187,26 +203,49 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
         sys.stdout.write(_curl_example(gateway.url, dep.spec.model.name))
         sys.stdout.flush()
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), args.reconcile_interval)
-            if stop.is_set():
-                break
+        said = ""
+
+        async def one_pass(current: Any) -> bool:
+            """A converge pass toward `current`; True while a transition is under way."""
+            nonlocal published, said
+            assert gateway is not None
+
+            async def publish(doc: routes_doc.RoutesDoc, _plan: Any) -> None:
+                assert gateway is not None
+                gateway.apply_routes(gw_routes.from_doc(doc))  # a cut-over (cutover.py)
+
             again = await converge.converge(
-                dep, model_path, refs, auto_planner=auto, published=routes
+                current,
+                model_path,
+                refs,
+                auto_planner=auto,
+                published=published,
+                publish=publish,
+                rollout=rollout,
             )
-            routes = again.routes or routes
-            if again.actions:
-                console.print(
-                    f"reconciled drift: {len(again.actions)} actions "
-                    f"({again.reason}: {again.message})"
-                )
-                gateway.update_replicas(
-                    [gw_config.ReplicaEndpoint(rid, addr) for rid, addr in _leaders(again)]
-                )
+            published = again.routes or published
+            note = f"{again.reason}: {again.message}"
+            if note != said and (again.actions or again.reason != "Serving"):
+                console.print(note)
+            said = note
+            remaining = again.remaining
+            return remaining is not None and bool(remaining.steps) and remaining.blocked is None
+
+        supervisor = supervise.start(procs, args.devices, threads, console.print)
+        watcher = up_watch.ManifestWatcher(args.file, dep)
+        await up_watch.run_loop(
+            stop,
+            watcher,
+            one_pass,
+            console.print,
+            args.reconcile_interval,
+            args.watch_interval,
+            wake=supervisor.restarted if supervisor is not None else None,
+        )
         return 0
     finally:
         console.print("stopping")
+        await supervise.stop(supervisor)
         if gateway is not None:
             await gateway.stop()
         if args.agent and refs:  # leave external agents as we found them

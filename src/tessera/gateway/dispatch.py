@@ -15,12 +15,17 @@ a ready replica, streams the leader's `Generate` and yields token chunks. Agent 
   one an uninterrupted run would give). `ReplicaLost` is raised only when no replica is
   left to continue on; 503 when every replica failed before the first token.
 
+A cut-over (`cutover.py`) may *redirect* a running attempt: after copying its KV prefix
+to a surviving replica it cancels the call, and the request continues there the same
+way, without counting a failure (the attempts are registered in `inflight.InFlightTable`).
+
 Leaving the generator early (client disconnect, stop string) cancels the gRPC call, and
 the agent frees the request's KV pages.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import time
@@ -29,7 +34,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from tessera.gateway import errors, metrics, replicas, router
+from tessera.gateway import errors, inflight, metrics, replicas, router
 from tessera.rpc.v1 import agent_pb2 as pb
 
 
@@ -102,6 +107,14 @@ class _AttemptFailed(Exception):
         self.code = code
 
 
+class _Redirected(Exception):
+    """The cut-over moved the request: continue it on `target`."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(f"redirected to {target}")
+        self.target = target
+
+
 class Dispatcher:
     """Routes, calls and accounts generations."""
 
@@ -111,11 +124,13 @@ class Dispatcher:
         route: router.Router,
         gauges: metrics.GatewayMetrics,
         clock: Callable[[], float] = time.monotonic,
+        table: inflight.InFlightTable | None = None,
     ) -> None:
         self._replicas = replica_set
         self._router = route
         self._metrics = gauges
         self._clock = clock
+        self.inflight = table if table is not None else inflight.InFlightTable()
 
     async def generate(
         self, job: Job, exclude: frozenset[str] = frozenset()
@@ -127,11 +142,16 @@ class Dispatcher:
         generated: list[int] = []  # tokens already yielded (they survive a lost replica)
         current = job
         lost: ReplicaLost | None = None
+        redirect: str | None = None  # where the cut-over moved the request's KV
         while True:
             ready = [r for r in self._replicas.ready_ids() if r not in tried]
-            route = self._router.choose(
-                ready, len(current.prompt_ids), current.max_tokens, current.prompt_ids
-            )
+            if redirect in ready:
+                route: router.Route | None = router.Route(redirect, "cutover")
+            else:
+                route = self._router.choose(
+                    ready, len(current.prompt_ids), current.max_tokens, current.prompt_ids
+                )
+            redirect = None
             if route is None:
                 if lost is not None:
                     raise lost
@@ -147,6 +167,10 @@ class Dispatcher:
                         generated.extend(chunk.token_ids)
                         yield chunk
                 return
+            except _Redirected as exc:
+                redirect = exc.target
+                tried.discard(rid)  # not a failure: it may serve the request again
+                current = _continuation(job, generated)
             except _AttemptFailed as exc:
                 failures.append((rid, exc.code, str(exc)))
                 self._metrics.retries.labels(rid, exc.code).inc()
@@ -162,6 +186,9 @@ class Dispatcher:
         self._metrics.outstanding.labels(rid).set(self._router.outstanding(rid))
         call = self._replicas.stub(rid).Generate(job.request(rid, attempt))
         last, first = self._clock(), not resumed  # a resumed request had its first token
+        record = inflight.Attempt(job.request_id, rid, job.prompt_ids, job.max_tokens, last)
+        record.call = call
+        self.inflight.add(record)
         try:
             async for msg in call:
                 ids = tuple(int(t) for t in msg.token_ids)
@@ -177,6 +204,7 @@ class Dispatcher:
                     else:
                         self._metrics.itl.observe((now - last) / len(ids))
                     last = now
+                    record.observe(ids, now)
                     self._metrics.generation_tokens.inc(len(ids))
                     self._router.progress(ticket, len(ids))
                     self._metrics.outstanding.labels(rid).set(self._router.outstanding(rid))
@@ -185,6 +213,11 @@ class Dispatcher:
                     return
             self._replicas.mark_failed(rid, "stream ended without a finish reason")
             raise _AttemptFailed("ABORTED", "the replica ended the stream without finishing")
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if record.target is not None and (task is None or not task.cancelling()):
+                raise _Redirected(record.target) from None  # the cut-over cancelled the call
+            raise
         except grpc.aio.AioRpcError as exc:
             code, details = exc.code(), exc.details() or ""
             if code == grpc.StatusCode.INVALID_ARGUMENT:
@@ -193,6 +226,7 @@ class Dispatcher:
                 self._replicas.mark_failed(rid, f"{code.name}: {details}")
             raise _AttemptFailed(code.name, details) from exc
         finally:
+            self.inflight.remove(record)
             call.cancel()  # no-op once the call ended; frees the agent's pages otherwise
             self._router.release(ticket)
             self._metrics.outstanding.labels(rid).set(self._router.outstanding(rid))

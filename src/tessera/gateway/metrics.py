@@ -91,6 +91,24 @@ class GatewayMetrics:
             ["replica"],
             registry=r,
         )
+        self.routes_version = Gauge(
+            "tessera_gateway_routes_version",
+            "Version (plan generation) of the replica set new requests are routed to",
+            registry=r,
+        )
+        self.leaving_in_flight = Gauge(
+            "tessera_gateway_leaving_in_flight_requests",
+            "Requests still running on a replica the current routes version left out",
+            ["replica"],
+            registry=r,
+        )
+        self.cutover_requests = Counter(
+            "tessera_gateway_cutover_requests",
+            "Requests on leaving replicas by outcome: drained (finished there), moved (KV "
+            "copied, continued elsewhere), recomputed (continued elsewhere without the KV)",
+            ["outcome"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

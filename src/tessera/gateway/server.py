@@ -4,7 +4,8 @@ Called in-process by `tessera up` and by `tessera gateway` (`cli/gateway_cmd.py`
 `start_gateway` loads the model's tokenizer and metadata, polls every replica once (so
 `/health` is right from the start), binds the HTTP port and starts the maintenance loop
 (Describe polls and routes-file reloads every `poll_interval_s`). The returned
-`GatewayHandle` changes replicas and class shares at run time and stops everything.
+`GatewayHandle` changes replicas and class shares at run time and stops everything; a
+versioned routes document (file or `apply_routes`) switches through `cutover.Cutover`.
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from tessera.gateway import (
+    admin,
     app,
+    auth,
     chat_template,
     config,
+    cutover,
     dispatch,
+    inflight,
     metrics,
     model_info,
     replicas,
@@ -46,6 +51,7 @@ class GatewayHandle:
         runner: web.AppRunner,
         url: str,
         watcher: routes.RoutesWatcher | None,
+        switch: cutover.Cutover,
     ) -> None:
         self.config = cfg
         self.url = url  # http://host:port, with the real port when cfg.port was 0
@@ -53,6 +59,7 @@ class GatewayHandle:
         self._router = route
         self._runner = runner
         self._watcher = watcher
+        self.cutover = switch
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -65,6 +72,13 @@ class GatewayHandle:
         """Replace the replica list; new replicas are polled right away."""
         self.service.replicas.update(endpoints)
         self._wake.set()
+
+    def apply_routes(self, new: routes.Routes) -> bool:
+        """Apply a routes document (a higher `version` cuts over; see `cutover.py`);
+        False when its version is older than the one served."""
+        ok = self._apply_routes(new)
+        self._wake.set()
+        return ok
 
     def set_class_shares(
         self, shares: router.ClassShares, class_router: router.ClassRouter | None = None
@@ -111,14 +125,15 @@ class GatewayHandle:
         if new is not None:
             self._apply_routes(new)
 
-    def _apply_routes(self, new: routes.Routes) -> None:
+    def _apply_routes(self, new: routes.Routes) -> bool:
         if new.model and new.model != self.model_name:
             log.warning(
                 "routes file names model %r; serving %r (restart to change)",
                 new.model,
                 self.model_name,
             )
-        self.service.replicas.update(new.replicas)
+        if not self.cutover.apply(new):
+            return False
         classify = None
         if new.class_centroids:
             classify = router.centroid_class_router(new.class_centroids)
@@ -126,6 +141,7 @@ class GatewayHandle:
         log.info(
             "routes: %d replicas, %d classes with shares", len(new.replicas), len(new.class_shares)
         )
+        return True
 
     async def stop(self) -> None:
         """Stop serving, the maintenance loop and every agent channel. Idempotent."""
@@ -135,6 +151,7 @@ class GatewayHandle:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        await self.cutover.close()
         await self._runner.cleanup()
         await self.service.replicas.close()
 
@@ -153,18 +170,24 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
     gauges = metrics.GatewayMetrics()
     replica_set = replicas.ReplicaSet(gauges, cfg.poll_timeout_s, cfg.failure_backoff_s)
     route = router.Router(seed=cfg.routing_seed)
+    table = inflight.InFlightTable()
+    switch = cutover.Cutover(replica_set, table, gauges)
     service = app.Service(
         model_name=name,
         info=info,
         codec=codec,
         template=template,
-        dispatcher=dispatch.Dispatcher(replica_set, route, gauges),
+        dispatcher=dispatch.Dispatcher(replica_set, route, gauges, table=table),
         replicas=replica_set,
         metrics=gauges,
         created=int(time.time()),
+        limits=cfg.limits,
+        api_keys=auth.ApiKeys(cfg.api_keys_file) if cfg.api_keys_file else None,
     )
+    application = app.build(service, cfg.max_body_bytes)
+    admin.install(application, switch)
     runner = web.AppRunner(
-        app.build(service, cfg.max_body_bytes),
+        application,
         handler_cancellation=True,  # a client disconnect cancels its agent call
         access_log=None,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
@@ -175,7 +198,9 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
         await site.start()
         host, port = runner.addresses[0][:2]
         url_host = f"[{host}]" if ":" in host else host
-        handle = GatewayHandle(cfg, service, route, runner, f"http://{url_host}:{port}", watcher)
+        handle = GatewayHandle(
+            cfg, service, route, runner, f"http://{url_host}:{port}", watcher, switch
+        )
         if initial is not None:
             handle._apply_routes(initial)
         else:

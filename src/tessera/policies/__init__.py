@@ -1,8 +1,8 @@
-"""Decisions, pure: functions over frozen dataclasses that return decision dataclasses.
+"""Pure elastic policies: decisions over frozen dataclasses, applied elsewhere.
 
-One concept per module (`actions.py`, `links.py`, `transition.py`, `overload.py`,
-`drop_plan.py`, `lookahead.py`, `module_scaling.py`, `batching.py`, ...). Nothing here
-does I/O or imports torch, grpc or kopf, so a cluster simulator can import them; the
-operator, `tessera up`, the agent servicer (and its scheduler), the gateway and the
-benches apply the decisions (an import-linter contract keeps it so).
+One concept per module (`actions.py`, `links.py`, `generation.py`, `transition.py`,
+`overload.py`, `drop_plan.py`, `lookahead.py`, `module_scaling.py`, `batching.py`, ...).
+Nothing here does I/O or imports torch, grpc or kopf (an import-linter contract keeps it
+so), so a cluster simulator can import them; the operator, `tessera up`, the agent
+servicer (and its scheduler), the gateway and the benches apply the decisions.
 """

@@ -26,90 +26,28 @@ Level-triggered: the plan depends only on the observation, so re-planning after 
 prefix of the steps (or after an operator restart) continues where things stand, and a
 converged system plans nothing. Called by the operator's executor
 (`tessera_operator.actuate`) and by `tessera up`; `drained` and `complete_replicas`
-are the observations the executor and status use.
+are the observations the executor and status use. The data types live in
+`transition_model` (named from here), the step builder in `transition_steps`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
 
 from tessera import blocks, observed, routes_doc
-from tessera.policies import actions, links
+from tessera.policies import actions, transition_model, transition_steps
 
-DevKey = tuple[str, str]  # (agent, device)
-Where = tuple[str, tuple[str, int, int]]  # (agent, block key)
-
-
-@dataclass(frozen=True)
-class Placed:
-    """A block on an agent."""
-
-    agent: str
-    address: str
-    block: blocks.Block
-    data_plane: actions.DataPlane | None = None  # how a TP rank meets its group
-
-
-@dataclass(frozen=True)
-class Target:
-    """The desired state of one plan generation: its blocks and the replicas to route."""
-
-    generation: int
-    blocks: tuple[Placed, ...]
-    replicas: tuple[routes_doc.RouteReplica, ...]
-
-
-@dataclass(frozen=True)
-class DrainPolicy:
-    deadline_s: float = routes_doc.DEFAULT_DRAIN_DEADLINE_S  # when nothing is published
-    grace_s: float = 5.0  # past the deadline: the gateway has given up on the replica
-    settle_s: float = 2.0  # before an idle replica counts as drained: the gateway's reload
-
-    def __post_init__(self) -> None:
-        if min(self.deadline_s, self.grace_s, self.settle_s) < 0:
-            raise ValueError("drain policy: durations must be >= 0")
-
-
-@dataclass(frozen=True)
-class World:
-    """What the planner may look at."""
-
-    observed: observed.Observed
-    owner_prefix: str  # replica ids of this deployment start with it
-    published: routes_doc.RoutesDoc | None = None  # routes the gateway was last given
-    now: float = 0.0  # unix seconds
-    memory: Mapping[DevKey, int] | None = None  # free bytes; None: the agents' free_bytes
-    links: links.LinkModel = field(default_factory=links.LinkModel)
-    drain: DrainPolicy = field(default_factory=DrainPolicy)
-    checkpoint_readable: bool = True  # agents can read the weights from storage
-
-
-@dataclass(frozen=True)
-class Blocked:
-    """Why a transition cannot be done; `reason` is a condition reason."""
-
-    reason: str  # InsufficientMemory, AgentUnreachable, NoSource
-    message: str
-
-
-MODES = ("converged", "make-before-break", "freeing-order", "blocked")
-
-
-@dataclass(frozen=True)
-class Transition:
-    generation: int
-    steps: tuple[actions.Step, ...]
-    mode: str  # one of MODES
-    blocked: Blocked | None = None
-    peak_bytes: int = 0  # this deployment's block bytes at the plan's peak (simulated)
-    start_bytes: int = 0  # ... before its first step
-    end_bytes: int = 0  # ... after its last step
-
-    @property
-    def converged(self) -> bool:
-        return not self.steps and self.blocked is None
+# the planner's data types, named from here by its callers
+DevKey = transition_model.DevKey
+Placed = transition_model.Placed
+Target = transition_model.Target
+DrainPolicy = transition_model.DrainPolicy
+World = transition_model.World
+Blocked = transition_model.Blocked
+Transition = transition_model.Transition
+MODES = transition_model.MODES
 
 
 def complete_replicas(obs: observed.Observed, owner_prefix: str) -> set[str]:
@@ -131,6 +69,24 @@ def complete_replicas(obs: observed.Observed, owner_prefix: str) -> set[str]:
                 if b.group_state == "failed":
                     failed.add(b.replica_id)
     return {r for r, s in ranks.items() if s == total[r] and r not in failed}
+
+
+def _broken_tp_stages(
+    present: Mapping[Any, tuple[Placed, int | None]], want: Mapping[Any, Placed]
+) -> set[tuple[str, int]]:
+    """Tensor-parallel stages to load again as a whole: a rank reports its group failed,
+    or some ranks are held while others are missing (a new group needs all of them)."""
+    held: dict[tuple[str, int], list[bool]] = {}
+    failed: set[tuple[str, int]] = set()
+    for where, p in want.items():
+        if p.block.tp_size == 1:
+            continue
+        key = (p.block.replica_id, p.block.stage_index)
+        have = present.get(where)
+        held.setdefault(key, []).append(have is not None)
+        if have is not None and have[0].block.group_state == "failed":
+            failed.add(key)
+    return failed | {k for k, got in held.items() if any(got) and not all(got)}
 
 
 def replica_load(obs: observed.Observed, replica_id: str) -> observed.ReplicaLoad | None:
@@ -164,168 +120,9 @@ def _rewire_only(want: blocks.Block, have: blocks.Block) -> bool:
     )
 
 
-class _Sim:
-    """The simulated state the steps are written against: memory, blocks, routes."""
-
-    def __init__(self, world: World, target: Target) -> None:
-        self.world, self.target = world, target
-        obs = world.observed
-        self.reachable = {a.name: a for a in obs.agents if a.reachable}
-        self.free: dict[DevKey, int] = {}
-        for a in self.reachable.values():
-            for d in a.devices:
-                self.free[(a.name, d.id)] = d.free_bytes
-        if world.memory is not None:
-            self.free.update(world.memory)
-        # every block held (any deployment: peers), with the step that loads it (None: held)
-        self.present: dict[Where, tuple[Placed, int | None]] = {
-            (a.name, b.key): (Placed(a.name, a.address, b), None)
-            for a in self.reachable.values()
-            for b in a.blocks
-        }
-        self.readers: dict[Where, list[int]] = {}  # loads copying from a block
-        self.steps: list[actions.Step] = []
-        self.unloads_on: dict[DevKey, list[int]] = {}
-        self.routed: list[routes_doc.RouteReplica] = (
-            list(world.published.replicas) if world.published is not None else []
-        )
-        self.route_steps: list[int] = []
-        self.ours_bytes = sum(
-            p.block.bytes for p, _ in self.present.values() if self.ours(p.block.replica_id)
-        )
-        self.start_bytes = self.peak_bytes = self.ours_bytes
-        self.retired = 0
-
-    def ours(self, rid: str) -> bool:
-        return rid.startswith(self.world.owner_prefix)
-
-    def add(self, action: actions.Action, after: Iterable[int] = ()) -> int:
-        sid = len(self.steps)
-        self.steps.append(actions.Step(sid, action, tuple(sorted(set(after)))))
-        return sid
-
-    # -- replicas and memory --------------------------------------------------------
-    def held(self, rid: str) -> list[Placed]:
-        return sorted(
-            (p for p, _ in self.present.values() if p.block.replica_id == rid),
-            key=lambda p: -p.block.stage_index,
-        )
-
-    def deficit(self, need: Mapping[DevKey, int]) -> dict[DevKey, int]:
-        return {k: n - self.free.get(k, 0) for k, n in need.items() if n > self.free.get(k, 0)}
-
-    # -- actions ----------------------------------------------------------------------
-    def retire(self, rid: str, after: list[int]) -> list[int]:
-        """Drain a replica no route names, then unload its blocks; the unload step ids."""
-        drain_deadline = (
-            self.world.published.drain_deadline_s
-            if self.world.published is not None
-            else self.world.drain.deadline_s
-        )
-        drain = self.add(actions.Drain(rid, drain_deadline), after)
-        out = []
-        for p in self.held(rid):
-            out.append(self.unload(p, [drain]))
-        return out
-
-    def unload(self, p: Placed, after: list[int]) -> int:
-        where = (p.agent, p.block.key)
-        _, loaded_by = self.present.pop(where)
-        deps = list(after) + self.readers.pop(where, [])
-        if loaded_by is not None:
-            deps.append(loaded_by)
-        sid = self.add(actions.UnloadBlock(p.agent, p.address, p.block), deps)
-        dev = (p.agent, p.block.device)
-        self.free[dev] = self.free.get(dev, 0) + p.block.bytes
-        self.unloads_on.setdefault(dev, []).append(sid)
-        self.ours_bytes -= p.block.bytes
-        return sid
-
-    def source(self, p: Placed) -> tuple[Placed, int | None] | None:
-        """The fastest peer holding `p`'s tensors, when it beats reading storage."""
-        links_, nbytes = self.world.links, p.block.param_bytes
-        best: tuple[float, Placed, int | None] | None = None
-        for have, step in self.present.values():
-            if step is not None:
-                continue  # only blocks held now: a copy never waits for another load
-            if have.block.key == p.block.key and have.agent == p.agent:
-                continue
-            if have.block.holds(p.block):
-                t = links_.copy_seconds(have.agent, p.agent, nbytes)
-                if best is None or t < best[0]:
-                    best = (t, have, step)
-        store = links_.read_seconds(p.agent, nbytes) if self.world.checkpoint_readable else math.inf
-        if best is not None and best[0] < store:
-            return best[1], best[2]
-        return None
-
-    def load(self, p: Placed, after: list[int]) -> int | Blocked:
-        src = self.source(p)
-        if src is None and not self.world.checkpoint_readable:
-            return Blocked(
-                "NoSource",
-                f"no agent holds the tensors of {p.block.describe()} and the checkpoint "
-                "cannot be read from storage",
-            )
-        deps = list(after) + self.unloads_on.get((p.agent, p.block.device), [])
-        peer = None
-        if src is not None:
-            have, loaded_by = src
-            peer = actions.PeerSource(
-                have.agent, have.address, have.block.replica_id, have.block.stage_index
-            )
-            if loaded_by is not None:
-                deps.append(loaded_by)
-        sid = self.add(actions.LoadBlock(p.agent, p.address, p.block, peer, p.data_plane), deps)
-        if src is not None:
-            self.readers.setdefault((src[0].agent, src[0].block.key), []).append(sid)
-        dev = (p.agent, p.block.device)
-        # a load without a KV budget takes all the memory left on its device
-        took = p.block.bytes if p.block.kv_bytes else max(self.free.get(dev, 0), p.block.bytes)
-        self.free[dev] = self.free.get(dev, 0) - took
-        self.present[(p.agent, p.block.key)] = (p, sid)
-        self.ours_bytes += p.block.bytes
-        self.peak_bytes = max(self.peak_bytes, self.ours_bytes)
-        return sid
-
-    def cut_over(self, replicas: list[routes_doc.RouteReplica], after: list[int]) -> int:
-        keep = {r.id for r in replicas}
-        gone = tuple(r.id for r in self.routed if r.id not in keep)
-        deadline = (
-            self.world.published.drain_deadline_s
-            if self.world.published is not None
-            else self.world.drain.deadline_s
-        )
-        sid = self.add(
-            actions.CutOver(self.target.generation, tuple(replicas), gone, deadline),
-            after + self.route_steps,
-        )
-        self.routed = list(replicas)
-        self.route_steps = [sid]
-        return sid
-
-
-def _victim(sim: _Sim, need: Mapping[DevKey, int], target_ids: set[str]) -> str | None:
-    """The routed old replica whose retirement frees most of the deficit, provided another
-    complete replica keeps serving (or nothing was serving to begin with)."""
-    short = sim.deficit(need)
-    best: tuple[int, str] | None = None
-    for r in sim.routed:
-        if r.id in target_ids or not sim.ours(r.id):
-            continue
-        if sim.world.published is not None and len(sim.routed) < 2:
-            continue  # it is the last one serving
-        freed = sum(
-            min(p.block.bytes, short.get((p.agent, p.block.device), 0)) for p in sim.held(r.id)
-        )
-        if freed > 0 and (best is None or freed > best[0]):
-            best = (freed, r.id)
-    return best[1] if best is not None else None
-
-
 def plan(world: World, target: Target) -> Transition:
     """The steps from `world` to `target` (see the module docstring)."""
-    sim = _Sim(world, target)
+    sim = transition_steps.StepBuilder(world, target)
     target_ids = {r.id for r in target.replicas}
     want = {(p.agent, p.block.key): p for p in target.blocks}
     down = sorted({p.agent for p in target.blocks if p.agent not in sim.reachable})
@@ -345,7 +142,7 @@ def plan(world: World, target: Target) -> Transition:
         sim.retire(rid, [])
     rewire: list[Placed] = []
     missing: dict[str, list[Placed]] = {}
-    broken = _broken_tp_stages(sim, want)
+    broken = _broken_tp_stages(sim.present, want)
     regroup: dict[tuple[str, int], list[int]] = {}  # a new group forms after the old closed
     for where, p in want.items():
         held = sim.present.get(where)
@@ -371,7 +168,7 @@ def plan(world: World, target: Target) -> Transition:
     loads: list[int] = []
     done_new: list[routes_doc.RouteReplica] = []
     for r in (r for r in target.replicas if r.id in missing):
-        blocked = _make_room(sim, r, missing[r.id], target_ids, loads, done_new)
+        blocked = transition_steps.make_room(sim, r, missing[r.id], target_ids, loads, done_new)
         if blocked is not None:
             break
         prev: list[int] = []
@@ -424,53 +221,6 @@ def plan(world: World, target: Target) -> Transition:
         sim.start_bytes,
         sim.ours_bytes,
     )
-
-
-def _broken_tp_stages(sim: _Sim, want: Mapping[Where, Placed]) -> set[tuple[str, int]]:
-    """Tensor-parallel stages to load again as a whole: a rank reports its group failed,
-    or some ranks are held while others are missing (a new group needs all of them)."""
-    held: dict[tuple[str, int], list[bool]] = {}
-    failed: set[tuple[str, int]] = set()
-    for where, p in want.items():
-        if p.block.tp_size == 1:
-            continue
-        key = (p.block.replica_id, p.block.stage_index)
-        have = sim.present.get(where)
-        held.setdefault(key, []).append(have is not None)
-        if have is not None and have[0].block.group_state == "failed":
-            failed.add(key)
-    return failed | {k for k, got in held.items() if any(got) and not all(got)}
-
-
-def _make_room(
-    sim: _Sim,
-    r: routes_doc.RouteReplica,
-    todo: list[Placed],
-    target_ids: set[str],
-    loads: list[int],
-    done_new: list[routes_doc.RouteReplica],
-) -> Blocked | None:
-    """Retire old replicas (cut-over, drain, unload) until `todo` fits; None when it does."""
-    need: dict[DevKey, int] = {}
-    for p in todo:
-        k = (p.agent, p.block.device)
-        need[k] = need.get(k, 0) + p.block.bytes
-    while sim.deficit(need):
-        victim = _victim(sim, need, target_ids)
-        if victim is None:
-            dev, short = next(iter(sim.deficit(need).items()))
-            return Blocked(
-                "InsufficientMemory",
-                f"replica {r.id} needs {need[dev]} bytes on {dev[0]}/{dev[1]}, which has "
-                f"{sim.free.get(dev, 0)} free ({short} short) even after freeing every old "
-                "replica that can go while another keeps serving",
-            )
-        keep = [x for x in sim.routed if x.id != victim]
-        keep += [x for x in done_new if x not in keep]
-        cut = sim.cut_over(keep, loads)
-        sim.retire(victim, [cut])
-        sim.retired += 1
-    return None
 
 
 def _routes_match(world: World, target: Target) -> bool:
