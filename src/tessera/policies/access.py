@@ -9,7 +9,8 @@ Roles follow what each component needs, nothing more:
 - `operator` places blocks (loads, unloads, profiles) and observes agents;
 - `gateway` runs requests (Generate, Cancel) and moves KV between replicas (it already sees
   every prompt, so reading KV reveals nothing it does not hold);
-- `agent` is a peer: stage streams to the next stage and block copies (FetchTensors);
+- `agent` is a peer: stage streams to the next stage and block copies (FetchTensors,
+  PushTensors);
 - `admin` is a person's tool (`tessera profile`, benches): everything.
 Reading weights (FetchTensors) is thus open to agents only, reading KV (ExportKV and the
 pins around it) to gateways only.
@@ -40,6 +41,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     "Profile": frozenset({OPERATOR, ADMIN}),
     "StageStream": frozenset({AGENT, ADMIN}),
     "FetchTensors": frozenset({AGENT, ADMIN}),
+    "PushTensors": frozenset({AGENT, ADMIN}),  # a block copy over the data plane
     "Generate": frozenset({GATEWAY, ADMIN}),
     "Cancel": frozenset({GATEWAY, ADMIN}),
     "PinPrefix": _KV,
