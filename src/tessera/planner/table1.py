@@ -1,0 +1,161 @@
+"""OServe Table 1 in model form: heterogeneous vs best homogeneous P99 latency over S1-S5.
+
+``tessera bench planner`` reports ``oserve_table1`` from :func:`run`. Classes are the
+paper's four types cut from the shared trace at its median input and median output
+length (SI/LI = short/long input, SO/LO = short/long output; each class's tokens are the
+medians of its quadrant), mixed in the five compositions of the paper's Table 1 (S1-S5,
+shares in the order SILO/LILO/SISO/LISO); CV is the population standard deviation of
+the four shares over their mean (it reproduces the paper's column). Setup as the paper:
+Llama-2-70B on 16 H100s (2 nodes of 8).
+
+Load: for each mix the total rate is ``LOAD`` (0.7) of the best homogeneous layout's
+sustainable rate at that mix (throughput objective), so the baseline runs busy but
+stable. Candidates: every layout of the exhaustive enumeration (``exhaustive.layouts``)
+and every homogeneous layout; each is priced by ``tessera.planner.latency`` with its
+best routing. The heterogeneous result is the best candidate, the baseline the best
+homogeneous one (both preferring layouts that meet the SLO), and ``speedup`` the
+baseline's modelled P99 request latency over the heterogeneous one's. Model output from
+the analytic cost model, not a measurement.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tessera.cost.capacity import RequestClass, Slo
+from tessera.cost.profile import Profile
+from tessera.planner import capacity_table, exhaustive, homogeneous
+from tessera.planner.evaluate import Evaluator
+from tessera.planner.latency import LatencyModel, LatencyReport
+from tessera.planner.layout import Layout
+from tessera.planner.problem import PlanningProblem, PoolNode
+from tessera.workload import traces
+
+NAMES = ("SILO", "LILO", "SISO", "LISO")
+# (level, shares in NAMES order, paper's CV, paper's speedup over vLLM static)
+LEVELS: tuple[tuple[str, tuple[float, ...], float, float], ...] = (
+    ("S1", (0.263, 0.262, 0.273, 0.202), 0.112, 1.14),
+    ("S2", (0.300, 0.280, 0.242, 0.178), 0.186, 1.41),
+    ("S3", (0.188, 0.189, 0.355, 0.268), 0.275, 1.89),
+    ("S4", (0.132, 0.142, 0.411, 0.315), 0.472, 2.15),
+    ("S5", (0.082, 0.082, 0.471, 0.366), 0.688, 2.66),
+)
+LOAD = 0.7
+GPU_MEMORY = 80 * 2**30
+
+
+def cv(shares: Sequence[float]) -> float:
+    """Population standard deviation over mean."""
+    return statistics.pstdev(shares) / statistics.fmean(shares)
+
+
+def quadrant_classes(requests: Sequence[traces.Request]) -> tuple[RequestClass, ...]:
+    """The four classes: quadrants at the median input and output (module docstring)."""
+    inp = np.asarray([r.input_tokens for r in requests], dtype=np.float64)
+    out = np.asarray([r.output_tokens for r in requests], dtype=np.float64)
+    mi, mo = float(np.median(inp)), float(np.median(out))
+    masks = {
+        "SILO": (inp <= mi) & (out > mo),
+        "LILO": (inp > mi) & (out > mo),
+        "SISO": (inp <= mi) & (out <= mo),
+        "LISO": (inp > mi) & (out <= mo),
+    }
+    made = []
+    for name in NAMES:
+        m = masks[name]
+        if not m.any():
+            raise ValueError(f"the trace has no {name} request (median split)")
+        made.append(
+            RequestClass(
+                name, max(1, round(float(np.median(inp[m])))), max(1, round(float(np.median(out[m]))))
+            )
+        )
+    return tuple(made)
+
+
+def _layout_key(layout: Layout) -> tuple[tuple[Any, int], ...]:
+    return layout.shape_counts()
+
+
+def run(
+    profile: Profile, base: tuple[RequestClass, ...], slo: Slo, nodes: int = 2, gpus: int = 8
+) -> dict[str, Any]:
+    """The table rows and its setup."""
+    pool = tuple(PoolNode(f"node-{i}", tuple(range(gpus))) for i in range(nodes))
+    rows = []
+    for level, shares, paper_cv, paper_speedup in LEVELS:
+        mix = tuple(
+            RequestClass(c.name, c.input_tokens, c.output_tokens, w)
+            for c, w in zip(base, shares, strict=True)
+        )
+        problem = PlanningProblem(profile, pool, GPU_MEMORY, profile.comm, mix, slo)
+        table = capacity_table.build_table(problem)
+        ranked = homogeneous.ranked(table, Evaluator(table, problem.demand))
+        rate = LOAD * ranked[0].evaluation.scale * sum(problem.demand)
+        demand = tuple(rate * w / sum(shares) for w in shares)
+        model = LatencyModel(problem, table)
+        cache: dict[Any, LatencyReport] = {}
+
+        def price(layout: Layout) -> LatencyReport:
+            key = _layout_key(layout)
+            if key not in cache:
+                pairs = [(s, n) for s, n in key if n > 0]
+                shapes = tuple(s for s, _ in pairs)
+                counts = tuple(n for _, n in pairs)
+                cache[key] = model.best_routing(shapes, counts, demand)
+            return cache[key]
+
+        homo = min(
+            ((c.layout, price(c.layout)) for c in ranked), key=lambda p: p[1].key()
+        )
+        hetero = homo
+        for layout in exhaustive.layouts(table):
+            report = price(layout)
+            if report.key() < hetero[1].key():
+                hetero = (layout, report)
+        rows.append(
+            {
+                "level": level,
+                "shares": list(shares),
+                "cv": round(cv(shares), 4),
+                "paper_cv": paper_cv,
+                "speedup": round(homo[1].p99_latency_s / hetero[1].p99_latency_s, 4),
+                "paper_speedup": paper_speedup,
+                "total_rps": round(rate, 4),
+                "heterogeneous": _describe(hetero),
+                "homogeneous": _describe(homo),
+                "layouts_priced": len(cache),
+            }
+        )
+    return {
+        "label": "model output (analytic cost model + M/M/c and M/M/1 queueing), not measured",
+        "model": profile.model.name,
+        "cluster": f"{nodes}x{gpus} {profile.device}",
+        "classes": [
+            {"name": c.name, "input_tokens": c.input_tokens, "output_tokens": c.output_tokens}
+            for c in base
+        ],
+        "load": f"{LOAD} x the best homogeneous layout's sustainable rate at each mix",
+        "slo": {"ttft_p99_s": slo.ttft_s, "tpot_p99_s": slo.tpot_s},
+        "speedup": "best homogeneous P99 request latency / heterogeneous P99 request latency",
+        "rows": rows,
+        "speedup_rises_with_cv": all(
+            a["speedup"] <= b["speedup"] for a, b in zip(rows, rows[1:], strict=False)
+        ),
+    }
+
+
+def _describe(pair: tuple[Layout, LatencyReport]) -> dict[str, Any]:
+    layout, report = pair
+    return {
+        "layout": layout.label(),
+        "p99_latency_s": round(report.p99_latency_s, 4),
+        "p99_ttft_s": round(report.p99_ttft_s, 4),
+        "p99_tpot_s": round(report.p99_tpot_s, 5),
+        "meets_slo": report.meets_slo,
+        "max_utilization": round(report.max_utilization, 4),
+    }
