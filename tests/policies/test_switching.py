@@ -115,7 +115,9 @@ def test_a_switch_always_pays_and_clears_min_gain(
     cur: float, cand: float, switch_s: float, rate: float, streak: int, since: int
 ) -> None:
     state = HysteresisState("B", streak, since)
-    d = switching.decide(ACTIVE, state, DeploymentCost("A", cur), DeploymentCost("B", cand), rate, switch_s)
+    d = switching.decide(
+        ACTIVE, state, DeploymentCost("A", cur), DeploymentCost("B", cand), rate, switch_s
+    )
     if d.action == "switch":
         assert d.expected_gain > d.switch_cost
         assert d.relative_gain >= ACTIVE.min_gain
@@ -148,7 +150,9 @@ def _doc(switching_doc: object) -> dict[str, object]:
 
 
 def test_api_parses_switching_spec_with_clear_errors() -> None:
-    parsed = api.parse(_doc({"enabled": True, "mode": "active", "spanSeconds": 30, "minGain": 0.05}))
+    parsed = api.parse(
+        _doc({"enabled": True, "mode": "active", "spanSeconds": 30, "minGain": 0.05})
+    )
     assert parsed.spec.policies.switching == api.SwitchingSpec(True, "active", 30.0, 0.05)
     assert api.parse(_doc({})).spec.policies.switching == api.SwitchingSpec()
     for bad, where in (

@@ -51,6 +51,11 @@ class AtomExp:
 NO_WAIT = AtomExp(0.0, math.inf)
 
 
+def scaled(wait: AtomExp, factor: float) -> AtomExp:
+    """The wait multiplied by ``factor`` > 0 (its exponential rate divided by it)."""
+    return wait if wait.p == 0 else AtomExp(wait.p, wait.rate / factor)
+
+
 def erlang_c(servers: int, offered: float) -> float:
     """Probability that an arrival waits in M/M/c with ``offered = lam / mu`` < servers."""
     if servers < 1:
@@ -98,11 +103,7 @@ def survival(t: float, a: AtomExp, b: AtomExp = NO_WAIT) -> float:
             both = (1 + x * t) * math.exp(-x * t)
         else:
             both = (y * math.exp(-x * t) - x * math.exp(-y * t)) / (y - x)
-    return (
-        a.p * (1 - b.p) * tail(a.rate)
-        + b.p * (1 - a.p) * tail(b.rate)
-        + a.p * b.p * both
-    )
+    return a.p * (1 - b.p) * tail(a.rate) + b.p * (1 - a.p) * tail(b.rate) + a.p * b.p * both
 
 
 @dataclass(frozen=True)

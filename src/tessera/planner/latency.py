@@ -36,7 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize
 
-from tessera.cost import capacity, latency as stage_latency, queueing
+from tessera.cost import capacity, queueing
+from tessera.cost import latency as stage_latency
 from tessera.planner import assign
 from tessera.planner.capacity_table import CapacityTable, replica_layout
 from tessera.planner.problem import PlanningProblem
@@ -51,6 +52,7 @@ class LatencyReport:
     """Modelled tail latency of a layout at a demand."""
 
     p99_latency_s: float  # end-to-end request latency
+    p99_normalized_s: float  # request latency / output tokens (vLLM's normalized latency)
     p99_ttft_s: float
     p99_tpot_s: float
     max_utilization: float
@@ -62,7 +64,7 @@ class LatencyReport:
         return (not self.meets_slo, self.p99_latency_s)
 
 
-INFEASIBLE = LatencyReport(math.inf, math.inf, math.inf, math.inf, False, ())
+INFEASIBLE = LatencyReport(math.inf, math.inf, math.inf, math.inf, math.inf, False, ())
 
 
 @dataclass(frozen=True)
@@ -106,24 +108,33 @@ class LatencyModel:
 
     def replica(
         self, shape: Shape, x: tuple[float, ...]
-    ) -> tuple[list[queueing.Component], list[queueing.Component], list[tuple[float, float]]]:
-        """Latency, TTFT components and (weight, TPOT) pairs of one replica at rates x."""
+    ) -> tuple[
+        list[queueing.Component],
+        list[queueing.Component],
+        list[queueing.Component],
+        list[tuple[float, float]],
+    ]:
+        """Latency, normalized latency and TTFT components, and (weight, TPOT) pairs, of
+        one replica at rates x."""
         f = self.facts(shape)
         classes = self.problem.classes
         lam = sum(x)
         if lam <= 0:
-            return [], [], []
+            return [], [], [], []
         rho = sum(xj / f.rates[j] for j, xj in enumerate(x) if xj > 0)
         if rho >= 1 or any(xj > 0 and f.rates[j] <= 0 for j, xj in enumerate(x)):
             inf = [queueing.Component(lam, math.inf)]
-            return inf, inf, [(lam, math.inf)]
+            return inf, inf, inf, [(lam, math.inf)]
         load = [xj / f.rates[j] if xj > 0 else 0.0 for j, xj in enumerate(x)]
         slots = max(1, round(sum(w * f.batch[j] for j, w in enumerate(load)) / rho))
         busy = max(1.0, rho * slots)
-        context = sum(
-            w * (classes[j].input_tokens + (classes[j].output_tokens - 1) / 2)
-            for j, w in enumerate(load)
-        ) / rho
+        context = (
+            sum(
+                w * (classes[j].input_tokens + (classes[j].output_tokens - 1) / 2)
+                for j, w in enumerate(load)
+            )
+            / rho
+        )
         lay = replica_layout(self.problem, shape, self.table.infos[shape].layer_ranges)
         rnd = capacity.decode_round_seconds(
             self.problem.profile, lay, max(1, math.ceil(busy)), context
@@ -131,28 +142,37 @@ class LatencyModel:
         u = sum(xj * f.occupancy[j] for j, xj in enumerate(x))
         if u >= 1:
             inf = [queueing.Component(lam, math.inf)]
-            return inf, inf, [(lam, math.inf)]
+            return inf, inf, inf, [(lam, math.inf)]
         mean_occ = u / lam
         tpot = rnd / (1 - u)
         mu = lam / (rho * slots)
         slot = queueing.slot_wait(slots, lam, mu, self.scv)
         pre = queueing.single_wait(u, mean_occ, self.scv)
-        total, ttft, tpots = [], [], []
+        total, norm, ttft, tpots = [], [], [], []
         for j, xj in enumerate(x):
             if xj <= 0:
                 continue
             first = f.first_token[j] + rnd + mean_occ
-            steps = classes[j].output_tokens - 1
+            out = classes[j].output_tokens
             ttft.append(queueing.Component(xj, first, slot, pre))
-            total.append(queueing.Component(xj, first + steps * tpot, slot, pre))
+            total.append(queueing.Component(xj, first + (out - 1) * tpot, slot, pre))
+            norm.append(
+                queueing.Component(
+                    xj,
+                    (first + (out - 1) * tpot) / out,
+                    queueing.scaled(slot, 1 / out),
+                    queueing.scaled(pre, 1 / out),
+                )
+            )
             tpots.append((xj, tpot))
-        return total, ttft, tpots
+        return total, norm, ttft, tpots
 
     def report(
         self, shapes: tuple[Shape, ...], counts: tuple[int, ...], rates: assign.Matrix
     ) -> LatencyReport:
         """P99s of groups of identical replicas, each group splitting its rates evenly."""
         total: list[queueing.Component] = []
+        norm: list[queueing.Component] = []
         ttft: list[queueing.Component] = []
         tpots: list[tuple[float, float]] = []
         worst = 0.0
@@ -162,10 +182,11 @@ class LatencyModel:
             x = tuple(v / n for v in row)
             f = self.facts(shape)
             worst = max(worst, sum(v / f.rates[j] for j, v in enumerate(x) if v > 0))
-            a, b, c = self.replica(shape, x)
+            a, b, c, d = self.replica(shape, x)
             total += a
-            ttft += b
-            tpots += c
+            norm += b
+            ttft += c
+            tpots += d
         if not total:
             return INFEASIBLE
         p99_tpot = _weighted_quantile(tpots, Q)
@@ -173,6 +194,7 @@ class LatencyModel:
         slo = self.problem.slo
         return LatencyReport(
             p99_latency_s=queueing.mixture_quantile(total, Q),
+            p99_normalized_s=queueing.mixture_quantile(norm, Q),
             p99_ttft_s=p99_ttft,
             p99_tpot_s=p99_tpot,
             max_utilization=worst,
@@ -195,9 +217,7 @@ class LatencyModel:
         if balanced.value >= 1:
             return INFEASIBLE
         candidates.append(balanced.rates)
-        cost = [
-            [self._queue_free(s, j) for j in range(len(demand))] for s in shapes
-        ]
+        cost = [[self._queue_free(s, j) for j in range(len(demand))] for s in shapes]
         for cap in CAPS:
             if cap <= balanced.value:
                 continue

@@ -138,9 +138,7 @@ def check(
 def from_deployment(deployment: Deployment) -> tuple[ReplicaPlacement, ...]:
     """The placement of a planner deployment (its replicas' stages and GPUs)."""
     return tuple(
-        ReplicaPlacement(
-            r.name, tuple(StagePlacement(s.layers, tuple(s.gpus)) for s in r.stages)
-        )
+        ReplicaPlacement(r.name, tuple(StagePlacement(s.layers, tuple(s.gpus)) for s in r.stages))
         for r in deployment.replicas
     )
 

@@ -10,6 +10,7 @@ Called by ``tessera.policies.switch_plan`` (and its device mapping) and
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -43,9 +44,7 @@ def _stage_slices(
                 yield device, units, stage.slice_of(rank)
 
 
-def split(
-    model: ModelBytes, *placements: tuple[ReplicaPlacement, ...]
-) -> tuple[Shard, ...]:
+def split(model: ModelBytes, *placements: tuple[ReplicaPlacement, ...]) -> tuple[Shard, ...]:
     """The finest common split of ``placements`` (units × slices), in unit-major order."""
     unit_cuts = {0, model.num_layers + 2}
     slice_cuts = {Fraction(0), Fraction(1)}
@@ -55,9 +54,9 @@ def split(
             slice_cuts.update(piece)
     ucuts, scuts = sorted(unit_cuts), sorted(slice_cuts)
     out = []
-    for u0, u1 in zip(ucuts, ucuts[1:], strict=False):
+    for u0, u1 in itertools.pairwise(ucuts):
         unit_bytes = sum(model.unit_bytes(u) for u in range(u0, u1))
-        for f0, f1 in zip(scuts, scuts[1:], strict=False):
+        for f0, f1 in itertools.pairwise(scuts):
             out.append(Shard((u0, u1), (f0, f1), unit_bytes * float(f1 - f0)))
     return tuple(out)
 

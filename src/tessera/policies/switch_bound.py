@@ -77,7 +77,7 @@ def bound(
             rows.append(index[r])
             cols.append(j)
             vals.append(1.0 / (links.capacity(link_model, r) / GB))
-    for r, i in index.items():  # -T on every resource row
+    for i in index.values():  # -T on every resource row
         rows.append(i)
         cols.append(n)
         vals.append(-1.0)

@@ -80,8 +80,7 @@ class SwitchPlan:
             "bytes_in_place": self.bytes_in_place,
             "bytes_by_tier": dict(self.bytes_by_tier),
             "busiest_links": {
-                resource_label(r): b
-                for r, b in sorted(self.link_bytes, key=lambda p: -p[1])[:8]
+                resource_label(r): b for r, b in sorted(self.link_bytes, key=lambda p: -p[1])[:8]
             },
         }
 

@@ -154,9 +154,7 @@ def decide(
         cost = rate_rps * switch_s * config.disruption * current.latency_s
 
     def out(action: str, reason: str, next_state: HysteresisState) -> SwitchDecision:
-        return SwitchDecision(
-            action, candidate.name, rel, gain, cost, switch_s, reason, next_state
-        )
+        return SwitchDecision(action, candidate.name, rel, gain, cost, switch_s, reason, next_state)
 
     reset = replace(aged, candidate=None, streak=0)
     if not config.enabled:
@@ -184,8 +182,12 @@ def decide(
         )
     if not urgent and streak < config.hold_spans:
         return out(STAY, f"candidate has won {streak} of {config.hold_spans} spans", held)
-    why = "the current deployment cannot serve the forecast" if urgent else (
-        f"candidate is {rel:.1%} faster; gain {gain:.3g} req*s > switch cost {cost:.3g} req*s"
+    why = (
+        "the current deployment cannot serve the forecast"
+        if urgent
+        else (
+            f"candidate is {rel:.1%} faster; gain {gain:.3g} req*s > switch cost {cost:.3g} req*s"
+        )
     )
     if config.mode == "advisory":
         return out(RECOMMEND, f"{why} (advisory: nothing changed)", held)

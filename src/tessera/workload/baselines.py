@@ -129,9 +129,9 @@ class Seasonal:
     def fit(self, history: FloatArray) -> None:
         """Choose `period` and `cycles` on `history` when left as None."""
         forecaster.check_history(history)
-        periods = [p for p in PERIODS if 3 * p <= len(history)] if self.period is None else [
-            self.period
-        ]
+        periods = (
+            [p for p in PERIODS if 3 * p <= len(history)] if self.period is None else [self.period]
+        )
         cycles = list(CYCLES) if self.cycles is None else [self.cycles]
         if not periods:
             self.period = self.period or 1

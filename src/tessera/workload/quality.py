@@ -84,9 +84,7 @@ def evaluate(
         "classes": workload.k,
         "lstm_window": window if "lstm" in models else None,
         "rrmse": {name: _num(rrmse.overall(actual, p)) for name, p in scored.items()},
-        "rrmse_per_class": {
-            name: [_num(v) for v in values] for name, values in per_class.items()
-        },
+        "rrmse_per_class": {name: [_num(v) for v in values] for name, values in per_class.items()},
         "poisson_floor_per_class": [_num(v) for v in rrmse.poisson_floor_per_class(actual)],
         "selected_counts": dict(collections.Counter(chosen)),
         "test_mean_count_per_class": [_num(float(v)) for v in actual.mean(axis=0)],
