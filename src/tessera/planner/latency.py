@@ -20,16 +20,19 @@ This module prices a layout at a concrete demand (req/s per class) with queueing
 * request latency of class j = TTFT + (out_j - 1) * TPOT.
 
 The P99s are quantiles of the demand-weighted mixture over (replica, class). The layout's
-routing is chosen by :func:`best_routing`: an LP minimising the summed queue-free
-latency under a utilization cap, for several caps, plus the throughput-balanced
-(makespan) routing, keeping the lowest P99 latency. A routing meeting the SLO's P99 TTFT
-and TPOT is preferred to one that does not. Every figure is model output (analytic or
-fitted profile), not a measurement. Callers: ``tessera.planner.table1`` (the bench's
-``oserve_table1``) and the switching loop (modelled latency of current and candidate).
+routing is chosen by :meth:`LatencyModel.best_routing`: an LP minimising the summed
+queue-free latency under a utilization cap, for several caps, plus the
+throughput-balanced (makespan) routing, keeping the lowest P99 latency; optionally also
+with some replicas of a shape dedicated to one class (``dedicate``). A routing meeting
+the SLO's P99 TTFT and TPOT is preferred to one that does not. Every figure is model
+output (analytic or fitted profile), not a measurement. Callers:
+``tessera.planner.table1`` (the bench's ``oserve_table1``) and the switching loop
+(modelled latency of the current and the candidate deployment).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -58,6 +61,7 @@ class LatencyReport:
     max_utilization: float
     meets_slo: bool  # P99 TTFT and TPOT within the problem's SLO
     rates: tuple[tuple[float, ...], ...]  # [group][class] req/s routed (all replicas)
+    dedicated: str = ""  # replicas set apart for one class, e.g. "1x tp4pp2: LISO"
 
     def key(self) -> tuple[bool, float]:
         """Sort key: SLO-meeting first, then lower P99 latency."""
@@ -203,20 +207,68 @@ class LatencyModel:
         )
 
     def best_routing(
-        self, shapes: tuple[Shape, ...], counts: tuple[int, ...], demand: tuple[float, ...]
+        self,
+        shapes: tuple[Shape, ...],
+        counts: tuple[int, ...],
+        demand: tuple[float, ...],
+        dedicate: bool = False,
     ) -> LatencyReport:
-        """The best of the capped latency LPs and the makespan routing (module docstring)."""
+        """The best of the capped latency LPs and the makespan routing (module docstring).
+
+        Replicas of one shape form a group that splits each class evenly. With
+        ``dedicate``, every way of setting ``m`` replicas of one group apart for one class
+        alone is tried too (a tp4 pair where one serves long prompts only)."""
+        structures: list[tuple[tuple[Shape, ...], tuple[int, ...], tuple[int | None, ...]]] = [
+            (shapes, counts, tuple(None for _ in shapes))
+        ]
+        if dedicate:
+            for g, (shape, n) in enumerate(zip(shapes, counts, strict=True)):
+                for j in range(len(demand)):
+                    for m in range(1, n + 1):
+                        if m == n and len(shapes) == 1:
+                            continue  # the other classes would have no replica
+                        rest: list[tuple[Shape, int, int | None]] = [
+                            (s, n - m if k == g else c, None)
+                            for k, (s, c) in enumerate(zip(shapes, counts, strict=True))
+                        ]
+                        kept = [p for p in rest if p[1] > 0] + [(shape, m, j)]
+                        structures.append(
+                            (
+                                tuple(p[0] for p in kept),
+                                tuple(p[1] for p in kept),
+                                tuple(p[2] for p in kept),
+                            )
+                        )
+        best = INFEASIBLE
+        for group_shapes, group_counts, only in structures:
+            report = self._route(group_shapes, group_counts, only, demand)
+            if report.key() < best.key():
+                note = ", ".join(
+                    f"{n}x {s.label()}: {self.problem.classes[o].name} only"
+                    for s, n, o in zip(group_shapes, group_counts, only, strict=True)
+                    if o is not None
+                )
+                best = dataclasses.replace(report, dedicated=note)
+        return best
+
+    def _route(
+        self,
+        shapes: tuple[Shape, ...],
+        counts: tuple[int, ...],
+        only: tuple[int | None, ...],
+        demand: tuple[float, ...],
+    ) -> LatencyReport:
         capacity_matrix = tuple(
-            tuple(n * r for r in self.facts(s).rates) for s, n in zip(shapes, counts, strict=True)
+            tuple(n * r if o is None or o == j else 0.0 for j, r in enumerate(self.facts(s).rates))
+            for s, n, o in zip(shapes, counts, only, strict=True)
         )
-        candidates: list[assign.Matrix] = []
         try:
             balanced = assign.solve(assign.AssignmentProblem(demand, capacity_matrix), "makespan")
         except assign.InfeasibleError:
             return INFEASIBLE
         if balanced.value >= 1:
             return INFEASIBLE
-        candidates.append(balanced.rates)
+        candidates: list[assign.Matrix] = [balanced.rates]
         cost = [[self._queue_free(s, j) for j in range(len(demand))] for s in shapes]
         for cap in CAPS:
             if cap <= balanced.value:

@@ -13,8 +13,11 @@ homogeneous layout's sustainable rate at that mix (throughput objective), so the
 baseline runs busy but stable. Candidates: every layout of the exhaustive enumeration
 (``exhaustive.layouts``) over every feasible shape (throughput pruning is not exact for
 latency) and every homogeneous layout; each is priced by ``tessera.planner.latency``
-with its best routing. The heterogeneous result is the best candidate, the baseline the
-best homogeneous one (both preferring layouts that meet the SLO), and ``speedup`` the
+with its best routing; the best ``DEDICATE_TOP`` are priced again allowing some replicas
+of a shape to serve one class alone (OServe routes whole classes to a replica). The
+heterogeneous result is the best candidate; the baseline is the best homogeneous layout
+with class-oblivious routing (every replica the same mix, as vLLM static), both
+preferring layouts that meet the SLO; and ``speedup`` the
 baseline's modelled P99 request latency over the heterogeneous one's. Model output from
 the analytic cost model, not a measurement.
 """
@@ -49,6 +52,7 @@ LEVELS: tuple[tuple[str, tuple[float, ...], float, float], ...] = (
 )
 LOADS = (0.7, 0.9)  # the first gives ``rows``; every one gives ``rows_by_load``
 GPU_MEMORY = 80 * 2**30
+DEDICATE_TOP = 12  # best layouts re-priced with class-dedicated replicas
 
 
 def cv(shares: Sequence[float]) -> float:
@@ -90,13 +94,13 @@ class _Pricer:
         self.demand = demand
         self.cache: dict[Any, LatencyReport] = {}
 
-    def __call__(self, layout: Layout) -> LatencyReport:
-        key = layout.shape_counts()
+    def __call__(self, layout: Layout, dedicate: bool = False) -> LatencyReport:
+        key = (layout.shape_counts(), dedicate)
         if key not in self.cache:
-            pairs = [(s, n) for s, n in key if n > 0]
+            pairs = [(s, n) for s, n in key[0] if n > 0]
             shapes = tuple(s for s, _ in pairs)
             counts = tuple(n for _, n in pairs)
-            self.cache[key] = self.model.best_routing(shapes, counts, self.demand)
+            self.cache[key] = self.model.best_routing(shapes, counts, self.demand, dedicate)
         return self.cache[key]
 
 
@@ -174,9 +178,12 @@ def _rows(
         demand = tuple(rate * w / sum(shares) for w in shares)
         price = _Pricer(LatencyModel(problem, table), demand)
         homo = min(((c.layout, price(c.layout)) for c in ranked), key=lambda p: p[1].key())
-        hetero = homo
-        for layout in exhaustive.layouts(table):
-            report = price(layout)
+        scored = [(layout, price(layout)) for layout in exhaustive.layouts(table)]
+        scored += [(c.layout, price(c.layout)) for c in ranked]
+        scored.sort(key=lambda p: p[1].key())
+        hetero = scored[0]
+        for layout, _ in scored[:DEDICATE_TOP]:  # second phase: class-dedicated replicas
+            report = price(layout, dedicate=True)
             if report.key() < hetero[1].key():
                 hetero = (layout, report)
         rows.append(
@@ -206,4 +213,5 @@ def _describe(pair: tuple[Layout, LatencyReport]) -> dict[str, Any]:
         "p99_tpot_s": round(report.p99_tpot_s, 5),
         "meets_slo": report.meets_slo,
         "max_utilization": round(report.max_utilization, 4),
+        "dedicated": report.dedicated,
     }
