@@ -18,8 +18,11 @@ of a shape to serve one class alone (OServe routes whole classes to a replica). 
 heterogeneous result is the best candidate; the baseline is the best homogeneous layout
 with class-oblivious routing (every replica the same mix, as vLLM static), both
 preferring layouts that meet the SLO; and ``speedup`` the
-baseline's modelled P99 request latency over the heterogeneous one's. Model output from
-the analytic cost model, not a measurement.
+baseline's modelled P99 request latency over the heterogeneous one's. ``switch_plans``:
+the greedy switch plan (``tessera.policies.switch_plan``) and its LP bound between
+consecutive levels' heterogeneous deployments as the planner places them, with the
+profile's links and ``STORAGE_BYTES_PER_S`` for storage. Model output from the analytic
+cost model, not a measurement.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ LEVELS: tuple[tuple[str, tuple[float, ...], float, float], ...] = (
 LOADS = (0.7, 0.9)  # the first gives ``rows``; every one gives ``rows_by_load``
 GPU_MEMORY = 80 * 2**30
 DEDICATE_TOP = 12  # best layouts re-priced with class-dedicated replicas
+STORAGE_BYTES_PER_S = 2e9  # network storage read bandwidth assumed for reloads
 
 
 def cv(shares: Sequence[float]) -> float:
@@ -116,9 +120,12 @@ def run(
     shapes only (for tests)."""
     levels = (LEVELS[0], LEVELS[-1]) if quick else LEVELS
     loads = LOADS[:1] if quick else LOADS
-    by_load = {
-        str(load): _rows(profile, base, slo, nodes, gpus, load, levels, quick) for load in loads
-    }
+    by_load: dict[str, list[dict[str, Any]]] = {}
+    picks: list[tuple[str, PlanningProblem, Any, Layout]] = []
+    for load in loads:
+        rows_here, chosen = _rows(profile, base, slo, nodes, gpus, load, levels, quick)
+        by_load[str(load)] = rows_here
+        picks = picks or chosen
     rows = by_load[str(loads[0])]
     return {
         "label": "model output (analytic cost model + M/M/c and M/M/1 queueing), not measured",
@@ -133,6 +140,7 @@ def run(
         "speedup": "best homogeneous P99 request latency / heterogeneous P99 request latency",
         "rows": rows,
         "rows_by_load": by_load,
+        "switch_plans": _switch_plans(picks),
         "speedup_rises_with_cv": all(
             a["speedup"] <= b["speedup"] for a, b in itertools.pairwise(rows)
         ),
@@ -148,9 +156,10 @@ def _rows(
     load: float,
     levels: tuple[tuple[str, tuple[float, ...], float, float], ...],
     quick: bool,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], list[tuple[str, PlanningProblem, Any, Layout]]]:
     pool = tuple(PoolNode(f"node-{i}", tuple(range(gpus))) for i in range(nodes))
     rows = []
+    chosen = []
     for level, shares, paper_cv, paper_speedup in levels:
         mix = tuple(
             RequestClass(c.name, c.input_tokens, c.output_tokens, w)
@@ -186,6 +195,7 @@ def _rows(
             report = price(layout, dedicate=True)
             if report.key() < hetero[1].key():
                 hetero = (layout, report)
+        chosen.append((level, problem, table, hetero[0]))
         rows.append(
             {
                 "level": level,
@@ -200,7 +210,43 @@ def _rows(
                 "layouts_priced": len(price.cache),
             }
         )
-    return rows
+    return rows, chosen
+
+
+def _switch_plans(
+    picks: list[tuple[str, PlanningProblem, Any, Layout]],
+) -> list[dict[str, Any]]:
+    """Greedy switch plans (and LP bounds) between consecutive levels' deployments."""
+    from tessera.planner import deployment
+    from tessera.policies import links, placement, switch_bound, switch_plan
+
+    placed = []
+    for level, problem, table, layout in picks:
+        evaluation = Evaluator(table, problem.demand)(layout)
+        dep = deployment.materialize(problem, table, layout, evaluation, "latency")
+        placed.append((level, problem, placement.from_deployment(dep)))
+    out = []
+    for (a, problem, src), (b, _, tgt) in itertools.pairwise(placed):
+        model = placement.model_bytes(problem.profile)
+        link_model = links.from_comm(problem.comm, STORAGE_BYTES_PER_S)
+        plan = switch_plan.plan(src, tgt, model, link_model)
+        lower = switch_bound.bound(src, plan, model, link_model)
+        need = model.total_bytes * len(tgt)
+        out.append(
+            {
+                "from": a,
+                "to": b,
+                "switch_s": round(plan.seconds, 4),
+                "lp_bound_s": round(lower.seconds, 4),
+                "plan_vs_bound": round(switch_bound.ratio(plan, lower), 4),
+                "reload_s": round(need / STORAGE_BYTES_PER_S, 2),
+                "bytes_in_place": plan.bytes_in_place,
+                "bytes_moved": plan.bytes_moved,
+                "bytes_from_storage": plan.bytes_from_storage,
+                "bytes_by_tier": dict(plan.bytes_by_tier),
+            }
+        )
+    return out
 
 
 def _describe(pair: tuple[Layout, LatencyReport]) -> dict[str, Any]:
