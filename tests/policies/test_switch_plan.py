@@ -83,6 +83,9 @@ def test_least_loaded_link_chosen() -> None:
     assert sent == {("n0", 0): 6 * GB, ("n0", 1): 2 * GB}
     lower = switch_bound.bound(src, plan, MODEL, LINKS)
     assert math.isclose(lower.seconds, 4 * GB / LINKS.intra_node_bytes_per_s, rel_tol=1e-6)
+    # ranking by the senders' link time instead reaches the bound here
+    sender = switch_plan.plan(src, tgt, MODEL, LINKS, remap=False, rule="sender")
+    assert math.isclose(sender.seconds, lower.seconds, rel_tol=1e-6)
 
 
 def src_devs(src: tuple[ReplicaPlacement, ...]) -> list[tuple[str, int]]:
@@ -207,6 +210,7 @@ def placements(draw: st.DrawFn, nodes: int = 2, gpus: int = 4) -> tuple[ReplicaP
     st.floats(1, 1000),
     st.floats(0.1, 100),
     st.booleans(),
+    st.sampled_from(switch_plan.RULES),
 )
 def test_greedy_never_beats_the_lp_bound(
     src: tuple[ReplicaPlacement, ...],
@@ -215,11 +219,12 @@ def test_greedy_never_beats_the_lp_bound(
     inter: float,
     storage: float,
     remap: bool,
+    rule: str,
 ) -> None:
     model = ModelBytes(4, 1 * GB, embedding_bytes=0.3 * GB, lm_head_bytes=0.2 * GB)
     link_model = LinkModel(intra * GB, inter * GB, storage * GB, device_bytes_per_s=500 * GB)
     pool = {"n0": (0, 1, 2, 3), "n1": (0, 1, 2, 3)}
-    plan = switch_plan.plan(src, tgt, model, link_model, remap=remap, pool=pool)
+    plan = switch_plan.plan(src, tgt, model, link_model, remap=remap, pool=pool, rule=rule)
     lower = switch_bound.bound(src, plan, model, link_model)
     assert plan.seconds >= lower.seconds * (1 - 1e-7) - 1e-12
     # every target byte is either in place or moved exactly once

@@ -28,10 +28,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tessera import fields
 from tessera.policies import device_map, links, placement, shards
 from tessera.policies.links import GpuRef, LinkModel, Resource
 from tessera.policies.placement import ModelBytes, ReplicaPlacement
 from tessera.policies.shards import Shard
+
+RULES: tuple[str, ...] = ("pair", "sender")  # pair: OServe Algorithm 2
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,21 @@ def time_of(loads: Mapping[Resource, float], model: LinkModel) -> tuple[float, R
     return best
 
 
+def _sender_time(
+    source: GpuRef,
+    target: GpuRef,
+    size: float,
+    loads: Mapping[Resource, float],
+    link_model: LinkModel,
+) -> float:
+    """The busiest of ``source``'s sending links after adding ``size`` bytes to them."""
+    return max(
+        (loads.get(r, 0.0) + size) / links.capacity(link_model, r)
+        for r in links.resources(source, target, link_model.tier(source, target))
+        if r[0] == "out"
+    )
+
+
 def plan(
     source: tuple[ReplicaPlacement, ...],
     target: tuple[ReplicaPlacement, ...],
@@ -123,8 +141,11 @@ def plan(
     link_model: LinkModel,
     remap: bool = True,
     pool: Mapping[str, tuple[int, ...]] | None = None,
+    rule: str = "pair",
 ) -> SwitchPlan:
     """The greedy switch plan from ``source`` to ``target`` (module docstring)."""
+    if rule not in RULES:
+        raise fields.FieldError("rule", f"must be one of {', '.join(RULES)}")
     placement.check(source, model.num_layers, "source", complete=False)
     placement.check(target, model.num_layers, "target")
     pieces = shards.split(model, source, target)
@@ -155,7 +176,17 @@ def plan(
             if candidates:
                 local = [s for s in candidates if s[0] == t[0]]
                 pool_ = local or list(candidates)
-                s = min(pool_, key=lambda d: (pair.get((d, t), 0.0), sent.get(d, 0.0), d))
+                if rule == "pair":
+                    s = min(pool_, key=lambda d: (pair.get((d, t), 0.0), sent.get(d, 0.0), d))
+                else:
+                    s = min(
+                        pool_,
+                        key=lambda d: (
+                            _sender_time(d, t, shard.bytes, loads, link_model),
+                            pair.get((d, t), 0.0),
+                            d,
+                        ),
+                    )
                 tier = link_model.tier(s, t)
                 pair[(s, t)] = pair.get((s, t), 0.0) + shard.bytes
                 sent[s] = sent.get(s, 0.0) + shard.bytes
