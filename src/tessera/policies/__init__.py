@@ -1,8 +1,6 @@
-"""Policies: pure decisions over frozen dataclasses, one concept per module.
+"""Decisions, pure: functions over frozen dataclasses that return decision dataclasses.
 
-Each module turns observed or planned state into a decision dataclass; the operator, the
-agent servicer and the gateway only apply them (no I/O here, no torch, kopf or grpc).
-Modules: ``links`` (the link model a transfer plan is timed with), ``switch_plan`` (which
-device sends each parameter shard when a deployment switches), ``switch_bound`` (the LP
-lower bound on a switch's time), ``switching`` (whether a forecast pays for a switch).
+One concept per module (`actions.py`, `links.py`, `transition.py`, ...). The operator,
+`tessera up`, the agents and the gateway only apply what these return. No I/O, no torch,
+kopf or grpc (an import-linter contract keeps it so).
 """
