@@ -23,6 +23,7 @@ BENCHES: dict[str, str] = {
     "planner": "tessera.planner.bench",
     "predictor": "tessera.workload.bench",
     "reconcile": "tessera_operator.bench_reconcile",
+    "sim": "tessera.sim.bench",
 }
 
 
