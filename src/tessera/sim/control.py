@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tessera.cost.profile import CommSpec, Link, Profile
-from tessera.policies import drop_plan, kv_exchange, overload
+from tessera.policies import batching, drop_plan, kv_exchange, overload
 from tessera.sim import setup
 from tessera.sim.engine import Engine
 from tessera.sim.replica import SimReplica, adopt
@@ -40,6 +40,7 @@ class KunServe:
     cfg: overload.OverloadConfig = field(
         default_factory=lambda: overload.OverloadConfig(enabled=True)
     )
+    limits: batching.BatchLimits = field(default_factory=batching.BatchLimits)
     link: Link | None = None  # the members' link for the KV exchange; None: intra-node
     restore: bool = True
     _groups: dict[str, _Group] = field(default_factory=dict)
@@ -80,7 +81,10 @@ class KunServe:
         g = self._groups.get(name)
         if g is None:
             return [(name, frozenset(range(L)))]
-        return [(s.replica, frozenset(range(s.start, s.end))) for s in g.stages]
+        return [
+            (m, frozenset(i for s in g.stages if s.replica == m for i in range(s.start, s.end)))
+            for m in g.members
+        ]
 
     def _drop(self, now: float, engine: Engine, required: int) -> None:
         L = self.profile.model.num_layers
@@ -145,8 +149,12 @@ class KunServe:
             reqs += rep.running + list(rep.waiting)
         name = "+".join(g.members)
         runs = [s.end - s.start for s in g.stages]
+        k = len(g.members)  # one microbatch per member, each within a member's limits
+        limits = batching.BatchLimits(
+            self.limits.max_num_seqs * k, self.limits.max_batched_tokens * k
+        )
         rep = setup.make_replica(name, self.profile, self.comm, self.tp, runs,
-                                 [False] * len(runs), self.gpu_memory)
+                                 [False] * len(runs), self.gpu_memory, limits)
         self._groups[name] = _Group(g.members, g.stages, base)
         adopt(rep, reqs)
         for q in reqs:
@@ -172,7 +180,9 @@ class KunServe:
         old.settle(engine.now)
         L = self.profile.model.num_layers
         news = [
-            setup.make_replica(m, self.profile, self.comm, self.tp, [L], [False], self.gpu_memory)
+            setup.make_replica(
+                m, self.profile, self.comm, self.tp, [L], [False], self.gpu_memory, self.limits
+            )
             for m in g.members
         ]
         reqs = old.running + list(old.waiting)

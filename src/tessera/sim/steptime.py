@@ -11,8 +11,11 @@ layers, plus the tensor-parallel all-reduce (`cost.latency.layer_allreduce_secon
 LM head on the last stage and the hop to the next stage. A chunk of n prompt tokens after
 k cached ones costs the quadratic attention term of ((k+n)^2 - k^2). Decode and prefill
 in one step share a single weight read. Pipeline: the batch is split into m = min(pp,
-sequences) microbatches; a round takes sum_s t_s + (m - 1) max_s t_s (the GPipe bubble),
-and every sequence advances one token per round.
+sequences) microbatches flowing through the stages back to back; a round, in which every
+sequence advances one token, takes max(sum_s t_s, m max_s t_s): a microbatch's trip
+through all stages, or the slowest stage's work on all m microbatches. With fewer
+microbatches than stages the difference is the pipeline bubble (one sequence on pp
+stages pays the whole trip alone).
 """
 
 from __future__ import annotations
@@ -76,4 +79,4 @@ class StepModel:
             ) / m
             total += t
             worst = t if t > worst else worst
-        return total + (m - 1) * worst
+        return max(total, m * worst)
