@@ -8,15 +8,26 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FORBIDDEN = ("tessera_agent", "tessera_operator", "tessera.gateway", "tessera.rpc",
-             "tessera.cli", "torch", "grpc", "kopf")
+FORBIDDEN = (
+    "tessera_agent",
+    "tessera_operator",
+    "tessera.gateway",
+    "tessera.rpc",
+    "tessera.cli",
+    "torch",
+    "grpc",
+    "kopf",
+)
 
 
 def test_contract_is_declared() -> None:
     doc = tomllib.loads((ROOT / "pyproject.toml").read_text())
     contracts = doc["tool"]["importlinter"]["contracts"]
-    sim = [c for c in contracts if "tessera.sim" in c.get("source_modules", [])
-           and c["type"] == "forbidden"]
+    sim = [
+        c
+        for c in contracts
+        if "tessera.sim" in c.get("source_modules", []) and c["type"] == "forbidden"
+    ]
     assert sim, "no forbidden contract covers tessera.sim"
     forbidden = set().union(*(set(c["forbidden_modules"]) for c in sim))
     assert set(FORBIDDEN) <= forbidden

@@ -78,18 +78,25 @@ def run_sim(args: argparse.Namespace) -> int:
         if args.profile:
             prof = profile_mod.profile_from_json(json.loads(Path(args.profile).read_text()))
         planned = setup.plan_from_files(
-            _yaml(args.manifest, "-f"), Path(args.manifest).parent,
-            _yaml(args.cluster, "--cluster"), prof, args.gpus or None,
+            _yaml(args.manifest, "-f"),
+            Path(args.manifest).parent,
+            _yaml(args.cluster, "--cluster"),
+            prof,
+            args.gpus or None,
         )
         if args.trace:
             reqs = traces.read_trace(args.trace)
             if args.duration:
                 reqs = arrivals.tile(reqs, args.duration * args.time_scale)
-            arr = arrivals.replay(reqs, time_scale=args.time_scale, rate_scale=args.rate_scale,
-                                  duration=args.duration or None, seed=args.seed)
+            arr = arrivals.replay(
+                reqs,
+                time_scale=args.time_scale,
+                rate_scale=args.rate_scale,
+                duration=args.duration or None,
+                seed=args.seed,
+            )
         else:
-            mix = [(c.rate or 1.0, c.input_tokens, c.output_tokens)
-                   for c in planned.inputs.classes]
+            mix = [(c.rate or 1.0, c.input_tokens, c.output_tokens) for c in planned.inputs.classes]
             arr = arrivals.poisson(args.poisson, args.duration or 60.0, mix, args.seed)
     except (fields.FieldError, ValueError, OSError) as exc:
         return _fail(str(exc))
@@ -104,8 +111,14 @@ def run_sim(args: argparse.Namespace) -> int:
     horizon = args.duration or (arr[-1].time if arr else 0.0)
     console = Console(stderr=True)
     began, cpu = time.perf_counter(), time.process_time()
-    with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.fields[t]}"),
-                  TimeElapsedColumn(), console=console, disable=args.json) as bar:
+    with Progress(
+        TextColumn("simulating"),
+        BarColumn(),
+        TextColumn("{task.fields[t]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=args.json,
+    ) as bar:
         task = bar.add_task("sim", total=max(horizon, 1e-9), t="")
 
         def progress(now: float) -> None:
@@ -118,7 +131,8 @@ def run_sim(args: argparse.Namespace) -> int:
         f"({problem.profile.source} profile), not measurements",
         deployment=[f"{r.name}: tp{r.tp} pp{r.pp}" for r in plan.replicas],
         gpus=sum(len(r.gpus) for r in plan.replicas),
-        arrivals=len(arr), policies=policies,
+        arrivals=len(arr),
+        policies=policies,
         wall_s=round(time.perf_counter() - began, 2),
         cpu_s=round(time.process_time() - cpu, 2),
     )
@@ -129,11 +143,27 @@ def run_sim(args: argparse.Namespace) -> int:
         return 0
     console = Console()
     console.print(f"[bold]Simulation[/bold] ({out['note']})")
-    console.print(f"{out['gpus']} GPUs, {len(plan.replicas)} replicas; {len(arr)} requests; "
-                  f"policies: {', '.join(policies) or 'none'}")
-    for key in ("throughput_rps", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s",
-                "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s", "preemptions",
-                "unfinished", "wall_s", "cpu_s"):
-        console.print(f"  {key:<18} {out[key]:.4g}" if isinstance(out[key], float)
-                      else f"  {key:<18} {out[key]}")
+    console.print(
+        f"{out['gpus']} GPUs, {len(plan.replicas)} replicas; {len(arr)} requests; "
+        f"policies: {', '.join(policies) or 'none'}"
+    )
+    for key in (
+        "throughput_rps",
+        "throughput_tok_s",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "tpot_p50_s",
+        "tpot_p99_s",
+        "e2e_p50_s",
+        "e2e_p99_s",
+        "preemptions",
+        "unfinished",
+        "wall_s",
+        "cpu_s",
+    ):
+        console.print(
+            f"  {key:<18} {out[key]:.4g}"
+            if isinstance(out[key], float)
+            else f"  {key:<18} {out[key]}"
+        )
     return 0

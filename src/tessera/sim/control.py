@@ -13,6 +13,7 @@ docs/simulation.md): switching (`policies.switching` / `switch_plan`), module sc
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from tessera.cost.profile import CommSpec, Link, Profile
@@ -70,8 +71,9 @@ class KunServe:
     def _snapshot(self, r: SimReplica) -> overload.ReplicaKV:
         pb = r.page_bytes
         queued = tuple(
-            overload.request_kv_bytes(q.prompt + q.generated, q.output - q.generated,
-                                      r.page_size, pb)
+            overload.request_kv_bytes(
+                q.prompt + q.generated, q.output - q.generated, r.page_size, pb
+            )
             for q in r.waiting
         )
         return overload.ReplicaKV(r.name, r.kv_pool_bytes(), r.kv_used_bytes(), queued)
@@ -94,9 +96,11 @@ class KunServe:
             parts = self._layers_of(name)
             units += [drop_plan.Replica(m, layers) for m, layers in parts]
             groups.append(tuple(m for m, _ in parts))
-        plan = drop_plan.plan_drop(drop_plan.DropInput(
-            tuple(units), (self.profile.memory.layer_param_bytes,) * L, required, tuple(groups)
-        ))
+        plan = drop_plan.plan_drop(
+            drop_plan.DropInput(
+                tuple(units), (self.profile.memory.layer_param_bytes,) * L, required, tuple(groups)
+            )
+        )
         if plan.fallback:
             engine.result.actions.append((now, f"drop fallback: {plan.reason}"))
             self._busy_until = now + 5.0
@@ -110,7 +114,8 @@ class KunServe:
             olds = sorted({self._name_of(owner[m]) for m in g.members})
             running = [
                 kv_exchange.RunningRequest(str(q.rid), self._member_of(q, olds), q.computed)
-                for o in olds for q in engine.replicas[o].running
+                for o in olds
+                for q in engine.replicas[o].running
             ]
             moves = kv_exchange.exchange_for_drop(
                 g, held, running, self.profile.memory.kv_bytes_per_token, 1 << 30
@@ -122,8 +127,11 @@ class KunServe:
             base = sum(self._base_pages(engine.replicas[o], o) for o in olds)
             self.drops += 1
             self._busy_until = now + delay + 1.0
-            engine.at(now + delay, f"drop: {'+'.join(olds)} -> pipeline of {len(g.stages)}",
-                      lambda g=g, olds=olds, base=base: self._merge(engine, g, olds, base))
+            engine.at(
+                now + delay,
+                f"drop: {'+'.join(olds)} -> pipeline of {len(g.stages)}",
+                functools.partial(self._merge, engine, g, olds, base),
+            )
 
     def _name_of(self, group_members: tuple[str, ...]) -> str:
         for name, g in self._groups.items():
@@ -153,8 +161,16 @@ class KunServe:
         limits = batching.BatchLimits(
             self.limits.max_num_seqs * k, self.limits.max_batched_tokens * k
         )
-        rep = setup.make_replica(name, self.profile, self.comm, self.tp, runs,
-                                 [False] * len(runs), self.gpu_memory, limits)
+        rep = setup.make_replica(
+            name,
+            self.profile,
+            self.comm,
+            self.tp,
+            runs,
+            [False] * len(runs),
+            self.gpu_memory,
+            limits,
+        )
         self._groups[name] = _Group(g.members, g.stages, base)
         adopt(rep, reqs)
         for q in reqs:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 from tessera.policies.routing import Router
 from tessera.sim.arrivals import Arrival
@@ -147,7 +147,7 @@ class Engine:
                 self.now = when
                 res.events += 1
                 if kind == STEP:
-                    name, gen = payload  # type: ignore[misc]
+                    name, gen = cast(tuple[str, int], payload)
                     rep = self.replicas.get(name)
                     if rep is None or rep.step is None or rep.step.gen != gen:
                         continue
@@ -156,8 +156,14 @@ class Engine:
                             if req.ticket is not None:
                                 router.release(req.ticket)
                             res.done.append(
-                                Done(req.arrival, req.first, req.finish, req.prompt,
-                                     req.output, req.preemptions)
+                                Done(
+                                    req.arrival,
+                                    req.first,
+                                    req.finish,
+                                    req.prompt,
+                                    req.output,
+                                    req.preemptions,
+                                )
                             )
                         elif req.ticket is not None:
                             router.progress(req.ticket, 1)
@@ -167,7 +173,7 @@ class Engine:
                     if i < n or any(r.has_work for r in self.replicas.values()):
                         self._push(when + self.tick_s, TICK, None)
                 else:
-                    what, fn = payload  # type: ignore[misc]
+                    what, fn = cast(tuple[str, Callable[[], None]], payload)
                     fn()
                     res.actions.append((when, what))
                 continue

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tessera.sim.engine import SimResult
 from tessera.sim.report import latency_series
 
 
-def _plt():  # type: ignore[no-untyped-def]
+def _plt() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,7 +54,7 @@ def plot_run(res: SimResult, out: Path, label: str = "", window_s: float = 10.0)
     fig, ax = plt.subplots(figsize=(7, 3.2))
     shapes = sorted({s.deployment for s in res.samples})
     ax.step(t, [s.replicas for s in res.samples], where="post", label="replicas")
-    for when, what in res.actions[:20]:
+    for when, _ in res.actions[:20]:
         ax.axvline(when, color="grey", lw=0.5)
     ax.set_xlabel("time (s)")
     ax.set_ylabel("replicas")
@@ -64,8 +65,14 @@ def plot_run(res: SimResult, out: Path, label: str = "", window_s: float = 10.0)
 
 
 def plot_rows(
-    rows: Sequence[dict[str, float]], x: str, ys: Sequence[str], path: Path, title: str,
-    xlabel: str, ylabel: str, logy: bool = False,
+    rows: Sequence[dict[str, float]],
+    x: str,
+    ys: Sequence[str],
+    path: Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    logy: bool = False,
 ) -> Path:
     """A line per key of `ys` over `x` (a reproduced table), titled as a simulation."""
     plt = _plt()
@@ -82,7 +89,7 @@ def plot_rows(
     return _save(fig, path)
 
 
-def _save(fig, path: Path) -> Path:  # type: ignore[no-untyped-def]
+def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     import matplotlib.pyplot as plt

@@ -127,7 +127,6 @@ class SimReplica:
     def schedule(self, now: float, gen: int) -> Step | None:
         """Book the next step at `now`; None when there is nothing to run."""
         chosen, budget, taken = self._continue_running()
-        alloc = self.alloc
         while self.waiting and not budget.exhausted:
             req = self.waiting[0]
             n = batching.chunk_size(req.pending, budget)

@@ -27,11 +27,16 @@ from tessera.sim.steptime import StepModel
 
 PAGE_SIZE = 16  # tokens per KV page (the agent's default)
 MEMORY_UTILIZATION = 0.9  # share of HBM the engine may use (weights + KV)
+DEFAULT_LIMITS = batching.BatchLimits()  # the agent scheduler's defaults
 
 
 def kv_pages(
-    profile: Profile, stages: Sequence[StageSpec], tp: int, gpu_memory: int,
-    page_size: int = PAGE_SIZE, utilization: float = MEMORY_UTILIZATION,
+    profile: Profile,
+    stages: Sequence[StageSpec],
+    tp: int,
+    gpu_memory: int,
+    page_size: int = PAGE_SIZE,
+    utilization: float = MEMORY_UTILIZATION,
 ) -> int:
     """Pages of the replica's KV pool: every stage holds every token's K/V for its layers,
     so the pool is the smallest stage's (usable HBM minus its weights) / page bytes."""
@@ -52,16 +57,23 @@ def page_bytes(profile: Profile, layers: int, page_size: int = PAGE_SIZE) -> int
 
 
 def make_replica(
-    name: str, profile: Profile, comm: CommSpec, tp: int, layer_runs: Sequence[int],
-    cross_node: Sequence[bool], gpu_memory: int,
-    limits: batching.BatchLimits = batching.BatchLimits(),
+    name: str,
+    profile: Profile,
+    comm: CommSpec,
+    tp: int,
+    layer_runs: Sequence[int],
+    cross_node: Sequence[bool],
+    gpu_memory: int,
+    limits: batching.BatchLimits = DEFAULT_LIMITS,
 ) -> SimReplica:
     """A replica of `len(layer_runs)` stages holding those many layers each; hop i uses
     the inter-node link when `cross_node[i]`."""
     pp = len(layer_runs)
     stages = [
         StageSpec(
-            layers=n, first=i == 0, last=i == pp - 1,
+            layers=n,
+            first=i == 0,
+            last=i == pp - 1,
             hop=None if i == pp - 1 else (comm.inter_node if cross_node[i] else comm.intra_node),
         )
         for i, n in enumerate(layer_runs)
@@ -74,8 +86,14 @@ def make_replica(
 
 
 def uniform(
-    profile: Profile, comm: CommSpec, gpus: int, tp: int, pp: int, gpus_per_node: int,
-    gpu_memory: int, limits: batching.BatchLimits = batching.BatchLimits(),
+    profile: Profile,
+    comm: CommSpec,
+    gpus: int,
+    tp: int,
+    pp: int,
+    gpus_per_node: int,
+    gpu_memory: int,
+    limits: batching.BatchLimits = DEFAULT_LIMITS,
 ) -> list[SimReplica]:
     """`gpus // (tp*pp)` identical replicas, stages split evenly, packed onto nodes."""
     L = profile.model.num_layers
@@ -89,15 +107,18 @@ def uniform(
 
 
 def from_plan(
-    plan: Deployment, profile: Profile, comm: CommSpec, gpu_memory: int,
-    limits: batching.BatchLimits = batching.BatchLimits(),
+    plan: Deployment,
+    profile: Profile,
+    comm: CommSpec,
+    gpu_memory: int,
+    limits: batching.BatchLimits = DEFAULT_LIMITS,
 ) -> list[SimReplica]:
     """One simulated replica per planned replica, with its stages and hops."""
     out = []
     for rp in plan.replicas:
-        out.append(make_replica(
-            rp.name, profile, comm, rp.tp, _runs(rp), _cross(rp), gpu_memory, limits
-        ))
+        out.append(
+            make_replica(rp.name, profile, comm, rp.tp, _runs(rp), _cross(rp), gpu_memory, limits)
+        )
     return out
 
 
@@ -129,7 +150,10 @@ class Planned:
 
 
 def plan_from_files(
-    manifest_doc: Any, base_dir: Path, cluster_doc: Any, profile: Profile | None,
+    manifest_doc: Any,
+    base_dir: Path,
+    cluster_doc: Any,
+    profile: Profile | None,
     gpus: int | None = None,
 ) -> Planned:
     """Run the real planner on a manifest and cluster file (`gpus`: override the budget;

@@ -53,7 +53,9 @@ def stage_cost(profile: Profile, stage: StageSpec, tp: int, intra: Link) -> Stag
     if stage.hop is not None:
         const += stage.hop.latency_s
         per_token += profile.memory.activation_bytes_per_token / stage.hop.bandwidth_bytes_per_s
-    return StageCost(const, per_token, L * pre.per_token_sq / tp, L * dec.per_seq_ctx / tp, per_logit)
+    return StageCost(
+        const, per_token, L * pre.per_token_sq / tp, L * dec.per_seq_ctx / tp, per_logit
+    )
 
 
 class StepModel:
@@ -74,9 +76,16 @@ class StepModel:
         m = max(1, min(self.pp, seqs))
         total = worst = 0.0
         for s in self.stages:
-            t = s.const + (
-                s.per_token * tokens + s.per_pair * pairs + s.per_ctx * ctx_sum + s.per_logit * logits
-            ) / m
+            t = (
+                s.const
+                + (
+                    s.per_token * tokens
+                    + s.per_pair * pairs
+                    + s.per_ctx * ctx_sum
+                    + s.per_logit * logits
+                )
+                / m
+            )
             total += t
             worst = t if t > worst else worst
         return max(total, m * worst)
