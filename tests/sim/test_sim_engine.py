@@ -129,3 +129,11 @@ def test_bursty_adds_a_burst() -> None:
     inside = [a for a in burst if 40.0 <= a.time < 60.0]
     assert len(burst) > len(plain) + 400
     assert len(inside) > 500
+
+
+def test_a_one_token_request_is_counted_once() -> None:
+    prof = _profile()
+    (rep,) = setup.uniform(prof, prof.comm, 1, 1, 1, 8, MEM)
+    res = _run([rep], [arrivals.Arrival(0.0, 50, 1), arrivals.Arrival(0.0, 50, 3)])
+    assert len(res.done) == 2
+    assert res.done[0].first == res.done[0].finish

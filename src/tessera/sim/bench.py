@@ -52,6 +52,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--trace", default=str(TRACE))
     parser.add_argument("--plots", help="write the runs' plots under this folder")
+    parser.add_argument(
+        "--calibration-profile", help="measured profile of the tiny model (tessera profile --out P)"
+    )
+    parser.add_argument(
+        "--calibration-measured",
+        help="JSON printed by `tessera bench serve --json` on the same machine",
+    )
+    parser.add_argument(
+        "--calibration-time-scale",
+        type=float,
+        default=8.0,
+        help="the --time-scale that serve run used",
+    )
 
 
 def profile_of(model: str, device: str = "h100-80gb") -> Profile:
@@ -129,13 +142,52 @@ def kunserve_burst(quick: bool, plots: Path | None = None) -> list[dict[str, Any
     return rows
 
 
+def calibration(
+    profile_path: Path, measured_path: Path, time_scale: float, trace: str
+) -> dict[str, Any]:
+    """Simulated vs measured serve figures; errors are (simulated - measured) / measured."""
+    from tessera.cost.profile import profile_from_json
+    from tessera.sim.calibrate import simulate_serve
+
+    prof = profile_from_json(json.loads(profile_path.read_text()))
+    measured = json.loads(measured_path.read_text())
+    sim = simulate_serve(prof, trace, int(measured.get("requests", 200)), time_scale)
+
+    def err(key: str) -> float:
+        return round((sim[key] - measured[key]) / measured[key], 3)
+
+    return {
+        "simulated": sim,
+        "measured": {
+            k: measured[k]
+            for k in ("throughput_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "completed")
+        },
+        "calibration_error_p50": err("ttft_p50_ms"),
+        "calibration_error_p99": err("ttft_p99_ms"),
+        "calibration_error_itl_p50": err("itl_p50_ms"),
+        "calibration_error_throughput": err("throughput_tok_s"),
+        "time_scale": time_scale,
+        "profile": str(profile_path),
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "note": "simulation (analytic H100 cost model); machine shared by ~9 engineers, "
         "so wall times are noisy: cpu_s is the simulator's own CPU time",
         "kunserve_burst": kunserve_burst(args.quick, Path(args.plots) if args.plots else None),
-        "omitted": OMITTED,
+        "omitted": dict(OMITTED),
     }
+    if args.calibration_profile and args.calibration_measured:
+        out["calibration"] = calibration(
+            Path(args.calibration_profile),
+            Path(args.calibration_measured),
+            args.calibration_time_scale,
+            args.trace,
+        )
+        for key in ("calibration_error_p50", "calibration_error_throughput"):
+            out[key] = out["calibration"][key]
+            out["omitted"].pop(key, None)
     if not args.skip_scale:
         gpus = 64 if args.quick else args.gpus
         seconds = 60.0 if args.quick else 3600.0 * args.hours

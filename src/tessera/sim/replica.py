@@ -292,7 +292,7 @@ class SimReplica:
             self.version += 1
             self.running.remove(req)
             del self.by_id[str(req.rid)]
-        return touched + done
+        return [r for r in touched if r.finish < 0] + done
 
     def settle(self, now: float) -> None:
         """Stop at `now` (the replica is being merged or split): keep the tokens of the
