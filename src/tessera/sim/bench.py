@@ -154,7 +154,7 @@ def calibration(
     sim = simulate_serve(prof, trace, int(measured.get("requests", 200)), time_scale)
 
     def err(key: str) -> float:
-        return round((sim[key] - measured[key]) / measured[key], 3)
+        return round(float(sim[key] - measured[key]) / float(measured[key]), 3)
 
     return {
         "simulated": sim,
