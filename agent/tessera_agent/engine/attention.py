@@ -18,14 +18,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 
+class Chunk(Protocol):
+    """What attention needs of one chunk of a step (`step.SeqChunk` has it)."""
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def block_table(self) -> tuple[int, ...]: ...
+
+
 @dataclass(frozen=True)
 class ChunkGeometry:
-    """What attention needs of one chunk of a step (a view of `step.SeqChunk`)."""
+    """A bare `Chunk` (tests, profiling)."""
 
     start: int  # tokens of the sequence already in the cache
     num_tokens: int  # query tokens in this step
@@ -82,7 +96,7 @@ def slots_of(block_table: Sequence[int], length: int, page_size: int) -> torch.T
 
 
 def build_metadata(
-    chunks: Sequence[ChunkGeometry], page_size: int, device: torch.device
+    chunks: Sequence[Chunk], page_size: int, device: torch.device
 ) -> AttentionMetadata:
     """The step's metadata; per-chunk work is plain Python over small ints, tensors are
     made once per step (one `torch.tensor` per field)."""

@@ -22,7 +22,6 @@ from torch import nn
 from tessera_agent.engine import attention
 from tessera_agent.engine import config as config_mod
 
-
 # Per-step metadata lives with the attention paths (`attention.py`); re-exported here.
 AttentionMetadata = attention.AttentionMetadata
 
@@ -148,13 +147,17 @@ class StageModel(nn.Module):
         # cos/sin of every position are computed once (the same float ops per element as
         # computing them per step) and indexed per step: one gather instead of five ops.
         cache = self._rope_cache
-        if cache is None or cache[0].device != positions.device or cache[0].shape[0] <= max_position:
+        if (
+            cache is None
+            or cache[0].device != positions.device
+            or cache[0].shape[0] <= max_position
+        ):
             size = max(self.cfg.max_positions, max_position + 1)
             pos = torch.arange(size, device=positions.device)
             freqs = pos.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
-            self._rope_cache = (emb.cos(), emb.sin())
-        cos, sin = self._rope_cache
+            cache = self._rope_cache = (emb.cos(), emb.sin())
+        cos, sin = cache
         return cos.index_select(0, positions), sin.index_select(0, positions)
 
     def forward(

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from tessera_agent.engine import attention
+from tessera_agent.engine import attention, sampling, step
 from tessera_agent.engine import kv_cache as kv_mod
 from tessera_agent.engine import model as model_mod
-from tessera_agent.engine import sampling, step
 
 
 class StageRunner:

@@ -5,6 +5,6 @@ One concept per module: ``overload``, ``drop_plan``, ``lookahead``, ``module_sca
 with), ``switch_plan`` (which device sends each parameter shard when a deployment
 switches), ``switch_bound`` (the LP lower bound on a switch's time), ``switching`` (whether
 a forecast pays for a switch), ... Nothing here does I/O or imports torch, grpc or kopf, so
-a cluster simulator can import them; the operator, the agent servicer, the gateway and the
-benches apply the decisions.
+a cluster simulator can import them; the operator, the agent servicer (and its scheduler), the
+gateway and the benches apply the decisions.
 """
