@@ -9,12 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera import fields
-from tessera.policies import links, shards, switch_bound, switch_plan
-from tessera.policies.links import LinkModel
+from tessera.policies import device_links, shards, switch_bound, switch_plan
+from tessera.policies.device_links import DeviceLinks
 from tessera.policies.placement import ModelBytes, ReplicaPlacement, StagePlacement
 
 GB = 1e9
-LINKS = LinkModel(
+LINKS = DeviceLinks(
     intra_node_bytes_per_s=100 * GB, inter_node_bytes_per_s=10 * GB, storage_bytes_per_s=1 * GB
 )
 MODEL = ModelBytes(num_layers=4, layer_bytes=1 * GB)  # 4 GB, no embedding / head
@@ -58,7 +58,7 @@ def test_intra_node_source_preferred_over_idle_remote_one() -> None:
     tgt = (whole("a", "n0", 0), whole("b", "n1", 0), whole("c", "n0", 1))
     plan = switch_plan.plan(src, tgt, MODEL, LINKS, remap=False)
     assert {t.source for t in plan.transfers} == {("n0", 0)}
-    assert {t.tier for t in plan.transfers} == {links.INTRA}
+    assert {t.tier for t in plan.transfers} == {device_links.INTRA}
     assert math.isclose(plan.seconds, MODEL.total_bytes / LINKS.intra_node_bytes_per_s)
 
 
@@ -99,8 +99,8 @@ def test_storage_only_for_shards_no_device_holds() -> None:
     tgt = (whole("b", "n0", 1),)
     plan = switch_plan.plan(src, tgt, MODEL, LINKS, remap=False)
     by_tier = dict(plan.bytes_by_tier)
-    assert math.isclose(by_tier[links.INTRA], 2 * GB)
-    assert math.isclose(by_tier[links.STORAGE], 2 * GB)
+    assert math.isclose(by_tier[device_links.INTRA], 2 * GB)
+    assert math.isclose(by_tier[device_links.STORAGE], 2 * GB)
     for t in plan.transfers:
         shard = plan.shards[t.shard]
         assert (t.source is None) == (shard.units[0] >= 3)  # units 3, 4 = layers 2, 3
@@ -108,7 +108,7 @@ def test_storage_only_for_shards_no_device_holds() -> None:
     # nobody holds the model: everything from storage
     empty: tuple[ReplicaPlacement, ...] = ()
     cold = switch_plan.plan(empty, tgt, MODEL, LINKS, remap=False)
-    assert {t.tier for t in cold.transfers} == {links.STORAGE}
+    assert {t.tier for t in cold.transfers} == {device_links.STORAGE}
     assert math.isclose(cold.seconds, MODEL.total_bytes / LINKS.storage_bytes_per_s)
     assert math.isclose(switch_bound.bound(empty, cold, MODEL, LINKS).seconds, cold.seconds)
 
@@ -121,7 +121,7 @@ def test_held_shards_never_come_from_storage() -> None:
     plan = switch_plan.plan(src, tgt, model, LINKS, remap=False)
     assert plan.bytes_from_storage == 0.0  # every shard is on some device
     assert math.isclose(plan.bytes_moved, model.total_bytes)
-    assert {t.tier for t in plan.transfers} == {links.INTER}
+    assert {t.tier for t in plan.transfers} == {device_links.INTER}
 
 
 def test_hand_case_with_known_optimum_where_greedy_is_twice_it() -> None:
@@ -132,7 +132,7 @@ def test_hand_case_with_known_optimum_where_greedy_is_twice_it() -> None:
     src = (whole("r1", "n0", 0), rep("r2", ((0, 2), [b]), ((2, 4), [("n1", 0)])))
     assert src[0].stages[0].devices == (a,)
     tgt = (rep("t", ((0, 2), [("n0", 2)]), ((2, 4), [("n0", 3)])),)
-    slow_remote = LinkModel(100 * GB, 1e-3 * GB, 1 * GB)  # remote copies are hopeless
+    slow_remote = DeviceLinks(100 * GB, 1e-3 * GB, 1 * GB)  # remote copies are hopeless
     plan = switch_plan.plan(src, tgt, MODEL, slow_remote, remap=False)
     lower = switch_bound.bound(src, plan, MODEL, slow_remote)
     assert math.isclose(lower.seconds, 2 * GB / (100 * GB), rel_tol=1e-6)  # known optimum
@@ -222,7 +222,7 @@ def test_greedy_never_beats_the_lp_bound(
     rule: str,
 ) -> None:
     model = ModelBytes(4, 1 * GB, embedding_bytes=0.3 * GB, lm_head_bytes=0.2 * GB)
-    link_model = LinkModel(intra * GB, inter * GB, storage * GB, device_bytes_per_s=500 * GB)
+    link_model = DeviceLinks(intra * GB, inter * GB, storage * GB, device_bytes_per_s=500 * GB)
     pool = {"n0": (0, 1, 2, 3), "n1": (0, 1, 2, 3)}
     plan = switch_plan.plan(src, tgt, model, link_model, remap=remap, pool=pool, rule=rule)
     lower = switch_bound.bound(src, plan, model, link_model)
@@ -231,3 +231,16 @@ def test_greedy_never_beats_the_lp_bound(
     need = model.total_bytes * len(tgt)
     got = plan.bytes_in_place + plan.bytes_moved + plan.bytes_from_storage
     assert math.isclose(got, need, rel_tol=1e-9, abs_tol=1e-3)
+
+
+def test_device_links_from_agent_level_figures() -> None:
+    class Agent:  # the figures tessera.policies.links.LinkModel carries
+        storage_bytes_per_s = 1e9
+        network_bytes_per_s = 1.25e9
+        local_bytes_per_s = 8e9
+
+    made = device_links.from_agent_links(Agent())
+    assert (made.intra_node_bytes_per_s, made.inter_node_bytes_per_s) == (8e9, 1.25e9)
+    assert made.storage_bytes_per_s == 1e9
+    with pytest.raises(fields.FieldError):
+        DeviceLinks(0.0, 1.0, 1.0)

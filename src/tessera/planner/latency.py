@@ -43,6 +43,7 @@ from tessera.cost import capacity, queueing
 from tessera.cost import latency as stage_latency
 from tessera.planner import assign
 from tessera.planner.capacity_table import CapacityTable, replica_layout
+from tessera.planner.deployment import Deployment
 from tessera.planner.problem import PlanningProblem
 from tessera.planner.shapes import Shape
 
@@ -278,6 +279,19 @@ class LatencyModel:
                 candidates.append(routed)
         reports = [self.report(shapes, counts, r) for r in candidates]
         return min(reports, key=LatencyReport.key)
+
+    def deployment(self, planned: Deployment, demand: tuple[float, ...]) -> LatencyReport:
+        """A planned deployment's modelled latency at ``demand`` (e.g. the next span's
+        forecast), with its best routing; replicas of one shape form a group."""
+        groups: dict[Shape, int] = {}
+        for replica in planned.replicas:
+            span = len({node for node, _ in replica.gpus})
+            shape = Shape(replica.tp, replica.pp, span)
+            groups[shape] = groups.get(shape, 0) + 1
+        if any(s not in self.table.infos for s in groups):
+            return INFEASIBLE
+        ordered = sorted(groups, key=Shape.sort_key)
+        return self.best_routing(tuple(ordered), tuple(groups[s] for s in ordered), demand)
 
     def _queue_free(self, shape: Shape, j: int) -> float:
         f = self.facts(shape)

@@ -218,7 +218,7 @@ def _switch_plans(
 ) -> list[dict[str, Any]]:
     """Greedy switch plans (and LP bounds) between consecutive levels' deployments."""
     from tessera.planner import deployment
-    from tessera.policies import links, placement, switch_bound, switch_plan
+    from tessera.policies import device_links, placement, switch_bound, switch_plan
 
     placed = []
     for level, problem, table, layout in picks:
@@ -228,7 +228,7 @@ def _switch_plans(
     out = []
     for (a, problem, src), (b, _, tgt) in itertools.pairwise(placed):
         model = placement.model_bytes(problem.profile)
-        link_model = links.from_comm(problem.comm, STORAGE_BYTES_PER_S)
+        link_model = device_links.from_comm(problem.comm, STORAGE_BYTES_PER_S)
         plan = switch_plan.plan(src, tgt, model, link_model)
         lower = switch_bound.bound(src, plan, model, link_model)
         need = model.total_bytes * len(tgt)

@@ -4,7 +4,7 @@ For the target as the switch plan placed it (same shards, same in-place bytes), 
 (shard m, target device t) that must move may be split over *all* devices holding m, on
 any tier, in any fractions y[m,t,s] >= 0 with sum_s y = bytes(m). Shards no device holds
 come from storage as in the plan (a constant load). Minimise T subject to, for every
-resource r of ``tessera.policies.links``, load_r / bandwidth_r <= T. The greedy plan is
+resource r of ``tessera.policies.device_links``, load_r / bandwidth_r <= T. The greedy plan is
 one feasible point of this LP (integral, intra-node first), so ``greedy / bound >= 1``
 always, and the bound is what any source choice could reach for that target placement.
 Solved with ``scipy.optimize.linprog(method="highs")``. Callers: ``tessera bench switch``,
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, sparse
 
-from tessera.policies import links, shards
-from tessera.policies.links import LinkModel, Resource
+from tessera.policies import device_links, shards
+from tessera.policies.device_links import DeviceLinks, Resource
 from tessera.policies.placement import ModelBytes, ReplicaPlacement
 from tessera.policies.switch_plan import SwitchPlan
 
@@ -38,7 +38,7 @@ def bound(
     source: tuple[ReplicaPlacement, ...],
     switch: SwitchPlan,
     model: ModelBytes,
-    link_model: LinkModel,
+    link_model: DeviceLinks,
 ) -> SwitchBound:
     """The LP lower bound for ``switch``'s target placement (module docstring)."""
     pieces = switch.shards
@@ -54,13 +54,15 @@ def bound(
                 continue
             size = pieces[m].bytes / GB
             if not owners[m]:
-                for r in links.resources(None, target, links.STORAGE):
+                for r in device_links.resources(None, target, device_links.STORAGE):
                     constant[r] = constant.get(r, 0.0) + size
                 continue
             group = []
             for s in owners[m]:
                 group.append(len(columns))
-                columns.append((m, list(links.resources(s, target, link_model.tier(s, target)))))
+                columns.append(
+                    (m, list(device_links.resources(s, target, link_model.tier(s, target))))
+                )
             groups.append(group)
     index: dict[Resource, int] = {}
     for _, loaded in columns:
@@ -76,7 +78,7 @@ def bound(
         for r in loaded:
             rows.append(index[r])
             cols.append(j)
-            vals.append(1.0 / (links.capacity(link_model, r) / GB))
+            vals.append(1.0 / (device_links.capacity(link_model, r) / GB))
     for i in index.values():  # -T on every resource row
         rows.append(i)
         cols.append(n)
@@ -84,7 +86,7 @@ def bound(
     a_ub = sparse.csr_matrix((vals, (rows, cols)), shape=(len(index), n + 1))
     b_ub = np.zeros(len(index))
     for r, load in constant.items():
-        b_ub[index[r]] = -load / (links.capacity(link_model, r) / GB)
+        b_ub[index[r]] = -load / (device_links.capacity(link_model, r) / GB)
     erows, ecols, b_eq = [], [], []
     for g, group in enumerate(groups):
         for j in group:

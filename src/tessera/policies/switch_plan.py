@@ -1,7 +1,7 @@
 """Greedy parameter switch plan (OServe Algorithm 2): which device sends each shard where.
 
 Input: the source placement (what runs now), the target placement (what should run), the
-model's bytes and a :class:`~tessera.policies.links.LinkModel`. Steps:
+model's bytes and a :class:`~tessera.policies.device_links.DeviceLinks`. Steps:
 
 1. Shards at the finest common split of both placements (``tessera.policies.shards``).
 2. Map the target onto physical devices so that the most bytes stay in place
@@ -14,7 +14,7 @@ model's bytes and a :class:`~tessera.policies.links.LinkModel`. Steps:
    is read from storage.
 4. Time: each transfer loads its sender's and receiver's links of its tier (and the
    device totals, and storage); the plan takes its busiest resource's bytes over that
-   resource's bandwidth (``tessera.policies.links``).
+   resource's bandwidth (``tessera.policies.device_links``).
 
 Old parameters stay where they are until cut-over (targets are pre-allocated), so every
 source holds its shards for the whole switch. The result is plain data; the executor of
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera import fields
-from tessera.policies import device_map, links, placement, shards
-from tessera.policies.links import GpuRef, LinkModel, Resource
+from tessera.policies import device_links, device_map, placement, shards
+from tessera.policies.device_links import DeviceLinks, GpuRef, Resource
 from tessera.policies.placement import ModelBytes, ReplicaPlacement
 from tessera.policies.shards import Shard
 
@@ -66,12 +66,12 @@ class SwitchPlan:
     def bytes_moved(self) -> float:
         """Bytes over device links (intra + inter), storage reads excluded."""
         tiers = dict(self.bytes_by_tier)
-        return tiers.get(links.INTRA, 0.0) + tiers.get(links.INTER, 0.0)
+        return tiers.get(device_links.INTRA, 0.0) + tiers.get(device_links.INTER, 0.0)
 
     @property
     def bytes_from_storage(self) -> float:
         """Bytes read from storage."""
-        return dict(self.bytes_by_tier).get(links.STORAGE, 0.0)
+        return dict(self.bytes_by_tier).get(device_links.STORAGE, 0.0)
 
     def to_json(self) -> dict[str, Any]:
         """Summary for status, events and benches (transfers counted, not listed)."""
@@ -109,11 +109,11 @@ def _pool(
     return {node: tuple(sorted(idx)) for node, idx in out.items()}
 
 
-def time_of(loads: Mapping[Resource, float], model: LinkModel) -> tuple[float, Resource | None]:
+def time_of(loads: Mapping[Resource, float], model: DeviceLinks) -> tuple[float, Resource | None]:
     """The busiest resource's time and that resource."""
     best: tuple[float, Resource | None] = (0.0, None)
     for resource in sorted(loads, key=repr):
-        seconds = loads[resource] / links.capacity(model, resource)
+        seconds = loads[resource] / device_links.capacity(model, resource)
         if seconds > best[0]:
             best = (seconds, resource)
     return best
@@ -124,12 +124,12 @@ def _sender_time(
     target: GpuRef,
     size: float,
     loads: Mapping[Resource, float],
-    link_model: LinkModel,
+    link_model: DeviceLinks,
 ) -> float:
     """The busiest of ``source``'s sending links after adding ``size`` bytes to them."""
     return max(
-        (loads.get(r, 0.0) + size) / links.capacity(link_model, r)
-        for r in links.resources(source, target, link_model.tier(source, target))
+        (loads.get(r, 0.0) + size) / device_links.capacity(link_model, r)
+        for r in device_links.resources(source, target, link_model.tier(source, target))
         if r[0] == "out"
     )
 
@@ -138,7 +138,7 @@ def plan(
     source: tuple[ReplicaPlacement, ...],
     target: tuple[ReplicaPlacement, ...],
     model: ModelBytes,
-    link_model: LinkModel,
+    link_model: DeviceLinks,
     remap: bool = True,
     pool: Mapping[str, tuple[int, ...]] | None = None,
     rule: str = "pair",
@@ -193,11 +193,11 @@ def plan(
                 transfers.append(Transfer(m, s, t, tier, shard.bytes))
                 src: GpuRef | None = s
             else:
-                tier = links.STORAGE
+                tier = device_links.STORAGE
                 transfers.append(Transfer(m, None, t, tier, shard.bytes))
                 src = None
             moved[tier] = moved.get(tier, 0.0) + shard.bytes
-            for resource in links.resources(src, t, tier):
+            for resource in device_links.resources(src, t, tier):
                 loads[resource] = loads.get(resource, 0.0) + shard.bytes
     seconds, bottleneck = time_of(loads, link_model)
     return SwitchPlan(

@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 quality.evaluate(
                     requests,
                     s_len,
-                    args.classes,
+                    workload.k,  # the k chosen above (no second silhouette search)
                     args.seed,
                     make_lstm,
                     args.window,

@@ -1,4 +1,4 @@
-"""The link model transfer plans are timed with: per-device links by tier, and storage.
+"""The device link model switch plans are timed with: per-device links by tier, and storage.
 
 A device sends and receives over two tiers, each a separate per-device, per-direction
 resource: intra-node (NVLink/NVSwitch) and inter-node (the GPU's NIC share). Storage is
@@ -7,8 +7,13 @@ aggregate read bandwidth. An optional per-device limit caps everything a device 
 everything it receives) over all tiers together, e.g. its copy engines or a PCIe switch.
 A plan's time is its busiest resource's bytes over that resource's bandwidth (transfers
 overlap; latency terms are ignored because parameter shards are hundreds of MB).
-Built by the switch planner's callers (the operator, ``tessera bench switch``) directly or
-from the planner's :class:`~tessera.cost.profile.CommSpec`; read by
+Finer than the transition planner's agent-level ``tessera.policies.links.LinkModel``
+(whether to copy one block or read it): a switch plan moves many shards at once, so it
+needs each device's links as separate resources. :func:`from_agent_links` takes that
+model's figures (local = intra-node, network = inter-node, storage), so measured links
+(``tessera bench copy``) serve both. Built by the switch planner's callers directly, from
+the planner's :class:`~tessera.cost.profile.CommSpec` (:func:`from_comm`) or from the
+agent-level model; read by
 ``tessera.policies.switch_plan`` and ``tessera.policies.switch_bound``.
 """
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 from tessera import fields
 from tessera.cost.profile import CommSpec
@@ -29,7 +35,7 @@ GpuRef = tuple[str, int]  # (node name, device index on that node)
 
 
 @dataclass(frozen=True)
-class LinkModel:
+class DeviceLinks:
     """Bandwidths in bytes per second; per device and direction unless said otherwise."""
 
     intra_node_bytes_per_s: float  # NVLink / NVSwitch, per GPU, per direction
@@ -62,12 +68,29 @@ class LinkModel:
         raise fields.FieldError("tier", f"must be one of {', '.join(TIERS)}, got {tier!r}")
 
 
-def from_comm(comm: CommSpec, storage_bytes_per_s: float) -> LinkModel:
+def from_comm(comm: CommSpec, storage_bytes_per_s: float) -> DeviceLinks:
     """A link model from the planner's effective links plus a storage bandwidth."""
-    return LinkModel(
+    return DeviceLinks(
         intra_node_bytes_per_s=comm.intra_node.bandwidth_bytes_per_s,
         inter_node_bytes_per_s=comm.inter_node.bandwidth_bytes_per_s,
         storage_bytes_per_s=storage_bytes_per_s,
+    )
+
+
+class AgentLinks(Protocol):
+    """The figures of ``tessera.policies.links.LinkModel`` this module reads."""
+
+    storage_bytes_per_s: float
+    network_bytes_per_s: float
+    local_bytes_per_s: float
+
+
+def from_agent_links(agent_links: AgentLinks) -> DeviceLinks:
+    """Per-device tiers from the transition planner's agent-level link figures."""
+    return DeviceLinks(
+        intra_node_bytes_per_s=agent_links.local_bytes_per_s,
+        inter_node_bytes_per_s=agent_links.network_bytes_per_s,
+        storage_bytes_per_s=agent_links.storage_bytes_per_s,
     )
 
 
@@ -87,7 +110,7 @@ def resources(source: GpuRef | None, target: GpuRef, tier: str) -> tuple[Resourc
     )
 
 
-def capacity(model: LinkModel, resource: Resource) -> float:
+def capacity(model: DeviceLinks, resource: Resource) -> float:
     """Bandwidth of a resource named by :func:`resources`."""
     direction, tier, _ = resource
     if direction == "storage":
