@@ -5,7 +5,9 @@ Wired: KunServe overload handling (`policies.overload.assess` fires, `policies.d
 plan_drop` groups replicas into pipelines, `policies.kv_exchange.exchange_for_drop`
 lists the KV that must move, whose bytes over the link give the delay before the merged
 pipeline serves with the freed memory; `overload.assess_restore` splits a group back,
-after the dropped parameters are copied back over the link). Not wired yet (see
+after the dropped parameters are copied back over the link). Limits: every member is taken
+to have the same tp (the CLI passes the largest of a heterogeneous plan), members share a
+node's link, and the step in flight when a merge lands is redone. Not wired yet (see
 docs/simulation.md): switching (`policies.switching` / `switch_plan`), module scaling
 (`policies.module_scaling`), the transition planner and drain (`policies.transition`,
 `policies.drain`: not on this branch). Called by `tessera.sim.engine.Engine` every tick.
