@@ -289,6 +289,7 @@ def _policies(doc: Any, path: str) -> PoliciesSpec:
 
 
 def _switching(doc: Any, path: str) -> SwitchingSpec:
+    """`spec.policies.switching` (OServe; defaults and meaning in docs/switching.md)."""
     s = fields.mapping(doc, path)
     _unknown(s, ("enabled", "mode", "spanSeconds", "minGain"), path)
     return SwitchingSpec(
