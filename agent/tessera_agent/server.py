@@ -19,7 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
-from tessera_agent import devices, load_config, servicer
+from tessera_agent import authz, devices, load_config, servicer
 
 VERSION = "0.1.0"
 SERVICE_NAME = "tessera.rpc.v1.Agent"
@@ -34,10 +34,14 @@ class AgentConfig:
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     metrics_port: int = 0  # Prometheus /metrics port; 0 = off
     prefix_caching: bool = True  # replicas led here reuse KV pages of computed prefixes
+    model_root: str = ""  # loads must name a checkpoint under this folder; "" = anywhere
+    health_port: int = 0  # plaintext grpc.health.v1 only (kubelet probes speak no mTLS); 0 = off
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port: {self.port} is not a TCP port")
+        if not 0 <= self.health_port < 65536:
+            raise ValueError(f"health_port: {self.health_port} is not a TCP port")
         if not 0 <= self.metrics_port < 65536:
             raise ValueError(f"metrics_port: {self.metrics_port} is not a TCP port")
         if self.threads < 0:
@@ -48,19 +52,38 @@ async def serve(cfg: AgentConfig) -> None:
     devs, nvml_status = devices.parse_devices(cfg.devices)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    server = transport.server()
+    tls = transport.tls_from_env()
+    server = transport.server(
+        (authz.Authorizer(tls=tls is not None, model_root=cfg.model_root or None),)
+    )
     defaults = load_config.LoadDefaults(prefix_caching=cfg.prefix_caching)
     svc = servicer.AgentServicer(cfg.agent_id, devs, nvml_status, VERSION, defaults=defaults)
     pb_grpc.add_AgentServicer_to_server(svc, server)
     health_svc = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_svc, server)
-    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    port = transport.add_port(server, f"{cfg.host}:{cfg.port}", tls or False)
+    if tls is None:
+        loopback = cfg.host in ("127.0.0.1", "localhost", "::1")
+        logging.getLogger(__name__).log(
+            logging.INFO if loopback else logging.WARNING,
+            "plaintext gRPC on %s: anyone who reaches this port is trusted (set %s for mTLS)",
+            cfg.host,
+            transport.TLS_DIR_ENV,
+        )
+    probes = None
+    if cfg.health_port:
+        # Health only: it reveals serving state, nothing else, and kubelet cannot do mTLS.
+        probes = transport.server()
+        health_pb2_grpc.add_HealthServicer_to_server(health_svc, probes)
+        transport.add_port(probes, f"{cfg.host}:{cfg.health_port}", tls=False)
+        await probes.start()
     if cfg.metrics_port:
         svc.metrics.serve(cfg.host, cfg.metrics_port)
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_svc.set(name, health_pb2.HealthCheckResponse.SERVING)
-    sys.stdout.write(f"tessera-agent {cfg.agent_id} listening on {cfg.host}:{port}\n")
+    mode = "mtls" if tls else "plaintext"
+    sys.stdout.write(f"tessera-agent {cfg.agent_id} listening on {cfg.host}:{port} ({mode})\n")
     sys.stdout.flush()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -74,6 +97,8 @@ async def serve(cfg: AgentConfig) -> None:
         await health_svc.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await svc.close()
     await server.stop(grace=1.0)
+    if probes is not None:
+        await probes.stop(grace=None)
     waiter.cancel()
     stopper.cancel()
 

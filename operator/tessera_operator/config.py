@@ -33,6 +33,9 @@ _TEMPLATE_KEYS = {
     "podSecurityContext": "pod_security_context",
     "securityContext": "security_context",
     "serviceAnnotations": "service_annotations",
+    "tlsSecretName": "tls_secret_name",
+    "apiKeysSecretName": "api_keys_secret_name",
+    "extraArgs": "extra_args",
 }
 
 
@@ -42,7 +45,7 @@ class GatewayTemplate:
 
     Port, replicas and Service type come from each ServingDeployment's `spec.gateway`."""
 
-    image: str = "tessera:0.1.0"
+    image: str = "tessera-control-plane:0.1.0"
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
     resources: Mapping[str, Any] = field(default_factory=dict)
@@ -57,6 +60,11 @@ class GatewayTemplate:
     pod_security_context: Mapping[str, Any] = field(default_factory=dict)
     security_context: Mapping[str, Any] = field(default_factory=dict)
     service_annotations: Mapping[str, str] = field(default_factory=dict)
+    # mTLS to the agents: a TLS Secret (ca.crt, tls.crt, tls.key; OU=gateway) that must
+    # exist in each ServingDeployment's namespace; "": plaintext (docs/security.md)
+    tls_secret_name: str = ""
+    api_keys_secret_name: str = ""  # Secret with key `keys` (gateway/auth.py); "": no keys
+    extra_args: tuple[str, ...] = ()  # appended to `tessera gateway` (e.g. limits)
 
     def __post_init__(self) -> None:
         if not self.image:
@@ -82,7 +90,7 @@ class GatewayTemplate:
             value = doc[key]
             if name == "image_pull_secrets":
                 value = tuple(v["name"] if isinstance(v, Mapping) else str(v) for v in value)
-            elif name == "tolerations":
+            elif name in ("tolerations", "extra_args"):
                 value = tuple(value)
             kwargs[name] = value
         return cls(**kwargs)

@@ -20,6 +20,8 @@ from tessera_operator import config
 
 ROUTES_DIR = "/etc/tessera"
 ROUTES_KEY = "routes.json"
+TLS_DIR = "/var/run/tessera/tls"  # the gateway's client certificate (TESSERA_TLS_DIR)
+API_KEYS_DIR = "/var/run/tessera/api-keys"
 LABEL_DEPLOYMENT = f"{api.API_GROUP}/deployment"
 
 
@@ -174,6 +176,22 @@ def deployment(
             model_mount,
         ],
     }
+    container["args"] += list(tmpl.extra_args)
+    volumes = [{"name": "routes", "configMap": {"name": routes_name(dep)}}, model_volume]
+    env: list[dict[str, Any]] = []
+    for volume, folder, variable, value in (
+        ("tls", TLS_DIR, "TESSERA_TLS_DIR", TLS_DIR),
+        ("api-keys", API_KEYS_DIR, "TESSERA_API_KEYS_FILE", f"{API_KEYS_DIR}/keys"),
+    ):
+        secret = tmpl.tls_secret_name if volume == "tls" else tmpl.api_keys_secret_name
+        if secret:
+            volumes.append({"name": volume, "secret": {"secretName": secret}})
+            container["volumeMounts"].append(
+                {"name": volume, "mountPath": folder, "readOnly": True}
+            )
+            env.append({"name": variable, "value": value})
+    if env:
+        container["env"] = env
     if tmpl.resources:
         container["resources"] = dict(tmpl.resources)
     if tmpl.security_context:
@@ -181,10 +199,7 @@ def deployment(
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "automountServiceAccountToken": tmpl.automount_service_account_token,
-        "volumes": [
-            {"name": "routes", "configMap": {"name": routes_name(dep)}},
-            model_volume,
-        ],
+        "volumes": volumes,
     }
     optional = {
         "serviceAccountName": tmpl.service_account_name,

@@ -366,8 +366,8 @@ def parse(doc: Any) -> ServingDeployment:
     meta = fields.mapping(fields.require(root, "metadata", ""), "metadata")
     return ServingDeployment(
         name=_name(fields.require(meta, "name", "metadata"), "metadata.name"),
-        namespace=str(_opt(meta, "namespace", "default")),
-        generation=int(_opt(meta, "generation", 0)),
+        namespace=fields.string(_opt(meta, "namespace", "default"), "metadata.namespace"),
+        generation=fields.integer(_opt(meta, "generation", 0), "metadata.generation", minimum=0),
         spec=parse_spec(fields.require(root, "spec", "")),
     )
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -50,8 +50,11 @@ def start_agent(
     port: int = 0,
     timeout: float = 60.0,
     extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> AgentProcess:
-    """Start one agent process and wait until it listens; raise with its output if it dies."""
+    """Start one agent process and wait until it listens; raise with its output if it dies.
+
+    `env` adds variables to the child's environment (e.g. `TESSERA_TLS_DIR`)."""
     cmd = [
         sys.executable,
         "-m",
@@ -69,13 +72,12 @@ def start_agent(
         str(threads),
         *extra_args,
     ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=env,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         start_new_session=True,
         preexec_fn=_die_with_parent,
     )

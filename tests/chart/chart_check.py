@@ -120,7 +120,7 @@ def template(
 
 def validate_objects(objects: Sequence[Obj], kube_version: str) -> list[str]:
     """Error messages for every object that fails its schema (empty when all pass)."""
-    custom = dict(custom_kinds.MONITORING)
+    custom = {**custom_kinds.MONITORING, **custom_kinds.CERT_MANAGER}
     custom.update(
         custom_kinds.crd_schemas(o for o in objects if o["kind"] == "CustomResourceDefinition")
     )

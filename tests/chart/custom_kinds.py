@@ -2,10 +2,11 @@
 
 Two sources: the CRDs the chart itself ships (KopfPeering, ClusterKopfPeering and, in
 examples, ServingDeployment) are checked against their own `openAPIV3Schema`; the
-Prometheus Operator's ServiceMonitor and PodMonitor (monitoring.coreos.com/v1, whose CRDs
-the chart does not ship) against the subset of their API the chart uses, written here from
-the Prometheus Operator API reference with `additionalProperties: false`, so a misspelt or
-misplaced field fails. Called by `chart_check.validate_objects`.
+Prometheus Operator's ServiceMonitor and PodMonitor (monitoring.coreos.com/v1) and
+cert-manager's Certificate, Issuer and ClusterIssuer (cert-manager.io/v1), whose CRDs the
+chart does not ship, against the subset of their API the chart uses, written here from
+their API references with `additionalProperties: false`, so a misspelt or misplaced field
+fails. Called by `chart_check.validate_objects`.
 """
 
 from __future__ import annotations
@@ -98,6 +99,96 @@ def _monitor(endpoints_key: str) -> dict[str, Any]:
 MONITORING: dict[tuple[str, str], dict[str, Any]] = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): _monitor("endpoints"),
     ("monitoring.coreos.com/v1", "PodMonitor"): _monitor("podMetricsEndpoints"),
+}
+
+
+_ISSUER_REF = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "kind": {"enum": ["Issuer", "ClusterIssuer"]},
+        "group": {"const": "cert-manager.io"},
+    },
+}
+_GO_DURATION = {"type": "string", "pattern": "^([0-9]+(\\.[0-9]+)?(h|m|s))+$"}
+_USAGES = [
+    "signing", "digital signature", "content commitment", "key encipherment",
+    "key agreement", "data encipherment", "cert sign", "crl sign", "encipher only",
+    "decipher only", "any", "server auth", "client auth", "code signing", "email protection",
+]  # fmt: skip
+
+
+def _cert_manager(kind: str, spec: dict[str, Any], namespaced: bool) -> dict[str, Any]:
+    meta = dict(_METADATA)
+    if namespaced:
+        meta = {**meta, "required": ["name", "namespace"]}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "cert-manager.io/v1"},
+            "kind": {"const": kind},
+            "metadata": meta,
+            "spec": spec,
+        },
+    }
+
+
+_CERTIFICATE_SPEC = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["secretName", "issuerRef"],
+    "properties": {
+        "secretName": {"type": "string", "minLength": 1},
+        "commonName": {"type": "string", "maxLength": 64},
+        "isCA": {"type": "boolean"},
+        "subject": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "organizationalUnits": {"type": "array", "items": {"type": "string"}},
+                "organizations": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "dnsNames": {"type": "array", "items": {"type": "string"}},
+        "duration": _GO_DURATION,
+        "renewBefore": _GO_DURATION,
+        "privateKey": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
+                "size": {"type": "integer"},
+                "rotationPolicy": {"enum": ["Never", "Always"]},
+            },
+        },
+        "usages": {"type": "array", "items": {"enum": _USAGES}},
+        "issuerRef": _ISSUER_REF,
+    },
+}
+_ISSUER_SPEC = {
+    "type": "object",
+    "additionalProperties": False,
+    "minProperties": 1,
+    "maxProperties": 1,
+    "properties": {
+        "selfSigned": {"type": "object", "additionalProperties": False},
+        "ca": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["secretName"],
+            "properties": {"secretName": {"type": "string", "minLength": 1}},
+        },
+    },
+}
+# cert-manager.io/v1, from the cert-manager API reference (the subset the chart renders).
+CERT_MANAGER: dict[tuple[str, str], dict[str, Any]] = {
+    ("cert-manager.io/v1", "Certificate"): _cert_manager("Certificate", _CERTIFICATE_SPEC, True),
+    ("cert-manager.io/v1", "Issuer"): _cert_manager("Issuer", _ISSUER_SPEC, True),
+    ("cert-manager.io/v1", "ClusterIssuer"): _cert_manager("ClusterIssuer", _ISSUER_SPEC, False),
 }
 
 

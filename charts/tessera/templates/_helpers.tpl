@@ -191,3 +191,19 @@ app.kubernetes.io/name: tessera
 app.kubernetes.io/component: gateway
 app.kubernetes.io/managed-by: tessera-operator
 {{- end }}
+
+{{/*
+Name of the TLS Secret of a component ("operator", "agent", "gateway"): tls.secrets.<c>, or
+"<fullname>-<c>-tls" (what the cert-manager Certificates write). Call with
+(dict "ctx" $ "component" "agent").
+*/}}
+{{- define "tessera.tlsSecretName" -}}
+{{- $given := index .ctx.Values.tls.secrets .component -}}
+{{- default (printf "%s-%s-tls" (include "tessera.fullname" .ctx) .component | trunc 63 | trimSuffix "-") $given -}}
+{{- end }}
+
+{{/* Namespaces that get a gateway Certificate: tls.certManager.gatewayNamespaces, else the watched ones. */}}
+{{- define "tessera.gatewayCertNamespaces" -}}
+{{- $ns := .Values.tls.certManager.gatewayNamespaces | default .Values.operator.watchNamespaces -}}
+{{- toJson (default (list) $ns) -}}
+{{- end }}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 from typing import Any
 
@@ -31,6 +32,18 @@ def register(sub: Any) -> None:
         action="store_false",
         help="do not reuse the KV pages of prompt prefixes already computed",
     )
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=0,
+        help="also serve grpc.health.v1 alone, plaintext, on this port (kubelet probes; 0: off)",
+    )
+    p.add_argument(
+        "--model-root",
+        default=os.environ.get("TESSERA_MODEL_ROOT", ""),
+        help="refuse loads of checkpoints outside this folder (default: $TESSERA_MODEL_ROOT; "
+        "unset: anywhere). mTLS is on when $TESSERA_TLS_DIR names ca.crt, tls.crt, tls.key",
+    )
     p.set_defaults(func=_run)
 
 
@@ -45,5 +58,7 @@ def _run(args: argparse.Namespace) -> int:
         threads=args.threads,
         metrics_port=args.metrics_port,
         prefix_caching=args.prefix_caching,
+        model_root=args.model_root,
+        health_port=args.health_port,
     )
     return server.run(cfg)

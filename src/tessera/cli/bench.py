@@ -2,15 +2,22 @@
 
 Each benchmark lives next to the code it measures, in a module exposing
 ``add_arguments(parser)`` and ``run(args) -> dict``. This module only dispatches and
-prints; it never times anything itself.
+prints; it never times anything itself. A benchmark's module is imported only when its
+command line is parsed (`tessera bench NAME ...`): most import torch, which the
+control-plane image does not have, and `tessera --help` stays light. The listing of
+`tessera bench --help` reads each module's docstring from its source, without importing it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.util
 import json
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 # bench name -> module implementing add_arguments(parser) and run(args) -> dict
@@ -24,29 +31,64 @@ BENCHES: dict[str, str] = {
     "predictor": "tessera.workload.bench",
     "reconcile": "tessera_operator.bench_reconcile",
     "transition": "tessera.policies.bench",
+    "chaos": "tessera.cli.bench_chaos",
 }
 
 
 def register(sub: Any) -> None:
     """Add `tessera bench <name>` subcommands for every benchmark module present."""
     parser = sub.add_parser("bench", help="run a benchmark and print one JSON object")
-    bsub = parser.add_subparsers(dest="bench", metavar="NAME")
+    bsub = parser.add_subparsers(dest="bench", metavar="NAME", parser_class=_BenchParser)
     bsub.required = True
     for name, module_name in BENCHES.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and module_name.startswith(exc.name):
-                continue  # not implemented yet
-            raise
-        p = bsub.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0])
-        p.add_argument("--json", action="store_true", help="print only the JSON object")
-        module.add_arguments(p)
-        p.set_defaults(func=_runner(module))
+        summary = _summary(module_name)
+        if summary is None:
+            continue  # not implemented yet
+        p = bsub.add_parser(name, help=summary, module_name=module_name)
+        p.set_defaults(func=_runner(module_name))
 
 
-def _runner(module: Any) -> Any:
+def _summary(module_name: str) -> str | None:
+    """First docstring line of a module, read from its source; None when it does not exist."""
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except ModuleNotFoundError:
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text(encoding="utf-8"))) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else module_name
+
+
+class _BenchParser(argparse.ArgumentParser):
+    """One benchmark's parser: imports its module and adds its arguments on first use."""
+
+    def __init__(self, *args: Any, module_name: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._module_name = module_name
+        self._loaded = not module_name
+
+    def _load(self) -> None:
+        if not self._loaded:
+            self._loaded = True
+            module = importlib.import_module(self._module_name)
+            self.add_argument("--json", action="store_true", help="print only the JSON object")
+            module.add_arguments(self)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._load()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._load()
+        return super().format_help()
+
+
+def _runner(module_name: str) -> Any:
     def run(args: argparse.Namespace) -> int:
+        module = importlib.import_module(module_name)
         result: dict[str, Any] = module.run(args)
         if args.json:
             sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")

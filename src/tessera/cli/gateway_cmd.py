@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING, Any
@@ -33,11 +34,27 @@ def register(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls")
+    p.add_argument(
+        "--api-keys-file",
+        default=os.environ.get("TESSERA_API_KEYS_FILE", ""),
+        help="accepted API keys, one per line (KEY or NAME KEY); unset: no authentication",
+    )
+    p.add_argument("--max-body-bytes", type=int, default=32 << 20)
+    p.add_argument("--max-prompt-tokens", type=int, default=0, help="0: the model's context")
+    p.add_argument("--max-tokens-limit", type=int, default=0, help="largest max_tokens (0: any)")
+    p.add_argument("--max-n", type=int, default=0, help="largest n (0: the parser's bound)")
+    p.add_argument("--max-concurrent-per-key", type=int, default=0, help="0: unlimited")
+    p.add_argument(
+        "--max-in-flight-per-replica",
+        type=int,
+        default=256,
+        help="429 with Retry-After beyond this many requests per ready replica (0: off)",
+    )
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tessera.gateway import config
+    from tessera.gateway import config, limits
 
     try:
         cfg = config.GatewayConfig(
@@ -48,6 +65,15 @@ def _run(args: argparse.Namespace) -> int:
             replicas=tuple(config.parse_replica(r) for r in args.replica),
             routes_file=args.routes,
             poll_interval_s=args.poll_interval,
+            max_body_bytes=args.max_body_bytes,
+            api_keys_file=args.api_keys_file,
+            limits=limits.Limits(
+                max_prompt_tokens=args.max_prompt_tokens,
+                max_tokens=args.max_tokens_limit,
+                max_n=args.max_n,
+                max_concurrent_per_key=args.max_concurrent_per_key,
+                max_in_flight_per_replica=args.max_in_flight_per_replica,
+            ),
         )
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         return asyncio.run(_serve(cfg))

@@ -30,6 +30,9 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+_OWN_PACKAGES = frozenset({"tessera", "tessera_agent", "tessera_operator"})
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every available command group registered."""
     parser = argparse.ArgumentParser(
@@ -51,8 +54,21 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tessera` console script."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    code = args.func(args)
+    try:
+        args = parser.parse_args(argv)
+        code = args.func(args)
+    except ModuleNotFoundError as exc:
+        # The control-plane image (Dockerfile) installs only what `tessera operator` and
+        # `tessera gateway` import: no torch, no transformers.
+        top = (exc.name or "").partition(".")[0]
+        if not top or top in _OWN_PACKAGES:
+            raise
+        sys.stderr.write(
+            f"tessera: this command needs the Python module {top!r}, which is not installed "
+            "here (the control-plane image has only what `tessera operator` and "
+            "`tessera gateway` need; run it from the agent image)\n"
+        )
+        return 2
     return int(code or 0)
 
 

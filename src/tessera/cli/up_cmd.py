@@ -94,8 +94,10 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from rich.progress import BarColumn, Progress, TextColumn
 
     from tessera import local_agents, reconcile
+    from tessera.cli import supervise
     from tessera.gateway import config as gw_config
     from tessera.gateway import server as gw_server
+    from tessera.rpc import transport
     from tessera_operator import actuate, agents, converge
 
     console = Console(stderr=True)
@@ -118,6 +120,8 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     procs: list[local_agents.AgentProcess] = []
+    supervisor = None
+    threads = 0
     gateway = None
     refs: list[agents.AgentRef] = []
     try:
@@ -130,6 +134,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 for i in range(n):  # main thread: children die with this process
                     procs.append(local_agents.start_agent(f"agent-{i}", args.devices, threads))
             refs = [agents.AgentRef(p.agent_id, p.address) for p in procs]
+            console.print(transport.describe_mode())
             for p in procs:
                 console.print(
                     f"agent {p.agent_id} at {p.address} ({args.devices}, {threads} threads)"
@@ -187,9 +192,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
         sys.stdout.write(_curl_example(gateway.url, dep.spec.model.name))
         sys.stdout.flush()
+        supervisor = supervise.start(procs, args.devices, threads, console.print)
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), args.reconcile_interval)
+            await supervise.wait(stop, args.reconcile_interval, supervisor)
             if stop.is_set():
                 break
             again = await converge.converge(
@@ -207,6 +212,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         return 0
     finally:
         console.print("stopping")
+        await supervise.stop(supervisor)
         if gateway is not None:
             await gateway.stop()
         if args.agent and refs:  # leave external agents as we found them

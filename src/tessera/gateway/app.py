@@ -24,10 +24,12 @@ from typing import Any
 from aiohttp import web
 
 from tessera.gateway import (
+    auth,
     chat_template,
     choices,
     dispatch,
     errors,
+    limits,
     logprobs,
     metrics,
     model_info,
@@ -57,10 +59,17 @@ class Service:
     replicas: replicas.ReplicaSet
     metrics: metrics.GatewayMetrics
     created: int  # unix time the gateway started (/v1/models)
+    limits: limits.Limits = dataclasses.field(default_factory=limits.Limits)
+    api_keys: auth.ApiKeys | None = None  # None: no authentication
 
 
 def build(service: Service, max_body_bytes: int) -> web.Application:
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[_error_middleware])
+    admission = limits.Admission(service.limits, lambda: len(service.replicas.ready_ids()))
+    guards = [auth.middleware(service.api_keys)] if service.api_keys else []
+    app = web.Application(
+        client_max_size=max_body_bytes,
+        middlewares=[_error_middleware, *guards, admission.middleware],
+    )
     h = _Handlers(service)
     app.router.add_post("/v1/completions", h.completions)
     app.router.add_post("/v1/chat/completions", h.chat)
@@ -89,7 +98,7 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 
 def _error_response(exc: errors.ApiError) -> web.Response:
-    return web.json_response(exc.body(), status=exc.status)
+    return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
 
 
 class _Handlers:
@@ -190,7 +199,9 @@ class _Handlers:
                 "prompt",
                 "context_length_exceeded",
             )
-        max_tokens = p.max_tokens if p.max_tokens is not None else info.context_len - len(prompt)
+        max_tokens = limits.check_request(
+            self.s.limits, len(prompt), p.max_tokens, info.context_len - len(prompt), p.n
+        )
         if len(prompt) + max_tokens > info.context_len:
             raise errors.bad_request(
                 f"This model's maximum context length is {info.context_len} tokens; the "

@@ -7,7 +7,9 @@ serves `Generate` for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from tessera.gateway import limits as limits_mod
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class GatewayConfig:
     failure_backoff_s: float = 3.0  # a replica failing a request sits out this long
     max_body_bytes: int = 32 << 20  # largest accepted HTTP request body
     routing_seed: int = 0  # seeds the weighted per-class choice
+    api_keys_file: str = ""  # accepted API keys (auth.py); "" = no authentication
+    limits: limits_mod.Limits = field(default_factory=limits_mod.Limits)
 
     def __post_init__(self) -> None:
         if not self.routes_file and not (self.model_name and self.model_path):

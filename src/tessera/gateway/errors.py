@@ -9,16 +9,29 @@ from __future__ import annotations
 
 from typing import Any
 
-_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_exceeded",
+}
 
 
 class ApiError(Exception):
     """An HTTP error with OpenAI's body; `param` names the offending request field."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers or {}  # e.g. Retry-After of a 429
         self.status = status
         self.message = message
         self.param = param

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from tessera.gateway import (
     app,
+    auth,
     chat_template,
     config,
     dispatch,
@@ -162,6 +163,8 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
         replicas=replica_set,
         metrics=gauges,
         created=int(time.time()),
+        limits=cfg.limits,
+        api_keys=auth.ApiKeys(cfg.api_keys_file) if cfg.api_keys_file else None,
     )
     runner = web.AppRunner(
         app.build(service, cfg.max_body_bytes),

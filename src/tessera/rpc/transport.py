@@ -1,17 +1,34 @@
-"""The one place where gRPC channels and servers are made (limits, keepalive, later TLS).
+"""The one place where gRPC channels and servers are made (limits, keepalive, mutual TLS).
 
-Called by the agent (its server and its connections to peer stages), the gateway and the
-operator's actuator. Keeping options here means every hop agrees on message-size limits:
-hidden states of a large prefill chunk are megabytes.
+Called by the agent (its server and its connections to peer stages, block copies, KV
+moves), the gateway, the operator's actuator and the command-line tools. Keeping options
+here means every hop agrees on message-size limits (hidden states of a large prefill chunk
+are megabytes) and on security: when TLS is configured, every server demands a client
+certificate signed by the deployment's CA and every channel presents one.
+
+TLS is configured by one environment variable, `TESSERA_TLS_DIR`: a folder holding
+`ca.crt`, `tls.crt` and `tls.key` (the layout of a Kubernetes TLS Secret, and of the Secrets
+cert-manager writes), mounted from a Secret by the chart. Unset, channels and servers are
+plaintext: that is `tessera up`'s loopback mode, which says so when it starts. The files are
+read again for every new server handshake (`dynamic_ssl_server_credentials`) and for every
+new channel, so a rotated Secret is picked up without restarting agents.
+
+Agents are reached by changing pod IPs, so clients check the server's certificate against
+one DNS name every agent certificate carries (`AGENT_SERVER_NAME`), not the address.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+TLS_DIR_ENV = "TESSERA_TLS_DIR"
+AGENT_SERVER_NAME = "tessera-agent"
 
 OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -20,19 +37,139 @@ OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # A restarted peer (same address) must be reachable again within seconds: gRPC's default
+    # reconnect back-off grows to 120 s, which left a pipeline's link to a restarted next
+    # stage failing long after the stage was back (found by `tessera bench chaos`).
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
 
-def channel(address: str) -> grpc.aio.Channel:
-    """An insecure asyncio channel to `host:port` with Tessera's limits."""
-    return grpc.aio.insecure_channel(address, options=OPTIONS)
+@dataclass(frozen=True)
+class TlsFiles:
+    """Where this process's certificate, its key and the deployment's CA lie."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    server_name: str = AGENT_SERVER_NAME  # the DNS SAN clients expect of agents
+
+    @classmethod
+    def from_dir(cls, folder: str | Path) -> TlsFiles:
+        d = Path(folder)
+        files = cls(d / "ca.crt", d / "tls.crt", d / "tls.key")
+        missing = [str(p) for p in (files.ca, files.cert, files.key) if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{TLS_DIR_ENV}={d}: missing {', '.join(missing)}")
+        return files
+
+    def read(self) -> tuple[bytes, bytes, bytes]:
+        """(CA bundle, certificate chain, private key), read now."""
+        return self.ca.read_bytes(), self.cert.read_bytes(), self.key.read_bytes()
 
 
-def sync_channel(address: str) -> grpc.Channel:
+def tls_from_env() -> TlsFiles | None:
+    """The TLS files named by `TESSERA_TLS_DIR`, or None (plaintext) when it is unset."""
+    folder = os.environ.get(TLS_DIR_ENV, "")
+    return TlsFiles.from_dir(folder) if folder else None
+
+
+def describe_mode() -> str:
+    """One line saying how this process's gRPC is protected (printed by `tessera up`)."""
+    files = tls_from_env()
+    if files is None:
+        return (
+            f"gRPC is plaintext (loopback only; set {TLS_DIR_ENV} for mutual TLS, "
+            "see docs/security.md)"
+        )
+    return f"gRPC uses mutual TLS with the certificate in {files.cert.parent}"
+
+
+def _resolve(tls: TlsFiles | bool | None) -> TlsFiles | None:
+    # True/default: from the environment; False: plaintext; TlsFiles: these files.
+    if tls is True:
+        return tls_from_env()
+    if tls is False or tls is None:
+        return None
+    return tls
+
+
+def _channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
+    ca, cert, key = files.read()
+    return grpc.ssl_channel_credentials(
+        root_certificates=ca, private_key=key, certificate_chain=cert
+    )
+
+
+def _channel_options(files: TlsFiles | None) -> list[tuple[str, Any]]:
+    if files is None:
+        return OPTIONS
+    return [*OPTIONS, ("grpc.ssl_target_name_override", files.server_name)]
+
+
+def channel(address: str, tls: TlsFiles | bool = True) -> grpc.aio.Channel:
+    """An asyncio channel to `host:port` with Tessera's limits; mutual TLS when configured."""
+    files = _resolve(tls)
+    if files is None:
+        return grpc.aio.insecure_channel(address, options=OPTIONS)
+    return grpc.aio.secure_channel(
+        address, _channel_credentials(files), options=_channel_options(files)
+    )
+
+
+def sync_channel(address: str, tls: TlsFiles | bool = True) -> grpc.Channel:
     """A blocking channel, for command-line tools that make a few calls."""
-    return grpc.insecure_channel(address, options=OPTIONS)
+    files = _resolve(tls)
+    if files is None:
+        return grpc.insecure_channel(address, options=OPTIONS)
+    return grpc.secure_channel(
+        address, _channel_credentials(files), options=_channel_options(files)
+    )
 
 
-def server() -> grpc.aio.Server:
-    """An asyncio server with Tessera's limits; the caller adds servicers and ports."""
-    return grpc.aio.server(options=OPTIONS)
+class _ReloadingCertificates:
+    """Re-reads the files when they change; grpc asks before every handshake."""
+
+    def __init__(self, files: TlsFiles) -> None:
+        self.files = files
+        self.stamp = self._stamp()
+
+    def _stamp(self) -> tuple[float, ...]:
+        return tuple(p.stat().st_mtime for p in (self.files.ca, self.files.cert, self.files.key))
+
+    def config(self) -> grpc.ServerCertificateConfiguration:
+        ca, cert, key = self.files.read()
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def __call__(self) -> grpc.ServerCertificateConfiguration | None:
+        try:
+            stamp = self._stamp()
+            if stamp == self.stamp:
+                return None  # unchanged: keep the current configuration
+            cfg = self.config()
+        except OSError:
+            return None  # mid-rotation (a Secret update swaps a symlink): keep the old one
+        self.stamp = stamp
+        return cfg
+
+
+def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
+    """Server credentials that demand a client certificate signed by the CA in `files`."""
+    reload = _ReloadingCertificates(files)
+    return grpc.dynamic_ssl_server_credentials(
+        reload.config(), reload, require_client_authentication=True
+    )
+
+
+def server(interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()) -> grpc.aio.Server:
+    """An asyncio server with Tessera's limits; the caller adds servicers and a port."""
+    return grpc.aio.server(options=OPTIONS, interceptors=interceptors)
+
+
+def add_port(srv: grpc.aio.Server, address: str, tls: TlsFiles | bool = True) -> int:
+    """Bind `address` (mutual TLS when configured, else plaintext); returns the port."""
+    files = _resolve(tls)
+    if files is None:
+        return int(srv.add_insecure_port(address))
+    return int(srv.add_secure_port(address, server_credentials(files)))

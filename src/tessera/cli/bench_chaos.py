@@ -1,0 +1,332 @@
+"""Chaos benchmark: replay the shared trace while agents are SIGKILLed mid-decode and the
+reconcile loop is killed mid-pass; nothing may be lost and greedy tokens must not change.
+
+`tessera bench chaos --json [--requests N] [--time-scale X]` composes what `tessera up`
+runs, in one process so the bench can interrupt each part: three local agent processes
+(replica r0 whole on agent-0; replica r1 a 2-stage pipeline on agent-1 and agent-2),
+converged by the operator's reconcile core; `tessera.cli.supervise` restarting dead
+agents; the reconcile loop re-converging (reloading a restarted agent's blocks); and the
+gateway. After a short warm-up, the trace's first N requests (greedy, streamed; transforms
+as in `tessera bench serve`) are replayed twice: clean, then with chaos:
+1. at 25% of the replay, SIGKILL agent-2 (r1's last stage, mid-decode): r1's running
+   streams fail over to r0; the supervisor restarts agent-2; the next reconcile pass is
+   killed (its task cancelled) as soon as it has applied one action, then started afresh;
+2. once r1 is back, and no earlier than 55% of the replay, SIGKILL agent-0 (r0).
+`tokens_match` compares streamed texts (decoded from the tokens), request by request.
+Reported: `requests_sent`, `completed`, `lost` (requests without a full, error-free
+answer), `tokens_match` (every chaos-run text equals the clean run's, greedy),
+`p99_ttft_ratio_vs_clean`, `recovery_s` per kill (kill to both replicas ready at the
+gateway), and what was killed when.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tessera.cli import bench_serve, supervise
+
+LAYOUT = """apiVersion: serving.tessera.dev/v1alpha1
+kind: ServingDeployment
+metadata: {name: chaos}
+spec:
+  model: {name: tiny-llama, path: MODEL, dtype: float32}
+  layout:
+    mode: explicit
+    kvCacheBytes: 33554432
+    replicas:
+      - name: r0
+        stages: [{agent: agent-0, device: cpu:0, layers: [0, 8]}]
+      - name: r1
+        stages:
+          - {agent: agent-1, device: cpu:0, layers: [0, 4]}
+          - {agent: agent-2, device: cpu:0, layers: [4, 8]}
+  gateway: {port: 8000}
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--requests", type=int, default=96)
+    parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--trace", type=Path, default=bench_serve.TRACE)
+    parser.add_argument("--input-scale", type=float, default=0.05)
+    parser.add_argument("--output-scale", type=float, default=0.1)
+    parser.add_argument("--max-input", type=int, default=128)
+    parser.add_argument("--max-output", type=int, default=24)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reconcile-interval", type=float, default=5.0)
+
+
+class _Deployment:
+    """Agents, supervisor, reconcile loop and gateway of one local deployment."""
+
+    def __init__(self, dep: Any, model_path: str, interval_s: float) -> None:
+        self.dep, self.model_path, self.interval_s = dep, model_path, interval_s
+        self.procs: list[Any] = []
+        self.refs: list[Any] = []
+        self.gateway: Any = None
+        self.supervisor: supervise.Supervisor | None = None
+        self.loop_task: asyncio.Task[None] | None = None
+        self.stop = asyncio.Event()
+        self.applied = asyncio.Event()  # set when a reconcile pass applied an action
+        self.passes = 0
+
+    async def start(self) -> None:
+        from tessera import local_agents
+        from tessera.gateway import config as gw_config
+        from tessera.gateway import server as gw_server
+        from tessera_operator import agents, converge
+
+        for i in range(3):
+            self.procs.append(
+                await asyncio.to_thread(local_agents.start_agent, f"agent-{i}", "cpu:1x1GiB", 1)
+            )
+        self.refs = [agents.AgentRef(p.agent_id, p.address) for p in self.procs]
+        out = await converge.converge(self.dep, self.model_path, self.refs)
+        if out.reason != "Serving":
+            raise SystemExit(f"tessera bench chaos: {out.reason}: {out.message}")
+        self.gateway = await gw_server.start_gateway(
+            gw_config.GatewayConfig(
+                model_name="tiny-llama",
+                model_path=self.model_path,
+                port=0,
+                replicas=tuple(gw_config.ReplicaEndpoint(r, a) for r, a in self._leaders(out)),
+                poll_interval_s=0.25,
+                failure_backoff_s=0.5,
+            )
+        )
+        self.supervisor = supervise.start(self.procs, "cpu:1x1GiB", 1, lambda s: None)
+        self.start_loop()
+
+    def _leaders(self, out: Any) -> list[tuple[str, str]]:
+        address = {r.name: r.address for r in self.refs}
+        return [(r.replica_id, address[r.stages[0].agent]) for r in out.plan.replicas]
+
+    def start_loop(self) -> None:
+        self.loop_task = asyncio.get_running_loop().create_task(self._reconcile_loop())
+
+    async def _reconcile_loop(self) -> None:
+        from tessera_operator import converge
+
+        def progress(result: Any) -> None:
+            self.applied.set()
+
+        while not self.stop.is_set():
+            await supervise.wait(self.stop, self.interval_s, self.supervisor)
+            if self.stop.is_set():
+                return
+            self.passes += 1
+            out = await converge.converge(self.dep, self.model_path, self.refs, progress)
+            if out.plan is not None:
+                from tessera.gateway import config as gw_config
+
+                self.gateway.update_replicas(
+                    [gw_config.ReplicaEndpoint(r, a) for r, a in self._leaders(out)]
+                )
+
+    async def kill_loop(self) -> None:
+        """Kill the reconcile loop (as the operator dying): cancel its task mid-pass."""
+        assert self.loop_task is not None
+        self.loop_task.cancel()
+        try:
+            await self.loop_task
+        except asyncio.CancelledError:
+            pass
+
+    def all_ready(self) -> bool:
+        return len(self.gateway.ready_replicas()) == 2
+
+    async def close(self) -> None:
+        from tessera import local_agents
+
+        self.stop.set()
+        if self.loop_task is not None:
+            await self.kill_loop()
+        await supervise.stop(self.supervisor)
+        if self.gateway is not None:
+            await self.gateway.stop()
+        for p in self.procs:
+            local_agents.stop_agent(p)
+
+
+async def _replay(
+    url: str, reqs: list[tuple[float, int, int]], seed: int, active: list[int] | None = None
+) -> dict[str, Any]:
+    """Per request: text and TTFT (None when it failed); `active[0]` counts streams open."""
+    import json
+    import random
+
+    import aiohttp
+
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(5, 500) for _ in range(n)] for _, n, _ in reqs]
+    texts: list[str | None] = [None] * len(reqs)
+    ttft: list[float | None] = [None] * len(reqs)
+    errors: list[str] = []
+    start = time.perf_counter()
+
+    async def one(i: int, session: aiohttp.ClientSession) -> None:
+        at, _, out = reqs[i]
+        await asyncio.sleep(max(0.0, at - (time.perf_counter() - start)))
+        body = {"model": "tiny-llama", "prompt": prompts[i], "max_tokens": out,
+                "temperature": 0, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        sent, parts, got, first = time.perf_counter(), [], 0, None
+        if active is not None:
+            active[0] += 1
+        try:
+            async with session.post(f"{url}/v1/completions", json=body) as resp:
+                if resp.status != 200:
+                    errors.append(f"{resp.status}: {(await resp.text())[:160]}")
+                    return
+                async for raw in resp.content:
+                    line = raw.decode().strip()
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        errors.append(str(chunk["error"])[:160])
+                        return
+                    if chunk.get("usage"):
+                        got = chunk["usage"]["completion_tokens"]
+                    if chunk.get("choices") and chunk["choices"][0].get("text"):
+                        first = first or time.perf_counter() - sent
+                        parts.append(chunk["choices"][0]["text"])
+        except aiohttp.ClientError as exc:
+            errors.append(f"client error: {exc}")
+            return
+        finally:
+            if active is not None:
+                active[0] -= 1
+        if got != out:
+            errors.append(f"request {i}: {got} of {out} tokens")
+            return
+        texts[i], ttft[i] = "".join(parts), first
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        await asyncio.gather(*(one(i, session) for i in range(len(reqs))))
+    return {"texts": texts, "ttft": ttft, "errors": errors}
+
+
+async def _until(cond: Any, timeout: float, every: float = 0.05) -> float:
+    """Seconds until `cond()` holds (raises after `timeout`)."""
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(every)
+    return time.monotonic() - t0
+
+
+async def _chaos(
+    d: _Deployment, span_s: float, log: list[dict[str, Any]], active: list[int]
+) -> list[float]:
+    """The kills; returns the recovery time of each agent kill."""
+    t0 = time.monotonic()
+    recoveries = []
+    for victim, at_fraction in ((2, 0.25), (0, 0.55)):
+        await asyncio.sleep(max(0.0, t0 + at_fraction * span_s - time.monotonic()))
+        proc = d.procs[victim]
+        killed = time.monotonic()
+        os.kill(proc.proc.pid, signal.SIGKILL)
+        log.append(
+            {
+                "t_s": round(killed - t0, 2),
+                "event": f"SIGKILL agent-{victim}",
+                "requests_streaming": active[0],
+            }
+        )
+        await _until(lambda: not d.all_ready(), 30)
+        if victim == 2:  # kill the reconcile pass that reloads it, once it has acted
+            d.applied.clear()
+            await _until(d.applied.is_set, 120)
+            await d.kill_loop()
+            log.append({"t_s": round(time.monotonic() - t0, 2), "event": "reconcile loop killed"})
+            d.start_loop()
+            assert d.supervisor is not None
+            d.supervisor.restarted.set()  # the new loop converges at once
+        await _until(d.all_ready, 180)
+        recoveries.append(round(time.monotonic() - killed, 2))
+        log.append({"t_s": round(time.monotonic() - t0, 2), "event": "both replicas ready"})
+    return recoveries
+
+
+async def _bench(args: argparse.Namespace, model: Path) -> dict[str, Any]:
+    import yaml
+
+    from tessera import api
+
+    reqs = bench_serve._load(args)
+    dep = api.parse(yaml.safe_load(LAYOUT.replace("MODEL", str(model))))
+    d = _Deployment(dep, str(model), args.reconcile_interval)
+    try:
+        await d.start()
+        await _replay(d.gateway.url, reqs[:8], args.seed + 1)  # warm-up, not measured
+        clean = await _replay(d.gateway.url, reqs, args.seed)
+        log: list[dict[str, Any]] = []
+        active = [0]
+        chaos_task = asyncio.create_task(_chaos(d, reqs[-1][0], log, active))
+        chaotic = await _replay(d.gateway.url, reqs, args.seed, active)
+        recoveries = await chaos_task
+        passes = d.passes
+    finally:
+        await d.close()
+    pairs = [
+        (a, b)
+        for a, b in zip(clean["texts"], chaotic["texts"], strict=True)
+        if a is not None and b is not None
+    ]
+    ttft_clean = [t for t in clean["ttft"] if t is not None]
+    ttft_chaos = [t for t in chaotic["ttft"] if t is not None]
+    p99_clean = bench_serve._pct(ttft_clean, 99)
+    p99_chaos = bench_serve._pct(ttft_chaos, 99)
+    completed = sum(t is not None for t in chaotic["texts"])
+    return {
+        "requests_sent": len(reqs),
+        "completed": completed,
+        "lost": len(reqs) - completed,
+        "clean_completed": sum(t is not None for t in clean["texts"]),
+        "tokens_match": bool(pairs) and all(a == b for a, b in pairs),
+        "greedy_compared": len(pairs),
+        "p99_ttft_ms_clean": round(p99_clean * 1e3, 1),
+        "p99_ttft_ms_chaos": round(p99_chaos * 1e3, 1),
+        "p99_ttft_ratio_vs_clean": round(p99_chaos / p99_clean, 2),
+        "recovery_s": max(recoveries),
+        "recovery_s_per_kill": recoveries,
+        "reconcile_passes": passes,
+        "events": log,
+        "errors": (clean["errors"] + chaotic["errors"])[:5],
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import subprocess
+    import sys
+
+    with tempfile.TemporaryDirectory(prefix="tessera-chaos-") as tmp:
+        model = Path(tmp) / "tiny-llama"
+        subprocess.run(
+            [sys.executable, "-m", "tessera.cli.main", "model", "make-tiny", str(model)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        result = asyncio.run(_bench(args, model))
+    return {
+        **result,
+        "time_scale": args.time_scale,
+        "trace": str(args.trace),
+        "setup": "3 local agents (r0 whole on agent-0; r1 2 stages on agent-1, agent-2), "
+        "supervisor + reconcile loop + gateway in one process; same requests clean, "
+        "then with kills",
+        "transforms": f"prompt clip(round(ContextTokens*{args.input_scale}),1,"
+        f"{args.max_input}) random ids; max_tokens clip(round(GeneratedTokens*"
+        f"{args.output_scale}),1,{args.max_output}), EOS ignored, greedy",
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+    }
