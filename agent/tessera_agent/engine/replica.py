@@ -174,12 +174,16 @@ class ReplicaEngine:
 
     # -- requests ---------------------------------------------------------------------
     async def generate(
-        self, seq_id: str, prompt: list[int], params: sampling.SamplingParams
+        self,
+        seq_id: str,
+        prompt: list[int],
+        params: sampling.SamplingParams,
+        variant: str = "",
     ) -> AsyncIterator[scheduler.TokenEvent]:
         """Yield the request's token events; cancelling the consumer cancels the request."""
         sched = await self._ensure_ready()
         queue: asyncio.Queue[scheduler.TokenEvent] = asyncio.Queue()
-        sched.add(seq_id, prompt, params)
+        sched.add(seq_id, prompt, params, variant)
         self._queues[seq_id] = queue
         self._wake.set()
         finished = False
