@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,7 +44,7 @@ class BlockReport:
         }
 
 
-def _lens(model: torch.nn.Module, ids: torch.Tensor) -> list[torch.Tensor]:
+def _lens(model: Any, ids: torch.Tensor) -> list[torch.Tensor]:
     """Vocabulary distributions [tokens, vocab] after each decoder layer (1..L)."""
     out = model(input_ids=ids, output_hidden_states=True)
     hs = out.hidden_states  # embeddings, then after each layer (the last may be normed)
@@ -71,8 +72,10 @@ def report(
     """One `BlockReport` per block (default: one block per layer)."""
     from transformers import AutoModelForCausalLM
 
-    fa = AutoModelForCausalLM.from_pretrained(str(foundation)).eval()
-    va = AutoModelForCausalLM.from_pretrained(str(variant)).eval()
+    fa: Any = AutoModelForCausalLM.from_pretrained(str(foundation))
+    va: Any = AutoModelForCausalLM.from_pretrained(str(variant))
+    fa.eval()
+    va.eval()
     n = fa.config.num_hidden_layers
     if va.config.num_hidden_layers != n:
         raise ValueError("the variant and the foundation have different layer counts")
