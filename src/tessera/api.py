@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera import fields
+from tessera.policies import module_scaling
+from tessera.policies import overload as overload_policy
 
 API_GROUP = "serving.tessera.dev"
 API_VERSION = "v1alpha1"
@@ -87,8 +89,8 @@ class PolicySpec:
 @dataclass(frozen=True)
 class PoliciesSpec:
     switching: PolicySpec = PolicySpec()
-    overload: PolicySpec = PolicySpec()
-    scaling: PolicySpec = PolicySpec()
+    overload: overload_policy.OverloadConfig = field(default_factory=overload_policy.OverloadConfig)
+    scaling: module_scaling.ScalingConfig = field(default_factory=module_scaling.ScalingConfig)
 
 
 @dataclass(frozen=True)
@@ -267,12 +269,61 @@ def _slo(doc: Any, path: str) -> SLOSpec:
 def _policies(doc: Any, path: str) -> PoliciesSpec:
     p = fields.mapping(doc, path)
     _unknown(p, ("switching", "overload", "scaling"), path)
-    out = {}
-    for key in ("switching", "overload", "scaling"):
+    out: dict[str, Any] = {}
+    for key in ("switching",):
         sub = fields.mapping(_opt(p, key, {}), f"{path}.{key}")
         _unknown(sub, ("enabled",), f"{path}.{key}")
         out[key] = PolicySpec(_bool(_opt(sub, "enabled", False), f"{path}.{key}.enabled"))
+    out["overload"] = _overload(_opt(p, "overload", {}), f"{path}.overload")
+    out["scaling"] = _scaling(_opt(p, "scaling", {}), f"{path}.scaling")
     return PoliciesSpec(**out)
+
+
+def _overload(doc: Any, path: str) -> overload_policy.OverloadConfig:
+    """`spec.policies.overload` (KunServe; defaults and meaning in docs/overload.md)."""
+    o = fields.mapping(doc, path)
+    _unknown(o, ("enabled", "dropThreshold", "restoreThreshold"), path)
+    d = overload_policy.OverloadConfig()
+    drop = fields.number(_opt(o, "dropThreshold", d.drop_threshold), f"{path}.dropThreshold")
+    restore = fields.number(
+        _opt(o, "restoreThreshold", d.restore_threshold), f"{path}.restoreThreshold"
+    )
+    if not 0.0 < drop <= 1.0:
+        raise fields.FieldError(f"{path}.dropThreshold", f"must be in (0, 1], got {drop}")
+    if not 0.0 < restore < drop:
+        raise fields.FieldError(
+            f"{path}.restoreThreshold",
+            f"must be > 0 and below dropThreshold ({drop}), got {restore}",
+        )
+    return overload_policy.OverloadConfig(
+        _bool(_opt(o, "enabled", False), f"{path}.enabled"), drop, restore
+    )
+
+
+def _scaling(doc: Any, path: str) -> module_scaling.ScalingConfig:
+    """`spec.policies.scaling` (CoCoServe; defaults and meaning in docs/module-scaling.md)."""
+    keys = ("enabled", "upIdleFraction", "downViolationRate", "batchStep", "maxMigrations")
+    sc = fields.mapping(doc, path)
+    _unknown(sc, keys, path)
+    d = module_scaling.ScalingConfig()
+    fractions = {}
+    for key, default in (
+        ("upIdleFraction", d.up_idle_fraction),
+        ("downViolationRate", d.down_violation_rate),
+    ):
+        v = fields.number(_opt(sc, key, default), f"{path}.{key}", minimum=0.0)
+        if v >= 1.0:
+            raise fields.FieldError(f"{path}.{key}", f"must be a fraction in [0, 1), got {v}")
+        fractions[key] = v
+    return module_scaling.ScalingConfig(
+        _bool(_opt(sc, "enabled", False), f"{path}.enabled"),
+        fractions["upIdleFraction"],
+        fractions["downViolationRate"],
+        fields.integer(_opt(sc, "batchStep", d.batch_step), f"{path}.batchStep", minimum=1),
+        fields.integer(
+            _opt(sc, "maxMigrations", d.max_migrations), f"{path}.maxMigrations", minimum=0
+        ),
+    )
 
 
 def _gateway(doc: Any, path: str) -> GatewaySpec:

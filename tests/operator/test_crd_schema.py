@@ -39,7 +39,7 @@ def _sample(schema: dict[str, Any], path: str) -> Any:
     return {
         "string": "x" if "pattern" not in schema else "a1",
         "integer": max(1, schema.get("minimum", 1)),
-        "number": 1.5,
+        "number": schema.get("default", 1.5) if "maximum" in schema else 1.5,  # fractions
         "boolean": True,
         "object": {"k": "v"},
     }[kind]

@@ -9,6 +9,7 @@ K/V for one layer out of and into the pool (KV migration builds on them).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -87,3 +88,50 @@ class PagedKVCache:
         s = self.slots(block_table, k.shape[0]).to(dev)
         self.k[layer].index_copy_(0, s, k.to(dev, self.layout.dtype))
         self.v[layer].index_copy_(0, s, v.to(dev, self.layout.dtype))
+
+    # -- shifting memory between parameters and KV (engine/memory_shift.py) ---------------
+    def grow(self, extra_pages: int) -> None:
+        """Append `extra_pages` zeroed pages to every layer's pool. Existing pages keep
+        their ids and contents, so block tables stay valid (`resize_` keeps the tensors,
+        appending slots at the end; on CPU the storage is reallocated once)."""
+        if extra_pages < 0:
+            raise ValueError(f"extra_pages: must be >= 0, got {extra_pages}")
+        old = self.layout.num_pages * self.layout.page_size
+        new = old + extra_pages * self.layout.page_size
+        for t in (*self.k, *self.v):
+            t.resize_((new, *t.shape[1:]))
+            t[old:].zero_()
+        self.layout = dataclasses.replace(
+            self.layout, num_pages=self.layout.num_pages + extra_pages
+        )
+
+    def keep_layers(self, first: int, last: int) -> None:
+        """Keep only local layers [first, last); the others' K/V are released."""
+        if not 0 <= first < last <= self.layout.num_layers:
+            raise ValueError(f"keep_layers: [{first}, {last}) is not within the pool's layers")
+        self.k, self.v = self.k[first:last], self.v[first:last]
+        self.layout = dataclasses.replace(self.layout, num_layers=last - first)
+
+    def shrink(self, num_pages: int) -> None:
+        """Keep pages [0, num_pages) (the allocator compacted held pages below it) and
+        release the rest (new, smaller tensors: `resize_` would keep the storage)."""
+        if not 1 <= num_pages <= self.layout.num_pages:
+            raise ValueError(f"shrink: {num_pages} is not in [1, {self.layout.num_pages}]")
+        slots = num_pages * self.layout.page_size
+        self.k = [t[:slots].clone() for t in self.k]
+        self.v = [t[:slots].clone() for t in self.v]
+        self.layout = dataclasses.replace(self.layout, num_pages=num_pages)
+
+    def add_layers(self, before: int, after: int) -> None:
+        """Add empty pools for `before` layers in front and `after` layers behind."""
+        shape = tuple(self.k[0].shape)
+        dev, dt = self.k[0].device, self.layout.dtype
+
+        def zeros(n: int) -> list[torch.Tensor]:
+            return [torch.zeros(shape, dtype=dt, device=dev) for _ in range(n)]
+
+        self.k = zeros(before) + self.k + zeros(after)
+        self.v = zeros(before) + self.v + zeros(after)
+        self.layout = dataclasses.replace(
+            self.layout, num_layers=self.layout.num_layers + before + after
+        )

@@ -133,6 +133,42 @@ class PageAllocator:
             table.append(page)
         return True
 
+    def add_pages(self, extra: int) -> None:
+        """Grow the pool by `extra` fresh pages, ids after the existing ones (every stage's
+        KV pool grew first: engine/memory_shift.py); pages held now are untouched."""
+        if extra < 0:
+            raise ValueError(f"extra: must be >= 0, got {extra}")
+        self._free.extend(range(self.num_pages, self.num_pages + extra))
+        self.num_pages += extra
+
+    def compact(self, limit: int) -> dict[int, int]:
+        """Shrink the pool to pages [0, limit): held pages at or above `limit` move to
+        free ids below it (returned as {old: new}, for the stages to copy their K/V),
+        unheld cached pages there are evicted. ValueError when more pages are held."""
+        if limit > self.num_pages:
+            raise ValueError(f"cannot shrink {self.num_pages} pages to {limit}: use add_pages")
+        held = sorted(self._refs)
+        if len(held) > limit:
+            raise ValueError(f"cannot shrink to {limit} pages: {len(held)} are held")
+        for page in [p for p in self._cached_free if p >= limit]:
+            del self._cached_free[page]
+            del self._page_of[self._key_of.pop(page)]
+            del self._content[page]
+        self._free = deque(p for p in self._free if p < limit)
+        moves: dict[int, int] = {}
+        for page in (p for p in held if p >= limit):
+            new = self._take()
+            moves[page] = new
+            self._refs[new] = self._refs.pop(page)
+            if page in self._key_of:
+                key = self._key_of.pop(page)
+                self._key_of[new], self._page_of[key] = key, new
+                self._content[new] = self._content.pop(page)
+        for table in self._tables.values():
+            table[:] = [moves.get(p, p) for p in table]
+        self.num_pages = limit
+        return moves
+
     def free(self, seq_id: str) -> None:
         """Release the sequence's pages (finish, cancel or preemption); registered pages
         nobody holds any more stay cached, the others return to the free list."""

@@ -158,6 +158,17 @@ class ReplicaEngine:
         if self._downstream is not None:
             await self._downstream.close()
 
+    def add_pages(self, num_pages: int) -> int:
+        """Raise the page allocator to `num_pages` once every stage's KV pool holds them
+        (a drop grew them: engine/memory_shift.py); running requests keep their pages and
+        queued ones are scheduled at once. Returns the pages added."""
+        if self._sched is None or num_pages <= self._sched.alloc.num_pages:
+            return 0
+        extra = num_pages - self._sched.alloc.num_pages
+        self._sched.alloc.add_pages(extra)
+        self._wake.set()
+        return extra
+
     def stats(self) -> ReplicaStats:
         s = self._sched
         if s is None:

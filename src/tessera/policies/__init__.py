@@ -1,6 +1,6 @@
-"""Decisions, pure: functions over frozen dataclasses that return decision dataclasses.
+"""Pure elastic policies: decisions over frozen dataclasses, applied elsewhere.
 
-One concept per module (`actions.py`, `links.py`, `transition.py`, ...). The operator,
-`tessera up`, the agents and the gateway only apply what these return. No I/O, no torch,
-kopf or grpc (an import-linter contract keeps it so).
+One concept per module (`overload.py`, `drop_plan.py`, `lookahead.py`,
+`module_scaling.py`, ...). Nothing here does I/O or imports torch, grpc or kopf; the
+operator, the agent servicer, the gateway and the benches apply the decisions.
 """

@@ -1,0 +1,166 @@
+"""KunServe overload monitor: when does a replica's KV demand overflow, and when to restore.
+
+Input: per replica, a `ReplicaKV` snapshot (the KV pool, the bytes running requests hold,
+the bytes each queued request needs, the pool it had before any drop), and an
+`OverloadConfig` built from `spec.policies.overload`. Output: an `OverloadDecision` (fire
+or not, the bytes R the drop plan must free, a reason and a per-replica verdict) and a
+`RestoreDecision` per dropped group. Called by the operator's overload loop and by
+`tessera bench overload`; the drop itself is planned by `drop_plan.py`.
+
+Demand, not use: KV demand = KV held by running requests + KV needed by the head-of-line
+queued requests (KunServe §4.1 computes "the memory demand of all queued requests"). A
+replica whose queue is blocked on memory has demand above its pool even while its pool
+is merely full, which is what makes the signal early.
+
+Threshold (`dropThreshold`, default 0.9): a replica fires when its queue is not empty and
+its demand reaches `dropThreshold` x pool. Demand above the pool always fires (the queue
+cannot be admitted); the 10 % margin fires "about to overflow": running requests grow by
+a token per step each, so a pool at 90 % with a queue is minutes of decode, not hours,
+from preempting. A replica with an empty queue never fires: it is full but not
+overloaded. R = the queued demand of the firing replicas (conservative: it ignores the
+free pages running requests will grow into, as the paper does).
+
+Restore (`restoreThreshold`, default 0.5, KunServe §4.4 "below 50 % of the GPU (without
+drop)"): a dropped group restores when its whole demand (running + queued) is below
+`restoreThreshold` x the KV pools its members had before the drop. Using demand rather
+than use avoids restoring into a queue and dropping again at once; the gap between the
+two thresholds is the hysteresis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+DEFAULT_DROP_THRESHOLD = 0.9
+DEFAULT_RESTORE_THRESHOLD = 0.5
+
+REASON_OVERLOAD = "KVOverload"
+REASON_OK = "KVWithinPool"
+REASON_RESTORE = "DemandFell"
+REASON_HOLD = "DemandHigh"
+
+
+@dataclass(frozen=True)
+class OverloadConfig:
+    """`spec.policies.overload`, validated."""
+
+    enabled: bool = False
+    drop_threshold: float = DEFAULT_DROP_THRESHOLD  # fraction of the pool (0, 1]
+    restore_threshold: float = DEFAULT_RESTORE_THRESHOLD  # fraction of the pre-drop pool
+    head_of_line: int = 0  # queued requests counted in the demand; 0 = the whole queue
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.drop_threshold <= 1.0:
+            raise ValueError(f"drop_threshold: must be in (0, 1], got {self.drop_threshold}")
+        if not 0.0 < self.restore_threshold < self.drop_threshold:
+            raise ValueError(
+                f"restore_threshold: must be in (0, drop_threshold={self.drop_threshold}), "
+                f"got {self.restore_threshold}"
+            )
+        if self.head_of_line < 0:
+            raise ValueError("head_of_line: must be >= 0")
+
+
+@dataclass(frozen=True)
+class ReplicaKV:
+    """One replica's KV snapshot, in bytes (pages x page bytes)."""
+
+    name: str
+    pool_bytes: int  # the KV pool now (grown if the replica dropped layers)
+    running_bytes: int  # KV held by running requests
+    queued_bytes: tuple[int, ...] = ()  # KV each queued request needs, in queue order
+    pre_drop_pool_bytes: int = 0  # the pool before any drop; 0 = pool_bytes
+
+    @property
+    def base_pool_bytes(self) -> int:
+        return self.pre_drop_pool_bytes or self.pool_bytes
+
+
+@dataclass(frozen=True)
+class ReplicaVerdict:
+    name: str
+    demand_bytes: int  # running + head-of-line queued
+    queued_bytes: int
+    pool_bytes: int
+    fires: bool
+
+    @property
+    def demand_ratio(self) -> float:
+        return self.demand_bytes / self.pool_bytes if self.pool_bytes else float("inf")
+
+
+@dataclass(frozen=True)
+class OverloadDecision:
+    fire: bool
+    required_bytes: int  # R for the drop plan
+    reason: str
+    message: str
+    replicas: tuple[ReplicaVerdict, ...]
+
+
+@dataclass(frozen=True)
+class RestoreDecision:
+    restore: bool
+    demand_bytes: int
+    limit_bytes: int  # restore_threshold x pre-drop pools
+    reason: str
+    message: str
+
+
+def request_kv_bytes(
+    prompt_tokens: int, output_tokens: int, page_size: int, bytes_per_page: int
+) -> int:
+    """KV bytes a request needs for its prompt plus `output_tokens` expected outputs,
+    rounded up to whole pages as the page allocator hands them out."""
+    tokens = max(0, prompt_tokens) + max(0, output_tokens)
+    return -(-tokens // page_size) * bytes_per_page
+
+
+def verdict(kv: ReplicaKV, cfg: OverloadConfig) -> ReplicaVerdict:
+    """One replica's demand and whether it fires (see the module docstring)."""
+    head = kv.queued_bytes[: cfg.head_of_line] if cfg.head_of_line else kv.queued_bytes
+    queued = sum(head)
+    demand = kv.running_bytes + queued
+    fires = queued > 0 and demand >= cfg.drop_threshold * kv.pool_bytes
+    return ReplicaVerdict(kv.name, demand, queued, kv.pool_bytes, fires)
+
+
+def assess(replicas: Sequence[ReplicaKV], cfg: OverloadConfig) -> OverloadDecision:
+    """Fire when any replica's demand reaches the threshold; R = their queued demand."""
+    verdicts = tuple(verdict(r, cfg) for r in replicas)
+    firing = [v for v in verdicts if v.fires]
+    if not cfg.enabled or not firing:
+        why = "overload policy disabled" if not cfg.enabled else "every replica's demand fits"
+        return OverloadDecision(False, 0, REASON_OK, why, verdicts)
+    required = sum(v.queued_bytes for v in firing)
+    names = ", ".join(f"{v.name} ({v.demand_ratio:.0%} of pool)" for v in firing)
+    return OverloadDecision(
+        True,
+        required,
+        REASON_OVERLOAD,
+        f"KV demand overflows on {names}; R={required} bytes",
+        verdicts,
+    )
+
+
+def assess_restore(group: Sequence[ReplicaKV], cfg: OverloadConfig) -> RestoreDecision:
+    """Whether a dropped group's members may return to whole-model execution."""
+    demand = sum(r.running_bytes + sum(r.queued_bytes) for r in group)
+    limit = int(cfg.restore_threshold * sum(r.base_pool_bytes for r in group))
+    if demand < limit:
+        return RestoreDecision(
+            True,
+            demand,
+            limit,
+            REASON_RESTORE,
+            f"KV demand {demand} bytes is below {cfg.restore_threshold:.0%} of the pre-drop "
+            f"pools ({limit} bytes): restore",
+        )
+    return RestoreDecision(
+        False,
+        demand,
+        limit,
+        REASON_HOLD,
+        f"KV demand {demand} bytes is not below {limit} bytes: stay dropped",
+    )
