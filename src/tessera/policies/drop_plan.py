@@ -33,7 +33,8 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import networkx as nx
+import numpy as np
+from scipy.optimize import linear_sum_assignment
 
 from tessera.cost import profile as profile_mod
 
@@ -236,17 +237,18 @@ def assign_stages(
     if layers[-1] == len(inp.layer_bytes) - 1:
         costs[-1] += inp.last_extra_cost
     parts = [(layers[a], layers[b - 1] + 1) for a, b in balanced_cuts(costs, k)]
-    graph = nx.Graph()
-    stage_nodes = [("stage", i) for i in range(len(parts))]
-    graph.add_nodes_from(stage_nodes)
-    graph.add_nodes_from(("member", m) for m in members)
+    # Deterministic matching of stages to members that hold them: stage i prefers member i
+    # (the merge order), any holder costs 1, a non-holder is forbidden.
+    big = float(len(parts) * len(members) + 1)
+    cost = np.full((len(parts), len(members)), big)
     for i, (a, b) in enumerate(parts):
-        for m in members:
+        for j, m in enumerate(members):
             if set(range(a, b)) <= by_name[m].layers:
-                graph.add_edge(("stage", i), ("member", m))
-    match = nx.bipartite.hopcroft_karp_matching(graph, top_nodes=stage_nodes)
-    if all(s in match for s in stage_nodes):
-        return tuple(Stage(str(match[("stage", i)][1]), a, b) for i, (a, b) in enumerate(parts))
+                cost[i, j] = 0.0 if i == j else 1.0
+    rows, cols = linear_sum_assignment(cost)
+    if len(rows) == len(parts) and all(cost[r, c] < big for r, c in zip(rows, cols, strict=True)):
+        by_stage = dict(zip(rows.tolist(), cols.tolist(), strict=True))
+        return tuple(Stage(members[by_stage[i]], a, b) for i, (a, b) in enumerate(parts))
     return _keep_holders(layers, members, by_name)
 
 
