@@ -6,10 +6,12 @@ the next stage and results read back).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from tessera.rpc.v1 import agent_pb2 as pb
-from tessera_agent.engine import sampling, stage, step
+from tessera_agent.engine import sampling, scheduler, stage, step
 
 
 def tensor_to_proto(t: torch.Tensor) -> pb.Tensor:
@@ -61,6 +63,22 @@ def logprobs_to_proto(lp: sampling.TokenLogprobs) -> pb.TokenLogprobs:
         logprob=lp.logprob,
         top_ids=[i for i, _ in lp.top],
         top_logprobs=[v for _, v in lp.top],
+    )
+
+
+def chunk_from_events(
+    events: Sequence[scheduler.TokenEvent], prompt_tokens: int, completion_tokens: int
+) -> pb.GenerateChunk:
+    """One `GenerateChunk` for the token events of a request ready at once (several
+    tokens, and the finish reason when the last one ends the request)."""
+    tokens = [ev.token for ev in events if ev.token is not None]
+    reason = next((ev.finish_reason for ev in events if ev.finish_reason), "")
+    return pb.GenerateChunk(
+        token_ids=tokens,
+        finish_reason=reason,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        logprobs=[logprobs_to_proto(ev.logprobs) for ev in events if ev.logprobs],
     )
 
 

@@ -204,9 +204,10 @@ class AgentServicer(pb_grpc.AgentServicer):
 
     def _make_leader(self, h: hosted.Hosted, req: pb.LoadBlockRequest) -> replica.ReplicaEngine:
         st = h.stage
+        defaults = scheduler.SchedulerConfig
         cfg = scheduler.SchedulerConfig(
-            max_num_seqs=req.max_num_seqs or 64,
-            max_batched_tokens=req.max_batched_tokens or 256,
+            max_num_seqs=req.max_num_seqs or defaults.max_num_seqs,
+            max_batched_tokens=req.max_batched_tokens or defaults.max_batched_tokens,
             max_model_len=st.cfg.max_positions,
             eos_token_ids=st.cfg.eos_token_ids,
             prefix_caching=self.prefix_caching,
@@ -394,19 +395,13 @@ class AgentServicer(pb_grpc.AgentServicer):
                 )
             rid = request.request_id or uuid.uuid4().hex
             self.metrics.prompt_tokens.labels(request.replica_id).inc(len(prompt))
-            async for ev in h.leader.generate(rid, prompt, params):
-                if ev.token is not None:
-                    n += 1
-                    self.metrics.generated_tokens.labels(request.replica_id).inc()
-                if ev.finish_reason:
-                    outcome = ev.finish_reason
-                yield pb.GenerateChunk(
-                    token_ids=[ev.token] if ev.token is not None else [],
-                    finish_reason=ev.finish_reason or "",
-                    prompt_tokens=len(prompt),
-                    completion_tokens=n,
-                    logprobs=[convert.logprobs_to_proto(ev.logprobs)] if ev.logprobs else [],
-                )
+            # One message per batch of ready events, not one per token.
+            async for batch in h.leader.generate_batches(rid, prompt, params):
+                new = sum(ev.token is not None for ev in batch)
+                n += new
+                self.metrics.generated_tokens.labels(request.replica_id).inc(new)
+                outcome = batch[-1].finish_reason or outcome
+                yield convert.chunk_from_events(batch, len(prompt), n)
         except errors.EngineError as exc:
             outcome = grpc_status.code(exc).name.lower()
             await grpc_status.abort(context, exc)

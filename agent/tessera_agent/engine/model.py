@@ -14,42 +14,16 @@ addressable by name for copying and migration.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tessera_agent.engine import attention
 from tessera_agent.engine import config as config_mod
 
-
-@dataclass
-class AttentionMetadata:
-    """Per-step tensors shared by every layer of a stage (built once by the runner).
-
-    Tokens of all sequences in the step are flattened into one [T, ...] batch.
-    """
-
-    positions: torch.Tensor  # [T] absolute position of each token
-    slot_mapping: torch.Tensor  # [T] flat KV slot (page * page_size + offset) to write
-    # Decode group: sequences contributing exactly one query token, attended in one batch.
-    decode_rows: torch.Tensor  # [B] row of each decode token in the flat batch
-    decode_gather: torch.Tensor  # [B, Lmax] KV slots to read (padded with slot 0)
-    decode_mask: torch.Tensor  # [B, 1, 1, Lmax] additive: 0 inside the context, -inf past it
-    # Prefill chunks: one entry per sequence with more than one query token.
-    prefill: list[PrefillSegment]
-    cos: torch.Tensor | None = None  # [T, head_dim], filled by StageModel.forward
-    sin: torch.Tensor | None = None
-
-
-@dataclass
-class PrefillSegment:
-    """A chunk of `q_len` query tokens at rows [row, row+q_len) whose context is `slots`."""
-
-    row: int
-    q_len: int
-    slots: torch.Tensor  # [ctx_len] KV slots of positions 0..ctx_len-1 (chunk included)
-    mask: torch.Tensor | None  # [q_len, ctx_len] bool, None when plain causal from 0
+# Per-step metadata lives with the attention paths (`attention.py`); re-exported here.
+AttentionMetadata = attention.AttentionMetadata
 
 
 class RMSNorm(nn.Module):
@@ -113,34 +87,7 @@ class Attention(nn.Module):
         assert md.cos is not None and md.sin is not None
         q = apply_rope(q, md.cos, md.sin)
         k = apply_rope(k, md.cos, md.sin)
-        # k_cache/v_cache: [num_slots, nkv, hd]; write this step's keys/values first.
-        k_cache.index_copy_(0, md.slot_mapping, k)
-        v_cache.index_copy_(0, md.slot_mapping, v)
-        out = torch.empty(t, self.nh, self.hd, dtype=x.dtype, device=x.device)
-        if md.decode_rows.numel():
-            qd = q.index_select(0, md.decode_rows).unsqueeze(2)  # [B, nh, 1, hd]
-            b, lmax = md.decode_gather.shape
-            flat = md.decode_gather.reshape(-1)  # index_select beats advanced indexing
-            kd = k_cache.index_select(0, flat).view(b, lmax, self.nkv, self.hd).transpose(1, 2)
-            vd = v_cache.index_select(0, flat).view(b, lmax, self.nkv, self.hd).transpose(1, 2)
-            od = F.scaled_dot_product_attention(
-                qd, kd, vd, attn_mask=md.decode_mask, scale=self.scale, enable_gqa=True
-            )
-            out.index_copy_(0, md.decode_rows, od.squeeze(2))
-        for seg in md.prefill:
-            qs = q[seg.row : seg.row + seg.q_len].transpose(0, 1)  # [nh, q, hd]
-            ks = k_cache.index_select(0, seg.slots).transpose(0, 1)  # [nkv, ctx, hd]
-            vs = v_cache.index_select(0, seg.slots).transpose(0, 1)
-            os_ = F.scaled_dot_product_attention(
-                qs,
-                ks,
-                vs,
-                attn_mask=seg.mask,
-                is_causal=seg.mask is None,
-                scale=self.scale,
-                enable_gqa=True,
-            )
-            out[seg.row : seg.row + seg.q_len] = os_.transpose(0, 1)
+        out = attention.paged_attention(q, k, v, md, k_cache, v_cache, self.scale)
         return self.o_proj(out.view(t, self.q_size))  # type: ignore[no-any-return]
 
 
@@ -192,11 +139,26 @@ class StageModel(nn.Module):
         self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope), persistent=False)
         self.dtype_ = torch.float32  # parameter dtype, set by the loader
+        self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos(), emb.sin()
+    def rope_tables(
+        self, positions: torch.Tensor, max_position: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # cos/sin of every position are computed once (the same float ops per element as
+        # computing them per step) and indexed per step: one gather instead of five ops.
+        cache = self._rope_cache
+        if (
+            cache is None
+            or cache[0].device != positions.device
+            or cache[0].shape[0] <= max_position
+        ):
+            size = max(self.cfg.max_positions, max_position + 1)
+            pos = torch.arange(size, device=positions.device)
+            freqs = pos.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cache = self._rope_cache = (emb.cos(), emb.sin())
+        cos, sin = cache
+        return cos.index_select(0, positions), sin.index_select(0, positions)
 
     def forward(
         self, x: torch.Tensor, md: AttentionMetadata, kv: list[tuple[torch.Tensor, torch.Tensor]]
@@ -204,7 +166,7 @@ class StageModel(nn.Module):
         """x: token ids [T] on the first stage, else hidden states [T, hidden]."""
         if self.embed_tokens is not None:
             x = self.embed_tokens(x)
-        md.cos, md.sin = self.rope_tables(md.positions)
+        md.cos, md.sin = self.rope_tables(md.positions, md.max_position)
         for layer, (k_cache, v_cache) in zip(self.layers, kv, strict=True):
             x = layer(x, md, k_cache, v_cache)
         return x

@@ -192,6 +192,20 @@ class ReplicaEngine:
         variant: str = "",
     ) -> AsyncIterator[scheduler.TokenEvent]:
         """Yield the request's token events; cancelling the consumer cancels the request."""
+        async for batch in self.generate_batches(seq_id, prompt, params, variant):
+            for ev in batch:
+                yield ev
+
+    async def generate_batches(
+        self,
+        seq_id: str,
+        prompt: list[int],
+        params: sampling.SamplingParams,
+        variant: str = "",
+    ) -> AsyncIterator[list[scheduler.TokenEvent]]:
+        """The request's token events, grouped: every event ready when the consumer asks
+        comes in one list (a token and its finish together; several tokens when the
+        consumer fell behind), so a streaming caller sends fewer, larger messages."""
         sched = await self._ensure_ready()
         queue: asyncio.Queue[scheduler.TokenEvent] = asyncio.Queue()
         sched.add(seq_id, prompt, params, variant)
@@ -200,13 +214,19 @@ class ReplicaEngine:
         finished = False
         try:
             while True:
-                ev = await queue.get()
-                if ev.finish_reason == "error":
+                batch = [await queue.get()]
+                while not queue.empty() and batch[-1].finish_reason is None:
+                    batch.append(queue.get_nowait())
+                end = batch[-1]
+                if end.finish_reason == "error":
                     finished = True
-                    raise errors.UnavailableError(ev.error or "replica failed")
-                yield ev
-                if ev.finish_reason is not None:
+                    if len(batch) > 1:
+                        yield batch[:-1]  # tokens made before the failure still count
+                    raise errors.UnavailableError(end.error or "replica failed")
+                if end.finish_reason is not None:
                     finished = True
+                yield batch
+                if finished:
                     return
         finally:
             self._queues.pop(seq_id, None)

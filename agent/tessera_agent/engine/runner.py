@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tessera_agent.engine import errors, lora, sampling, step
+from tessera_agent.engine import attention, errors, lora, sampling, step
 from tessera_agent.engine import kv_cache as kv_mod
 from tessera_agent.engine import model as model_mod
 
@@ -106,57 +106,7 @@ class StageRunner:
         if self.sampler is not None:
             self.sampler.forget(seq_id)
 
-    def _metadata(self, chunks: list[step.SeqChunk]) -> model_mod.AttentionMetadata:
-        ps = self.page_size
-        positions: list[int] = []
-        slot_map: list[int] = []
-        decode_rows: list[int] = []
-        decode_tables: list[tuple[int, ...]] = []
-        decode_lens: list[int] = []
-        prefill: list[model_mod.PrefillSegment] = []
-        row = 0
+    def _metadata(self, chunks: list[step.SeqChunk]) -> attention.AttentionMetadata:
         for c in chunks:
             self.block_tables[c.seq_id] = c.block_table
-            bt = c.block_table
-            for pos in range(c.start, c.start + c.num_tokens):
-                positions.append(pos)
-                slot_map.append(bt[pos // ps] * ps + pos % ps)
-            ctx = c.start + c.num_tokens
-            if c.num_tokens == 1:
-                decode_rows.append(row)
-                decode_tables.append(bt)
-                decode_lens.append(ctx)
-            else:
-                slots = self.cache.slots(list(bt), ctx).to(self.device)
-                mask = None
-                if c.start:
-                    q = torch.arange(c.num_tokens)[:, None] + c.start
-                    mask = (torch.arange(ctx)[None, :] <= q).to(self.device)
-                prefill.append(model_mod.PrefillSegment(row, c.num_tokens, slots, mask))
-            row += c.num_tokens
-        if decode_rows:
-            lmax = max(decode_lens)
-            npages = -(-lmax // ps)
-            tables = torch.tensor(
-                [list(t[:npages]) + [0] * (npages - len(t[:npages])) for t in decode_tables],
-                dtype=torch.long,
-            )
-            gather = (tables[:, :, None] * ps + torch.arange(ps)[None, None, :]).reshape(
-                len(decode_rows), -1
-            )[:, :lmax]
-            lens = torch.tensor(decode_lens)
-            inside = (torch.arange(lmax)[None, :] < lens[:, None])[:, None, None, :]
-            # Additive float mask built once per step (a bool mask is converted per layer).
-            mask = torch.zeros(inside.shape).masked_fill_(~inside, float("-inf"))
-            gather, mask = gather.to(self.device), mask.to(self.device)
-        else:
-            gather = torch.empty(0, 0, dtype=torch.long, device=self.device)
-            mask = torch.empty(0, 1, 1, 0, device=self.device)
-        return model_mod.AttentionMetadata(
-            positions=torch.tensor(positions, dtype=torch.long, device=self.device),
-            slot_mapping=torch.tensor(slot_map, dtype=torch.long, device=self.device),
-            decode_rows=torch.tensor(decode_rows, dtype=torch.long, device=self.device),
-            decode_gather=gather,
-            decode_mask=mask,
-            prefill=prefill,
-        )
+        return attention.build_metadata(chunks, self.page_size, self.device)

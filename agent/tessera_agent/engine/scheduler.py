@@ -8,6 +8,8 @@ nothing crashes and no sequence's pages are written by another. A sequence admit
 prompt prefix already in the allocator's prefix cache starts computing after it.
 `postprocess()` applies the sampled tokens and stop conditions and returns plain
 `TokenEvent`s.
+The policy (who runs next, how many tokens, whom to preempt) is the pure, torch-free
+`tessera.policies.batching`; this module applies it to sequences and pages.
 Called by `replica.py`; returns plain data, does no I/O.
 """
 
@@ -18,6 +20,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
+from tessera.policies import batching
 from tessera_agent.engine import errors, page_allocator, sampling, step
 
 
@@ -61,8 +64,10 @@ class TokenEvent:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 64
-    max_batched_tokens: int = 256
+    # Defaults are the policy's (`batching.BatchLimits`): a token budget well above the
+    # number of decodes admits queued prompts quickly (low TTFT at saturation).
+    max_num_seqs: int = batching.BatchLimits.max_num_seqs
+    max_batched_tokens: int = batching.BatchLimits.max_batched_tokens
     max_model_len: int = 1024
     eos_token_ids: tuple[int, ...] = ()
     prefix_caching: bool = True
@@ -76,9 +81,14 @@ class ScheduledStep:
     seqs: list[Sequence] = field(default_factory=list)
 
 
+def _view(seq: Sequence) -> batching.SeqView:
+    return batching.SeqView(seq.seq_id, seq.arrival, len(seq.tokens) - seq.num_computed)
+
+
 class Scheduler:
     def __init__(self, allocator: page_allocator.PageAllocator, cfg: SchedulerConfig) -> None:
         self.alloc, self.cfg = allocator, cfg
+        self.limits = batching.BatchLimits(cfg.max_num_seqs, cfg.max_batched_tokens)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.seqs: dict[str, Sequence] = {}
@@ -133,20 +143,23 @@ class Scheduler:
 
     # -- scheduling -------------------------------------------------------------------
     def schedule(self, max_seqs: int | None = None) -> ScheduledStep | None:
-        """Choose the next step among sequences not already in flight; None if none."""
-        limit = min(max_seqs or self.cfg.max_num_seqs, self.cfg.max_num_seqs)
-        budget = self.cfg.max_batched_tokens
+        """Choose the next step among sequences not already in flight; None if none.
+
+        What runs is decided by `tessera.policies.batching`; this applies it to pages."""
+        budget = batching.start_budget(self.limits, max_seqs)
         chosen: list[tuple[Sequence, int]] = []
-        for seq in sorted((s for s in self.running if not s.in_flight), key=lambda s: s.arrival):
-            if budget == 0 or len(chosen) >= limit:
+        idle = [s for s in self.running if not s.in_flight]
+        for view in batching.running_order([_view(s) for s in idle]):
+            if budget.exhausted:
                 break
+            seq = self.seqs[view.seq_id]
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
-            n = min(len(seq.tokens) - seq.num_computed, budget)
-            if self._reserve(seq, n, chosen):
+            n = batching.chunk_size(len(seq.tokens) - seq.num_computed, budget)
+            if n and self._reserve(seq, n, chosen):
                 chosen.append((seq, n))
-                budget -= n
-        while self.waiting and budget > 0 and len(chosen) < limit:
+                budget = budget.take(n)
+        while self.waiting and not budget.exhausted:
             seq = self.waiting[0]
             cached = (
                 self.alloc.share_prefix(seq.seq_id, seq.tokens, seq.variant)
@@ -154,7 +167,7 @@ class Scheduler:
                 else 0
             )
             seq.num_computed += cached
-            n = min(len(seq.tokens) - seq.num_computed, budget)
+            n = batching.chunk_size(len(seq.tokens) - seq.num_computed, budget)
             if not self.alloc.grow(seq.seq_id, seq.num_computed + n):
                 if cached:  # let the shared pages go while it waits
                     self.alloc.free(seq.seq_id)
@@ -165,7 +178,7 @@ class Scheduler:
             seq.status = Status.RUNNING
             self.running.append(seq)
             chosen.append((seq, n))
-            budget -= n
+            budget = budget.take(n)
         if not chosen:
             return None
         chunks, token_ids = [], []
@@ -194,10 +207,11 @@ class Scheduler:
         """Grow `seq` by n tokens, preempting the newest idle sequences if the pool is full."""
         while not self.alloc.grow(seq.seq_id, seq.num_computed + n):
             taken = {s.seq_id for s, _ in chosen}
-            victims = [s for s in self.running if not s.in_flight and s.seq_id not in taken]
-            if not victims:
+            idle = [_view(s) for s in self.running if not s.in_flight and s.seq_id not in taken]
+            victim_id = batching.preemption_victim(idle)
+            if victim_id is None:
                 return False  # everyone else is in flight: wait for their steps
-            victim = max(victims, key=lambda s: s.arrival)
+            victim = self.seqs[victim_id]
             self._preempt(victim)
             if victim is seq:
                 return False

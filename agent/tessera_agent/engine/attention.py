@@ -1,0 +1,235 @@
+"""Attention over the paged KV cache, and the per-step metadata every layer shares.
+
+`build_metadata` turns a step's chunks into tensors once per step (positions, KV slots,
+the decode gather table and mask, prefill segments); `paged_attention` is called by every
+layer's `Attention.forward` (`model.py`) with that metadata. Three paths, the way serving
+engines split the batch:
+- decode: every sequence contributing one query token is attended in one batched call
+  over its gathered pages; when the decodes are the first rows of the step (the scheduler
+  puts running sequences first) they are sliced, not gathered and scattered;
+- fresh prefill: consecutive prompt chunks that start at position 0 and have the same
+  length are attended in one batched causal call over their own keys (no cache read);
+- other prefill chunks (a continued chunk, or one after a prefix-cache hit) read their
+  context from the cache, one call each, with an explicit causal mask.
+Called by `runner.py` (metadata) and `model.py` (attention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+class Chunk(Protocol):
+    """What attention needs of one chunk of a step (`step.SeqChunk` has it)."""
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def block_table(self) -> tuple[int, ...]: ...
+
+
+@dataclass(frozen=True)
+class ChunkGeometry:
+    """A bare `Chunk` (tests, profiling)."""
+
+    start: int  # tokens of the sequence already in the cache
+    num_tokens: int  # query tokens in this step
+    block_table: tuple[int, ...]  # KV pages covering start + num_tokens
+
+
+@dataclass
+class PrefillSegment:
+    """A chunk of `q_len` query tokens at rows [row, row+q_len) whose context is `slots`."""
+
+    row: int
+    q_len: int
+    slots: torch.Tensor  # [ctx_len] KV slots of positions 0..ctx_len-1 (chunk included)
+    mask: torch.Tensor | None  # [q_len, ctx_len] bool, None when plain causal from 0
+
+
+@dataclass(frozen=True)
+class FreshGroup:
+    """`count` consecutive prompt chunks of `q_len` tokens each, starting at position 0,
+    at rows [row, row + count * q_len): attended together over their own keys."""
+
+    row: int
+    count: int
+    q_len: int
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step tensors shared by every layer of a stage (built once by the runner).
+
+    Tokens of all sequences in the step are flattened into one [T, ...] batch.
+    """
+
+    positions: torch.Tensor  # [T] absolute position of each token
+    slot_mapping: torch.Tensor  # [T] flat KV slot (page * page_size + offset) to write
+    # Decode group: sequences contributing exactly one query token, attended in one batch.
+    decode_rows: torch.Tensor  # [B] row of each decode token in the flat batch
+    decode_gather: torch.Tensor  # [B, Lmax] KV slots to read (padded with slot 0)
+    decode_mask: torch.Tensor  # [B, 1, 1, Lmax] additive: 0 inside the context, -inf past it
+    # Prefill chunks that read the cache: one entry per chunk.
+    prefill: list[PrefillSegment]
+    decode_leading: bool = False  # the decode rows are exactly rows [0, B)
+    fresh: list[FreshGroup] = field(default_factory=list)  # batched prompt chunks from 0
+    max_position: int = 0  # largest position in the step (sizes the RoPE table)
+    cos: torch.Tensor | None = None  # [T, head_dim], filled by StageModel.forward
+    sin: torch.Tensor | None = None
+
+
+def slots_of(block_table: Sequence[int], length: int, page_size: int) -> torch.Tensor:
+    """Flat slot indices of positions [0, length) of a sequence."""
+    pages = torch.tensor(block_table, dtype=torch.long)
+    idx = (pages[:, None] * page_size + torch.arange(page_size)[None, :]).reshape(-1)
+    return idx[:length]
+
+
+def build_metadata(
+    chunks: Sequence[Chunk], page_size: int, device: torch.device
+) -> AttentionMetadata:
+    """The step's metadata; per-chunk work is plain Python over small ints, tensors are
+    made once per step (one `torch.tensor` per field)."""
+    ps = page_size
+    positions: list[int] = []
+    slot_map: list[int] = []
+    decode_rows: list[int] = []
+    decode_tables: list[tuple[int, ...]] = []
+    decode_lens: list[int] = []
+    prefill: list[PrefillSegment] = []
+    fresh: list[FreshGroup] = []
+    row = 0
+    for c in chunks:
+        bt, start, n = c.block_table, c.start, c.num_tokens
+        if n == 1:
+            positions.append(start)
+            slot_map.append(bt[start // ps] * ps + start % ps)
+            decode_rows.append(row)
+            decode_tables.append(bt)
+            decode_lens.append(start + 1)
+            row += 1
+            continue
+        positions.extend(range(start, start + n))
+        for p in range(start // ps, (start + n - 1) // ps + 1):
+            lo, hi = max(start, p * ps), min(start + n, (p + 1) * ps)
+            base = bt[p] * ps - p * ps
+            slot_map.extend(range(base + lo, base + hi))
+        if start == 0:
+            last = fresh[-1] if fresh else None
+            if last is not None and last.q_len == n and last.row + last.count * n == row:
+                fresh[-1] = FreshGroup(last.row, last.count + 1, n)
+            else:
+                fresh.append(FreshGroup(row, 1, n))
+        else:
+            ctx = start + n
+            slots = slots_of(bt, ctx, ps).to(device)
+            q = torch.arange(n)[:, None] + start
+            mask = (torch.arange(ctx)[None, :] <= q).to(device)
+            prefill.append(PrefillSegment(row, n, slots, mask))
+        row += n
+    if decode_rows:
+        lmax = max(decode_lens)
+        npages = -(-lmax // ps)
+        tables = torch.tensor(
+            [list(t[:npages]) + [0] * (npages - len(t[:npages])) for t in decode_tables],
+            dtype=torch.long,
+        )
+        gather = (tables[:, :, None] * ps + torch.arange(ps)[None, None, :]).reshape(
+            len(decode_rows), -1
+        )[:, :lmax]
+        lens = torch.tensor(decode_lens)
+        inside = (torch.arange(lmax)[None, :] < lens[:, None])[:, None, None, :]
+        # Additive float mask built once per step (a bool mask is converted per layer).
+        mask = torch.zeros(inside.shape).masked_fill_(~inside, float("-inf"))
+        gather, mask = gather.to(device), mask.to(device)
+    else:
+        gather = torch.empty(0, 0, dtype=torch.long, device=device)
+        mask = torch.empty(0, 1, 1, 0, device=device)
+    return AttentionMetadata(
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        slot_mapping=torch.tensor(slot_map, dtype=torch.long, device=device),
+        decode_rows=torch.tensor(decode_rows, dtype=torch.long, device=device),
+        decode_gather=gather,
+        decode_mask=mask,
+        prefill=prefill,
+        decode_leading=decode_rows == list(range(len(decode_rows))),
+        fresh=fresh,
+        max_position=max((c.start + c.num_tokens - 1 for c in chunks), default=0),
+    )
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    md: AttentionMetadata,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """q: [T, nh, hd], k/v: [T, nkv, hd] (this step's, after RoPE); k_cache/v_cache:
+    [num_slots, nkv, hd]. Writes this step's keys/values into the cache and returns the
+    attention output [T, nh, hd]."""
+    t, nh, hd = q.shape
+    nkv = k.shape[1]
+    k_cache.index_copy_(0, md.slot_mapping, k)
+    v_cache.index_copy_(0, md.slot_mapping, v)
+    b = md.decode_rows.numel()
+    if md.decode_leading and b == t:
+        return _decode(q, md, k_cache, v_cache, scale, nkv)  # a pure decode step
+    out = torch.empty(t, nh, hd, dtype=q.dtype, device=q.device)
+    if b:
+        qd = q[:b] if md.decode_leading else q.index_select(0, md.decode_rows)
+        od = _decode(qd, md, k_cache, v_cache, scale, nkv)
+        if md.decode_leading:
+            out[:b] = od
+        else:
+            out.index_copy_(0, md.decode_rows, od)
+    for g in md.fresh:
+        rows = slice(g.row, g.row + g.count * g.q_len)
+        qs = q[rows].view(g.count, g.q_len, nh, hd).transpose(1, 2)
+        ks = k[rows].view(g.count, g.q_len, nkv, hd).transpose(1, 2)
+        vs = v[rows].view(g.count, g.q_len, nkv, hd).transpose(1, 2)
+        os_ = F.scaled_dot_product_attention(
+            qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True
+        )
+        out[rows] = os_.transpose(1, 2).reshape(g.count * g.q_len, nh, hd)
+    for seg in md.prefill:
+        qs = q[seg.row : seg.row + seg.q_len].transpose(0, 1)  # [nh, q, hd]
+        ks = k_cache.index_select(0, seg.slots).transpose(0, 1)  # [nkv, ctx, hd]
+        vs = v_cache.index_select(0, seg.slots).transpose(0, 1)
+        os_ = F.scaled_dot_product_attention(
+            qs, ks, vs, attn_mask=seg.mask, scale=scale, enable_gqa=True
+        )
+        out[seg.row : seg.row + seg.q_len] = os_.transpose(0, 1)
+    return out
+
+
+def _decode(
+    qd: torch.Tensor,
+    md: AttentionMetadata,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    scale: float,
+    nkv: int,
+) -> torch.Tensor:
+    """One query token per sequence over its gathered pages: [B, nh, hd]."""
+    b, lmax = md.decode_gather.shape
+    hd = qd.shape[-1]
+    flat = md.decode_gather.reshape(-1)  # index_select beats advanced indexing
+    kd = k_cache.index_select(0, flat).view(b, lmax, nkv, hd).transpose(1, 2)
+    vd = v_cache.index_select(0, flat).view(b, lmax, nkv, hd).transpose(1, 2)
+    od = F.scaled_dot_product_attention(
+        qd.unsqueeze(2), kd, vd, attn_mask=md.decode_mask, scale=scale, enable_gqa=True
+    )
+    return od.squeeze(2)
