@@ -10,7 +10,9 @@ Prefix caching (automatic, at page granularity): once every stage has computed a
 page of a sequence, the page is registered under a key naming all the tokens up to its end:
 the content id of the page before it plus its own tokens. Content ids are never reused, and
 keys are compared exactly (not by a hash), so two different prefixes never share a page,
-while each lookup costs one page of tokens, not the whole prefix. A new sequence whose prompt starts
+while each lookup costs one page of tokens, not the whole prefix. A chain starts from its
+namespace's root id (0 for the foundation, one per LoRA variant), so a prefix cached under
+one adapter is never reused under another: its K/V differ. A new sequence whose prompt starts
 with registered pages shares them (reference counts) and starts computing after them.
 Shared pages are only ever read: a sequence writes beyond its cached prefix, into pages of
 its own. Pages nobody holds stay cached until they are needed: fresh pages are taken
@@ -43,6 +45,7 @@ class PageAllocator:
         self._ids = itertools.count(1)
         self._cached_free: OrderedDict[int, None] = OrderedDict()  # registered, unheld (LRU)
         self._chains: dict[str, list[int]] = {}  # per sequence: content ids of its full pages
+        self._roots: dict[str, int] = {}  # namespace (LoRA variant) -> root id (< 0)
 
     @property
     def free_pages(self) -> int:
@@ -64,7 +67,12 @@ class PageAllocator:
         return self._tables.get(seq_id, [])
 
     # -- prefix cache -------------------------------------------------------------------
-    def share_prefix(self, seq_id: str, tokens: Sequence[int]) -> int:
+    def _root(self, namespace: str) -> int:
+        if not namespace:
+            return 0
+        return self._roots.setdefault(namespace, -(len(self._roots) + 1))
+
+    def share_prefix(self, seq_id: str, tokens: Sequence[int], namespace: str = "") -> int:
         """Give a sequence with no pages yet the cached pages its tokens start with;
         returns the number of tokens they hold (always fewer than `len(tokens)`, so the
         last token is computed and sampled from)."""
@@ -75,7 +83,10 @@ class PageAllocator:
         chain: list[int] = []
         for i in range((len(tokens) - 1) // ps):
             page = self._page_of.get(
-                (chain[-1] if chain else 0, tuple(tokens[i * ps : (i + 1) * ps]))
+                (
+                    chain[-1] if chain else self._root(namespace),
+                    tuple(tokens[i * ps : (i + 1) * ps]),
+                )
             )
             if page is None:
                 break
@@ -89,7 +100,9 @@ class PageAllocator:
         self._chains[seq_id] = chain
         return len(pages) * ps
 
-    def register(self, seq_id: str, tokens: Sequence[int], num_computed: int) -> None:
+    def register(
+        self, seq_id: str, tokens: Sequence[int], num_computed: int, namespace: str = ""
+    ) -> None:
         """Register the sequence's full pages among its first `num_computed` tokens
         (their K/V are written on every stage)."""
         if not self.prefix_caching:
@@ -98,7 +111,10 @@ class PageAllocator:
         table = self._tables.get(seq_id, [])
         chain = self._chains.setdefault(seq_id, [])
         for i in range(len(chain), min(num_computed // ps, len(table))):
-            key = (chain[-1] if chain else 0, tuple(tokens[i * ps : (i + 1) * ps]))
+            key = (
+                chain[-1] if chain else self._root(namespace),
+                tuple(tokens[i * ps : (i + 1) * ps]),
+            )
             owner = self._page_of.get(key)
             if owner is None:  # first to compute this content: its own (fresh) page holds it
                 owner = table[i]
