@@ -7,11 +7,17 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import hypothesis
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Property tests judge results, not speed: on a loaded 2-core CI machine hypothesis's
+# default 200 ms deadline per example fails correct code at random.
+hypothesis.settings.register_profile("tessera", deadline=None)
+hypothesis.settings.load_profile("tessera")
 
 
 @pytest.fixture(scope="session")

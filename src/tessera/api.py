@@ -104,9 +104,22 @@ class PolicySpec:
     enabled: bool = False
 
 
+SWITCHING_MODES = ("advisory", "active")
+
+
+@dataclass(frozen=True)
+class SwitchingSpec:
+    """`spec.policies.switching`: workload-adaptive switching (docs/switching.md)."""
+
+    enabled: bool = False
+    mode: str = "advisory"  # advisory: report only; active: switch
+    span_seconds: float = 60.0  # forecast / re-plan period
+    min_gain: float = 0.1  # switch only to a deployment modelled >= 1 + minGain times faster
+
+
 @dataclass(frozen=True)
 class PoliciesSpec:
-    switching: PolicySpec = PolicySpec()
+    switching: SwitchingSpec = SwitchingSpec()
     overload: overload_policy.OverloadConfig = field(default_factory=overload_policy.OverloadConfig)
     scaling: module_scaling.ScalingConfig = field(default_factory=module_scaling.ScalingConfig)
 
@@ -309,14 +322,24 @@ def _slo(doc: Any, path: str) -> SLOSpec:
 def _policies(doc: Any, path: str) -> PoliciesSpec:
     p = fields.mapping(doc, path)
     _unknown(p, ("switching", "overload", "scaling"), path)
-    out: dict[str, Any] = {}
-    for key in ("switching",):
-        sub = fields.mapping(_opt(p, key, {}), f"{path}.{key}")
-        _unknown(sub, ("enabled",), f"{path}.{key}")
-        out[key] = PolicySpec(_bool(_opt(sub, "enabled", False), f"{path}.{key}.enabled"))
+    out: dict[str, Any] = {"switching": _switching(_opt(p, "switching", {}), f"{path}.switching")}
     out["overload"] = _overload(_opt(p, "overload", {}), f"{path}.overload")
     out["scaling"] = _scaling(_opt(p, "scaling", {}), f"{path}.scaling")
     return PoliciesSpec(**out)
+
+
+def _switching(doc: Any, path: str) -> SwitchingSpec:
+    """`spec.policies.switching` (OServe; defaults and meaning in docs/switching.md)."""
+    s = fields.mapping(doc, path)
+    _unknown(s, ("enabled", "mode", "spanSeconds", "minGain"), path)
+    return SwitchingSpec(
+        enabled=_bool(_opt(s, "enabled", False), f"{path}.enabled"),
+        mode=fields.string(_opt(s, "mode", "advisory"), f"{path}.mode", choices=SWITCHING_MODES),
+        span_seconds=fields.number(
+            _opt(s, "spanSeconds", 60.0), f"{path}.spanSeconds", minimum=1.0
+        ),
+        min_gain=fields.number(_opt(s, "minGain", 0.1), f"{path}.minGain", minimum=0.0),
+    )
 
 
 def _overload(doc: Any, path: str) -> overload_policy.OverloadConfig:

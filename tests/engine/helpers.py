@@ -31,8 +31,10 @@ async def generate_many(
     delays: list[float] | None = None,
     max_batched_tokens: int = 256,
     sink: dict[int, list[scheduler.TokenEvent]] | None = None,
+    variants: list[str] | None = None,
 ) -> tuple[list[list[int]], replica.ReplicaEngine]:
-    """Generate every prompt concurrently; token events land in `sink[i]` when given."""
+    """Generate every prompt concurrently; token events land in `sink[i]` when given;
+    `variants[i]` names the LoRA adapter of prompt i ("" = the foundation)."""
     pool = concurrent.futures.ThreadPoolExecutor(1)
     connect = None
     if len(stages) > 1:
@@ -52,7 +54,8 @@ async def generate_many(
         if delays:
             await asyncio.sleep(delays[i])
         out = []
-        async for ev in eng.generate(f"seq{i}", prompts[i], plist[i]):
+        variant = variants[i] if variants else ""
+        async for ev in eng.generate(f"seq{i}", prompts[i], plist[i], variant):
             if ev.token is not None:
                 out.append(ev.token)
                 if sink is not None:

@@ -47,6 +47,14 @@ def test_quick_bench_fields_and_plot(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert result["heuristic_vs_exhaustive_min"] >= 0.99
     assert result["hetero_vs_homo_mean"] >= 1.0 - 1e-9
     assert plot.stat().st_size > 1000
+    table = result["oserve_table1"]
+    assert "model output" in table["label"] and "not measured" in table["label"]
+    assert [r["level"] for r in table["rows"]] == ["S1", "S5"]
+    for row in table["rows"]:
+        assert row["cv"] == pytest.approx(row["paper_cv"], abs=6e-4)
+        assert row["speedup"] >= 1.0 - 1e-9  # the heterogeneous search includes homogeneous
+    (switch,) = table["switch_plans"]
+    assert switch["plan_vs_bound"] >= 1.0 - 1e-6 and switch["switch_s"] < switch["reload_s"]
 
 
 def test_help_line_and_compositions() -> None:

@@ -185,22 +185,30 @@ class ReplicaEngine:
 
     # -- requests ---------------------------------------------------------------------
     async def generate(
-        self, seq_id: str, prompt: list[int], params: sampling.SamplingParams
+        self,
+        seq_id: str,
+        prompt: list[int],
+        params: sampling.SamplingParams,
+        variant: str = "",
     ) -> AsyncIterator[scheduler.TokenEvent]:
         """Yield the request's token events; cancelling the consumer cancels the request."""
-        async for batch in self.generate_batches(seq_id, prompt, params):
+        async for batch in self.generate_batches(seq_id, prompt, params, variant):
             for ev in batch:
                 yield ev
 
     async def generate_batches(
-        self, seq_id: str, prompt: list[int], params: sampling.SamplingParams
+        self,
+        seq_id: str,
+        prompt: list[int],
+        params: sampling.SamplingParams,
+        variant: str = "",
     ) -> AsyncIterator[list[scheduler.TokenEvent]]:
         """The request's token events, grouped: every event ready when the consumer asks
         comes in one list (a token and its finish together; several tokens when the
         consumer fell behind), so a streaming caller sends fewer, larger messages."""
         sched = await self._ensure_ready()
         queue: asyncio.Queue[scheduler.TokenEvent] = asyncio.Queue()
-        sched.add(seq_id, prompt, params)
+        sched.add(seq_id, prompt, params, variant)
         self._queues[seq_id] = queue
         self._wake.set()
         finished = False

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tessera_agent.engine import attention, sampling, step
+from tessera_agent.engine import attention, errors, lora, sampling, step
 from tessera_agent.engine import kv_cache as kv_mod
 from tessera_agent.engine import model as model_mod
 
@@ -23,6 +23,36 @@ class StageRunner:
         self.model, self.cache, self.device = model, cache, device
         self.sampler = sampling.Sampler() if model.is_last else None
         self.block_tables: dict[str, tuple[int, ...]] = {}  # last seen, for KV export
+        # LoRA variants attached to this stage (see lora.attach): context and name -> slot.
+        self.lora: tuple[lora.LoraContext, dict[str, int]] | None = None
+
+    def attach_adapters(self, adapters: list[lora.Adapter]) -> None:
+        """Serve these LoRA adapters on this stage (replaces the previous set)."""
+        ctx, slots = lora.attach(self.model, self.model.cfg, adapters, self.model.dtype_)
+        self.lora = (ctx, slots) if adapters else None
+
+    def _set_variants(self, chunks: list[step.SeqChunk]) -> None:
+        if self.lora is None:
+            named = {c.variant for c in chunks if c.variant}
+            if named:
+                raise errors.InvalidArgumentError(
+                    f"variant(s) {sorted(named)} are not loaded on this stage"
+                )
+            return
+        ctx, slots = self.lora
+        ids: list[int] = []
+        for c in chunks:
+            slot = -1
+            if c.variant:
+                got = slots.get(c.variant)
+                if got is None:
+                    raise errors.InvalidArgumentError(
+                        f"variant {c.variant!r} is not loaded on this stage "
+                        f"(loaded: {sorted(slots)})"
+                    )
+                slot = got
+            ids.extend([slot] * c.num_tokens)
+        ctx.token_slots = torch.tensor(ids, dtype=torch.long, device=self.device)
 
     @property
     def page_size(self) -> int:
@@ -35,6 +65,7 @@ class StageRunner:
         if not inp.chunks:
             return step.StepOutput(step_id=inp.step_id)
         md = self._metadata(inp.chunks)
+        self._set_variants(inp.chunks)
         if self.model.is_first:
             if inp.token_ids is None:
                 raise ValueError("the first stage needs token ids")

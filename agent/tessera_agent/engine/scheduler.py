@@ -44,6 +44,7 @@ class Sequence:
     in_flight: bool = False
     cancelled: bool = False
     preemptions: int = 0
+    variant: str = ""  # LoRA adapter of the request ("" = the foundation)
 
     @property
     def output(self) -> list[int]:
@@ -98,7 +99,9 @@ class Scheduler:
         self.prefix_hit_tokens = 0  # prompt tokens whose K/V came from the prefix cache
 
     # -- requests ---------------------------------------------------------------------
-    def add(self, seq_id: str, prompt: list[int], params: sampling.SamplingParams) -> Sequence:
+    def add(
+        self, seq_id: str, prompt: list[int], params: sampling.SamplingParams, variant: str = ""
+    ) -> Sequence:
         if seq_id in self.seqs:
             raise errors.InvalidArgumentError(f"request id {seq_id!r} is already running")
         if not prompt:
@@ -114,7 +117,9 @@ class Scheduler:
             raise errors.ResourceExhaustedError(
                 f"request needs {total} tokens of KV cache but the whole pool holds {pool_tokens}"
             )
-        seq = Sequence(seq_id, list(prompt), len(prompt), params, next(self._arrivals))
+        seq = Sequence(
+            seq_id, list(prompt), len(prompt), params, next(self._arrivals), variant=variant
+        )
         self.seqs[seq_id] = seq
         self.waiting.append(seq)
         return seq
@@ -156,7 +161,11 @@ class Scheduler:
                 budget = budget.take(n)
         while self.waiting and not budget.exhausted:
             seq = self.waiting[0]
-            cached = self.alloc.share_prefix(seq.seq_id, seq.tokens) if not seq.num_computed else 0
+            cached = (
+                self.alloc.share_prefix(seq.seq_id, seq.tokens, seq.variant)
+                if not seq.num_computed
+                else 0
+            )
             seq.num_computed += cached
             n = batching.chunk_size(len(seq.tokens) - seq.num_computed, budget)
             if not self.alloc.grow(seq.seq_id, seq.num_computed + n):
@@ -185,6 +194,7 @@ class Scheduler:
                     block_table=tuple(self.alloc.block_table(seq.seq_id)),
                     sample=start + n == len(seq.tokens),
                     params=seq.params,
+                    variant=seq.variant,
                 )
             )
         finished, self._finished_ids = self._finished_ids, []
@@ -230,7 +240,7 @@ class Scheduler:
                 events.append(self._finish(seq, "cancelled"))
                 continue
             seq.num_computed = chunk.start + chunk.num_tokens
-            self.alloc.register(seq.seq_id, seq.tokens, seq.num_computed)
+            self.alloc.register(seq.seq_id, seq.tokens, seq.num_computed, seq.variant)
             if not chunk.sample:
                 continue
             token = sampled[seq.seq_id]

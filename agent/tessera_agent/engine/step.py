@@ -24,6 +24,7 @@ class SeqChunk:
     block_table: tuple[int, ...]  # KV pages of the sequence, covering start + num_tokens
     sample: bool  # the chunk ends at the last known token: the last stage samples the next
     params: sampling.SamplingParams  # used by the last stage when `sample`
+    variant: str = ""  # LoRA adapter the tokens run under ("" = the foundation alone)
 
 
 @dataclass

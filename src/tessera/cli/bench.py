@@ -34,6 +34,7 @@ BENCHES: dict[str, str] = {
     "reconcile": "tessera_operator.bench_reconcile",
     "chaos": "tessera.cli.bench_chaos",
     "transition": "tessera.policies.bench",
+    "sim": "tessera.sim.bench",
 }
 
 

@@ -6,7 +6,10 @@ mixed in compositions from uniform to highly skewed; clusters are 2x4 and 2x8 H1
 Llama-2-13B and Llama-2-70B shapes. Every rate comes from the *analytic* cost model
 (``tessera.cost.analytic``): the figures are model estimates, not measurements, and the
 output says so. Timing fields are wall-clock seconds of one ``search.plan`` call on this
-machine (synthetic clusters of 8-GPU nodes for 64/256/1024 GPUs).
+machine (synthetic clusters of 8-GPU nodes for 64/256/1024 GPUs). ``oserve_table1``
+(``tessera.planner.table1``) is OServe's Table 1 under the latency-aware objective
+(``tessera.planner.latency``): heterogeneous vs best homogeneous P99 latency on the
+S1-S5 class mixes, also model output.
 """
 
 from __future__ import annotations
@@ -170,6 +173,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         **scale_times,
         "cases": cases,
     }
+    from tessera.planner import table1
+    from tessera.workload import traces
+
+    result["oserve_table1"] = table1.run(
+        profiles["llama-2-70b"],
+        table1.quadrant_classes(traces.read_azure_csv(_trace_path())),
+        SLO,
+        quick=quick,
+    )
     if args.plot:
         from tessera.planner import bench_plot
 

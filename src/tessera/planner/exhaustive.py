@@ -80,6 +80,14 @@ def _group_layouts(table: CapacityTable, size: int, nodes: int) -> Iterator[Grou
             yield layout_mod.make_group(size, nodes, chosen, span_set)
 
 
+def layouts(table: CapacityTable) -> Iterator[Layout]:
+    """Every layout :func:`search` scores, in its order (the latency objective's bench)."""
+    sizes = sorted(table.node_sizes.items(), reverse=True)
+    per_group = [list(_group_layouts(table, size, nodes)) for size, nodes in sizes]
+    for groups in itertools.product(*per_group):
+        yield Layout(tuple(groups))
+
+
 def count_layouts(table: CapacityTable) -> int:
     """Number of layouts :func:`search` would score (before caching)."""
     total = 1

@@ -1,4 +1,4 @@
-"""Baseline forecasters: last value, moving average, exponential smoothing (per class).
+"""Baseline forecasters: last value, moving average, exponential smoothing, seasonal (per class).
 
 Callers: the predictor benchmark (as the bar the LSTM must clear) and the planner's
 control loop (a cheap forecaster needing no torch). Each implements
@@ -18,6 +18,8 @@ from tessera.workload import forecaster, rrmse
 
 WINDOWS = (1, 2, 3, 5, 8, 12, 20, 30, 50)  # moving-average windows tried by fit
 ALPHAS = tuple(round(0.05 * i, 2) for i in range(1, 21))  # smoothing factors tried by fit
+PERIODS = (2, 3, 4, 6, 8, 12, 18, 24, 30, 36, 60, 90, 120, 180, 360)  # seasonal periods tried
+CYCLES = (1, 2, 3)  # seasonal cycles averaged
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -103,3 +105,65 @@ def _smoothed(history: FloatArray, alpha: float) -> FloatArray:
         level = alpha * history[t] + (1 - alpha) * level
         levels[t] = level
     return levels
+
+
+@dataclasses.dataclass
+class Seasonal:
+    """Seasonal naive: the mean of the spans one, two, ... ``cycles`` periods back.
+
+    With ``period`` spans per cycle, span t is predicted by the mean of rows t − period,
+    t − 2·period, … (the cycles available). ``period`` and ``cycles`` left as None are
+    chosen on the history given to ``fit`` (periods up to a third of it) by pooled RRMSE.
+    Until a whole period is seen it predicts the last value.
+    """
+
+    period: int | None = None
+    cycles: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.period is not None and self.period < 1:
+            raise ValueError(f"period must be at least 1, got {self.period}")
+        if self.cycles is not None and self.cycles < 1:
+            raise ValueError(f"cycles must be at least 1, got {self.cycles}")
+
+    def fit(self, history: FloatArray) -> None:
+        """Choose `period` and `cycles` on `history` when left as None."""
+        forecaster.check_history(history)
+        periods = (
+            [p for p in PERIODS if 3 * p <= len(history)] if self.period is None else [self.period]
+        )
+        cycles = list(CYCLES) if self.cycles is None else [self.cycles]
+        if not periods:
+            self.period = self.period or 1
+            self.cycles = self.cycles or 1
+            return
+        best = min(
+            ((p, c) for p in periods for c in cycles),
+            key=lambda pc: rrmse.overall(history[pc[0] :], _seasonal(history, *pc)),
+        )
+        self.period, self.cycles = best
+
+    def predict(self, history: FloatArray) -> FloatArray:
+        """Mean of the rows whole periods before the next span."""
+        forecaster.check_history(history)
+        period, cycles = self.period or 1, self.cycles or 1
+        t = len(history)
+        rows = [t - n * period for n in range(1, cycles + 1) if t - n * period >= 0]
+        if not rows:
+            return np.asarray(history[-1], dtype=np.float64).copy()
+        return np.asarray(history[rows].mean(axis=0), dtype=np.float64)
+
+
+def _seasonal(history: FloatArray, period: int, cycles: int) -> FloatArray:
+    """Row j predicts row period + j from the rows whole periods before it."""
+    out = np.zeros_like(history[period:], dtype=np.float64)
+    used = np.zeros(len(out))
+    for n in range(1, cycles + 1):
+        lag = n * period
+        # targets t >= lag have the lagged row t - lag
+        first = lag - period  # index into out of target t = lag
+        if first >= len(out):
+            break
+        out[first:] += history[: len(history) - lag]
+        used[first:] += 1
+    return np.asarray(out / used[:, None], dtype=np.float64)

@@ -5,6 +5,14 @@ trace, fits k-means request classes on the training part, bins per-class arrival
 spans, trains every forecaster on the first 90 % of spans, and scores one-step-ahead
 rolling predictions on the last 10 % with RRMSE (definitions in `rrmse`). Hyperparameters
 are chosen on the training spans only. All figures are computed, none are stored.
+
+``forecast_quality`` repeats the comparison with a validation window before the test
+spans (`quality`): per class, at the bench span and at the planner's span
+(``--planner-span-s``, default 60 s as in OServe), with a seasonal baseline and the
+selector that picks the method best on the recent validation window.
+``live_classification`` is the misclassification rate of arrival-time classes
+(`live_classes`, fitted on the training spans) on the test spans, against a baseline
+that types by the nearest centroid input length alone.
 """
 
 from __future__ import annotations
@@ -24,8 +32,10 @@ from tessera.workload import (
     classes,
     counts,
     forecaster,
+    live_classes,
     lstm,
     plot,
+    quality,
     rrmse,
     traces,
 )
@@ -34,7 +44,7 @@ DEFAULT_TRACE = Path(__file__).parents[3].parent / "shared/traces/azure_llm_2023
 TRACE_ENV = "TESSERA_TRACE"
 FloatArray = npt.NDArray[np.float64]
 
-MODELS = ("lstm", "moving_average", "last_value", "exp_smoothing")
+MODELS = ("lstm", "moving_average", "last_value", "exp_smoothing", "seasonal")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,6 +72,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden", type=int, default=64, help="LSTM hidden size")
     parser.add_argument(
         "--plot", type=Path, default=None, help="write predicted vs actual (test split) PNG"
+    )
+    parser.add_argument(
+        "--planner-span-s",
+        type=float,
+        default=60.0,
+        help="the planner's span for the forecast_quality block (0: skip it)",
+    )
+    parser.add_argument(
+        "--validation-spans",
+        type=int,
+        default=10,
+        help="recent spans the selector scores methods on (forecast_quality)",
     )
 
 
@@ -92,6 +114,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     ma = baselines.MovingAverage()
     es = baselines.ExpSmoothing()
+    seasonal = baselines.Seasonal()
     net = lstm.LSTMForecaster(
         window=args.window, hidden=args.hidden, epochs=args.epochs, seed=args.seed
     )
@@ -100,6 +123,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "moving_average": ma,
         "last_value": baselines.LastValue(),
         "exp_smoothing": es,
+        "seasonal": seasonal,
     }
     predictions: dict[str, FloatArray] = {}
     train_s = predict_s = 0.0
@@ -117,6 +141,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         plot.predictions_png(args.plot, actual, predictions, span_s, test0, titles)
 
     per_class_rrmse = {name: rrmse.per_class(actual, p) for name, p in predictions.items()}
+
+    def make_lstm(window: int) -> forecaster.Forecaster:
+        return lstm.LSTMForecaster(
+            window=window, hidden=args.hidden, epochs=args.epochs, seed=args.seed
+        )
+
+    spans = [span_s] + ([float(args.planner_span_s)] if args.planner_span_s > 0 else [])
+    quality_blocks = []
+    for s_len in dict.fromkeys(spans):
+        try:
+            quality_blocks.append(
+                quality.evaluate(
+                    requests,
+                    s_len,
+                    workload.k,  # the k chosen above (no second silhouette search)
+                    args.seed,
+                    make_lstm,
+                    args.window,
+                    validation_spans=args.validation_spans,
+                )
+            )
+        except ValueError as exc:  # too few spans at this length: say so, do not fail
+            quality_blocks.append({"span_s": s_len, "skipped": str(exc)})
+    live = live_classes.fit(train_requests, workload)
+    test_requests = [r for r in requests if test0 * span_s <= r.timestamp < num_spans * span_s]
+    missed = live_classes.misclassification(live, workload, test_requests)
+    truth = workload.classify_many(
+        [r.input_tokens for r in test_requests], [r.output_tokens for r in test_requests]
+    )
+    nearest = live_classes.input_nearest(workload, [r.input_tokens for r in test_requests])
     floors = rrmse.poisson_floor_per_class(actual)
     result: dict[str, Any] = {
         f"rrmse_{name}": _num(rrmse.overall(actual, predictions[name])) for name in MODELS
@@ -147,6 +201,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         hyperparameters={
             "moving_average_window": ma.window,
             "exp_smoothing_alpha": es.alpha,
+            "seasonal_period_spans": seasonal.period,
+            "seasonal_cycles": seasonal.cycles,
             "lstm": {
                 "window": net.window,
                 "hidden": net.hidden,
@@ -156,6 +212,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "batch_size": net.batch_size,
                 "residual_alpha": net.alpha,
             },
+        },
+        forecast_quality=quality_blocks,
+        live_classification={
+            "method": "argmax_c n[input bin, c] (no max_tokens in the trace)",
+            "fit": "training spans",
+            "evaluated_requests": missed.requests,
+            "misclassification_rate": _num(missed.rate),
+            "per_class": [_num(v) for v in missed.per_class],
+            "confusion": [list(row) for row in missed.confusion],
+            "baseline_nearest_input_rate": _num(float((nearest != truth).mean())),
         },
         train_s=round(train_s, 3),
         predict_ms=round(1000 * predict_s / max(1, len(actual)), 3),

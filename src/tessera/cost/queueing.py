@@ -1,0 +1,141 @@
+"""Queueing approximations for tail latency: Erlang C waits and mixture quantiles.
+
+Pure math, no model knowledge. ``tessera.planner.latency`` uses it to turn a replica's
+load into P99 TTFT and end-to-end latency:
+
+* **Slot wait (M/M/c).** A replica keeps ``c`` sequences in flight; a request waits for a
+  free slot. With Poisson arrivals at ``lam`` and exponential holding times of mean
+  ``1/mu``, the wait is 0 with probability ``1 - C`` and otherwise exponential with rate
+  ``theta = c*mu - lam``, where ``C`` is the Erlang C probability of waiting.
+* **Prefill wait (M/M/1).** Prompts are prefilled one at a time on the bottleneck stage:
+  with prefill utilization ``u`` and mean prefill time ``p``, the wait is 0 with
+  probability ``1 - u`` and otherwise exponential with rate ``(1 - u) / p``.
+* Non-exponential service (M/G/c, Allen-Cunneen): waits scale by ``(1 + scv) / 2`` for
+  a service-time squared coefficient of variation ``scv`` (1: exponential, as above;
+  0: deterministic, M/D/c, half the wait). Implemented by scaling ``1/theta``.
+
+A wait is an :class:`AtomExp` (an atom at 0 plus an exponential tail); the sum of two
+independent ones has a closed-form tail (:func:`survival`). Latency percentiles of a
+mixture of such components are found by bisection on the summed survival function
+(:func:`mixture_quantile`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tessera import fields
+
+
+@dataclass(frozen=True)
+class AtomExp:
+    """A wait: 0 with probability ``1 - p``, else Exp(``rate``)."""
+
+    p: float
+    rate: float  # 1/s; inf with p = 0 means no wait
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.p <= 1:
+            raise fields.FieldError("p", f"must be in [0, 1], got {self.p}")
+        if not self.rate > 0:
+            raise fields.FieldError("rate", "must be > 0")
+
+    @property
+    def mean(self) -> float:
+        """Mean wait."""
+        return 0.0 if self.p == 0 else self.p / self.rate
+
+
+NO_WAIT = AtomExp(0.0, math.inf)
+
+
+def scaled(wait: AtomExp, factor: float) -> AtomExp:
+    """The wait multiplied by ``factor`` > 0 (its exponential rate divided by it)."""
+    return wait if wait.p == 0 else AtomExp(wait.p, wait.rate / factor)
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """Probability that an arrival waits in M/M/c with ``offered = lam / mu`` < servers."""
+    if servers < 1:
+        raise fields.FieldError("servers", "must be >= 1")
+    if not 0 <= offered < servers:
+        raise fields.FieldError("offered", f"must be in [0, {servers}), got {offered}")
+    b = 1.0  # Erlang B by the stable recursion
+    for n in range(1, servers + 1):
+        b = offered * b / (n + offered * b)
+    return servers * b / (servers - offered * (1 - b))
+
+
+def slot_wait(servers: int, lam: float, mu: float, scv: float = 1.0) -> AtomExp:
+    """M/M/c (or Allen-Cunneen M/G/c) wait for one of ``servers`` slots."""
+    if lam <= 0:
+        return NO_WAIT
+    offered = lam / mu
+    p = erlang_c(servers, offered)
+    rate = (servers * mu - lam) / max(1e-12, (1 + scv) / 2)
+    return AtomExp(p, rate) if p > 0 else NO_WAIT
+
+
+def single_wait(utilization: float, mean_service: float, scv: float = 1.0) -> AtomExp:
+    """M/M/1 (or M/G/1 scaled) wait behind ``utilization`` of one server."""
+    if utilization <= 0 or mean_service <= 0:
+        return NO_WAIT
+    if utilization >= 1:
+        raise fields.FieldError("utilization", f"must be < 1, got {utilization}")
+    rate = (1 - utilization) / mean_service / max(1e-12, (1 + scv) / 2)
+    return AtomExp(utilization, rate)
+
+
+def survival(t: float, a: AtomExp, b: AtomExp = NO_WAIT) -> float:
+    """P(A + B > t) for independent waits ``a`` and ``b``."""
+    if t < 0:
+        return 1.0
+
+    def tail(rate: float) -> float:
+        return math.exp(-rate * t) if math.isfinite(rate) else 0.0
+
+    both = 0.0
+    if a.p > 0 and b.p > 0:
+        x, y = a.rate, b.rate
+        if abs(x - y) <= 1e-9 * max(x, y):
+            both = (1 + x * t) * math.exp(-x * t)
+        else:
+            both = (y * math.exp(-x * t) - x * math.exp(-y * t)) / (y - x)
+    return a.p * (1 - b.p) * tail(a.rate) + b.p * (1 - a.p) * tail(b.rate) + a.p * b.p * both
+
+
+@dataclass(frozen=True)
+class Component:
+    """One part of a latency mixture: a fixed latency plus a (sum of two) wait(s)."""
+
+    weight: float  # share of requests
+    base: float  # seconds without waiting
+    wait: AtomExp = NO_WAIT
+    wait2: AtomExp = NO_WAIT
+
+
+def mixture_quantile(components: Sequence[Component], q: float = 0.99) -> float:
+    """The ``q`` quantile of a weighted mixture of ``base + waits`` (bisection)."""
+    total = sum(c.weight for c in components)
+    if total <= 0:
+        return 0.0
+    target = (1 - q) * total
+
+    def excess(x: float) -> float:
+        return sum(c.weight * survival(x - c.base, c.wait, c.wait2) for c in components)
+
+    lo = min(c.base for c in components)
+    hi = max(c.base for c in components) + 1.0
+    while excess(hi) > target:
+        hi = lo + 2 * (hi - lo)
+        if hi > 1e9:
+            return math.inf
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if excess(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return hi

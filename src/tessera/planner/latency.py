@@ -1,0 +1,352 @@
+"""Latency-aware objective: modelled P99 TTFT, TPOT and request latency of a layout.
+
+The throughput objective (``evaluate``) cannot see why a long-prompt class wants high TP
+while short chats want many small replicas: both only change *latency* at a given load.
+This module prices a layout at a concrete demand (req/s per class) with queueing
+(``tessera.cost.queueing``), per replica of shape s serving rates ``x_j``:
+
+* utilization ``rho = sum_j x_j / cap_j`` (the capacity model's rates; ``rho >= 1``:
+  unstable, infinite latency);
+* slots ``c``: the utilization-weighted mean of the capacity model's batch per class;
+  the mean busy slots are ``n = rho * c``, the decode round is ``R(n)`` at the mix's
+  mean context (``tessera.cost.capacity.decode_round_seconds``);
+* prefill: prompts run one at a time on the bottleneck stage, prefill utilization
+  ``u = sum_j x_j P_j``; decoding progresses only between prefills, so
+  ``TPOT = R(n) / (1 - u)`` for every sequence on the replica;
+* TTFT of class j = its pipeline prefill latency + ``R(n)`` + the mix's mean prefill
+  occupancy, plus two waits: for a slot (M/M/c, Erlang C with ``c`` servers at
+  utilization ``rho``) and for the prefill server (M/M/1 at ``u``): short prompts queue
+  behind long ones on a shared replica, which is what a heterogeneous layout avoids;
+* request latency of class j = TTFT + (out_j - 1) * TPOT.
+
+The P99s are quantiles of the demand-weighted mixture over (replica, class). The layout's
+routing is chosen by :meth:`LatencyModel.best_routing`: an LP minimising the summed
+queue-free latency under a utilization cap, for several caps, plus the
+throughput-balanced (makespan) routing, keeping the lowest P99 latency; optionally also
+with some replicas of a shape dedicated to one class (``dedicate``). A routing meeting
+the SLO's P99 TTFT and TPOT is preferred to one that does not. Every figure is model
+output (analytic or fitted profile), not a measurement. Callers:
+``tessera.planner.table1`` (the bench's ``oserve_table1``) and the switching loop
+(modelled latency of the current and the candidate deployment).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize
+
+from tessera.cost import capacity, queueing
+from tessera.cost import latency as stage_latency
+from tessera.planner import assign
+from tessera.planner.capacity_table import CapacityTable, replica_layout
+from tessera.planner.deployment import Deployment
+from tessera.planner.problem import PlanningProblem
+from tessera.planner.shapes import Shape
+
+CAPS: tuple[float, ...] = (0.5, 0.65, 0.8, 0.9, 0.97)  # utilization caps tried by routing
+Q = 0.99
+
+
+@dataclass(frozen=True)
+class LatencyReport:
+    """Modelled tail latency of a layout at a demand."""
+
+    p99_latency_s: float  # end-to-end request latency
+    p99_normalized_s: float  # request latency / output tokens (vLLM's normalized latency)
+    p99_ttft_s: float
+    p99_tpot_s: float
+    max_utilization: float
+    meets_slo: bool  # P99 TTFT and TPOT within the problem's SLO
+    rates: tuple[tuple[float, ...], ...]  # [group][class] req/s routed (all replicas)
+    dedicated: str = ""  # replicas set apart for one class, e.g. "1x tp4pp2: LISO"
+
+    def key(self) -> tuple[bool, float]:
+        """Sort key: SLO-meeting first, then lower P99 latency."""
+        return (not self.meets_slo, self.p99_latency_s)
+
+
+INFEASIBLE = LatencyReport(math.inf, math.inf, math.inf, math.inf, math.inf, False, ())
+
+
+@dataclass(frozen=True)
+class _ShapeFacts:
+    first_token: tuple[float, ...]  # [j] pipeline prefill latency
+    occupancy: tuple[float, ...]  # [j] bottleneck-stage prefill time
+    batch: tuple[int, ...]  # [j] capacity model's batch
+    rates: tuple[float, ...]  # [j] capacity (req/s)
+
+
+class LatencyModel:
+    """Prices layouts of one problem at a demand (module docstring)."""
+
+    def __init__(self, problem: PlanningProblem, table: CapacityTable, scv: float = 1.0) -> None:
+        self.problem = problem
+        self.table = table
+        self.scv = scv
+        self._facts: dict[Shape, _ShapeFacts] = {}
+
+    def facts(self, shape: Shape) -> _ShapeFacts:
+        """Per-class prefill latency, occupancy, batch and capacity of ``shape``."""
+        found = self._facts.get(shape)
+        if found is None:
+            info = self.table.infos[shape]
+            lay = replica_layout(self.problem, shape, info.layer_ranges)
+            first, occ = [], []
+            for cls in self.problem.classes:
+                pre = [
+                    stage_latency.stage_prefill_seconds(
+                        self.problem.profile, s, cls.input_tokens, lay.tp, lay.intra
+                    )
+                    for s in lay.stages
+                ]
+                first.append(sum(pre))
+                occ.append(max(pre))
+            found = _ShapeFacts(
+                tuple(first), tuple(occ), tuple(c.batch for c in info.capacities), info.rates
+            )
+            self._facts[shape] = found
+        return found
+
+    def replica(
+        self, shape: Shape, x: tuple[float, ...]
+    ) -> tuple[
+        list[queueing.Component],
+        list[queueing.Component],
+        list[queueing.Component],
+        list[tuple[float, float]],
+    ]:
+        """Latency, normalized latency and TTFT components, and (weight, TPOT) pairs, of
+        one replica at rates x."""
+        f = self.facts(shape)
+        classes = self.problem.classes
+        lam = sum(x)
+        if lam <= 0:
+            return [], [], [], []
+        rho = sum(xj / f.rates[j] for j, xj in enumerate(x) if xj > 0)
+        if rho >= 1 or any(xj > 0 and f.rates[j] <= 0 for j, xj in enumerate(x)):
+            inf = [queueing.Component(lam, math.inf)]
+            return inf, inf, inf, [(lam, math.inf)]
+        load = [xj / f.rates[j] if xj > 0 else 0.0 for j, xj in enumerate(x)]
+        slots = max(1, round(sum(w * f.batch[j] for j, w in enumerate(load)) / rho))
+        busy = max(1.0, rho * slots)
+        context = (
+            sum(
+                w * (classes[j].input_tokens + (classes[j].output_tokens - 1) / 2)
+                for j, w in enumerate(load)
+            )
+            / rho
+        )
+        lay = replica_layout(self.problem, shape, self.table.infos[shape].layer_ranges)
+        rnd = capacity.decode_round_seconds(
+            self.problem.profile, lay, max(1, math.ceil(busy)), context
+        )
+        u = sum(xj * f.occupancy[j] for j, xj in enumerate(x))
+        if u >= 1:
+            inf = [queueing.Component(lam, math.inf)]
+            return inf, inf, inf, [(lam, math.inf)]
+        mean_occ = u / lam
+        tpot = rnd / (1 - u)
+        mu = lam / (rho * slots)
+        slot = queueing.slot_wait(slots, lam, mu, self.scv)
+        pre = queueing.single_wait(u, mean_occ, self.scv)
+        total, norm, ttft, tpots = [], [], [], []
+        for j, xj in enumerate(x):
+            if xj <= 0:
+                continue
+            first = f.first_token[j] + rnd + mean_occ
+            out = classes[j].output_tokens
+            ttft.append(queueing.Component(xj, first, slot, pre))
+            total.append(queueing.Component(xj, first + (out - 1) * tpot, slot, pre))
+            norm.append(
+                queueing.Component(
+                    xj,
+                    (first + (out - 1) * tpot) / out,
+                    queueing.scaled(slot, 1 / out),
+                    queueing.scaled(pre, 1 / out),
+                )
+            )
+            tpots.append((xj, tpot))
+        return total, norm, ttft, tpots
+
+    def report(
+        self, shapes: tuple[Shape, ...], counts: tuple[int, ...], rates: assign.Matrix
+    ) -> LatencyReport:
+        """P99s of groups of identical replicas, each group splitting its rates evenly."""
+        total: list[queueing.Component] = []
+        norm: list[queueing.Component] = []
+        ttft: list[queueing.Component] = []
+        tpots: list[tuple[float, float]] = []
+        worst = 0.0
+        for shape, n, row in zip(shapes, counts, rates, strict=True):
+            if n <= 0:
+                continue
+            x = tuple(v / n for v in row)
+            f = self.facts(shape)
+            worst = max(worst, sum(v / f.rates[j] for j, v in enumerate(x) if v > 0))
+            a, b, c, d = self.replica(shape, x)
+            total += a
+            norm += b
+            ttft += c
+            tpots += d
+        if not total:
+            return INFEASIBLE
+        p99_tpot = _weighted_quantile(tpots, Q)
+        p99_ttft = queueing.mixture_quantile(ttft, Q)
+        slo = self.problem.slo
+        return LatencyReport(
+            p99_latency_s=queueing.mixture_quantile(total, Q),
+            p99_normalized_s=queueing.mixture_quantile(norm, Q),
+            p99_ttft_s=p99_ttft,
+            p99_tpot_s=p99_tpot,
+            max_utilization=worst,
+            meets_slo=p99_ttft <= slo.ttft_s and p99_tpot <= slo.tpot_s,
+            rates=tuple(tuple(r) for r in rates),
+        )
+
+    def best_routing(
+        self,
+        shapes: tuple[Shape, ...],
+        counts: tuple[int, ...],
+        demand: tuple[float, ...],
+        dedicate: bool = False,
+    ) -> LatencyReport:
+        """The best of the capped latency LPs and the makespan routing (module docstring).
+
+        Replicas of one shape form a group that splits each class evenly. With
+        ``dedicate``, every way of setting ``m`` replicas of one group apart for one class
+        alone is tried too (a tp4 pair where one serves long prompts only)."""
+        structures: list[tuple[tuple[Shape, ...], tuple[int, ...], tuple[int | None, ...]]] = [
+            (shapes, counts, tuple(None for _ in shapes))
+        ]
+        if dedicate:
+            for g, (shape, n) in enumerate(zip(shapes, counts, strict=True)):
+                for j in range(len(demand)):
+                    for m in range(1, n + 1):
+                        if m == n and len(shapes) == 1:
+                            continue  # the other classes would have no replica
+                        rest: list[tuple[Shape, int, int | None]] = [
+                            (s, n - m if k == g else c, None)
+                            for k, (s, c) in enumerate(zip(shapes, counts, strict=True))
+                        ]
+                        kept = [p for p in rest if p[1] > 0] + [(shape, m, j)]
+                        structures.append(
+                            (
+                                tuple(p[0] for p in kept),
+                                tuple(p[1] for p in kept),
+                                tuple(p[2] for p in kept),
+                            )
+                        )
+        best = INFEASIBLE
+        for group_shapes, group_counts, only in structures:
+            report = self._route(group_shapes, group_counts, only, demand)
+            if report.key() < best.key():
+                note = ", ".join(
+                    f"{n}x {s.label()}: {self.problem.classes[o].name} only"
+                    for s, n, o in zip(group_shapes, group_counts, only, strict=True)
+                    if o is not None
+                )
+                best = dataclasses.replace(report, dedicated=note)
+        return best
+
+    def _route(
+        self,
+        shapes: tuple[Shape, ...],
+        counts: tuple[int, ...],
+        only: tuple[int | None, ...],
+        demand: tuple[float, ...],
+    ) -> LatencyReport:
+        capacity_matrix = tuple(
+            tuple(n * r if o is None or o == j else 0.0 for j, r in enumerate(self.facts(s).rates))
+            for s, n, o in zip(shapes, counts, only, strict=True)
+        )
+        try:
+            balanced = assign.solve(assign.AssignmentProblem(demand, capacity_matrix), "makespan")
+        except assign.InfeasibleError:
+            return INFEASIBLE
+        if balanced.value >= 1:
+            return INFEASIBLE
+        candidates: list[assign.Matrix] = [balanced.rates]
+        cost = [[self._queue_free(s, j) for j in range(len(demand))] for s in shapes]
+        for cap in CAPS:
+            if cap <= balanced.value:
+                continue
+            routed = _capped_lp(demand, capacity_matrix, cost, cap)
+            if routed is not None:
+                candidates.append(routed)
+        reports = [self.report(shapes, counts, r) for r in candidates]
+        return min(reports, key=LatencyReport.key)
+
+    def deployment(self, planned: Deployment, demand: tuple[float, ...]) -> LatencyReport:
+        """A planned deployment's modelled latency at ``demand`` (e.g. the next span's
+        forecast), with its best routing; replicas of one shape form a group."""
+        groups: dict[Shape, int] = {}
+        for replica in planned.replicas:
+            span = len({node for node, _ in replica.gpus})
+            shape = Shape(replica.tp, replica.pp, span)
+            groups[shape] = groups.get(shape, 0) + 1
+        if any(s not in self.table.infos for s in groups):
+            return INFEASIBLE
+        ordered = sorted(groups, key=Shape.sort_key)
+        return self.best_routing(tuple(ordered), tuple(groups[s] for s in ordered), demand)
+
+    def _queue_free(self, shape: Shape, j: int) -> float:
+        f = self.facts(shape)
+        if f.rates[j] <= 0:
+            return math.inf
+        cap = self.table.infos[shape].capacities[j]
+        return f.first_token[j] + (self.problem.classes[j].output_tokens - 1) * cap.tpot_s
+
+
+def _weighted_quantile(pairs: list[tuple[float, float]], q: float) -> float:
+    ordered = sorted(pairs, key=lambda p: p[1])
+    total = sum(w for w, _ in ordered)
+    acc = 0.0
+    for w, v in ordered:
+        acc += w
+        if acc >= q * total - 1e-12:
+            return v
+    return ordered[-1][1] if ordered else 0.0
+
+
+def _capped_lp(
+    demand: tuple[float, ...],
+    capacity_matrix: assign.Matrix,
+    cost: list[list[float]],
+    cap: float,
+) -> assign.Matrix | None:
+    """min sum x*cost s.t. every class served, every group's utilization <= cap."""
+    groups, classes = len(capacity_matrix), len(demand)
+    n = groups * classes
+    c = np.zeros(n)
+    bounds = []
+    for g in range(groups):
+        for j in range(classes):
+            ok = capacity_matrix[g][j] > 0 and math.isfinite(cost[g][j])
+            c[g * classes + j] = cost[g][j] if ok else 0.0
+            bounds.append((0.0, None if ok else 0.0))
+    a_ub = np.zeros((groups, n))
+    for g in range(groups):
+        for j in range(classes):
+            if capacity_matrix[g][j] > 0:
+                a_ub[g, g * classes + j] = 1.0 / capacity_matrix[g][j]
+    a_eq = np.zeros((classes, n))
+    for g in range(groups):
+        for j in range(classes):
+            a_eq[j, g * classes + j] = 1.0
+    res = optimize.linprog(
+        c,
+        A_ub=a_ub,
+        b_ub=np.full(groups, cap),
+        A_eq=a_eq,
+        b_eq=np.asarray(demand),
+        bounds=bounds,
+        method="highs",
+    )
+    if res.status != 0:
+        return None
+    x = np.maximum(np.asarray(res.x), 0.0).reshape(groups, classes)
+    return tuple(tuple(float(v) for v in row) for row in x)

@@ -1,0 +1,78 @@
+"""Which instance of a block serves a request next: the KV-cache owner first (BlockLLM §5).
+
+A block (a layer range) may run as several instances — replicas of a hot shared block, or
+the same block in several variants' chains. Each instance has its own queue and batch
+limit. A request that already ran on an instance keeps its KV cache there, so sending it
+elsewhere means moving that KV (or recomputing it). The rule:
+
+1. The instance that holds the request's KV, while it has room in its batch.
+2. Otherwise the instance with the lowest estimated latency for this request:
+   queueing (tokens queued ahead / its throughput) + compute (the request's tokens / its
+   throughput) + transfer (the request's KV bytes over the link to it, zero on the owner).
+
+Pure: plain frozen dataclasses in, a `Dispatch` decision out. Called by the engine's
+per-block batching (and by the simulator) for every request at every block boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BlockInstance:
+    """One instance of a block as the dispatcher sees it now."""
+
+    id: str
+    running: int  # requests in its current batch
+    batch_limit: int  # most requests per batch
+    queued_tokens: int  # tokens waiting in its queue
+    tokens_per_s: float  # measured (or modelled) throughput
+    link_bytes_per_s: float = float("inf")  # bandwidth from the KV owner to it
+
+    def __post_init__(self) -> None:
+        if self.batch_limit < 1:
+            raise ValueError(f"{self.id}: batch_limit must be >= 1")
+        if self.tokens_per_s <= 0 or self.link_bytes_per_s <= 0:
+            raise ValueError(f"{self.id}: throughput and link bandwidth must be positive")
+
+    @property
+    def has_room(self) -> bool:
+        return self.running < self.batch_limit
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    instance: str
+    reason: str  # "kv-owner" or "lowest-latency"
+    estimated_s: float
+    moves_kv: bool
+
+
+def estimate_s(inst: BlockInstance, tokens: int, kv_bytes: int, owner: str | None) -> float:
+    """Queueing + compute + KV transfer time of `tokens` of a request on `inst`."""
+    transfer = 0.0 if owner in (None, inst.id) else kv_bytes / inst.link_bytes_per_s
+    wait = inst.queued_tokens / inst.tokens_per_s
+    if not inst.has_room:  # waits for a batch slot too: at least one more step's worth
+        wait += tokens / inst.tokens_per_s
+    return wait + tokens / inst.tokens_per_s + transfer
+
+
+def choose(
+    instances: Sequence[BlockInstance], tokens: int, kv_bytes: int, owner: str | None
+) -> Dispatch:
+    """The instance for a request of `tokens` tokens whose KV (`kv_bytes`) lives on `owner`."""
+    if not instances:
+        raise ValueError("no instance of the block is serving")
+    by_id = {i.id: i for i in instances}
+    if owner is not None and owner in by_id and by_id[owner].has_room:
+        o = by_id[owner]
+        return Dispatch(o.id, "kv-owner", estimate_s(o, tokens, kv_bytes, owner), False)
+    best = min(instances, key=lambda i: (estimate_s(i, tokens, kv_bytes, owner), i.id))
+    return Dispatch(
+        best.id,
+        "lowest-latency",
+        estimate_s(best, tokens, kv_bytes, owner),
+        owner is not None and best.id != owner,
+    )

@@ -1,0 +1,120 @@
+"""The device link model switch plans are timed with: per-device links by tier, and storage.
+
+A device sends and receives over two tiers, each a separate per-device, per-direction
+resource: intra-node (NVLink/NVSwitch) and inter-node (the GPU's NIC share). Storage is
+one shared resource (a cluster's network storage, or a local page cache) with an
+aggregate read bandwidth. An optional per-device limit caps everything a device sends (and
+everything it receives) over all tiers together, e.g. its copy engines or a PCIe switch.
+A plan's time is its busiest resource's bytes over that resource's bandwidth (transfers
+overlap; latency terms are ignored because parameter shards are hundreds of MB).
+Finer than the transition planner's agent-level ``tessera.policies.links.LinkModel``
+(whether to copy one block or read it): a switch plan moves many shards at once, so it
+needs each device's links as separate resources. :func:`from_agent_links` takes that
+model's figures (local = intra-node, network = inter-node, storage), so measured links
+(``tessera bench copy``) serve both. Built by the switch planner's callers directly, from
+the planner's :class:`~tessera.cost.profile.CommSpec` (:func:`from_comm`) or from the
+agent-level model; read by
+``tessera.policies.switch_plan`` and ``tessera.policies.switch_bound``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from tessera import fields
+from tessera.cost.profile import CommSpec
+
+INTRA = "intra"
+INTER = "inter"
+STORAGE = "storage"
+TIERS: tuple[str, ...] = (INTRA, INTER, STORAGE)
+
+GpuRef = tuple[str, int]  # (node name, device index on that node)
+
+
+@dataclass(frozen=True)
+class DeviceLinks:
+    """Bandwidths in bytes per second; per device and direction unless said otherwise."""
+
+    intra_node_bytes_per_s: float  # NVLink / NVSwitch, per GPU, per direction
+    inter_node_bytes_per_s: float  # the GPU's NIC share, per direction
+    storage_bytes_per_s: float  # aggregate read bandwidth of the model storage
+    device_bytes_per_s: float = math.inf  # cap on one device's total send (and receive)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "intra_node_bytes_per_s",
+            "inter_node_bytes_per_s",
+            "storage_bytes_per_s",
+            "device_bytes_per_s",
+        ):
+            if not getattr(self, name) > 0:
+                raise fields.FieldError(name, "must be > 0")
+
+    def tier(self, source: GpuRef, target: GpuRef) -> str:
+        """``intra`` when both devices share a node, else ``inter``."""
+        return INTRA if source[0] == target[0] else INTER
+
+    def bandwidth(self, tier: str) -> float:
+        """Per-device bandwidth of ``tier`` (aggregate for storage)."""
+        if tier == INTRA:
+            return self.intra_node_bytes_per_s
+        if tier == INTER:
+            return self.inter_node_bytes_per_s
+        if tier == STORAGE:
+            return self.storage_bytes_per_s
+        raise fields.FieldError("tier", f"must be one of {', '.join(TIERS)}, got {tier!r}")
+
+
+def from_comm(comm: CommSpec, storage_bytes_per_s: float) -> DeviceLinks:
+    """A link model from the planner's effective links plus a storage bandwidth."""
+    return DeviceLinks(
+        intra_node_bytes_per_s=comm.intra_node.bandwidth_bytes_per_s,
+        inter_node_bytes_per_s=comm.inter_node.bandwidth_bytes_per_s,
+        storage_bytes_per_s=storage_bytes_per_s,
+    )
+
+
+class AgentLinks(Protocol):
+    """The figures of ``tessera.policies.links.LinkModel`` this module reads."""
+
+    storage_bytes_per_s: float
+    network_bytes_per_s: float
+    local_bytes_per_s: float
+
+
+def from_agent_links(agent_links: AgentLinks) -> DeviceLinks:
+    """Per-device tiers from the transition planner's agent-level link figures."""
+    return DeviceLinks(
+        intra_node_bytes_per_s=agent_links.local_bytes_per_s,
+        inter_node_bytes_per_s=agent_links.network_bytes_per_s,
+        storage_bytes_per_s=agent_links.storage_bytes_per_s,
+    )
+
+
+Resource = tuple[str, str, GpuRef | None]  # (direction "out"/"in"/"storage", tier, device)
+
+
+def resources(source: GpuRef | None, target: GpuRef, tier: str) -> tuple[Resource, ...]:
+    """The resources one transfer loads: sender tier, receiver tier, device totals; or the
+    storage and the receiver's inter-node tier (storage reads arrive over the network)."""
+    if tier == STORAGE or source is None:
+        return (("storage", STORAGE, None), ("in", INTER, target), ("in", "all", target))
+    return (
+        ("out", tier, source),
+        ("in", tier, target),
+        ("out", "all", source),
+        ("in", "all", target),
+    )
+
+
+def capacity(model: DeviceLinks, resource: Resource) -> float:
+    """Bandwidth of a resource named by :func:`resources`."""
+    direction, tier, _ = resource
+    if direction == "storage":
+        return model.storage_bytes_per_s
+    if tier == "all":
+        return model.device_bytes_per_s
+    return model.bandwidth(tier)

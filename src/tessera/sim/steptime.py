@@ -1,0 +1,91 @@
+"""Step time of a simulated replica: one continuous-batching step through tp x pp GPUs.
+
+Input: the cost profile (`tessera.cost`, analytic or measured with `tessera profile`), the
+replica's stages (layers, first/last, hop link) and its tp degree; per step the decode
+count, their summed context, and the prefill chunks. Output: seconds. Called by
+`tessera.sim.replica` for every (macro-)step.
+
+Per stage and microbatch the time is the profile's per-layer terms (fixed overhead, weight
+read, GEMM per token, attention per token pair and per context token) times the stage's
+layers, plus the tensor-parallel all-reduce (`cost.latency.layer_allreduce_seconds`), the
+LM head on the last stage and the hop to the next stage. A chunk of n prompt tokens after
+k cached ones costs the quadratic attention term of ((k+n)^2 - k^2). Decode and prefill
+in one step share a single weight read. Pipeline: the batch is split into m = min(pp,
+sequences) microbatches flowing through the stages back to back; a round, in which every
+sequence advances one token, takes max(sum_s t_s, m max_s t_s): a microbatch's trip
+through all stages, or the slowest stage's work on all m microbatches. With fewer
+microbatches than stages the difference is the pipeline bubble (one sequence on pp
+stages pays the whole trip alone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tessera.cost.latency import StageSpec, layer_allreduce_seconds
+from tessera.cost.profile import Link, Profile
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Linear coefficients of one stage's time for one microbatch."""
+
+    const: float  # per step: overheads and the weight read
+    per_token: float  # GEMMs, all-reduce and hop payload per query token
+    per_pair: float  # attention per (query, key) token pair in prefill
+    per_ctx: float  # KV read per decode sequence and context token
+    per_logit: float  # LM head per sampled row (last stage only)
+
+
+def stage_cost(profile: Profile, stage: StageSpec, tp: int, intra: Link) -> StageCost:
+    """The stage's linear coefficients from the profile."""
+    pre, dec, L = profile.prefill, profile.decode, stage.layers
+    ar0 = layer_allreduce_seconds(profile, 0.0, tp, intra)
+    ar1 = layer_allreduce_seconds(profile, 1.0, tp, intra) - ar0
+    const = L * (max(pre.fixed, dec.fixed) + max(pre.per_tp, dec.per_tp) / tp + ar0)
+    per_token = L * (max(pre.per_token, dec.per_seq) / tp + ar1)
+    per_logit = 0.0
+    if stage.last:
+        head = profile.lm_head_decode
+        const += head.fixed + head.per_tp / tp
+        per_logit = head.per_seq / tp
+    if stage.hop is not None:
+        const += stage.hop.latency_s
+        per_token += profile.memory.activation_bytes_per_token / stage.hop.bandwidth_bytes_per_s
+    return StageCost(
+        const, per_token, L * pre.per_token_sq / tp, L * dec.per_seq_ctx / tp, per_logit
+    )
+
+
+class StepModel:
+    """Step times of one replica (tp x pp, its stages)."""
+
+    def __init__(self, profile: Profile, stages: Sequence[StageSpec], tp: int, intra: Link):
+        self.stages = tuple(stage_cost(profile, s, tp, intra) for s in stages)
+        self.pp, self.tp = len(self.stages), tp
+
+    def seconds(
+        self, decodes: int, ctx_sum: float, chunks: Sequence[tuple[int, int]], logits: int
+    ) -> float:
+        """One step: `decodes` sequences with `ctx_sum` context tokens in all, prefill
+        `chunks` of (new tokens, cached tokens), `logits` rows sampled."""
+        tokens = decodes + sum(n for n, _ in chunks)
+        pairs = sum((k + n) * (k + n) - k * k for n, k in chunks)
+        seqs = decodes + len(chunks)
+        m = max(1, min(self.pp, seqs))
+        total = worst = 0.0
+        for s in self.stages:
+            t = (
+                s.const
+                + (
+                    s.per_token * tokens
+                    + s.per_pair * pairs
+                    + s.per_ctx * ctx_sum
+                    + s.per_logit * logits
+                )
+                / m
+            )
+            total += t
+            worst = t if t > worst else worst
+        return max(total, m * worst)

@@ -1,0 +1,156 @@
+"""Live request classes: type a request on arrival, before its output length is known.
+
+The planner's classes are k-means types over (input, output) tokens
+(``tessera.workload.classes``), but on arrival the gateway knows only the prompt length
+and, when the client sets it, ``max_tokens``. The decision (docs/switching.md, "Live
+classes"): the most probable class given what is known, estimated from the training
+trace:
+
+* the log1p(input) axis is cut into ``bins`` quantile bins of the training requests;
+* for every (bin, class) the classifier keeps the training count and quantiles of the
+  class's output lengths in that bin;
+* a request in bin b with ``max_tokens = m`` gets ``argmax_c n[b,c] * F[b,c](m)``, where
+  ``F[b,c](m)`` is the share of class c's outputs in bin b at most m (the output can
+  never exceed ``max_tokens``); without ``max_tokens`` F is 1, so the class is the
+  most frequent one for that prompt length. Counts are smoothed by one prior-weighted
+  pseudo-request so empty bins fall back to the class shares.
+
+This is the Bayes rule for 0-1 loss at the bin resolution. Each class's expected output
+(``expected_output``) is the mean of its training outputs, capped by ``max_tokens``:
+the per-class output-length estimate the cost model prices a live request with. Callers:
+the gateway's router (``classify`` per request, numpy only), the predictor benchmark
+(``misclassification`` on the shared trace) and tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from tessera.workload import classes, traces
+
+BINS = 32
+LEVELS = tuple(i / 20 for i in range(21))  # output quantile levels kept per (bin, class)
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveClassifier:
+    """Arrival-time classifier fitted on a typed training trace (module docstring)."""
+
+    edges: tuple[float, ...]  # interior log1p(input) bin edges, ascending
+    counts: tuple[tuple[float, ...], ...]  # [bin][class] smoothed training counts
+    quantiles: tuple[tuple[tuple[float, ...], ...], ...]  # [bin][class] output at LEVELS
+    mean_output: tuple[float, ...]  # [class] mean training output tokens
+
+    @property
+    def k(self) -> int:
+        """Number of classes."""
+        return len(self.mean_output)
+
+    def classify(self, input_tokens: int, max_tokens: int | None = None) -> int:
+        """Class of one arriving request."""
+        limits = None if max_tokens is None else [max_tokens]
+        return int(self.classify_many([input_tokens], limits)[0])
+
+    def classify_many(
+        self, input_tokens: npt.ArrayLike, max_tokens: npt.ArrayLike | None = None
+    ) -> IntArray:
+        """Classes of many arriving requests; ``max_tokens`` entries <= 0 mean unset."""
+        inp = np.asarray(input_tokens, dtype=np.float64).reshape(-1)
+        bins = np.searchsorted(np.asarray(self.edges), np.log1p(inp), side="right")
+        score = np.asarray(self.counts, dtype=np.float64)[bins]  # (n, k)
+        if max_tokens is not None:
+            limit = np.asarray(max_tokens, dtype=np.float64).reshape(-1)
+            quant = np.asarray(self.quantiles, dtype=np.float64)[bins]  # (n, k, levels)
+            levels = np.asarray(LEVELS)
+            for i in np.flatnonzero(limit > 0):
+                share = [np.interp(limit[i], quant[i, c], levels) for c in range(self.k)]
+                score[i] *= np.maximum(np.asarray(share), 1e-6)
+        out: IntArray = np.argmax(score, axis=1).astype(np.int64)
+        return out
+
+    def expected_output(self, cls: int, max_tokens: int | None = None) -> float:
+        """The output-length estimate of class ``cls`` (capped by ``max_tokens``)."""
+        mean = self.mean_output[cls]
+        return mean if max_tokens is None or max_tokens <= 0 else min(mean, float(max_tokens))
+
+
+def fit(
+    requests: Sequence[traces.Request], workload: classes.WorkloadClasses, bins: int = BINS
+) -> LiveClassifier:
+    """Fit on ``requests`` typed by ``workload`` (their true classes)."""
+    if not requests:
+        raise ValueError("cannot fit a live classifier to no requests")
+    inp = np.asarray([r.input_tokens for r in requests], dtype=np.float64)
+    out = np.asarray([r.output_tokens for r in requests], dtype=np.float64)
+    labels = workload.classify_many(inp, out)
+    x = np.log1p(inp)
+    edges = np.unique(np.quantile(x, np.linspace(0, 1, bins + 1)[1:-1]))
+    index = np.searchsorted(edges, x, side="right")
+    k = workload.k
+    prior = np.bincount(labels, minlength=k) / len(labels)
+    counts, quants = [], []
+    for b in range(len(edges) + 1):
+        here = index == b
+        row = np.bincount(labels[here], minlength=k).astype(np.float64) + prior
+        counts.append(tuple(float(v) for v in row))
+        qrow = []
+        for c in range(k):
+            mine = out[here & (labels == c)]
+            if mine.size == 0:
+                mine = out[labels == c] if (labels == c).any() else np.asarray([1.0])
+            qrow.append(tuple(float(v) for v in np.quantile(mine, LEVELS)))
+        quants.append(tuple(qrow))
+    means = tuple(float(out[labels == c].mean()) if (labels == c).any() else 0.0 for c in range(k))
+    return LiveClassifier(tuple(float(e) for e in edges), tuple(counts), tuple(quants), means)
+
+
+@dataclasses.dataclass(frozen=True)
+class Misclassification:
+    """How often the arrival-time class differs from the class the finished request has."""
+
+    rate: float  # share of requests misclassified
+    per_class: tuple[float, ...]  # [c] share of true class c typed as something else
+    confusion: tuple[tuple[int, ...], ...]  # [true][predicted] counts
+    requests: int
+
+
+def misclassification(
+    classifier: LiveClassifier,
+    workload: classes.WorkloadClasses,
+    requests: Sequence[traces.Request],
+    max_tokens: Sequence[int] | None = None,
+) -> Misclassification:
+    """Compare arrival-time classes with the true (input, output) classes."""
+    if not requests:
+        raise ValueError("no requests to evaluate")
+    inp = [r.input_tokens for r in requests]
+    truth = workload.classify_many(inp, [r.output_tokens for r in requests])
+    guess = classifier.classify_many(inp, max_tokens)
+    k = workload.k
+    confusion = np.zeros((k, k), dtype=np.int64)
+    np.add.at(confusion, (truth, guess), 1)
+    totals = confusion.sum(axis=1)
+    per_class = tuple(
+        float(1 - confusion[c, c] / totals[c]) if totals[c] else float("nan") for c in range(k)
+    )
+    return Misclassification(
+        rate=float((truth != guess).mean()),
+        per_class=per_class,
+        confusion=tuple(tuple(int(v) for v in row) for row in confusion),
+        requests=len(requests),
+    )
+
+
+def input_nearest(workload: classes.WorkloadClasses, input_tokens: npt.ArrayLike) -> IntArray:
+    """Baseline: the class whose centroid's input length is nearest (log space)."""
+    x = np.log1p(np.asarray(input_tokens, dtype=np.float64).reshape(-1))
+    c = np.asarray([lc.input_tokens for lc in workload.log_centroids])
+    out: IntArray = np.argmin(np.abs(x[:, None] - c[None, :]), axis=1).astype(np.int64)
+    return out

@@ -1,0 +1,87 @@
+"""Latency-aware objective: queueing math, the latency model's behaviour, Table 1 inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tessera.cost import queueing
+from tessera.cost.capacity import RequestClass
+from tessera.planner import capacity_table, table1
+from tessera.planner.latency import LatencyModel
+from tessera.workload import traces
+from tests.planner import planner_helpers as helpers
+
+
+def test_erlang_c_known_values() -> None:
+    assert queueing.erlang_c(1, 0.6) == pytest.approx(0.6)  # M/M/1: P(wait) = rho
+    assert queueing.erlang_c(2, 1.0) == pytest.approx(1 / 3)
+    assert queueing.erlang_c(50, 10.0) < 1e-9  # lightly loaded many servers: no wait
+    with pytest.raises(ValueError):
+        queueing.erlang_c(2, 2.0)
+
+
+def test_mixture_quantile_closed_forms() -> None:
+    one = queueing.Component(1.0, 1.0, queueing.AtomExp(1.0, 2.0))
+    assert queueing.mixture_quantile([one]) == pytest.approx(1 + math.log(100) / 2, rel=1e-6)
+    # half the requests never wait and are fast: the P99 sits in the slow half's tail
+    fast = queueing.Component(1.0, 0.1)
+    assert queueing.mixture_quantile([one, fast]) == pytest.approx(1 + math.log(50) / 2, rel=1e-6)
+    # the sum of two Exp(1) waits is Erlang-2: P(> t) = (1 + t) e^-t
+    w = queueing.AtomExp(1.0, 1.0)
+    assert queueing.survival(2.0, w, w) == pytest.approx(3 * math.exp(-2))
+    assert queueing.scaled(w, 0.5).mean == pytest.approx(0.5)
+    assert queueing.mixture_quantile([queueing.Component(1.0, 3.0)]) == pytest.approx(3.0)
+
+
+def test_p99_rises_with_load_and_is_infinite_past_capacity() -> None:
+    problem = helpers.problem()
+    table = capacity_table.build_table(problem)
+    model = LatencyModel(problem, table)
+    shape = table.kept[0]
+    rates = table.rates(shape)
+    cap = 1 / sum(w / r for w, r in zip((4, 1, 2), rates, strict=True))  # mix capacity
+    p99 = []
+    for load in (0.3, 0.6, 0.9):
+        mix = tuple(load * cap * w for w in (4, 1, 2))
+        p99.append(model.report((shape,), (1,), (mix,)).p99_latency_s)
+    assert p99[0] < p99[1] < p99[2] < math.inf
+    over = tuple(1.1 * cap * w for w in (4, 1, 2))
+    assert model.report((shape,), (1,), (over,)).p99_latency_s == math.inf
+
+
+def test_isolating_long_prompts_helps_short_requests() -> None:
+    # Short chats share two replicas with long prompts, or get one replica to themselves
+    # while the long prompts get the other: the chats' P99 TTFT and TPOT drop (no
+    # prefill head-of-line blocking), as OServe argues. (The long prompts lose the
+    # pooling of two prefill servers; whether the mix's P99 wins depends on the load.)
+    classes = (RequestClass("chat", 200, 100, 1.0), RequestClass("doc", 6000, 20, 1.0))
+    problem = helpers.problem(classes=classes, nodes=1, gpus=2)
+    table = capacity_table.build_table(problem)
+    model = LatencyModel(problem, table)
+    shape = min(table.infos, key=lambda s: (s.gpus, s.sort_key()))
+    rates = table.rates(shape)
+    chat, doc = 0.4 * rates[0], 0.4 * rates[1]
+    _, _, shared_ttft, shared_tpot = model.replica(shape, (chat / 2, doc / 2))
+    _, _, alone_ttft, alone_tpot = model.replica(shape, (chat, 0.0))
+    assert queueing.mixture_quantile(alone_ttft[:1]) < queueing.mixture_quantile(shared_ttft[:1])
+    assert alone_tpot[0][1] < shared_tpot[0][1]
+    routed = model.best_routing((shape,), (2,), (chat, doc))
+    assert routed.p99_latency_s < math.inf
+
+
+def test_table1_cv_reproduces_the_paper_column() -> None:
+    for _, shares, paper_cv, _ in table1.LEVELS:
+        assert table1.cv(shares) == pytest.approx(paper_cv, abs=6e-4)
+
+
+def test_quadrant_classes() -> None:
+    reqs = [
+        traces.Request(float(i), inp, out)
+        for i, (inp, out) in enumerate([(100, 500), (2000, 600), (120, 20), (3000, 30)] * 5)
+    ]
+    made = table1.quadrant_classes(reqs)
+    assert [c.name for c in made] == ["SILO", "LILO", "SISO", "LISO"]
+    assert (made[0].input_tokens, made[0].output_tokens) == (100, 500)
+    assert (made[3].input_tokens, made[3].output_tokens) == (3000, 30)
