@@ -49,6 +49,7 @@ def full_manifest() -> dict[str, Any]:
     spec = _sample(SPEC, "spec")
     spec["layout"]["mode"] = "explicit"
     spec["layout"]["replicas"][0]["stages"][0]["layers"] = [0, 4]
+    spec["layout"]["replicas"][0]["stages"][0]["tp"] = 2  # so its one sampled rank is valid
     spec["resources"]["gpuMemory"] = "80Gi"
     spec["resources"]["maxGpus"] = spec["resources"]["gpus"] = 2
     return {
@@ -127,8 +128,13 @@ def test_schema_defaults_are_the_parser_defaults() -> None:
     defaults = _defaults(SPEC)
     assert "spec.gateway.port" in defaults and "spec.layout.replicas[].stages[].tp" in defaults
     bare = api.parse(dict(minimal, spec={"model": {"name": "m", "path": "/m"}})).spec
+    ranked: dict[str, Any] = copy.deepcopy(minimal)
+    ranked["spec"]["layout"]["replicas"][0]["stages"][0].update(tp=2, ranks=[{"agent": "b"}])
+    with_rank = api.parse(crd.apply_defaults(ranked, SCHEMA)).spec
     for path, value in defaults.items():
         source = parsed if "[]" in path else bare  # list items come from the minimal doc
+        if ".ranks[]." in path:  # rank items exist only on a stage with tp > 1
+            source = with_rank
         assert _attr(source, path.replace("workload.classes", "workload")) == value, path
 
 

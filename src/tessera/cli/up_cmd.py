@@ -225,7 +225,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             )
             published = again.routes or published
             note = f"{again.reason}: {again.message}"
-            if note != said and (again.actions or again.reason != "Serving"):
+            if again.actions:  # drift repaired, a restarted agent reloaded, or a transition step
+                console.print(f"reconciled drift: {len(again.actions)} actions ({note})")
+            elif note != said and again.reason != "Serving":
                 console.print(note)
             said = note
             remaining = again.remaining
