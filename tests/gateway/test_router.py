@@ -7,6 +7,7 @@ import collections
 import pytest
 
 from tessera.gateway import router
+from tessera.policies import routing
 
 
 def test_least_outstanding_tokens_wins() -> None:
@@ -94,7 +95,7 @@ def test_prefix_affinity_prefers_the_kv_owner_while_it_is_worth_it() -> None:
 
 
 def test_remembered_prefixes_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(router, "PREFIX_ENTRIES", 3)
+    monkeypatch.setattr(routing, "PREFIX_ENTRIES", 3)
     r = router.Router()
     for i in range(5):
         r.choose(["a"], 40, 1, [i] * 40)
