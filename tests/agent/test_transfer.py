@@ -94,3 +94,19 @@ def test_nccl_all_reduce(store_address: str) -> None:  # pragma: no cover - no G
         groups = [f.result(timeout=120) for f in futs]
         outs = [pool.submit(g.all_reduce, torch.ones(2, device=g.device)) for g in groups]
         assert [o.result(timeout=60).tolist() for o in outs] == [[2.0, 2.0], [2.0, 2.0]]
+
+
+def test_an_operation_that_fails_when_posted_fails_the_group() -> None:
+    """A peer that restarted closes the socket: gloo raises when the send is posted, not
+    while waiting. The group must still be marked failed, so a stage link stops being
+    `ready` and the gRPC stream carries the activations (found by `bench chaos`)."""
+    g = group.Group.__new__(group.Group)
+    g.spec = group.GroupSpec("127.0.0.1:1", "t", 0, 2)
+    g.failed = None
+
+    def post() -> object:
+        raise RuntimeError("Connection closed by peer")
+
+    with pytest.raises(group.GroupError, match="failed in send"):
+        g._run("send", post)  # type: ignore[arg-type]
+    assert g.failed is not None and "Connection closed by peer" in g.failed

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import pickle
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,9 +137,12 @@ class Group:
     def size(self) -> int:
         return self.spec.size
 
-    def _run(self, what: str, work: c10d.Work) -> None:
+    def _run(self, what: str, start: Callable[[], c10d.Work]) -> None:
+        """Start an operation and wait for it; any failure, raised when the operation is
+        posted (a peer's socket already closed) or while waiting, fails the group for good,
+        so callers see `failed` and fall back instead of retrying a dead group."""
         try:
-            work.wait()
+            start().wait()
         except Exception as exc:
             self.failed = f"group {self.spec.name} failed in {what}: {exc}"
             raise GroupError(self.failed) from exc
@@ -153,7 +157,7 @@ class Group:
             self._check()
             opts = c10d.AllreduceOptions()
             opts.timeout = self._timeout
-            self._run("all_reduce", self._pg.allreduce([t], opts))
+            self._run("all_reduce", lambda: self._pg.allreduce([t], opts))
         return t
 
     def _bcast(self, t: torch.Tensor, root: int) -> c10d.Work:
@@ -169,25 +173,25 @@ class Group:
             if self.rank == root:
                 data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
                 size = torch.tensor([len(data)], dtype=torch.long, device=self.device)
-                self._run("broadcast", self._bcast(size, root))
+                self._run("broadcast", lambda: self._bcast(size, root))
                 buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
-                self._run("broadcast", self._bcast(buf, root))
+                self._run("broadcast", lambda: self._bcast(buf, root))
                 return obj
             size = torch.zeros(1, dtype=torch.long, device=self.device)
-            self._run("broadcast", self._bcast(size, root))
+            self._run("broadcast", lambda: self._bcast(size, root))
             buf = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
-            self._run("broadcast", self._bcast(buf, root))
+            self._run("broadcast", lambda: self._bcast(buf, root))
             return pickle.loads(buf.cpu().numpy().tobytes())
 
     def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
         with self._lock:
             self._check()
-            self._run("send", self._pg.send([t.contiguous()], dst, tag))
+            self._run("send", lambda: self._pg.send([t.contiguous()], dst, tag))
 
     def recv(self, t: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
         with self._lock:
             self._check()
-            self._run("recv", self._pg.recv([t], src, tag))
+            self._run("recv", lambda: self._pg.recv([t], src, tag))
         return t
 
     def close(self) -> None:
