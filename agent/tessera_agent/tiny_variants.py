@@ -39,7 +39,7 @@ def make_tiny_lora(
     std: float = 0.05,
 ) -> Path:
     """Write a PEFT LoRA adapter for `base` into `out`; returns `out`."""
-    cfg = config_mod.ModelConfig.from_dict(json.loads((base / "config.json").read_text()))
+    cfg = config_mod.ModelConfig.from_path(base)
     shapes = lora._shapes(cfg)
     g = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}

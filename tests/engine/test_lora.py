@@ -131,7 +131,7 @@ def test_lora_linear_rows_use_their_own_adapter() -> None:
 
 
 def _cfg(path: Path) -> config_mod.ModelConfig:
-    return config_mod.ModelConfig.from_dict(json.loads((path / "config.json").read_text()))
+    return config_mod.ModelConfig.from_path(path)
 
 
 def test_misfit_adapters_are_refused_with_the_reason(tiny_llama: Path, tmp_path: Path) -> None:

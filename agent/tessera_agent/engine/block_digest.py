@@ -14,7 +14,6 @@ when a variant is loaded, and by `tessera variants diff`-style tooling and tests
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,13 +28,9 @@ from tessera_agent.engine import loader
 _LAYER = re.compile(r"^(model\.layers\.)(\d+)(\.)")
 
 
-def _config(model_path: Path) -> config_mod.ModelConfig:
-    return config_mod.ModelConfig.from_dict(json.loads((model_path / "config.json").read_text()))
-
-
 def layer_digests(model_path: Path, layers: Sequence[int] | None = None) -> dict[int, str]:
     """{layer index: hex digest} of the checkpoint's decoder layers (all by default)."""
-    cfg = _config(model_path)
+    cfg = config_mod.ModelConfig.from_path(model_path)
     wanted = range(cfg.num_layers) if layers is None else layers
     wmap = loader.weight_map(model_path)
     out: dict[int, str] = {}
@@ -61,7 +56,7 @@ def diff_layers(foundation: Path, variant: Path) -> list[int]:
     Raises ValueError when the two are not the same architecture (different layer count
     or shapes), since then nothing can be shared.
     """
-    a, b = _config(foundation), _config(variant)
+    a, b = config_mod.ModelConfig.from_path(foundation), config_mod.ModelConfig.from_path(variant)
     if (a.num_layers, a.hidden_size, a.intermediate_size, a.num_heads, a.num_kv_heads) != (
         b.num_layers,
         b.hidden_size,

@@ -33,15 +33,15 @@ from torch import nn
 
 from tessera_agent.engine import config as config_mod
 
-# PEFT module name -> (fused engine projection, which output slice of it)
+# PEFT module name -> (fused engine projection, the output slice of it it adds to)
 TARGETS: dict[str, tuple[str, str]] = {
     "q_proj": ("self_attn.qkv_proj", "q"),
     "k_proj": ("self_attn.qkv_proj", "k"),
     "v_proj": ("self_attn.qkv_proj", "v"),
-    "o_proj": ("self_attn.o_proj", "all"),
+    "o_proj": ("self_attn.o_proj", "o"),
     "gate_proj": ("mlp.gate_up_proj", "gate"),
     "up_proj": ("mlp.gate_up_proj", "up"),
-    "down_proj": ("mlp.down_proj", "all"),
+    "down_proj": ("mlp.down_proj", "down"),
 }
 _PREFIX = "base_model.model.model.layers."
 _FUSED = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
@@ -243,8 +243,8 @@ def _slices(cfg: config_mod.ModelConfig) -> dict[str, tuple[int, int]]:
         "v": (q + kv, q + 2 * kv),
         "gate": (0, f),
         "up": (f, 2 * f),
-        "all_o": (0, h),
-        "all_down": (0, h),
+        "o": (0, h),
+        "down": (0, h),
     }
 
 
@@ -284,9 +284,8 @@ def attach(
                 present = [a for a in adapters if (idx, peft_name) in a.weights]
                 if not present:
                     continue
-                key = which if which != "all" else f"all_{attr.split('_')[0]}"
-                lo, hi = sl[key]
-                fin = next(iter(a.weights[(idx, peft_name)][0].shape[1] for a in present))
+                lo, hi = sl[which]
+                fin = present[0].weights[(idx, peft_name)][0].shape[1]
                 a_stack = torch.zeros(len(adapters), rmax, fin, dtype=dtype)
                 b_stack = torch.zeros(len(adapters), hi - lo, rmax, dtype=dtype)
                 for s, ad in enumerate(adapters):

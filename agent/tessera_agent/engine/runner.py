@@ -33,11 +33,9 @@ class StageRunner:
 
     def _set_variants(self, chunks: list[step.SeqChunk]) -> None:
         if self.lora is None:
-            named = {c.variant for c in chunks if c.variant}
-            if named:
-                raise errors.InvalidArgumentError(
-                    f"variant(s) {sorted(named)} are not loaded on this stage"
-                )
+            if any(c.variant for c in chunks):  # the common case costs one pass, no set
+                named = sorted({c.variant for c in chunks if c.variant})
+                raise errors.InvalidArgumentError(f"variant(s) {named} are not loaded here")
             return
         ctx, slots = self.lora
         ids: list[int] = []

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tessera import local_agents
@@ -114,18 +114,21 @@ class Supervisor:
             await asyncio.sleep(self.poll_s)
 
 
-async def wait(stop: asyncio.Event, interval_s: float, supervisor: Supervisor | None) -> None:
-    """Until `stop`, `interval_s` seconds, or an agent restart (then re-converge at once)."""
-    waits = [asyncio.ensure_future(stop.wait())]
-    if supervisor is not None:
-        waits.append(asyncio.ensure_future(supervisor.restarted.wait()))
+async def wait_any(events: Sequence[asyncio.Event], timeout_s: float) -> None:
+    """Until any of `events` is set, or `timeout_s` seconds."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
     try:
-        await asyncio.wait(waits, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for w in waits:
             w.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await w
+
+
+async def wait(stop: asyncio.Event, interval_s: float, supervisor: Supervisor | None) -> None:
+    """Until `stop`, `interval_s` seconds, or an agent restart (then re-converge at once)."""
+    await wait_any([stop, *([supervisor.restarted] if supervisor else [])], interval_s)
     if supervisor is not None:
         supervisor.restarted.clear()
 

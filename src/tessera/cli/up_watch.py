@@ -17,7 +17,6 @@ A manifest that does not parse, or that names another deployment or model, is re
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import os
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera import api, fields
+from tessera.cli import supervise
 
 
 class ManifestError(Exception):
@@ -106,16 +106,7 @@ async def run_loop(
         wait = watch_interval_s
         if not busy:
             wait = min(wait, max(0.0, next_pass - time.monotonic()))
-        waits = [asyncio.ensure_future(stop.wait())]
-        if wake is not None:
-            waits.append(asyncio.ensure_future(wake.wait()))
-        try:
-            await asyncio.wait(waits, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await w
+        await supervise.wait_any([stop, *([wake] if wake else [])], wait)
         if stop.is_set():
             return
         if wake is not None and wake.is_set():
