@@ -110,10 +110,10 @@ class OverloadLoop:
         for head, d in list(self.dropped.items()):
             if head not in kv:
                 continue
-            dec = overload.assess_restore(
+            back = overload.assess_restore(
                 [self._replica_kv(head, kv[head], d.pre_drop_pool_bytes)], self.cfg
             )
-            if dec.restore:
+            if back.restore:
                 num_layers = len(self.layer_bytes)
                 steps = overload_steps.restore_steps(d.group, self.members, num_layers)
                 rep = await self.driver.run(steps)
@@ -121,7 +121,7 @@ class OverloadLoop:
                 self.stats.restores += 1
                 self.stats.paused_s += rep.paused_s
                 self.stats.exchange_s += rep.exchange_s
-                self._event("Normal", "OverloadRestored", f"{d.group.members}: {dec.message}")
+                self._event("Normal", "OverloadRestored", f"{d.group.members}: {back.message}")
         whole = [n for n in self.members if n not in self.grouped() and n in kv]
         replicas = [self._replica_kv(n, kv[n]) for n in whole]
         dec = overload.assess(replicas, self.cfg)

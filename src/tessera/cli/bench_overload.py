@@ -20,10 +20,10 @@ Keys: p99_ttft_on_ms / p99_ttft_off_ms / p99_ttft_ratio (off / on), p50_tpot_on_
 (K/V exchange time summed over drops), paused_ms (the heads scheduled no step),
 tokens_match (every output equals transformers' greedy decode of its prompt, both runs),
 and bubble_fraction_lookahead / bubble_fraction_token_count: the pipeline bubble of the
-queue at the first drop split into microbatches by lookahead (equal modelled cost) and by
-token count; a MODEL output (`policies.lookahead`, Eq. 1 with alpha beta gamma fitted to
-prefill timings measured in this run), not a measurement: the engine's scheduler does not
-split microbatches by lookahead live.
+deepest queue seen on a dropped group's head, split into microbatches by lookahead (equal
+modelled cost) and by token count; a MODEL output (`policies.lookahead`, Eq. 1 with alpha
+beta gamma fitted to prefill timings measured in this run), not a measurement: the
+engine's scheduler does not split microbatches by lookahead live.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ PAGE = 16
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--requests", type=int, default=96)
-    parser.add_argument("--time-scale", type=float, default=12.0)
+    parser.add_argument("--requests", type=int, default=160)
+    parser.add_argument("--time-scale", type=float, default=8.0)
     parser.add_argument(
         "--burst",
         type=float,
@@ -127,8 +127,9 @@ class Router:
         for n in routes.remove:
             if n in self.routable:
                 self.routable.remove(n)
-            for r in [r for r in self.on[n] if r.first is None and r.task is not None]:
-                r.task.cancel()  # queued, nothing generated: re-sent to a routable replica
+            for r in self.on[n]:
+                if r.first is None and r.task is not None:
+                    r.task.cancel()  # queued, nothing generated: re-sent to a routable replica
 
     async def send(self, r: Req) -> None:
         while True:
@@ -149,7 +150,8 @@ class Router:
                 r.done = len(r.tokens) == r.max_tokens
                 return
             except asyncio.CancelledError:
-                if r.first is not None:
+                task = asyncio.current_task()
+                if r.first is not None or task is None or not task.uncancel() == 0:
                     raise
                 continue  # moved off a donor before its first token
             except grpc.aio.AioRpcError:
@@ -195,12 +197,11 @@ async def _replay(
 
     async def control() -> None:
         while not stop.is_set():
-            before = loop.stats.drops
-            if not queue_at_drop:
-                snapshot = [len(r.prompt) for n in names for r in router.on[n] if r.first is None]
             await loop.tick()
-            if loop.stats.drops > before and not queue_at_drop:
-                queue_at_drop.extend(snapshot)
+            if loop.dropped:  # the deepest queue seen while dropped, for the bubble model
+                heads = [r for d in loop.dropped for r in router.on[d] if r.first is None]
+                if sum(len(r.prompt) for r in heads) > sum(queue_at_drop):
+                    queue_at_drop[:] = [len(r.prompt) for r in heads]
             try:
                 await asyncio.wait_for(stop.wait(), tick_s)
             except TimeoutError:
@@ -245,7 +246,7 @@ def _prefill_cost(agent: local_agents.AgentProcess, replica: str) -> lookahead.C
     """Eq. 1's alpha beta gamma fitted to measured prefill times (max_tokens 1, p = 0)."""
     stub = pb_grpc.AgentStub(transport.sync_channel(agent.address))
     samples = []
-    for n in (8, 16, 32, 64, 96, 128) * 2:
+    for n in (4, 8, 16, 32, 48, 64) * 2:  # within the small pool
         t0 = time.perf_counter()
         local_agents.generate_tokens(stub, replica, [0] + [7] * (n - 1), 1)
         samples.append(lookahead.ChunkSample(0, n, time.perf_counter() - t0))
@@ -367,7 +368,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "bubble_fraction_token_count": round(tcb, 3),
         "bubble_basis": (
             f"model: Eq. 1 fitted to this run's prefill timings (alpha={cost.alpha:.3g}, "
-            f"beta={cost.beta:.3g}, gamma={cost.gamma:.3g}), the queue at the first drop "
+            f"beta={cost.beta:.3g}, gamma={cost.gamma:.3g}), the deepest queue while dropped "
             f"({len(on['queue_at_drop'])} prompts) in {mbs} microbatches on 2 stages"
         ),
         "events": [f"{e.reason}: {e.message}" for e in stats.events][:8],

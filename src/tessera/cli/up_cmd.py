@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tessera import blocks
+
 STATE_FILE = Path(".tessera/up.json")
 
 
@@ -296,6 +298,16 @@ def _write_state(path: Path, dep: Any, refs: list[Any], url: str) -> None:
     )
 
 
+def overload_groups(rows: list[tuple[str, int, int, str, blocks.Block]]) -> list[str]:
+    """Each multi-stage replica as a group: its agents, each block's layers and KV pages
+    (a KunServe drop turns whole replicas into one such pipeline, led by the head)."""
+    by: dict[str, list[str]] = {}
+    for rid, _, rank, name, b in rows:
+        if b.num_stages > 1 and rank == 0:
+            by.setdefault(rid, []).append(f"{name} [{b.start}, {b.end}) {b.kv_pages} pages")
+    return [f"{rid}: " + " | ".join(parts) for rid, parts in sorted(by.items())]
+
+
 def _status(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -330,6 +342,7 @@ def _status(args: argparse.Namespace) -> int:
         "layers",
         "params MiB",
         "KV MiB",
+        "KV pages",
         "data plane",
     ):
         replicas.add_column(col)
@@ -351,9 +364,17 @@ def _status(args: argparse.Namespace) -> int:
             f"[{b.start}, {b.end})",
             f"{b.param_bytes / 2**20:.1f}",
             f"{b.kv_bytes / 2**20:.1f}",
+            str(b.kv_pages),
             plane,
         )
     console.print(replicas)
+    groups = overload_groups(rows)
+    if groups:
+        console.print(
+            "pipelines (an overload drop makes one of its head's replica: "
+            + "; ".join(groups)
+            + ")"
+        )
     table = Table(title="agents")
     for col in (
         "agent",

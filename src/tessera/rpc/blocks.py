@@ -60,6 +60,7 @@ def from_proto(m: pb.BlockInfo) -> blocks.Block:
         group_state=m.group_state,
         group_reason=m.group_reason,
         activations=m.activations,
+        kv_pages=m.kv_pages,
     )
 
 
