@@ -15,7 +15,10 @@ each replica), build `policies.overload.ReplicaKV`s, and
   over the whole replicas for R; each new group gets `overload_steps.drop_steps`; a plan
   that cannot free R is a fallback (KV-centric: preempt and recompute) with an event
   advising scale-out.
-The driver (`overload_driver.Driver`) performs the steps. Events go to `on_event`.
+The driver (`overload_driver.Driver`) performs the steps. Events go to `on_event`. A
+step that fails ends that drop or restore with a Warning event (`OverloadDropFailed`,
+`OverloadRestoreFailed`) and the loop goes on; the steps already done stay done (no
+rollback yet: a half-applied drop needs an operator's look, the event names the step).
 Units: bytes of whole-model KV pages (a page holds the same tokens before and after a
 drop, so a dropped group's pool is comparable with the replicas' pools before it).
 """
@@ -116,7 +119,11 @@ class OverloadLoop:
             if back.restore:
                 num_layers = len(self.layer_bytes)
                 steps = overload_steps.restore_steps(d.group, self.members, num_layers)
-                rep = await self.driver.run(steps)
+                try:
+                    rep = await self.driver.run(steps)
+                except overload_driver.DriveError as exc:
+                    self._event("Warning", "OverloadRestoreFailed", f"{d.group.members}: {exc}")
+                    continue
                 del self.dropped[head]
                 self.stats.restores += 1
                 self.stats.paused_s += rep.paused_s
@@ -141,7 +148,11 @@ class OverloadLoop:
         for g in plan.groups:
             if not g.changed:
                 continue
-            rep = await self.driver.run(overload_steps.drop_steps(g, self.members))
+            try:
+                rep = await self.driver.run(overload_steps.drop_steps(g, self.members))
+            except overload_driver.DriveError as exc:  # the loop survives; the event says why
+                self._event("Warning", "OverloadDropFailed", f"{g.members}: {exc}")
+                continue
             head = sorted(g.stages, key=lambda s: s.start)[0].replica
             pre = sum(int(kv[m].pages_total) * self.page_bytes for m in g.members)
             self.dropped[head] = Dropped(g, pre, rep)
