@@ -24,7 +24,7 @@ def to_proto(b: blocks.Block, kv_pages: int = 0, num_tensors: int = 0) -> pb.Blo
         device=b.device,
         param_bytes=b.param_bytes,
         kv_bytes=b.kv_bytes,
-        kv_pages=kv_pages,
+        kv_pages=kv_pages or b.kv_pages,
         page_size=b.page_size,
         dtype=b.dtype,
         num_tensors=num_tensors,
