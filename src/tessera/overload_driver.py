@@ -8,8 +8,8 @@ is one RPC or a short poll; the driver keeps only what the steps hand on: the pa
 paused head holds (which pages' K/V to exchange), the page moves of a compaction, and
 each block's pool after a shift (the allocator target on resume). The exchange copies
 those pages' K/V layer range with `ExportKV` -> `ImportKV` in chunks of `chunk_pages`
-pages (about one stage step on the link, `policies.kv_exchange.chunk_bytes`), page ids
-unchanged. The head is paused during the exchange, so no activation competes with it.
+pages, page ids unchanged (the caller sizes chunks; `policies.kv_exchange.chunk_bytes`
+gives about one stage step on the link; the bench and the test use fixed 4 and 3 pages). The head is paused during the exchange, so no activation competes with it.
 """
 
 from __future__ import annotations
