@@ -9,7 +9,8 @@ paused head holds (which pages' K/V to exchange), the page moves of a compaction
 each block's pool after a shift (the allocator target on resume). The exchange copies
 those pages' K/V layer range with `ExportKV` -> `ImportKV` in chunks of `chunk_pages`
 pages, page ids unchanged (the caller sizes chunks; `policies.kv_exchange.chunk_bytes`
-gives about one stage step on the link; the bench and the test use fixed 4 and 3 pages). The head is paused during the exchange, so no activation competes with it.
+gives about one stage step on the link; the bench and the test use fixed 4 and 3 pages).
+The head is paused during the exchange, so no activation competes with it.
 """
 
 from __future__ import annotations

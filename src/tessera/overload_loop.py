@@ -134,6 +134,10 @@ class OverloadLoop:
         dec = overload.assess(replicas, self.cfg)
         if not dec.fire:
             return
+        # Firing replicas first: plan_drop's heap breaks ties between equal groups by
+        # order, so the replicas whose queue needs the memory are merged first.
+        firing = {v.name for v in dec.replicas if v.fires}
+        whole.sort(key=lambda n: (n not in firing, n))
         plan = drop_plan.plan_drop(
             drop_plan.DropInput(
                 tuple(drop_plan.Replica(n, frozenset(range(len(self.layer_bytes)))) for n in whole),
