@@ -166,7 +166,11 @@ def _one_run(
     exe = [sys.executable, "-m", "tessera.cli.main"]
     path, state = tmp / f"{mode}.yaml", tmp / f"{mode}-state.json"
     rl.write_manifest(path, model, SEQUENCE[0])
-    env = {**os.environ, "TESSERA_STORAGE_BYTES_PER_S": str(args.storage_bandwidth)}
+    env = {
+        **os.environ,
+        "TESSERA_STORAGE_BYTES_PER_S": str(args.storage_bandwidth),
+        "COLUMNS": "400",  # one line per load in its log
+    }
     up = subprocess.Popen(
         [
             *exe,
