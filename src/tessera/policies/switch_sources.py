@@ -154,7 +154,10 @@ def assign(
         return empty
     planned = {r.name for r in tgt}
     loads = [w for w in loads if w.block.replica_id in planned]
-    plan = switch_plan.plan(src, tgt, model, link_model, remap=False)
+    try:
+        plan = switch_plan.plan(src, tgt, model, link_model, remap=False)
+    except fields.FieldError:  # blocks that do not fit the model's shape: no plan
+        return empty
     by_target: dict[GpuRef, list[tuple[tuple[int, int], GpuRef | None]]] = {}
     for t in plan.transfers:
         by_target.setdefault(t.target, []).append((plan.shards[t.shard].units, t.source))

@@ -123,7 +123,14 @@ class StepBuilder:
     def model_bytes(self, loads: list[model.Placed]) -> ModelBytes:
         if self.world.model is not None:
             return self.world.model
-        num_layers = max(p.block.end for p in loads)
+        # a last stage ends at the model's last layer
+        model_path = loads[0].block.model_path
+        every = [*loads, *(p for p, _ in self.present.values())]
+        num_layers = max(
+            p.block.end
+            for p in every
+            if p.block.model_path == model_path and (p.block.is_last or p in loads)
+        )
         return ModelBytes(num_layers, 1.0, 1.0, 1.0)  # no shape: every unit alike
 
     def _parts(self, p: model.Placed) -> tuple[actions.SwitchPart, ...] | None:
