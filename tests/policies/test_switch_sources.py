@@ -128,3 +128,23 @@ def test_storage_sourcing_reads_every_block() -> None:
     t = transition.plan(w, sim.target_of(tt.WHOLE_AND_PIPE, 2))
     loads = [s.action for s in t.steps if isinstance(s.action, actions.LoadBlock)]
     assert loads and all(a.source is None and not a.parts for a in loads)
+
+
+def test_target_placed_where_its_parameters_already_are() -> None:
+    r0 = sim.block("r0", 1, 0, 1, (0, 8), 80)
+    r1 = sim.block("r1", 1, 0, 1, (0, 8), 80)
+    pipe0, pipe1 = sim.block("r1", 2, 0, 2, (0, 4), 40), sim.block("r1", 2, 1, 2, (4, 8), 40)
+    # the planner put the new pipeline on the empty agent c and on a; b holds all of it
+    mapping = switch_sources.map_target(
+        [held("a", r0), held("b", r1)],
+        [wanted("a", r0), wanted("c", pipe0), wanted("a", pipe1)],
+        MB,
+        pool={"a": ["cpu:0"], "b": ["cpu:0"], "c": ["cpu:0"]},
+    )
+    # a keeps r0 in place only if the pipeline's stage 1 goes with it, so the best
+    # relabelling keeps a and moves the stage from c to b (which holds layers 0-3)
+    assert mapping[("a", "cpu:0")] == ("a", "cpu:0")
+    assert mapping[("c", "cpu:0")] == ("b", "cpu:0")
+    # nothing to gain: the identity
+    same = switch_sources.map_target([held("a", r0)], [wanted("a", r0)], MB)
+    assert same == {("a", "cpu:0"): ("a", "cpu:0")}

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tessera import blocks, fields
-from tessera.policies import actions, device_links, switch_bound, switch_plan
+from tessera.policies import actions, device_links, device_map, shards, switch_bound, switch_plan
 from tessera.policies.placement import GpuRef, ModelBytes, ReplicaPlacement, StagePlacement
 
 LOCAL = "local"  # the source block is on the target's agent
@@ -169,6 +169,74 @@ def assign(
             _part(units, by_slot[s] if s is not None else None, w) for units, s in _merge(got)
         )
     return Assignment(parts, plan, src, model)
+
+
+def _device_index(device: str) -> int:
+    """`cpu:0` -> 0, `cuda:3` -> 3 (an agent's devices are of one kind)."""
+    tail = device.rpartition(":")[2]
+    return int(tail) if tail.isdigit() else 0
+
+
+def map_target(
+    held: Sequence[Held],
+    wanted: Sequence[Wanted],
+    model: ModelBytes,
+    pool: Mapping[str, Sequence[str]] | None = None,
+) -> dict[tuple[str, str], tuple[str, str]]:
+    """Where to put a target layout so that most of its bytes are already on the agent and
+    device that will hold them (`policies.device_map`, exact over relabellings that keep
+    each agent's devices together): `(agent, device)` as given -> `(agent, device)` to use.
+    Here devices are physical (`(agent, device index)`), unlike `assign`: a block whose
+    layers the same device holds copies them in memory. `pool`: the devices per agent
+    (default: those the blocks name). For a caller that places the target itself (the
+    switching loop); an explicit layout names its agents and is not remapped."""
+
+    if not wanted or any(w.block.tp_size > 1 for w in wanted):
+        return {(w.agent, w.block.device): (w.agent, w.block.device) for w in wanted}
+
+    def ref(agent: str, b: blocks.Block) -> GpuRef:
+        return (agent, _device_index(b.device))
+
+    src = tuple(
+        ReplicaPlacement(
+            f"{h.agent}/{h.block.key}",
+            (StagePlacement((h.block.start, h.block.end), (ref(h.agent, h.block),)),),
+        )
+        for h in held
+        if _compatible(h.block, wanted[0].block)
+    )
+    replicas: dict[str, list[Wanted]] = {}
+    for w in wanted:
+        replicas.setdefault(w.block.replica_id, []).append(w)
+    tgt = tuple(
+        ReplicaPlacement(
+            rid,
+            tuple(
+                StagePlacement((w.block.start, w.block.end), (ref(w.agent, w.block),))
+                for w in sorted(ws, key=lambda w: w.block.stage_index)
+            ),
+        )
+        for rid, ws in sorted(replicas.items())
+    )
+    names = {ref(x.agent, x.block): x.block.device for x in [*held, *wanted]}
+    devices: dict[str, set[int]] = {}
+    if pool is not None:
+        for agent, devs in pool.items():
+            for d in devs:
+                names[(agent, _device_index(d))] = d
+                devices.setdefault(agent, set()).add(_device_index(d))
+    else:
+        for agent, idx in names:
+            devices.setdefault(agent, set()).add(idx)
+    pieces = shards.split(model, src, tgt)
+    mapping = device_map.map_devices(
+        tgt,
+        shards.holdings(pieces, tgt, model.num_layers),
+        shards.holdings(pieces, src, model.num_layers),
+        [s.bytes for s in pieces],
+        {agent: tuple(sorted(idx)) for agent, idx in devices.items()},
+    )
+    return {(a[0], names[a]): (b[0], names[b]) for a, b in mapping.items()}
 
 
 def _completed(
