@@ -218,7 +218,8 @@ def map_target(
         )
         for rid, ws in sorted(replicas.items())
     )
-    names = {ref(x.agent, x.block): x.block.device for x in [*held, *wanted]}
+    every = [*((h.agent, h.block) for h in held), *((w.agent, w.block) for w in wanted)]
+    names = {ref(agent, b): b.device for agent, b in every}
     devices: dict[str, set[int]] = {}
     if pool is not None:
         for agent, devs in pool.items():
