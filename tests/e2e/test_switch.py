@@ -37,4 +37,4 @@ def test_switches_copy_by_the_plan_lose_nothing_and_match_transformers() -> None
     # the stage [0, 6) on agent-1: layers 4-5 from its own agent, the rest from agent-0
     assert any("layers [0, 6)" in x and "copy from agent-0, agent-1)" in x for x in loads)
     assert out["plan_vs_bound"] and all(r >= 1.0 for r in out["plan_vs_bound"])
-    assert out["cutover_requests"]["peer"].get("moved", 0) >= 1, out["cutover_requests"]
+    assert out["cutover_requests"]["peer"][0].get("moved", 0) >= 1, out["cutover_requests"]

@@ -14,7 +14,10 @@ network storage, so both runs' agents read the checkpoint through a throttled re
 declared bandwidth (`--storage-bandwidth`, default 100 MB/s per agent: the agent's
 `--storage-bandwidth` / `$TESSERA_STORAGE_BYTES_PER_S`); peer copies are not throttled.
 
-Each run starts at 2 whole replicas and, during the replay, rewrites the manifest twice
+With `--rounds N` the two modes alternate N times (peer, reload, peer, reload, ...) and
+times are medians over rounds, `peer_vs_reload` the median of the per-round ratios (the
+machine's load changes between runs). Each run starts at 2 whole replicas and, during
+the replay, rewrites the manifest twice
 (`bench_relayout.LAYOUTS`): → 1 whole + a 2-stage pipeline (0-4 | 4-8) → the pipeline
 split at other layers on the other agents (0-6 | 6-8). Long requests decode on the
 leaving replica at each switch (their KV moves). Reported:
@@ -39,6 +42,7 @@ import os
 import platform
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--intermediate", type=int, default=1408)
     parser.add_argument("--modes", default="peer,reload", help="comma-separated: peer, reload")
+    parser.add_argument("--rounds", type=int, default=1, help="runs per mode, interleaved")
 
 
 def _note(msg: str) -> None:
@@ -161,10 +166,10 @@ async def _drive(
 
 
 def _one_run(
-    args: argparse.Namespace, model: Path, tmp: Path, mode: str
+    args: argparse.Namespace, model: Path, tmp: Path, mode: str, k: int = 0
 ) -> tuple[rl.Run, list[str]]:
     exe = [sys.executable, "-m", "tessera.cli.main"]
-    path, state = tmp / f"{mode}.yaml", tmp / f"{mode}-state.json"
+    path, state = tmp / f"{mode}{k}.yaml", tmp / f"{mode}{k}-state.json"
     rl.write_manifest(path, model, SEQUENCE[0])
     env = {
         **os.environ,
@@ -295,61 +300,73 @@ def planned(model: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _match(model: Path, reqs: list[rl.Request]) -> list[bool]:
+    """`transformers`' greedy text for each request, each distinct one decoded once."""
+    first: dict[tuple[tuple[int, ...], int], rl.Request] = {}
+    for r in reqs:
+        first.setdefault((tuple(r.prompt), r.max_tokens), r)
+    want = dict(zip(first, rl._reference(model, list(first.values())), strict=True))
+    texts = {k: r.text for k, r in first.items()}
+    # a request matches when its text is the first one's and the first one matched
+    return [want[k] and r.text == texts[k] for r in reqs for k in [(tuple(r.prompt), r.max_tokens)]]
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or any(m not in MODES for m in modes):
-        raise SystemExit(f"tessera bench switch: --modes takes {', '.join(MODES)}")
+    if not modes or any(m not in MODES for m in modes) or args.rounds < 1:
+        raise SystemExit(f"tessera bench switch: --modes takes {', '.join(MODES)}; --rounds >= 1")
     exe = [sys.executable, "-m", "tessera.cli.main"]
-    runs: dict[str, tuple[rl.Run, list[str]]] = {}
+    runs: dict[str, list[tuple[rl.Run, list[str]]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="tessera-switch-") as tmp:
         model = Path(tmp) / "tiny-llama"
+        tiny = ["--hidden", str(args.hidden), "--intermediate", str(args.intermediate)]
         subprocess.run(
-            [
-                *exe,
-                "model",
-                "make-tiny",
-                str(model),
-                "--hidden",
-                str(args.hidden),
-                "--intermediate",
-                str(args.intermediate),
-                "--heads",
-                "8",
-                "--kv-heads",
-                "4",
-            ],
+            [*exe, "model", "make-tiny", str(model), *tiny, "--heads", "8", "--kv-heads", "4"],
             check=True,
             stdout=subprocess.DEVNULL,
         )
         plans = planned(model)
-        for mode in modes:
-            runs[mode] = _one_run(args, model, Path(tmp), mode)
-        completed = [
-            r for run_, _ in runs.values() for r in run_.requests if r.done and not r.error
-        ]
+        for k in range(args.rounds):  # modes interleaved, round after round
+            for mode in modes:
+                runs[mode].append(_one_run(args, model, Path(tmp), mode, k))
+        every = [q for rs in runs.values() for r, _ in rs for q in r.requests]
+        completed = [q for q in every if q.done and not q.error]
         _note(f"replays done: {len(completed)} completed; comparing with transformers")
-        matches = rl._reference(model, completed)
+        matches = _match(model, completed)
         param_bytes = sum(f.stat().st_size for f in model.glob("*.safetensors"))
     out: dict[str, Any] = {}
-    for mode, (r, log) in runs.items():
-        cut = [w.cut - w.start for w in r.windows if isinstance(w, Switch)]
-        out[f"switch_s_{mode}"] = round(sum(cut), 2)
-        out[f"switch_s_{mode}_per_switch"] = [round(x, 2) for x in cut]
-        out[f"complete_s_{mode}"] = [round(w.end - w.start, 2) for w in r.windows]
-        out[f"loads_{mode}"] = [x.split("✓ ", 1)[1] for x in log if "✓ load " in x]
-    if "peer" in runs and "reload" in runs:
-        out["peer_vs_reload"] = round(out["switch_s_reload"] / max(out["switch_s_peer"], 1e-9), 2)
-    first = runs[modes[0]][0]
-
-    def during(req: rl.Request) -> bool:
-        return any(w.start <= req.sent <= w.end for w in first.windows)
-
-    done0 = [q for q in first.requests if q.done and not q.error and q.ttft is not None]
-    steady = [q.ttft for q in done0 if not during(q) and q.ttft is not None]
-    busy = [q.ttft for q in done0 if during(q) and q.ttft is not None]
+    sums: dict[str, list[float]] = {}
+    for mode, rs in runs.items():
+        cuts = [[w.cut - w.start for w in r.windows if isinstance(w, Switch)] for r, _ in rs]
+        sums[mode] = [sum(c) for c in cuts]
+        out[f"switch_s_{mode}"] = round(_median(sums[mode]), 2)
+        out[f"switch_s_{mode}_rounds"] = [round(x, 2) for x in sums[mode]]
+        out[f"switch_s_{mode}_per_switch"] = [
+            round(_median([c[i] for c in cuts]), 2) for i in range(len(SEQUENCE) - 1)
+        ]
+        out[f"complete_s_{mode}"] = [
+            round(_median([r.windows[i].end - r.windows[i].start for r, _ in rs]), 2)
+            for i in range(len(SEQUENCE) - 1)
+        ]
+        out[f"loads_{mode}"] = [x.split("✓ ", 1)[1] for x in rs[0][1] if "✓ load " in x]
+    if "peer" in runs and "reload" in runs:  # per round: the two runs of one round
+        ratios = [b / max(a, 1e-9) for a, b in zip(sums["peer"], sums["reload"], strict=True)]
+        out["peer_vs_reload"] = round(_median(ratios), 2)
+        out["peer_vs_reload_rounds"] = [round(x, 2) for x in ratios]
+    first = runs[modes[0]]
+    steady: list[float] = []
+    busy: list[float] = []
+    for r, _ in first:
+        for q in r.requests:
+            if q.done and not q.error and q.ttft is not None:
+                inside = any(w.start <= q.sent <= w.end for w in r.windows)
+                (busy if inside else steady).append(q.ttft)
     p99_steady, p99_busy = bench_serve._pct(steady, 99), bench_serve._pct(busy, 99)
-    lost = [q for run_, _ in runs.values() for q in run_.requests if not (q.done and not q.error)]
-    sent = sum(len(run_.requests) for run_, _ in runs.values())
+    lost = [q for q in every if not (q.done and not q.error)]
     out.update(
         {
             "bytes_moved": [p["bytes_moved"] for p in plans],
@@ -360,16 +377,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "p99_ttft_steady_ms": round(p99_steady * 1e3, 1),
             "p99_ttft_during_ms": round(p99_busy * 1e3, 1),
             "p99_ttft_during_vs_steady": round(p99_busy / p99_steady, 2) if p99_steady else None,
+            "ttft_of": modes[0],
             "requests_during_switches": len(busy),
-            "requests_sent": sent,
+            "requests_sent": len(every),
             "lost": len(lost),
             "lost_examples": [q.error or "stream ended early" for q in lost[:5]],
             "tokens_match": bool(matches) and all(matches),
             "tokens_compared": len(matches),
-            "cutover_requests": {m: r.cutover for m, (r, _) in runs.items()},
+            "cutover_requests": {m: [r.cutover for r, _ in rs] for m, rs in runs.items()},
             "switches": [rl.LAYOUTS[i][0] for i in SEQUENCE[1:]],
+            "rounds": args.rounds,
             "storage": f"throttled checkpoint reader, {args.storage_bandwidth / 1e6:g} MB/s per "
-            "agent (declared; page cache is faster); peer copies unthrottled",
+            "agent (declared; the page cache is faster); peer copies unthrottled",
             "checkpoint_bytes": param_bytes,
             "machine": f"{platform.machine()} {os.cpu_count()} cpus",
             "setup": f"tessera up, 2 local agents (cpu:1x2GiB), tiny llama 8 layers hidden "
