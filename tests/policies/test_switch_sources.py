@@ -12,10 +12,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from hypothesis import given, settings
+
 from tessera import blocks
 from tessera.policies import actions, device_links, links, switch_sources, transition
 from tessera.policies.placement import ModelBytes
 from tests.policies import test_transition as tt
+from tests.policies import test_transition_properties as props
 from tests.policies import transition_sim as sim
 
 MB = ModelBytes(8, 10.0, 3.0, 4.0)
@@ -148,3 +151,34 @@ def test_target_placed_where_its_parameters_already_are() -> None:
     # nothing to gain: the identity
     same = switch_sources.map_target([held("a", r0)], [wanted("a", r0)], MB)
     assert same == {("a", "cpu:0"): ("a", "cpu:0")}
+
+
+@settings(max_examples=80, deadline=None)
+@given(before=props.layouts(), after=props.layouts())
+def test_parts_cover_each_block_once_from_holders_and_storage_only_when_none(
+    before: list[tuple[str, tuple[tuple[str, int, int], ...]]],
+    after: list[tuple[str, tuple[tuple[str, int, int], ...]]],
+) -> None:
+    old = props._placed(before, {name: 1 for name, _ in before})
+    new = props._placed(after, {name: 2 for name, _ in after})
+    got = switch_sources.assign(
+        [held(p.agent, p.block) for p in old], [wanted(p.agent, p.block) for p in new], MB, LINKS
+    )
+    have = {(p.agent, p.block.replica_id, p.block.stage_index): p.block for p in old}
+    held_units = [switch_sources.units_of(p.block, 8) for p in old]
+    for p in new:
+        parts = got.parts[(p.agent, p.block.key)]
+        covered = [u for part in parts for u in range(*part.units)]
+        assert covered == list(range(*switch_sources.units_of(p.block, 8)))  # once, in order
+        for part in parts:
+            if part.source is None:  # storage: no block holds any of these units
+                assert not any(a <= u < b for u in range(*part.units) for a, b in held_units)
+                continue
+            src = have[(part.source.agent, part.source.replica_id, part.source.stage_index)]
+            a, b = switch_sources.units_of(src, 8)
+            assert a <= part.units[0] and part.units[1] <= b
+            local = part.source.agent == p.agent
+            assert (part.source.transport == switch_sources.LOCAL) == local
+            if not local:  # the same agent first: none of its blocks holds these units
+                mine = [switch_sources.units_of(q.block, 8) for q in old if q.agent == p.agent]
+                assert not any(a <= u < b for u in range(*part.units) for a, b in mine)
