@@ -21,6 +21,7 @@ from aiohttp import web
 from tessera.gateway import (
     admin,
     app,
+    arrivals,
     auth,
     chat_template,
     config,
@@ -34,6 +35,7 @@ from tessera.gateway import (
     routes,
     tokenizer,
 )
+from tessera.workload import live_classes
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,7 @@ class GatewayHandle:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._live: router.ClassRouter | None = None  # set_live_classifier's rule
 
     @property
     def model_name(self) -> str:
@@ -88,6 +91,15 @@ class GatewayHandle:
         `router.workload_class_router(classes, deployment.classes)`). Without a
         classifier the shares are kept but unused; empty shares restore plain balancing."""
         self._router.set_class_shares(shares, class_router)
+
+    def set_live_classifier(
+        self, classifier: live_classes.LiveClassifier, names: Sequence[str]
+    ) -> None:
+        """Type arrivals with the live classifier (`arrivals.live_class_router`) instead of
+        the routes document's class centroids."""
+        assert self.service.arrivals is not None
+        self._live = arrivals.live_class_router(classifier, names)
+        self.service.arrivals.set_classes(self._live, names)
 
     def ready_replicas(self) -> list[str]:
         return self.service.replicas.ready_ids()
@@ -138,6 +150,9 @@ class GatewayHandle:
         if new.class_centroids:
             classify = router.centroid_class_router(new.class_centroids)
         self._router.set_class_shares(new.class_shares, classify)
+        recorder = self.service.arrivals
+        if recorder is not None and self._live is None and new.class_centroids:
+            recorder.set_classes(classify, list(new.class_centroids))
         log.info(
             "routes: %d replicas, %d classes with shares", len(new.replicas), len(new.class_shares)
         )
@@ -172,6 +187,9 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
     route = router.Router(seed=cfg.routing_seed)
     table = inflight.InFlightTable()
     switch = cutover.Cutover(replica_set, table, gauges)
+    counts = arrivals.ArrivalRecorder(
+        cfg.arrival_span_s, on_arrival=lambda name: gauges.class_arrivals.labels(name).inc()
+    )
     service = app.Service(
         model_name=name,
         info=info,
@@ -183,9 +201,10 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
         created=int(time.time()),
         limits=cfg.limits,
         api_keys=auth.ApiKeys(cfg.api_keys_file) if cfg.api_keys_file else None,
+        arrivals=counts,
     )
     application = app.build(service, cfg.max_body_bytes)
-    admin.install(application, switch)
+    admin.install(application, switch, counts)
     runner = web.AppRunner(
         application,
         handler_cancellation=True,  # a client disconnect cancels its agent call
