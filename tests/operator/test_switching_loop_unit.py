@@ -98,5 +98,5 @@ async def test_unreadable_gateway_is_a_value_error() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(ValueError, match="GET http://127.0.0.1"):
+    with pytest.raises(ValueError, match=r"GET http://127\.0\.0\.1"):
         await switching_loop.fetch_arrivals(f"http://127.0.0.1:{port}/admin/v1/arrivals")
