@@ -29,6 +29,7 @@ BENCHES: dict[str, str] = {
     "kvmove": "tessera_agent.bench_kvmove",
     "serve": "tessera.cli.bench_serve",
     "relayout": "tessera.cli.bench_relayout",
+    "adaptive": "tessera.cli.bench_adaptive",
     "planner": "tessera.planner.bench",
     "predictor": "tessera.workload.bench",
     "reconcile": "tessera_operator.bench_reconcile",
