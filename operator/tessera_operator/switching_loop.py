@@ -184,12 +184,12 @@ def decide(
         msg = f"{current} -> {d.candidate}: {d.reason}"
         return Outcome(doc, ("SwitchRecommended", msg))
     if d.action == switching.SWITCH:
-        if transition_running:
+        if transition_running:  # decided nothing: the hysteresis stays as it was
+            doc = {k: v for k, v in doc.items() if k != "hysteresis"} | {
+                k: v for k, v in base.items() if k == "hysteresis"
+            }
             doc["reason"] = "TransitionRunning"
             doc["message"] = f"would switch to {d.candidate}; a transition is still running"
-            doc["hysteresis"] = base.get("hysteresis")  # decided nothing: keep the state
-            if doc["hysteresis"] is None:
-                doc.pop("hysteresis")
             return Outcome(doc)
         replicas = [copy.deepcopy(dict(r)) for r in candidates.layouts[d.candidate]]
         doc["lastSwitch"] = {"from": current, "to": d.candidate, "time": now}
@@ -217,6 +217,8 @@ async def tick(
     sw = dep.spec.policies.switching
     if not sw.enabled:
         memo.pop(DUE_KEY, None)
+        if (body.get("status") or {}).get("switching") is not None:
+            patch.status["switching"] = None  # turned off: no stale recommendation
         return
     now = clock()
     due = memo.get(DUE_KEY)
