@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -72,15 +73,39 @@ def test_live_class_router_uses_prompt_length_and_max_tokens() -> None:
         arrivals.live_class_router(clf, ["a"])
 
 
+def test_live_classes_file_round_trip_and_errors(tmp_path: Path) -> None:
+    clf = _fitted()
+    doc = json.loads(json.dumps(live_classes.to_json(clf, ["a", "b"])))
+    back, names = live_classes.from_json(doc)
+    assert (back, names) == (clf, ("a", "b"))
+    with pytest.raises(ValueError, match="class names"):
+        live_classes.to_json(clf, ["a"])
+    with pytest.raises(ValueError, match="counts must be"):
+        live_classes.from_json({**doc, "counts": doc["counts"][:-1]})
+    with pytest.raises(ValueError, match="missing or malformed"):
+        live_classes.from_json({k: v for k, v in doc.items() if k != "edges"})
+
+
 @pytest.fixture
-async def gw(tiny_llama: Path) -> AsyncIterator[server.GatewayHandle]:
+async def gw(tiny_llama: Path, tmp_path: Path) -> AsyncIterator[server.GatewayHandle]:
+    """A gateway typing arrivals with a live classifier read from its file."""
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps(live_classes.to_json(_fitted(), ["c0", "c1"])))
     h = await helpers.start(
         str(tiny_llama),
         config.ReplicaEndpoint("gone", helpers.dead_address()),
         arrival_span_s=0.5,
+        live_classes_file=str(path),
     )
     yield h
     await h.stop()
+
+
+async def test_a_bad_live_classes_file_fails_at_start(tiny_llama: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match=r"bad\.json: live classes"):
+        await helpers.start(str(tiny_llama), live_classes_file=str(bad))
 
 
 async def test_gateway_records_arrivals_per_class(
@@ -88,7 +113,6 @@ async def test_gateway_records_arrivals_per_class(
 ) -> None:
     clf = _fitted()
     names = ["c0", "c1"]
-    gw.set_live_classifier(clf, names)
     short = names[clf.classify(8)]
     long = names[clf.classify(300)]
     body = {"model": helpers.MODEL, "max_tokens": 4}

@@ -57,6 +57,7 @@ class GatewayConfig:
     api_keys_file: str = ""  # accepted API keys (auth.py); "" = no authentication
     limits: limits_mod.Limits = field(default_factory=limits_mod.Limits)
     arrival_span_s: float = 10.0  # span of the per-class arrival counts (arrivals.py)
+    live_classes_file: str = ""  # live classifier JSON (workload.live_classes.to_json)
 
     def __post_init__(self) -> None:
         if not self.routes_file and not (self.model_name and self.model_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -171,6 +172,15 @@ class GatewayHandle:
         await self.service.replicas.close()
 
 
+def _load_live_classes(path: str) -> tuple[live_classes.LiveClassifier, tuple[str, ...]]:
+    """The live classifier file; ValueError naming the file when unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return live_classes.from_json(json.load(f))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
 async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
     """Load the model metadata, poll the replicas once, listen; see the module docstring."""
     watcher = routes.RoutesWatcher(cfg.routes_file) if cfg.routes_file else None
@@ -220,6 +230,8 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
         handle = GatewayHandle(
             cfg, service, route, runner, f"http://{url_host}:{port}", watcher, switch
         )
+        if cfg.live_classes_file:
+            handle.set_live_classifier(*_load_live_classes(cfg.live_classes_file))
         if initial is not None:
             handle._apply_routes(initial)
         else:
