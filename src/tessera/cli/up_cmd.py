@@ -58,6 +58,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--reconcile-interval", type=float, default=10.0)
     p.add_argument(
+        "--arrival-span", type=float, default=10.0, help="span of the gateway's arrival counts (s)"
+    )
+    p.add_argument(
         "--watch-interval",
         type=float,
         default=1.0,
@@ -201,6 +204,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 model_path=model_path,
                 host=args.host,
                 port=port,
+                arrival_span_s=args.arrival_span,
             )
         )
         gateway.apply_routes(gw_routes.from_doc(outcome.routes))  # with the class shares
