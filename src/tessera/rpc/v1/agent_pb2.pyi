@@ -521,18 +521,20 @@ class ReleasePinReply(_message.Message):
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class ExportKVRequest(_message.Message):
-    __slots__ = ("replica_id", "stage_index", "page_ids", "layer_start", "layer_end")
+    __slots__ = ("replica_id", "stage_index", "page_ids", "layer_start", "layer_end", "data_plane")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     stage_index: int
     page_ids: _containers.RepeatedScalarFieldContainer[int]
     layer_start: int
     layer_end: int
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
+    data_plane: DataPlane
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ...) -> None: ...
 
 class KVLayer(_message.Message):
     __slots__ = ("layer", "k", "v")
@@ -545,14 +547,20 @@ class KVLayer(_message.Message):
     def __init__(self, layer: _Optional[int] = ..., k: _Optional[_Union[Tensor, _Mapping]] = ..., v: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class KVImportHeader(_message.Message):
-    __slots__ = ("replica_id", "stage_index", "page_ids")
+    __slots__ = ("replica_id", "stage_index", "page_ids", "data_plane", "layer_start", "layer_end")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     stage_index: int
     page_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    data_plane: DataPlane
+    layer_start: int
+    layer_end: int
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
 
 class KVImportMessage(_message.Message):
     __slots__ = ("header", "layer")
