@@ -182,8 +182,10 @@ async def _move_run(
 ) -> tuple[int, str]:
     """Move one run of layers; (layers moved, transport used)."""
     if via != GRPC:
-        store, dst_kind = await _plane(stub(run.target.address), run.target, timeout)
-        src_store, src_kind = await _plane(stub(run.source.address), run.source, timeout)
+        (store, dst_kind), (src_store, src_kind) = await asyncio.gather(
+            _plane(stub(run.target.address), run.target, timeout),
+            _plane(stub(run.source.address), run.source, timeout),
+        )
         if store and src_store:
             backend = "nccl" if dst_kind == src_kind == "cuda" else "gloo"
             try:

@@ -49,3 +49,4 @@ def test_bench_kvmove_quick(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["tokens_match"] is True
     assert out["moved_tokens"] == 240  # 15 full pages of the 256-token prompt
     assert out["recompute_ttft_ms"] > 0 and out["move_then_ttft_ms"] > 0
+    assert out["transport"] == "gloo" and out["move_grpc_ms"] > 0  # both ways measured

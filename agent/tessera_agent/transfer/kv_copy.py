@@ -54,11 +54,16 @@ def push(
     bytes sent. Everything is validated before the group is joined."""
     pages = kv_transfer.valid_pages(st, page_ids)
     locals_ = _layers(st, start, end)
-    cache = st.runner.cache
-    n = len(pages) * cache.layout.page_size
-    kv = torch.stack(
-        [torch.stack(cache.export_sequence(local, pages, n)) for local in locals_]
-    )  # [layers, 2, tokens, kv_heads, head_dim]
+    cache, layout = st.runner.cache, st.runner.cache.layout
+    n = len(pages) * layout.page_size
+    dev = cache.k[0].device
+    kv = torch.empty(  # one tensor, one send: [layers, 2, tokens, kv_heads, head_dim]
+        (len(locals_), 2, n, layout.kv_heads, layout.head_dim), dtype=layout.dtype, device=dev
+    )
+    slots = cache.slots(pages, n).to(dev)
+    for i, local in enumerate(locals_):
+        torch.index_select(cache.k[local], 0, slots, out=kv[i, 0])
+        torch.index_select(cache.v[local], 0, slots, out=kv[i, 1])
     g = group.form(spec, kv.device)
     try:
         header = (start or st.spec.start, str(kv.dtype).removeprefix("torch."), tuple(kv.shape))
