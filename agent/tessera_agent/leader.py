@@ -47,6 +47,7 @@ def make_leader(
         async def connect() -> replica.Downstream:
             ds = await stage_client.RemoteDownstream.connect(h.next_address, hello)
             ds.link = h.link_down  # hidden states over the data plane once it is formed
+            ds.result_link = h.result_in  # and the sampled tokens back from the last stage
             return ds
 
     return replica.ReplicaEngine(st.runner, compute, cfg, connect)
