@@ -23,8 +23,11 @@ def test_bench_engine_quick(capsys: pytest.CaptureFixture[str]) -> None:
         "pipeline2_tok_s_b8",
         "engine_vs_hf_b8",
         "pipeline2_vs_single_b8",
+        "pipeline2_grpc_vs_single_b8",
+        "links_on_vs_off_b8",
     ):
         assert out[key] > 0
+    assert out["pipeline_activations"] == out["pipeline_results"] == "gloo/gloo"
 
 
 def test_bench_copy_quick(capsys: pytest.CaptureFixture[str]) -> None:
