@@ -13,7 +13,10 @@ ignored on both sides so every request produces the same number of tokens:
   block tables) travel on the gRPC stage stream;
 - `pipeline2_grpc_tok_s_b8`: the same two agents serving a second replica of the same
   split loaded without a data plane (hidden states and tokens inside the gRPC messages);
-  `links_on_vs_off_b8` is the median of per-round speed-ups of the first over the second.
+  `links_on_vs_off_b8` is the median of per-round speed-ups of the first over the second;
+- `pipeline2_mb3_tok_s_b8`: two more agents (`--pipeline-microbatches 3`) serving the
+  split with links and three microbatches in flight instead of two (one per stage);
+  `mb3_vs_mb2_b8` is its median per-round speed-up over `pipeline2_tok_s_b8`.
 The machine is shared and noisy, so compared runs are interleaved: each round times HF then
 the engine (and the single agent, the pipeline with links, the pipeline without) back to
 back, after one warm-up round. Throughputs are medians over rounds; ratios are medians of
@@ -221,6 +224,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with (
             local_agents.local_agents(1, "cpu:1x1GiB", threads, "single") as single,
             local_agents.local_agents(2, "cpu:1x1GiB", max(1, threads // 2), "pipe") as pipe,
+            local_agents.local_agents(
+                2, "cpu:1x1GiB", max(1, threads // 2), "mb3", ("--pipeline-microbatches", "3")
+            ) as mb3,
         ):
             local_agents.load_pipeline(
                 single, str(model_path), [(0, cfg.num_layers)], "single", 64 << 20
@@ -230,21 +236,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             local_agents.load_pipeline(
                 pipe, str(model_path), split, "plain", 64 << 20, data_plane=False
             )
-            links = _links(pipe[0].address)
+            local_agents.load_pipeline(mb3, str(model_path), split, "pipe", 64 << 20)
             deadline = time.monotonic() + 60  # the links form in the background
-            while links != ("gloo", "gloo") and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
+                links, links3 = _links(pipe[0].address), _links(mb3[0].address)
+                if links == links3 == ("gloo", "gloo"):
+                    break
                 time.sleep(0.2)
-                links = _links(pipe[0].address)
-            (single_toks, pipe_toks, plain_toks), (s_t, p_t, g_t) = _rounds(
+            (single_toks, pipe_toks, plain_toks, mb3_toks), (s_t, p_t, g_t, m_t) = _rounds(
                 [
                     lambda: asyncio.run(_generate_all(single[0].address, "single", prompts, new)),
                     lambda: asyncio.run(_generate_all(pipe[0].address, "pipe", prompts, new)),
                     lambda: asyncio.run(_generate_all(pipe[0].address, "plain", prompts, new)),
+                    lambda: asyncio.run(_generate_all(mb3[0].address, "pipe", prompts, new)),
                 ],
                 rounds,
             )
             links_after = _links(pipe[0].address)
-        s_t8, p_t8, g_t8 = (statistics.median(t) for t in (s_t, p_t, g_t))
+        s_t8, p_t8, g_t8, m_t8 = (statistics.median(t) for t in (s_t, p_t, g_t, m_t))
     return {
         "hf_tok_s_b1": round(new / hf_t1, 1),
         "hf_tok_s_b8": round(8 * new / hf_t8, 1),
@@ -257,9 +266,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "pipeline2_vs_single_b8": round(_ratio(s_t, p_t), 3),
         "pipeline2_grpc_vs_single_b8": round(_ratio(s_t, g_t), 3),
         "links_on_vs_off_b8": round(_ratio(g_t, p_t), 3),
+        "pipeline2_mb3_tok_s_b8": round(8 * new / m_t8, 1),
+        "mb3_vs_mb2_b8": round(_ratio(p_t, m_t), 3),
         "tokens_match": eng_toks == hf_toks
         and pipe_toks == hf_toks
         and plain_toks == hf_toks
+        and mb3_toks == hf_toks
         and single_toks == hf_toks,
         # what the leader's block reported before and after the timed rounds
         "pipeline_activations": f"{links[0]}/{links_after[0]}",

@@ -179,7 +179,9 @@ class Hosting:
                         h.result_in = back
             if spec.stage_index == 0 and spec.tp_rank == 0:
                 cfg_s = leader.scheduler_config(h, self.defaults, max_num_seqs, max_batched_tokens)
-                h.leader = leader.make_leader(h, cfg_s, self.compute)
+                h.leader = leader.make_leader(
+                    h, cfg_s, self.compute, self.defaults.pipeline_microbatches
+                )
             self.hosted[key] = h
             how = (
                 f"copied from {source.address} over {moved_by}"

@@ -32,8 +32,13 @@ def scheduler_config(
 
 
 def make_leader(
-    h: hosted.Hosted, cfg: scheduler.SchedulerConfig, compute: concurrent.futures.Executor
+    h: hosted.Hosted,
+    cfg: scheduler.SchedulerConfig,
+    compute: concurrent.futures.Executor,
+    microbatches: int = 0,
 ) -> replica.ReplicaEngine:
+    """The replica engine; a pipeline keeps `microbatches` steps in flight (0: one per
+    stage, at least 2)."""
     st = h.stage
     connect = None
     if h.num_stages > 1:
@@ -50,4 +55,5 @@ def make_leader(
             ds.result_link = h.result_in  # and the sampled tokens back from the last stage
             return ds
 
-    return replica.ReplicaEngine(st.runner, compute, cfg, connect)
+    inflight = (microbatches or max(2, h.num_stages)) if connect is not None else None
+    return replica.ReplicaEngine(st.runner, compute, cfg, connect, inflight)
