@@ -114,6 +114,7 @@ class AgentServicer(pb_grpc.AgentServicer):
                 request.max_num_seqs,
                 request.max_batched_tokens,
                 request.data_plane if request.HasField("data_plane") else None,
+                request.switch_sources,
             )
         except errors.EngineError as exc:
             await grpc_status.abort(context, exc)

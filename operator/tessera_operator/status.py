@@ -138,7 +138,7 @@ def build(
     plan and replica counts stay: the blocks it loaded keep serving."""
     status: dict[str, Any] = {
         key: previous[key]
-        for key in ("plan", "replicas", "readyReplicas", "lastPlanTime", "endpoint")
+        for key in ("plan", "replicas", "readyReplicas", "lastPlanTime", "endpoint", "switching")
         if key in previous
     }
     if out.plan is not None:

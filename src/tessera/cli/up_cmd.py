@@ -58,6 +58,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--reconcile-interval", type=float, default=10.0)
     p.add_argument(
+        "--arrival-span", type=float, default=10.0, help="span of the gateway's arrival counts (s)"
+    )
+    p.add_argument(
         "--watch-interval",
         type=float,
         default=1.0,
@@ -68,6 +71,13 @@ def register(sub: Any) -> None:
         type=float,
         default=30.0,
         help="seconds a leaving replica's requests may finish there before they move",
+    )
+    p.add_argument(
+        "--sourcing",
+        choices=("switch", "block", "storage"),
+        default="switch",
+        help="where a transition's loads copy parameters from: switch (the OServe switch "
+        "plan: parts from peers, same agent first), block (one peer holding all), storage",
     )
     p.add_argument("--state-file", type=Path, default=STATE_FILE)
     p.set_defaults(func=_up)
@@ -132,7 +142,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         auto = auto_mod.default_auto_planner(
             profile_mod.profile_from_json(json.loads(args.profile.read_text()))
         )
-    rollout = converge.Rollout(drain=transition.DrainPolicy(deadline_s=args.drain_deadline))
+    rollout = converge.Rollout(
+        drain=transition.DrainPolicy(deadline_s=args.drain_deadline), sourcing=args.sourcing
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -192,6 +204,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 model_path=model_path,
                 host=args.host,
                 port=port,
+                arrival_span_s=args.arrival_span,
             )
         )
         gateway.apply_routes(gw_routes.from_doc(outcome.routes))  # with the class shares
@@ -224,6 +237,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 rollout=rollout,
             )
             published = again.routes or published
+            for r in again.results:  # each load says where its parameters came from
+                if r.ok and r.action.kind == "LoadBlock":
+                    console.print(f"✓ {r.action.describe()}")
             note = f"{again.reason}: {again.message}"
             if again.actions:  # drift repaired, a restarted agent reloaded, or a transition step
                 console.print(f"reconciled drift: {len(again.actions)} actions ({note})")

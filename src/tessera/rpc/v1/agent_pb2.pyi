@@ -63,7 +63,7 @@ class DescribeReply(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nvml_status: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[ReplicaKV, _Mapping]]] = ..., version: _Optional[str] = ..., store_address: _Optional[str] = ...) -> None: ...
 
 class LoadBlockRequest(_message.Message):
-    __slots__ = ("model_path", "layer_start", "layer_end", "device", "replica_id", "stage_index", "num_stages", "next_stage_address", "dtype", "kv_bytes", "page_size", "max_num_seqs", "max_batched_tokens", "source", "generation", "tp_size", "tp_rank", "data_plane")
+    __slots__ = ("model_path", "layer_start", "layer_end", "device", "replica_id", "stage_index", "num_stages", "next_stage_address", "dtype", "kv_bytes", "page_size", "max_num_seqs", "max_batched_tokens", "source", "generation", "tp_size", "tp_rank", "data_plane", "switch_sources")
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,7 @@ class LoadBlockRequest(_message.Message):
     TP_SIZE_FIELD_NUMBER: _ClassVar[int]
     TP_RANK_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
+    SWITCH_SOURCES_FIELD_NUMBER: _ClassVar[int]
     model_path: str
     layer_start: int
     layer_end: int
@@ -100,7 +101,18 @@ class LoadBlockRequest(_message.Message):
     tp_size: int
     tp_rank: int
     data_plane: DataPlane
-    def __init__(self, model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_bytes: _Optional[int] = ..., page_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., source: _Optional[_Union[BlockSource, _Mapping]] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ...) -> None: ...
+    switch_sources: _containers.RepeatedCompositeFieldContainer[SwitchSource]
+    def __init__(self, model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_bytes: _Optional[int] = ..., page_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., source: _Optional[_Union[BlockSource, _Mapping]] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., switch_sources: _Optional[_Iterable[_Union[SwitchSource, _Mapping]]] = ...) -> None: ...
+
+class SwitchSource(_message.Message):
+    __slots__ = ("source", "unit_start", "unit_end")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    UNIT_START_FIELD_NUMBER: _ClassVar[int]
+    UNIT_END_FIELD_NUMBER: _ClassVar[int]
+    source: BlockSource
+    unit_start: int
+    unit_end: int
+    def __init__(self, source: _Optional[_Union[BlockSource, _Mapping]] = ..., unit_start: _Optional[int] = ..., unit_end: _Optional[int] = ...) -> None: ...
 
 class DataPlane(_message.Message):
     __slots__ = ("store_address", "group", "backend", "timeout_s")
