@@ -8,11 +8,19 @@ ignored on both sides so every request produces the same number of tokens:
 - `single_agent_tok_s_b8`: one agent process holding the whole model, driven over gRPC;
 - `pipeline2_tok_s_b8`: two agent processes (layers 0-4 and 4-8), driven over gRPC, each
   agent with half the threads of the single agent so both use the same cores; the hidden
-  states cross between the stages on a gloo link (`pipeline_activations`), the steps and
-  sampled tokens on the gRPC stage stream.
+  states cross between the stages on a gloo link (`pipeline_activations`) and the sampled
+  tokens come back on a gloo return link (`pipeline_results`); the steps themselves (chunks,
+  block tables) travel on the gRPC stage stream;
+- `pipeline2_grpc_tok_s_b8`: the same two agents serving a second replica of the same
+  split loaded without a data plane (hidden states and tokens inside the gRPC messages);
+  `links_on_vs_off_b8` is the median of per-round speed-ups of the first over the second;
+- `pipeline2_mb3_tok_s_b8`: two more agents (`--pipeline-microbatches 3`) serving the
+  split with links and three microbatches in flight instead of two (one per stage);
+  `mb3_vs_mb2_b8` is its median per-round speed-up over `pipeline2_tok_s_b8`.
 The machine is shared and noisy, so compared runs are interleaved: each round times HF then
-the engine (and the single agent then the pipeline) back to back, after one warm-up round.
-Throughputs are medians over rounds; ratios are medians of the per-round ratios.
+the engine (and the single agent, the pipeline with links, the pipeline without) back to
+back, after one warm-up round. Throughputs are medians over rounds; ratios are medians of
+the per-round ratios.
 """
 
 from __future__ import annotations
@@ -82,6 +90,26 @@ def _interleaved(
         tb.append(time.perf_counter() - t)
     ratio = statistics.median(x / y for x, y in zip(ta, tb, strict=True))
     return out_a, out_b, statistics.median(ta), statistics.median(tb), ratio
+
+
+def _rounds(fns: list[Callable[[], Tokens]], rounds: int) -> tuple[list[Tokens], list[list[float]]]:
+    """Time every fn in turn in each round (after a warm-up round): (last tokens of each,
+    seconds of each per round)."""
+    for fn in fns:
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
+    outs: list[Tokens] = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            t = time.perf_counter()
+            outs[i] = fn()
+            times[i].append(time.perf_counter() - t)
+    return outs, times
+
+
+def _ratio(slow: list[float], fast: list[float]) -> float:
+    """Median of the per-round speed-ups of `fast` over `slow`."""
+    return statistics.median(x / y for x, y in zip(slow, fast, strict=True))
 
 
 def _hf_generate(model_path: Path, prompts: Tokens, new: int) -> Callable[[int], Tokens]:
@@ -165,6 +193,17 @@ async def _generate_all(address: str, replica_id: str, prompts: Tokens, new: int
         await channel.close()
 
 
+def _links(address: str) -> tuple[str, str]:
+    """(activations, results) of the "pipe" replica's leader block, as Describe says."""
+    channel = transport.sync_channel(address)
+    try:
+        d = pb_grpc.AgentStub(channel).Describe(pb.DescribeRequest())
+    finally:
+        channel.close()
+    b = next(b for b in d.blocks if (b.replica_id, b.stage_index) == ("pipe", 0))
+    return b.activations, b.results
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     new = 16 if args.quick else args.new_tokens
     rounds = 2 if args.quick else args.rounds
@@ -185,18 +224,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with (
             local_agents.local_agents(1, "cpu:1x1GiB", threads, "single") as single,
             local_agents.local_agents(2, "cpu:1x1GiB", max(1, threads // 2), "pipe") as pipe,
+            local_agents.local_agents(
+                2, "cpu:1x1GiB", max(1, threads // 2), "mb3", ("--pipeline-microbatches", "3")
+            ) as mb3,
         ):
             local_agents.load_pipeline(
                 single, str(model_path), [(0, cfg.num_layers)], "single", 64 << 20
             )
+            split = [(0, half), (half, cfg.num_layers)]
+            local_agents.load_pipeline(pipe, str(model_path), split, "pipe", 64 << 20)
             local_agents.load_pipeline(
-                pipe, str(model_path), [(0, half), (half, cfg.num_layers)], "pipe", 64 << 20
+                pipe, str(model_path), split, "plain", 64 << 20, data_plane=False
             )
-            single_toks, pipe_toks, s_t8, p_t8, pipe_vs_single = _interleaved(
-                lambda: asyncio.run(_generate_all(single[0].address, "single", prompts, new)),
-                lambda: asyncio.run(_generate_all(pipe[0].address, "pipe", prompts, new)),
+            local_agents.load_pipeline(mb3, str(model_path), split, "pipe", 64 << 20)
+            deadline = time.monotonic() + 60  # the links form in the background
+            while time.monotonic() < deadline:
+                links, links3 = _links(pipe[0].address), _links(mb3[0].address)
+                if links == links3 == ("gloo", "gloo"):
+                    break
+                time.sleep(0.2)
+            (single_toks, pipe_toks, plain_toks, mb3_toks), (s_t, p_t, g_t, m_t) = _rounds(
+                [
+                    lambda: asyncio.run(_generate_all(single[0].address, "single", prompts, new)),
+                    lambda: asyncio.run(_generate_all(pipe[0].address, "pipe", prompts, new)),
+                    lambda: asyncio.run(_generate_all(pipe[0].address, "plain", prompts, new)),
+                    lambda: asyncio.run(_generate_all(mb3[0].address, "pipe", prompts, new)),
+                ],
                 rounds,
             )
+            links_after = _links(pipe[0].address)
+        s_t8, p_t8, g_t8, m_t8 = (statistics.median(t) for t in (s_t, p_t, g_t, m_t))
     return {
         "hf_tok_s_b1": round(new / hf_t1, 1),
         "hf_tok_s_b8": round(8 * new / hf_t8, 1),
@@ -205,11 +262,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "single_agent_tok_s_b8": round(8 * new / s_t8, 1),
         "pipeline2_tok_s_b8": round(8 * new / p_t8, 1),
         "engine_vs_hf_b8": round(eng_vs_hf, 3),
-        "pipeline2_vs_single_b8": round(pipe_vs_single, 3),
-        "tokens_match": eng_toks == hf_toks and pipe_toks == hf_toks and single_toks == hf_toks,
-        # the pipeline's hidden states go stage to stage over a gloo link (the data plane);
-        # steps and sampled tokens over the gRPC stream
-        "pipeline_activations": "gloo",
+        "pipeline2_grpc_tok_s_b8": round(8 * new / g_t8, 1),
+        "pipeline2_vs_single_b8": round(_ratio(s_t, p_t), 3),
+        "pipeline2_grpc_vs_single_b8": round(_ratio(s_t, g_t), 3),
+        "links_on_vs_off_b8": round(_ratio(g_t, p_t), 3),
+        "pipeline2_mb3_tok_s_b8": round(8 * new / m_t8, 1),
+        "mb3_vs_mb2_b8": round(_ratio(p_t, m_t), 3),
+        "tokens_match": eng_toks == hf_toks
+        and pipe_toks == hf_toks
+        and plain_toks == hf_toks
+        and mb3_toks == hf_toks
+        and single_toks == hf_toks,
+        # what the leader's block reported before and after the timed rounds
+        "pipeline_activations": f"{links[0]}/{links_after[0]}",
+        "pipeline_results": f"{links[1]}/{links_after[1]}",
         "new_tokens": new,
         "prompt_len": args.prompt_len,
         "rounds": rounds,

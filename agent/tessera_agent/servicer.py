@@ -14,7 +14,7 @@ import asyncio
 import concurrent.futures
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -37,7 +37,7 @@ from tessera_agent import (
     tensor_transfer,
 )
 from tessera_agent.engine import errors, profiler, replica, stage
-from tessera_agent.transfer import block_copy, group
+from tessera_agent.transfer import block_copy, group, kv_copy
 
 log = logging.getLogger(__name__)
 
@@ -229,11 +229,39 @@ class AgentServicer(pb_grpc.AgentServicer):
         except errors.EngineError as exc:
             await grpc_status.abort(context, exc)
 
+    @staticmethod
+    async def _kv_over_group(
+        fn: Callable[[stage.Stage, list[int], int, int, group.GroupSpec], int],
+        st: stage.Stage,
+        pages: list[int],
+        start: int,
+        end: int,
+        spec: group.GroupSpec,
+    ) -> int:
+        """Run one end of a KV move over the data plane on a worker thread; a group that
+        cannot form or breaks is UNAVAILABLE (the client falls back to the stream)."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, fn, st, pages, start, end, spec
+            )
+        except group.GroupError as exc:
+            raise errors.UnavailableError(str(exc)) from exc
+
     async def ExportKV(
         self, request: pb.ExportKVRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.KVLayer]:
         try:
             st = self._stage(request.replica_id, request.stage_index)
+            if request.HasField("data_plane"):  # the layers go over a group, not the stream
+                await self._kv_over_group(
+                    kv_copy.push,
+                    st,
+                    list(request.page_ids),
+                    request.layer_start,
+                    request.layer_end,
+                    kv_copy.pair_spec(request.data_plane, kv_copy.EXPORTER),
+                )
+                return
             layers = kv_transfer.export_layers(
                 st, list(request.page_ids), request.layer_start, request.layer_end
             )
@@ -255,6 +283,16 @@ class AgentServicer(pb_grpc.AgentServicer):
             head = first.header
             st = self._stage(head.replica_id, head.stage_index)
             pages = kv_transfer.valid_pages(st, head.page_ids)
+            if head.HasField("data_plane"):  # the layers come over a group
+                n = await self._kv_over_group(
+                    kv_copy.receive,
+                    st,
+                    pages,
+                    head.layer_start,
+                    head.layer_end,
+                    kv_copy.pair_spec(head.data_plane, kv_copy.IMPORTER),
+                )
+                return pb.ImportKVReply(layers=n)
             async for msg in request_iterator:
                 if not msg.HasField("layer"):
                     raise errors.InvalidArgumentError("ImportKV: one header, then layers")

@@ -157,7 +157,7 @@ class PushTensorsReply(_message.Message):
     def __init__(self, bytes: _Optional[int] = ...) -> None: ...
 
 class BlockInfo(_message.Message):
-    __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason", "activations")
+    __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason", "activations", "results")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +179,7 @@ class BlockInfo(_message.Message):
     GROUP_STATE_FIELD_NUMBER: _ClassVar[int]
     GROUP_REASON_FIELD_NUMBER: _ClassVar[int]
     ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     stage_index: int
     num_stages: int
@@ -200,7 +201,8 @@ class BlockInfo(_message.Message):
     group_state: str
     group_reason: str
     activations: str
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., dtype: _Optional[str] = ..., num_tensors: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., transport: _Optional[str] = ..., group_state: _Optional[str] = ..., group_reason: _Optional[str] = ..., activations: _Optional[str] = ...) -> None: ...
+    results: str
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., dtype: _Optional[str] = ..., num_tensors: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., transport: _Optional[str] = ..., group_state: _Optional[str] = ..., group_reason: _Optional[str] = ..., activations: _Optional[str] = ..., results: _Optional[str] = ...) -> None: ...
 
 class LoadBlockReply(_message.Message):
     __slots__ = ("block", "already_loaded")
@@ -307,20 +309,22 @@ class StageHello(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., model_path: _Optional[str] = ...) -> None: ...
 
 class StageStep(_message.Message):
-    __slots__ = ("step_id", "chunks", "hidden", "finished", "hidden_on_link", "hidden_dtype")
+    __slots__ = ("step_id", "chunks", "hidden", "finished", "hidden_on_link", "hidden_dtype", "result_on_link")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_ON_LINK_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_ON_LINK_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     chunks: _containers.RepeatedCompositeFieldContainer[SeqChunk]
     hidden: Tensor
     finished: _containers.RepeatedScalarFieldContainer[str]
     hidden_on_link: bool
     hidden_dtype: str
-    def __init__(self, step_id: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[SeqChunk, _Mapping]]] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., finished: _Optional[_Iterable[str]] = ..., hidden_on_link: _Optional[bool] = ..., hidden_dtype: _Optional[str] = ...) -> None: ...
+    result_on_link: bool
+    def __init__(self, step_id: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[SeqChunk, _Mapping]]] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., finished: _Optional[_Iterable[str]] = ..., hidden_on_link: _Optional[bool] = ..., hidden_dtype: _Optional[str] = ..., result_on_link: _Optional[bool] = ...) -> None: ...
 
 class StageMessage(_message.Message):
     __slots__ = ("hello", "step")
@@ -349,12 +353,14 @@ class SampledToken(_message.Message):
     def __init__(self, seq_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprobs: _Optional[_Union[TokenLogprobs, _Mapping]] = ...) -> None: ...
 
 class StageStepResult(_message.Message):
-    __slots__ = ("step_id", "tokens")
+    __slots__ = ("step_id", "tokens", "tokens_on_link")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_ON_LINK_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     tokens: _containers.RepeatedCompositeFieldContainer[SampledToken]
-    def __init__(self, step_id: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ...) -> None: ...
+    tokens_on_link: bool
+    def __init__(self, step_id: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., tokens_on_link: _Optional[bool] = ...) -> None: ...
 
 class StageResult(_message.Message):
     __slots__ = ("hello", "step")
@@ -533,18 +539,20 @@ class ReleasePinReply(_message.Message):
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class ExportKVRequest(_message.Message):
-    __slots__ = ("replica_id", "stage_index", "page_ids", "layer_start", "layer_end")
+    __slots__ = ("replica_id", "stage_index", "page_ids", "layer_start", "layer_end", "data_plane")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     stage_index: int
     page_ids: _containers.RepeatedScalarFieldContainer[int]
     layer_start: int
     layer_end: int
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
+    data_plane: DataPlane
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ...) -> None: ...
 
 class KVLayer(_message.Message):
     __slots__ = ("layer", "k", "v")
@@ -557,14 +565,20 @@ class KVLayer(_message.Message):
     def __init__(self, layer: _Optional[int] = ..., k: _Optional[_Union[Tensor, _Mapping]] = ..., v: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class KVImportHeader(_message.Message):
-    __slots__ = ("replica_id", "stage_index", "page_ids")
+    __slots__ = ("replica_id", "stage_index", "page_ids", "data_plane", "layer_start", "layer_end")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     stage_index: int
     page_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    data_plane: DataPlane
+    layer_start: int
+    layer_end: int
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
 
 class KVImportMessage(_message.Message):
     __slots__ = ("header", "layer")
