@@ -29,6 +29,7 @@ BENCHES: dict[str, str] = {
     "kvmove": "tessera_agent.bench_kvmove",
     "serve": "tessera.cli.bench_serve",
     "relayout": "tessera.cli.bench_relayout",
+    "switch": "tessera.cli.bench_switch",
     "adaptive": "tessera.cli.bench_adaptive",
     "planner": "tessera.planner.bench",
     "predictor": "tessera.workload.bench",
@@ -36,6 +37,7 @@ BENCHES: dict[str, str] = {
     "chaos": "tessera.cli.bench_chaos",
     "transition": "tessera.policies.bench",
     "sim": "tessera.sim.bench",
+    "overload": "tessera.cli.bench_overload",
 }
 
 
