@@ -1,0 +1,384 @@
+"""A replicated run of consecutive decoder layers: the batch split between holders.
+
+CoCoServe (§3.1) replicates a run of layers [start, end) of a stage onto other devices;
+at that run each step's batch is split between the holders in proportion to their
+measured speed, each sub-batch's hidden states go to its holder, stay there through the
+whole run, and come back in order. The split is sticky per request
+(`tessera.policies.request_split`): a holder keeps the K/V of the requests it serves for
+the run's layers, so a request never moves unless its K/V moves with it (`move`).
+
+Holders (`Holder`): `OriginHolder` runs the stage's own layers inline on the compute
+thread; `RunModel`-backed `LocalHolder` runs a copy on another device of the same agent
+on its own thread; the agent's `run_client.RemoteHolder` runs one on another agent. All
+holders use the leader's page ids: a replica's KV pool has the same pages, and a page is
+written only on the holder that served the request writing it (`page_writer`). Pages
+shared through the prefix cache are copied to a request's holder when it first arrives
+(only the pages it lacks). Called by `runner.StageRunner.execute` (`forward`) and by
+`scaling_ops` (attach, move) between steps on the compute thread.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from tessera.policies import request_split
+from tessera_agent.engine import attention, config, errors, kv_cache, loader, step, tp
+from tessera_agent.engine import model as model_mod
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer of the run: K and V of the pages
+
+
+class Holder(Protocol):
+    """One holder of a run's layers (the origin, or a replica)."""
+
+    name: str  # unique within the run, e.g. "agent-1/cpu:0"
+    param_bytes: int
+    kv_bytes: int
+
+    def submit(
+        self, step_id: int, chunks: list[step.SeqChunk], hidden: torch.Tensor
+    ) -> concurrent.futures.Future[tuple[torch.Tensor, float]]:
+        """Run the sub-batch through the run's layers: (hidden out, seconds taken)."""
+        ...
+
+    def export_pages(self, pages: list[int]) -> KV: ...
+
+    def import_pages(self, pages: list[int], kv: KV) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RunModel:
+    """Layers [start, end) of a model and a KV pool for them, without embedding or head."""
+
+    def __init__(
+        self,
+        cfg: config.ModelConfig,
+        start: int,
+        end: int,
+        tensors: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        device: torch.device,
+        num_pages: int,
+        page_size: int,
+    ) -> None:
+        with torch.device("meta"):
+            m = model_mod.StageModel(cfg, start, end)
+        m.embed_tokens = m.norm = m.lm_head = None
+        m.is_first = m.is_last = False
+        m = m.to_empty(device=device).to(dtype)
+        m.dtype_ = dtype
+        m.inv_freq = model_mod.rope_inv_freq(cfg.head_dim, cfg.rope).to(device)
+        missing, unexpected = m.load_state_dict(
+            loader.layer_state(cfg, start, end, tensors), strict=False
+        )
+        missing = [k for k in missing if k != "inv_freq"]
+        if missing or unexpected:
+            raise errors.FailedPreconditionError(
+                f"layer run tensors: missing {missing}, unexpected {unexpected}"
+            )
+        m.eval()
+        self.model, self.device, self.start, self.end = m, device, start, end
+        kv_heads = tp.local_sizes(cfg, tp.SINGLE)[1]
+        layout = kv_cache.KVLayout(end - start, num_pages, page_size, kv_heads, cfg.head_dim, dtype)
+        self.cache = kv_cache.PagedKVCache(layout, device)
+        self.param_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.cache.layout.total_bytes
+
+    @torch.inference_mode()
+    def run(self, chunks: Sequence[step.SeqChunk], hidden: torch.Tensor) -> torch.Tensor:
+        md = attention.build_metadata(chunks, self.cache.layout.page_size, self.device)
+        x = hidden.to(self.device, self.model.dtype_)
+        return self.model.forward_layers(x, md, self.cache.layers(), 0, self.end - self.start)
+
+    def export_pages(self, pages: list[int]) -> KV:
+        return export_pages(self.cache, range(self.end - self.start), pages)
+
+    def import_pages(self, pages: list[int], kv: KV) -> None:
+        import_pages(self.cache, range(self.end - self.start), pages, kv)
+
+
+def layer_tensors(model: model_mod.StageModel, start: int, end: int) -> dict[str, torch.Tensor]:
+    """Checkpoint-named tensors of decoder layers [start, end) of a loaded stage (views)."""
+    from tessera_agent.engine import block_tensors
+
+    names = [
+        n for n in loader.checkpoint_names(model.cfg, start, end) if n.startswith("model.layers.")
+    ]
+    return {n: block_tensors.tensor(model, n) for n in names}
+
+
+def export_pages(cache: kv_cache.PagedKVCache, layers: range, pages: list[int]) -> KV:
+    n = len(pages) * cache.layout.page_size
+    return [cache.export_sequence(i, pages, n) for i in layers]
+
+
+def import_pages(cache: kv_cache.PagedKVCache, layers: range, pages: list[int], kv: KV) -> None:
+    if len(kv) != len(layers):
+        raise errors.InvalidArgumentError(f"KV for {len(kv)} layers, the run has {len(layers)}")
+    for i, (k, v) in zip(layers, kv, strict=True):
+        cache.import_sequence(i, pages, k, v)
+
+
+def kv_nbytes(kv: KV) -> int:
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+
+
+class LocalHolder:
+    """A replica of the run on another device of this agent, on a thread of its own."""
+
+    def __init__(self, name: str, run_model: RunModel) -> None:
+        self.name, self.run_model = name, run_model
+        self.param_bytes, self.kv_bytes = run_model.param_bytes, run_model.kv_bytes
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"run-{name}")
+
+    def _run(self, chunks: list[step.SeqChunk], hidden: torch.Tensor) -> tuple[torch.Tensor, float]:
+        t0 = time.perf_counter()
+        out = self.run_model.run(chunks, hidden)
+        return out, time.perf_counter() - t0
+
+    def submit(
+        self, step_id: int, chunks: list[step.SeqChunk], hidden: torch.Tensor
+    ) -> concurrent.futures.Future[tuple[torch.Tensor, float]]:
+        return self._pool.submit(self._run, chunks, hidden)
+
+    def export_pages(self, pages: list[int]) -> KV:
+        return self.run_model.export_pages(pages)
+
+    def import_pages(self, pages: list[int], kv: KV) -> None:
+        self.run_model.import_pages(pages, kv)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
+class VacatedLayer(nn.Module):
+    """Stands in for a layer whose run migrated away (its weights are released)."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def forward(self, *args: object) -> torch.Tensor:
+        raise RuntimeError(f"layer {self.index} migrated away from this stage")
+
+
+class OriginHolder:
+    """The stage's own layers of the run, computed inline on the compute thread."""
+
+    def __init__(
+        self, name: str, model: model_mod.StageModel, cache: kv_cache.PagedKVCache, lo: int, hi: int
+    ) -> None:
+        self.name, self.model, self.cache, self.lo, self.hi = name, model, cache, lo, hi
+        self.param_bytes = sum(
+            p.numel() * p.element_size() for m in model.layers[lo:hi] for p in m.parameters()
+        )
+        self.kv_bytes = (hi - lo) * cache.layout.total_bytes // max(1, cache.layout.num_layers)
+
+    def submit(
+        self, step_id: int, chunks: list[step.SeqChunk], hidden: torch.Tensor
+    ) -> concurrent.futures.Future[tuple[torch.Tensor, float]]:
+        fut: concurrent.futures.Future[tuple[torch.Tensor, float]] = concurrent.futures.Future()
+        t0 = time.perf_counter()
+        md = attention.build_metadata(chunks, self.cache.layout.page_size, hidden.device)
+        out = self.model.forward_layers(hidden, md, self.cache.layers(), self.lo, self.hi)
+        fut.set_result((out, time.perf_counter() - t0))
+        return fut
+
+    def export_pages(self, pages: list[int]) -> KV:
+        return export_pages(self.cache, range(self.lo, self.hi), pages)
+
+    def import_pages(self, pages: list[int], kv: KV) -> None:
+        import_pages(self.cache, range(self.lo, self.hi), pages, kv)
+
+    def close(self) -> None:
+        """Release the run's weights and KV on the stage (after a migration away)."""
+        for i in range(self.lo, self.hi):
+            self.model.layers[i] = VacatedLayer(self.model.start + i)
+            self.cache.k[i] = self.cache.k[i].new_empty((0, *self.cache.k[i].shape[1:]))
+            self.cache.v[i] = self.cache.v[i].new_empty((0, *self.cache.v[i].shape[1:]))
+
+
+class ReplicatedRun:
+    """Stage-local layers [lo, hi) (global [start, end)) served by several holders."""
+
+    def __init__(
+        self,
+        origin: OriginHolder,
+        start: int,
+        page_size: int,
+        live_pages: Callable[[], set[int]] | None = None,
+        num_pages: int = 0,
+    ) -> None:
+        self.lo, self.hi = origin.lo, origin.hi
+        self.start, self.end = start, start + (origin.hi - origin.lo)
+        self.page_size = page_size
+        self.holders: dict[str, Holder] = {origin.name: origin}
+        self.home = origin.name  # where requests of an evicted holder go back to
+        self.origin = origin.name
+        self.assignment: dict[str, str] = {}  # request -> holder (sticky)
+        self.speeds: dict[str, float] = {}  # holder -> tokens/s (EWMA of measured steps)
+        self.page_writer: dict[int, str] = {}  # page -> holder holding its K/V (default origin)
+        self._live = live_pages or (lambda: set(range(num_pages)))
+        self.steps = 0
+        self.copied_pages = 0  # prefix-cache pages copied to a request's holder
+        self.placed: dict[str, int] = {}  # holder -> requests placed on it (cumulative)
+
+    # -- the step -------------------------------------------------------------------------
+    def holder_names(self) -> list[str]:
+        return [self.home, *(h for h in self.holders if h != self.home)]
+
+    def _speeds(self) -> dict[str, float]:
+        known = [s for s in self.speeds.values() if s > 0]
+        default = sum(known) / len(known) if known else 1.0
+        return {h: self.speeds.get(h, default) for h in self.holders}
+
+    def writer(self, page: int) -> str:
+        return self.page_writer.get(page, self.origin)
+
+    def _place(self, c: step.SeqChunk) -> str:
+        """The holder of a request first seen at this run (sticky afterwards)."""
+        split = request_split.assign(
+            self.holder_names(), self._speeds(), self.assignment, joined=[c.seq_id]
+        )
+        return split.assignment[c.seq_id]
+
+    def _ensure_context(self, c: step.SeqChunk, holder: str) -> None:
+        """K/V of the positions before the chunk (from the prefix cache) onto `holder`."""
+        if c.start == 0:
+            return
+        pages = list(c.block_table[: -(-c.start // self.page_size)])
+        by_writer: dict[str, list[int]] = {}
+        for p in pages:
+            w = self.writer(p)
+            if w != holder:
+                by_writer.setdefault(w, []).append(p)
+        for w, ps in by_writer.items():
+            self.holders[holder].import_pages(ps, self.holders[w].export_pages(ps))
+            self.copied_pages += len(ps)
+            for p in ps:
+                self.page_writer[p] = holder
+
+    def forget(self, finished: Sequence[str]) -> None:
+        for s in finished:
+            self.assignment.pop(s, None)
+
+    def execute(self, chunks: Sequence[step.SeqChunk], x: torch.Tensor) -> torch.Tensor:
+        """The run over the step: split by holder, compute (replicas first, so they work
+        while the origin computes), gather back in order."""
+        groups: dict[str, tuple[list[step.SeqChunk], list[int]]] = {}
+        row = 0
+        for c in chunks:
+            h = self.assignment.get(c.seq_id)
+            if h is None or h not in self.holders:
+                h = self._place(c)
+                self._ensure_context(c, h)
+                self.assignment[c.seq_id] = h
+                self.placed[h] = self.placed.get(h, 0) + 1
+            elif c.num_tokens > 1:
+                self._ensure_context(c, h)
+            sub, rows = groups.setdefault(h, ([], []))
+            sub.append(c)
+            rows.extend(range(row, row + c.num_tokens))
+            row += c.num_tokens
+            last = (c.start + c.num_tokens - 1) // self.page_size
+            for p in c.block_table[c.start // self.page_size : last + 1]:
+                self.page_writer[p] = h
+        if len(groups) == 1 and self.home in groups:  # the whole batch at home: no copy
+            out, secs = self.holders[self.home].submit(0, groups[self.home][0], x).result()
+            self._measure(self.home, x.shape[0], secs)
+            self.steps += 1
+            return out
+        index = {h: torch.tensor(rows, dtype=torch.long, device=x.device) for h, (_, rows) in groups.items()}
+        order = sorted(groups, key=lambda h: h == self.origin)  # the inline origin last
+        futs = {
+            h: self.holders[h].submit(self.steps, groups[h][0], x.index_select(0, index[h]))
+            for h in order
+        }
+        out = torch.empty_like(x)
+        for h, fut in futs.items():
+            y, secs = fut.result()
+            out.index_copy_(0, index[h], y.to(x.device, x.dtype))
+            self._measure(h, len(groups[h][1]), secs)
+        self.steps += 1
+        return out
+
+    def _measure(self, holder: str, tokens: int, seconds: float) -> None:
+        if seconds <= 0 or tokens <= 0:
+            return
+        rate = tokens / seconds
+        prev = self.speeds.get(holder)
+        self.speeds[holder] = rate if prev is None else 0.8 * prev + 0.2 * rate
+
+    # -- changes (between steps, on the compute thread) -------------------------------------
+    def add(self, holder: Holder) -> None:
+        if holder.name in self.holders:
+            raise errors.FailedPreconditionError(
+                f"layers [{self.start}, {self.end}) already have a holder {holder.name}"
+            )
+        self.holders[holder.name] = holder
+
+    def move(self, src: str, dst: str) -> tuple[int, int]:
+        """Hand `src`'s requests and the K/V it holds to `dst` and drop `src` (an
+        eviction when `dst` is home, a migration when `dst` is new); returns (pages,
+        bytes) copied."""
+        if src not in self.holders or dst not in self.holders or src == dst:
+            raise errors.FailedPreconditionError(
+                f"move {src} -> {dst}: holders of layers [{self.start}, {self.end}) are "
+                f"{sorted(self.holders)}"
+            )
+        pages = sorted(p for p in self._live() if self.writer(p) == src)
+        nbytes = 0
+        if pages:
+            kv = self.holders[src].export_pages(pages)
+            nbytes = kv_nbytes(kv)
+            self.holders[dst].import_pages(pages, kv)
+        for p in pages:
+            self.page_writer[p] = dst
+        for r, h in self.assignment.items():
+            if h == src:
+                self.assignment[r] = dst
+        if self.home == src:
+            self.home = dst
+        gone = self.holders.pop(src)
+        self.speeds.pop(src, None)
+        gone.close()
+        return len(pages), nbytes
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(self.holders, 0)
+        for h in self.assignment.values():
+            if h in out:
+                out[h] += 1
+        return out
+
+
+def forward(
+    model: model_mod.StageModel,
+    x: torch.Tensor,
+    md: attention.AttentionMetadata,
+    kv: list[tuple[torch.Tensor, torch.Tensor]],
+    chunks: Sequence[step.SeqChunk],
+    runs: Sequence[ReplicatedRun],
+) -> torch.Tensor:
+    """The stage's forward with its replicated runs cut out of the layer loop."""
+    if model.embed_tokens is not None:
+        x = model.embed_tokens(x)
+    pos = 0
+    for run in sorted(runs, key=lambda r: r.lo):
+        if run.lo > pos:
+            x = model.forward_layers(x, md, kv, pos, run.lo)
+        x = run.execute(chunks, x)
+        pos = run.hi
+    if pos < len(model.layers):
+        x = model.forward_layers(x, md, kv, pos, len(model.layers))
+    return x

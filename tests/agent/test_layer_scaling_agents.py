@@ -1,0 +1,99 @@
+"""Module-level scaling across two agent processes: replicate, evict, migrate mid-decode.
+
+Agent a serves a whole-model replica; agent b is idle. While requests decode, layers
+[2, 6) are replicated onto b (weights copied from a), more requests join (some land on
+b's copy and keep their K/V there), the replica is evicted (its requests' K/V come back
+to a), then a's own copy migrates to b (a's weights for the run are released) and is
+replicated back onto a second device of a. Every request gets transformers' tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tessera import local_agents
+from tessera.rpc.v1 import agent_pb2 as pb
+from tests.agent.test_agent_rpc import _code, _stub, generate, load_replica
+from tests.conftest import hf_greedy
+
+pytestmark = pytest.mark.slow
+Start = Callable[..., list[local_agents.AgentProcess]]
+NEW = 24
+
+
+def _wait(cond: Callable[[], bool], timeout: float = 120.0) -> None:
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout, "timed out"
+        time.sleep(0.02)
+
+
+def test_replicate_evict_migrate_mid_decode_match_hf(
+    agents_factory: Start, tiny_llama: Path, prompts: list[list[int]]
+) -> None:
+    a, b = agents_factory(2, devices="cpu:2x512MiB")
+    load_replica([a], tiny_llama, [(0, 8)])
+    sa, sb = _stub(a), _stub(b)
+    out: dict[int, list[int]] = {}
+
+    def start(i: int) -> threading.Thread:
+        def go() -> None:
+            out[i] = generate(a, prompts[i], max_tokens=NEW)[0]
+
+        t = threading.Thread(target=go)
+        t.start()
+        return t
+
+    def running() -> int:
+        return sum(k.running for k in sa.Describe(pb.DescribeRequest()).kv)
+
+    def op(kind: str, **kw: object) -> pb.ScalingOpReply:
+        req = pb.ScalingOpRequest(
+            replica_id="r0", stage_index=0, layer_start=2, layer_end=6, **kw
+        )
+        reply: pb.ScalingOpReply = getattr(sa, f"Scaling{kind}")(req)
+        return reply
+
+    threads = [start(i) for i in range(3)]
+    _wait(lambda: running() >= 3)
+    rep = op("Replicate", target_address=b.address, self_address=a.address)
+    assert rep.target.startswith(b.agent_id) and rep.param_bytes > 0
+    threads += [start(i) for i in range(3, 6)]
+    _wait(lambda: running() >= 4)
+    (run,) = sa.Describe(pb.DescribeRequest()).scaling_runs
+    by_name = {h.name: h for h in run.holders}
+    assert by_name[rep.target].placed >= 1  # requests joined b's copy of the run
+    assert len(sb.Describe(pb.DescribeRequest()).scaling_hosted) == 1
+
+    ev = op("Evict", holder=rep.target)  # mid-decode: b's requests and K/V come back
+    assert ev.target.startswith(a.agent_id)
+    _wait(lambda: not sb.Describe(pb.DescribeRequest()).scaling_hosted)
+    threads += [start(6)]
+    _wait(lambda: running() >= 2)
+    mig = op("Migrate", target_address=b.address, self_address=a.address)
+    assert mig.source.startswith(a.agent_id) and mig.target.startswith(b.agent_id)
+    assert mig.requests >= 1 and mig.kv_bytes > 0  # running requests' K/V moved
+    back = op("Replicate", target_device="cpu:1")  # a second device of a (from the checkpoint)
+    assert back.target == f"{a.agent_id}/cpu:1"
+    threads += [start(7)]
+    for t in threads:
+        t.join(timeout=300)
+    assert [out[i] for i in range(8)] == [hf_greedy(tiny_llama, p, NEW) for p in prompts]
+    (run,) = sa.Describe(pb.DescribeRequest()).scaling_runs
+    assert run.origin == "migrated"
+    assert {h.name for h in run.holders} == {mig.target, back.target}
+    # bad requests are refused with the cause
+    code, msg = _code(lambda: op("Evict", holder="nobody/cpu:0"))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "holders" in msg
+    code, msg = _code(
+        lambda: sa.ScalingReplicate(
+            pb.ScalingOpRequest(replica_id="r0", layer_start=6, layer_end=9)
+        )
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "not within" in msg
