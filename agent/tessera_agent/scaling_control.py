@@ -44,6 +44,7 @@ class ScalingControl:
     ) -> scaling_ops.HolderFactory:
         spec, runner = h.stage.spec, h.stage.runner
         start, end = req.layer_start, req.layer_end
+        scaling_ops.check_range(runner, start, end)
         vacated = any(
             isinstance(runner.model.layers[i - spec.start], layer_run.VacatedLayer)
             for i in range(start, end)
@@ -140,7 +141,7 @@ class ScalingControl:
         out: list[pb.ScalingRunInfo] = []
         for (rid, idx), h in sorted(self.hosting.hosted.items()):
             for run in h.stage.runner.runs:
-                counts = run.counts()
+                counts = run.counts(set(h.stage.runner.block_tables))
                 out.append(
                     pb.ScalingRunInfo(
                         replica_id=rid,

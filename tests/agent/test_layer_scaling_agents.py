@@ -25,6 +25,7 @@ from tests.conftest import hf_greedy
 pytestmark = pytest.mark.slow
 Start = Callable[..., list[local_agents.AgentProcess]]
 NEW = 24
+LONG = 160
 
 
 def _wait(cond: Callable[[], bool], timeout: float = 120.0) -> None:
@@ -41,17 +42,15 @@ def test_replicate_evict_migrate_mid_decode_match_hf(
     load_replica([a], tiny_llama, [(0, 8)])
     sa, sb = _stub(a), _stub(b)
     out: dict[int, list[int]] = {}
+    new = {0: LONG, 1: LONG}  # two long requests stay in flight through every operation
 
     def start(i: int) -> threading.Thread:
         def go() -> None:
-            out[i] = generate(a, prompts[i], max_tokens=NEW)[0]
+            out[i] = generate(a, prompts[i], max_tokens=new.get(i, NEW))[0]
 
         t = threading.Thread(target=go)
         t.start()
         return t
-
-    def running() -> int:
-        return sum(k.running for k in sa.Describe(pb.DescribeRequest()).kv)
 
     def op(kind: str, **kw: object) -> pb.ScalingOpReply:
         req = pb.ScalingOpRequest(
@@ -60,34 +59,35 @@ def test_replicate_evict_migrate_mid_decode_match_hf(
         reply: pb.ScalingOpReply = getattr(sa, f"Scaling{kind}")(req)
         return reply
 
-    threads = [start(i) for i in range(3)]
-    _wait(lambda: running() >= 3)
+    def placed(holder: str) -> int:
+        runs = sa.Describe(pb.DescribeRequest()).scaling_runs
+        return sum(h.placed for r in runs for h in r.holders if h.name == holder)
+
+    threads = [start(0), start(1)]
+    _wait(lambda: sum(k.running for k in sa.Describe(pb.DescribeRequest()).kv) >= 2)
     rep = op("Replicate", target_address=b.address, self_address=a.address)
     assert rep.target.startswith(b.agent_id) and rep.param_bytes > 0
-    threads += [start(i) for i in range(3, 6)]
-    _wait(lambda: running() >= 4)
-    (run,) = sa.Describe(pb.DescribeRequest()).scaling_runs
-    by_name = {h.name: h for h in run.holders}
-    assert by_name[rep.target].placed >= 1  # requests joined b's copy of the run
+    threads += [start(i) for i in range(2, 5)]
+    _wait(lambda: placed(rep.target) >= 1)  # requests joined b's copy of the run
     assert len(sb.Describe(pb.DescribeRequest()).scaling_hosted) == 1
 
-    ev = op("Evict", holder=rep.target)  # mid-decode: b's requests and K/V come back
+    ev = op("Evict", holder=rep.target)  # b's requests and their K/V come back to a
     assert ev.target.startswith(a.agent_id)
     _wait(lambda: not sb.Describe(pb.DescribeRequest()).scaling_hosted)
-    threads += [start(6)]
-    _wait(lambda: running() >= 2)
     mig = op("Migrate", target_address=b.address, self_address=a.address)
     assert mig.source.startswith(a.agent_id) and mig.target.startswith(b.agent_id)
-    assert mig.requests >= 1 and mig.kv_bytes > 0  # running requests' K/V moved
-    back = op("Replicate", target_device="cpu:1")  # a second device of a (from the checkpoint)
+    assert mig.requests >= 2 and mig.kv_bytes > 0  # the long requests' K/V moved to b
+    back = op("Replicate", target_device="cpu:1")  # a second device of a (checkpoint)
     assert back.target == f"{a.agent_id}/cpu:1"
-    threads += [start(7)]
+    threads += [start(i) for i in range(5, 8)]
     for t in threads:
         t.join(timeout=300)
-    assert [out[i] for i in range(8)] == [hf_greedy(tiny_llama, p, NEW) for p in prompts]
+    want = [hf_greedy(tiny_llama, p, new.get(i, NEW)) for i, p in enumerate(prompts)]
+    assert [out.get(i) for i in range(8)] == want
     (run,) = sa.Describe(pb.DescribeRequest()).scaling_runs
     assert run.origin == "migrated"
     assert {h.name for h in run.holders} == {mig.target, back.target}
+    assert placed(back.target) >= 1
     # bad requests are refused with the cause
     code, msg = _code(lambda: op("Evict", holder="nobody/cpu:0"))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "holders" in msg

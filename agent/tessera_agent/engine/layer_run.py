@@ -218,6 +218,7 @@ class ReplicatedRun:
         page_size: int,
         live_pages: Callable[[], set[int]] | None = None,
         num_pages: int = 0,
+        running: Sequence[str] = (),
     ) -> None:
         self.lo, self.hi = origin.lo, origin.hi
         self.start, self.end = start, start + (origin.hi - origin.lo)
@@ -225,7 +226,8 @@ class ReplicatedRun:
         self.holders: dict[str, Holder] = {origin.name: origin}
         self.home = origin.name  # where requests of an evicted holder go back to
         self.origin = origin.name
-        self.assignment: dict[str, str] = {}  # request -> holder (sticky)
+        # request -> holder (sticky); requests already running keep the origin's K/V
+        self.assignment: dict[str, str] = dict.fromkeys(running, origin.name)
         self.speeds: dict[str, float] = {}  # holder -> tokens/s (EWMA of measured steps)
         self.page_writer: dict[int, str] = {}  # page -> holder holding its K/V (default origin)
         self._live = live_pages or (lambda: set(range(num_pages)))
@@ -354,10 +356,12 @@ class ReplicatedRun:
         gone.close()
         return len(pages), nbytes
 
-    def counts(self) -> dict[str, int]:
+    def counts(self, running: set[str] | None = None) -> dict[str, int]:
+        """Requests per holder (only those in `running` when given: the last step's
+        finished requests are forgotten at the next step)."""
         out = dict.fromkeys(self.holders, 0)
-        for h in self.assignment.values():
-            if h in out:
+        for r, h in self.assignment.items():
+            if h in out and (running is None or r in running):
                 out[h] += 1
         return out
 

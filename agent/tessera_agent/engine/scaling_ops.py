@@ -53,7 +53,7 @@ def find(r: runner.StageRunner, start: int, end: int) -> layer_run.ReplicatedRun
     return None
 
 
-def _check_range(r: runner.StageRunner, start: int, end: int) -> tuple[int, int]:
+def check_range(r: runner.StageRunner, start: int, end: int) -> tuple[int, int]:
     m = r.model
     if not m.start <= start < end <= m.end:
         raise errors.InvalidArgumentError(
@@ -82,7 +82,7 @@ def local_replica(
     """A copy of layers [start, end) on another device of this agent (weights copied from
     the stage, or read from `model_path` when the stage's copy migrated away; an empty KV
     pool with the stage's pages)."""
-    lo, hi = _check_range(r, start, end)
+    lo, hi = check_range(r, start, end)
     lay = r.cache.layout
     if any(isinstance(x, layer_run.VacatedLayer) for x in r.model.layers[lo:hi]):
         if not model_path:  # the stage's copy migrated away: read the checkpoint
@@ -125,7 +125,7 @@ async def replicate(
     live_pages: Callable[[], set[int]] | None = None,
 ) -> OpResult:
     """Add a replica of layers [start, end) (creating the run on first use)."""
-    lo, hi = _check_range(r, start, end)
+    lo, hi = check_range(r, start, end)
     t0 = time.perf_counter()
     holder = await make_holder()
     run = find(r, start, end)
@@ -135,8 +135,9 @@ async def replicate(
         if run is None:
             base = layer_run.OriginHolder(origin, r.model, r.cache, lo, hi)
             run = layer_run.ReplicatedRun(
-                base, start, r.page_size, live_pages, r.cache.layout.num_pages
-            )
+                base, start, r.page_size, live_pages, r.cache.layout.num_pages,
+                list(r.block_tables),
+            )  # fmt: skip
             r.runs.append(run)
         run.add(holder)
 
@@ -190,7 +191,7 @@ async def migrate(
 ) -> OpResult:
     """Move layers [start, end) held by `source` (the stage itself, or a replica) to a new
     holder, with the K/V of every request `source` serves; the source's weights go."""
-    lo, hi = _check_range(r, start, end)
+    lo, hi = check_range(r, start, end)
     t0 = time.perf_counter()
     holder = await make_holder()
     run = find(r, start, end)
@@ -204,8 +205,9 @@ async def migrate(
                 raise errors.NotFoundError(f"layers [{start}, {end}) have no holder {source}")
             base = layer_run.OriginHolder(origin, r.model, r.cache, lo, hi)
             run = layer_run.ReplicatedRun(
-                base, start, r.page_size, live_pages, r.cache.layout.num_pages
-            )
+                base, start, r.page_size, live_pages, r.cache.layout.num_pages,
+                list(r.block_tables),
+            )  # fmt: skip
             r.runs.append(run)
         run.add(holder)
         moved = sum(1 for h in run.assignment.values() if h == source)
