@@ -93,9 +93,7 @@ class RemoteHolder:
                 pb.ScalingRunKVRequest(run_id=self.run_id, page_ids=pages), timeout=120.0
             )
             async for layer in call:
-                out.append(
-                    (convert.tensor_from_proto(layer.k), convert.tensor_from_proto(layer.v))
-                )
+                out.append((convert.tensor_from_proto(layer.k), convert.tensor_from_proto(layer.v)))
         except grpc.aio.AioRpcError as exc:
             raise _unavailable(self.address, exc) from exc
         return out
@@ -104,7 +102,9 @@ class RemoteHolder:
         return self._wait(self._export(pages))
 
     async def _import(self, pages: list[int], kv: layer_run.KV) -> None:
-        msgs = [pb.ScalingRunKVImport(header=pb.ScalingRunKVRequest(run_id=self.run_id, page_ids=pages))]
+        msgs = [
+            pb.ScalingRunKVImport(header=pb.ScalingRunKVRequest(run_id=self.run_id, page_ids=pages))
+        ]
         msgs += [
             pb.ScalingRunKVImport(
                 layer=pb.KVLayer(

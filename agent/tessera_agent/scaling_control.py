@@ -39,9 +39,7 @@ class ScalingControl:
     def _origin(self, h: hosted.Hosted) -> str:
         return scaling_ops.origin_name(self.agent_id, h.stage.spec.device)
 
-    def _factory(
-        self, h: hosted.Hosted, req: pb.ScalingOpRequest
-    ) -> scaling_ops.HolderFactory:
+    def _factory(self, h: hosted.Hosted, req: pb.ScalingOpRequest) -> scaling_ops.HolderFactory:
         spec, runner = h.stage.spec, h.stage.runner
         start, end = req.layer_start, req.layer_end
         scaling_ops.check_range(runner, start, end)
@@ -132,10 +130,10 @@ class ScalingControl:
             run = scaling_ops.find(h.stage.runner, start, end)
             if run is not None:
                 key = h.holder
-                dev = self.memory.devices.get(spec.device)
-                if dev is not None and key in dev.used:
+                own = self.memory.devices.get(spec.device)
+                if own is not None and key in own.used:
                     share = (end - start) * (h.stage.param_bytes + h.stage.kv_bytes)
-                    dev.used[key] = max(0, dev.used[key] - share // (spec.end - spec.start))
+                    own.used[key] = max(0, own.used[key] - share // (spec.end - spec.start))
 
     def describe(self) -> list[pb.ScalingRunInfo]:
         out: list[pb.ScalingRunInfo] = []
@@ -180,4 +178,3 @@ def _reply(r: scaling_ops.OpResult) -> pb.ScalingOpReply:
         kv_pages=r.kv_pages,
         requests=r.requests,
     )
-

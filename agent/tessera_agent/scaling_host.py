@@ -114,9 +114,7 @@ class RunHost:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         out = await loop.run_in_executor(self.compute, run.model.run, inp.chunks, inp.hidden)
-        return pb.ScalingRunStepReply(
-            hidden=convert.tensor_to_proto(out), seconds=loop.time() - t0
-        )
+        return pb.ScalingRunStepReply(hidden=convert.tensor_to_proto(out), seconds=loop.time() - t0)
 
     def _pages(self, run: HostedRun, page_ids: list[int]) -> list[int]:
         n = run.model.cache.layout.num_pages
@@ -172,4 +170,3 @@ def _tensor(msg: pb.Tensor) -> torch.Tensor:
         return convert.tensor_from_proto(msg)
     except (AttributeError, RuntimeError, TypeError, ValueError) as exc:
         raise errors.InvalidArgumentError(f"KV tensor: {exc}") from exc
-

@@ -8,7 +8,7 @@ agent's stages) or `scaling_host.RunHost` (runs held for other agents' stages) a
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 
@@ -16,14 +16,16 @@ from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import grpc_status, scaling_control, scaling_host
 from tessera_agent.engine import errors
 
-Ctx = grpc.aio.ServicerContext[Any, Any]
+Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 
 class ScalingRPCs:
     scaling: scaling_control.ScalingControl
     run_host: scaling_host.RunHost
 
-    async def ScalingReplicate(self, request: pb.ScalingOpRequest, context: Ctx) -> pb.ScalingOpReply:
+    async def ScalingReplicate(
+        self, request: pb.ScalingOpRequest, context: Ctx
+    ) -> pb.ScalingOpReply:
         try:
             return await self.scaling.replicate(request)
         except errors.EngineError as exc:

@@ -53,9 +53,7 @@ def test_replicate_evict_migrate_mid_decode_match_hf(
         return t
 
     def op(kind: str, **kw: object) -> pb.ScalingOpReply:
-        req = pb.ScalingOpRequest(
-            replica_id="r0", stage_index=0, layer_start=2, layer_end=6, **kw
-        )
+        req = pb.ScalingOpRequest(replica_id="r0", stage_index=0, layer_start=2, layer_end=6, **kw)
         reply: pb.ScalingOpReply = getattr(sa, f"Scaling{kind}")(req)
         return reply
 

@@ -86,7 +86,9 @@ async def _drive(
 
 
 def _replicate(start: int, end: int, name: str) -> Op:
-    async def op(st: stage.Stage, eng: replica.ReplicaEngine, ex: concurrent.futures.Executor) -> None:
+    async def op(
+        st: stage.Stage, eng: replica.ReplicaEngine, ex: concurrent.futures.Executor
+    ) -> None:
         await scaling_ops.replicate(
             st.runner, ex, ORIGIN, start, end, _holder(st, start, end, name), eng.live_pages
         )
@@ -95,7 +97,9 @@ def _replicate(start: int, end: int, name: str) -> Op:
 
 
 def _evict(start: int, end: int, name: str) -> Op:
-    async def op(st: stage.Stage, eng: replica.ReplicaEngine, ex: concurrent.futures.Executor) -> None:
+    async def op(
+        st: stage.Stage, eng: replica.ReplicaEngine, ex: concurrent.futures.Executor
+    ) -> None:
         res = await scaling_ops.evict(st.runner, ex, start, end, name)
         assert res.target == ORIGIN or res.target.startswith("a")
 
@@ -103,7 +107,9 @@ def _evict(start: int, end: int, name: str) -> Op:
 
 
 def _migrate(start: int, end: int, source: str, name: str) -> Op:
-    async def op(st: stage.Stage, eng: replica.ReplicaEngine, ex: concurrent.futures.Executor) -> None:
+    async def op(
+        st: stage.Stage, eng: replica.ReplicaEngine, ex: concurrent.futures.Executor
+    ) -> None:
         res = await scaling_ops.migrate(
             st.runner, ex, start, end, source, _holder(st, start, end, name), ORIGIN,
             eng.live_pages,

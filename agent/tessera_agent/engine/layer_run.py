@@ -300,7 +300,10 @@ class ReplicatedRun:
             self._measure(self.home, x.shape[0], secs)
             self.steps += 1
             return out
-        index = {h: torch.tensor(rows, dtype=torch.long, device=x.device) for h, (_, rows) in groups.items()}
+        index = {
+            h: torch.tensor(rows, dtype=torch.long, device=x.device)
+            for h, (_, rows) in groups.items()
+        }
         order = sorted(groups, key=lambda h: h == self.origin)  # the inline origin last
         futs = {
             h: self.holders[h].submit(self.steps, groups[h][0], x.index_select(0, index[h]))
