@@ -29,7 +29,7 @@ from tessera_agent import (
     stage_link,
     tp_member,
 )
-from tessera_agent.engine import errors, loader, replica, stage
+from tessera_agent.engine import errors, layer_run, loader, replica, stage
 from tessera_agent.transfer import block_copy, group
 
 log = logging.getLogger(__name__)
@@ -208,5 +208,6 @@ class Hosting:
             if h.tp is not None:  # rank 0 stops its followers; a follower lets go
                 await asyncio.get_running_loop().run_in_executor(None, h.tp.close)
             h.close_links()
+            layer_run.close_runs(h.stage.runner.runs)  # replicas of its layer runs go too
             self.memory.release(h.stage.spec.device, h.holder)
             log.info("unloaded %s", h.holder)

@@ -389,3 +389,11 @@ def forward(
     if pos < len(model.layers):
         x = model.forward_layers(x, md, kv, pos, len(model.layers))
     return x
+
+
+def close_runs(runs: Sequence[ReplicatedRun]) -> None:
+    """Let every replica of the runs go (the stage is being unloaded)."""
+    for run in runs:
+        for name, h in run.holders.items():
+            if name != run.origin:
+                h.close()

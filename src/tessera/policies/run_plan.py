@@ -11,6 +11,7 @@ per run, so partially overlapping runs cannot both exist). Called by the scaling
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -42,7 +43,7 @@ def _cut(runs: Sequence[tuple[int, int]], cuts: set[int]) -> list[tuple[int, int
     out: list[tuple[int, int]] = []
     for a, b in runs:
         edges = [a, *sorted(c for c in cuts if a < c < b), b]
-        out += list(zip(edges, edges[1:], strict=False))
+        out += list(itertools.pairwise(edges))
     return out
 
 
