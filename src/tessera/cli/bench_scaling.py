@@ -129,13 +129,23 @@ def _op_table(
     rng = random.Random(1)
     sa = _stub(a.address)
     for n in sizes:
-        req = {"replica_id": "r0", "layer_start": 0, "layer_end": n}
+
+        def req(
+            n: int = n, target_address: str = "", self_address: str = "", holder: str = ""
+        ) -> pb.ScalingOpRequest:
+            return pb.ScalingOpRequest(
+                replica_id="r0",
+                layer_start=0,
+                layer_end=n,
+                target_address=target_address,
+                self_address=self_address,
+                holder=holder,
+            )
+
         prompts = [[0, *(rng.randrange(5, 500) for _ in range(40))] for _ in range(4)]
         ts = _background(a.address, prompts[:2], 200)
         _wait(lambda: _running(a.address) >= 2)
-        rep = sa.ScalingReplicate(
-            pb.ScalingOpRequest(target_address=b.address, self_address=a.address, **req)
-        )
+        rep = sa.ScalingReplicate(req(target_address=b.address, self_address=a.address))
         rows.append(_row(rep, n))
         ts += _background(a.address, prompts[2:], 200)  # these join the replica
 
@@ -144,10 +154,8 @@ def _op_table(
             return any(h.name == holder and h.requests for r in runs for h in r.holders)
 
         _wait(joined, 60.0)
-        rows.append(_row(sa.ScalingEvict(pb.ScalingOpRequest(holder=rep.target, **req)), n))
-        mig = sa.ScalingMigrate(
-            pb.ScalingOpRequest(target_address=b.address, self_address=a.address, **req)
-        )
+        rows.append(_row(sa.ScalingEvict(req(holder=rep.target)), n))
+        mig = sa.ScalingMigrate(req(target_address=b.address, self_address=a.address))
         rows.append(_row(mig, n))
         for t in ts:
             t.join(300)
