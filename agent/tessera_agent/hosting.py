@@ -209,5 +209,8 @@ class Hosting:
                 await asyncio.get_running_loop().run_in_executor(None, h.tp.close)
             h.close_links()
             layer_run.close_runs(h.stage.runner.runs)  # replicas of its layer runs go too
+            for d in self.memory.devices.values():  # and their bookings on this agent
+                for k in [k for k in d.used if k.startswith(f"run:{replica_id}/")]:
+                    del d.used[k]
             self.memory.release(h.stage.spec.device, h.holder)
             log.info("unloaded %s", h.holder)

@@ -189,3 +189,53 @@ def test_bad_ranges_are_refused(tiny_llama: Path) -> None:
     st = helpers.load(tiny_llama, [(0, 4), (4, 8)])[0]
     with pytest.raises(errors.InvalidArgumentError, match="not within"):
         scaling_ops.local_replica(st.runner, 3, 6, torch.device("cpu"), "x")
+
+
+def test_run_on_a_later_pipeline_stage(tiny_llama: Path, prompts: list[list[int]]) -> None:
+    """A 2-stage pipeline; layers [5, 7) of stage 1 are replicated mid-decode (stage 1's
+    own executor orders the change), then the origin's copy migrates: HF's tokens."""
+    stages = helpers.load(tiny_llama, [(0, 4), (4, 8)])
+    ds = stage.LocalDownstream([stages[1].runner])
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    cfg = scheduler.SchedulerConfig(
+        max_model_len=stages[0].cfg.max_positions,
+        max_batched_tokens=32,
+        eos_token_ids=stages[0].cfg.eos_token_ids,
+    )
+
+    async def connect() -> replica.Downstream:
+        return ds
+
+    async def main() -> list[list[int]]:
+        eng = replica.ReplicaEngine(stages[0].runner, pool, cfg, connect)
+        ex = ds._pools[0]  # stage 1's compute thread
+        r1 = stages[1].runner
+
+        async def one(i: int) -> list[int]:
+            await asyncio.sleep(DELAYS[i])
+            out = []
+            async for ev in eng.generate(f"s{i}", prompts[i], GREEDY):
+                if ev.token is not None:
+                    out.append(ev.token)
+            return out
+
+        gens = [asyncio.ensure_future(one(i)) for i in range(len(prompts))]
+        while eng.steps < 2:
+            await asyncio.sleep(0.001)
+        await scaling_ops.replicate(r1, ex, ORIGIN, 5, 7, _holder(stages[1], 5, 7, "a1/cpu:0"))
+        while eng.steps < 10:
+            assert not all(g.done() for g in gens)
+            await asyncio.sleep(0.001)
+        await scaling_ops.migrate(
+            r1, ex, 5, 7, ORIGIN, _holder(stages[1], 5, 7, "a2/cpu:0"), ORIGIN
+        )
+        try:
+            return list(await asyncio.gather(*gens))
+        finally:
+            await eng.close()
+            pool.shutdown()
+
+    out = asyncio.run(main())
+    assert out == _expected(tiny_llama, prompts)
+    (run,) = stages[1].runner.runs
+    assert set(run.holders) == {"a1/cpu:0", "a2/cpu:0"} and run.placed.get("a1/cpu:0", 0) >= 1
