@@ -138,8 +138,8 @@ def test_replicated_run_matches_hf(
     assert out == _expected(tiny_llama, prompts)
     (run,) = st.runner.runs
     assert (run.start, run.end) == (start, end)
-    assert run.placed.get("a0/cpu:1", 0) >= 2  # the replica really served requests
-    assert run.placed.get(ORIGIN, 0) >= 2
+    assert run.placed.get("a0/cpu:1", 0) >= 1  # the replica really served requests
+    assert run.placed.get(ORIGIN, 0) >= 1
 
 
 def test_two_replicas_and_prefix_cache_pages_follow(

@@ -11,7 +11,8 @@ Holders (`Holder`): `OriginHolder` runs the stage's own layers inline on the com
 thread; `RunModel`-backed `LocalHolder` runs a copy on another device of the same agent
 on its own thread; the agent's `run_client.RemoteHolder` runs one on another agent. All
 holders use the leader's page ids: a replica's KV pool has the same pages, and a page is
-written only on the holder that served the request writing it (`page_writer`). Pages
+written only on the holder that served the request writing it; `page_copies` records
+which holders hold a valid copy of each page (a write leaves one, a copy adds one). Pages
 shared through the prefix cache are copied to a request's holder when it first arrives
 (only the pages it lacks). Called by `runner.StageRunner.execute` (`forward`) and by
 `scaling_ops` (attach, move) between steps on the compute thread.
@@ -229,11 +230,14 @@ class ReplicatedRun:
         # request -> holder (sticky); requests already running keep the origin's K/V
         self.assignment: dict[str, str] = dict.fromkeys(running, origin.name)
         self.speeds: dict[str, float] = {}  # holder -> tokens/s (EWMA of measured steps)
-        self.page_writer: dict[int, str] = {}  # page -> holder holding its K/V (default origin)
+        # page -> holders with a valid copy of its K/V (default: the origin's alone)
+        self.page_copies: dict[int, frozenset[str]] = {}
         self._live = live_pages or (lambda: set(range(num_pages)))
         self.steps = 0
         self.copied_pages = 0  # prefix-cache pages copied to a request's holder
-        self.placed: dict[str, int] = {}  # holder -> requests placed on it (cumulative)
+        # holder -> requests placed on it (cumulative; those running at the start count
+        # for the origin)
+        self.placed: dict[str, int] = {origin.name: len(self.assignment)} if running else {}
 
     # -- the step -------------------------------------------------------------------------
     def holder_names(self) -> list[str]:
@@ -244,8 +248,25 @@ class ReplicatedRun:
         default = sum(known) / len(known) if known else 1.0
         return {h: self.speeds.get(h, default) for h in self.holders}
 
-    def writer(self, page: int) -> str:
-        return self.page_writer.get(page, self.origin)
+    def copies(self, page: int) -> frozenset[str]:
+        return self.page_copies.get(page, frozenset((self.origin,)))
+
+    def _copy(self, pages: list[int], dst: str) -> int:
+        """Copy the pages `dst` lacks onto it, each from a holder that has it; bytes."""
+        by_src: dict[str, list[int]] = {}
+        for p in pages:
+            have = self.copies(p)
+            if dst not in have:
+                src = self.origin if self.origin in have else min(have)
+                by_src.setdefault(src, []).append(p)
+        nbytes = 0
+        for src, ps in by_src.items():
+            kv = self.holders[src].export_pages(ps)
+            nbytes += kv_nbytes(kv)
+            self.holders[dst].import_pages(ps, kv)
+            for p in ps:
+                self.page_copies[p] = self.copies(p) | {dst}
+        return nbytes
 
     def _place(self, c: step.SeqChunk) -> str:
         """The holder of a request first seen at this run (sticky afterwards)."""
@@ -259,16 +280,10 @@ class ReplicatedRun:
         if c.start == 0:
             return
         pages = list(c.block_table[: -(-c.start // self.page_size)])
-        by_writer: dict[str, list[int]] = {}
-        for p in pages:
-            w = self.writer(p)
-            if w != holder:
-                by_writer.setdefault(w, []).append(p)
-        for w, ps in by_writer.items():
-            self.holders[holder].import_pages(ps, self.holders[w].export_pages(ps))
-            self.copied_pages += len(ps)
-            for p in ps:
-                self.page_writer[p] = holder
+        lacking = [p for p in pages if holder not in self.copies(p)]
+        if lacking:
+            self._copy(lacking, holder)
+            self.copied_pages += len(lacking)
 
     def forget(self, finished: Sequence[str]) -> None:
         for s in finished:
@@ -294,7 +309,7 @@ class ReplicatedRun:
             row += c.num_tokens
             last = (c.start + c.num_tokens - 1) // self.page_size
             for p in c.block_table[c.start // self.page_size : last + 1]:
-                self.page_writer[p] = h
+                self.page_copies[p] = frozenset((h,))  # written here: other copies are stale
         if len(groups) == 1 and self.home in groups:  # the whole batch at home: no copy
             out, secs = self.holders[self.home].submit(0, groups[self.home][0], x).result()
             self._measure(self.home, x.shape[0], secs)
@@ -341,14 +356,12 @@ class ReplicatedRun:
                 f"move {src} -> {dst}: holders of layers [{self.start}, {self.end}) are "
                 f"{sorted(self.holders)}"
             )
-        pages = sorted(p for p in self._live() if self.writer(p) == src)
-        nbytes = 0
-        if pages:
-            kv = self.holders[src].export_pages(pages)
-            nbytes = kv_nbytes(kv)
-            self.holders[dst].import_pages(pages, kv)
+        # every live page only `src` holds goes to `dst`; `src`'s copies are forgotten
+        pages = sorted(p for p in self._live() if src in self.copies(p))
+        lacking = [p for p in pages if dst not in self.copies(p)]
+        nbytes = self._copy(lacking, dst) if lacking else 0
         for p in pages:
-            self.page_writer[p] = dst
+            self.page_copies[p] = (self.copies(p) - {src}) or frozenset((dst,))
         for r, h in self.assignment.items():
             if h == src:
                 self.assignment[r] = dst
@@ -357,7 +370,7 @@ class ReplicatedRun:
         gone = self.holders.pop(src)
         self.speeds.pop(src, None)
         gone.close()
-        return len(pages), nbytes
+        return len(lacking), nbytes
 
     def counts(self, running: set[str] | None = None) -> dict[str, int]:
         """Requests per holder (only those in `running` when given: the last step's
