@@ -218,6 +218,7 @@ def _sweep(
             res[policy] = {"tokens_per_s": n * tokens / wall, "p99_s": p99}
             out["runs"].append(
                 {
+                    "gamma_used": round(d.gamma, 3),
                     "load_rps": load,
                     "policy": policy,
                     "tokens_per_s": round(n * tokens / wall, 2),
@@ -226,6 +227,8 @@ def _sweep(
                 }
             )
             if policy == "on":
+                gamma = d.measure_gamma()  # the next loads decide with it
+                out["runs"][-1]["gamma_measured"] = None if gamma is None else round(gamma, 3)
                 d.evict_all()
         key = str(load)
         out["throughput_ratio_by_load"][key] = round(

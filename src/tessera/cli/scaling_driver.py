@@ -3,7 +3,9 @@
 Observes the agents (`Describe`): a device's idle share is 1 when nothing runs on its
 agent (no running request on a replica it leads, no layer run held for another) and 0
 otherwise — the only idle signal a CPU agent reports today; free memory comes from the
-device's booking. Decides with the pure policy (`module_scaling.scale_up` /
+device's booking; gamma (Eq. 4) is measured from the runs it made (`measure_gamma`:
+a replica's seconds per token at a run against the origin's) and, until a peer's link
+is given, sets the link term of the next decisions. Decides with the pure policy (`module_scaling.scale_up` /
 `scale_down`, turned into layer-run operations by `run_plan`), and applies the
 operations with the origin agent's `ScalingReplicate` / `ScalingMigrate` /
 `ScalingEvict`. Keeps the modelled placement it applied. Used by `tessera bench
@@ -52,9 +54,38 @@ class ScalingDriver:
     stage_index: int = 0
     applied: list[tuple[run_plan.RunOp, pb.ScalingOpReply]] = field(default_factory=list)
 
+    gamma: float = 0.0  # measured transfer/compute share of a replicated layer (Eq. 4)
+
     def __post_init__(self) -> None:
         self.state = sp.Placement.initial(self.origin.name, self.num_layers)
         self._migrated: set[int] = set()  # layers whose origin copy migrated away
+
+    def measure_gamma(self) -> float | None:
+        """gamma from the runs' measured speeds: a replica's seconds per token at a run
+        minus the origin's (same compute, so the rest is the hidden states' round trip),
+        over the origin's (`speedup.gamma_from_times`); kept for the next decisions.
+        None while no run has both speeds measured."""
+        d = self._stub(self.origin.address).Describe(pb.DescribeRequest(), timeout=10.0)
+        found: list[float] = []
+        for run in d.scaling_runs:
+            speeds = {h.name: h.tokens_per_s for h in run.holders if h.tokens_per_s > 0}
+            base = speeds.get(self.origin.name)
+            if not base:
+                continue
+            for name, s in speeds.items():
+                if name != self.origin.name:
+                    found.append(sp.gamma_from_times(1 / base, max(0.0, 1 / s - 1 / base)))
+        if not found:
+            return None
+        self.gamma = sum(found) / len(found)
+        return self.gamma
+
+    def _bandwidth(self, p: Peer) -> float:
+        """Eq. 2's B for a peer: its own when given, else the one the measured gamma
+        implies (gamma = delta C / (d B), delta = 1)."""
+        if p.bandwidth != float("inf") or self.gamma <= 0:
+            return p.bandwidth
+        return p.capacity / (self.hidden * self.gamma)
 
     def _stub(self, address: str) -> pb_grpc.AgentStub:
         return pb_grpc.AgentStub(transport.sync_channel(address))
@@ -65,7 +96,8 @@ class ScalingDriver:
             d = self._stub(p.address).Describe(pb.DescribeRequest(), timeout=10.0)
             busy = any(k.running for k in d.kv) or bool(d.scaling_hosted)
             free = next((x.free_bytes for x in d.devices if x.id == p.device), 0)
-            out[p.name] = sp.Device(p.name, p.capacity, p.bandwidth, free, 0.0 if busy else 1.0)
+            idle = 0.0 if busy else 1.0
+            out[p.name] = sp.Device(p.name, p.capacity, self._bandwidth(p), free, idle)
         return out
 
     def _op(self, kind: str, op: run_plan.RunOp, **kw: str) -> pb.ScalingOpReply:
