@@ -1,6 +1,6 @@
 """A replica of a layer run on another agent, seen by the stage that owns the run.
 
-`RemoteHolder` implements `engine.layer_run.Holder` over the `ScalingRun*` RPCs of the
+`RemoteHolder` implements `engine.run_holders.Holder` over the `ScalingRun*` RPCs of the
 agent holding the copy: `load` asks it to load the layers (weights copied from this
 stage's agent), `submit` sends one step's sub-batch and returns its hidden states,
 `export_pages` / `import_pages` move K/V pages, `close` unloads it. The engine calls these
@@ -23,7 +23,7 @@ from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import convert
-from tessera_agent.engine import errors, layer_run, step
+from tessera_agent.engine import errors, run_holders, step
 
 T = TypeVar("T")
 
@@ -86,8 +86,8 @@ class RemoteHolder:
     ) -> concurrent.futures.Future[tuple[torch.Tensor, float]]:
         return asyncio.run_coroutine_threadsafe(self._step(step_id, chunks, hidden), self._loop)
 
-    async def _export(self, pages: list[int]) -> layer_run.KV:
-        out: layer_run.KV = []
+    async def _export(self, pages: list[int]) -> run_holders.KV:
+        out: run_holders.KV = []
         try:
             call = self._stub.ScalingRunExportKV(
                 pb.ScalingRunKVRequest(run_id=self.run_id, page_ids=pages), timeout=120.0
@@ -98,10 +98,10 @@ class RemoteHolder:
             raise _unavailable(self.address, exc) from exc
         return out
 
-    def export_pages(self, pages: list[int]) -> layer_run.KV:
+    def export_pages(self, pages: list[int]) -> run_holders.KV:
         return self._wait(self._export(pages))
 
-    async def _import(self, pages: list[int], kv: layer_run.KV) -> None:
+    async def _import(self, pages: list[int], kv: run_holders.KV) -> None:
         msgs = [
             pb.ScalingRunKVImport(header=pb.ScalingRunKVRequest(run_id=self.run_id, page_ids=pages))
         ]
@@ -118,7 +118,7 @@ class RemoteHolder:
         except grpc.aio.AioRpcError as exc:
             raise _unavailable(self.address, exc) from exc
 
-    def import_pages(self, pages: list[int], kv: layer_run.KV) -> None:
+    def import_pages(self, pages: list[int], kv: run_holders.KV) -> None:
         self._wait(self._import(pages, kv))
 
     async def _unload(self) -> None:

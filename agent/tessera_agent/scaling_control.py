@@ -18,7 +18,7 @@ import uuid
 
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import booking, hosted, hosting, run_client
-from tessera_agent.engine import errors, layer_run, scaling_ops
+from tessera_agent.engine import errors, run_holders, scaling_ops
 
 
 class ScalingControl:
@@ -44,14 +44,14 @@ class ScalingControl:
         start, end = req.layer_start, req.layer_end
         scaling_ops.check_range(runner, start, end)
         vacated = any(
-            isinstance(runner.model.layers[i - spec.start], layer_run.VacatedLayer)
+            isinstance(runner.model.layers[i - spec.start], run_holders.VacatedLayer)
             for i in range(start, end)
         )
         if not req.target_address:
             dev = self.memory.device(req.target_device or next(iter(self.memory.devices)))
             name = f"{self.agent_id}/{dev.id}"
 
-            async def local() -> layer_run.Holder:
+            async def local() -> run_holders.Holder:
                 holder = await asyncio.get_running_loop().run_in_executor(
                     None,
                     scaling_ops.local_replica,
@@ -87,7 +87,7 @@ class ScalingControl:
                 )
             )
 
-        async def remote() -> layer_run.Holder:
+        async def remote() -> run_holders.Holder:
             return await run_client.RemoteHolder.load(req.target_address, load)
 
         return remote

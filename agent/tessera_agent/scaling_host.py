@@ -21,7 +21,7 @@ import torch
 
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import booking, convert
-from tessera_agent.engine import config, errors, layer_run, loader, stage
+from tessera_agent.engine import config, errors, loader, run_holders, stage
 from tessera_agent.transfer import block_copy, group
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 class HostedRun:
     run_id: str
     device: str
-    model: layer_run.RunModel
+    model: run_holders.RunModel
 
 
 class RunHost:
@@ -85,7 +85,7 @@ class RunHost:
                 moved_by = "checkpoint"
             rm = await loop.run_in_executor(
                 None,
-                lambda: layer_run.RunModel(
+                lambda: run_holders.RunModel(
                     cfg, start, end, tensors, dtype, dev.torch_device(), req.num_pages,
                     req.page_size,
                 ),
@@ -135,7 +135,7 @@ class RunHost:
             raise errors.InvalidArgumentError("ScalingRunImportKV: the first message is a header")
         run = self.get(first.header.run_id)
         pages = self._pages(run, list(first.header.page_ids))
-        kv: layer_run.KV = []
+        kv: run_holders.KV = []
         async for msg in it:
             if not msg.HasField("layer"):
                 raise errors.InvalidArgumentError("ScalingRunImportKV: one header, then layers")

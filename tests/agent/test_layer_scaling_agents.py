@@ -18,6 +18,7 @@ import grpc
 import pytest
 
 from tessera import local_agents
+from tessera.cli import scaling_status
 from tessera.rpc.v1 import agent_pb2 as pb
 from tests.agent.test_agent_rpc import _code, _stub, generate, load_replica
 from tests.conftest import hf_greedy
@@ -86,6 +87,10 @@ def test_replicate_evict_migrate_mid_decode_match_hf(
     assert run.origin == "migrated"
     assert {h.name for h in run.holders} == {mig.target, back.target}
     assert placed(back.target) >= 1
+    # `tessera status` lists both holders of the run and says the home migrated
+    table = scaling_status.rows([(a.agent_id, a.address), (b.agent_id, b.address)])
+    assert {(r[2], r[3]) for r in table} == {("[2, 6)", mig.target), ("[2, 6)", back.target)}
+    assert any(r[4].startswith("home (migrated from") for r in table)
     # bad requests are refused with the cause
     code, msg = _code(lambda: op("Evict", holder="nobody/cpu:0"))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "holders" in msg

@@ -10,7 +10,7 @@ import concurrent.futures
 
 import torch
 
-from tessera_agent.engine import layer_run, sampling, step
+from tessera_agent.engine import layer_run, run_holders, sampling, step
 
 
 class FakeHolder:
@@ -30,11 +30,11 @@ class FakeHolder:
         fut.set_result((hidden + 1, 0.001))
         return fut
 
-    def export_pages(self, pages: list[int]) -> layer_run.KV:
+    def export_pages(self, pages: list[int]) -> run_holders.KV:
         t = torch.tensor([self.pages[p] for p in pages])
         return [(t, t.clone())]
 
-    def import_pages(self, pages: list[int], kv: layer_run.KV) -> None:
+    def import_pages(self, pages: list[int], kv: run_holders.KV) -> None:
         for p, x in zip(pages, kv[0][0].tolist(), strict=True):
             self.pages[p] = x
 

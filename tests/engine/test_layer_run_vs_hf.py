@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tessera_agent.engine import layer_run, replica, sampling, scaling_ops, scheduler, stage
+from tessera_agent.engine import replica, run_holders, sampling, scaling_ops, scheduler, stage
 from tests.conftest import hf_greedy
 from tests.engine import helpers
 
@@ -28,7 +28,7 @@ Op = Callable[[stage.Stage, replica.ReplicaEngine, concurrent.futures.Executor],
 
 
 def _holder(st: stage.Stage, start: int, end: int, name: str) -> scaling_ops.HolderFactory:
-    async def make() -> layer_run.Holder:
+    async def make() -> run_holders.Holder:
         return scaling_ops.local_replica(
             st.runner, start, end, torch.device("cpu"), name, st.spec.model_path
         )
@@ -178,7 +178,7 @@ def test_evict_and_migrate_mid_decode(tiny_llama: Path, prompts: list[list[int]]
     (run,) = st.runner.runs
     assert run.home == "a1/cpu:0" and ORIGIN not in run.holders
     assert set(run.holders) == {"a1/cpu:0", "a2/cpu:0"}
-    assert isinstance(st.runner.model.layers[3], layer_run.VacatedLayer)
+    assert isinstance(st.runner.model.layers[3], run_holders.VacatedLayer)
     assert st.runner.cache.k[3].numel() == 0  # the origin's K/V of the run is released
     assert eng.steps > 13
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from tessera_agent.engine import errors, layer_run, loader, runner
+from tessera_agent.engine import errors, layer_run, loader, run_holders, runner
 
-HolderFactory = Callable[[], Awaitable[layer_run.Holder]]
+HolderFactory = Callable[[], Awaitable[run_holders.Holder]]
 
 
 @dataclass(frozen=True)
@@ -78,13 +78,13 @@ def local_replica(
     device: torch.device,
     name: str,
     model_path: str = "",
-) -> layer_run.LocalHolder:
+) -> run_holders.LocalHolder:
     """A copy of layers [start, end) on another device of this agent (weights copied from
     the stage, or read from `model_path` when the stage's copy migrated away; an empty KV
     pool with the stage's pages)."""
     lo, hi = check_range(r, start, end)
     lay = r.cache.layout
-    if any(isinstance(x, layer_run.VacatedLayer) for x in r.model.layers[lo:hi]):
+    if any(isinstance(x, run_holders.VacatedLayer) for x in r.model.layers[lo:hi]):
         if not model_path:  # the stage's copy migrated away: read the checkpoint
             raise errors.FailedPreconditionError(
                 f"layers [{start}, {end}) migrated away from this stage; name the checkpoint"
@@ -96,11 +96,11 @@ def local_replica(
         ]
         tensors = loader.read_tensors(Path(model_path), names)
     else:
-        tensors = layer_run.layer_tensors(r.model, start, end)
-    rm = layer_run.RunModel(
+        tensors = run_holders.layer_tensors(r.model, start, end)
+    rm = run_holders.RunModel(
         r.model.cfg, start, end, tensors, r.model.dtype_, device, lay.num_pages, lay.page_size
     )
-    return layer_run.LocalHolder(name, rm)
+    return run_holders.LocalHolder(name, rm)
 
 
 async def _between_steps(executor: concurrent.futures.Executor, fn: Callable[[], object]) -> float:
@@ -133,7 +133,7 @@ async def replicate(
     def attach() -> None:
         nonlocal run
         if run is None:
-            base = layer_run.OriginHolder(origin, r.model, r.cache, lo, hi)
+            base = run_holders.OriginHolder(origin, r.model, r.cache, lo, hi)
             run = layer_run.ReplicatedRun(
                 base, start, r.page_size, live_pages, r.cache.layout.num_pages,
                 list(r.block_tables),
@@ -203,7 +203,7 @@ async def migrate(
         if run is None:
             if source != origin:
                 raise errors.NotFoundError(f"layers [{start}, {end}) have no holder {source}")
-            base = layer_run.OriginHolder(origin, r.model, r.cache, lo, hi)
+            base = run_holders.OriginHolder(origin, r.model, r.cache, lo, hi)
             run = layer_run.ReplicatedRun(
                 base, start, r.page_size, live_pages, r.cache.layout.num_pages,
                 list(r.block_tables),

@@ -5,10 +5,10 @@ agent (no running request on a replica it leads, no layer run held for another) 
 otherwise — the only idle signal a CPU agent reports today; free memory comes from the
 device's booking; gamma (Eq. 4) is measured from the runs it made (`measure_gamma`:
 a replica's seconds per token at a run against the origin's) and, until a peer's link
-is given, sets the link term of the next decisions. Decides with the pure policy (`module_scaling.scale_up` /
-`scale_down`, turned into layer-run operations by `run_plan`), and applies the
-operations with the origin agent's `ScalingReplicate` / `ScalingMigrate` /
-`ScalingEvict`. Keeps the modelled placement it applied. Used by `tessera bench
+is given, sets the link term of the next decisions. Decides with the pure policy
+(`module_scaling.scale_up` / `scale_down`, turned into layer-run operations by
+`run_plan`), and applies the operations with the origin agent's `ScalingReplicate` /
+`ScalingMigrate` / `ScalingEvict`. Keeps the modelled placement it applied. Used by `tessera bench
 scaling`; the operator's loop would call the same `tick_up` / `tick_down`.
 """
 
