@@ -33,7 +33,7 @@ from tessera_agent import (
     switch_fetch,
     tp_member,
 )
-from tessera_agent.engine import errors, loader, replica, stage
+from tessera_agent.engine import errors, layer_run, loader, replica, stage
 from tessera_agent.transfer import block_copy, group
 
 log = logging.getLogger(__name__)
@@ -251,5 +251,9 @@ class Hosting:
             if h.tp is not None:  # rank 0 stops its followers; a follower lets go
                 await asyncio.get_running_loop().run_in_executor(None, h.tp.close)
             h.close_links()
+            layer_run.close_runs(h.stage.runner.runs)  # replicas of its layer runs go too
+            for d in self.memory.devices.values():  # and their bookings on this agent
+                for k in [k for k in d.used if k.startswith(f"run:{replica_id}/")]:
+                    del d.used[k]
             self.memory.release(h.stage.spec.device, h.holder)
             log.info("unloaded %s", h.holder)

@@ -33,6 +33,9 @@ from tessera_agent import (
     load_config,
     metrics,
     overload_shift,
+    scaling_control,
+    scaling_host,
+    scaling_rpc,
     stage_server,
     tensor_transfer,
 )
@@ -42,7 +45,7 @@ from tessera_agent.transfer import block_copy, group, kv_copy
 log = logging.getLogger(__name__)
 
 
-class AgentServicer(pb_grpc.AgentServicer):
+class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
     def __init__(
         self,
         agent_id: str,
@@ -62,6 +65,11 @@ class AgentServicer(pb_grpc.AgentServicer):
         self.compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compute")
         self.hosting = hosting.Hosting(agent_id, self.memory, defaults, self.compute, store_address)
         self.hosted = self.hosting.hosted  # read by the metrics collector and StageStream
+        # Module-level scaling (scaling_rpc.py): runs of this agent's stages, runs held here.
+        self.scaling = scaling_control.ScalingControl(
+            agent_id, self.hosting, self.memory, self.compute
+        )
+        self.run_host = scaling_host.RunHost(agent_id, self.memory, self.compute, store_address)
         self.metrics = metrics.AgentMetrics(self)
 
     async def close(self) -> None:
@@ -91,6 +99,8 @@ class AgentServicer(pb_grpc.AgentServicer):
             blocks=self._blocks(),
             kv=kv,
             store_address=self.store_address,
+            scaling_runs=self.scaling.describe(),
+            scaling_hosted=self.run_host.describe(),
         )
 
     async def ListBlocks(

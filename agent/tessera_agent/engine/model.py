@@ -202,6 +202,21 @@ class StageModel(nn.Module):
             x = layer(x, md, k_cache, v_cache)
         return x
 
+    def forward_layers(
+        self,
+        x: torch.Tensor,
+        md: AttentionMetadata,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        lo: int,
+        hi: int,
+    ) -> torch.Tensor:
+        """Hidden states through local layers [lo, hi) only (`kv`: the whole stage's
+        pools); a replicated layer run cuts the loop here (`layer_run.py`)."""
+        md.cos, md.sin = self.rope_tables(md.positions, md.max_position)
+        for layer, (k_cache, v_cache) in zip(self.layers[lo:hi], kv[lo:hi], strict=True):
+            x = layer(x, md, k_cache, v_cache)
+        return x
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the rows to sample (last stage only)."""
         if self.norm is None or self.lm_head is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tessera_agent.engine import attention, errors, lora, sampling, step
+from tessera_agent.engine import attention, errors, layer_run, lora, sampling, step
 from tessera_agent.engine import kv_cache as kv_mod
 from tessera_agent.engine import model as model_mod
 
@@ -25,6 +25,8 @@ class StageRunner:
         self.block_tables: dict[str, tuple[int, ...]] = {}  # last seen, for KV export
         # LoRA variants attached to this stage (see lora.attach): context and name -> slot.
         self.lora: tuple[lora.LoraContext, dict[str, int]] | None = None
+        # Replicated layer runs of this stage (CoCoServe; layer_run.py, scaling_ops.py).
+        self.runs: list[layer_run.ReplicatedRun] = []
 
     def attach_adapters(self, adapters: list[lora.Adapter]) -> None:
         """Serve these LoRA adapters on this stage (replaces the previous set)."""
@@ -60,6 +62,8 @@ class StageRunner:
     def execute(self, inp: step.StepInput) -> step.StepOutput:
         for seq_id in inp.finished:
             self.forget(seq_id)
+        for run in self.runs:
+            run.forget(inp.finished)
         if not inp.chunks:
             return step.StepOutput(step_id=inp.step_id)
         md = self._metadata(inp.chunks)
@@ -72,7 +76,12 @@ class StageRunner:
             if inp.hidden is None:
                 raise ValueError("a later stage needs hidden states")
             x = inp.hidden.to(self.device, self.model.dtype_)
-        hidden = self.model(x, md, self.cache.layers())
+        if self.runs:
+            hidden = layer_run.forward(
+                self.model, x, md, self.cache.layers(), inp.chunks, self.runs
+            )
+        else:
+            hidden = self.model(x, md, self.cache.layers())
         if not self.model.is_last:
             return step.StepOutput(step_id=inp.step_id, hidden=hidden)
         rows, ids, params = [], [], []

@@ -45,7 +45,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeReply(_message.Message):
-    __slots__ = ("agent_id", "devices", "nvml_status", "blocks", "kv", "version", "store_address")
+    __slots__ = ("agent_id", "devices", "nvml_status", "blocks", "kv", "version", "store_address", "scaling_runs", "scaling_hosted")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     NVML_STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,8 @@ class DescribeReply(_message.Message):
     KV_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SCALING_RUNS_FIELD_NUMBER: _ClassVar[int]
+    SCALING_HOSTED_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     nvml_status: str
@@ -60,7 +62,9 @@ class DescribeReply(_message.Message):
     kv: _containers.RepeatedCompositeFieldContainer[ReplicaKV]
     version: str
     store_address: str
-    def __init__(self, agent_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nvml_status: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[ReplicaKV, _Mapping]]] = ..., version: _Optional[str] = ..., store_address: _Optional[str] = ...) -> None: ...
+    scaling_runs: _containers.RepeatedCompositeFieldContainer[ScalingRunInfo]
+    scaling_hosted: _containers.RepeatedCompositeFieldContainer[ScalingHostedRun]
+    def __init__(self, agent_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nvml_status: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[ReplicaKV, _Mapping]]] = ..., version: _Optional[str] = ..., store_address: _Optional[str] = ..., scaling_runs: _Optional[_Iterable[_Union[ScalingRunInfo, _Mapping]]] = ..., scaling_hosted: _Optional[_Iterable[_Union[ScalingHostedRun, _Mapping]]] = ...) -> None: ...
 
 class LoadBlockRequest(_message.Message):
     __slots__ = ("model_path", "layer_start", "layer_end", "device", "replica_id", "stage_index", "num_stages", "next_stage_address", "dtype", "kv_bytes", "page_size", "max_num_seqs", "max_batched_tokens", "source", "generation", "tp_size", "tp_rank", "data_plane", "switch_sources")
@@ -593,6 +597,180 @@ class ImportKVReply(_message.Message):
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     layers: int
     def __init__(self, layers: _Optional[int] = ...) -> None: ...
+
+class ScalingOpRequest(_message.Message):
+    __slots__ = ("replica_id", "stage_index", "layer_start", "layer_end", "target_address", "target_device", "holder", "self_address")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    SELF_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    stage_index: int
+    layer_start: int
+    layer_end: int
+    target_address: str
+    target_device: str
+    holder: str
+    self_address: str
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., target_address: _Optional[str] = ..., target_device: _Optional[str] = ..., holder: _Optional[str] = ..., self_address: _Optional[str] = ...) -> None: ...
+
+class ScalingOpReply(_message.Message):
+    __slots__ = ("op", "layer_start", "layer_end", "source", "target", "seconds", "pause_s", "param_bytes", "kv_bytes", "kv_pages", "requests")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_S_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_PAGES_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    op: str
+    layer_start: int
+    layer_end: int
+    source: str
+    target: str
+    seconds: float
+    pause_s: float
+    param_bytes: int
+    kv_bytes: int
+    kv_pages: int
+    requests: int
+    def __init__(self, op: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., source: _Optional[str] = ..., target: _Optional[str] = ..., seconds: _Optional[float] = ..., pause_s: _Optional[float] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., requests: _Optional[int] = ...) -> None: ...
+
+class ScalingRunLoadRequest(_message.Message):
+    __slots__ = ("run_id", "model_path", "layer_start", "layer_end", "device", "dtype", "num_pages", "page_size", "source")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    model_path: str
+    layer_start: int
+    layer_end: int
+    device: str
+    dtype: str
+    num_pages: int
+    page_size: int
+    source: BlockSource
+    def __init__(self, run_id: _Optional[str] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., num_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., source: _Optional[_Union[BlockSource, _Mapping]] = ...) -> None: ...
+
+class ScalingRunLoadReply(_message.Message):
+    __slots__ = ("holder", "param_bytes", "kv_bytes", "transport")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    param_bytes: int
+    kv_bytes: int
+    transport: str
+    def __init__(self, holder: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., transport: _Optional[str] = ...) -> None: ...
+
+class ScalingRunStepRequest(_message.Message):
+    __slots__ = ("run_id", "step")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    step: StageStep
+    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[_Union[StageStep, _Mapping]] = ...) -> None: ...
+
+class ScalingRunStepReply(_message.Message):
+    __slots__ = ("hidden", "seconds")
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    hidden: Tensor
+    seconds: float
+    def __init__(self, hidden: _Optional[_Union[Tensor, _Mapping]] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class ScalingRunKVRequest(_message.Message):
+    __slots__ = ("run_id", "page_ids")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    page_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, run_id: _Optional[str] = ..., page_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ScalingRunKVImport(_message.Message):
+    __slots__ = ("header", "layer")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    header: ScalingRunKVRequest
+    layer: KVLayer
+    def __init__(self, header: _Optional[_Union[ScalingRunKVRequest, _Mapping]] = ..., layer: _Optional[_Union[KVLayer, _Mapping]] = ...) -> None: ...
+
+class ScalingRunUnloadRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class ScalingRunUnloadReply(_message.Message):
+    __slots__ = ("unloaded",)
+    UNLOADED_FIELD_NUMBER: _ClassVar[int]
+    unloaded: bool
+    def __init__(self, unloaded: _Optional[bool] = ...) -> None: ...
+
+class ScalingHolderInfo(_message.Message):
+    __slots__ = ("name", "requests", "tokens_per_s", "param_bytes", "kv_bytes", "home", "placed")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOME_FIELD_NUMBER: _ClassVar[int]
+    PLACED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    requests: int
+    tokens_per_s: float
+    param_bytes: int
+    kv_bytes: int
+    home: bool
+    placed: int
+    def __init__(self, name: _Optional[str] = ..., requests: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., home: _Optional[bool] = ..., placed: _Optional[int] = ...) -> None: ...
+
+class ScalingRunInfo(_message.Message):
+    __slots__ = ("replica_id", "stage_index", "layer_start", "layer_end", "origin", "holders")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    stage_index: int
+    layer_start: int
+    layer_end: int
+    origin: str
+    holders: _containers.RepeatedCompositeFieldContainer[ScalingHolderInfo]
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., origin: _Optional[str] = ..., holders: _Optional[_Iterable[_Union[ScalingHolderInfo, _Mapping]]] = ...) -> None: ...
+
+class ScalingHostedRun(_message.Message):
+    __slots__ = ("run_id", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    layer_start: int
+    layer_end: int
+    device: str
+    param_bytes: int
+    kv_bytes: int
+    def __init__(self, run_id: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ...) -> None: ...
 
 class OverloadSource(_message.Message):
     __slots__ = ("address", "replica_id", "stage_index", "layer_start", "layer_end")
