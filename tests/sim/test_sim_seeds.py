@@ -1,0 +1,198 @@
+"""The seeds' experiments in the simulator (OServe, CoCoServe, BlockLLM): the decision
+functions are imported and applied, not re-implemented, and applying them has the
+effect their papers describe in small configurations."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tessera.cost import analytic
+from tessera.cost.model_shape import from_hf_config
+from tessera.policies import batching, request_split
+from tessera.policies import speedup as sp
+from tessera.sim import arrivals, blockllm, cocoserve, engine, setup
+from tessera.sim.replica import SimRequest
+
+ROOT = Path(__file__).resolve().parents[2]
+SIM = ROOT / "src" / "tessera" / "sim"
+
+
+def _prof(model: str):  # type: ignore[no-untyped-def]
+    import json
+
+    cfg = json.loads((ROOT / "examples" / "models" / model / "config.json").read_text())
+    return analytic.analytic_profile(from_hf_config(cfg, model), "h100-80gb")
+
+
+def _imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("module", "needed"),
+    [
+        (
+            "oserve.py",
+            {
+                "tessera.planner.table1",
+                "tessera.planner.latency",
+                "tessera.policies.switching",
+                "tessera.policies.switch_plan",
+                "tessera.workload.selector",
+                "tessera.policies.routing",
+            },
+        ),
+        (
+            "cocoserve.py",
+            {
+                "tessera.policies.module_scaling",
+                "tessera.policies.request_split",
+                "tessera.policies.speedup",
+            },
+        ),
+        ("blockllm.py", {"tessera.policies.block_dispatch"}),
+    ],
+)
+def test_the_sim_imports_the_decisions(module: str, needed: set[str]) -> None:
+    assert needed <= _imports(SIM / module)
+
+
+def test_the_sim_defines_no_policy_function() -> None:
+    """No sim module defines a function named like the decisions it imports."""
+    decisions = {
+        "decide",
+        "scale_up",
+        "scale_down",
+        "assign",
+        "choose",
+        "best_routing",
+        "plan_drop",
+        "speedup",
+        "compute_time",
+        "estimate_s",
+    }
+    for path in SIM.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                assert node.name not in decisions, f"{path.name} defines {node.name}"
+
+
+def test_replication_plan_and_split_speed_up_a_compute_bound_step() -> None:
+    prof = _prof("llama-2-13b")
+    plan = cocoserve.plan_replication(prof, "gpu0", "gpu2", 64, 1000)
+    assert plan.actions and plan.speedup_after > plan.speedup_before
+    base = setup.uniform(prof, prof.comm, 1, 1, 1, 8, cocoserve.GPU_MEMORY)[0]
+    rep = cocoserve.ReplicatedReplica(
+        base, prof, plan.state, {"gpu0": 1.0, "gpu2": cocoserve.IDLE}, prof.comm.intra_node
+    )
+    plain = setup.uniform(prof, prof.comm, 1, 1, 1, 8, cocoserve.GPU_MEMORY)[0]
+    for r in (rep, plain):
+        for i in range(4):
+            r.push(SimRequest(i, 0.0, 500, 10))
+    assert rep.schedule(0.0, 1) is not None and plain.schedule(0.0, 1) is not None
+    assert rep.step is not None and plain.step is not None
+    assert rep.step.dt < 0.9 * plain.step.dt  # prefills split across the two GPUs
+    before = dict(rep.split.assignment)
+    assert set(before.values()) == {"gpu0", "gpu2"}
+    rep.complete(rep.step.end)
+    rep.schedule(rep.step.end if rep.step else 1.0, 2)
+    assert {k: rep.split.assignment[k] for k in before} == before  # sticky
+
+
+def test_request_split_is_what_the_replica_uses() -> None:
+    got = request_split.assign(("a", "b"), {"a": 1.0, "b": 1.0}, {}, joined=["1", "2"])
+    assert got.counts() == {"a": 1, "b": 1}
+
+
+def test_replication_off_the_origin_costs_the_link() -> None:
+    prof = _prof("llama-2-13b")
+    L = prof.model.num_layers
+    base = setup.uniform(prof, prof.comm, 1, 1, 1, 8, cocoserve.GPU_MEMORY)[0]
+    slow = prof.comm.inter_node
+    placed = sp.Placement("gpu0", tuple(("gpu2",) for _ in range(L)))
+    fast_rep = cocoserve.ReplicatedReplica(
+        base, prof, placed, {"gpu0": 1.0, "gpu2": 1.0}, prof.comm.intra_node
+    )
+    slow_rep = cocoserve.ReplicatedReplica(base, prof, placed, {"gpu0": 1.0, "gpu2": 1.0}, slow)
+    reqs = [(SimRequest(i, 0.0, 500, 10), 500) for i in range(4)]
+    for r in (fast_rep, slow_rep):
+        for q, _ in reqs:
+            r.by_id[str(q.rid)] = q
+    t_fast = fast_rep.step_seconds(reqs, 0, 0, [(500, 0)] * 4, 4)
+    t_slow = slow_rep.step_seconds(reqs, 0, 0, [(500, 0)] * 4, 4)
+    assert t_slow > t_fast
+
+
+def test_per_model_copies_hold_every_variant_within_the_slots() -> None:
+    for v in (3, 6, 12, 20):
+        held = blockllm.per_model_copies(v, blockllm.popularity(v))
+        assert {x for h in held for x in h} == set(range(v))
+        per_gpu = -(-v // blockllm.GPUS)
+        assert all(len(h) == per_gpu and len(set(h)) == len(h) for h in held)
+
+
+def test_shared_blocks_batch_variants_and_leave_more_kv() -> None:
+    prof = _prof("llama-2-7b")
+    limits = batching.BatchLimits()
+    pm, _ = blockllm.build(prof, 20, "per_model", limits)
+    bl, _ = blockllm.build(prof, 20, "shared_blocks", limits)
+    assert bl[0].alloc.num_pages > pm[0].alloc.num_pages
+    chosen = [(SimRequest(i, 0.0, 100, 10, tag=f"v{i % 2}"), 1) for i in range(32)]
+    for q, _ in chosen:
+        q.generated = q.computed = 100  # decodes
+    t_pm = pm[0].step_seconds(chosen, 32, 32 * 101, [], 32)
+    t_bl = bl[0].step_seconds(chosen, 32, 32 * 101, [], 32)
+    assert t_bl < 0.7 * t_pm  # one weight read for the shared layers, not two
+
+
+def test_block_dispatch_keeps_variants_on_their_hosts() -> None:
+    prof = _prof("llama-2-7b")
+    limits = batching.BatchLimits()
+    reps, hosts = blockllm.build(prof, 20, "per_model", limits)
+    arr = blockllm.tagged(5.0, 20.0, [_req(200, 20)], blockllm.popularity(20), seed=1)
+    served: dict[str, set[str]] = {}
+    eng = engine.Engine(reps, setup.router_for(None, []))
+    inner = blockllm.dispatcher(hosts, 1000.0, prof.memory.kv_bytes_per_token)
+
+    def spy(e: engine.Engine, a: arrivals.Arrival, ready: list[str]) -> str:
+        got: str = inner(e, a, ready)
+        served.setdefault(a.tag, set()).add(got)
+        return got
+
+    eng.dispatch = spy
+    res = eng.run(arr, until=20.0)
+    assert len(res.done) == len(arr)
+    for tag, where in served.items():
+        assert where <= set(hosts[tag])
+
+
+def _req(i: int, o: int):  # type: ignore[no-untyped-def]
+    from tessera.workload.traces import Request
+
+    return Request(0.0, i, o)
+
+
+def test_retired_replicas_drain_and_leave() -> None:
+    prof = _prof("llama-2-7b")
+    reps = setup.uniform(prof, prof.comm, 2, 1, 1, 8, blockllm.GPU_MEMORY)
+    eng = engine.Engine(reps, setup.router_for(None, []))
+    arr = [arrivals.Arrival(0.1 * i, 100, 50) for i in range(20)]
+
+    def retire() -> None:
+        eng.replicas["r0"].accepting = False
+        eng.refresh_ready()
+
+    eng.at(0.5, "retire r0", retire)
+    res = eng.run(arr, until=5.0)
+    assert len(res.done) == 20
+    assert "r0" not in eng.replicas and "r1" in eng.replicas
