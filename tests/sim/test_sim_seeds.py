@@ -196,3 +196,83 @@ def test_retired_replicas_drain_and_leave() -> None:
     res = eng.run(arr, until=5.0)
     assert len(res.done) == 20
     assert "r0" not in eng.replicas and "r1" in eng.replicas
+
+
+# -- OServe: the planner's layouts and routing, the switching loop ------------------------
+
+
+@pytest.fixture(scope="module")
+def small_oserve():  # type: ignore[no-untyped-def]
+    """Llama-2-13B on one node of 4 H100s (a few seconds of planning per mix)."""
+    from tessera.planner import table1
+    from tessera.planner.bench import SLO
+    from tessera.workload import traces
+
+    prof = _prof("llama-2-13b")
+    base = table1.quadrant_classes(
+        traces.read_trace(str(ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"))
+    )
+    picks = []
+    for _, shares, _, _ in (table1.LEVELS[0], table1.LEVELS[-1]):
+        problem, table = table1.mix_problem(prof, table1.mixed(base, shares), SLO, 1, 4, True)
+        rate = 0.7 * table1.sustainable_rps(problem, table)
+        picks.append(table1.choose(problem, table, tuple(rate * w for w in shares)))
+    return prof, base, SLO, picks
+
+
+def test_built_layout_routes_the_planned_rates(small_oserve) -> None:  # type: ignore[no-untyped-def]
+    from tessera.sim import oserve
+
+    _, base, _, picks = small_oserve
+    for pick in picks:
+        built = oserve.build(pick, pick.hetero, "x-")
+        assert sum(r.model.tp * r.model.pp for r in built.replicas) <= 4
+        for c, want in zip(base, pick.demand, strict=True):
+            assert sum(built.shares[c.name].values()) == pytest.approx(want, rel=1e-6)
+
+
+def test_switch_lands_and_loses_nothing(small_oserve) -> None:  # type: ignore[no-untyped-def]
+    """A switch applied mid-run: the old replicas hand their requests (KV kept) to the
+    new ones, the router takes the new shares, every request finishes."""
+    from tessera.policies import switching
+    from tessera.sim import oserve
+
+    prof, base, slo, (a, b) = small_oserve
+    start = oserve.build(a, a.hetero, "g0-")
+    target = oserve.build(b, b.homo, "g1-")
+    sw = oserve.Switcher(
+        prof, base, slo, start, a.hetero[0], switching.SwitchingConfig(), nodes=1, gpus=4
+    )
+    arr = oserve.mix_arrivals(base, [(20.0, (0.25, 0.25, 0.25, 0.25))], 6.0)
+    eng = engine.Engine(start.replicas, oserve.router(base, start.shares))
+    eng.at(8.0, "switch", lambda: sw._apply(eng, target, b.homo[0]))
+    res = eng.run(arr, until=20.0)
+    assert len(res.done) == len(arr) and res.unfinished == 0
+    assert set(eng.replicas) == {r.name for r in target.replicas}
+    assert all(n.startswith("g1-") for s in eng.router.class_shares.values() for n in s)
+
+
+def test_the_switching_loop_decides_every_span(small_oserve) -> None:  # type: ignore[no-untyped-def]
+    from tessera.policies import switching
+    from tessera.sim import oserve
+
+    prof, base, slo, (a, _) = small_oserve
+    built = oserve.build(a, a.hetero, "g0-")
+    cfg = switching.SwitchingConfig(enabled=True, mode="active", span_s=10.0, hold_spans=1)
+    sw = oserve.Switcher(prof, base, slo, built, a.hetero[0], cfg, nodes=1, gpus=4)
+    s1, s5 = (oserve._shares(x) for x in ("S1", "S5"))
+    arr = oserve.mix_arrivals(base, [(30.0, s1), (30.0, s5)], 8.0)
+    eng = engine.Engine(built.replicas, oserve.router(base, built.shares), [sw], 1.0)
+    res = eng.run(arr, until=60.0)
+    assert sw.decisions is not None and len(sw.decisions) >= 5
+    assert all(d["reason"] for d in sw.decisions)
+    assert len(res.done) == len(arr)
+    siso = sum(eng.router.class_shares["SISO"].values())
+    assert siso > 1.5 * 8.0 * s1[2]  # the S5 phase's forecast moved the routing
+
+
+def test_trace_cv_is_the_papers() -> None:
+    from tessera.sim import oserve
+
+    for _, levels, paper_cv, _ in oserve.TRACES:
+        assert oserve.trace_cv(levels) == pytest.approx(paper_cv, abs=6e-4)

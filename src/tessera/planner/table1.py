@@ -38,10 +38,10 @@ import numpy as np
 from tessera.cost.capacity import RequestClass, Slo
 from tessera.cost.profile import Profile
 from tessera.planner import capacity_table, exhaustive, homogeneous
+from tessera.planner.capacity_table import CapacityTable
 from tessera.planner.evaluate import Evaluator
 from tessera.planner.latency import LatencyModel, LatencyReport
 from tessera.planner.layout import Layout
-from tessera.planner.capacity_table import CapacityTable
 from tessera.planner.problem import PlanningProblem, PoolNode
 from tessera.workload import traces
 

@@ -7,7 +7,8 @@ replicas = 1,024 H100s), `kunserve_burst` (8 instances, a 2x burst, P99 TTFT wit
 parameter drop vs the KV-centric scheduler), `oserve_table1` / `oserve_table2`
 (`sim/oserve.py`), `cocoserve_load` (`sim/cocoserve.py`), `blockllm_variants`
 (`sim/blockllm.py`), each row labelled "simulation" beside the paper's figure; `--parts`
-picks which run. Omitted keys and why are listed under `omitted`. Registered in `tessera.cli.bench`; `--quick` shrinks everything for tests.
+picks which run. Omitted keys and why are listed under `omitted`. Registered in
+`tessera.cli.bench`; `--quick` shrinks everything for tests.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated reproduced tables to run (default all: {','.join(PARTS)})",
     )
     parser.add_argument(
-        "--blockllm-rate", type=float, default=40.0, help="req/s of the BlockLLM runs"
+        "--blockllm-rate", type=float, default=60.0, help="req/s of the BlockLLM runs"
     )
     parser.add_argument(
         "--calibration-profile", help="measured profile of the tiny model (tessera profile --out P)"

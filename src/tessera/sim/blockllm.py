@@ -14,8 +14,8 @@ Modes (memory accounting from the cost model's `MemorySpec`):
 - `shared_blocks` (BlockLLM): the variants share every layer except the last
   `SPECIFIC_LAYERS` (fine-tuned blocks, BlockLLM's zoo after equivalence); each GPU holds
   the shared blocks once and the specific blocks of several variants (popular ones on
-  more GPUs, `shared_placement`); a step batches all requests through the shared blocks (one weight read) and
-  each variant's requests through its own specific blocks.
+  more GPUs, `shared_placement`); a step batches all requests through the shared
+  blocks (one weight read) and each variant's requests through its own specific blocks.
 
 Both modes dispatch a new request with the real `policies.block_dispatch.choose` over the
 instances holding its variant (queued tokens, running batch, modelled tokens/s); a
@@ -66,7 +66,9 @@ class VariantReplica(SimReplica):
         layer, head = layer_and_head(profile, 1, link)
         self.shared = scaled(layer, shared_layers) if shared_layers else None
         own = scaled(layer, L - shared_layers)
-        self.own = StageCost(own.const + head.const, own.per_token, own.per_pair, own.per_ctx, head.per_logit)
+        self.own = StageCost(
+            own.const + head.const, own.per_token, own.per_pair, own.per_ctx, head.per_logit
+        )
 
     def step_seconds(
         self,
@@ -99,8 +101,12 @@ class VariantReplica(SimReplica):
 
 
 def _seconds(c: StageCost, tokens: float, pairs: float, ctx: float, logits: float) -> float:
-    return c.const + c.per_token * tokens + c.per_pair * pairs + c.per_ctx * ctx + (
-        c.per_logit * logits
+    return (
+        c.const
+        + c.per_token * tokens
+        + c.per_pair * pairs
+        + c.per_ctx * ctx
+        + (c.per_logit * logits)
     )
 
 
@@ -165,9 +171,7 @@ def build(
     return reps, hosts
 
 
-def dispatcher(
-    hosts: dict[str, list[str]], tokens_per_s: float, kv_per_token: int
-) -> Any:
+def dispatcher(hosts: dict[str, list[str]], tokens_per_s: float, kv_per_token: int) -> Any:
     """`block_dispatch.choose` over the instances holding the request's variant."""
 
     def dispatch(eng: engine.Engine, a: arrivals.Arrival, ready: list[str]) -> str:
@@ -181,7 +185,9 @@ def dispatcher(
                     h, len(r.running), r.limits.max_num_seqs, queued, tokens_per_s
                 )
             )
-        return block_dispatch.choose(insts, a.prompt + a.output, a.prompt * kv_per_token, None).instance
+        return block_dispatch.choose(
+            insts, a.prompt + a.output, a.prompt * kv_per_token, None
+        ).instance
 
     return dispatch
 

@@ -119,7 +119,9 @@ class ReplicatedReplica(SimReplica):
             for h, (tok, pairs, ctx_h) in share.items():
                 t = (_busy(self.layer, tok, pairs, ctx_h)) / self.speeds[h]
                 if h != origin and tok:
-                    t += DELTA * (self.link.latency_s + tok * self.act / self.link.bandwidth_bytes_per_s)
+                    t += DELTA * (
+                        self.link.latency_s + tok * self.act / self.link.bandwidth_bytes_per_s
+                    )
                 worst = max(worst, t)
             total += layers * worst
         return total

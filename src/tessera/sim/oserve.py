@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -102,9 +102,7 @@ def build(
     return Built(out, shares, placement.from_deployment(dep), layout.label(), shape_of)
 
 
-def router(
-    classes: Sequence[RequestClass], shares: dict[str, dict[str, float]] | None
-) -> Router:
+def router(classes: Sequence[RequestClass], shares: dict[str, dict[str, float]] | None) -> Router:
     """The gateway's router; with shares, per-class weighted choice by centroid class."""
     r = Router(0)
     if shares:
@@ -184,9 +182,7 @@ def table1_rows(
                 "speedup_sim": round(hom["p99_latency_s"] / het["p99_latency_s"], 3)
                 if het["p99_latency_s"]
                 else None,
-                "speedup_model": round(
-                    hom["model_p99_latency_s"] / het["model_p99_latency_s"], 3
-                ),
+                "speedup_model": round(hom["model_p99_latency_s"] / het["model_p99_latency_s"], 3),
                 "paper_speedup": paper_speedup,
                 "heterogeneous": het,
                 "homogeneous": hom,
@@ -221,8 +217,10 @@ class Switcher:
     current_layout: Layout
     cfg: switching.SwitchingConfig
     storage_bytes_per_s: float = table1.STORAGE_BYTES_PER_S
+    nodes: int = NODES
+    gpus: int = GPUS
     forecaster: selector.BestRecent | None = None
-    state: switching.HysteresisState = switching.HysteresisState()
+    state: switching.HysteresisState = field(default_factory=switching.HysteresisState)
     counts: list[list[float]] | None = None
     decisions: list[dict[str, Any]] | None = None
     _seen: int = 0
@@ -258,7 +256,7 @@ class Switcher:
             return
         pick = self._choice(demand)
         here = LatencyModel(pick.problem, pick.table).best_routing(
-            *_groups(self.current_layout), pick.demand
+            *_groups(self.current_layout), pick.demand, dedicate=True
         )
         current_name = self.current_layout.label()
         cand_layout, cand_report = pick.hetero
@@ -294,12 +292,14 @@ class Switcher:
 
     def _choice(self, demand: tuple[float, ...]) -> table1.Choice:
         total = sum(demand)
-        key = tuple(round(d / total, 2) for d in demand) + (round(total, 1),)
+        # the planner prices ~100 layouts per call (seconds): forecasts within 0.05 of a
+        # share and 1 req/s of the rate reuse the candidate planned for the first of them
+        key = (*(round(d / total * 20) for d in demand), round(total))
         assert self._cache is not None
         if key not in self._cache:
             shares = tuple(d / total for d in demand)
             problem, table = table1.mix_problem(
-                self.profile, table1.mixed(self.base, shares), self.slo, NODES, GPUS, True
+                self.profile, table1.mixed(self.base, shares), self.slo, self.nodes, self.gpus, True
             )
             self._cache[key] = table1.choose(problem, table, demand)
         return self._cache[key]
