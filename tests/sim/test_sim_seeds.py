@@ -276,3 +276,53 @@ def test_trace_cv_is_the_papers() -> None:
 
     for _, levels, paper_cv, _ in oserve.TRACES:
         assert oserve.trace_cv(levels) == pytest.approx(paper_cv, abs=6e-4)
+
+
+def _target(pick, label: str):  # type: ignore[no-untyped-def]
+    """A homogeneous layout of `pick`'s problem by label, with its best routing."""
+    from tessera.planner import homogeneous
+    from tessera.planner.evaluate import Evaluator
+    from tessera.planner.latency import LatencyModel
+
+    ranked = homogeneous.ranked(pick.table, Evaluator(pick.table, pick.problem.demand))
+    layout = next(c.layout for c in ranked if c.layout.label() == label)
+    pairs = [(s, n) for s, n in layout.shape_counts() if n > 0]
+    report = LatencyModel(pick.problem, pick.table).best_routing(
+        tuple(s for s, _ in pairs), tuple(n for _, n in pairs), pick.demand
+    )
+    return layout, report
+
+
+@pytest.mark.parametrize(
+    ("label", "mode"),
+    [("1x[tp1pp1 tp1pp1 tp1pp1 tp1pp1]", "freeing-order"), ("1x[tp2pp2]", "blocked")],
+)
+def test_switches_go_through_the_transition_planner(small_oserve, label: str, mode: str) -> None:  # type: ignore[no-untyped-def]
+    """Full GPUs leave no room beside the old layout: the planner retires old replicas
+    one at a time while others serve (freeing order), or blocks a move to one replica
+    over every GPU; either way every request finishes."""
+    from tessera.policies import switching
+    from tessera.sim import oserve
+
+    prof, base, slo, (a, _) = small_oserve
+    if a.hetero[0].label() == label:
+        pytest.skip("the planner already picked this layout")
+    layout, report = _target(a, label)
+    start = oserve.build(a, a.hetero, "g0-")
+    target = oserve.build(a, (layout, report), "g1-")
+    sw = oserve.Switcher(
+        prof, base, slo, start, a.hetero[0], switching.SwitchingConfig(), nodes=1, gpus=4
+    )
+    sw._gen = 1
+    arr = oserve.mix_arrivals(base, [(60.0, (0.25, 0.25, 0.25, 0.25))], 6.0)
+    eng = engine.Engine(start.replicas, oserve.router(base, start.shares))
+    eng.at(8.0, "switch", lambda: sw._transition(eng, target, layout))
+    res = eng.run(arr, until=60.0)
+    assert len(res.done) == len(arr) and res.unfinished == 0
+    (record,) = sw.transitions
+    assert record["mode"] == mode
+    want = target if mode != "blocked" else start
+    assert set(eng.replicas) == {r.name for r in want.replicas}
+    if mode != "blocked":
+        assert record["steps"] > 0 and record["seconds"] > 0
+        assert sw.current is target

@@ -228,6 +228,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out.update(_part(part, args))
         timings[part] = round(time.perf_counter() - began, 1)
     out["wall_s_by_part"] = timings
+    if args.plots:
+        from tessera.sim.seed_plots import plot_tables
+
+        plot_tables(out, Path(args.plots))
     if args.calibration_profile and args.calibration_measured:
         out["calibration"] = calibration(
             Path(args.calibration_profile),

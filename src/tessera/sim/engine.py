@@ -193,7 +193,8 @@ class Engine:
                 else:
                     what, fn = cast(tuple[str, Callable[[], None]], payload)
                     fn()
-                    res.actions.append((when, what))
+                    if what:  # an empty label: a silent re-check (a drain poll)
+                        res.actions.append((when, what))
                 continue
             if i >= n:
                 break

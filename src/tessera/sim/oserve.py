@@ -37,9 +37,9 @@ from tessera.planner.evaluate import Evaluator
 from tessera.planner.latency import LatencyModel, LatencyReport
 from tessera.planner.layout import Layout
 from tessera.planner.shapes import Shape
-from tessera.policies import device_links, placement, switch_plan, switching
+from tessera.policies import device_links, links, placement, switch_plan, switching
 from tessera.policies.routing import Router, centroid_class_router
-from tessera.sim import arrivals, engine, report, setup
+from tessera.sim import arrivals, engine, relayout, report, setup
 from tessera.sim.replica import SimReplica, adopt
 from tessera.workload import baselines, selector
 
@@ -63,6 +63,7 @@ class Built:
     placed: tuple[placement.ReplicaPlacement, ...]
     label: str
     shape_of: dict[str, Shape]  # replica name -> its planner shape
+    prefix: str = ""  # sim replica name = prefix + the deployment's replica name
 
 
 def build(
@@ -73,6 +74,8 @@ def build(
     """Simulated replicas of a layout placed by the planner, with its routing's shares
     (replicas of a group split the group's rate of each class evenly)."""
     layout, rep = which
+    if not rep.groups:
+        raise ValueError(f"{layout.label()}: no feasible routing at this demand")
     problem, table = pick.problem, pick.table
     dep = deployment.materialize(
         problem, table, layout, Evaluator(table, problem.demand)(layout), "latency"
@@ -99,7 +102,7 @@ def build(
             for j, cls in enumerate(names):
                 if row[j] > 0:
                     shares[cls][sim.name] = row[j] / n
-    return Built(out, shares, placement.from_deployment(dep), layout.label(), shape_of)
+    return Built(out, shares, placement.from_deployment(dep), layout.label(), shape_of, prefix)
 
 
 def router(classes: Sequence[RequestClass], shares: dict[str, dict[str, float]] | None) -> Router:
@@ -219,6 +222,10 @@ class Switcher:
     storage_bytes_per_s: float = table1.STORAGE_BYTES_PER_S
     nodes: int = NODES
     gpus: int = GPUS
+    use_transition: bool = True  # apply switches through the transition planner
+    shared_cache: dict[tuple[int | float, ...], table1.Choice] | None = None  # across runs
+    executor: relayout.Executor | None = None  # the transition in progress
+    transitions: list[dict[str, Any]] = field(default_factory=list)
     forecaster: selector.BestRecent | None = None
     state: switching.HysteresisState = field(default_factory=switching.HysteresisState)
     counts: list[list[float]] | None = None
@@ -226,7 +233,7 @@ class Switcher:
     _seen: int = 0
     _gen: int = 0
     _next: float = 0.0
-    _cache: dict[tuple[float, ...], table1.Choice] | None = None
+    _cache: dict[tuple[int | float, ...], table1.Choice] | None = None
 
     def __post_init__(self) -> None:
         self.forecaster = self.forecaster or selector.BestRecent(
@@ -237,7 +244,8 @@ class Switcher:
             },
             window=3,
         )
-        self.counts, self.decisions, self._cache = [], [], {}
+        self.counts, self.decisions = [], []
+        self._cache = self.shared_cache if self.shared_cache is not None else {}
         self._next = self.cfg.span_s
 
     def tick(self, now: float, eng: engine.Engine) -> None:
@@ -254,16 +262,26 @@ class Switcher:
         demand = tuple(float(v) / self.cfg.span_s for v in forecast)
         if sum(demand) <= 0:
             return
+        if self.executor is not None and self.executor.finished_at is None:
+            self.decisions.append(
+                {"time_s": round(now, 1), "action": "busy", "reason": "a transition is running"}
+            )
+            return
         pick = self._choice(demand)
         here = LatencyModel(pick.problem, pick.table).best_routing(
             *_groups(self.current_layout), pick.demand, dedicate=True
         )
         current_name = self.current_layout.label()
         cand_layout, cand_report = pick.hetero
+        if not cand_report.groups:
+            self.decisions.append(
+                {"time_s": round(now, 1), "action": "stay", "reason": "no layout serves it"}
+            )
+            return
         target = build(pick, pick.hetero, f"g{self._gen + 1}-")
         model = placement.model_bytes(self.profile)
-        links = device_links.from_comm(self.profile.comm, self.storage_bytes_per_s)
-        sw = switch_plan.plan(self.current.placed, target.placed, model, links)
+        dev_links = device_links.from_comm(self.profile.comm, self.storage_bytes_per_s)
+        sw = switch_plan.plan(self.current.placed, target.placed, model, dev_links)
         decision = switching.decide(
             self.cfg,
             self.state,
@@ -278,13 +296,15 @@ class Switcher:
         )
         if decision.action == switching.SWITCH:
             self._gen += 1
-            delay = sw.seconds
             eng.result.actions.append((now, f"switch planned: {current_name} -> {target.label}"))
-            eng.at(
-                now + delay,
-                f"switch: {current_name} -> {target.label}",
-                functools.partial(self._apply, eng, target, cand_layout),
-            )
+            if self.use_transition:
+                self._transition(eng, target, cand_layout)
+            else:
+                eng.at(
+                    now + sw.seconds,
+                    f"switch: {current_name} -> {target.label}",
+                    functools.partial(self._apply, eng, target, cand_layout),
+                )
         elif math.isfinite(here.p99_latency_s):
             # stay: the current layout re-routed for the forecast (assignment per span)
             self.current.shares = _shares_of(self.current, here)
@@ -313,6 +333,57 @@ class Switcher:
         for a in arr:
             out[names.index(classify(a.prompt, a.output) or names[0])] += 1
         return out
+
+    def _transition(self, eng: engine.Engine, target: Built, layout: Layout) -> None:
+        """Hand the switch to the transition planner and its executor (`sim.relayout`)."""
+        gen_old, gen_new = self._gen - 1, self._gen
+        old = _layout(self.profile, gen_old, self.current, eng)
+        new = _layout(self.profile, gen_new, target, None)
+        node_names = sorted(
+            {
+                d[0]
+                for p in (*self.current.placed, *target.placed)
+                for s in p.stages
+                for d in s.devices
+            }
+        )
+        comm = self.profile.comm
+        link_model = links.LinkModel(
+            storage_bytes_per_s=self.storage_bytes_per_s,
+            network_bytes_per_s=comm.inter_node.bandwidth_bytes_per_s,
+            local_bytes_per_s=comm.intra_node.bandwidth_bytes_per_s,
+            latency_s=comm.inter_node.latency_s,
+        )
+        began = eng.now
+        record: dict[str, Any] = {"time_s": round(began, 1), "to": target.label}
+
+        def done(ok: bool) -> None:
+            ex = self.executor
+            assert ex is not None and ex.plan is not None
+            record.update(
+                mode=ex.plan.mode,
+                steps=len(ex.plan.steps),
+                blocked=ex.plan.blocked.reason if ex.plan.blocked else "",
+                seconds=round(eng.now - began, 3),
+                cut_at_deadline=ex.cut_at_deadline,
+            )
+            if ok:
+                self.current, self.current_layout = target, layout
+                eng.result.actions.append((eng.now, f"switch: {record['to']} ({ex.plan.mode})"))
+            else:
+                self._gen -= 1
+            ex.finished_at = eng.now
+
+        self.transitions.append(record)
+        self.executor = relayout.Executor(
+            old,
+            new,
+            relayout.node_memory(self.gpus, node_names, table1.GPU_MEMORY),
+            link_model,
+            _classifier(self.base),
+            done,
+        )
+        self.executor.start(eng)
 
     def _apply(self, eng: engine.Engine, target: Built, layout: Layout) -> None:
         """The switch landed: new replicas serve, old ones hand over what they hold."""
@@ -344,6 +415,13 @@ class Switcher:
         for rep in target.replicas:
             eng.at(rep.available_at, f"ready: {rep.name}", functools.partial(_ready, eng, rep))
         self.current, self.current_layout = target, layout
+
+
+def _layout(profile: Profile, gen: int, built: Built, eng: engine.Engine | None) -> relayout.Layout:
+    """A built layout as the transition planner's blocks (replicas still in `eng` only)."""
+    by_name = {built.prefix + p.name: p for p in built.placed}
+    reps = [r for r in built.replicas if eng is None or r.name in eng.replicas]
+    return relayout.layout_of(profile, gen, reps, [by_name[r.name] for r in reps], built.shares)
 
 
 def _ready(eng: engine.Engine, rep: SimReplica) -> None:
@@ -422,38 +500,55 @@ def table2_rows(
             profile, table1.mixed(base, first), slo, NODES, GPUS, True
         )
         start = table1.choose(problem, table, tuple(rate * w for w in first))
-        built = build(start, start.hetero, "g0-")
-        sw = Switcher(profile, base, slo, built, start.hetero[0], cfg)
-        eng = engine.Engine(built.replicas, router(base, built.shares), [sw], 1.0)
-        res_sw = eng.run(arr, until=end)
         window = (span_s, end)
-        st, so = _stats(res_static, window), _stats(res_sw, window)
-        assert sw.decisions is not None
-        rows.append(
-            {
-                "trace": name,
-                "label": "simulation",
-                "levels": list(levels),
-                "cv": round(trace_cv(levels), 3),
-                "paper_cv": paper_cv,
-                "total_rps": round(rate, 3),
-                "span_s": span_s,
+        st = _stats(res_static, window)
+        row: dict[str, Any] = {
+            "trace": name,
+            "label": "simulation",
+            "levels": list(levels),
+            "cv": round(trace_cv(levels), 3),
+            "paper_cv": paper_cv,
+            "total_rps": round(rate, 3),
+            "span_s": span_s,
+            "paper_speedup": paper_speedup,
+            "static": {"layout": built_label(static), **st},
+        }
+        plans: dict[tuple[int | float, ...], table1.Choice] = {}
+        for mode, key in (("switch_plan", "switching"), ("transition", "switching_transition")):
+            built = build(start, start.hetero, "g0-")
+            sw = Switcher(
+                profile,
+                base,
+                slo,
+                built,
+                start.hetero[0],
+                cfg,
+                use_transition=mode == "transition",
+                shared_cache=plans,
+            )
+            eng = engine.Engine(built.replicas, router(base, built.shares), [sw], 1.0)
+            res_sw = eng.run(arr, until=end)
+            so = _stats(res_sw, window)
+            assert sw.decisions is not None
+            switched = [d for d in sw.decisions if d["action"] == switching.SWITCH]
+            row[key] = {
+                "applied_by": "the switch plan's time, KV handed over"
+                if mode == "switch_plan"
+                else "policies.transition plan and its steps' modelled delays",
+                "start_layout": start.hetero[0].label(),
+                **so,
                 "speedup_sim": round(st["p99_latency_s"] / so["p99_latency_s"], 3)
                 if so["p99_latency_s"]
                 else None,
                 "mean_latency_speedup_sim": _mean_speedup(res_static, res_sw, window),
-                "paper_speedup": paper_speedup,
-                "static": {"layout": built_label(static), **st},
-                "switching": {
-                    **so,
-                    "switches": sum(1 for d in sw.decisions if d["action"] == switching.SWITCH),
-                    "switch_s": [
-                        d["switchSeconds"] for d in sw.decisions if d["action"] == switching.SWITCH
-                    ],
-                    "deployments": [a for _, a in res_sw.actions if a.startswith("switch:")],
-                },
+                "switch_decisions": len(switched),
+                "switch_plan_s": [d["switchSeconds"] for d in switched],
+                "deployments": [a for _, a in res_sw.actions if a.startswith("switch:")],
+                "transitions": sw.transitions if mode == "transition" else [],
             }
-        )
+        row["speedup_sim"] = row["switching"]["speedup_sim"]
+        row["speedup_transition_sim"] = row["switching_transition"]["speedup_sim"]
+        rows.append(row)
     return rows
 
 
