@@ -326,3 +326,15 @@ def test_switches_go_through_the_transition_planner(small_oserve, label: str, mo
     if mode != "blocked":
         assert record["steps"] > 0 and record["seconds"] > 0
         assert sw.current is target
+
+
+def test_the_decisions_never_import_the_simulator_contract() -> None:
+    import tomllib
+
+    doc = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    found = [
+        c
+        for c in doc["tool"]["importlinter"]["contracts"]
+        if c.get("forbidden_modules") == ["tessera.sim"]
+    ]
+    assert found and {"tessera.policies", "tessera.planner"} <= set(found[0]["source_modules"])
