@@ -338,3 +338,32 @@ def test_the_decisions_never_import_the_simulator_contract() -> None:
         if c.get("forbidden_modules") == ["tessera.sim"]
     ]
     assert found and {"tessera.policies", "tessera.planner"} <= set(found[0]["source_modules"])
+
+
+def test_bench_parts_are_checked() -> None:
+    import argparse
+
+    from tessera.sim import bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--skip-scale", "--parts", "kunserve,nope"])
+    with pytest.raises(SystemExit, match="nope"):
+        bench.run(args)
+
+
+def test_seed_plots_from_the_recorded_json(tmp_path: Path) -> None:
+    import json
+
+    from tessera.sim import seed_plots
+
+    out = json.loads((ROOT / "docs" / "sim" / "seeds.json").read_text())
+    paths = seed_plots.plot_tables(out, tmp_path)
+    assert {p.name for p in paths} == {
+        "oserve_table1.png",
+        "oserve_table2.png",
+        "cocoserve_load.png",
+        "blockllm_variants.png",
+    }
+    assert all(p.stat().st_size > 10_000 for p in paths)
+    assert all(r["label"] == "simulation" for r in out["oserve_table1"] + out["blockllm_variants"])
