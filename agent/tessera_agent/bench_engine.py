@@ -9,7 +9,10 @@ ignored on both sides so every request produces the same number of tokens:
 - `pipeline2_tok_s_b8`: two agent processes (layers 0-4 and 4-8), driven over gRPC, each
   agent with half the threads of the single agent so both use the same cores; the hidden
   states cross between the stages on a gloo link (`pipeline_activations`), the steps and
-  sampled tokens on the gRPC stage stream.
+  sampled tokens on the gRPC stage stream;
+- with `--compile`: `compiled_vs_eager_b8`, the engine with its decode steps compiled
+  (`engine/decode_graph.py`) against the eager engine, interleaved, plus the wall time of
+  the first compiled step (`compile_s`, mostly compiling) and `tokens_match_compiled`.
 The machine is shared and noisy, so compared runs are interleaved: each round times HF then
 the engine (and the single agent then the pipeline) back to back, after one warm-up round.
 Throughputs are medians over rounds; ratios are medians of the per-round ratios.
@@ -37,7 +40,7 @@ from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import tiny_checkpoint
-from tessera_agent.engine import config, replica, sampling, scheduler, stage
+from tessera_agent.engine import config, decode_graph, replica, sampling, scheduler, stage
 
 Tokens = list[list[int]]
 
@@ -47,6 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per comparison")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time the engine with compiled decode steps against the eager engine",
+    )
     parser.add_argument(
         "--model",
         type=Path,
@@ -106,14 +114,18 @@ def _hf_generate(model_path: Path, prompts: Tokens, new: int) -> Callable[[int],
 
 @contextlib.contextmanager
 def _engine_generate(
-    model_path: Path, prompts: Tokens, new: int
+    model_path: Path, prompts: Tokens, new: int, compile_decode: bool | None = None
 ) -> Iterator[Callable[[int], Tokens]]:
+    """`compile_decode`: compile decode steps (None: as TESSERA_COMPILE_DECODE says)."""
     cfg = config.ModelConfig.from_path(model_path)
     st = stage.load_stage(
         stage.BlockSpec(str(model_path), 0, cfg.num_layers, kv_bytes=64 << 20),
         torch.device("cpu"),
         1 << 30,
     )
+    if compile_decode is not None:
+        r = st.runner
+        r.decode_graph = decode_graph.CompiledDecode(r.model, r.device) if compile_decode else None
     pool = concurrent.futures.ThreadPoolExecutor(1)
     params = sampling.SamplingParams(max_tokens=new, ignore_eos=True)
     counter = iter(range(10**9))
@@ -139,6 +151,24 @@ def _engine_generate(
         yield lambda b: asyncio.run(run(b))
     finally:
         pool.shutdown()
+
+
+def _compiled_vs_eager(model_path: Path, prompts: Tokens, new: int, rounds: int) -> dict[str, Any]:
+    with (
+        _engine_generate(model_path, prompts, new, compile_decode=False) as eager,
+        _engine_generate(model_path, prompts, new, compile_decode=True) as compiled,
+    ):
+        t = time.perf_counter()
+        compiled(8)  # compiles (or loads Inductor's cache)
+        compile_s = time.perf_counter() - t
+        eager_toks, comp_toks, _, _, ratio = _interleaved(
+            lambda: eager(8), lambda: compiled(8), rounds
+        )
+    return {
+        "compiled_vs_eager_b8": round(ratio, 3),
+        "compile_s": round(compile_s, 1),
+        "tokens_match_compiled": comp_toks == eager_toks,
+    }
 
 
 async def _generate_all(address: str, replica_id: str, prompts: Tokens, new: int) -> Tokens:
@@ -181,6 +211,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             hf_toks, eng_toks, hf_t8, eng_t8, eng_vs_hf = _interleaved(
                 lambda: hf(8), lambda: eng(8), rounds
             )
+        compiled = _compiled_vs_eager(model_path, prompts, new, rounds) if args.compile else {}
         half = cfg.num_layers // 2
         with (
             local_agents.local_agents(1, "cpu:1x1GiB", threads, "single") as single,
@@ -207,6 +238,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "engine_vs_hf_b8": round(eng_vs_hf, 3),
         "pipeline2_vs_single_b8": round(pipe_vs_single, 3),
         "tokens_match": eng_toks == hf_toks and pipe_toks == hf_toks and single_toks == hf_toks,
+        **compiled,
         # the pipeline's hidden states go stage to stage over a gloo link (the data plane);
         # steps and sampled tokens over the gRPC stream
         "pipeline_activations": "gloo",
