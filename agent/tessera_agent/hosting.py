@@ -15,7 +15,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import logging
+from collections.abc import Sequence
+from pathlib import Path
 
 from tessera import blocks
 from tessera.rpc.v1 import agent_pb2 as pb
@@ -27,6 +30,7 @@ from tessera_agent import (
     load_check,
     load_config,
     stage_link,
+    switch_fetch,
     tp_member,
 )
 from tessera_agent.engine import errors, loader, replica, stage
@@ -117,6 +121,7 @@ class Hosting:
         max_num_seqs: int = 0,
         max_batched_tokens: int = 0,
         data_plane: pb.DataPlane | None = None,
+        parts: Sequence[pb.SwitchSource] = (),
     ) -> Loaded:
         load_check.check_request(spec)
         async with self._lock:
@@ -125,12 +130,36 @@ class Hosting:
                 return self._again(self.hosted[key], spec)
             dev = self.memory.device(spec.device)
             loop = asyncio.get_running_loop()
-            copy = source is not None
+            copy = source is not None or bool(parts)
             planned = await loop.run_in_executor(self.loader, stage.plan_bytes, spec, not copy)
             cfg = planned[0]
             load_check.check_against_model(spec, cfg)
             group_spec = convert.group_from_proto(data_plane, spec, dev.kind)
             tensors, moved_by = None, ""
+            throttled = self.defaults.storage_bytes_per_s > 0
+            read = functools.partial(
+                switch_fetch.read_checkpoint,
+                Path(spec.model_path),
+                bytes_per_s=self.defaults.storage_bytes_per_s,
+            )
+            if parts:  # a switch plan's parts (issue 11)
+                stage.kv_pages(spec, cfg, planned[1], dev.free_bytes)
+                tensors, moved_by = await switch_fetch.gather(
+                    parts,
+                    cfg,
+                    spec.start,
+                    spec.end,
+                    Path(spec.model_path),
+                    lambda rid, i: self.get(rid, i).stage,
+                    self.store_address,
+                    dev.torch_device(),
+                    group.choose([dev.kind]),
+                    read,
+                )
+                source = None
+            elif source is None and throttled:  # storage at its declared bandwidth
+                names = loader.checkpoint_names(cfg, spec.start, spec.end)
+                tensors = await loop.run_in_executor(self.loader, read, names)
             if source is not None:  # refuse before transferring anything when it cannot fit
                 stage.kv_pages(spec, cfg, planned[1], dev.free_bytes)
                 names = loader.checkpoint_names(cfg, spec.start, spec.end)
@@ -172,7 +201,7 @@ class Hosting:
             how = (
                 f"copied from {source.address} over {moved_by}"
                 if source is not None
-                else "from the checkpoint"
+                else moved_by or "from the checkpoint"
             )
             log.info(
                 "loaded %s layers [%d, %d) on %s (generation %d), %s",

@@ -34,6 +34,12 @@ def scheduler_config(
 def make_leader(
     h: hosted.Hosted, cfg: scheduler.SchedulerConfig, compute: concurrent.futures.Executor
 ) -> replica.ReplicaEngine:
+    return replica.ReplicaEngine(h.stage.runner, compute, cfg, connector(h))
+
+
+def connector(h: hosted.Hosted) -> replica.DownstreamFactory | None:
+    """How the leader reaches its next stage (None when the replica is whole); also used
+    when an overload shift changes the replica's stages (`overload_shift`)."""
     st = h.stage
     connect = None
     if h.num_stages > 1:
@@ -49,4 +55,4 @@ def make_leader(
             ds.link = h.link_down  # hidden states over the data plane once it is formed
             return ds
 
-    return replica.ReplicaEngine(st.runner, compute, cfg, connect)
+    return connect

@@ -32,6 +32,7 @@ from tessera_agent import (
     kv_transfer,
     load_config,
     metrics,
+    overload_shift,
     stage_server,
     tensor_transfer,
 )
@@ -114,6 +115,7 @@ class AgentServicer(pb_grpc.AgentServicer):
                 request.max_num_seqs,
                 request.max_batched_tokens,
                 request.data_plane if request.HasField("data_plane") else None,
+                request.switch_sources,
             )
         except errors.EngineError as exc:
             await grpc_status.abort(context, exc)
@@ -261,6 +263,15 @@ class AgentServicer(pb_grpc.AgentServicer):
         except errors.EngineError as exc:
             await grpc_status.abort(context, exc)
         return pb.ImportKVReply(layers=n)
+
+    # -- overload shifts (issue 13) ---------------------------------------------------------
+    async def OverloadShift(
+        self, request: pb.OverloadShiftRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.OverloadShiftReply:
+        try:
+            return await overload_shift.apply(self.hosting, request)
+        except errors.EngineError as exc:
+            await grpc_status.abort(context, exc)
 
     # -- stage stream -------------------------------------------------------------------
     async def StageStream(

@@ -44,6 +44,13 @@ def register(sub: Any) -> None:
         help="refuse loads of checkpoints outside this folder (default: $TESSERA_MODEL_ROOT; "
         "unset: anywhere). mTLS is on when $TESSERA_TLS_DIR names ca.crt, tls.crt, tls.key",
     )
+    p.add_argument(
+        "--storage-bandwidth",
+        type=float,
+        default=float(os.environ.get("TESSERA_STORAGE_BYTES_PER_S", "0") or 0),
+        help="checkpoint reads take at least bytes / this many bytes per second, as from a "
+        "cluster's network storage (default: $TESSERA_STORAGE_BYTES_PER_S; 0: unthrottled)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -60,5 +67,6 @@ def _run(args: argparse.Namespace) -> int:
         prefix_caching=args.prefix_caching,
         model_root=args.model_root,
         health_port=args.health_port,
+        storage_bytes_per_s=args.storage_bandwidth,
     )
     return server.run(cfg)

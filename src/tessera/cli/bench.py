@@ -29,12 +29,15 @@ BENCHES: dict[str, str] = {
     "kvmove": "tessera_agent.bench_kvmove",
     "serve": "tessera.cli.bench_serve",
     "relayout": "tessera.cli.bench_relayout",
+    "switch": "tessera.cli.bench_switch",
+    "adaptive": "tessera.cli.bench_adaptive",
     "planner": "tessera.planner.bench",
     "predictor": "tessera.workload.bench",
     "reconcile": "tessera_operator.bench_reconcile",
     "chaos": "tessera.cli.bench_chaos",
     "transition": "tessera.policies.bench",
     "sim": "tessera.sim.bench",
+    "overload": "tessera.cli.bench_overload",
 }
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from tessera.gateway import (
+    arrivals,
     auth,
     chat_template,
     choices,
@@ -61,6 +62,7 @@ class Service:
     created: int  # unix time the gateway started (/v1/models)
     limits: limits.Limits = dataclasses.field(default_factory=limits.Limits)
     api_keys: auth.ApiKeys | None = None  # None: no authentication
+    arrivals: arrivals.ArrivalRecorder | None = None  # per-class arrivals (switching loop)
 
 
 def build(service: Service, max_body_bytes: int) -> web.Application:
@@ -151,6 +153,8 @@ class _Handlers:
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         meta = responses.Meta(kind, prefix + uuid.uuid4().hex, int(time.time()), self.s.model_name)
         job = self._job(meta.id, prompt, sampling, started)
+        if self.s.arrivals is not None:
+            self.s.arrivals.record(len(prompt), sampling.max_tokens)
         self.s.metrics.prompt_tokens.inc(len(prompt))
         gens = [
             text_stream.TextGeneration(

@@ -63,7 +63,7 @@ class DescribeReply(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nvml_status: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[ReplicaKV, _Mapping]]] = ..., version: _Optional[str] = ..., store_address: _Optional[str] = ...) -> None: ...
 
 class LoadBlockRequest(_message.Message):
-    __slots__ = ("model_path", "layer_start", "layer_end", "device", "replica_id", "stage_index", "num_stages", "next_stage_address", "dtype", "kv_bytes", "page_size", "max_num_seqs", "max_batched_tokens", "source", "generation", "tp_size", "tp_rank", "data_plane")
+    __slots__ = ("model_path", "layer_start", "layer_end", "device", "replica_id", "stage_index", "num_stages", "next_stage_address", "dtype", "kv_bytes", "page_size", "max_num_seqs", "max_batched_tokens", "source", "generation", "tp_size", "tp_rank", "data_plane", "switch_sources")
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,7 @@ class LoadBlockRequest(_message.Message):
     TP_SIZE_FIELD_NUMBER: _ClassVar[int]
     TP_RANK_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
+    SWITCH_SOURCES_FIELD_NUMBER: _ClassVar[int]
     model_path: str
     layer_start: int
     layer_end: int
@@ -100,7 +101,18 @@ class LoadBlockRequest(_message.Message):
     tp_size: int
     tp_rank: int
     data_plane: DataPlane
-    def __init__(self, model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_bytes: _Optional[int] = ..., page_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., source: _Optional[_Union[BlockSource, _Mapping]] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ...) -> None: ...
+    switch_sources: _containers.RepeatedCompositeFieldContainer[SwitchSource]
+    def __init__(self, model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_bytes: _Optional[int] = ..., page_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., source: _Optional[_Union[BlockSource, _Mapping]] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., switch_sources: _Optional[_Iterable[_Union[SwitchSource, _Mapping]]] = ...) -> None: ...
+
+class SwitchSource(_message.Message):
+    __slots__ = ("source", "unit_start", "unit_end")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    UNIT_START_FIELD_NUMBER: _ClassVar[int]
+    UNIT_END_FIELD_NUMBER: _ClassVar[int]
+    source: BlockSource
+    unit_start: int
+    unit_end: int
+    def __init__(self, source: _Optional[_Union[BlockSource, _Mapping]] = ..., unit_start: _Optional[int] = ..., unit_end: _Optional[int] = ...) -> None: ...
 
 class DataPlane(_message.Message):
     __slots__ = ("store_address", "group", "backend", "timeout_s")
@@ -567,3 +579,75 @@ class ImportKVReply(_message.Message):
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     layers: int
     def __init__(self, layers: _Optional[int] = ...) -> None: ...
+
+class OverloadSource(_message.Message):
+    __slots__ = ("address", "replica_id", "stage_index", "layer_start", "layer_end")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    replica_id: str
+    stage_index: int
+    layer_start: int
+    layer_end: int
+    def __init__(self, address: _Optional[str] = ..., replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
+
+class OverloadShiftRequest(_message.Message):
+    __slots__ = ("replica_id", "stage_index", "op", "layer_start", "layer_end", "new_replica_id", "new_stage_index", "num_stages", "next_address", "sources", "num_pages", "moves_from", "moves_to")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    NEW_REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FROM_FIELD_NUMBER: _ClassVar[int]
+    MOVES_TO_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    stage_index: int
+    op: str
+    layer_start: int
+    layer_end: int
+    new_replica_id: str
+    new_stage_index: int
+    num_stages: int
+    next_address: str
+    sources: _containers.RepeatedCompositeFieldContainer[OverloadSource]
+    num_pages: int
+    moves_from: _containers.RepeatedScalarFieldContainer[int]
+    moves_to: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., op: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., new_replica_id: _Optional[str] = ..., new_stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., next_address: _Optional[str] = ..., sources: _Optional[_Iterable[_Union[OverloadSource, _Mapping]]] = ..., num_pages: _Optional[int] = ..., moves_from: _Optional[_Iterable[int]] = ..., moves_to: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class OverloadShiftReply(_message.Message):
+    __slots__ = ("layer_start", "layer_end", "param_bytes", "kv_bytes", "kv_pages", "restored_pages", "held_pages", "moves_from", "moves_to", "allocator_pages", "running", "waiting")
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_PAGES_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    HELD_PAGES_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FROM_FIELD_NUMBER: _ClassVar[int]
+    MOVES_TO_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATOR_PAGES_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    layer_start: int
+    layer_end: int
+    param_bytes: int
+    kv_bytes: int
+    kv_pages: int
+    restored_pages: int
+    held_pages: _containers.RepeatedScalarFieldContainer[int]
+    moves_from: _containers.RepeatedScalarFieldContainer[int]
+    moves_to: _containers.RepeatedScalarFieldContainer[int]
+    allocator_pages: int
+    running: int
+    waiting: int
+    def __init__(self, layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., restored_pages: _Optional[int] = ..., held_pages: _Optional[_Iterable[int]] = ..., moves_from: _Optional[_Iterable[int]] = ..., moves_to: _Optional[_Iterable[int]] = ..., allocator_pages: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...

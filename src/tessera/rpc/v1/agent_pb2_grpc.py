@@ -114,6 +114,11 @@ class AgentStub:
                 request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.KVImportMessage.SerializeToString,
                 response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ImportKVReply.FromString,
                 _registered_method=True)
+        self.OverloadShift = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/OverloadShift',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.OverloadShiftRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.OverloadShiftReply.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -238,6 +243,18 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OverloadShift(self, request, context):
+        """Overload handling (issue 13, KunServe): change a hosted block in place while its replica's
+        requests stay in the scheduler. One op per call (the driver, tessera.overload_driver,
+        sequences them): "pause"/"resume" a leader between steps, "drop" layers (the freed bytes
+        become KV pages), "compact" a leader's pages below a limit, "move_pages" on a stage,
+        "restore" layers from peers; drop and restore may give the block a new identity
+        (replica, stage, stage count, next-stage address): a donor becomes a stage of the head.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -320,6 +337,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.ImportKV,
                     request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.KVImportMessage.FromString,
                     response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ImportKVReply.SerializeToString,
+            ),
+            'OverloadShift': grpc.unary_unary_rpc_method_handler(
+                    servicer.OverloadShift,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.OverloadShiftRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.OverloadShiftReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -754,6 +776,33 @@ class Agent:
             '/tessera.rpc.v1.Agent/ImportKV',
             tessera_dot_rpc_dot_v1_dot_agent__pb2.KVImportMessage.SerializeToString,
             tessera_dot_rpc_dot_v1_dot_agent__pb2.ImportKVReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OverloadShift(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/OverloadShift',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.OverloadShiftRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.OverloadShiftReply.FromString,
             options,
             channel_credentials,
             insecure,
