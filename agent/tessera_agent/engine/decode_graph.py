@@ -117,7 +117,8 @@ class CompiledDecode:
         # set then (passed as `torch.compile(options=...)` it did not take effect here).
         if self.device.type == "cuda":
             return contextlib.nullcontext()
-        return inductor_config.patch(freezing=True)
+        patched: contextlib.AbstractContextManager[Any] = inductor_config.patch(freezing=True)
+        return patched
 
     @staticmethod
     def usable(model: model_mod.StageModel, has_lora: bool) -> bool:
