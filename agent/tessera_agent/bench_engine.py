@@ -17,6 +17,9 @@ ignored on both sides so every request produces the same number of tokens:
 - `pipeline2_mb3_tok_s_b8`: two more agents (`--pipeline-microbatches 3`) serving the
   split with links and three microbatches in flight instead of two (one per stage);
   `mb3_vs_mb2_b8` is its median per-round speed-up over `pipeline2_tok_s_b8`.
+- with `--compile`: `compiled_vs_eager_b8`, the engine with its decode steps compiled
+  (`engine/decode_graph.py`) against the eager engine, interleaved, plus the wall time of
+  the first compiled step (`compile_s`, mostly compiling) and `tokens_match_compiled`.
 The machine is shared and noisy, so compared runs are interleaved: each round times HF then
 the engine (and the single agent, the pipeline with links, the pipeline without) back to
 back, after one warm-up round. Throughputs are medians over rounds; ratios are medians of
@@ -45,7 +48,7 @@ from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import tiny_checkpoint
-from tessera_agent.engine import config, replica, sampling, scheduler, stage
+from tessera_agent.engine import config, decode_graph, replica, sampling, scheduler, stage
 
 Tokens = list[list[int]]
 
@@ -55,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per comparison")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time the engine with compiled decode steps against the eager engine",
+    )
     parser.add_argument(
         "--model",
         type=Path,
@@ -134,14 +142,18 @@ def _hf_generate(model_path: Path, prompts: Tokens, new: int) -> Callable[[int],
 
 @contextlib.contextmanager
 def _engine_generate(
-    model_path: Path, prompts: Tokens, new: int
+    model_path: Path, prompts: Tokens, new: int, compile_decode: bool | None = None
 ) -> Iterator[Callable[[int], Tokens]]:
+    """`compile_decode`: compile decode steps (None: as TESSERA_COMPILE_DECODE says)."""
     cfg = config.ModelConfig.from_path(model_path)
     st = stage.load_stage(
         stage.BlockSpec(str(model_path), 0, cfg.num_layers, kv_bytes=64 << 20),
         torch.device("cpu"),
         1 << 30,
     )
+    if compile_decode is not None:
+        r = st.runner
+        r.decode_graph = decode_graph.CompiledDecode(r.model, r.device) if compile_decode else None
     pool = concurrent.futures.ThreadPoolExecutor(1)
     params = sampling.SamplingParams(max_tokens=new, ignore_eos=True)
     counter = iter(range(10**9))
@@ -167,6 +179,24 @@ def _engine_generate(
         yield lambda b: asyncio.run(run(b))
     finally:
         pool.shutdown()
+
+
+def _compiled_vs_eager(model_path: Path, prompts: Tokens, new: int, rounds: int) -> dict[str, Any]:
+    with (
+        _engine_generate(model_path, prompts, new, compile_decode=False) as eager,
+        _engine_generate(model_path, prompts, new, compile_decode=True) as compiled,
+    ):
+        t = time.perf_counter()
+        compiled(8)  # compiles (or loads Inductor's cache)
+        compile_s = time.perf_counter() - t
+        eager_toks, comp_toks, _, _, ratio = _interleaved(
+            lambda: eager(8), lambda: compiled(8), rounds
+        )
+    return {
+        "compiled_vs_eager_b8": round(ratio, 3),
+        "compile_s": round(compile_s, 1),
+        "tokens_match_compiled": comp_toks == eager_toks,
+    }
 
 
 async def _generate_all(address: str, replica_id: str, prompts: Tokens, new: int) -> Tokens:
@@ -220,6 +250,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             hf_toks, eng_toks, hf_t8, eng_t8, eng_vs_hf = _interleaved(
                 lambda: hf(8), lambda: eng(8), rounds
             )
+        compiled = _compiled_vs_eager(model_path, prompts, new, rounds) if args.compile else {}
         half = cfg.num_layers // 2
         with (
             local_agents.local_agents(1, "cpu:1x1GiB", threads, "single") as single,
@@ -274,6 +305,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         and mb3_toks == hf_toks
         and single_toks == hf_toks,
         # what the leader's block reported before and after the timed rounds
+        **compiled,
         "pipeline_activations": f"{links[0]}/{links_after[0]}",
         "pipeline_results": f"{links[1]}/{links_after[1]}",
         "new_tokens": new,
