@@ -60,6 +60,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--reconcile-interval", type=float, default=10.0)
     p.add_argument(
+        "--scaling-interval",
+        type=float,
+        default=5.0,
+        help="seconds between module-scaling ticks (when spec.policies.scaling.enabled)",
+    )
+    p.add_argument(
         "--arrival-span", type=float, default=10.0, help="span of the gateway's arrival counts (s)"
     )
     p.add_argument(
@@ -120,7 +126,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from tessera import local_agents, reconcile, routes_doc
+    from tessera import local_agents, reconcile, routes_doc, scaling_loop
     from tessera.cli import supervise, up_watch
     from tessera.gateway import config as gw_config
     from tessera.gateway import routes as gw_routes
@@ -155,6 +161,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     supervisor = None
     threads = 0
     gateway = None
+    scaling: asyncio.Task[None] | None = None
     refs: list[agents.AgentRef] = []
     try:
         if args.agent:
@@ -252,6 +259,14 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             return remaining is not None and bool(remaining.steps) and remaining.blocked is None
 
         supervisor = supervise.start(procs, args.devices, threads, console.print)
+        scaler = scaling_loop.for_up(  # module scaling (issue 15), when the spec enables it
+            dep.spec, model_path, [(r.name, r.address) for r in refs],
+            gateway.service.metrics.itl,
+        )  # fmt: skip
+        if scaler is not None:
+            scaling = asyncio.create_task(
+                scaling_loop.run(scaler, stop, args.scaling_interval, console.print)
+            )
         watcher = up_watch.ManifestWatcher(args.file, dep)
         await up_watch.run_loop(
             stop,
@@ -265,6 +280,8 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         return 0
     finally:
         console.print("stopping")
+        if scaling is not None:
+            scaling.cancel()
         await supervise.stop(supervisor)
         if gateway is not None:
             await gateway.stop()
