@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera import fields
+from tessera import fields, variant_spec
 from tessera.policies import module_scaling
 from tessera.policies import overload as overload_policy
 
@@ -140,6 +140,7 @@ class DeploymentSpec:
     slo: SLOSpec = SLOSpec()
     policies: PoliciesSpec = PoliciesSpec()
     gateway: GatewaySpec = GatewaySpec()
+    variants: tuple[variant_spec.VariantSpec, ...] = ()  # issue 14: tessera.variant_spec
 
 
 @dataclass(frozen=True)
@@ -406,15 +407,21 @@ def _gateway(doc: Any, path: str) -> GatewaySpec:
 
 def parse_spec(doc: Any, path: str = "spec") -> DeploymentSpec:
     s = fields.mapping(doc, path)
-    _unknown(s, ("model", "resources", "layout", "workload", "slo", "policies", "gateway"), path)
+    _unknown(
+        s,
+        ("model", "resources", "layout", "workload", "slo", "policies", "gateway", "variants"),
+        path,
+    )
+    model = _model(fields.require(s, "model", path), f"{path}.model")
     return DeploymentSpec(
-        model=_model(fields.require(s, "model", path), f"{path}.model"),
+        model=model,
         resources=_resources(_opt(s, "resources", {}), f"{path}.resources"),
         layout=_layout(_opt(s, "layout", {}), f"{path}.layout"),
         workload=_workload(_opt(s, "workload", {}), f"{path}.workload"),
         slo=_slo(_opt(s, "slo", {}), f"{path}.slo"),
         policies=_policies(_opt(s, "policies", {}), f"{path}.policies"),
         gateway=_gateway(_opt(s, "gateway", {}), f"{path}.gateway"),
+        variants=variant_spec.parse(_opt(s, "variants", []), model.name, f"{path}.variants"),
     )
 
 
