@@ -158,6 +158,8 @@ def build(
     moving = transition_status(out)
     if moving is not None:
         status["transition"] = moving
+    if out.variants:  # issue 14: each variant loaded where, ready or why not
+        status["variants"] = [v.to_json() for v in out.variants]
     status["observedGeneration"] = generation
     phase = PHASES.get(out.reason, "Pending")
     if out.whole and out.reason in STALLED and out.reason != "InvalidSpec":

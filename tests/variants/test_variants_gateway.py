@@ -226,18 +226,21 @@ async def test_removing_an_adapter_lets_its_request_in_flight_finish(
         gw.apply_routes(_routes(cluster, ("legal", "code")))
         await gw.refresh()
         async with aiohttp.ClientSession() as s:
-            body = {"model": "code", "prompt": [0, 5, 6, 7], "max_tokens": 60, "temperature": 0}
+            body = {"model": "code", "prompt": [0, 5, 6, 7], "max_tokens": 120, "temperature": 0}
             body["ignore_eos"] = True
             running = asyncio.create_task(helpers.post(s, gw.url + C, body))
-            await asyncio.sleep(0.3)
+            leader = _stub(cluster[0].address)
+            while not any(kv.running for kv in leader.Describe(pb.DescribeRequest()).kv):
+                await asyncio.sleep(0.02)  # the request runs on the replica
+            assert not running.done()
             # the gateway stops naming it, then the leader (draining), then the follower
             gw.apply_routes(_routes(cluster, ("legal",)))
             loop = asyncio.get_running_loop()
             keep = {"legal": made["legal"]}
             await loop.run_in_executor(None, _remove_leader_first, cluster, keep)
             status, out = await running
-            assert status == 200 and out["usage"]["completion_tokens"] == 60
-            want = _peft_greedy(str(tiny_llama), str(made["code"]), (0, 5, 6, 7), 60)
+            assert status == 200 and out["usage"]["completion_tokens"] == 120
+            want = _peft_greedy(str(tiny_llama), str(made["code"]), (0, 5, 6, 7), 120)
             tok = Tokenizer.from_file(str(tiny_llama / "tokenizer.json"))
             assert out["choices"][0]["text"] == tok.decode(want, skip_special_tokens=True)
             status, err = await helpers.post(s, gw.url + C, {**body, "max_tokens": 2})

@@ -204,6 +204,8 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         sys.stdout.write(_curl_example(gateway.url, dep.spec.model.name))
         sys.stdout.flush()
         said = ""
+        seen: dict[str, str] = {}
+        _report_variants(outcome, console.print, seen)
 
         async def one_pass(current: Any) -> bool:
             """A converge pass toward `current`; True while a transition is under way."""
@@ -224,6 +226,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 rollout=rollout,
             )
             published = again.routes or published
+            _report_variants(again, console.print, seen)
             note = f"{again.reason}: {again.message}"
             if again.actions:  # drift repaired, a restarted agent reloaded, or a transition step
                 console.print(f"reconciled drift: {len(again.actions)} actions ({note})")
@@ -259,6 +262,21 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             local_agents.stop_agent(p)
         with contextlib.suppress(FileNotFoundError):
             args.state_file.unlink()
+
+
+def _report_variants(outcome: Any, say: Any, seen: dict[str, str]) -> None:
+    """Print each variant's state when it changes (issue 14), and forget removed ones."""
+    now = {v.name: v for v in outcome.variants}
+    for name in sorted(set(seen) - set(now)):
+        say(f"variant {name}: removed")
+        del seen[name]
+    for name, v in now.items():
+        line = f"variant {name} ({v.kind}): {v.reason}: {v.message}"
+        if v.ready:
+            line += f" (on {', '.join(v.loaded_on)})"
+        if seen.get(name) != line:
+            say(line)
+            seen[name] = line
 
 
 def _leaders(outcome: Any) -> list[tuple[str, str]]:
