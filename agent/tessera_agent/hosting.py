@@ -150,7 +150,7 @@ class Hosting:
                 dev.free_bytes,
                 planned,
                 tensors,
-                self.zoo,
+                self.zoo if self.defaults.block_zoo else None,
             )
             h = hosted.Hosted(loaded)
             self.memory.book(dev.id, h.holder, loaded.own_param_bytes + loaded.kv_bytes)

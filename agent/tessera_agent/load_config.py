@@ -22,6 +22,7 @@ class LoadDefaults:
     max_num_seqs: int = scheduler.SchedulerConfig.max_num_seqs
     max_batched_tokens: int = scheduler.SchedulerConfig.max_batched_tokens
     prefix_caching: bool = True  # leaders reuse KV pages of prompt prefixes computed before
+    block_zoo: bool = True  # identical parameter pieces of blocks held once (block_zoo.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -37,6 +37,7 @@ class AgentConfig:
     prefix_caching: bool = True  # replicas led here reuse KV pages of computed prefixes
     model_root: str = ""  # loads must name a checkpoint under this folder; "" = anywhere
     health_port: int = 0  # plaintext grpc.health.v1 only (kubelet probes speak no mTLS); 0 = off
+    block_zoo: bool = True  # share identical parameter pieces between blocks (issue 14)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -57,7 +58,9 @@ async def serve(cfg: AgentConfig) -> None:
     server = transport.server(
         (authz.Authorizer(tls=tls is not None, model_root=cfg.model_root or None),)
     )
-    defaults = load_config.LoadDefaults(prefix_caching=cfg.prefix_caching)
+    defaults = load_config.LoadDefaults(
+        prefix_caching=cfg.prefix_caching, block_zoo=cfg.block_zoo
+    )
     rendezvous = store.serve(cfg.host)  # data-plane groups of replicas hosted here meet on it
     svc = servicer.AgentServicer(
         cfg.agent_id,

@@ -35,6 +35,7 @@ BENCHES: dict[str, str] = {
     "chaos": "tessera.cli.bench_chaos",
     "transition": "tessera.policies.bench",
     "sim": "tessera.sim.bench",
+    "variants": "tessera.cli.bench_variants",
 }
 
 
