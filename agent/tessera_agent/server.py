@@ -58,9 +58,7 @@ async def serve(cfg: AgentConfig) -> None:
     server = transport.server(
         (authz.Authorizer(tls=tls is not None, model_root=cfg.model_root or None),)
     )
-    defaults = load_config.LoadDefaults(
-        prefix_caching=cfg.prefix_caching, block_zoo=cfg.block_zoo
-    )
+    defaults = load_config.LoadDefaults(prefix_caching=cfg.prefix_caching, block_zoo=cfg.block_zoo)
     rendezvous = store.serve(cfg.host)  # data-plane groups of replicas hosted here meet on it
     svc = servicer.AgentServicer(
         cfg.agent_id,

@@ -124,6 +124,11 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             f"spec.model.path: no checkpoint at {model_path} "
             "(make one with `tessera model make-tiny`)"
         )
+    from tessera.cli import variant_check
+
+    bad = variant_check.check(dep, model_path)
+    if bad:
+        return _fail("; ".join(bad))
     auto = None
     if args.profile is not None:
         from tessera.cost import profile as profile_mod
@@ -237,7 +242,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             return remaining is not None and bool(remaining.steps) and remaining.blocked is None
 
         supervisor = supervise.start(procs, args.devices, threads, console.print)
-        watcher = up_watch.ManifestWatcher(args.file, dep)
+        watcher = up_watch.ManifestWatcher(
+            args.file, dep, lambda d: variant_check.check(d, model_path)
+        )
         await up_watch.run_loop(
             stop,
             watcher,
