@@ -421,8 +421,14 @@ def parse_spec(doc: Any, path: str = "spec") -> DeploymentSpec:
         slo=_slo(_opt(s, "slo", {}), f"{path}.slo"),
         policies=_policies(_opt(s, "policies", {}), f"{path}.policies"),
         gateway=_gateway(_opt(s, "gateway", {}), f"{path}.gateway"),
-        variants=variant_spec.parse(_opt(s, "variants", []), model.name, f"{path}.variants"),
+        variants=_variants(_opt(s, "variants", []), model.name, f"{path}.variants"),
     )
+
+
+def _variants(doc: Any, model: str, path: str) -> tuple[variant_spec.VariantSpec, ...]:
+    for i, item in enumerate(doc if isinstance(doc, list) else []):
+        _unknown(fields.mapping(item, f"{path}[{i}]"), variant_spec.FIELDS, f"{path}[{i}]")
+    return variant_spec.parse(doc, model, path)
 
 
 def parse(doc: Any) -> ServingDeployment:

@@ -26,6 +26,7 @@ from typing import Any
 
 from tessera import fields
 
+FIELDS = ("name", "adapter", "checkpoint")
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123: part of replica ids
 
 
