@@ -24,9 +24,7 @@ from tests.conftest import hf_greedy
 MiB = 1 << 20
 
 
-def _hosting(
-    capacity: int = 256 * MiB, zoo: bool = True
-) -> tuple[hosting.Hosting, devices.Device]:
+def _hosting(capacity: int = 256 * MiB, zoo: bool = True) -> tuple[hosting.Hosting, devices.Device]:
     dev = devices.Device("cpu:0", "cpu", "virtual CPU device", capacity)
     pool = concurrent.futures.ThreadPoolExecutor(1)
     defaults = load_config.LoadDefaults(block_zoo=zoo)
