@@ -6,6 +6,7 @@ state is printed as it changes."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -158,6 +159,15 @@ def test_up_adds_and_removes_variants_without_reloading_the_foundation(
         assert list(one.variants) == ["code"]
         med = next(b for b in d.blocks if b.replica_id == "default.tiny.r0-med.g1")
         assert med.shared_param_bytes > 0.8 * med.param_bytes  # 7 of 8 layers + ends shared
+        status = subprocess.run(
+            [sys.executable, "-m", "tessera.cli.main", "status", "--state-file", str(state)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ, COLUMNS="250"),
+        )
+        assert status.returncode == 0, status.stderr
+        assert "code" in status.stdout and "block zoo" in status.stdout
         deadline = time.monotonic() + 30
         while "variant legal: removed" not in "".join(log) and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -177,12 +177,17 @@ def load_stage(
     pieces = None
     if zoo is not None and keys:
         pieces = block_zoo.StagePieces(zoo, zoo.adopt(model, keys))
-    kv_heads = tp.local_sizes(cfg, shard(spec))[1]
-    layout = kv_cache.KVLayout(
-        spec.end - spec.start, pages, spec.page_size, kv_heads, cfg.head_dim, dtype
-    )
-    cache = kv_cache.PagedKVCache(layout, device)
-    return Stage(spec, cfg, runner.StageRunner(model, cache, device), pbytes, pieces)
+    try:
+        kv_heads = tp.local_sizes(cfg, shard(spec))[1]
+        layout = kv_cache.KVLayout(
+            spec.end - spec.start, pages, spec.page_size, kv_heads, cfg.head_dim, dtype
+        )
+        cache = kv_cache.PagedKVCache(layout, device)
+        return Stage(spec, cfg, runner.StageRunner(model, cache, device), pbytes, pieces)
+    except BaseException:
+        if pieces is not None:  # nothing half-loaded stays referenced in the zoo
+            pieces.release()
+        raise
 
 
 class LocalDownstream:

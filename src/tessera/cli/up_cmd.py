@@ -286,6 +286,35 @@ def _report_variants(outcome: Any, say: Any, seen: dict[str, str]) -> None:
             seen[name] = line
 
 
+def _variant_facts(
+    obs: Any,
+) -> tuple[dict[tuple[str, str, int], tuple[str, ...]], dict[str, str]]:
+    """Per (agent, replica, stage) the adapters attached, per agent its block zoo (issue 14)."""
+    import grpc
+
+    from tessera.rpc import transport
+    from tessera.rpc.v1 import agent_pb2 as pb
+    from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+
+    adapters: dict[tuple[str, str, int], tuple[str, ...]] = {}
+    zoo: dict[str, str] = {}
+    for a in obs.agents:
+        if not a.reachable:
+            continue
+        channel = transport.sync_channel(a.address)
+        try:
+            d = pb_grpc.AgentStub(channel).Describe(pb.DescribeRequest(), timeout=5)
+        except grpc.RpcError:  # the table shows "-" for what could not be read
+            continue
+        finally:
+            channel.close()
+        for b in d.blocks:
+            adapters[(a.name, b.replica_id, b.stage_index)] = tuple(b.variants)
+        z = d.zoo
+        zoo[a.name] = f"{z.param_bytes / 2**20:.1f} ({z.pieces}, {z.shared_pieces})"
+    return adapters, zoo
+
+
 def _leaders(outcome: Any) -> list[tuple[str, str]]:
     obs = outcome.observed
     out = []
@@ -342,6 +371,7 @@ def _status(args: argparse.Namespace) -> int:
         refs = [agents.AgentRef(a["name"], a["address"]) for a in state["agents"]]
         gateway = state.get("gateway", "")
     obs = asyncio.run(agents.observe(refs))
+    extra = _variant_facts(obs)
     console = Console()
     if gateway:
         console.print(f"gateway: {gateway}")
@@ -356,6 +386,7 @@ def _status(args: argparse.Namespace) -> int:
         "params MiB",
         "KV MiB",
         "data plane",
+        "variants (adapters)",
     ):
         replicas.add_column(col)
     rows = sorted(
@@ -377,6 +408,7 @@ def _status(args: argparse.Namespace) -> int:
             f"{b.param_bytes / 2**20:.1f}",
             f"{b.kv_bytes / 2**20:.1f}",
             plane,
+            ", ".join(extra[0].get((name, rid, idx), ())) or "-",
         )
     console.print(replicas)
     table = Table(title="agents")
@@ -387,6 +419,7 @@ def _status(args: argparse.Namespace) -> int:
         "devices (free/capacity MiB)",
         "blocks",
         "KV pages used/total, prefix-cache hit tokens (replicas led)",
+        "block zoo MiB (pieces, shared)",
     ):
         table.add_column(col)
     for a in obs.agents:
@@ -404,6 +437,7 @@ def _status(args: argparse.Namespace) -> int:
             devs,
             str(len(a.blocks)),
             kv or "-",
+            extra[1].get(a.name, "-"),
         )
     console.print(table)
     return 0 if all(a.reachable for a in obs.agents) else 1
