@@ -50,10 +50,13 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     "ReleasePin": _KV,
     "ExportKV": _KV,
     "ImportKV": _KV,
+    "VariantAdapters": frozenset({OPERATOR, ADMIN}),  # issue 14: reads adapter folders
 }
 
 # Requests whose `model_path` field names a checkpoint folder the agent will read.
 PATH_METHODS = frozenset({"LoadBlock", "Profile"})
+# Requests whose `adapters[].path` fields name folders the agent will read (issue 14).
+ADAPTER_PATH_METHODS = frozenset({"VariantAdapters"})
 
 
 @dataclass(frozen=True)
