@@ -15,7 +15,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import logging
+from collections.abc import Sequence
+from pathlib import Path
 
 from tessera import blocks
 from tessera.rpc.v1 import agent_pb2 as pb
@@ -27,9 +30,10 @@ from tessera_agent import (
     load_check,
     load_config,
     stage_link,
+    switch_fetch,
     tp_member,
 )
-from tessera_agent.engine import block_zoo, errors, loader, replica, stage
+from tessera_agent.engine import block_zoo, errors, layer_run, loader, replica, stage
 from tessera_agent.transfer import block_copy, group
 
 log = logging.getLogger(__name__)
@@ -108,6 +112,9 @@ class Hosting:
             activations=""
             if h.stage.spec.is_last or h.stage.spec.tp_rank
             else ("gloo" if h.link_down is not None and h.link_down.ready else "grpc"),
+            results=""
+            if h.stage.spec.stage_index or h.stage.spec.tp_rank or h.stage.spec.is_last
+            else ("gloo" if h.result_in is not None and h.result_in.ready else "grpc"),
         )
 
     # -- changes ------------------------------------------------------------------------
@@ -118,6 +125,7 @@ class Hosting:
         max_num_seqs: int = 0,
         max_batched_tokens: int = 0,
         data_plane: pb.DataPlane | None = None,
+        parts: Sequence[pb.SwitchSource] = (),
     ) -> Loaded:
         load_check.check_request(spec)
         async with self._lock:
@@ -126,12 +134,36 @@ class Hosting:
                 return self._again(self.hosted[key], spec)
             dev = self.memory.device(spec.device)
             loop = asyncio.get_running_loop()
-            copy = source is not None
+            copy = source is not None or bool(parts)
             planned = await loop.run_in_executor(self.loader, stage.plan_bytes, spec, not copy)
             cfg = planned[0]
             load_check.check_against_model(spec, cfg)
             group_spec = convert.group_from_proto(data_plane, spec, dev.kind)
             tensors, moved_by = None, ""
+            throttled = self.defaults.storage_bytes_per_s > 0
+            read = functools.partial(
+                switch_fetch.read_checkpoint,
+                Path(spec.model_path),
+                bytes_per_s=self.defaults.storage_bytes_per_s,
+            )
+            if parts:  # a switch plan's parts (issue 11)
+                stage.kv_pages(spec, cfg, planned[1], dev.free_bytes)
+                tensors, moved_by = await switch_fetch.gather(
+                    parts,
+                    cfg,
+                    spec.start,
+                    spec.end,
+                    Path(spec.model_path),
+                    lambda rid, i: self.get(rid, i).stage,
+                    self.store_address,
+                    dev.torch_device(),
+                    group.choose([dev.kind]),
+                    read,
+                )
+                source = None
+            elif source is None and throttled:  # storage at its declared bandwidth
+                names = loader.checkpoint_names(cfg, spec.start, spec.end)
+                tensors = await loop.run_in_executor(self.loader, read, names)
             if source is not None:  # refuse before transferring anything when it cannot fit
                 stage.kv_pages(spec, cfg, planned[1], dev.free_bytes)
                 names = loader.checkpoint_names(cfg, spec.start, spec.end)
@@ -170,14 +202,25 @@ class Hosting:
                     h.link_up = stage_link.StageLink(
                         stage_link.link_spec(*dp, spec.stage_index - 1, 1, t)
                     )
+                if spec.num_stages > 1 and (spec.is_last or spec.stage_index == 0):
+                    # the sampled tokens' way back: last stage (rank 0) to leader (rank 1)
+                    back = stage_link.StageLink(
+                        stage_link.return_spec(*dp, 0 if spec.is_last else 1, t)
+                    )
+                    if spec.is_last:
+                        h.result_out = back
+                    else:
+                        h.result_in = back
             if spec.stage_index == 0 and spec.tp_rank == 0:
                 cfg_s = leader.scheduler_config(h, self.defaults, max_num_seqs, max_batched_tokens)
-                h.leader = leader.make_leader(h, cfg_s, self.compute)
+                h.leader = leader.make_leader(
+                    h, cfg_s, self.compute, self.defaults.pipeline_microbatches
+                )
             self.hosted[key] = h
             how = (
                 f"copied from {source.address} over {moved_by}"
                 if source is not None
-                else "from the checkpoint"
+                else moved_by or "from the checkpoint"
             )
             log.info(
                 "loaded %s layers [%d, %d) on %s (generation %d), %s",
@@ -213,6 +256,10 @@ class Hosting:
             if h.tp is not None:  # rank 0 stops its followers; a follower lets go
                 await asyncio.get_running_loop().run_in_executor(None, h.tp.close)
             h.close_links()
+            layer_run.close_runs(h.stage.runner.runs)  # replicas of its layer runs go too
+            for d in self.memory.devices.values():  # and their bookings on this agent
+                for k in [k for k in d.used if k.startswith(f"run:{replica_id}/")]:
+                    del d.used[k]
             self.memory.release(h.stage.spec.device, h.holder)
             if h.stage.pieces is not None:  # pieces no other block uses are freed
                 for piece in h.stage.pieces.release():

@@ -23,10 +23,18 @@ class LoadDefaults:
     max_batched_tokens: int = scheduler.SchedulerConfig.max_batched_tokens
     prefix_caching: bool = True  # leaders reuse KV pages of prompt prefixes computed before
     block_zoo: bool = True  # identical parameter pieces of blocks held once (block_zoo.py)
+    # microbatches a pipelined replica keeps in flight; 0 = one per stage (at least 2)
+    pipeline_microbatches: int = 0
+    # checkpoint reads take at least bytes / this (a declared storage speed); 0 = unthrottled
+    storage_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: {self.dtype!r} is not one of {list(DTYPES)}")
+        if self.storage_bytes_per_s < 0:
+            raise ValueError("storage_bytes_per_s: must be >= 0")
         for name in ("page_size", "max_num_seqs", "max_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1")
+        if self.pipeline_microbatches < 0:
+            raise ValueError("pipeline_microbatches: must be >= 0")

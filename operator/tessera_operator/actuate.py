@@ -56,13 +56,18 @@ async def _block(action: actions.BlockAction, timeout: float) -> Result:
             return Result(action, True)
         source = action.source if isinstance(action, actions.LoadBlock) else None
         dp = action.data_plane if isinstance(action, actions.LoadBlock) else None
-        req = rpc_blocks.load_request(action.block, source, data_plane=dp)
+        parts = action.parts if isinstance(action, actions.LoadBlock) else ()
+        req = rpc_blocks.load_request(action.block, source, data_plane=dp, parts=parts)
         reply = await stub.LoadBlock(req, timeout=timeout)
         note = ""
         if isinstance(action, actions.LoadBlock):
             note = "already loaded" if reply.already_loaded else ""
             if source is not None:
                 note = f"copied from {source.agent}" + (f", {note}" if note else "")
+            if parts:
+                note = action.describe().partition(" (")[2].rstrip(")") + (
+                    f", {note}" if note else ""
+                )
         return Result(action, True, message=note)
     except grpc.aio.AioRpcError as exc:
         if isinstance(action, actions.UnloadBlock) and exc.code() == grpc.StatusCode.NOT_FOUND:

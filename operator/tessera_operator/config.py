@@ -8,7 +8,7 @@ environment by itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +119,14 @@ class OperatorConfig:
     drain_deadline_seconds: float = 30.0
     drain_grace_seconds: float = 5.0
     drain_settle_seconds: float = 2.0
+    # workload-adaptive switching (switching_loop.py): timer period, arrivals URL override
+    # ("{namespace}", "{name}" filled; "": the gateway Service), candidate deployments
+    switching_tick_seconds: float = 5.0
+    switching_arrivals_url: str = ""
+    switching_candidates: Callable[..., Any] | None = None  # switching_loop.CandidatesFn
+    # default candidates (no switching_candidates): a measured cost profile
+    # (tessera.cost.profile.Profile) for agents whose GPUs have no analytic one (e.g. CPU)
+    switching_profile: Any = None
 
     def __post_init__(self) -> None:
         names = [a.name for a in self.agents]
@@ -130,6 +138,8 @@ class OperatorConfig:
             raise ValueError(f"agent_port: {self.agent_port} is not a TCP port")
         if not self.resync_seconds > 0:
             raise ValueError("resync_seconds: must be > 0")
+        if not self.switching_tick_seconds > 0:
+            raise ValueError("switching_tick_seconds: must be > 0")
         if self.finalizer_retries < 0:
             raise ValueError("finalizer_retries: must be >= 0")
         for name in ("drain_deadline_seconds", "drain_grace_seconds", "drain_settle_seconds"):

@@ -27,7 +27,7 @@ from tessera import api, fields, observed, plan, reconcile, routes_doc, variant_
 from tessera.cost import model_shape
 from tessera.planner import auto as planner_auto
 from tessera.policies import actions as step_actions
-from tessera.policies import links, transition, variant_plan
+from tessera.policies import links, placement, transition, variant_plan
 from tessera_operator import actuate, agents, gateway_objects
 from tessera_operator import variants as variant_ops
 
@@ -133,6 +133,17 @@ def _failure_reason(code: str) -> str:
     return "LoadFailed"
 
 
+def switch_model(shape: model_shape.ModelShape) -> placement.ModelBytes:
+    """Parameter bytes per unit for the switch plan's source choice."""
+    b = shape.dtype_bytes
+    return placement.ModelBytes(
+        shape.num_layers,
+        float(shape.layer_params * b),
+        float(shape.embedding_params * b),
+        float(shape.lm_head_params * b),
+    )
+
+
 @dataclass(frozen=True)
 class Rollout:
     """How transitions run: the drain policy (`drain.deadline_s` is the deadline every
@@ -143,6 +154,8 @@ class Rollout:
     drain: transition.DrainPolicy = field(default_factory=transition.DrainPolicy)
     links: links.LinkModel = field(default_factory=links.LinkModel)
     clock: Callable[[], float] = time.time
+    # where loads copy from (`transition_model.SOURCINGS`): "switch" the OServe switch plan
+    sourcing: str = "switch"
 
 
 async def converge(
@@ -204,7 +217,14 @@ async def converge(
 
     def world(o: observed.Observed, routes: routes_doc.RoutesDoc | None) -> transition.World:
         return transition.World(
-            o, prefix, routes, rollout.clock(), links=rollout.links, drain=drain
+            o,
+            prefix,
+            routes,
+            rollout.clock(),
+            links=rollout.links,
+            drain=drain,
+            sourcing=rollout.sourcing,
+            model=switch_model(shape),
         )
 
     t = transition.plan(world(obs, published), target)

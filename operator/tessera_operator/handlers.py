@@ -3,8 +3,9 @@
 `build_registry(cfg)` returns a fresh `kopf.OperatorRegistry` (no module-level registry):
 create, spec update and resume run a reconcile pass; a timer every `cfg.resync_seconds`
 re-runs it to repair drift (an agent that restarted or lost a block, one that went
-down or came back); deletion runs the finalizer. The login handler points kopf at the
-same API server as the operator's own client. Called by `runner.py`.
+down or came back); deletion runs the finalizer; `switching_loop` adds its own timer
+(workload-adaptive switching, issue 11). The login handler points kopf at the same API
+server as the operator's own client. Called by `runner.py`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import kopf
 
 from tessera import api
-from tessera_operator import config, kube, reconciler
+from tessera_operator import config, kube, reconciler, switching_loop
 
 PLURAL = "servingdeployments"
 RESOURCE = (api.API_GROUP, api.API_VERSION, PLURAL)
@@ -51,4 +52,5 @@ def build_registry(cfg: config.OperatorConfig) -> kopf.OperatorRegistry:
     async def deleted(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
         await reconciler.finalize(body, memo, retry)
 
+    switching_loop.register(registry, cfg, RESOURCE)
     return registry

@@ -32,6 +32,7 @@ from tessera_operator import (
     events,
     gateway_objects,
     kube,
+    overload_status,
     owned,
     status,
 )
@@ -159,6 +160,8 @@ async def _pass(body: kopf.Body, patch: kopf.Patch, ctx: Context) -> None:
     events.switching(
         body, status.condition(previous, "Progressing"), status.condition(new, "Progressing")
     )
+    events.layer_runs(body, previous.get("scaling"), new.get("scaling"))
+    overload_status.record(body, previous.get("overload") or {}, new.get("overload") or {})
     for key, value in status.merge_patch(previous, new).items():
         patch.status[key] = value
 

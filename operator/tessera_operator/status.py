@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tessera_operator import converge
+from tessera_operator import converge, overload_status, scaling
 
 CONDITIONS = ("Ready", "Progressing", "Degraded", "PlanValid", "Reconciling", "Stalled")
 WORKING = ("Loading", "Switching")  # work under way
@@ -110,7 +110,11 @@ def conditions(
     """The conditions, keeping each one's lastTransitionTime unless its status flips."""
     before = {c.get("type"): c for c in previous}
     result = []
-    for ctype, (ok, reason, message) in _wanted(out).items():
+    wanted = _wanted(out)
+    dropped = overload_status.groups(out)
+    if dropped or "Overloaded" in before:  # issue 13: shown once a drop was seen
+        wanted["Overloaded"] = overload_status.condition(dropped)
+    for ctype, (ok, reason, message) in wanted.items():
         status = "True" if ok else "False"
         old = before.get(ctype)
         since = old.get("lastTransitionTime") if old and old.get("status") == status else None
@@ -138,7 +142,7 @@ def build(
     plan and replica counts stay: the blocks it loaded keep serving."""
     status: dict[str, Any] = {
         key: previous[key]
-        for key in ("plan", "replicas", "readyReplicas", "lastPlanTime", "endpoint")
+        for key in ("plan", "replicas", "readyReplicas", "lastPlanTime", "endpoint", "switching")
         if key in previous
     }
     if out.plan is not None:
@@ -155,11 +159,18 @@ def build(
         status["replicas"] = len(out.plan.replicas)
         status["readyReplicas"] = len(out.ready_replicas)
         status["endpoint"] = endpoint
+    mine = {r.replica_id for r in out.plan.replicas} if out.plan is not None else set()
+    runs = scaling.status_doc(out.observed, mine)
+    if runs:
+        status["scaling"] = {"layerRuns": runs}
     moving = transition_status(out)
     if moving is not None:
         status["transition"] = moving
     if out.variants:  # issue 14: each variant loaded where, ready or why not
         status["variants"] = [v.to_json() for v in out.variants]
+    dropped = overload_status.groups(out)
+    if dropped:
+        status["overload"] = {"groups": dropped}
     status["observedGeneration"] = generation
     phase = PHASES.get(out.reason, "Pending")
     if out.whole and out.reason in STALLED and out.reason != "InvalidSpec":

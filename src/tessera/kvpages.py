@@ -60,8 +60,18 @@ class PageAllocator:
     def cached_pages(self) -> int:
         return len(self._page_of)
 
+    def content_pages(self) -> list[int]:
+        """Pages whose K/V may be read again: held by a sequence or a pin, or registered in
+        the prefix cache (an overload shift copies all of them to the stages that change)."""
+        return sorted(set(self._refs) | set(self._key_of))
+
     def pages_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
+
+    def live_pages(self) -> set[int]:
+        """Pages whose contents matter: held by a sequence or pin, or registered in the
+        prefix cache (a layer-run move copies exactly these)."""
+        return set(self._refs) | set(self._key_of)
 
     def block_table(self, seq_id: str) -> list[int]:
         return self._tables.get(seq_id, [])

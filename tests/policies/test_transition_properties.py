@@ -57,14 +57,16 @@ def _placed(
     after=layouts(),
     capacity=st.integers(12, 40),
     cut=st.integers(0, 30),
+    sourcing=st.sampled_from(["block", "switch"]),
 )
 def test_any_transition_is_safe_and_resumable(
     before: list[tuple[str, tuple[tuple[str, int, int], ...]]],
     after: list[tuple[str, tuple[tuple[str, int, int], ...]]],
     capacity: int,
     cut: int,
+    sourcing: str,
 ) -> None:
-    c = sim.Cluster({n: sim.Agent(n, capacity * MiB) for n in AGENTS})
+    c = sim.Cluster({n: sim.Agent(n, capacity * MiB) for n in AGENTS}, sourcing=sourcing)
     start = _placed(before, {name: 1 for name, _ in before})
     need = {n: sum(p.block.bytes for p in start if p.agent == n) for n in AGENTS}
     if any(v > capacity * MiB for v in need.values()):

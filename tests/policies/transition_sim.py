@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from tessera import blocks, observed, routes_doc
-from tessera.policies import actions, links, transition
+from tessera.policies import actions, links, switch_sources, transition
 
 PREFIX = "default.demo."
 MODEL = "/m"
@@ -64,6 +64,7 @@ class Cluster:
     peak: int = 0
     links: links.LinkModel = field(default_factory=links.LinkModel)
     checkpoint_readable: bool = True
+    sourcing: str = "block"  # transition_model.SOURCINGS
 
     def world(self) -> transition.World:
         obs = observed.Observed(
@@ -92,6 +93,7 @@ class Cluster:
             self.now,
             links=self.links,
             checkpoint_readable=self.checkpoint_readable,
+            sourcing=self.sourcing,
         )
 
     def ours(self) -> int:
@@ -115,6 +117,14 @@ class Cluster:
                     (a.source.replica_id, a.source.stage_index, 0)
                 ]
                 assert src.holds(a.block)
+            for part in a.parts:  # a switch plan's parts: each source holds its units now
+                assert part.source is not None or self.checkpoint_readable
+                if part.source is not None:
+                    have = self.agents[part.source.agent].blocks[
+                        (part.source.replica_id, part.source.stage_index, 0)
+                    ]
+                    u0, u1 = switch_sources.units_of(have, 8)
+                    assert u0 <= part.units[0] and part.units[1] <= u1, a.describe()
             agent.blocks[a.block.key] = a.block
             self.peak = max(self.peak, self.ours())
         elif isinstance(a, actions.UnloadBlock):

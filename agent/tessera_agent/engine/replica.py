@@ -81,6 +81,7 @@ class ReplicaEngine:
         self._loop_task: asyncio.Task[None] | None = None
         self._ready_lock = asyncio.Lock()
         self._pins: set[str] = set()
+        self._paused = False  # overload shifts: no step is scheduled while set
         self.steps = 0
         # Variants being removed: new requests for them are refused (see `variants.py`).
         self.refused_variants: frozenset[str] = frozenset()
@@ -171,6 +172,13 @@ class ReplicaEngine:
         self._wake.set()
         return extra
 
+    def live_pages(self) -> set[int]:
+        """KV pages whose contents matter (held or prefix-cached); all before the first
+        request (a layer-run move copies exactly these)."""
+        if self._sched is None:
+            return set(range(self.local.cache.layout.num_pages))
+        return self._sched.alloc.live_pages()
+
     def stats(self) -> ReplicaStats:
         s = self._sched
         if s is None:
@@ -184,6 +192,44 @@ class ReplicaEngine:
             s.prefix_hit_tokens,
             s.alloc.cached_pages,
         )
+
+    # -- overload shifts (issue 13): change the stages under running requests ---------------
+    async def pause(self) -> list[int]:
+        """Schedule no step and wait for the ones in flight; returns the pages whose K/V
+        may be read again (held by running requests or pins, or prefix-cached: a request
+        re-admitted after a preemption reuses its cached pages). Their K/V is still now, so
+        a peer may copy it."""
+        self._paused = True
+        while self._inflight:
+            await asyncio.gather(*list(self._inflight), return_exceptions=True)
+        return [] if self._sched is None else self._sched.alloc.content_pages()
+
+    async def resume(self, connect: DownstreamFactory | None, num_pages: int = 0) -> None:
+        """Run again over the (possibly new) downstream stages: `connect` None means the
+        replica is whole now. Raises the allocator to `num_pages` when that is more."""
+        if self._downstream is not None:  # the stages after the leader changed
+            ds, self._downstream = self._downstream, None
+            await ds.close()
+        self._connect = connect
+        self.max_inflight = 2 if connect is not None else 1
+        if self._sched is not None and connect is not None:
+            self._downstream = await connect()
+        if num_pages:
+            self.add_pages(num_pages)
+        self._paused = False
+        self._wake.set()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def allocator(self) -> page_allocator.PageAllocator | None:
+        return None if self._sched is None else self._sched.alloc
+
+    @property
+    def num_unfinished(self) -> int:
+        return 0 if self._sched is None else self._sched.num_unfinished
 
     # -- requests ---------------------------------------------------------------------
     async def generate(
@@ -267,7 +313,7 @@ class ReplicaEngine:
 
     def _fill(self) -> None:
         sched = self._sched
-        if sched is None:
+        if sched is None or self._paused:
             return
         while len(self._inflight) < self.max_inflight:
             max_seqs = None

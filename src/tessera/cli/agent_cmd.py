@@ -39,6 +39,12 @@ def register(sub: Any) -> None:
         help="load every block's parameters, even when identical ones are held (baselines)",
     )
     p.add_argument(
+        "--pipeline-microbatches",
+        type=int,
+        default=0,
+        help="microbatches a pipelined replica led here keeps in flight (0: one per stage)",
+    )
+    p.add_argument(
         "--health-port",
         type=int,
         default=0,
@@ -49,6 +55,13 @@ def register(sub: Any) -> None:
         default=os.environ.get("TESSERA_MODEL_ROOT", ""),
         help="refuse loads of checkpoints outside this folder (default: $TESSERA_MODEL_ROOT; "
         "unset: anywhere). mTLS is on when $TESSERA_TLS_DIR names ca.crt, tls.crt, tls.key",
+    )
+    p.add_argument(
+        "--storage-bandwidth",
+        type=float,
+        default=float(os.environ.get("TESSERA_STORAGE_BYTES_PER_S", "0") or 0),
+        help="checkpoint reads take at least bytes / this many bytes per second, as from a "
+        "cluster's network storage (default: $TESSERA_STORAGE_BYTES_PER_S; 0: unthrottled)",
     )
     p.set_defaults(func=_run)
 
@@ -67,5 +80,7 @@ def _run(args: argparse.Namespace) -> int:
         model_root=args.model_root,
         health_port=args.health_port,
         block_zoo=args.block_zoo,
+        pipeline_microbatches=args.pipeline_microbatches,
+        storage_bytes_per_s=args.storage_bandwidth,
     )
     return server.run(cfg)

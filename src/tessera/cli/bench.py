@@ -29,6 +29,8 @@ BENCHES: dict[str, str] = {
     "kvmove": "tessera_agent.bench_kvmove",
     "serve": "tessera.cli.bench_serve",
     "relayout": "tessera.cli.bench_relayout",
+    "switch": "tessera.cli.bench_switch",
+    "adaptive": "tessera.cli.bench_adaptive",
     "planner": "tessera.planner.bench",
     "predictor": "tessera.workload.bench",
     "reconcile": "tessera_operator.bench_reconcile",
@@ -36,6 +38,8 @@ BENCHES: dict[str, str] = {
     "transition": "tessera.policies.bench",
     "sim": "tessera.sim.bench",
     "variants": "tessera.cli.bench_variants",
+    "scaling": "tessera.cli.bench_scaling",
+    "overload": "tessera.cli.bench_overload",
 }
 
 

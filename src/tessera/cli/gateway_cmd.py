@@ -31,6 +31,12 @@ def register(sub: Any) -> None:
         help="a replica and its leader agent (repeatable)",
     )
     p.add_argument("--routes", default="", metavar="FILE", help="routes JSON, re-read on change")
+    p.add_argument(
+        "--live-classes",
+        default="",
+        metavar="FILE",
+        help="live classifier JSON typing arrivals (docs/switching.md); default: route classes",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls")
@@ -64,6 +70,7 @@ def _run(args: argparse.Namespace) -> int:
             port=args.port,
             replicas=tuple(config.parse_replica(r) for r in args.replica),
             routes_file=args.routes,
+            live_classes_file=args.live_classes,
             poll_interval_s=args.poll_interval,
             max_body_bytes=args.max_body_bytes,
             api_keys_file=args.api_keys_file,

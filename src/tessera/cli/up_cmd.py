@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tessera import blocks
+
 STATE_FILE = Path(".tessera/up.json")
 
 
@@ -58,6 +60,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--reconcile-interval", type=float, default=10.0)
     p.add_argument(
+        "--arrival-span", type=float, default=10.0, help="span of the gateway's arrival counts (s)"
+    )
+    p.add_argument(
         "--watch-interval",
         type=float,
         default=1.0,
@@ -68,6 +73,13 @@ def register(sub: Any) -> None:
         type=float,
         default=30.0,
         help="seconds a leaving replica's requests may finish there before they move",
+    )
+    p.add_argument(
+        "--sourcing",
+        choices=("switch", "block", "storage"),
+        default="switch",
+        help="where a transition's loads copy parameters from: switch (the OServe switch "
+        "plan: parts from peers, same agent first), block (one peer holding all), storage",
     )
     p.add_argument("--state-file", type=Path, default=STATE_FILE)
     p.set_defaults(func=_up)
@@ -137,7 +149,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         auto = auto_mod.default_auto_planner(
             profile_mod.profile_from_json(json.loads(args.profile.read_text()))
         )
-    rollout = converge.Rollout(drain=transition.DrainPolicy(deadline_s=args.drain_deadline))
+    rollout = converge.Rollout(
+        drain=transition.DrainPolicy(deadline_s=args.drain_deadline), sourcing=args.sourcing
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -197,6 +211,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 model_path=model_path,
                 host=args.host,
                 port=port,
+                arrival_span_s=args.arrival_span,
             )
         )
         gateway.apply_routes(gw_routes.from_doc(outcome.routes))  # with the class shares
@@ -232,6 +247,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             )
             published = again.routes or published
             _report_variants(again, console.print, seen)
+            for r in again.results:  # each load says where its parameters came from
+                if r.ok and r.action.kind == "LoadBlock":
+                    console.print(f"✓ {r.action.describe()}")
             note = f"{again.reason}: {again.message}"
             if again.actions:  # drift repaired, a restarted agent reloaded, or a transition step
                 console.print(f"reconciled drift: {len(again.actions)} actions ({note})")
@@ -350,6 +368,16 @@ def _write_state(path: Path, dep: Any, refs: list[Any], url: str) -> None:
     )
 
 
+def overload_groups(rows: list[tuple[str, int, int, str, blocks.Block]]) -> list[str]:
+    """Each multi-stage replica as a group: its agents, each block's layers and KV pages
+    (a KunServe drop turns whole replicas into one such pipeline, led by the head)."""
+    by: dict[str, list[str]] = {}
+    for rid, _, rank, name, b in rows:
+        if b.num_stages > 1 and rank == 0:
+            by.setdefault(rid, []).append(f"{name} [{b.start}, {b.end}) {b.kv_pages} pages")
+    return [f"{rid}: " + " | ".join(parts) for rid, parts in sorted(by.items())]
+
+
 def _status(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -385,6 +413,7 @@ def _status(args: argparse.Namespace) -> int:
         "layers",
         "params MiB",
         "KV MiB",
+        "KV pages",
         "data plane",
         "variants (adapters)",
     ):
@@ -407,10 +436,21 @@ def _status(args: argparse.Namespace) -> int:
             f"[{b.start}, {b.end})",
             f"{b.param_bytes / 2**20:.1f}",
             f"{b.kv_bytes / 2**20:.1f}",
+            str(b.kv_pages),
             plane,
             ", ".join(extra[0].get((name, rid, idx), ())) or "-",
         )
     console.print(replicas)
+    from tessera.cli import scaling_status
+
+    scaling_status.print_runs(console, [(r.name, r.address) for r in refs])
+    groups = overload_groups(rows)
+    if groups:
+        console.print(
+            "pipelines (an overload drop makes one of its head's replica: "
+            + "; ".join(groups)
+            + ")"
+        )
     table = Table(title="agents")
     for col in (
         "agent",

@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from tessera.gateway import (
+    arrivals,
     auth,
     chat_template,
     choices,
@@ -62,6 +63,7 @@ class Service:
     created: int  # unix time the gateway started (/v1/models)
     limits: limits.Limits = dataclasses.field(default_factory=limits.Limits)
     api_keys: auth.ApiKeys | None = None  # None: no authentication
+    arrivals: arrivals.ArrivalRecorder | None = None  # per-class arrivals (switching loop)
     variants: gw_variants.VariantTable | None = None  # served names (issue 14); built if None
 
     def __post_init__(self) -> None:
@@ -165,6 +167,8 @@ class _Handlers:
         job = self._job(meta.id, prompt, sampling, started)
         if target.kind != "foundation" or target.exclude:
             job = dataclasses.replace(job, variant=target.variant, allowed=target.allows)
+        if self.s.arrivals is not None:
+            self.s.arrivals.record(len(prompt), sampling.max_tokens)
         self.s.metrics.prompt_tokens.inc(len(prompt))
         gens = [
             text_stream.TextGeneration(

@@ -56,6 +56,8 @@ class GatewayConfig:
     routing_seed: int = 0  # seeds the weighted per-class choice
     api_keys_file: str = ""  # accepted API keys (auth.py); "" = no authentication
     limits: limits_mod.Limits = field(default_factory=limits_mod.Limits)
+    arrival_span_s: float = 10.0  # span of the per-class arrival counts (arrivals.py)
+    live_classes_file: str = ""  # live classifier JSON (workload.live_classes.to_json)
 
     def __post_init__(self) -> None:
         if not self.routes_file and not (self.model_name and self.model_path):
@@ -67,6 +69,8 @@ class GatewayConfig:
         for name in ("poll_interval_s", "poll_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0")
+        if not self.arrival_span_s > 0:
+            raise ValueError("arrival_span_s: must be > 0")
         if self.failure_backoff_s < 0:
             raise ValueError("failure_backoff_s: must be >= 0")
         if self.max_body_bytes < 1024:

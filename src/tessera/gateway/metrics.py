@@ -2,8 +2,9 @@
 
 One `GatewayMetrics` per gateway owns its own `CollectorRegistry` (no global registry, so
 several gateways — or tests — can live in one process). Updated by `app.py` (requests,
-end-to-end latency, in-flight requests) and `dispatch.py` (tokens, TTFT, inter-token
-latency, outstanding tokens, retries); `/metrics` serves `render()`.
+end-to-end latency, in-flight requests), `server.py` (per-class arrivals, `arrivals.py`)
+and `dispatch.py` (tokens, TTFT, inter-token latency, outstanding tokens, retries);
+`/metrics` serves `render()`.
 """
 
 from __future__ import annotations
@@ -107,6 +108,12 @@ class GatewayMetrics:
             "Requests on leaving replicas by outcome: drained (finished there), moved (KV "
             "copied, continued elsewhere), recomputed (continued elsewhere without the KV)",
             ["outcome"],
+            registry=r,
+        )
+        self.class_arrivals = Counter(
+            "tessera_gateway_class_arrivals_total",
+            "Admitted generation requests by workload class, typed on arrival (arrivals.py)",
+            ["class"],
             registry=r,
         )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from aiohttp import web
 from tessera.gateway import (
     admin,
     app,
+    arrivals,
     auth,
     chat_template,
     config,
@@ -34,6 +36,7 @@ from tessera.gateway import (
     routes,
     tokenizer,
 )
+from tessera.workload import live_classes
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,7 @@ class GatewayHandle:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._live: router.ClassRouter | None = None  # set_live_classifier's rule
 
     @property
     def model_name(self) -> str:
@@ -88,6 +92,15 @@ class GatewayHandle:
         `router.workload_class_router(classes, deployment.classes)`). Without a
         classifier the shares are kept but unused; empty shares restore plain balancing."""
         self._router.set_class_shares(shares, class_router)
+
+    def set_live_classifier(
+        self, classifier: live_classes.LiveClassifier, names: Sequence[str]
+    ) -> None:
+        """Type arrivals with the live classifier (`arrivals.live_class_router`) instead of
+        the routes document's class centroids."""
+        assert self.service.arrivals is not None
+        self._live = arrivals.live_class_router(classifier, names)
+        self.service.arrivals.set_classes(self._live, names)
 
     def ready_replicas(self) -> list[str]:
         return self.service.replicas.ready_ids()
@@ -139,6 +152,9 @@ class GatewayHandle:
         if new.class_centroids:
             classify = router.centroid_class_router(new.class_centroids)
         self._router.set_class_shares(new.class_shares, classify)
+        recorder = self.service.arrivals
+        if recorder is not None and self._live is None and new.class_centroids:
+            recorder.set_classes(classify, list(new.class_centroids))
         log.info(
             "routes: %d replicas, %d classes with shares", len(new.replicas), len(new.class_shares)
         )
@@ -157,6 +173,15 @@ class GatewayHandle:
         await self.service.replicas.close()
 
 
+def _load_live_classes(path: str) -> tuple[live_classes.LiveClassifier, tuple[str, ...]]:
+    """The live classifier file; ValueError naming the file when unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return live_classes.from_json(json.load(f))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
 async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
     """Load the model metadata, poll the replicas once, listen; see the module docstring."""
     watcher = routes.RoutesWatcher(cfg.routes_file) if cfg.routes_file else None
@@ -173,6 +198,9 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
     route = router.Router(seed=cfg.routing_seed)
     table = inflight.InFlightTable()
     switch = cutover.Cutover(replica_set, table, gauges)
+    counts = arrivals.ArrivalRecorder(
+        cfg.arrival_span_s, on_arrival=lambda name: gauges.class_arrivals.labels(name).inc()
+    )
     service = app.Service(
         model_name=name,
         info=info,
@@ -184,9 +212,10 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
         created=int(time.time()),
         limits=cfg.limits,
         api_keys=auth.ApiKeys(cfg.api_keys_file) if cfg.api_keys_file else None,
+        arrivals=counts,
     )
     application = app.build(service, cfg.max_body_bytes)
-    admin.install(application, switch)
+    admin.install(application, switch, counts)
     runner = web.AppRunner(
         application,
         handler_cancellation=True,  # a client disconnect cancels its agent call
@@ -202,6 +231,8 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
         handle = GatewayHandle(
             cfg, service, route, runner, f"http://{url_host}:{port}", watcher, switch
         )
+        if cfg.live_classes_file:
+            handle.set_live_classifier(*_load_live_classes(cfg.live_classes_file))
         if initial is not None:
             handle._apply_routes(initial)
         else:

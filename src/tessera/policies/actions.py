@@ -37,6 +37,18 @@ class PeerSource:
     address: str
     replica_id: str
     stage_index: int
+    # "local" (same agent), "" (data-plane group, gRPC as the fallback) or "grpc"
+    transport: str = ""
+
+
+@dataclass(frozen=True)
+class SwitchPart:
+    """Part of a block's parameters and where to get it (issue 11): units `[u0, u1)` (0
+    the embedding, 1..L the layers, L+1 the final norm and lm_head) copied from a peer
+    block, or read from storage (`source` None). Chosen by `policies.switch_sources`."""
+
+    units: tuple[int, int]
+    source: PeerSource | None = None
 
 
 @dataclass(frozen=True)
@@ -55,11 +67,18 @@ class LoadBlock:
     block: blocks.Block
     source: PeerSource | None = None  # None: read the checkpoint from storage
     data_plane: DataPlane | None = None  # for a block with tp_size > 1
+    parts: tuple[SwitchPart, ...] = ()  # per-range sources (a switch plan); overrides source
 
     kind = "LoadBlock"
 
     def describe(self) -> str:
         how = f" (copy from {self.source.agent})" if self.source is not None else ""
+        if self.parts:
+            peers = sorted({p.source.agent for p in self.parts if p.source is not None})
+            stored = any(p.source is None for p in self.parts)
+            how = f" (copy from {', '.join(peers) or 'storage'}" + (
+                ", storage)" if stored and peers else ")"
+            )
         return f"load {self.block.describe()} on {self.agent}{how}"
 
 

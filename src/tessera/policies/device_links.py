@@ -80,9 +80,12 @@ def from_comm(comm: CommSpec, storage_bytes_per_s: float) -> DeviceLinks:
 class AgentLinks(Protocol):
     """The figures of ``tessera.policies.links.LinkModel`` this module reads."""
 
-    storage_bytes_per_s: float
-    network_bytes_per_s: float
-    local_bytes_per_s: float
+    @property
+    def storage_bytes_per_s(self) -> float: ...
+    @property
+    def network_bytes_per_s(self) -> float: ...
+    @property
+    def local_bytes_per_s(self) -> float: ...
 
 
 def from_agent_links(agent_links: AgentLinks) -> DeviceLinks:

@@ -67,7 +67,7 @@ def map_devices(
     """Logical target device -> physical device (module docstring). ``needs`` are the
     target's holdings, ``held`` the source's, ``sizes`` the shard bytes, ``pool`` the
     physical devices per node."""
-    logical = _by_node([d for r in target for s in r.stages for d in s.devices])
+    logical = _by_node(sorted({d for r in target for s in r.stages for d in s.devices}))
     physical = {node: [(node, i) for i in sorted(idx)] for node, idx in pool.items()}
     bonus = 1e-9 * (sum(sizes) + 1.0) / (len(needs) + 1)
     t_nodes, p_nodes = sorted(logical), sorted(physical)

@@ -163,7 +163,9 @@ def plan(world: World, target: Target) -> Transition:
         if p.block.replica_id in target_ids and where not in want:
             sim.unload(p, [])  # a stage the target replica no longer has
 
-    # 2. loads, retiring old replicas first where memory is short
+    # 2. loads, retiring old replicas first where memory is short (with switch sourcing,
+    # each load's parts come from one switch plan over what is held now)
+    sim.plan_switch([p for r in target.replicas for p in missing.get(r.id, [])])
     blocked: Blocked | None = None
     loads: list[int] = []
     done_new: list[routes_doc.RouteReplica] = []

@@ -12,6 +12,13 @@ from dataclasses import dataclass, field
 
 from tessera import blocks, observed, routes_doc
 from tessera.policies import actions, links
+from tessera.policies.placement import ModelBytes
+
+# where a load's parameters come from: "block" the fastest single peer holding all of
+# them when it beats storage; "switch" the OServe switch plan (`policies.switch_sources`:
+# parts from several peers, same agent first, storage only for what no block holds);
+# "storage" always the checkpoint (a reload, for comparison)
+SOURCINGS = ("block", "switch", "storage")
 
 DevKey = tuple[str, str]  # (agent, device)
 Where = tuple[str, tuple[str, int, int]]  # (agent, block key)
@@ -60,6 +67,12 @@ class World:
     links: links.LinkModel = field(default_factory=links.LinkModel)
     drain: DrainPolicy = field(default_factory=DrainPolicy)
     checkpoint_readable: bool = True  # agents can read the weights from storage
+    sourcing: str = "block"  # one of SOURCINGS
+    model: ModelBytes | None = None  # parameter bytes per unit (switch sourcing); None: even
+
+    def __post_init__(self) -> None:
+        if self.sourcing not in SOURCINGS:
+            raise ValueError(f"sourcing: must be one of {', '.join(SOURCINGS)}")
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ import math
 from collections.abc import Iterable, Mapping
 
 from tessera import routes_doc
-from tessera.policies import actions
+from tessera.policies import actions, device_links, switch_sources
 from tessera.policies import transition_model as model
+from tessera.policies.placement import ModelBytes
 
 
 class StepBuilder:
@@ -45,6 +46,8 @@ class StepBuilder:
         )
         self.start_bytes = self.peak_bytes = self.ours_bytes
         self.retired = 0
+        self.parts: dict[model.Where, tuple[actions.SwitchPart, ...]] = {}
+        self.switch: switch_sources.Assignment | None = None
 
     def ours(self, rid: str) -> bool:
         return rid.startswith(self.world.owner_prefix)
@@ -97,8 +100,59 @@ class StepBuilder:
         self.ours_bytes -= p.block.bytes
         return sid
 
+    def plan_switch(self, loads: list[model.Placed]) -> None:
+        """With switch sourcing: the parts of every block to load, from one switch plan
+        over the blocks held now (`policies.switch_sources`)."""
+        if self.world.sourcing != "switch" or not loads:
+            return
+        stores = {a.name: a.store_address for a in self.reachable.values()}
+        held = [
+            switch_sources.Held(p.agent, p.address, p.block, stores.get(p.agent, ""))
+            for p, step in self.present.values()
+            if step is None
+        ]
+        wanted = [
+            switch_sources.Wanted(p.agent, p.address, p.block, stores.get(p.agent, ""))
+            for p in loads
+        ]
+        self.switch = switch_sources.assign(
+            held, wanted, self.model_bytes(loads), device_links.from_agent_links(self.world.links)
+        )
+        self.parts = dict(self.switch.parts)
+
+    def model_bytes(self, loads: list[model.Placed]) -> ModelBytes:
+        if self.world.model is not None:
+            return self.world.model
+        # a last stage ends at the model's last layer
+        model_path = loads[0].block.model_path
+        every = [*loads, *(p for p, _ in self.present.values())]
+        num_layers = max(
+            p.block.end
+            for p in every
+            if p.block.model_path == model_path and (p.block.is_last or p in loads)
+        )
+        return ModelBytes(num_layers, 1.0, 1.0, 1.0)  # no shape: every unit alike
+
+    def _parts(self, p: model.Placed) -> tuple[actions.SwitchPart, ...] | None:
+        """The switch plan's parts for `p` while every peer they name is still held."""
+        parts = self.parts.get((p.agent, p.block.key))
+        if not parts:
+            return None
+        for part in parts:
+            if part.source is None:
+                if not self.world.checkpoint_readable:
+                    return None
+                continue
+            key = (part.source.replica_id, part.source.stage_index, 0)
+            held = self.present.get((part.source.agent, key))
+            if held is None or held[1] is not None:
+                return None  # freed to make room (freeing order): the planner's own rule
+        return parts
+
     def source(self, p: model.Placed) -> tuple[model.Placed, int | None] | None:
         """The fastest peer holding `p`'s tensors, when it beats reading storage."""
+        if self.world.sourcing == "storage" and self.world.checkpoint_readable:
+            return None
         links_, nbytes = self.world.links, p.block.param_bytes
         best: tuple[float, model.Placed, int | None] | None = None
         for have, step in self.present.values():
@@ -116,6 +170,9 @@ class StepBuilder:
         return None
 
     def load(self, p: model.Placed, after: list[int]) -> int | model.Blocked:
+        parts = self._parts(p)
+        if parts is not None:
+            return self._load_parts(p, parts, after)
         src = self.source(p)
         if src is None and not self.world.checkpoint_readable:
             return model.Blocked(
@@ -135,6 +192,24 @@ class StepBuilder:
         sid = self.add(actions.LoadBlock(p.agent, p.address, p.block, peer, p.data_plane), deps)
         if src is not None:
             self.readers.setdefault((src[0].agent, src[0].block.key), []).append(sid)
+        self._took(p, sid)
+        return sid
+
+    def _load_parts(
+        self, p: model.Placed, parts: tuple[actions.SwitchPart, ...], after: list[int]
+    ) -> int:
+        deps = list(after) + self.unloads_on.get((p.agent, p.block.device), [])
+        sid = self.add(
+            actions.LoadBlock(p.agent, p.address, p.block, None, p.data_plane, parts), deps
+        )
+        for part in parts:
+            if part.source is not None:
+                key = (part.source.replica_id, part.source.stage_index, 0)
+                self.readers.setdefault((part.source.agent, key), []).append(sid)
+        self._took(p, sid)
+        return sid
+
+    def _took(self, p: model.Placed, sid: int) -> None:
         dev = (p.agent, p.block.device)
         # a load without a KV budget takes all the memory left on its device
         took = p.block.bytes if p.block.kv_bytes else max(self.free.get(dev, 0), p.block.bytes)
@@ -142,7 +217,6 @@ class StepBuilder:
         self.present[(p.agent, p.block.key)] = (p, sid)
         self.ours_bytes += p.block.bytes
         self.peak_bytes = max(self.peak_bytes, self.ours_bytes)
-        return sid
 
     def cut_over(self, replicas: list[routes_doc.RouteReplica], after: list[int]) -> int:
         keep = {r.id for r in replicas}

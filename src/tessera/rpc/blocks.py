@@ -24,7 +24,7 @@ def to_proto(b: blocks.Block, kv_pages: int = 0, num_tensors: int = 0) -> pb.Blo
         device=b.device,
         param_bytes=b.param_bytes,
         kv_bytes=b.kv_bytes,
-        kv_pages=kv_pages,
+        kv_pages=kv_pages or b.kv_pages,
         page_size=b.page_size,
         dtype=b.dtype,
         num_tensors=num_tensors,
@@ -36,6 +36,7 @@ def to_proto(b: blocks.Block, kv_pages: int = 0, num_tensors: int = 0) -> pb.Blo
         group_state=b.group_state,
         group_reason=b.group_reason,
         activations=b.activations,
+        results=b.results,
     )
 
 
@@ -60,6 +61,8 @@ def from_proto(m: pb.BlockInfo) -> blocks.Block:
         group_state=m.group_state,
         group_reason=m.group_reason,
         activations=m.activations,
+        kv_pages=m.kv_pages,
+        results=m.results,
     )
 
 
@@ -69,6 +72,7 @@ def load_request(
     max_num_seqs: int = 0,
     max_batched_tokens: int = 0,
     data_plane: actions.DataPlane | None = None,
+    parts: tuple[actions.SwitchPart, ...] = (),
 ) -> pb.LoadBlockRequest:
     """The request that loads `b` (its `kv_bytes` is the budget asked; 0 = all left)."""
     req = pb.LoadBlockRequest(
@@ -98,14 +102,25 @@ def load_request(
             )
         )
     if source is not None:
-        req.source.CopyFrom(
-            pb.BlockSource(
-                address=source.address,
-                replica_id=source.replica_id,
-                stage_index=source.stage_index,
+        req.source.CopyFrom(block_source(source))
+    for part in parts:
+        req.switch_sources.append(
+            pb.SwitchSource(
+                source=block_source(part.source) if part.source is not None else None,
+                unit_start=part.units[0],
+                unit_end=part.units[1],
             )
         )
     return req
+
+
+def block_source(source: actions.PeerSource) -> pb.BlockSource:
+    return pb.BlockSource(
+        address=source.address,
+        replica_id=source.replica_id,
+        stage_index=source.stage_index,
+        transport=source.transport,
+    )
 
 
 def from_load_request(

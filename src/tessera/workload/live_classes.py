@@ -154,3 +154,38 @@ def input_nearest(workload: classes.WorkloadClasses, input_tokens: npt.ArrayLike
     c = np.asarray([lc.input_tokens for lc in workload.log_centroids])
     out: IntArray = np.argmin(np.abs(x[:, None] - c[None, :]), axis=1).astype(np.int64)
     return out
+
+
+def to_json(classifier: LiveClassifier, names: Sequence[str]) -> dict[str, object]:
+    """The classifier and its class names as a JSON document (the gateway's
+    ``--live-classes`` file)."""
+    if len(names) != classifier.k:
+        raise ValueError(f"{len(names)} class names for a classifier of {classifier.k} classes")
+    return {"classes": list(names), **dataclasses.asdict(classifier)}
+
+
+def from_json(doc: object) -> tuple[LiveClassifier, tuple[str, ...]]:
+    """Inverse of :func:`to_json`; ValueError naming the bad field."""
+    if not isinstance(doc, dict):
+        raise ValueError("live classes: not a JSON object")
+    try:
+        names = tuple(str(n) for n in doc["classes"])
+        k = len(names)
+        edges = tuple(float(e) for e in doc["edges"])
+        counts = tuple(tuple(float(v) for v in row) for row in doc["counts"])
+        quantiles = tuple(
+            tuple(tuple(float(v) for v in q) for q in row) for row in doc["quantiles"]
+        )
+        means = tuple(float(m) for m in doc["mean_output"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"live classes: missing or malformed field ({exc!r})") from exc
+    bins = len(edges) + 1
+    if k < 1 or len(means) != k:
+        raise ValueError(f"live classes: mean_output has {len(means)} entries for {k} classes")
+    if len(counts) != bins or any(len(r) != k for r in counts):
+        raise ValueError(f"live classes: counts must be {bins} rows of {k}")
+    if len(quantiles) != bins or any(
+        len(r) != k or any(len(q) != len(LEVELS) for q in r) for r in quantiles
+    ):
+        raise ValueError(f"live classes: quantiles must be {bins} x {k} x {len(LEVELS)}")
+    return LiveClassifier(edges, counts, quantiles, means), names

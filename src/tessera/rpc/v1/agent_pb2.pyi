@@ -45,7 +45,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeReply(_message.Message):
-    __slots__ = ("agent_id", "devices", "nvml_status", "blocks", "kv", "version", "store_address", "zoo")
+    __slots__ = ("agent_id", "devices", "nvml_status", "blocks", "kv", "version", "store_address", "zoo", "scaling_runs", "scaling_hosted")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     NVML_STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,8 @@ class DescribeReply(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ZOO_FIELD_NUMBER: _ClassVar[int]
+    SCALING_RUNS_FIELD_NUMBER: _ClassVar[int]
+    SCALING_HOSTED_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     nvml_status: str
@@ -62,10 +64,12 @@ class DescribeReply(_message.Message):
     version: str
     store_address: str
     zoo: VariantZoo
-    def __init__(self, agent_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nvml_status: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[ReplicaKV, _Mapping]]] = ..., version: _Optional[str] = ..., store_address: _Optional[str] = ..., zoo: _Optional[_Union[VariantZoo, _Mapping]] = ...) -> None: ...
+    scaling_runs: _containers.RepeatedCompositeFieldContainer[ScalingRunInfo]
+    scaling_hosted: _containers.RepeatedCompositeFieldContainer[ScalingHostedRun]
+    def __init__(self, agent_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nvml_status: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[ReplicaKV, _Mapping]]] = ..., version: _Optional[str] = ..., store_address: _Optional[str] = ..., zoo: _Optional[_Union[VariantZoo, _Mapping]] = ..., scaling_runs: _Optional[_Iterable[_Union[ScalingRunInfo, _Mapping]]] = ..., scaling_hosted: _Optional[_Iterable[_Union[ScalingHostedRun, _Mapping]]] = ...) -> None: ...
 
 class LoadBlockRequest(_message.Message):
-    __slots__ = ("model_path", "layer_start", "layer_end", "device", "replica_id", "stage_index", "num_stages", "next_stage_address", "dtype", "kv_bytes", "page_size", "max_num_seqs", "max_batched_tokens", "source", "generation", "tp_size", "tp_rank", "data_plane")
+    __slots__ = ("model_path", "layer_start", "layer_end", "device", "replica_id", "stage_index", "num_stages", "next_stage_address", "dtype", "kv_bytes", "page_size", "max_num_seqs", "max_batched_tokens", "source", "generation", "tp_size", "tp_rank", "data_plane", "switch_sources")
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +88,7 @@ class LoadBlockRequest(_message.Message):
     TP_SIZE_FIELD_NUMBER: _ClassVar[int]
     TP_RANK_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
+    SWITCH_SOURCES_FIELD_NUMBER: _ClassVar[int]
     model_path: str
     layer_start: int
     layer_end: int
@@ -102,7 +107,18 @@ class LoadBlockRequest(_message.Message):
     tp_size: int
     tp_rank: int
     data_plane: DataPlane
-    def __init__(self, model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_bytes: _Optional[int] = ..., page_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., source: _Optional[_Union[BlockSource, _Mapping]] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ...) -> None: ...
+    switch_sources: _containers.RepeatedCompositeFieldContainer[SwitchSource]
+    def __init__(self, model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_bytes: _Optional[int] = ..., page_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., source: _Optional[_Union[BlockSource, _Mapping]] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., switch_sources: _Optional[_Iterable[_Union[SwitchSource, _Mapping]]] = ...) -> None: ...
+
+class SwitchSource(_message.Message):
+    __slots__ = ("source", "unit_start", "unit_end")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    UNIT_START_FIELD_NUMBER: _ClassVar[int]
+    UNIT_END_FIELD_NUMBER: _ClassVar[int]
+    source: BlockSource
+    unit_start: int
+    unit_end: int
+    def __init__(self, source: _Optional[_Union[BlockSource, _Mapping]] = ..., unit_start: _Optional[int] = ..., unit_end: _Optional[int] = ...) -> None: ...
 
 class DataPlane(_message.Message):
     __slots__ = ("store_address", "group", "backend", "timeout_s")
@@ -147,7 +163,7 @@ class PushTensorsReply(_message.Message):
     def __init__(self, bytes: _Optional[int] = ...) -> None: ...
 
 class BlockInfo(_message.Message):
-    __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason", "activations", "variants", "shared_param_bytes")
+    __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason", "activations", "variants", "shared_param_bytes", "results")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +187,7 @@ class BlockInfo(_message.Message):
     ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
     VARIANTS_FIELD_NUMBER: _ClassVar[int]
     SHARED_PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     stage_index: int
     num_stages: int
@@ -194,7 +211,8 @@ class BlockInfo(_message.Message):
     activations: str
     variants: _containers.RepeatedScalarFieldContainer[str]
     shared_param_bytes: int
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., dtype: _Optional[str] = ..., num_tensors: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., transport: _Optional[str] = ..., group_state: _Optional[str] = ..., group_reason: _Optional[str] = ..., activations: _Optional[str] = ..., variants: _Optional[_Iterable[str]] = ..., shared_param_bytes: _Optional[int] = ...) -> None: ...
+    results: str
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., dtype: _Optional[str] = ..., num_tensors: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., transport: _Optional[str] = ..., group_state: _Optional[str] = ..., group_reason: _Optional[str] = ..., activations: _Optional[str] = ..., variants: _Optional[_Iterable[str]] = ..., shared_param_bytes: _Optional[int] = ..., results: _Optional[str] = ...) -> None: ...
 
 class LoadBlockReply(_message.Message):
     __slots__ = ("block", "already_loaded")
@@ -303,20 +321,22 @@ class StageHello(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., model_path: _Optional[str] = ...) -> None: ...
 
 class StageStep(_message.Message):
-    __slots__ = ("step_id", "chunks", "hidden", "finished", "hidden_on_link", "hidden_dtype")
+    __slots__ = ("step_id", "chunks", "hidden", "finished", "hidden_on_link", "hidden_dtype", "result_on_link")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_ON_LINK_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_ON_LINK_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     chunks: _containers.RepeatedCompositeFieldContainer[SeqChunk]
     hidden: Tensor
     finished: _containers.RepeatedScalarFieldContainer[str]
     hidden_on_link: bool
     hidden_dtype: str
-    def __init__(self, step_id: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[SeqChunk, _Mapping]]] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., finished: _Optional[_Iterable[str]] = ..., hidden_on_link: _Optional[bool] = ..., hidden_dtype: _Optional[str] = ...) -> None: ...
+    result_on_link: bool
+    def __init__(self, step_id: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[SeqChunk, _Mapping]]] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., finished: _Optional[_Iterable[str]] = ..., hidden_on_link: _Optional[bool] = ..., hidden_dtype: _Optional[str] = ..., result_on_link: _Optional[bool] = ...) -> None: ...
 
 class StageMessage(_message.Message):
     __slots__ = ("hello", "step")
@@ -345,12 +365,14 @@ class SampledToken(_message.Message):
     def __init__(self, seq_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprobs: _Optional[_Union[TokenLogprobs, _Mapping]] = ...) -> None: ...
 
 class StageStepResult(_message.Message):
-    __slots__ = ("step_id", "tokens")
+    __slots__ = ("step_id", "tokens", "tokens_on_link")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_ON_LINK_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     tokens: _containers.RepeatedCompositeFieldContainer[SampledToken]
-    def __init__(self, step_id: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ...) -> None: ...
+    tokens_on_link: bool
+    def __init__(self, step_id: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., tokens_on_link: _Optional[bool] = ...) -> None: ...
 
 class StageResult(_message.Message):
     __slots__ = ("hello", "step")
@@ -531,18 +553,20 @@ class ReleasePinReply(_message.Message):
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class ExportKVRequest(_message.Message):
-    __slots__ = ("replica_id", "stage_index", "page_ids", "layer_start", "layer_end")
+    __slots__ = ("replica_id", "stage_index", "page_ids", "layer_start", "layer_end", "data_plane")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     stage_index: int
     page_ids: _containers.RepeatedScalarFieldContainer[int]
     layer_start: int
     layer_end: int
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
+    data_plane: DataPlane
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ...) -> None: ...
 
 class KVLayer(_message.Message):
     __slots__ = ("layer", "k", "v")
@@ -555,14 +579,20 @@ class KVLayer(_message.Message):
     def __init__(self, layer: _Optional[int] = ..., k: _Optional[_Union[Tensor, _Mapping]] = ..., v: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class KVImportHeader(_message.Message):
-    __slots__ = ("replica_id", "stage_index", "page_ids")
+    __slots__ = ("replica_id", "stage_index", "page_ids", "data_plane", "layer_start", "layer_end")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     stage_index: int
     page_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    data_plane: DataPlane
+    layer_start: int
+    layer_end: int
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
 
 class KVImportMessage(_message.Message):
     __slots__ = ("header", "layer")
@@ -615,3 +645,249 @@ class VariantZoo(_message.Message):
     pieces: int
     shared_pieces: int
     def __init__(self, param_bytes: _Optional[int] = ..., pieces: _Optional[int] = ..., shared_pieces: _Optional[int] = ...) -> None: ...
+
+class ScalingOpRequest(_message.Message):
+    __slots__ = ("replica_id", "stage_index", "layer_start", "layer_end", "target_address", "target_device", "holder", "self_address")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    SELF_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    stage_index: int
+    layer_start: int
+    layer_end: int
+    target_address: str
+    target_device: str
+    holder: str
+    self_address: str
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., target_address: _Optional[str] = ..., target_device: _Optional[str] = ..., holder: _Optional[str] = ..., self_address: _Optional[str] = ...) -> None: ...
+
+class ScalingOpReply(_message.Message):
+    __slots__ = ("op", "layer_start", "layer_end", "source", "target", "seconds", "pause_s", "param_bytes", "kv_bytes", "kv_pages", "requests")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_S_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_PAGES_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    op: str
+    layer_start: int
+    layer_end: int
+    source: str
+    target: str
+    seconds: float
+    pause_s: float
+    param_bytes: int
+    kv_bytes: int
+    kv_pages: int
+    requests: int
+    def __init__(self, op: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., source: _Optional[str] = ..., target: _Optional[str] = ..., seconds: _Optional[float] = ..., pause_s: _Optional[float] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., requests: _Optional[int] = ...) -> None: ...
+
+class ScalingRunLoadRequest(_message.Message):
+    __slots__ = ("run_id", "model_path", "layer_start", "layer_end", "device", "dtype", "num_pages", "page_size", "source")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    model_path: str
+    layer_start: int
+    layer_end: int
+    device: str
+    dtype: str
+    num_pages: int
+    page_size: int
+    source: BlockSource
+    def __init__(self, run_id: _Optional[str] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., num_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., source: _Optional[_Union[BlockSource, _Mapping]] = ...) -> None: ...
+
+class ScalingRunLoadReply(_message.Message):
+    __slots__ = ("holder", "param_bytes", "kv_bytes", "transport")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    param_bytes: int
+    kv_bytes: int
+    transport: str
+    def __init__(self, holder: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., transport: _Optional[str] = ...) -> None: ...
+
+class ScalingRunStepRequest(_message.Message):
+    __slots__ = ("run_id", "step")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    step: StageStep
+    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[_Union[StageStep, _Mapping]] = ...) -> None: ...
+
+class ScalingRunStepReply(_message.Message):
+    __slots__ = ("hidden", "seconds")
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    hidden: Tensor
+    seconds: float
+    def __init__(self, hidden: _Optional[_Union[Tensor, _Mapping]] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class ScalingRunKVRequest(_message.Message):
+    __slots__ = ("run_id", "page_ids")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    page_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, run_id: _Optional[str] = ..., page_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ScalingRunKVImport(_message.Message):
+    __slots__ = ("header", "layer")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    header: ScalingRunKVRequest
+    layer: KVLayer
+    def __init__(self, header: _Optional[_Union[ScalingRunKVRequest, _Mapping]] = ..., layer: _Optional[_Union[KVLayer, _Mapping]] = ...) -> None: ...
+
+class ScalingRunUnloadRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class ScalingRunUnloadReply(_message.Message):
+    __slots__ = ("unloaded",)
+    UNLOADED_FIELD_NUMBER: _ClassVar[int]
+    unloaded: bool
+    def __init__(self, unloaded: _Optional[bool] = ...) -> None: ...
+
+class ScalingHolderInfo(_message.Message):
+    __slots__ = ("name", "requests", "tokens_per_s", "param_bytes", "kv_bytes", "home", "placed")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOME_FIELD_NUMBER: _ClassVar[int]
+    PLACED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    requests: int
+    tokens_per_s: float
+    param_bytes: int
+    kv_bytes: int
+    home: bool
+    placed: int
+    def __init__(self, name: _Optional[str] = ..., requests: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., home: _Optional[bool] = ..., placed: _Optional[int] = ...) -> None: ...
+
+class ScalingRunInfo(_message.Message):
+    __slots__ = ("replica_id", "stage_index", "layer_start", "layer_end", "origin", "holders")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    stage_index: int
+    layer_start: int
+    layer_end: int
+    origin: str
+    holders: _containers.RepeatedCompositeFieldContainer[ScalingHolderInfo]
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., origin: _Optional[str] = ..., holders: _Optional[_Iterable[_Union[ScalingHolderInfo, _Mapping]]] = ...) -> None: ...
+
+class ScalingHostedRun(_message.Message):
+    __slots__ = ("run_id", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    layer_start: int
+    layer_end: int
+    device: str
+    param_bytes: int
+    kv_bytes: int
+    def __init__(self, run_id: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ...) -> None: ...
+
+class OverloadSource(_message.Message):
+    __slots__ = ("address", "replica_id", "stage_index", "layer_start", "layer_end")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    replica_id: str
+    stage_index: int
+    layer_start: int
+    layer_end: int
+    def __init__(self, address: _Optional[str] = ..., replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
+
+class OverloadShiftRequest(_message.Message):
+    __slots__ = ("replica_id", "stage_index", "op", "layer_start", "layer_end", "new_replica_id", "new_stage_index", "num_stages", "next_address", "sources", "num_pages", "moves_from", "moves_to")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    NEW_REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FROM_FIELD_NUMBER: _ClassVar[int]
+    MOVES_TO_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    stage_index: int
+    op: str
+    layer_start: int
+    layer_end: int
+    new_replica_id: str
+    new_stage_index: int
+    num_stages: int
+    next_address: str
+    sources: _containers.RepeatedCompositeFieldContainer[OverloadSource]
+    num_pages: int
+    moves_from: _containers.RepeatedScalarFieldContainer[int]
+    moves_to: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., op: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., new_replica_id: _Optional[str] = ..., new_stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., next_address: _Optional[str] = ..., sources: _Optional[_Iterable[_Union[OverloadSource, _Mapping]]] = ..., num_pages: _Optional[int] = ..., moves_from: _Optional[_Iterable[int]] = ..., moves_to: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class OverloadShiftReply(_message.Message):
+    __slots__ = ("layer_start", "layer_end", "param_bytes", "kv_bytes", "kv_pages", "restored_pages", "held_pages", "moves_from", "moves_to", "allocator_pages", "running", "waiting")
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_PAGES_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    HELD_PAGES_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FROM_FIELD_NUMBER: _ClassVar[int]
+    MOVES_TO_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATOR_PAGES_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    layer_start: int
+    layer_end: int
+    param_bytes: int
+    kv_bytes: int
+    kv_pages: int
+    restored_pages: int
+    held_pages: _containers.RepeatedScalarFieldContainer[int]
+    moves_from: _containers.RepeatedScalarFieldContainer[int]
+    moves_to: _containers.RepeatedScalarFieldContainer[int]
+    allocator_pages: int
+    running: int
+    waiting: int
+    def __init__(self, layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., restored_pages: _Optional[int] = ..., held_pages: _Optional[_Iterable[int]] = ..., moves_from: _Optional[_Iterable[int]] = ..., moves_to: _Optional[_Iterable[int]] = ..., allocator_pages: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...

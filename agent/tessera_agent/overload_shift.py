@@ -1,0 +1,213 @@
+"""Apply one overload-shift op to a hosted block (issue 13, KunServe): the agent side.
+
+Called by the servicer's `OverloadShift` (which only translates the proto). The driver
+(`tessera.overload_driver`) sequences the ops over the members of a group; each op here
+is small and checks its preconditions:
+
+* `pause` / `resume`: the leader schedules no step (and waits for the ones in flight) /
+  runs again over its current stages, raising its allocator to `num_pages`;
+* `drop`: keep layers [start, end) (`engine.memory_shift.drop_layers`: freed parameter
+  bytes become KV pages in place) and take the new identity: a donor replica's block
+  becomes stage i of the head's replica (its own leader must have no request left);
+* `compact`: the leader moves held pages below `num_pages` (or the pool it would keep
+  holding every layer again) and reports the moves; `move_pages` copies them on a stage;
+* `restore`: hold [start, end) again, pulling the missing layers from peers
+  (`transfer.block_copy.fetch`, by checkpoint name), with the new identity; a block that
+  becomes a whole stage 0 gets a leader again.
+
+Tensor changes run on the agent's compute thread, between steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+import torch
+
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera_agent import hosted, hosting, leader
+from tessera_agent.engine import errors, loader, memory_shift, replica, stage
+from tessera_agent.transfer import block_copy
+
+log = logging.getLogger(__name__)
+
+
+def _reply(h: hosted.Hosted, **extra: object) -> pb.OverloadShiftReply:
+    st = h.stage
+    r = pb.OverloadShiftReply(
+        layer_start=st.spec.start,
+        layer_end=st.spec.end,
+        param_bytes=st.param_bytes,
+        kv_bytes=st.kv_bytes,
+        kv_pages=st.num_pages,
+        restored_pages=memory_shift.restored_pages(st, 0, st.cfg.num_layers),
+        **extra,  # type: ignore[arg-type]
+    )
+    if h.leader is not None:
+        alloc = h.leader.allocator
+        r.allocator_pages = alloc.num_pages if alloc is not None else st.num_pages
+        stats = h.leader.stats()
+        r.running, r.waiting = stats.running, stats.waiting
+    return r
+
+
+async def apply(hs: hosting.Hosting, req: pb.OverloadShiftRequest) -> pb.OverloadShiftReply:
+    h = hs.get(req.replica_id, req.stage_index)
+    op = req.op
+    if op == "pause":
+        eng = _leader(h)
+        held = await eng.pause()
+        return _reply(h, held_pages=held)
+    if op == "resume":
+        eng = _leader(h)
+        await eng.resume(leader.connector(h), req.num_pages)
+        return _reply(h)
+    if op == "compact":
+        return await _compact(hs, h, req.num_pages)
+    if op == "move_pages":
+        moves = dict(zip(req.moves_from, req.moves_to, strict=True))
+        await _on_compute(hs, memory_shift.move_pages, h.stage, moves)
+        return _reply(h)
+    if op == "drop":
+        return await _drop(hs, h, req)
+    if op == "restore":
+        return await _restore(hs, h, req)
+    raise errors.InvalidArgumentError(
+        f"op: {op!r} is not one of pause, resume, drop, compact, move_pages, restore"
+    )
+
+
+def _leader(h: hosted.Hosted) -> replica.ReplicaEngine:
+    if h.leader is None:
+        raise errors.FailedPreconditionError(f"{h.holder} leads no replica (not stage 0)")
+    return h.leader
+
+
+async def _on_compute(hs: hosting.Hosting, fn: object, *args: object) -> object:
+    return await asyncio.get_running_loop().run_in_executor(hs.compute, fn, *args)  # type: ignore[arg-type]
+
+
+def _paused_or_idle(h: hosted.Hosted) -> None:
+    eng = h.leader
+    if eng is not None and not eng.paused and eng.num_unfinished:
+        raise errors.FailedPreconditionError(
+            f"{h.holder} has {eng.num_unfinished} requests and is not paused: pause it first"
+        )
+
+
+async def _compact(hs: hosting.Hosting, h: hosted.Hosted, limit: int) -> pb.OverloadShiftReply:
+    eng = _leader(h)
+    if not eng.paused:
+        raise errors.FailedPreconditionError(f"{h.holder}: pause the leader before compacting")
+    alloc = eng.allocator
+    st = h.stage
+    limit = limit or memory_shift.restored_pages(st, 0, st.cfg.num_layers)
+    if alloc is None:
+        return _reply(h)
+    try:
+        moves = alloc.compact(limit)
+    except ValueError as exc:
+        raise errors.ResourceExhaustedError(f"{h.holder}: {exc}") from exc
+    await _on_compute(hs, memory_shift.move_pages, st, moves)
+    held = await eng.pause()
+    return _reply(h, held_pages=held, moves_from=list(moves), moves_to=list(moves.values()))
+
+
+def _identity(h: hosted.Hosted, req: pb.OverloadShiftRequest) -> hosting.Key:
+    """Give the block its new identity (replica, stage, stage count, next address)."""
+    spec = h.stage.spec
+    h.stage.spec = dataclasses.replace(
+        spec,
+        replica_id=req.new_replica_id or spec.replica_id,
+        stage_index=req.new_stage_index if req.new_replica_id else spec.stage_index,
+        num_stages=req.num_stages or spec.num_stages,
+        next_address=req.next_address,
+    )
+    return (h.stage.spec.replica_id, h.stage.spec.stage_index)
+
+
+async def _rekey(hs: hosting.Hosting, old: hosting.Key, h: hosted.Hosted) -> None:
+    new = (h.stage.spec.replica_id, h.stage.spec.stage_index)
+    if new == old:
+        return
+    if new in hs.hosted:
+        raise errors.FailedPreconditionError(f"{new[0]}/{new[1]} is already hosted here")
+    del hs.hosted[old]
+    hs.hosted[new] = h
+    dev = h.stage.spec.device
+    hs.memory.release(dev, f"{old[0]}/{old[1]}")
+    hs.memory.book(dev, h.holder, h.stage.param_bytes + h.stage.kv_bytes)
+
+
+async def _drop(
+    hs: hosting.Hosting, h: hosted.Hosted, req: pb.OverloadShiftRequest
+) -> pb.OverloadShiftReply:
+    old = (h.stage.spec.replica_id, h.stage.spec.stage_index)
+    becomes_follower = bool(req.new_replica_id) and req.new_stage_index > 0
+    if h.leader is not None and becomes_follower and h.leader.num_unfinished:
+        raise errors.FailedPreconditionError(
+            f"{h.holder} still has {h.leader.num_unfinished} requests: drain or move them "
+            "before it becomes a stage of another replica"
+        )
+    _paused_or_idle(h)
+    shift = await _on_compute(hs, memory_shift.drop_layers, h.stage, req.layer_start, req.layer_end)
+    assert isinstance(shift, memory_shift.Shift)
+    _identity(h, req)
+    if h.leader is not None and becomes_follower:
+        eng, h.leader = h.leader, None
+        await eng.close()
+    await _rekey(hs, old, h)
+    log.info(
+        "overload drop: %s keeps layers [%d, %d), KV pool %d -> %d pages",
+        h.holder,
+        req.layer_start,
+        req.layer_end,
+        shift.pages_before,
+        shift.pages_after,
+    )
+    return _reply(h)
+
+
+async def _restore(
+    hs: hosting.Hosting, h: hosted.Hosted, req: pb.OverloadShiftRequest
+) -> pb.OverloadShiftReply:
+    _paused_or_idle(h)
+    st = h.stage
+    old = (st.spec.replica_id, st.spec.stage_index)
+    start, end = req.layer_start, req.layer_end
+    tensors: dict[str, torch.Tensor] = {}
+    dev = hs.memory.device(st.spec.device)
+    for src in req.sources:
+        names = loader.checkpoint_names(st.cfg, src.layer_start, src.layer_end)
+        names = [n for n in names if n not in _held_names(st)]
+        source = pb.BlockSource(
+            address=src.address,
+            replica_id=src.replica_id,
+            stage_index=src.stage_index,
+            transport="grpc",
+        )
+        got, _ = await block_copy.fetch(source, names, hs.store_address, dev.torch_device())
+        tensors.update(got)
+    shift = await _on_compute(hs, memory_shift.restore_layers, st, start, end, tensors or None)
+    assert isinstance(shift, memory_shift.Shift)
+    _identity(h, req)
+    await _rekey(hs, old, h)
+    spec = h.stage.spec
+    if spec.stage_index == 0 and spec.num_stages == 1 and h.leader is None:
+        cfg = leader.scheduler_config(h, hs.defaults)
+        h.leader = leader.make_leader(h, cfg, hs.compute)
+    log.info(
+        "overload restore: %s holds layers [%d, %d) again, KV pool %d -> %d pages",
+        h.holder,
+        start,
+        end,
+        shift.pages_before,
+        shift.pages_after,
+    )
+    return _reply(h)
+
+
+def _held_names(st: stage.Stage) -> set[str]:
+    return set(st.tensor_names())

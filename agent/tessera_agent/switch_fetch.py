@@ -1,0 +1,108 @@
+"""A block's parameters gathered in parts (issue 11): peers, this agent, storage.
+
+`LoadBlock` with `switch_sources` (a layout switch's plan, `tessera.policies.switch_sources`)
+names, per unit range (0 the embedding, 1..L the decoder layers, L+1 the final norm and
+lm_head), the hosted block to copy it from. `gather` fetches every part at once: a part on
+this agent (`transport == "local"`) is taken from the hosted block in memory; a remote one
+goes over the data plane when the plan says both ends have it (gRPC when the group cannot
+form) or over gRPC; whatever no part names is read from the checkpoint. `read_checkpoint`
+is the one storage reader of a load: when the agent declares a storage bandwidth
+(`--storage-bandwidth`, e.g. a cluster's network volume, which a local page cache would
+otherwise beat by far) it takes at least bytes / bandwidth. Called by `hosting.Hosting.load`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera_agent.engine import config as config_mod
+from tessera_agent.engine import errors, loader, stage
+from tessera_agent.transfer import block_copy
+
+LOCAL = "local"
+
+Lookup = Callable[[str, int], stage.Stage]  # (replica id, stage) -> a block hosted here
+
+
+def unit_names(cfg: config_mod.ModelConfig, u0: int, u1: int) -> list[str]:
+    """Checkpoint names of units `[u0, u1)`."""
+    n = cfg.num_layers
+    if not 0 <= u0 < u1 <= n + 2:
+        raise errors.InvalidArgumentError(
+            f"switch_sources: units [{u0}, {u1}) are invalid for {n} layers (0..{n + 1})"
+        )
+    out: list[str] = []
+    for u in range(u0, u1):
+        if u == 0:
+            out.append("model.embed_tokens.weight")
+        elif u == n + 1:
+            out.append("model.norm.weight")
+            out.append("model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight")
+        else:
+            prefix = f"model.layers.{u - 1}."
+            out += [x for x in loader.checkpoint_names(cfg, u - 1, u) if x.startswith(prefix)]
+    return out
+
+
+def read_checkpoint(
+    model_path: Path, names: list[str], bytes_per_s: float
+) -> dict[str, torch.Tensor]:
+    """Read `names` from the checkpoint, at most at `bytes_per_s` (0: as fast as it goes).
+    Runs on the loader thread."""
+    started = time.monotonic()
+    out = loader.read_tensors(model_path, names)
+    if bytes_per_s > 0:
+        nbytes = sum(t.numel() * t.element_size() for t in out.values())
+        time.sleep(max(0.0, nbytes / bytes_per_s - (time.monotonic() - started)))
+    return out
+
+
+async def gather(
+    parts: Sequence[pb.SwitchSource],
+    cfg: config_mod.ModelConfig,
+    start: int,
+    end: int,
+    model_path: Path,
+    lookup: Lookup,
+    store_address: str,
+    device: torch.device,
+    backend: str,
+    read: Callable[[list[str]], dict[str, torch.Tensor]],
+) -> tuple[dict[str, torch.Tensor], str]:
+    """(tensors by checkpoint name for layers [start, end), how they were moved). `read`
+    reads names from storage (on the loader thread: the caller's `read_checkpoint`)."""
+    needed = loader.checkpoint_names(cfg, start, end)
+    want = set(needed)
+    out: dict[str, torch.Tensor] = {}
+    remote: list[tuple[pb.BlockSource, list[str]]] = []
+    how: list[str] = []
+    for part in parts:
+        if not part.source.address:
+            continue  # storage: read below with everything no peer part covers
+        names = [x for x in unit_names(cfg, part.unit_start, part.unit_end) if x in want]
+        if not names:
+            continue
+        if part.source.transport == LOCAL:
+            held = lookup(part.source.replica_id, part.source.stage_index)
+            out.update({x: held.tensor(x).to(device) for x in names})
+            how.append(f"units {part.unit_start}-{part.unit_end} local")
+        else:
+            remote.append((part.source, names))
+    fetched = await asyncio.gather(
+        *(block_copy.fetch(src, names, store_address, device, backend) for src, names in remote)
+    )
+    for (src, _), (tensors, moved_by) in zip(remote, fetched, strict=True):
+        out.update(tensors)
+        how.append(f"{len(tensors)} tensors from {src.address} over {moved_by}")
+    rest = [x for x in needed if x not in out]
+    if rest:
+        loop = asyncio.get_running_loop()
+        out.update(await loop.run_in_executor(None, read, rest))
+        how.append(f"{len(rest)} tensors from storage")
+    return {x: out[x] for x in needed}, "; ".join(how)

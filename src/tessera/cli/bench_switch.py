@@ -1,0 +1,400 @@
+"""Switch benchmark (issue 11, Proof 1): a layout switch by peer copies vs by reloading.
+
+`tessera bench switch --json` makes a tiny checkpoint (wider than the default so that
+parameter bytes matter: `--hidden 512`, ~100 MB), and runs `tessera up` (2 local agents)
+twice on the same trace load, once per mode:
+
+* `peer`: `--sourcing switch`: each load's parameters come in parts chosen by the OServe
+  switch plan (`policies.switch_sources`: blocks on the same agent first, then the
+  least-loaded peer link; the data plane between agents that have it, gRPC otherwise);
+* `reload`: `--sourcing storage`: the same transitions reading every block from storage.
+
+Storage speed: a node's page cache would serve the checkpoint far faster than a cluster's
+network storage, so both runs' agents read the checkpoint through a throttled reader at a
+declared bandwidth (`--storage-bandwidth`, default 100 MB/s per agent: the agent's
+`--storage-bandwidth` / `$TESSERA_STORAGE_BYTES_PER_S`); peer copies are not throttled.
+
+With `--rounds N` the two modes alternate N times (peer, reload, peer, reload, ...) and
+times are medians over rounds, `peer_vs_reload` the median of the per-round ratios (the
+machine's load changes between runs). Each run starts at 2 whole replicas and, during
+the replay, rewrites the manifest twice
+(`bench_relayout.LAYOUTS`): → 1 whole + a 2-stage pipeline (0-4 | 4-8) → the pipeline
+split at other layers on the other agents (0-6 | 6-8). Long requests decode on the
+leaving replica at each switch (their KV moves). Reported:
+`switch_s_peer` / `switch_s_reload` (per mode, the sum over the two switches of manifest
+written → the gateway cuts over to the new replicas: the pre-allocate + copy phase the
+source choice changes; `*_per_switch` lists and `complete_s_*` up to the old blocks being
+freed are beside them), `peer_vs_reload` (reload time / peer time), `bytes_moved` (the
+switch plan's bytes over agent links per switch, local copies included, and
+`bytes_between_agents`), `plan_vs_bound` (per switch, the greedy plan's modelled time over
+its LP lower bound; *model output*, default link figures), `p99_ttft_during_vs_steady`
+(peer run: requests sent inside a switch window vs outside), `lost` (both runs) and
+`tokens_match` (every completed greedy text equals `transformers`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import platform
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tessera import blocks
+from tessera.cli import bench_relayout as rl
+from tessera.cli import bench_serve
+from tessera.policies import device_links, links, placement, switch_bound, switch_sources
+
+SEQUENCE = [0, 1, 2]  # layouts of bench_relayout.LAYOUTS: start, then two switches
+MODES = {"peer": "switch", "reload": "storage"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--requests", type=int, default=60)
+    parser.add_argument("--time-scale", type=float, default=2.0)
+    parser.add_argument("--trace", type=Path, default=bench_serve.TRACE)
+    parser.add_argument("--input-scale", type=float, default=0.1)
+    parser.add_argument("--output-scale", type=float, default=0.1)
+    parser.add_argument("--max-input", type=int, default=256)
+    parser.add_argument("--max-output", type=int, default=32)
+    parser.add_argument("--long-tokens", type=int, default=96)
+    parser.add_argument("--long-requests", type=int, default=2)
+    parser.add_argument("--drain-deadline", type=float, default=2.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--transition-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--storage-bandwidth", type=float, default=100e6, help="bytes/s per agent (declared)"
+    )
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--intermediate", type=int, default=1408)
+    parser.add_argument("--modes", default="peer,reload", help="comma-separated: peer, reload")
+    parser.add_argument("--rounds", type=int, default=1, help="runs per mode, interleaved")
+
+
+def _note(msg: str) -> None:
+    sys.stderr.write(f"[switch {time.strftime('%H:%M:%S')}] {msg}\n")
+    sys.stderr.flush()
+
+
+@dataclass
+class Switch(rl.Window):
+    cut: float = 0.0  # when the gateway routed the new replicas
+
+
+async def _switch(
+    session: Any,
+    url: str,
+    path: Path,
+    model: Path,
+    layout: int,
+    run: rl.Run,
+    args: argparse.Namespace,
+    rng: random.Random,
+) -> Switch:
+    before = set((await rl._admin(session, url))["replicas"])
+    longs = [
+        rl.Request([rng.randrange(5, 500) for _ in range(40)], args.long_tokens, 0.0)
+        for _ in range(args.long_requests if args.long_tokens else 0)
+    ]
+    for long in longs:
+        run.requests.append(long)
+        long.at = time.perf_counter() - run.t0
+        asyncio.get_running_loop().create_task(rl._one(session, url, long, run))
+    while any(r.ttft is None and not r.error for r in longs):
+        await asyncio.sleep(0.02)  # the long requests decode when the layout changes
+    w = Switch(rl.LAYOUTS[layout][0], time.perf_counter())
+    rl.write_manifest(path, model, layout)
+    deadline = w.start + args.transition_timeout
+    while True:
+        snap = await rl._admin(session, url)
+        now = set(snap["replicas"])
+        if now != before and not w.cut:
+            w.cut = time.perf_counter()
+        held = run.samples[-1][2] if run.samples and run.samples[-1][0] > w.start else None
+        if now != before and not snap["leaving"] and held is not None and held == now:
+            break
+        if time.perf_counter() > deadline:
+            raise SystemExit(f"tessera bench switch: switch to {w.name} timed out: {snap}")
+        await asyncio.sleep(0.05)
+    w.end = time.perf_counter()
+    _note(f"switch to {w.name}: cut-over {w.cut - w.start:.2f} s, done {w.end - w.start:.2f} s")
+    return w
+
+
+async def _drive(
+    args: argparse.Namespace, url: str, agents: list[str], path: Path, model: Path
+) -> rl.Run:
+    import aiohttp
+
+    rows = bench_serve._load(args)
+    rng = random.Random(args.seed)
+    run = rl.Run(
+        [rl.Request([rng.randrange(5, 500) for _ in range(n)], out, at) for at, n, out in rows]
+    )
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
+        loop = asyncio.get_running_loop()
+        sampler = loop.create_task(rl._sampler(agents, run, stop))
+        while not run.samples:
+            await asyncio.sleep(0.05)
+        run.t0 = time.perf_counter()
+        replay = [loop.create_task(rl._one(session, url, r, run)) for r in run.requests]
+        span = rows[-1][0]
+        for k, layout in enumerate(SEQUENCE[1:], start=1):
+            await asyncio.sleep(max(0.0, run.t0 + span * k / len(SEQUENCE) - time.perf_counter()))
+            run.windows.append(await _switch(session, url, path, model, layout, run, args, rng))
+        await asyncio.gather(*replay)
+        while any(not r.done and not r.error for r in run.requests):
+            await asyncio.sleep(0.1)
+        async with session.get(f"{url}/metrics") as r:
+            run.cutover = rl._cutover_counts(await r.text())
+        stop.set()
+        await sampler
+    return run
+
+
+def _one_run(
+    args: argparse.Namespace, model: Path, tmp: Path, mode: str, k: int = 0
+) -> tuple[rl.Run, list[str]]:
+    exe = [sys.executable, "-m", "tessera.cli.main"]
+    path, state = tmp / f"{mode}{k}.yaml", tmp / f"{mode}{k}-state.json"
+    rl.write_manifest(path, model, SEQUENCE[0])
+    env = {
+        **os.environ,
+        "TESSERA_STORAGE_BYTES_PER_S": str(args.storage_bandwidth),
+        "COLUMNS": "400",  # one line per load in its log
+    }
+    up = subprocess.Popen(
+        [
+            *exe,
+            "up",
+            "-f",
+            str(path),
+            "--port",
+            "0",
+            "--state-file",
+            str(state),
+            "--drain-deadline",
+            str(args.drain_deadline),
+            "--watch-interval",
+            "0.2",
+            "--sourcing",
+            MODES[mode],
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
+    log: list[str] = []
+    try:
+        url = ""
+        assert up.stdout is not None
+        for line in up.stdout:
+            log.append(line.rstrip())
+            m = bench_serve._URL_RE.search(line)
+            if m and "serving" in line:
+                url = m.group(1)
+                break
+        if not url:
+            raise SystemExit("tessera bench switch: `tessera up` failed:\n" + "\n".join(log))
+        out = up.stdout
+        threading.Thread(target=lambda: log.extend(x.rstrip() for x in out), daemon=True).start()
+        _note(f"{mode}: serving at {url}")
+        agents = [a["address"] for a in json.loads(state.read_text())["agents"]]
+        run = asyncio.run(_drive(args, url, agents, path, model))
+    finally:
+        os.killpg(up.pid, signal.SIGTERM)
+        up.wait(30)
+    return run, log
+
+
+def _blocks(layout: int, gens: dict[str, int], model: Path) -> list[tuple[str, blocks.Block]]:
+    out = []
+    for r in rl.LAYOUTS[layout][1]:
+        n = len(r["stages"])
+        for i, s in enumerate(r["stages"]):
+            out.append(
+                (
+                    s["agent"],
+                    blocks.Block(
+                        str(model),
+                        s["layers"][0],
+                        s["layers"][1],
+                        f"{r['name']}.g{gens[r['name']]}",
+                        i,
+                        s["device"],
+                        num_stages=n,
+                    ),
+                )
+            )
+    return out
+
+
+def _bytes(b: blocks.Block, mbytes: placement.ModelBytes) -> float:
+    u0, u1 = switch_sources.units_of(b, mbytes.num_layers)
+    return sum(mbytes.unit_bytes(u) for u in range(u0, u1))
+
+
+def planned(model: Path) -> list[dict[str, Any]]:
+    """The switch plan and its LP bound for each switch of SEQUENCE (model output)."""
+    from tessera_operator import converge
+
+    shape = converge.model_facts(str(model), "float32")
+    assert shape is not None
+    mbytes = converge.switch_model(shape)
+    link_model = device_links.from_agent_links(links.LinkModel())
+    gens = {r["name"]: 1 for r in rl.LAYOUTS[SEQUENCE[0]][1]}
+    out = []
+    for a, b in itertools.pairwise(SEQUENCE):
+        old = {r["name"]: r for r in rl.LAYOUTS[a][1]}
+        new_gens = dict(gens)
+        for r in rl.LAYOUTS[b][1]:
+            if old.get(r["name"]) != r:
+                new_gens[r["name"]] = max(gens.values()) + 1
+        held = [switch_sources.Held(ag, "", blk, "s") for ag, blk in _blocks(a, gens, model)]
+        keep = {(ag, blk.key) for ag, blk in _blocks(a, gens, model)}
+        wanted = [
+            switch_sources.Wanted(ag, "", blk, "s")
+            for ag, blk in _blocks(b, new_gens, model)
+            if (ag, blk.key) not in keep
+        ]
+        got = switch_sources.assign(held, wanted, mbytes, link_model)
+        assert got.plan is not None
+        lower = got.bound(link_model)
+        assert lower is not None
+        tiers = dict(got.plan.bytes_by_tier)
+        out.append(
+            {
+                "to": rl.LAYOUTS[b][0],
+                "bytes_moved": int(got.plan.bytes_moved),
+                "bytes_between_agents": int(tiers.get(device_links.INTER, 0.0)),
+                "bytes_from_storage": int(got.plan.bytes_from_storage),
+                "bytes_reload": int(sum(_bytes(w.block, mbytes) for w in wanted)),
+                "plan_s": got.plan.seconds,
+                "bound_s": lower.seconds,
+                "plan_vs_bound": round(switch_bound.ratio(got.plan, lower), 3),
+                "parts": {
+                    f"{w.agent}/{w.block.replica_id}/{w.block.stage_index}": [
+                        [list(p.units), p.source.agent if p.source else "storage"]
+                        for p in got.parts.get((w.agent, w.block.key), ())
+                    ]
+                    for w in wanted
+                },
+            }
+        )
+        gens = new_gens
+    return out
+
+
+def _match(model: Path, reqs: list[rl.Request]) -> list[bool]:
+    """`transformers`' greedy text for each request, each distinct one decoded once."""
+    first: dict[tuple[tuple[int, ...], int], rl.Request] = {}
+    for r in reqs:
+        first.setdefault((tuple(r.prompt), r.max_tokens), r)
+    want = dict(zip(first, rl._reference(model, list(first.values())), strict=True))
+    texts = {k: r.text for k, r in first.items()}
+    # a request matches when its text is the first one's and the first one matched
+    return [want[k] and r.text == texts[k] for r in reqs for k in [(tuple(r.prompt), r.max_tokens)]]
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes) or args.rounds < 1:
+        raise SystemExit(f"tessera bench switch: --modes takes {', '.join(MODES)}; --rounds >= 1")
+    exe = [sys.executable, "-m", "tessera.cli.main"]
+    runs: dict[str, list[tuple[rl.Run, list[str]]]] = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory(prefix="tessera-switch-") as tmp:
+        model = Path(tmp) / "tiny-llama"
+        tiny = ["--hidden", str(args.hidden), "--intermediate", str(args.intermediate)]
+        subprocess.run(
+            [*exe, "model", "make-tiny", str(model), *tiny, "--heads", "8", "--kv-heads", "4"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        plans = planned(model)
+        for k in range(args.rounds):  # modes interleaved, round after round
+            for mode in modes:
+                runs[mode].append(_one_run(args, model, Path(tmp), mode, k))
+        every = [q for rs in runs.values() for r, _ in rs for q in r.requests]
+        completed = [q for q in every if q.done and not q.error]
+        _note(f"replays done: {len(completed)} completed; comparing with transformers")
+        matches = _match(model, completed)
+        param_bytes = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+    out: dict[str, Any] = {}
+    sums: dict[str, list[float]] = {}
+    for mode, rs in runs.items():
+        cuts = [[w.cut - w.start for w in r.windows if isinstance(w, Switch)] for r, _ in rs]
+        sums[mode] = [sum(c) for c in cuts]
+        out[f"switch_s_{mode}"] = round(_median(sums[mode]), 2)
+        out[f"switch_s_{mode}_rounds"] = [round(x, 2) for x in sums[mode]]
+        out[f"switch_s_{mode}_per_switch"] = [
+            round(_median([c[i] for c in cuts]), 2) for i in range(len(SEQUENCE) - 1)
+        ]
+        out[f"complete_s_{mode}"] = [
+            round(_median([r.windows[i].end - r.windows[i].start for r, _ in rs]), 2)
+            for i in range(len(SEQUENCE) - 1)
+        ]
+        out[f"loads_{mode}"] = [x.split("✓ ", 1)[1] for x in rs[0][1] if "✓ load " in x]
+    if "peer" in runs and "reload" in runs:  # per round: the two runs of one round
+        ratios = [b / max(a, 1e-9) for a, b in zip(sums["peer"], sums["reload"], strict=True)]
+        out["peer_vs_reload"] = round(_median(ratios), 2)
+        out["peer_vs_reload_rounds"] = [round(x, 2) for x in ratios]
+    first = runs[modes[0]]
+    steady: list[float] = []
+    busy: list[float] = []
+    for r, _ in first:
+        for q in r.requests:
+            if q.done and not q.error and q.ttft is not None:
+                inside = any(w.start <= q.sent <= w.end for w in r.windows)
+                (busy if inside else steady).append(q.ttft)
+    p99_steady, p99_busy = bench_serve._pct(steady, 99), bench_serve._pct(busy, 99)
+    lost = [q for q in every if not (q.done and not q.error)]
+    out.update(
+        {
+            "bytes_moved": [p["bytes_moved"] for p in plans],
+            "bytes_between_agents": [p["bytes_between_agents"] for p in plans],
+            "bytes_reload": [p["bytes_reload"] for p in plans],
+            "plan_vs_bound": [p["plan_vs_bound"] for p in plans],
+            "plans": plans,
+            "p99_ttft_steady_ms": round(p99_steady * 1e3, 1),
+            "p99_ttft_during_ms": round(p99_busy * 1e3, 1),
+            "p99_ttft_during_vs_steady": round(p99_busy / p99_steady, 2) if p99_steady else None,
+            "ttft_of": modes[0],
+            "requests_during_switches": len(busy),
+            "requests_sent": len(every),
+            "lost": len(lost),
+            "lost_examples": [q.error or "stream ended early" for q in lost[:5]],
+            "tokens_match": bool(matches) and all(matches),
+            "tokens_compared": len(matches),
+            "cutover_requests": {m: [r.cutover for r, _ in rs] for m, rs in runs.items()},
+            "switches": [rl.LAYOUTS[i][0] for i in SEQUENCE[1:]],
+            "rounds": args.rounds,
+            "storage": f"throttled checkpoint reader, {args.storage_bandwidth / 1e6:g} MB/s per "
+            "agent (declared; the page cache is faster); peer copies unthrottled",
+            "checkpoint_bytes": param_bytes,
+            "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+            "setup": f"tessera up, 2 local agents (cpu:1x2GiB), tiny llama 8 layers hidden "
+            f"{args.hidden}, KV 64 MiB per stage, {args.requests} trace requests at time scale "
+            f"{args.time_scale}, drain deadline {args.drain_deadline} s; layouts: "
+            + " -> ".join(rl.LAYOUTS[i][0] for i in SEQUENCE),
+        }
+    )
+    return out

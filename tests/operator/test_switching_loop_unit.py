@@ -1,0 +1,113 @@
+"""The operator's switching step without servers: what `switching_loop.decide` writes to
+status (and patches) for each situation, and a gateway that cannot be read."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+
+from tessera import api
+from tessera_operator import switching_loop
+
+A = [{"name": "r0", "stages": [{"agent": "agent-0", "device": "cpu:0", "layers": [0, 8]}]}]
+B = [
+    {
+        "name": "r0",
+        "stages": [
+            {"agent": "agent-0", "device": "cpu:0", "layers": [0, 4]},
+            {"agent": "agent-1", "device": "cpu:0", "layers": [4, 8]},
+        ],
+    }
+]
+
+
+def _dep(mode: str) -> tuple[api.ServingDeployment, dict[str, Any]]:
+    spec = {
+        "model": {"name": "m", "path": "/models/m"},
+        "layout": {"mode": "explicit", "replicas": A},
+        "policies": {"switching": {"enabled": True, "mode": mode, "spanSeconds": 10}},
+    }
+    doc = {
+        "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
+        "kind": "ServingDeployment",
+        "metadata": {"name": "d", "namespace": "ns"},
+        "spec": spec,
+    }
+    return api.parse(doc), spec
+
+
+def _cands(b_latency: float = 1.0) -> switching_loop.SwitchingCandidates:
+    return switching_loop.SwitchingCandidates(
+        {"A": A, "B": B}, lambda n, d: 3.0 if n == "A" else b_latency, lambda a, b: 1.0
+    )
+
+
+SNAP = {"spanSeconds": 10.0, "classes": ["c"], "spans": [[30]] * 3}
+HELD = {"hysteresis": {"candidate": "B", "streak": 1, "spansSinceSwitch": None}}
+
+
+def test_recommend_in_advisory_and_switch_in_active() -> None:
+    dep, spec = _dep("advisory")
+    out = switching_loop.decide(dep, spec, HELD, False, SNAP, _cands(), "t")
+    assert out.layout is None and out.event is not None and out.event[0] == "SwitchRecommended"
+    assert out.status["reason"] == "Recommend" and out.status["current"] == "A"
+    assert out.status["recommended"] == {"name": "B", "replicas": B}
+    dep, spec = _dep("active")
+    out = switching_loop.decide(dep, spec, HELD, False, SNAP, _cands(), "t")
+    assert out.layout == {"mode": "explicit", "replicas": B}
+    assert out.event is not None and out.event[0] == "SwitchApplied"
+    assert out.status["lastSwitch"] == {"from": "A", "to": "B", "time": "t"}
+    assert out.status["hysteresis"]["spansSinceSwitch"] == 0
+
+
+def test_first_win_only_holds() -> None:
+    dep, spec = _dep("active")
+    out = switching_loop.decide(dep, spec, {}, False, SNAP, _cands(), "t")
+    assert out.layout is None and out.event is None and out.status["reason"] == "Stay"
+    assert out.status["hysteresis"] == {"candidate": "B", "streak": 1, "spansSinceSwitch": None}
+
+
+def test_no_switch_while_a_transition_runs() -> None:
+    dep, spec = _dep("active")
+    out = switching_loop.decide(dep, spec, HELD, True, SNAP, _cands(), "t")
+    assert out.layout is None and out.status["reason"] == "TransitionRunning"
+    assert out.status["hysteresis"] == HELD["hysteresis"]
+
+
+@pytest.mark.parametrize(
+    ("snap", "cands", "reason"),
+    [
+        ({"spans": []}, _cands(), "WaitingForArrivals"),
+        (SNAP, None, "NoCandidates"),
+        (SNAP, switching_loop.SwitchingCandidates({"B": B}, max, max), "CurrentNotACandidate"),
+        (SNAP, _cands(b_latency=0.0), "StepFailed"),
+    ],
+)
+def test_why_no_step(
+    snap: dict[str, Any], cands: switching_loop.SwitchingCandidates | None, reason: str
+) -> None:
+    dep, spec = _dep("active")
+    out = switching_loop.decide(dep, spec, HELD, False, snap, cands, "t")
+    assert out.status["reason"] == reason and out.layout is None and out.event is None
+    assert out.status["hysteresis"] == HELD["hysteresis"]  # kept for the next span
+
+
+async def test_unreadable_gateway_is_a_value_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ValueError, match=r"GET http://127\.0\.0\.1"):
+        await switching_loop.fetch_arrivals(f"http://127.0.0.1:{port}/admin/v1/arrivals")
+
+
+async def test_default_candidates_say_why_there_are_none() -> None:
+    from tessera_operator import agents, config
+
+    dep, _ = _dep("advisory")  # its model path (/models/m) has no config.json
+    cfg = config.OperatorConfig(agents=(agents.AgentRef("agent-0", "127.0.0.1:1"),))
+    with pytest.raises(ValueError, match="model not readable"):
+        await switching_loop.default_candidates(cfg, None, dep, ["c"])
+    with pytest.raises(ValueError, match="no Kubernetes client"):
+        await switching_loop.default_candidates(config.OperatorConfig(), None, dep, ["c"])

@@ -1,0 +1,150 @@
+"""The predictive loop's step: the forecast method is the one best on the recent window,
+the plan is the cheapest candidate at the forecast, and the decision applies the gain vs
+switch-cost rule with hysteresis (advisory recommends, active switches)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tessera.policies import switching, switching_step
+from tessera.workload import baselines
+
+SPAN = 10.0
+
+
+def _price(name: str, demand: tuple[float, ...]) -> float:
+    """ "A" suits class 0, "B" class 1: latency grows with the other class's share."""
+    total = sum(demand)
+    other = demand[1] if name == "A" else demand[0]
+    return 1.0 + 4.0 * other / total
+
+
+def _config(mode: str = "active", **kw: float) -> switching.SwitchingConfig:
+    return switching.SwitchingConfig(True, mode, SPAN, 0.1, **kw)  # type: ignore[arg-type]
+
+
+def test_forecast_uses_the_method_best_on_the_window() -> None:
+    alternating = [[10.0, 0.0], [0.0, 10.0]] * 8  # period 2: seasonal is exact
+    f = switching_step.forecast(alternating, window=5)
+    assert f.method == "seasonal" and f.rrmse["seasonal"] == pytest.approx(0.0)
+    assert f.rrmse["last_value"] > 1.0
+    assert f.counts == pytest.approx((10.0, 0.0))  # the span after [0, 10]
+    steady = [[5.0, 5.0]] * 6
+    g = switching_step.forecast(steady, window=5)
+    assert g.method == "last_value" and g.counts == pytest.approx((5.0, 5.0))  # ties: cheapest
+
+
+def test_forecast_of_one_span_is_last_value() -> None:
+    f = switching_step.forecast([[3.0, 1.0]])
+    assert (f.method, f.counts, f.window, dict(f.rrmse)) == ("last_value", (3.0, 1.0), 0, {})
+    with pytest.raises(ValueError):
+        switching_step.forecast([[1.0]], window=0)
+
+
+def _run(mode: str, history: list[list[float]], spans: int) -> list[switching_step.LoopStep]:
+    """Feed the loop span by span from span 1 on; the current deployment follows switches."""
+    state, current, out = switching.HysteresisState(), "A", []
+    for t in range(1, spans + 1):
+        s = switching_step.step(
+            _config(mode), state, history[:t], current, ["A", "B"], _price, lambda a, b: 1.0
+        )
+        out.append(s)
+        state = s.state
+        if s.decision.action == switching.SWITCH:
+            current = s.decision.candidate
+    return out
+
+
+def test_a_lasting_shift_switches_once_after_the_hold() -> None:
+    history = [[20.0, 1.0]] * 4 + [[1.0, 20.0]] * 6
+    steps = _run("active", history, len(history))
+    actions = [s.decision.action for s in steps]
+    assert actions.count(switching.SWITCH) == 1
+    i = actions.index(switching.SWITCH)
+    assert i == 5  # spans 5 and 6 are the first two whose last-value forecast favours B
+    assert steps[i].decision.candidate == "B"
+    assert steps[i - 1].decision.reason.startswith("candidate has won 1 of 2")
+    assert steps[i].latencies["A"] > steps[i].latencies["B"]
+    assert all(s.current == "B" for s in steps[i + 1 :])
+
+
+def test_advisory_recommends_and_never_switches() -> None:
+    history = [[20.0, 1.0]] * 4 + [[1.0, 20.0]] * 6
+    steps = _run("advisory", history, len(history))
+    actions = [s.decision.action for s in steps]
+    assert switching.SWITCH not in actions and actions.count(switching.RECOMMEND) >= 4
+    rec = next(s for s in steps if s.decision.action == switching.RECOMMEND)
+    doc = rec.to_json()
+    assert doc["current"] == "A" and doc["lastDecision"]["candidate"] == "B"
+    assert doc["lastDecision"]["expectedGain"] > doc["lastDecision"]["switchCost"]
+    assert "advisory" in doc["lastDecision"]["reason"]
+    assert switching_step.state_from_json(doc["hysteresis"]) == rec.state
+
+
+def test_a_flickering_mix_never_switches() -> None:
+    """Last value alone flips its forecast every span: the candidate never wins twice in a
+    row, so the hold keeps the deployment."""
+    history = [[20.0, 1.0], [1.0, 20.0]] * 8
+    state, actions = switching.HysteresisState(), []
+    for t in range(1, len(history) + 1):
+        s = switching_step.step(
+            _config(),
+            state,
+            history[:t],
+            "A",
+            ["A", "B"],
+            _price,
+            lambda a, b: 1.0,
+            methods=lambda: {"last_value": baselines.LastValue()},
+        )
+        state = s.state
+        actions.append(s.decision.action)
+    assert set(actions) == {switching.STAY}
+
+
+def test_no_demand_and_ties_stay() -> None:
+    s = switching_step.step(
+        _config(), switching.HysteresisState(), [[0.0, 0.0]] * 3, "A", ["A", "B"], _price, max
+    )
+    assert s.decision.action == switching.STAY and "no demand" in s.decision.reason
+    flat = switching_step.step(
+        _config(),
+        switching.HysteresisState(),
+        [[5.0, 5.0]] * 3,
+        "A",
+        ["B", "A"],
+        lambda n, d: 2.0,
+        lambda a, b: 1.0,
+    )
+    assert flat.decision.candidate == "A" and flat.decision.action == switching.STAY
+
+
+def test_a_switch_longer_than_the_gain_stays() -> None:
+    history = [[1.0, 20.0]] * 5
+    slow = switching_step.step(
+        _config(),
+        switching.HysteresisState(),
+        history,
+        "A",
+        ["A", "B"],
+        _price,
+        lambda a, b: 9.0,
+    )
+    assert slow.decision.action == switching.STAY and "does not pay" in slow.decision.reason
+
+
+def test_bad_price_is_an_error() -> None:
+    with pytest.raises(ValueError, match="latency must be > 0"):
+        switching_step.step(
+            _config(),
+            switching.HysteresisState(),
+            [[1.0, 1.0]],
+            "A",
+            ["A"],
+            lambda n, d: 0.0,
+            lambda a, b: 0.0,
+        )
+    with pytest.raises(ValueError, match="no candidate"):
+        switching_step.step(
+            _config(), switching.HysteresisState(), [[1.0, 1.0]], "A", [], _price, max
+        )
