@@ -27,7 +27,7 @@ from tessera import api, fields, observed, plan, reconcile, routes_doc
 from tessera.cost import model_shape
 from tessera.planner import auto as planner_auto
 from tessera.policies import actions as step_actions
-from tessera.policies import links, placement, transition
+from tessera.policies import links, overload_desired, placement, transition
 from tessera_operator import actuate, agents, gateway_objects
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -203,7 +203,13 @@ async def converge(
             routes=published,
             serving=serving(obs, prefix, published),
         )
-    target = reconcile.target(desired, obs)
+    overload_on = dep.spec.policies.overload.enabled
+
+    def wanted(o: observed.Observed) -> overload_desired.Desired:
+        # an active overload drop is desired, not drift (docs/overload.md)
+        return overload_desired.desired(reconcile.target(desired, o), o, overload_on)
+
+    target = wanted(obs).target
 
     drain = rollout.drain
     if rollout.drain_deadline_s is not None:
@@ -241,9 +247,11 @@ async def converge(
         out.results = await actuate.execute(t, world(obs, published), cut_over, progress)
         obs = await agents.observe(refs)
         out.observed = obs
-    after = transition.plan(world(obs, out.routes), target)
+    now = wanted(obs)
+    after = transition.plan(world(obs, out.routes), now.target)
     out.remaining = after
-    out.ready_replicas = ready_replicas(desired, obs)
+    ready = now.members | set(ready_replicas(desired, obs))  # a dropped group serves
+    out.ready_replicas = [r.replica_id for r in desired.replicas if r.replica_id in ready]
     out.serving = serving(obs, prefix, out.routes)
     down = [a for a in obs.agents if not a.reachable]
     step = out.current_step
