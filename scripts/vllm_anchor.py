@@ -70,6 +70,7 @@ def setup_env(venv: Path) -> Path:
 
 def vllm_env() -> dict[str, str]:
     env = dict(os.environ)
+    env.pop("TESSERA_COMPILE_DECODE", None)  # a Tessera switch; vLLM has its own
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{THREADS - 1}")
     env.setdefault("OMP_NUM_THREADS", str(THREADS))
@@ -334,7 +335,14 @@ def main() -> int:
     ap.add_argument("--skip-serve", action="store_true")
     ap.add_argument("--venv", type=Path, default=VLLM_VENV)
     ap.add_argument("--keep", type=Path, default=None, help="keep logs and results here")
+    ap.add_argument(
+        "--tessera-compile",
+        action="store_true",
+        help="compile Tessera's decode steps (sets TESSERA_COMPILE_DECODE=1 for its side)",
+    )
     args = ap.parse_args()
+    if args.tessera_compile:
+        os.environ["TESSERA_COMPILE_DECODE"] = "1"  # inherited by the worker and `tessera up`
     vpy = setup_env(args.venv)
     from tessera_agent import tiny_checkpoint
 
@@ -355,6 +363,7 @@ def main() -> int:
             "vllm": VLLM_PIN,
             "threads": THREADS,
             "rounds": args.rounds,
+            "tessera_compile_decode": os.environ.get("TESSERA_COMPILE_DECODE", "") == "1",
             "machine": f"{os.uname().machine} {os.cpu_count()} cpus",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         }

@@ -8,11 +8,22 @@ ignored on both sides so every request produces the same number of tokens:
 - `single_agent_tok_s_b8`: one agent process holding the whole model, driven over gRPC;
 - `pipeline2_tok_s_b8`: two agent processes (layers 0-4 and 4-8), driven over gRPC, each
   agent with half the threads of the single agent so both use the same cores; the hidden
-  states cross between the stages on a gloo link (`pipeline_activations`), the steps and
-  sampled tokens on the gRPC stage stream.
+  states cross between the stages on a gloo link (`pipeline_activations`) and the sampled
+  tokens come back on a gloo return link (`pipeline_results`); the steps themselves (chunks,
+  block tables) travel on the gRPC stage stream;
+- `pipeline2_grpc_tok_s_b8`: the same two agents serving a second replica of the same
+  split loaded without a data plane (hidden states and tokens inside the gRPC messages);
+  `links_on_vs_off_b8` is the median of per-round speed-ups of the first over the second;
+- `pipeline2_mb3_tok_s_b8`: two more agents (`--pipeline-microbatches 3`) serving the
+  split with links and three microbatches in flight instead of two (one per stage);
+  `mb3_vs_mb2_b8` is its median per-round speed-up over `pipeline2_tok_s_b8`.
+- with `--compile`: `compiled_vs_eager_b8`, the engine with its decode steps compiled
+  (`engine/decode_graph.py`) against the eager engine, interleaved, plus the wall time of
+  the first compiled step (`compile_s`, mostly compiling) and `tokens_match_compiled`.
 The machine is shared and noisy, so compared runs are interleaved: each round times HF then
-the engine (and the single agent then the pipeline) back to back, after one warm-up round.
-Throughputs are medians over rounds; ratios are medians of the per-round ratios.
+the engine (and the single agent, the pipeline with links, the pipeline without) back to
+back, after one warm-up round. Throughputs are medians over rounds; ratios are medians of
+the per-round ratios.
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import tiny_checkpoint
-from tessera_agent.engine import config, replica, sampling, scheduler, stage
+from tessera_agent.engine import config, decode_graph, replica, sampling, scheduler, stage
 
 Tokens = list[list[int]]
 
@@ -47,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per comparison")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time the engine with compiled decode steps against the eager engine",
+    )
     parser.add_argument(
         "--model",
         type=Path,
@@ -84,6 +100,26 @@ def _interleaved(
     return out_a, out_b, statistics.median(ta), statistics.median(tb), ratio
 
 
+def _rounds(fns: list[Callable[[], Tokens]], rounds: int) -> tuple[list[Tokens], list[list[float]]]:
+    """Time every fn in turn in each round (after a warm-up round): (last tokens of each,
+    seconds of each per round)."""
+    for fn in fns:
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
+    outs: list[Tokens] = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            t = time.perf_counter()
+            outs[i] = fn()
+            times[i].append(time.perf_counter() - t)
+    return outs, times
+
+
+def _ratio(slow: list[float], fast: list[float]) -> float:
+    """Median of the per-round speed-ups of `fast` over `slow`."""
+    return statistics.median(x / y for x, y in zip(slow, fast, strict=True))
+
+
 def _hf_generate(model_path: Path, prompts: Tokens, new: int) -> Callable[[int], Tokens]:
     from transformers import AutoModelForCausalLM
 
@@ -106,14 +142,18 @@ def _hf_generate(model_path: Path, prompts: Tokens, new: int) -> Callable[[int],
 
 @contextlib.contextmanager
 def _engine_generate(
-    model_path: Path, prompts: Tokens, new: int
+    model_path: Path, prompts: Tokens, new: int, compile_decode: bool | None = None
 ) -> Iterator[Callable[[int], Tokens]]:
+    """`compile_decode`: compile decode steps (None: as TESSERA_COMPILE_DECODE says)."""
     cfg = config.ModelConfig.from_path(model_path)
     st = stage.load_stage(
         stage.BlockSpec(str(model_path), 0, cfg.num_layers, kv_bytes=64 << 20),
         torch.device("cpu"),
         1 << 30,
     )
+    if compile_decode is not None:
+        r = st.runner
+        r.decode_graph = decode_graph.CompiledDecode(r.model, r.device) if compile_decode else None
     pool = concurrent.futures.ThreadPoolExecutor(1)
     params = sampling.SamplingParams(max_tokens=new, ignore_eos=True)
     counter = iter(range(10**9))
@@ -141,6 +181,24 @@ def _engine_generate(
         pool.shutdown()
 
 
+def _compiled_vs_eager(model_path: Path, prompts: Tokens, new: int, rounds: int) -> dict[str, Any]:
+    with (
+        _engine_generate(model_path, prompts, new, compile_decode=False) as eager,
+        _engine_generate(model_path, prompts, new, compile_decode=True) as compiled,
+    ):
+        t = time.perf_counter()
+        compiled(8)  # compiles (or loads Inductor's cache)
+        compile_s = time.perf_counter() - t
+        eager_toks, comp_toks, _, _, ratio = _interleaved(
+            lambda: eager(8), lambda: compiled(8), rounds
+        )
+    return {
+        "compiled_vs_eager_b8": round(ratio, 3),
+        "compile_s": round(compile_s, 1),
+        "tokens_match_compiled": comp_toks == eager_toks,
+    }
+
+
 async def _generate_all(address: str, replica_id: str, prompts: Tokens, new: int) -> Tokens:
     channel = transport.channel(address)
     stub = pb_grpc.AgentStub(channel)
@@ -165,6 +223,17 @@ async def _generate_all(address: str, replica_id: str, prompts: Tokens, new: int
         await channel.close()
 
 
+def _links(address: str) -> tuple[str, str]:
+    """(activations, results) of the "pipe" replica's leader block, as Describe says."""
+    channel = transport.sync_channel(address)
+    try:
+        d = pb_grpc.AgentStub(channel).Describe(pb.DescribeRequest())
+    finally:
+        channel.close()
+    b = next(b for b in d.blocks if (b.replica_id, b.stage_index) == ("pipe", 0))
+    return b.activations, b.results
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     new = 16 if args.quick else args.new_tokens
     rounds = 2 if args.quick else args.rounds
@@ -181,22 +250,41 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             hf_toks, eng_toks, hf_t8, eng_t8, eng_vs_hf = _interleaved(
                 lambda: hf(8), lambda: eng(8), rounds
             )
+        compiled = _compiled_vs_eager(model_path, prompts, new, rounds) if args.compile else {}
         half = cfg.num_layers // 2
         with (
             local_agents.local_agents(1, "cpu:1x1GiB", threads, "single") as single,
             local_agents.local_agents(2, "cpu:1x1GiB", max(1, threads // 2), "pipe") as pipe,
+            local_agents.local_agents(
+                2, "cpu:1x1GiB", max(1, threads // 2), "mb3", ("--pipeline-microbatches", "3")
+            ) as mb3,
         ):
             local_agents.load_pipeline(
                 single, str(model_path), [(0, cfg.num_layers)], "single", 64 << 20
             )
+            split = [(0, half), (half, cfg.num_layers)]
+            local_agents.load_pipeline(pipe, str(model_path), split, "pipe", 64 << 20)
             local_agents.load_pipeline(
-                pipe, str(model_path), [(0, half), (half, cfg.num_layers)], "pipe", 64 << 20
+                pipe, str(model_path), split, "plain", 64 << 20, data_plane=False
             )
-            single_toks, pipe_toks, s_t8, p_t8, pipe_vs_single = _interleaved(
-                lambda: asyncio.run(_generate_all(single[0].address, "single", prompts, new)),
-                lambda: asyncio.run(_generate_all(pipe[0].address, "pipe", prompts, new)),
+            local_agents.load_pipeline(mb3, str(model_path), split, "pipe", 64 << 20)
+            deadline = time.monotonic() + 60  # the links form in the background
+            while time.monotonic() < deadline:
+                links, links3 = _links(pipe[0].address), _links(mb3[0].address)
+                if links == links3 == ("gloo", "gloo"):
+                    break
+                time.sleep(0.2)
+            (single_toks, pipe_toks, plain_toks, mb3_toks), (s_t, p_t, g_t, m_t) = _rounds(
+                [
+                    lambda: asyncio.run(_generate_all(single[0].address, "single", prompts, new)),
+                    lambda: asyncio.run(_generate_all(pipe[0].address, "pipe", prompts, new)),
+                    lambda: asyncio.run(_generate_all(pipe[0].address, "plain", prompts, new)),
+                    lambda: asyncio.run(_generate_all(mb3[0].address, "pipe", prompts, new)),
+                ],
                 rounds,
             )
+            links_after = _links(pipe[0].address)
+        s_t8, p_t8, g_t8, m_t8 = (statistics.median(t) for t in (s_t, p_t, g_t, m_t))
     return {
         "hf_tok_s_b1": round(new / hf_t1, 1),
         "hf_tok_s_b8": round(8 * new / hf_t8, 1),
@@ -205,11 +293,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "single_agent_tok_s_b8": round(8 * new / s_t8, 1),
         "pipeline2_tok_s_b8": round(8 * new / p_t8, 1),
         "engine_vs_hf_b8": round(eng_vs_hf, 3),
-        "pipeline2_vs_single_b8": round(pipe_vs_single, 3),
-        "tokens_match": eng_toks == hf_toks and pipe_toks == hf_toks and single_toks == hf_toks,
-        # the pipeline's hidden states go stage to stage over a gloo link (the data plane);
-        # steps and sampled tokens over the gRPC stream
-        "pipeline_activations": "gloo",
+        "pipeline2_grpc_tok_s_b8": round(8 * new / g_t8, 1),
+        "pipeline2_vs_single_b8": round(_ratio(s_t, p_t), 3),
+        "pipeline2_grpc_vs_single_b8": round(_ratio(s_t, g_t), 3),
+        "links_on_vs_off_b8": round(_ratio(g_t, p_t), 3),
+        "pipeline2_mb3_tok_s_b8": round(8 * new / m_t8, 1),
+        "mb3_vs_mb2_b8": round(_ratio(p_t, m_t), 3),
+        "tokens_match": eng_toks == hf_toks
+        and pipe_toks == hf_toks
+        and plain_toks == hf_toks
+        and mb3_toks == hf_toks
+        and single_toks == hf_toks,
+        # what the leader's block reported before and after the timed rounds
+        **compiled,
+        "pipeline_activations": f"{links[0]}/{links_after[0]}",
+        "pipeline_results": f"{links[1]}/{links_after[1]}",
         "new_tokens": new,
         "prompt_len": args.prompt_len,
         "rounds": rounds,

@@ -2,13 +2,15 @@
 
 `tessera bench kvmove --json [--quick]`. Two agent processes with one thread each, each
 leading a whole-model replica of the default tiny checkpoint. Each round takes two fresh
-prompts of `--prompt` tokens and runs both on the source replica (their K/V is then in its
+prompts of `--prompt` tokens and runs them on the source replica (their K/V is then in its
 prefix cache). Then, on the target replica: the first prompt is continued cold (time to
-first token = recomputing the prefill), and the second is moved with
-`tessera.kv_move.move_prefix` and then continued (move time + time to first token).
-Reported: medians over rounds, the median of per-round speed-ups
-(`recompute_vs_move`), the bytes moved, and whether the moved request's tokens equal the
-source's (`tokens_match`).
+first token = recomputing the prefill), the second is moved with
+`tessera.kv_move.move_prefix` over the data plane (agent to agent over gloo) and then
+continued (move time + time to first token), and the third is moved over the gRPC
+streams (the fallback), interleaved in the same round. Reported: medians over rounds, the
+median of per-round speed-ups (`recompute_vs_move`, `dataplane_vs_grpc_move`), the
+transport that carried the data-plane move (`transport`), the bytes moved, and whether
+the moved requests' tokens equal the source's (`tokens_match`).
 """
 
 from __future__ import annotations
@@ -65,42 +67,56 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             recompute: list[float] = []
             moved: list[float] = []
             move_only: list[float] = []
-            match, pages = True, 0
+            move_grpc: list[float] = []
+            match, pages, used = True, 0, ""
             for _ in range(rounds + 1):  # the first round warms up
-                cold, warm = (
+                cold, warm, warm_grpc = (
                     [
                         cfg.bos_token_id or 0,
                         *torch.randint(5, cfg.vocab_size, (length - 1,), generator=g).tolist(),
                     ]
-                    for _ in range(2)
+                    for _ in range(3)
                 )
                 gen = local_agents.generate_tokens
                 gen(src, "src", cold, 1)
                 want = gen(src, "src", warm, 4)
+                want_grpc = gen(src, "src", warm_grpc, 4)
                 t_cold, _ = _timed(lambda: gen(dst, "dst", cold, 1))  # noqa: B023
                 t_move, info = _timed(
                     lambda: asyncio.run(kv_move.move_prefix(warm, src_ref, dst_ref))  # noqa: B023
                 )
                 t_first, _ = _timed(lambda: gen(dst, "dst", warm, 1))  # noqa: B023
+                t_grpc, _ = _timed(
+                    lambda: asyncio.run(
+                        kv_move.move_prefix(warm_grpc, src_ref, dst_ref, via="grpc")  # noqa: B023
+                    )
+                )
                 match = match and gen(dst, "dst", warm, 4) == want
+                match = match and gen(dst, "dst", warm_grpc, 4) == want_grpc
                 recompute.append(t_cold)
                 move_only.append(t_move)
                 moved.append(t_move + t_first)
-                pages = info.pages
+                move_grpc.append(t_grpc)
+                pages, used = info.pages, info.transport
     page_bytes = kv_cache.KVLayout(
         cfg.num_layers, 1, 16, cfg.num_kv_heads, cfg.head_dim
     ).bytes_per_page
-    r, m, mo = recompute[1:], moved[1:], move_only[1:]
+    r, m, mo, mg = recompute[1:], moved[1:], move_only[1:], move_grpc[1:]
     return {
         "recompute_ttft_ms": round(1000 * statistics.median(r), 2),
         "move_ms": round(1000 * statistics.median(mo), 2),
         "move_then_ttft_ms": round(1000 * statistics.median(m), 2),
+        "move_grpc_ms": round(1000 * statistics.median(mg), 2),
+        "dataplane_vs_grpc_move": round(
+            statistics.median(g / d for g, d in zip(mg, mo, strict=True)), 2
+        ),
         "recompute_vs_move": round(statistics.median(x / y for x, y in zip(r, m, strict=True)), 2),
         "moved_tokens": pages * 16,
         "moved_bytes": pages * page_bytes,
         "tokens_match": match,
         "prompt_tokens": length,
         "rounds": rounds,
-        "transport": "grpc (CPU), agents with 1 thread each",
+        "transport": used,  # of the data-plane move: gloo here (nccl between CUDA devices)
+        "agents": "2 processes, 1 thread each",
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
     }

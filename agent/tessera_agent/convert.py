@@ -102,7 +102,12 @@ def step_to_proto(inp: step.StepInput) -> pb.StageMessage:
         )
         for c in inp.chunks
     ]
-    msg = pb.StageStep(step_id=inp.step_id, chunks=chunks, finished=list(inp.finished))
+    msg = pb.StageStep(
+        step_id=inp.step_id,
+        chunks=chunks,
+        finished=list(inp.finished),
+        result_on_link=inp.result_on_link,
+    )
     if inp.hidden is not None:
         msg.hidden.CopyFrom(tensor_to_proto(inp.hidden))
     return pb.StageMessage(step=msg)
@@ -122,7 +127,11 @@ def step_from_proto(msg: pb.StageStep) -> step.StepInput:
     ]
     hidden = tensor_from_proto(msg.hidden) if msg.HasField("hidden") else None
     return step.StepInput(
-        step_id=msg.step_id, chunks=chunks, hidden=hidden, finished=list(msg.finished)
+        step_id=msg.step_id,
+        chunks=chunks,
+        hidden=hidden,
+        finished=list(msg.finished),
+        result_on_link=msg.result_on_link,
     )
 
 
@@ -138,6 +147,7 @@ def result_to_proto(out: step.StepOutput) -> pb.StageResult:
                 )
                 for s, t in out.sampled.items()
             ],
+            tokens_on_link=out.tokens_on_link,
         )
     )
 
@@ -149,6 +159,7 @@ def result_from_proto(msg: pb.StageStepResult) -> step.StepOutput:
         logprobs={
             t.seq_id: logprobs_from_proto(t.logprobs) for t in msg.tokens if t.HasField("logprobs")
         },
+        tokens_on_link=msg.tokens_on_link,
     )
 
 

@@ -22,9 +22,11 @@ class Hosted:
     tp: tp_member.TPMember | None = None  # this block's rank of a tensor-parallel stage
     link_down: stage_link.StageLink | None = None  # hidden states to the next stage
     link_up: stage_link.StageLink | None = None  # hidden states from the previous stage
+    result_in: stage_link.StageLink | None = None  # leader: sampled tokens from the last stage
+    result_out: stage_link.StageLink | None = None  # last stage: sampled tokens to the leader
 
     def close_links(self) -> None:
-        for link in (self.link_down, self.link_up):
+        for link in (self.link_down, self.link_up, self.result_in, self.result_out):
             if link is not None:
                 link.close()
 

@@ -33,7 +33,7 @@ from tessera_agent import (
     switch_fetch,
     tp_member,
 )
-from tessera_agent.engine import errors, loader, replica, stage
+from tessera_agent.engine import errors, layer_run, loader, replica, stage
 from tessera_agent.transfer import block_copy, group
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,9 @@ class Hosting:
             activations=""
             if h.stage.spec.is_last or h.stage.spec.tp_rank
             else ("gloo" if h.link_down is not None and h.link_down.ready else "grpc"),
+            results=""
+            if h.stage.spec.stage_index or h.stage.spec.tp_rank or h.stage.spec.is_last
+            else ("gloo" if h.result_in is not None and h.result_in.ready else "grpc"),
         )
 
     # -- changes ------------------------------------------------------------------------
@@ -194,9 +197,20 @@ class Hosting:
                     h.link_up = stage_link.StageLink(
                         stage_link.link_spec(*dp, spec.stage_index - 1, 1, t)
                     )
+                if spec.num_stages > 1 and (spec.is_last or spec.stage_index == 0):
+                    # the sampled tokens' way back: last stage (rank 0) to leader (rank 1)
+                    back = stage_link.StageLink(
+                        stage_link.return_spec(*dp, 0 if spec.is_last else 1, t)
+                    )
+                    if spec.is_last:
+                        h.result_out = back
+                    else:
+                        h.result_in = back
             if spec.stage_index == 0 and spec.tp_rank == 0:
                 cfg_s = leader.scheduler_config(h, self.defaults, max_num_seqs, max_batched_tokens)
-                h.leader = leader.make_leader(h, cfg_s, self.compute)
+                h.leader = leader.make_leader(
+                    h, cfg_s, self.compute, self.defaults.pipeline_microbatches
+                )
             self.hosted[key] = h
             how = (
                 f"copied from {source.address} over {moved_by}"
@@ -237,5 +251,9 @@ class Hosting:
             if h.tp is not None:  # rank 0 stops its followers; a follower lets go
                 await asyncio.get_running_loop().run_in_executor(None, h.tp.close)
             h.close_links()
+            layer_run.close_runs(h.stage.runner.runs)  # replicas of its layer runs go too
+            for d in self.memory.devices.values():  # and their bookings on this agent
+                for k in [k for k in d.used if k.startswith(f"run:{replica_id}/")]:
+                    del d.used[k]
             self.memory.release(h.stage.spec.device, h.holder)
             log.info("unloaded %s", h.holder)

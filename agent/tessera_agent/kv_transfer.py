@@ -31,7 +31,8 @@ def valid_pages(st: stage.Stage, page_ids: Sequence[int]) -> list[int]:
     return pages
 
 
-def _local(st: stage.Stage, layer: int) -> int:
+def local_layer(st: stage.Stage, layer: int) -> int:
+    """The stage-local index of global `layer` (InvalidArgumentError if not held here)."""
     if not st.spec.start <= layer < st.spec.end:
         raise errors.InvalidArgumentError(
             f"layer {layer} is not held by this stage (layers [{st.spec.start}, {st.spec.end}))"
@@ -46,7 +47,7 @@ def export_layers(
     pages = valid_pages(st, page_ids)
     if not start and not end:
         start, end = st.spec.start, st.spec.end
-    locals_ = [_local(st, layer) for layer in range(start, end)]  # validate before streaming
+    locals_ = [local_layer(st, layer) for layer in range(start, end)]  # validate before streaming
     cache = st.runner.cache
     n = len(pages) * cache.layout.page_size
     for layer, local in zip(range(start, end), locals_, strict=True):
@@ -67,7 +68,7 @@ def _tensor(layer: int, name: str, msg: pb.Tensor, want: tuple[int, ...]) -> tor
 def import_layer(st: stage.Stage, page_ids: list[int], msg: pb.KVLayer) -> None:
     """Write one layer's K and V into the pages (validated by `valid_pages`; reserved on the
     leader for this move)."""
-    local = _local(st, msg.layer)
+    local = local_layer(st, msg.layer)
     cache = st.runner.cache
     layout = cache.layout
     want = (len(page_ids) * layout.page_size, layout.kv_heads, layout.head_dim)

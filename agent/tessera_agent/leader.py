@@ -32,9 +32,16 @@ def scheduler_config(
 
 
 def make_leader(
-    h: hosted.Hosted, cfg: scheduler.SchedulerConfig, compute: concurrent.futures.Executor
+    h: hosted.Hosted,
+    cfg: scheduler.SchedulerConfig,
+    compute: concurrent.futures.Executor,
+    microbatches: int = 0,
 ) -> replica.ReplicaEngine:
-    return replica.ReplicaEngine(h.stage.runner, compute, cfg, connector(h))
+    """The replica engine; a pipeline keeps `microbatches` steps in flight (0: one per
+    stage, at least 2)."""
+    connect = connector(h)
+    inflight = (microbatches or max(2, h.num_stages)) if connect is not None else None
+    return replica.ReplicaEngine(h.stage.runner, compute, cfg, connect, inflight)
 
 
 def connector(h: hosted.Hosted) -> replica.DownstreamFactory | None:
@@ -53,6 +60,7 @@ def connector(h: hosted.Hosted) -> replica.DownstreamFactory | None:
         async def connect() -> replica.Downstream:
             ds = await stage_client.RemoteDownstream.connect(h.next_address, hello)
             ds.link = h.link_down  # hidden states over the data plane once it is formed
+            ds.result_link = h.result_in  # and the sampled tokens back from the last stage
             return ds
 
     return connect

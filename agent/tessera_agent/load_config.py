@@ -22,6 +22,8 @@ class LoadDefaults:
     max_num_seqs: int = scheduler.SchedulerConfig.max_num_seqs
     max_batched_tokens: int = scheduler.SchedulerConfig.max_batched_tokens
     prefix_caching: bool = True  # leaders reuse KV pages of prompt prefixes computed before
+    # microbatches a pipelined replica keeps in flight; 0 = one per stage (at least 2)
+    pipeline_microbatches: int = 0
     # checkpoint reads take at least bytes / this (a declared storage speed); 0 = unthrottled
     storage_bytes_per_s: float = 0.0
 
@@ -33,3 +35,5 @@ class LoadDefaults:
         for name in ("page_size", "max_num_seqs", "max_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1")
+        if self.pipeline_microbatches < 0:
+            raise ValueError("pipeline_microbatches: must be >= 0")

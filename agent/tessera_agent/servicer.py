@@ -14,7 +14,7 @@ import asyncio
 import concurrent.futures
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -33,16 +33,19 @@ from tessera_agent import (
     load_config,
     metrics,
     overload_shift,
+    scaling_control,
+    scaling_host,
+    scaling_rpc,
     stage_server,
     tensor_transfer,
 )
 from tessera_agent.engine import errors, profiler, replica, stage
-from tessera_agent.transfer import block_copy, group
+from tessera_agent.transfer import block_copy, group, kv_copy
 
 log = logging.getLogger(__name__)
 
 
-class AgentServicer(pb_grpc.AgentServicer):
+class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
     def __init__(
         self,
         agent_id: str,
@@ -62,6 +65,11 @@ class AgentServicer(pb_grpc.AgentServicer):
         self.compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compute")
         self.hosting = hosting.Hosting(agent_id, self.memory, defaults, self.compute, store_address)
         self.hosted = self.hosting.hosted  # read by the metrics collector and StageStream
+        # Module-level scaling (scaling_rpc.py): runs of this agent's stages, runs held here.
+        self.scaling = scaling_control.ScalingControl(
+            agent_id, self.hosting, self.memory, self.compute
+        )
+        self.run_host = scaling_host.RunHost(agent_id, self.memory, self.compute, store_address)
         self.metrics = metrics.AgentMetrics(self)
 
     async def close(self) -> None:
@@ -91,6 +99,8 @@ class AgentServicer(pb_grpc.AgentServicer):
             blocks=self._blocks(),
             kv=kv,
             store_address=self.store_address,
+            scaling_runs=self.scaling.describe(),
+            scaling_hosted=self.run_host.describe(),
         )
 
     async def ListBlocks(
@@ -229,11 +239,39 @@ class AgentServicer(pb_grpc.AgentServicer):
         except errors.EngineError as exc:
             await grpc_status.abort(context, exc)
 
+    @staticmethod
+    async def _kv_over_group(
+        fn: Callable[[stage.Stage, list[int], int, int, group.GroupSpec], int],
+        st: stage.Stage,
+        pages: list[int],
+        start: int,
+        end: int,
+        spec: group.GroupSpec,
+    ) -> int:
+        """Run one end of a KV move over the data plane on a worker thread; a group that
+        cannot form or breaks is UNAVAILABLE (the client falls back to the stream)."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, fn, st, pages, start, end, spec
+            )
+        except group.GroupError as exc:
+            raise errors.UnavailableError(str(exc)) from exc
+
     async def ExportKV(
         self, request: pb.ExportKVRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.KVLayer]:
         try:
             st = self._stage(request.replica_id, request.stage_index)
+            if request.HasField("data_plane"):  # the layers go over a group, not the stream
+                await self._kv_over_group(
+                    kv_copy.push,
+                    st,
+                    list(request.page_ids),
+                    request.layer_start,
+                    request.layer_end,
+                    kv_copy.pair_spec(request.data_plane, kv_copy.EXPORTER),
+                )
+                return
             layers = kv_transfer.export_layers(
                 st, list(request.page_ids), request.layer_start, request.layer_end
             )
@@ -255,6 +293,16 @@ class AgentServicer(pb_grpc.AgentServicer):
             head = first.header
             st = self._stage(head.replica_id, head.stage_index)
             pages = kv_transfer.valid_pages(st, head.page_ids)
+            if head.HasField("data_plane"):  # the layers come over a group
+                n = await self._kv_over_group(
+                    kv_copy.receive,
+                    st,
+                    pages,
+                    head.layer_start,
+                    head.layer_end,
+                    kv_copy.pair_spec(head.data_plane, kv_copy.IMPORTER),
+                )
+                return pb.ImportKVReply(layers=n)
             async for msg in request_iterator:
                 if not msg.HasField("layer"):
                     raise errors.InvalidArgumentError("ImportKV: one header, then layers")

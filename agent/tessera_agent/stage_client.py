@@ -3,6 +3,10 @@
 A `RemoteDownstream` opens `StageStream` to the next stage's agent, checks with a hello
 that the peer holds the expected stage, then sends steps and resolves their results in
 order. Writes are serialized; results come back FIFO, so each submit awaits its own.
+On the leader, when the return link to the last stage is formed, a step's sampled tokens
+are taken from that link as soon as they arrive (the stream's empty acknowledgement
+follows in order and is not waited for); a step asking for log-probabilities, or a last
+stage without the link, keeps the tokens on the stream.
 Used by the replica leader (`engine.replica`) and by middle stages (the servicer).
 """
 
@@ -12,8 +16,10 @@ import asyncio
 import contextlib
 import dataclasses
 from collections import deque
+from typing import Any
 
 import grpc
+import torch
 
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
@@ -39,6 +45,7 @@ class RemoteDownstream:
         self._closed = False
         self._reader = asyncio.create_task(self._read_loop(), name=f"stage-reader-{address}")
         self.link: stage_link.StageLink | None = None  # set by the owner when there is one
+        self.result_link: stage_link.StageLink | None = None  # leader: tokens come back on it
 
     @classmethod
     async def connect(
@@ -73,9 +80,14 @@ class RemoteDownstream:
             raise errors.UnavailableError(f"stage stream to {self.address} is closed")
         fut: asyncio.Future[step.StepOutput] = asyncio.get_running_loop().create_future()
         sent: asyncio.Future[None] | None = None
+        back: asyncio.Future[torch.Tensor] | None = None
         async with self._write_lock:
             self._pending.append(fut)
             try:
+                ids = _sampled_ids(inp)
+                if ids and self.result_link is not None and self.result_link.ready:
+                    inp = dataclasses.replace(inp, result_on_link=True)  # posted first
+                    back = self.result_link.receive((len(ids),), torch.long, inp.step_id)
                 link = self.link
                 if link is not None and link.ready and inp.hidden is not None:
                     msg = convert.step_to_proto(dataclasses.replace(inp, hidden=None))
@@ -92,7 +104,43 @@ class RemoteDownstream:
                 await sent
             except Exception as exc:
                 self._fail(errors.UnavailableError(f"stage link to {self.address}: {exc}"))
-        return await fut
+        if back is None:
+            return await fut
+        return await self._tokens_on_link(inp.step_id, ids, fut, back)
+
+    async def _tokens_on_link(
+        self,
+        step_id: int,
+        ids: list[str],
+        fut: asyncio.Future[step.StepOutput],
+        back: asyncio.Future[torch.Tensor],
+    ) -> step.StepOutput:
+        """The step's tokens from the return link, or from the gRPC result when the last
+        stage could not use the link; the stream's acknowledgement is not waited for."""
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved here
+        either: list[asyncio.Future[Any]] = [fut, back]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if not back.done():
+            try:
+                res = fut.result()
+            except Exception:
+                self._drop_result_link()  # its posted receive will never be answered
+                raise
+            if not res.tokens_on_link:  # the last stage had no link: tokens came on gRPC
+                self._drop_result_link()
+                return res
+        try:
+            tokens = await back
+        except Exception as exc:
+            self._drop_result_link()
+            raise errors.UnavailableError(f"return link from the last stage: {exc}") from exc
+        return step.StepOutput(step_id, sampled=dict(zip(ids, tokens.tolist(), strict=True)))
+
+    def _drop_result_link(self) -> None:
+        """Stop listening on the return link for good (gRPC carries the tokens)."""
+        link, self.result_link = self.result_link, None
+        if link is not None:
+            link.close()
 
     async def _read_loop(self) -> None:
         try:
@@ -131,3 +179,13 @@ class RemoteDownstream:
             await self._reader
         self._call.cancel()
         await self._channel.close()
+
+
+def _sampled_ids(inp: step.StepInput) -> list[str]:
+    """The sequences the last stage samples in this step, in chunk order (the order of the
+    tokens on the return link); empty when none, or when any asks for log-probabilities
+    (those stay on the gRPC result)."""
+    ids = [c.seq_id for c in inp.chunks if c.sample]
+    if any(c.params.logprobs is not None for c in inp.chunks if c.sample):
+        return []
+    return ids

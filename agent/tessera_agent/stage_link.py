@@ -9,6 +9,9 @@ receiver posts a point-to-point receive for them, tagged with the step id. Sends
 receives each run on one thread of their own, in stream order, so the two ends never
 wait on different steps. Until the link is formed, after it fails, or when no data plane
 was given, the hidden states travel in the gRPC message as before (the fallback).
+A second kind of link, `<group>/return`, carries the sampled token ids of a step from the
+last stage straight back to the leader (`StageStep.result_on_link`), past the middle
+stages; its gRPC result is then an empty acknowledgement, still in stream order.
 Created by `hosting.Hosting.load`; used by `stage_client` (send) and `stage_server`
 (receive).
 """
@@ -94,3 +97,10 @@ def link_spec(
 ) -> group.GroupSpec:
     """The group of link `index` (between stages index and index+1); rank 0 sends."""
     return group.GroupSpec(dp_store, f"{dp_group}/link{index}", rank, 2, backend, timeout_s)
+
+
+def return_spec(
+    dp_store: str, dp_group: str, rank: int, timeout_s: float, backend: str = "gloo"
+) -> group.GroupSpec:
+    """The group carrying sampled tokens from the last stage (rank 0) to the leader (rank 1)."""
+    return group.GroupSpec(dp_store, f"{dp_group}/return", rank, 2, backend, timeout_s)

@@ -68,7 +68,28 @@ async def _step(
     out = await loop.run_in_executor(compute, h.stage.runner.execute, inp)
     if downstream is not None:
         out = await downstream.submit(step.next_stage_input(inp, out))
+    elif inp.result_on_link and out.sampled and not out.logprobs:
+        out = await _tokens_back(h, inp, out)
     return convert.result_to_proto(out)
+
+
+async def _tokens_back(
+    h: hosted.Hosted, inp: step.StepInput, out: step.StepOutput
+) -> step.StepOutput:
+    """Last stage: send the sampled tokens to the leader over the return link, in chunk
+    order; the gRPC result becomes an acknowledgement. Without the link they stay on it."""
+    link = h.result_out
+    if link is not None and link.group is None:
+        await link.settled()
+    if link is None or not link.ready:
+        return out
+    ids = [c.seq_id for c in inp.chunks if c.sample]
+    tokens = torch.tensor([out.sampled[i] for i in ids], dtype=torch.long)
+    try:
+        await link.send(tokens, inp.step_id)
+    except Exception:  # the leader still listens: the tokens go on gRPC, it stops listening
+        return out
+    return step.StepOutput(out.step_id, tokens_on_link=True)
 
 
 async def serve(

@@ -18,6 +18,7 @@ from tessera.rpc import blocks as rpc_blocks
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+from tessera_operator import scaling
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ def from_describe(ref: AgentRef, d: pb.DescribeReply) -> observed.AgentInfo:
             for k in d.kv
         ),
         store_address=d.store_address,
+        layer_runs=scaling.runs_from_describe(d),
     )
 
 

@@ -124,6 +124,9 @@ class OperatorConfig:
     switching_tick_seconds: float = 5.0
     switching_arrivals_url: str = ""
     switching_candidates: Callable[..., Any] | None = None  # switching_loop.CandidatesFn
+    # default candidates (no switching_candidates): a measured cost profile
+    # (tessera.cost.profile.Profile) for agents whose GPUs have no analytic one (e.g. CPU)
+    switching_profile: Any = None
 
     def __post_init__(self) -> None:
         names = [a.name for a in self.agents]

@@ -160,6 +160,7 @@ async def _pass(body: kopf.Body, patch: kopf.Patch, ctx: Context) -> None:
     events.switching(
         body, status.condition(previous, "Progressing"), status.condition(new, "Progressing")
     )
+    events.layer_runs(body, previous.get("scaling"), new.get("scaling"))
     overload_status.record(body, previous.get("overload") or {}, new.get("overload") or {})
     for key, value in status.merge_patch(previous, new).items():
         patch.status[key] = value

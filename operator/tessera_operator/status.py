@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tessera_operator import converge, overload_status
+from tessera_operator import converge, overload_status, scaling
 
 CONDITIONS = ("Ready", "Progressing", "Degraded", "PlanValid", "Reconciling", "Stalled")
 WORKING = ("Loading", "Switching")  # work under way
@@ -159,6 +159,10 @@ def build(
         status["replicas"] = len(out.plan.replicas)
         status["readyReplicas"] = len(out.ready_replicas)
         status["endpoint"] = endpoint
+    mine = {r.replica_id for r in out.plan.replicas} if out.plan is not None else set()
+    runs = scaling.status_doc(out.observed, mine)
+    if runs:
+        status["scaling"] = {"layerRuns": runs}
     moving = transition_status(out)
     if moving is not None:
         status["transition"] = moving

@@ -10,8 +10,11 @@ Registered by `handlers.build_registry` (`register`): a kopf timer every
    `namespace` and `name`);
 2. asks `cfg.switching_candidates(dep, classes)` for the candidate deployments (explicit
    layouts, CRD form), their pricing at a per-class demand and the switch time between
-   two of them (`SwitchingCandidates`); the current deployment is the candidate whose
-   layout equals the spec's;
+   two of them (`SwitchingCandidates`); without one, `default_candidates` builds them from
+   the planner (`tessera.policies.switching_candidates`: the model's config, the agents
+   as observed, the cost profile `layout: auto` would use or `cfg.switching_profile`,
+   the latency objective); the current deployment is the candidate whose layout equals
+   the spec's;
 3. runs the pure step (`tessera.policies.switching_step`): forecast with the method best
    on the recent window, cheapest candidate at the forecast, gain vs switch cost,
    hysteresis (carried in `status.switching.hysteresis`);
@@ -29,6 +32,7 @@ Anything that goes wrong (gateway unreachable, no candidates, a bad price) becom
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime
 import json
@@ -41,8 +45,8 @@ import aiohttp
 import kopf
 
 from tessera import api, fields
-from tessera.policies import switching, switching_step
-from tessera_operator import config, gateway_objects
+from tessera.policies import switching, switching_candidates, switching_step
+from tessera_operator import agents, config, converge, discovery, gateway_objects, kube
 
 ARRIVALS_PATH = "/admin/v1/arrivals"
 DUE_KEY = "switching_due"
@@ -77,6 +81,31 @@ def register(
     ) -> None:
         if not kw["stopped"] and not body.metadata.get("deletionTimestamp"):
             await tick(body, patch, memo, cfg)
+
+
+async def default_candidates(
+    cfg: config.OperatorConfig,
+    client: kube.Kube | None,
+    dep: api.ServingDeployment,
+    names: Sequence[str],
+) -> SwitchingCandidates:
+    """Planner candidates from the model's config and the agents as observed (module
+    docstring); ValueError saying why there are none."""
+    if client is not None:
+        refs = await discovery.agent_refs(cfg, client, dep.spec.resources.node_selector)
+    elif cfg.agents:
+        refs = list(cfg.agents)
+    else:
+        raise ValueError("no Kubernetes client to discover the agents")
+    model_path = converge.resolve_model_path(dep.spec, None, cfg.model_root)
+    shape = converge.model_facts(model_path, dep.spec.model.dtype)
+    if shape is None:
+        raise ValueError(f"model not readable: no config.json in {model_path}")
+    obs = await agents.observe(refs)
+    made = await asyncio.to_thread(
+        switching_candidates.build, dep, shape, obs, names, cfg.switching_profile
+    )
+    return SwitchingCandidates(made.layouts, made.planned.price, made.planned.switch_seconds)
 
 
 def _now() -> str:
@@ -127,6 +156,11 @@ class Outcome:
     status: dict[str, Any]
     event: tuple[str, str] | None = None  # (reason, message)
     layout: dict[str, Any] | None = None  # spec.layout to apply (active switch)
+
+
+def _held(previous: Mapping[str, Any]) -> dict[str, Any]:
+    """The hysteresis carried over a span with no step."""
+    return {"hysteresis": previous["hysteresis"]} if "hysteresis" in previous else {}
 
 
 def _stopped(base: dict[str, Any], reason: str, message: str) -> Outcome:
@@ -231,20 +265,32 @@ async def tick(
     try:
         snapshot = await fetch_arrivals(arrivals_url(cfg, dep))
     except ValueError as exc:
-        out = _stopped(
-            {
-                **base,
-                **({"hysteresis": previous["hysteresis"]} if "hysteresis" in previous else {}),
-            },
-            "ArrivalsUnavailable",
-            str(exc),
-        )
+        out = _stopped(base | _held(previous), "ArrivalsUnavailable", str(exc))
     else:
         names = [str(n) for n in snapshot.get("classes") or []]
-        made = cfg.switching_candidates(dep, names) if cfg.switching_candidates else None
-        out = decide(
-            dep, raw.get("spec") or {}, previous, "transition" in status, snapshot, made, _now()
-        )
+        try:
+            if cfg.switching_candidates is not None:
+                made = cfg.switching_candidates(dep, names)
+            elif snapshot.get("spans"):
+                ctx = memo.get("ctx")
+                made = await default_candidates(cfg, getattr(ctx, "kube", None), dep, names)
+            else:
+                made = None  # decide says WaitingForArrivals
+        except ValueError as exc:
+            out = _stopped(base | _held(previous), "NoCandidates", str(exc))
+        else:
+            # pricing every candidate can take seconds (the planner's latency model):
+            # off the event loop, as building them is
+            out = await asyncio.to_thread(
+                decide,
+                dep,
+                raw.get("spec") or {},
+                previous,
+                "transition" in status,
+                snapshot,
+                made,
+                _now(),
+            )
     patch.status["switching"] = out.status
     if out.event is not None:
         kopf.info(body, reason=out.event[0], message=out.event[1])

@@ -77,6 +77,7 @@ class Block:
     group_reason: str = ""  # why it is not ready
     activations: str = ""  # how hidden states reach the next stage: "gloo" (link) or "grpc"
     kv_pages: int = 0  # observed only: pages in the block's KV pool (grows on an overload drop)
+    results: str = ""  # leader: how sampled tokens come back: "gloo" (link) or "grpc"
 
     def __post_init__(self) -> None:
         if self.tp_size < 1 or not 0 <= self.tp_rank < self.tp_size:

@@ -8,11 +8,21 @@ global layer's K/V from the source stage that holds it to the target stage that 
 prefix cache under the tokens, and releases both holds, also on failure. A request then
 continued on the target with `tokens` as its prompt (the gateway's mid-stream continuation
 does exactly that) starts after the moved prefix instead of recomputing it.
+
+Transport: when both agents of a run of layers serve a rendezvous store
+(`Describe.store_address`), the K/V go directly from the exporting agent to the importing
+one over a fresh 2-rank torch.distributed group (gloo; NCCL when both stages sit on CUDA
+devices; `tessera_agent.transfer.kv_copy`); otherwise, or when that group cannot form, the
+layers are relayed through this client on the `ExportKV`/`ImportKV` gRPC streams.
+`Moved.transport` says which carried the bytes.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -20,6 +30,10 @@ import grpc
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+GRPC = "grpc"
+TRANSPORTS = ("auto", GRPC)  # auto: a data-plane group where both agents have one
 
 
 @dataclass(frozen=True)
@@ -38,6 +52,7 @@ class Moved:
     tokens: int  # tokens whose K/V now sit in the target's prefix cache (0: none cached)
     pages: int
     layers: int
+    transport: str = ""  # what carried the K/V: "gloo", "nccl", "grpc" ("+"-joined if several)
 
 
 class MoveError(Exception):
@@ -56,11 +71,14 @@ async def move_prefix(
     src: Sequence[StageRef],
     dst: Sequence[StageRef],
     timeout: float = 120.0,
+    via: str = "auto",
 ) -> Moved:
     """Copy the K/V of `tokens`' cached prefix from replica `src` to replica `dst`
-    (stages in order, stage 0 first)."""
+    (stages in order, stage 0 first); `via="grpc"` keeps to the gRPC streams."""
     if not src or not dst:
         raise MoveError("move_prefix: both replicas need at least one stage")
+    if via not in TRANSPORTS:
+        raise MoveError(f"via {via!r}: expected one of {', '.join(TRANSPORTS)}")
     channels: dict[str, grpc.aio.Channel] = {}
 
     def stub(address: str) -> pb_grpc.AgentStub:
@@ -89,37 +107,18 @@ async def move_prefix(
             raise MoveError(
                 f"page sizes differ: {pin.page_size} on the source, {res.page_size} on the target"
             )
-        layers = 0
+        layers, used = 0, set()
         for target in dst:
-            step = f"move layers [{target.start}, {target.end}) to {target.address}"
-
-            async def messages(target: StageRef = target) -> AsyncIterator[pb.KVImportMessage]:
-                header = pb.KVImportHeader(
-                    replica_id=target.replica_id,
-                    stage_index=target.stage_index,
-                    page_ids=list(res.page_ids),
+            layer = target.start
+            while layer < target.end:
+                source = _owner(src, layer)
+                run = _Run(source, target, layer, min(target.end, source.end))
+                step = f"move layers [{run.start}, {run.end}) to {target.address}"
+                moved, how = await _move_run(
+                    stub, run, list(pin.page_ids), list(res.page_ids), via, timeout
                 )
-                yield pb.KVImportMessage(header=header)
-                layer = target.start
-                while layer < target.end:
-                    source = _owner(src, layer)
-                    end = min(target.end, source.end)
-                    export = stub(source.address).ExportKV(
-                        pb.ExportKVRequest(
-                            replica_id=source.replica_id,
-                            stage_index=source.stage_index,
-                            page_ids=list(pin.page_ids),
-                            layer_start=layer,
-                            layer_end=end,
-                        ),
-                        timeout=timeout,
-                    )
-                    async for kv in export:
-                        yield pb.KVImportMessage(layer=kv)
-                    layer = end
-
-            reply = await stub(target.address).ImportKV(messages(), timeout=timeout)
-            layers += reply.layers
+                layers, layer = layers + moved, run.end
+                used.add(how)
         step = "register the pages on the target"
         n = len(pin.page_ids) * pin.page_size
         await dst_leader.CommitPrefix(
@@ -129,7 +128,7 @@ async def move_prefix(
             timeout=timeout,
         )
         reserved = ""
-        return Moved(pin.num_tokens, len(pin.page_ids), layers)
+        return Moved(pin.num_tokens, len(pin.page_ids), layers, "+".join(sorted(used)))
     except grpc.aio.AioRpcError as exc:
         raise MoveError(f"{step}: {exc.code().name}: {exc.details()}") from exc
     finally:
@@ -146,3 +145,141 @@ async def move_prefix(
                     pass  # the agent is gone, and its pins with it
         for channel in channels.values():
             await channel.close()
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Global layers [start, end): held by `source`, imported by `target`."""
+
+    source: StageRef
+    target: StageRef
+    start: int
+    end: int
+
+
+async def _plane(stub: pb_grpc.AgentStub, ref: StageRef, timeout: float) -> tuple[str, str]:
+    """(store address, device kind) of the agent holding `ref`; ("", "") without a store."""
+    d = await stub.Describe(pb.DescribeRequest(), timeout=timeout)
+    device = next(
+        (
+            b.device
+            for b in d.blocks
+            if (b.replica_id, b.stage_index) == (ref.replica_id, ref.stage_index)
+        ),
+        "",
+    )
+    kind = next((x.kind for x in d.devices if x.id == device), "")
+    return d.store_address, kind
+
+
+async def _move_run(
+    stub: Callable[[str], pb_grpc.AgentStub],
+    run: _Run,
+    src_pages: list[int],
+    dst_pages: list[int],
+    via: str,
+    timeout: float,
+) -> tuple[int, str]:
+    """Move one run of layers; (layers moved, transport used)."""
+    if via != GRPC:
+        (store, dst_kind), (src_store, src_kind) = await asyncio.gather(
+            _plane(stub(run.target.address), run.target, timeout),
+            _plane(stub(run.source.address), run.source, timeout),
+        )
+        if store and src_store:
+            backend = "nccl" if dst_kind == src_kind == "cuda" else "gloo"
+            try:
+                n = await _over_group(stub, run, src_pages, dst_pages, store, backend, timeout)
+                return n, backend
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                log.warning(
+                    "KV move over %s failed, falling back to gRPC: %s", backend, exc.details()
+                )
+    return await _over_stream(stub, run, src_pages, dst_pages, timeout), GRPC
+
+
+async def _over_group(
+    stub: Callable[[str], pb_grpc.AgentStub],
+    run: _Run,
+    src_pages: list[int],
+    dst_pages: list[int],
+    store: str,
+    backend: str,
+    timeout: float,
+) -> int:
+    """Both agents meet in a fresh 2-rank group on the importer's store."""
+    dp = pb.DataPlane(
+        store_address=store,
+        group=f"kv/{uuid.uuid4().hex}",
+        backend=backend,
+        timeout_s=min(timeout, 30.0),
+    )
+    header = pb.KVImportHeader(
+        replica_id=run.target.replica_id,
+        stage_index=run.target.stage_index,
+        page_ids=dst_pages,
+        data_plane=dp,
+        layer_start=run.start,
+        layer_end=run.end,
+    )
+
+    async def one_header() -> AsyncIterator[pb.KVImportMessage]:
+        yield pb.KVImportMessage(header=header)
+
+    importing = asyncio.ensure_future(
+        stub(run.target.address).ImportKV(one_header(), timeout=timeout)
+    )
+    export = stub(run.source.address).ExportKV(
+        pb.ExportKVRequest(
+            replica_id=run.source.replica_id,
+            stage_index=run.source.stage_index,
+            page_ids=src_pages,
+            layer_start=run.start,
+            layer_end=run.end,
+            data_plane=dp,
+        ),
+        timeout=timeout,
+    )
+    try:
+        async for _ in export:  # nothing comes on the stream; it ends when all is sent
+            pass
+        reply = await importing
+    finally:
+        importing.cancel()  # a failed export leaves no importer waiting for the group
+        export.cancel()
+    return int(reply.layers)
+
+
+async def _over_stream(
+    stub: Callable[[str], pb_grpc.AgentStub],
+    run: _Run,
+    src_pages: list[int],
+    dst_pages: list[int],
+    timeout: float,
+) -> int:
+    """The fallback: the layers relayed through this client on the gRPC streams."""
+
+    async def messages() -> AsyncIterator[pb.KVImportMessage]:
+        header = pb.KVImportHeader(
+            replica_id=run.target.replica_id,
+            stage_index=run.target.stage_index,
+            page_ids=dst_pages,
+        )
+        yield pb.KVImportMessage(header=header)
+        export = stub(run.source.address).ExportKV(
+            pb.ExportKVRequest(
+                replica_id=run.source.replica_id,
+                stage_index=run.source.stage_index,
+                page_ids=src_pages,
+                layer_start=run.start,
+                layer_end=run.end,
+            ),
+            timeout=timeout,
+        )
+        async for kv in export:
+            yield pb.KVImportMessage(layer=kv)
+
+    reply = await stub(run.target.address).ImportKV(messages(), timeout=timeout)
+    return int(reply.layers)

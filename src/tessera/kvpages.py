@@ -68,6 +68,11 @@ class PageAllocator:
     def pages_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
 
+    def live_pages(self) -> set[int]:
+        """Pages whose contents matter: held by a sequence or pin, or registered in the
+        prefix cache (a layer-run move copies exactly these)."""
+        return set(self._refs) | set(self._key_of)
+
     def block_table(self, seq_id: str) -> list[int]:
         return self._tables.get(seq_id, [])
 

@@ -122,13 +122,17 @@ def stop_agent(agent: AgentProcess, grace: float = 5.0) -> None:
 
 @contextlib.contextmanager
 def local_agents(
-    n: int, devices: str = "cpu:1x2GiB", threads: int = 1, prefix: str = "agent"
+    n: int,
+    devices: str = "cpu:1x2GiB",
+    threads: int = 1,
+    prefix: str = "agent",
+    extra_args: Sequence[str] = (),
 ) -> Iterator[list[AgentProcess]]:
     """Run `n` agents for the duration of the block."""
     agents: list[AgentProcess] = []
     try:
         for i in range(n):
-            agents.append(start_agent(f"{prefix}-{i}", devices, threads))
+            agents.append(start_agent(f"{prefix}-{i}", devices, threads, extra_args=extra_args))
         yield agents
     finally:
         for a in agents:

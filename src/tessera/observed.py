@@ -36,6 +36,28 @@ class ReplicaLoad:
 
 
 @dataclass(frozen=True)
+class LayerRunHolder:
+    """One holder of a replicated layer run (module scaling, issue 15)."""
+
+    name: str  # "<agent>/<device>"
+    requests: int = 0  # running requests it serves at the run
+    tokens_per_s: float = 0.0  # measured speed
+    home: bool = False  # where an evicted replica's requests go back
+
+
+@dataclass(frozen=True)
+class LayerRun:
+    """Layers [start, end) of a replica stage served by several holders."""
+
+    replica_id: str
+    stage_index: int
+    start: int
+    end: int
+    migrated: bool  # the stage's own copy moved away (its home is elsewhere)
+    holders: tuple[LayerRunHolder, ...] = ()
+
+
+@dataclass(frozen=True)
 class AgentInfo:
     name: str
     address: str
@@ -45,6 +67,7 @@ class AgentInfo:
     kv: tuple[ReplicaLoad, ...] = ()
     error: str = ""  # why it is unreachable
     store_address: str = ""  # its rendezvous store, where data-plane groups meet
+    layer_runs: tuple[LayerRun, ...] = ()  # replicated/migrated runs of stages it hosts
 
 
 @dataclass(frozen=True)

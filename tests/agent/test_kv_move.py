@@ -4,6 +4,9 @@ A request runs on a 2-stage replica; its K/V prefix moves to a single-stage repl
 another agent, and from there to a differently split pipeline. Continuing the request
 on each target (prompt = tokens so far) must give transformers' greedy tokens while the
 target reports the moved prefix as prefix-cache hits: the imported K/V is what it used.
+The K/V travel agent to agent over gloo (the data plane) when both agents serve a
+rendezvous store, and through the client on the gRPC streams when asked to or when the
+group cannot form.
 """
 
 from __future__ import annotations
@@ -57,17 +60,22 @@ def test_prefix_moves_across_different_splits_and_gives_hf_tokens(
         )
     )
     assert (moved.tokens, moved.pages, moved.layers) == (48, 3, 8)
+    assert moved.transport == "gloo"  # agent to agent over the data plane
     rest, _ = generate(c, so_far, "one", max_tokens=5)
     assert rest == want[20:25]
     assert _hits(c, "one") == 48  # the moved pages were used, not recomputed
 
-    # onward, from the single-stage replica to a pipeline split differently again
+    # onward, from the single-stage replica to a pipeline split differently again, over
+    # the gRPC streams (the fallback)
     moved = asyncio.run(
         kv_move.move_prefix(
-            so_far, _refs([c], "one", [(0, 8)]), _refs([c, a], "piped", [(0, 6), (6, 8)])
+            so_far,
+            _refs([c], "one", [(0, 8)]),
+            _refs([c, a], "piped", [(0, 6), (6, 8)]),
+            via="grpc",
         )
     )
-    assert moved.tokens == 48
+    assert moved.tokens == 48 and moved.transport == "grpc"
     rest, _ = generate(c, so_far, "piped", max_tokens=5)
     assert rest == want[20:25] and _hits(c, "piped") == 48
     # every hold was released: no pages stay used on any leader
@@ -84,6 +92,36 @@ def test_prefix_moves_across_different_splits_and_gives_hf_tokens(
         )
     )
     assert nothing == kv_move.Moved(0, 0, 0)
+
+
+def test_kv_move_falls_back_to_grpc_when_no_group_forms(
+    agents_factory: Start, tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both agents are told to use NCCL, which cannot form on CPU agents: each end fails
+    its group at once (UNAVAILABLE), the move goes over gRPC instead, and the continued
+    request still gives transformers' tokens from the moved pages."""
+    a, b = agents_factory(2)
+    load_replica([a], tiny_llama, [(0, 8)], "src")
+    load_replica([b], tiny_llama, [(0, 8)], "dst")
+    prompt = [0, *range(100, 140)]
+    want = hf_greedy(tiny_llama, prompt, 25)
+    first, _ = generate(a, prompt, "src", max_tokens=20)
+    so_far = prompt + first
+    real = kv_move._plane
+
+    async def cuda(stub: object, ref: kv_move.StageRef, timeout: float) -> tuple[str, str]:
+        store, _ = await real(stub, ref, timeout)  # type: ignore[arg-type]
+        return store, "cuda"
+
+    monkeypatch.setattr(kv_move, "_plane", cuda)
+    moved = asyncio.run(
+        kv_move.move_prefix(
+            so_far, _refs([a], "src", [(0, 8)]), _refs([b], "dst", [(0, 8)]), timeout=20
+        )
+    )
+    assert (moved.tokens, moved.transport) == (48, "grpc")
+    rest, _ = generate(b, so_far, "dst", max_tokens=5)
+    assert rest == want[20:25] and _hits(b, "dst") == 48
 
 
 def test_kv_move_errors_name_the_cause(agents_factory: Start, tiny_llama: Path) -> None:

@@ -179,8 +179,10 @@ def test_pipeline_hidden_states_over_the_stage_link(
     agents_factory: Start, tiny_llama: Path, prompts: list[list[int]]
 ) -> None:
     """A 3-stage pipeline loaded with a data plane sends its hidden states stage to stage
-    over gloo links (the blocks say so) and still gives transformers' tokens; loaded
-    without one, the same pipeline uses the gRPC stream."""
+    over gloo links and its sampled tokens straight back from the last stage to the leader
+    over a gloo return link (the blocks say so), and still gives transformers' tokens, also
+    for a request asking for log-probabilities (those stay on the stream); loaded without
+    one, the same pipeline uses the gRPC stream."""
     agents = agents_factory(3)
     splits = [(0, 3), (3, 5), (5, 8)]
     local_agents.load_pipeline(agents, str(tiny_llama), splits, "link", 16 << 20)
@@ -193,3 +195,19 @@ def test_pipeline_hidden_states_over_the_stage_link(
         blocks = _states(a)
         assert blocks[("link", agents.index(a))].activations == "gloo"
         assert blocks[("plain", agents.index(a))].activations == "grpc"
+    leader = _states(agents[0])
+    assert (leader[("link", 0)].results, leader[("plain", 0)].results) == ("gloo", "grpc")
+    chunks = list(
+        _stub(agents[0]).Generate(
+            pb.GenerateRequest(
+                replica_id="link",
+                prompt_token_ids=prompts[0],
+                params=pb.SamplingParams(
+                    max_tokens=NEW, ignore_eos=True, has_logprobs=True, logprobs=1
+                ),
+            )
+        )
+    )
+    assert [t for ch in chunks for t in ch.token_ids] == hf_greedy(tiny_llama, prompts[0], NEW)
+    assert sum(len(ch.logprobs) for ch in chunks) == NEW
+    assert _states(agents[0])[("link", 0)].results == "gloo"  # the link stays in use

@@ -23,8 +23,11 @@ def test_bench_engine_quick(capsys: pytest.CaptureFixture[str]) -> None:
         "pipeline2_tok_s_b8",
         "engine_vs_hf_b8",
         "pipeline2_vs_single_b8",
+        "pipeline2_grpc_vs_single_b8",
+        "links_on_vs_off_b8",
     ):
         assert out[key] > 0
+    assert out["pipeline_activations"] == out["pipeline_results"] == "gloo/gloo"
 
 
 def test_bench_copy_quick(capsys: pytest.CaptureFixture[str]) -> None:
@@ -49,3 +52,4 @@ def test_bench_kvmove_quick(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["tokens_match"] is True
     assert out["moved_tokens"] == 240  # 15 full pages of the 256-token prompt
     assert out["recompute_ttft_ms"] > 0 and out["move_then_ttft_ms"] > 0
+    assert out["transport"] == "gloo" and out["move_grpc_ms"] > 0  # both ways measured

@@ -1,10 +1,13 @@
 """The predictive switching loop through the operator: KMock API server, real agents, a
 fake gateway serving `/admin/v1/arrivals`. Advisory mode reports the recommendation in
 `status.switching` and an event and changes nothing; active mode switches the layout
-through the transition path (make-before-break), greedy tokens still `transformers'`."""
+through the transition path (make-before-break), greedy tokens still `transformers'`.
+Without injected candidates the operator's default source (the planner on the observed
+agents) recommends a planner layout."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -17,7 +20,9 @@ import pytest
 from kubernetes import client
 
 from tessera import api, local_agents
-from tessera_operator import switching_loop
+from tessera.cost import analytic
+from tessera.policies import switching_candidates
+from tessera_operator import converge, switching_loop
 from tests.conftest import hf_greedy
 from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, events, get_sd, wait_for
 from tests.operator.test_operator_lifecycle import blocks, manifest, ready, refs
@@ -178,3 +183,67 @@ def test_active_mode_switches_through_a_transition(
     assert after is not None and after["metadata"]["generation"] == 2
     assert _switching(kube, "act")["reason"] == "Stay"
     assert gateway.hits >= 3
+
+
+PIPE_ONE_AGENT = [
+    {
+        "name": "r0",
+        "stages": [
+            {"agent": "agent-0", "device": "cpu:0", "layers": [0, 4]},
+            {"agent": "agent-0", "device": "cpu:1", "layers": [4, 8]},
+        ],
+    }
+]
+TWO_WHOLE_ONE_AGENT = [
+    {"name": "r0", "stages": [{"agent": "agent-0", "device": "cpu:0", "layers": [0, 8]}]},
+    {"name": "r1", "stages": [{"agent": "agent-0", "device": "cpu:1", "layers": [0, 8]}]},
+]
+
+
+def test_advisory_recommends_a_planner_layout_by_default(
+    agents_factory: Start,
+    tiny_llama: Path,
+    start_operator: Callable[..., Any],
+    kube: client.ApiClient,
+    gateway: FakeGateway,
+) -> None:
+    """No `switching_candidates`: the planner prices its layouts on the one agent's two
+    devices with a stand-in CPU profile (the H100 analytic coefficients relabelled, model
+    output); the spec's one two-stage replica is a candidate too, and two whole replicas
+    are modelled ~7 % faster at the gateway's 1 short + 20 long req/s (minGain 0.05)."""
+    procs = agents_factory(1, devices="cpu:2x512MiB")
+    shape = converge.model_facts(str(tiny_llama), "float32")
+    assert shape is not None
+    stand_in = analytic.analytic_profile(shape, "h100-80gb")
+    profile = dataclasses.replace(stand_in, device="cpu", source="measured")
+    start_operator(
+        refs(procs),
+        switching_tick_seconds=0.2,
+        switching_arrivals_url=gateway.url + "/{namespace}/{name}/arrivals",
+        switching_profile=profile,
+    )
+    doc = manifest("auto-cands", tiny_llama, PIPE_ONE_AGENT)
+    doc["spec"]["workload"] = {
+        "classes": [
+            {"name": "short", "inputTokens": 32, "outputTokens": 8},
+            {"name": "long", "inputTokens": 512, "outputTokens": 64},
+        ]
+    }
+    doc["spec"]["policies"] = {
+        "switching": {"enabled": True, "mode": "advisory", "spanSeconds": 1, "minGain": 0.05}
+    }
+    custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, doc)
+    sw = wait_for(
+        "a recommendation",
+        lambda: (s := _switching(kube, "auto-cands")).get("reason") == "Recommend" and s,
+        timeout=120,
+    )
+    planner_name = "1x[tp1pp1 tp1pp1]"
+    assert sw["current"] == switching_candidates.SPEC
+    assert set(sw["latencies"]) == {switching_candidates.SPEC, planner_name}
+    assert sw["latencies"][planner_name] < sw["latencies"][switching_candidates.SPEC]
+    assert sw["recommended"] == {"name": planner_name, "replicas": TWO_WHOLE_ONE_AGENT}
+    obj = get_sd(kube, "auto-cands")
+    assert obj is not None and obj["metadata"]["generation"] == 1
+    assert _shape(obj["spec"]["layout"]["replicas"]) == _shape(PIPE_ONE_AGENT)
+    assert "SwitchRecommended" in [r for r, _ in events(kube, "auto-cands")]

@@ -100,3 +100,14 @@ async def test_unreadable_gateway_is_a_value_error() -> None:
         port = s.getsockname()[1]
     with pytest.raises(ValueError, match=r"GET http://127\.0\.0\.1"):
         await switching_loop.fetch_arrivals(f"http://127.0.0.1:{port}/admin/v1/arrivals")
+
+
+async def test_default_candidates_say_why_there_are_none() -> None:
+    from tessera_operator import agents, config
+
+    dep, _ = _dep("advisory")  # its model path (/models/m) has no config.json
+    cfg = config.OperatorConfig(agents=(agents.AgentRef("agent-0", "127.0.0.1:1"),))
+    with pytest.raises(ValueError, match="model not readable"):
+        await switching_loop.default_candidates(cfg, None, dep, ["c"])
+    with pytest.raises(ValueError, match="no Kubernetes client"):
+        await switching_loop.default_candidates(config.OperatorConfig(), None, dep, ["c"])

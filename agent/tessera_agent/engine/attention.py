@@ -85,7 +85,7 @@ class AttentionMetadata:
     fresh: list[FreshGroup] = field(default_factory=list)  # batched prompt chunks from 0
     max_position: int = 0  # largest position in the step (sizes the RoPE table)
     cos: torch.Tensor | None = None  # [T, head_dim], filled by StageModel.forward
-    sin: torch.Tensor | None = None
+    sin: torch.Tensor | None = None  # [T, head_dim], sin with its first half negated
 
 
 def slots_of(block_table: Sequence[int], length: int, page_size: int) -> torch.Tensor:

@@ -121,6 +121,30 @@ def load_stage(
     state: dict[str, torch.Tensor] = {}
     if stage.embed_tokens is not None:
         state["embed_tokens.weight"] = tensors["model.embed_tokens.weight"]
+    state.update(layer_state(cfg, start, end, tensors))
+    if stage.is_last:
+        state["norm.weight"] = tensors["model.norm.weight"]
+        head = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
+        state["lm_head.weight"] = tensors[head]
+    missing, unexpected = stage.load_state_dict(state, strict=False)
+    missing = [m for m in missing if m != "inv_freq"]
+    if missing or unexpected:
+        raise errors.FailedPreconditionError(
+            f"checkpoint/model mismatch: missing {missing}, unexpected {unexpected}"
+        )
+    if cfg.tie_embeddings and stage.embed_tokens is not None and stage.lm_head is not None:
+        stage.lm_head.weight = stage.embed_tokens.weight  # share storage, as the checkpoint does
+    stage.eval()
+    return stage
+
+
+def layer_state(
+    cfg: config_mod.ModelConfig, start: int, end: int, tensors: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The decoder layers' state dict (local names `layers.<i>.…`, q/k/v and gate/up fused)
+    from checkpoint-named tensors; shared by `load_stage` and layer-run replicas
+    (`layer_run.RunModel`)."""
+    state: dict[str, torch.Tensor] = {}
     for local, layer in enumerate(range(start, end)):
         p, q = f"model.layers.{layer}.", f"layers.{local}."
         state[q + "input_layernorm.weight"] = tensors[p + "input_layernorm.weight"]
@@ -139,20 +163,7 @@ def load_stage(
             [tensors[p + "mlp.gate_proj.weight"], tensors[p + "mlp.up_proj.weight"]]
         )
         state[q + "mlp.down_proj.weight"] = tensors[p + "mlp.down_proj.weight"]
-    if stage.is_last:
-        state["norm.weight"] = tensors["model.norm.weight"]
-        head = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
-        state["lm_head.weight"] = tensors[head]
-    missing, unexpected = stage.load_state_dict(state, strict=False)
-    missing = [m for m in missing if m != "inv_freq"]
-    if missing or unexpected:
-        raise errors.FailedPreconditionError(
-            f"checkpoint/model mismatch: missing {missing}, unexpected {unexpected}"
-        )
-    if cfg.tie_embeddings and stage.embed_tokens is not None and stage.lm_head is not None:
-        stage.lm_head.weight = stage.embed_tokens.weight  # share storage, as the checkpoint does
-    stage.eval()
-    return stage
+    return state
 
 
 def _group(wmap: dict[str, Path], names: list[str]) -> dict[Path, list[str]]:

@@ -38,6 +38,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # One fused kernel instead of seven; bitwise the same as the formula below in
+            # float32 (tests/engine/test_fused_ops.py).
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
@@ -60,14 +64,19 @@ def rope_inv_freq(head_dim: int, rope: config_mod.RopeConfig) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with its first half negated, for `apply_rope`."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, head_dim]; cos/sin: [T, head_dim]."""
-    return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim]; cos and `signed_sin(sin)`: [T, head_dim].
+
+    Hugging Face's `x * cos + rotate_half(x) * sin`, where rotate_half(x) = [-x2, x1], in
+    four kernels instead of seven: roll(x) = [x2, x1] times [-sin1, sin2] gives the same
+    bits, since negation is exact and moves freely through a product."""
+    return x * cos[:, None, :] + x.roll(x.shape[-1] // 2, -1) * sin_signed[:, None, :]
 
 
 class Attention(nn.Module):
@@ -90,13 +99,13 @@ class Attention(nn.Module):
         self, x: torch.Tensor, md: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.nh, self.hd)
-        k = k.view(t, self.nkv, self.hd)
-        v = v.view(t, self.nkv, self.hd)
+        qkv = self.qkv_proj(x)
+        # q and k heads sit side by side in the fused projection: one RoPE over both.
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, self.nh + self.nkv, self.hd)
         assert md.cos is not None and md.sin is not None
-        q = apply_rope(q, md.cos, md.sin)
-        k = apply_rope(k, md.cos, md.sin)
+        qk = apply_rope(qk, md.cos, md.sin)
+        q, k = qk[:, : self.nh], qk[:, self.nh :]
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.nkv, self.hd)
         out = attention.paged_attention(q, k, v, md, k_cache, v_cache, self.scale)
         o: torch.Tensor = self.o_proj(out.view(t, self.q_size))
         return o if self.all_reduce is None else self.all_reduce(o)
@@ -175,6 +184,7 @@ class StageModel(nn.Module):
     def rope_tables(
         self, positions: torch.Tensor, max_position: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and `signed_sin` of each position: [T, head_dim] each."""
         # cos/sin of every position are computed once (the same float ops per element as
         # computing them per step) and indexed per step: one gather instead of five ops.
         cache = self._rope_cache
@@ -187,7 +197,7 @@ class StageModel(nn.Module):
             pos = torch.arange(size, device=positions.device)
             freqs = pos.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
-            cache = self._rope_cache = (emb.cos(), emb.sin())
+            cache = self._rope_cache = (emb.cos(), signed_sin(emb.sin()))
         cos, sin = cache
         return cos.index_select(0, positions), sin.index_select(0, positions)
 
@@ -199,6 +209,21 @@ class StageModel(nn.Module):
             x = self.embed_tokens(x)
         md.cos, md.sin = self.rope_tables(md.positions, md.max_position)
         for layer, (k_cache, v_cache) in zip(self.layers, kv, strict=True):
+            x = layer(x, md, k_cache, v_cache)
+        return x
+
+    def forward_layers(
+        self,
+        x: torch.Tensor,
+        md: AttentionMetadata,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        lo: int,
+        hi: int,
+    ) -> torch.Tensor:
+        """Hidden states through local layers [lo, hi) only (`kv`: the whole stage's
+        pools); a replicated layer run cuts the loop here (`layer_run.py`)."""
+        md.cos, md.sin = self.rope_tables(md.positions, md.max_position)
+        for layer, (k_cache, v_cache) in zip(self.layers[lo:hi], kv[lo:hi], strict=True):
             x = layer(x, md, k_cache, v_cache)
         return x
 

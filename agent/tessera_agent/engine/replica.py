@@ -170,6 +170,13 @@ class ReplicaEngine:
         self._wake.set()
         return extra
 
+    def live_pages(self) -> set[int]:
+        """KV pages whose contents matter (held or prefix-cached); all before the first
+        request (a layer-run move copies exactly these)."""
+        if self._sched is None:
+            return set(range(self.local.cache.layout.num_pages))
+        return self._sched.alloc.live_pages()
+
     def stats(self) -> ReplicaStats:
         s = self._sched
         if s is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tessera_agent.engine import attention, errors, lora, sampling, step
+from tessera_agent.engine import attention, decode_graph, errors, layer_run, lora, sampling, step
 from tessera_agent.engine import kv_cache as kv_mod
 from tessera_agent.engine import model as model_mod
 
@@ -18,13 +18,24 @@ class StageRunner:
     """A loaded stage model plus its KV pool and (on the last stage) a sampler."""
 
     def __init__(
-        self, model: model_mod.StageModel, cache: kv_mod.PagedKVCache, device: torch.device
+        self,
+        model: model_mod.StageModel,
+        cache: kv_mod.PagedKVCache,
+        device: torch.device,
+        compile_decode: bool | None = None,
     ) -> None:
+        """`compile_decode`: run pure-decode steps through `decode_graph` (None: as the
+        `TESSERA_COMPILE_DECODE` environment variable says)."""
         self.model, self.cache, self.device = model, cache, device
+        if compile_decode is None:
+            compile_decode = decode_graph.enabled_from_env()
+        self.decode_graph = decode_graph.CompiledDecode(model, device) if compile_decode else None
         self.sampler = sampling.Sampler() if model.is_last else None
         self.block_tables: dict[str, tuple[int, ...]] = {}  # last seen, for KV export
         # LoRA variants attached to this stage (see lora.attach): context and name -> slot.
         self.lora: tuple[lora.LoraContext, dict[str, int]] | None = None
+        # Replicated layer runs of this stage (CoCoServe; layer_run.py, scaling_ops.py).
+        self.runs: list[layer_run.ReplicatedRun] = []
 
     def attach_adapters(self, adapters: list[lora.Adapter]) -> None:
         """Serve these LoRA adapters on this stage (replaces the previous set)."""
@@ -60,6 +71,8 @@ class StageRunner:
     def execute(self, inp: step.StepInput) -> step.StepOutput:
         for seq_id in inp.finished:
             self.forget(seq_id)
+        for run in self.runs:
+            run.forget(inp.finished)
         if not inp.chunks:
             return step.StepOutput(step_id=inp.step_id)
         md = self._metadata(inp.chunks)
@@ -72,7 +85,18 @@ class StageRunner:
             if inp.hidden is None:
                 raise ValueError("a later stage needs hidden states")
             x = inp.hidden.to(self.device, self.model.dtype_)
-        hidden = self.model(x, md, self.cache.layers())
+        if self.runs:
+            hidden = layer_run.forward(
+                self.model, x, md, self.cache.layers(), inp.chunks, self.runs
+            )
+        elif (
+            (graph := self.decode_graph) is not None
+            and decode_graph.is_pure_decode(md)
+            and graph.usable(self.model, self.lora is not None)
+        ):
+            hidden = graph(x, md, self.cache.layers())
+        else:
+            hidden = self.model(x, md, self.cache.layers())
         if not self.model.is_last:
             return step.StepOutput(step_id=inp.step_id, hidden=hidden)
         rows, ids, params = [], [], []
@@ -85,7 +109,13 @@ class StageRunner:
                 params.append(c.params)
         out = step.StepOutput(step_id=inp.step_id)
         if rows:
-            logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)]).float()
+            # A decode-only step samples every row: no gather of the rows to sample.
+            picked = (
+                hidden
+                if len(rows) == hidden.shape[0]
+                else hidden[torch.tensor(rows, device=self.device)]
+            )
+            logits = self.model.logits(picked).float()
             assert self.sampler is not None
             tokens = self.sampler.sample(logits, ids, params)
             out.sampled = dict(zip(ids, tokens, strict=True))

@@ -36,6 +36,7 @@ class StepInput:
     token_ids: list[int] | None = None  # flat tokens of all chunks (first stage)
     hidden: torch.Tensor | None = None  # [sum num_tokens, hidden] (later stages)
     finished: list[str] = field(default_factory=list)  # drop per-sequence state for these
+    result_on_link: bool = False  # the leader takes the sampled tokens over the data plane
 
     @property
     def num_tokens(self) -> int:
@@ -50,10 +51,15 @@ class StepOutput:
     hidden: torch.Tensor | None = None
     sampled: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, sampling.TokenLogprobs] = field(default_factory=dict)  # if asked
+    tokens_on_link: bool = False  # `sampled` went to the leader over the data plane instead
 
 
 def next_stage_input(inp: StepInput, out: StepOutput) -> StepInput:
     """The next stage's input: the same chunks, this stage's hidden states."""
     return StepInput(
-        step_id=inp.step_id, chunks=inp.chunks, hidden=out.hidden, finished=inp.finished
+        step_id=inp.step_id,
+        chunks=inp.chunks,
+        hidden=out.hidden,
+        finished=inp.finished,
+        result_on_link=inp.result_on_link,
     )

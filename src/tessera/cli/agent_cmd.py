@@ -33,6 +33,12 @@ def register(sub: Any) -> None:
         help="do not reuse the KV pages of prompt prefixes already computed",
     )
     p.add_argument(
+        "--pipeline-microbatches",
+        type=int,
+        default=0,
+        help="microbatches a pipelined replica led here keeps in flight (0: one per stage)",
+    )
+    p.add_argument(
         "--health-port",
         type=int,
         default=0,
@@ -67,6 +73,7 @@ def _run(args: argparse.Namespace) -> int:
         prefix_caching=args.prefix_caching,
         model_root=args.model_root,
         health_port=args.health_port,
+        pipeline_microbatches=args.pipeline_microbatches,
         storage_bytes_per_s=args.storage_bandwidth,
     )
     return server.run(cfg)

@@ -421,6 +421,9 @@ def _status(args: argparse.Namespace) -> int:
             plane,
         )
     console.print(replicas)
+    from tessera.cli import scaling_status
+
+    scaling_status.print_runs(console, [(r.name, r.address) for r in refs])
     groups = overload_groups(rows)
     if groups:
         console.print(

@@ -2,8 +2,10 @@
 
 A replica is reached through its leader agent. `poll_once` calls every leader's
 `Describe` (driven every `poll_interval_s` by `server.py`); a replica is ready iff its
-leader answered and listed it in `kv`, and it has not failed a request within the last
-`failure_backoff_s` (`mark_failed`, called by `dispatch.py`). `update` swaps the replica
+leader answered and listed it in `kv`, reports no tensor-parallel group of it failed (a
+dead rank: not ready, with the group's reason, until it is reloaded), and it has not
+failed a request within the last `failure_backoff_s` (`mark_failed`, called by
+`dispatch.py`). `update` swaps the replica
 list at run time (routes file, `GatewayHandle.update_replicas`); channels to leaders no
 longer used close once their running calls end.
 """
@@ -141,6 +143,7 @@ class ReplicaSet:
                 self._set(st, False, f"Describe failed: {exc.code().name} {exc.details()}")
             return
         kv = {r.replica_id: r for r in reply.kv}
+        broken = {b.replica_id: b.group_reason for b in reply.blocks if b.group_state == "failed"}
         now = self._clock()
         for st in states:
             r = kv.get(st.endpoint.replica_id)
@@ -149,7 +152,10 @@ class ReplicaSet:
                 continue
             st.pages_total, st.pages_used = r.pages_total, r.pages_used
             st.running, st.waiting = r.running, r.waiting
-            if now < st.backoff_until:
+            if st.endpoint.replica_id in broken:
+                why = broken[st.endpoint.replica_id] or "a rank is gone"
+                self._set(st, False, f"group failed on its leader: {why}")
+            elif now < st.backoff_until:
                 self._set(st, False, st.detail)
             else:
                 self._set(st, True, "ok")

@@ -63,6 +63,7 @@ class LatencyReport:
     meets_slo: bool  # P99 TTFT and TPOT within the problem's SLO
     rates: tuple[tuple[float, ...], ...]  # [group][class] req/s routed (all replicas)
     dedicated: str = ""  # replicas set apart for one class, e.g. "1x tp4pp2: LISO"
+    groups: tuple[tuple[Shape, int], ...] = ()  # (shape, replicas) per row of ``rates``
 
     def key(self) -> tuple[bool, float]:
         """Sort key: SLO-meeting first, then lower P99 latency."""
@@ -205,6 +206,7 @@ class LatencyModel:
             max_utilization=worst,
             meets_slo=p99_ttft <= slo.ttft_s and p99_tpot <= slo.tpot_s,
             rates=tuple(tuple(r) for r in rates),
+            groups=tuple(zip(shapes, counts, strict=True)),
         )
 
     def best_routing(

@@ -38,6 +38,7 @@ import numpy as np
 from tessera.cost.capacity import RequestClass, Slo
 from tessera.cost.profile import Profile
 from tessera.planner import capacity_table, exhaustive, homogeneous
+from tessera.planner.capacity_table import CapacityTable
 from tessera.planner.evaluate import Evaluator
 from tessera.planner.latency import LatencyModel, LatencyReport
 from tessera.planner.layout import Layout
@@ -147,6 +148,76 @@ def run(
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The heterogeneous and the best homogeneous layout at one demand, each with its
+    modelled latency and routing (``LatencyReport.rates`` / ``groups``)."""
+
+    problem: PlanningProblem
+    table: CapacityTable
+    demand: tuple[float, ...]
+    hetero: tuple[Layout, LatencyReport]
+    homo: tuple[Layout, LatencyReport]
+    priced: int
+
+
+def mix_problem(
+    profile: Profile,
+    mix: tuple[RequestClass, ...],
+    slo: Slo,
+    nodes: int,
+    gpus: int,
+    quick: bool,
+) -> tuple[PlanningProblem, CapacityTable]:
+    """The planning problem of a class mix on ``nodes`` x ``gpus`` and its capacity table
+    (every feasible shape kept unless ``quick``)."""
+    pool = tuple(PoolNode(f"node-{i}", tuple(range(gpus))) for i in range(nodes))
+    problem = PlanningProblem(profile, pool, GPU_MEMORY, profile.comm, mix, slo)
+    priced = capacity_table.build_table(problem)
+    if quick:
+        return problem, priced
+    # Throughput pruning is not exact for latency (a tp8 replica is dominated by two
+    # tp4 ones in throughput, not in TPOT): enumerate every feasible shape.
+    kept = tuple(
+        sorted(
+            (s for s, info in priced.infos.items() if any(r > 0 for r in info.rates)),
+            key=lambda s: s.sort_key(),
+        )
+    )
+    return problem, dataclasses.replace(priced, kept=kept)
+
+
+def sustainable_rps(problem: PlanningProblem, table: CapacityTable) -> float:
+    """The best homogeneous layout's sustainable total rate at the problem's mix."""
+    ranked = homogeneous.ranked(table, Evaluator(table, problem.demand))
+    return ranked[0].evaluation.scale * sum(problem.demand)
+
+
+def choose(problem: PlanningProblem, table: CapacityTable, demand: tuple[float, ...]) -> Choice:
+    """Price every layout at ``demand`` (module docstring) and keep the best
+    heterogeneous and the best homogeneous one."""
+    ranked = homogeneous.ranked(table, Evaluator(table, problem.demand))
+    price = _Pricer(LatencyModel(problem, table), demand)
+    homo = min(((c.layout, price(c.layout)) for c in ranked), key=lambda p: p[1].key())
+    scored = [(layout, price(layout)) for layout in exhaustive.layouts(table)]
+    scored += [(c.layout, price(c.layout)) for c in ranked]
+    scored.sort(key=lambda p: p[1].key())
+    hetero = scored[0]
+    for layout, _ in scored[:DEDICATE_TOP]:  # second phase: class-dedicated replicas
+        report = price(layout, dedicate=True)
+        if report.key() < hetero[1].key():
+            hetero = (layout, report)
+    return Choice(problem, table, demand, hetero, homo, len(price.cache))
+
+
+def mixed(base: tuple[RequestClass, ...], shares: Sequence[float]) -> tuple[RequestClass, ...]:
+    """The base classes weighted by ``shares``."""
+    return tuple(
+        RequestClass(c.name, c.input_tokens, c.output_tokens, w)
+        for c, w in zip(base, shares, strict=True)
+    )
+
+
 def _rows(
     profile: Profile,
     base: tuple[RequestClass, ...],
@@ -157,44 +228,14 @@ def _rows(
     levels: tuple[tuple[str, tuple[float, ...], float, float], ...],
     quick: bool,
 ) -> tuple[list[dict[str, Any]], list[tuple[str, PlanningProblem, Any, Layout]]]:
-    pool = tuple(PoolNode(f"node-{i}", tuple(range(gpus))) for i in range(nodes))
     rows = []
     chosen = []
     for level, shares, paper_cv, paper_speedup in levels:
-        mix = tuple(
-            RequestClass(c.name, c.input_tokens, c.output_tokens, w)
-            for c, w in zip(base, shares, strict=True)
-        )
-        problem = PlanningProblem(profile, pool, GPU_MEMORY, profile.comm, mix, slo)
-        priced = capacity_table.build_table(problem)
-        # Throughput pruning is not exact for latency (a tp8 replica is dominated by two
-        # tp4 ones in throughput, not in TPOT): enumerate every feasible shape.
-        table = (
-            priced
-            if quick
-            else dataclasses.replace(
-                priced,
-                kept=tuple(
-                    sorted(
-                        (s for s, info in priced.infos.items() if any(r > 0 for r in info.rates)),
-                        key=lambda s: s.sort_key(),
-                    )
-                ),
-            )
-        )
-        ranked = homogeneous.ranked(table, Evaluator(table, problem.demand))
-        rate = load * ranked[0].evaluation.scale * sum(problem.demand)
+        problem, table = mix_problem(profile, mixed(base, shares), slo, nodes, gpus, quick)
+        rate = load * sustainable_rps(problem, table)
         demand = tuple(rate * w / sum(shares) for w in shares)
-        price = _Pricer(LatencyModel(problem, table), demand)
-        homo = min(((c.layout, price(c.layout)) for c in ranked), key=lambda p: p[1].key())
-        scored = [(layout, price(layout)) for layout in exhaustive.layouts(table)]
-        scored += [(c.layout, price(c.layout)) for c in ranked]
-        scored.sort(key=lambda p: p[1].key())
-        hetero = scored[0]
-        for layout, _ in scored[:DEDICATE_TOP]:  # second phase: class-dedicated replicas
-            report = price(layout, dedicate=True)
-            if report.key() < hetero[1].key():
-                hetero = (layout, report)
+        pick = choose(problem, table, demand)
+        hetero, homo = pick.hetero, pick.homo
         chosen.append((level, problem, table, hetero[0]))
         rows.append(
             {
@@ -207,7 +248,7 @@ def _rows(
                 "total_rps": round(rate, 4),
                 "heterogeneous": _describe(hetero),
                 "homogeneous": _describe(homo),
-                "layouts_priced": len(price.cache),
+                "layouts_priced": pick.priced,
             }
         )
     return rows, chosen

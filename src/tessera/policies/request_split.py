@@ -3,8 +3,8 @@
 Input: the holders of a replicated run (the origin and its replicas) with their measured
 speeds, the current assignment of running requests to holders, and the requests that
 joined or left. Output: a `Split` mapping every running request to the holder whose KV
-cache serves it at that run. Called by the replica leader each step (when the live
-executor lands) and by tests.
+cache serves it at that run. Called by the engine's replicated run
+(`tessera_agent.engine.layer_run`) when a request first reaches it, and by tests.
 
 Why sticky: with continuous batching the batch changes every step, but a request's K/V
 for the replicated layers lives on the holder that computed them; sending its hidden

@@ -36,6 +36,7 @@ def to_proto(b: blocks.Block, kv_pages: int = 0, num_tensors: int = 0) -> pb.Blo
         group_state=b.group_state,
         group_reason=b.group_reason,
         activations=b.activations,
+        results=b.results,
     )
 
 
@@ -61,6 +62,7 @@ def from_proto(m: pb.BlockInfo) -> blocks.Block:
         group_reason=m.group_reason,
         activations=m.activations,
         kv_pages=m.kv_pages,
+        results=m.results,
     )
 
 

@@ -22,6 +22,7 @@ class Arrival:
     time: float  # seconds from the start of the simulation
     prompt: int  # prompt tokens
     output: int  # tokens to generate (the trace's output length; max_tokens)
+    tag: str = ""  # what the request asks for beyond its lengths (a model variant, a class)
 
 
 def replay(

@@ -4,8 +4,11 @@ simulation (step times from the analytic H100 cost model, never measurements).
 Keys: `wall_s_1024_gpus_1h` (and its CPU seconds and request count: one simulated hour
 of the Azure conversation trace, tiled and rate-scaled, on 128 x (tp8) Llama-2-70B
 replicas = 1,024 H100s), `kunserve_burst` (8 instances, a 2x burst, P99 TTFT with
-parameter drop vs the KV-centric scheduler). Omitted keys and why are listed under
-`omitted`. Registered in `tessera.cli.bench`; `--quick` shrinks everything for tests.
+parameter drop vs the KV-centric scheduler), `oserve_table1` / `oserve_table2`
+(`sim/oserve.py`), `cocoserve_load` (`sim/cocoserve.py`), `blockllm_variants`
+(`sim/blockllm.py`), each row labelled "simulation" beside the paper's figure; `--parts`
+picks which run. Omitted keys and why are listed under `omitted`. Registered in
+`tessera.cli.bench`; `--quick` shrinks everything for tests.
 """
 
 from __future__ import annotations
@@ -28,17 +31,14 @@ TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
 H100_MEMORY = 80 * 2**30
 
 OMITTED = {
-    "oserve_table1": "not simulated yet: the planner bench (tessera bench planner) gives the "
-    "analytic table; a simulated search of each deployment's sustainable rate did not fit",
-    "cocoserve_load": "the module-scaling policy (policies/module_scaling.py) is not wired "
-    "into the simulator yet",
-    "blockllm_variants": "variant serving (shared blocks across fine-tuned variants) is not "
-    "built in the product; left out rather than modelled from nothing",
     "calibration_error_p50": "needs --calibration-profile (tessera profile against a local "
     "agent) and --calibration-measured (tessera bench serve --json on the same machine)",
     "calibration_error_throughput": "as calibration_error_p50",
     "wall_s_1024_gpus_1h": "the scale run was skipped (--skip-scale) or not 1,024 GPUs x 1 h",
 }
+
+
+PARTS = ("kunserve", "oserve_table1", "oserve_table2", "cocoserve", "blockllm")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--trace", default=str(TRACE))
     parser.add_argument("--plots", help="write the runs' plots under this folder")
+    parser.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help=f"comma-separated reproduced tables to run (default all: {','.join(PARTS)})",
+    )
+    parser.add_argument(
+        "--blockllm-rate", type=float, default=60.0, help="req/s of the BlockLLM runs"
+    )
     parser.add_argument(
         "--calibration-profile", help="measured profile of the tiny model (tessera profile --out P)"
     )
@@ -173,13 +181,57 @@ def calibration(
     }
 
 
+def _part(part: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One reproduced table (every row a simulation)."""
+    from tessera.planner import bench as planner_bench
+    from tessera.planner import table1
+
+    plots = Path(args.plots) if args.plots else None
+    if part == "kunserve":
+        return {"kunserve_burst": kunserve_burst(args.quick, plots)}
+    if part in ("oserve_table1", "oserve_table2"):
+        from tessera.sim import oserve
+
+        prof = profile_of("llama-2-70b")
+        base = table1.quadrant_classes(traces.read_trace(args.trace))
+        if part == "oserve_table1":
+            return {"oserve_table1": oserve.table1_rows(prof, base, planner_bench.SLO, args.quick)}
+        return {"oserve_table2": oserve.table2_rows(prof, base, planner_bench.SLO, args.quick)}
+    if part == "cocoserve":
+        from tessera.sim import cocoserve
+
+        rows = cocoserve.load_rows(profile_of("llama-2-13b"), args.trace, args.quick)
+        return {"cocoserve_load": rows, "cocoserve_summary": cocoserve.summary(rows)}
+    from tessera.sim import blockllm
+
+    rows = blockllm.variant_rows(
+        profile_of("llama-2-7b"), args.trace, args.quick, args.blockllm_rate
+    )
+    return {"blockllm_variants": rows}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "note": "simulation (analytic H100 cost model); machine shared by ~9 engineers, "
         "so wall times are noisy: cpu_s is the simulator's own CPU time",
-        "kunserve_burst": kunserve_burst(args.quick, Path(args.plots) if args.plots else None),
         "omitted": dict(OMITTED),
     }
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    unknown = parts - set(PARTS)
+    if unknown:
+        raise SystemExit(f"--parts: unknown {sorted(unknown)}; known: {', '.join(PARTS)}")
+    timings: dict[str, float] = {}
+    for part in PARTS:
+        if part not in parts:
+            continue
+        began = time.perf_counter()
+        out.update(_part(part, args))
+        timings[part] = round(time.perf_counter() - began, 1)
+    out["wall_s_by_part"] = timings
+    if args.plots:
+        from tessera.sim.seed_plots import plot_tables
+
+        plot_tables(out, Path(args.plots))
     if args.calibration_profile and args.calibration_measured:
         out["calibration"] = calibration(
             Path(args.calibration_profile),

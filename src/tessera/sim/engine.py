@@ -14,6 +14,7 @@ newcomer is considered at the next step boundary, as on a real agent. Stale step
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -90,6 +91,11 @@ class Engine:
         self._gen = 0
         self.now = 0.0
         self._ready: list[str] = sorted(self.replicas)
+        self._arrivals: Sequence[Arrival] = ()
+        self._released = 0  # arrivals routed so far
+        # dispatch(engine, arrival, ready) -> replica id: replaces the router's choice
+        # (multi-tenant dispatch); the router still books the request's tokens
+        self.dispatch: Callable[[Engine, Arrival, list[str]], str] | None = None
 
     # -- scheduling helpers ---------------------------------------------------------------
     def _push(self, when: float, kind: int, payload: object) -> None:
@@ -104,7 +110,9 @@ class Engine:
         return self._ready
 
     def refresh_ready(self) -> None:
-        self._ready = sorted(n for n, r in self.replicas.items() if r.available_at <= self.now)
+        self._ready = sorted(
+            n for n, r in self.replicas.items() if r.available_at <= self.now and r.accepting
+        )
 
     def kick(self, rep: SimReplica) -> None:
         """Book the replica's next step if it is idle, has work and is available."""
@@ -132,8 +140,15 @@ class Engine:
             req.ticket = self.router.admit(rep.name, 0 if req.first >= 0 else req.prompt, left)
 
     # -- the loop -------------------------------------------------------------------------
+    def arrivals_between(self, start: float, end: float) -> Sequence[Arrival]:
+        """Arrivals already seen with start <= time < end (a gateway's counters)."""
+        seen = self._arrivals[: self._released]
+        times = [a.time for a in seen]
+        return seen[bisect.bisect_left(times, start) : bisect.bisect_left(times, end)]
+
     def run(self, arrivals: Sequence[Arrival], until: float | None = None) -> SimResult:
         end = until if until is not None else (arrivals[-1].time if arrivals else 0.0)
+        self._arrivals, self._released = arrivals, 0
         self._push(0.0, TICK, None)
         heap, res, router = self._heap, self.result, self.router
         i, n = 0, len(arrivals)
@@ -167,6 +182,9 @@ class Engine:
                             )
                         elif req.ticket is not None:
                             router.progress(req.ticket, 1)
+                    if not rep.accepting and not rep.has_work:
+                        self.remove_replica(name)  # retired by a switch and drained
+                        continue
                     self.kick(rep)
                 elif kind == TICK:
                     self._tick(when)
@@ -175,20 +193,26 @@ class Engine:
                 else:
                     what, fn = cast(tuple[str, Callable[[], None]], payload)
                     fn()
-                    res.actions.append((when, what))
+                    if what:  # an empty label: a silent re-check (a drain poll)
+                        res.actions.append((when, what))
                 continue
             if i >= n:
                 break
             a = arrivals[i]
             i += 1
+            self._released = i
             self.now = a.time
             res.events += 1
             ready = self._ready or sorted(self.replicas)
-            route = router.choose(ready, a.prompt, a.output)
-            assert route is not None
-            req = SimRequest(i, a.time, a.prompt, a.output)
-            req.ticket = router.admit(route.replica_id, a.prompt, a.output)
-            rep = self.replicas[route.replica_id]
+            if self.dispatch is not None:
+                target = self.dispatch(self, a, ready)
+            else:
+                route = router.choose(ready, a.prompt, a.output)
+                assert route is not None
+                target = route.replica_id
+            req = SimRequest(i, a.time, a.prompt, a.output, tag=a.tag)
+            req.ticket = router.admit(target, a.prompt, a.output)
+            rep = self.replicas[target]
             rep.push(req)
             if rep.step is None:
                 self.kick(rep)

@@ -48,6 +48,7 @@ class SimRequest:
     cap: int = 0  # tokens its pages hold (pages x page size): no allocation below it
     replica: str = ""
     ticket: Ticket | None = None
+    tag: str = ""  # the arrival's tag (a model variant for multi-tenant replicas)
     view: batching.SeqView | None = field(default=None, repr=False)
 
     @property
@@ -103,6 +104,7 @@ class SimReplica:
         self.steps = 0
         self.busy_s = 0.0
         self.available_at = 0.0  # a drop/restore in progress holds the replica until then
+        self.accepting = True  # False: retired by a switch, drains what it holds
         self.version = 0  # bumped whenever a running sequence joins, leaves or changes
         self.memoize = True
         self._memo: tuple[int, tuple[tuple[SimRequest, int], ...], batching.Budget] | None = None
@@ -151,12 +153,25 @@ class SimReplica:
                 chunks.append((n, req.computed))
             if req.computed + n == req.prompt + req.generated:
                 logits += 1
-        dt = self.model.seconds(decodes, ctx, chunks, logits)
+        dt = self.step_seconds(chosen, decodes, ctx, chunks, logits)
         count = 1
         if not chunks and not self._admissible(budget):
             count = self._macro_count(chosen)
         self.step = Step(now, dt, count, chosen, gen)
         return self.step
+
+    def step_seconds(
+        self,
+        chosen: list[tuple[SimRequest, int]],
+        decodes: int,
+        ctx: int,
+        chunks: list[tuple[int, int]],
+        logits: int,
+    ) -> float:
+        """Seconds of one step of `chosen` (the totals are precomputed); replicas whose
+        step depends on which requests run where (layer replication, per-variant blocks)
+        override this."""
+        return self.model.seconds(decodes, ctx, chunks, logits)
 
     def _continue_running(
         self,

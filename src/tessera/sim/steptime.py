@@ -89,3 +89,25 @@ class StepModel:
             total += t
             worst = t if t > worst else worst
         return max(total, m * worst)
+
+
+def layer_and_head(profile: Profile, tp: int, intra: Link) -> tuple[StageCost, StageCost]:
+    """One decoder layer's coefficients (no hop, no LM head) and the LM head's, for
+    replicas whose step is assembled per layer (layer replication, per-variant blocks)."""
+    head = stage_cost(profile, StageSpec(0, False, True, None), tp, intra)
+    one = stage_cost(profile, StageSpec(1, False, True, None), tp, intra)
+    layer = StageCost(
+        one.const - head.const,
+        one.per_token - head.per_token,
+        one.per_pair - head.per_pair,
+        one.per_ctx - head.per_ctx,
+        0.0,
+    )
+    return layer, head
+
+
+def scaled(c: StageCost, layers: int) -> StageCost:
+    """`layers` copies of a per-layer cost (no LM head)."""
+    return StageCost(
+        c.const * layers, c.per_token * layers, c.per_pair * layers, c.per_ctx * layers, 0.0
+    )

@@ -45,7 +45,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeReply(_message.Message):
-    __slots__ = ("agent_id", "devices", "nvml_status", "blocks", "kv", "version", "store_address")
+    __slots__ = ("agent_id", "devices", "nvml_status", "blocks", "kv", "version", "store_address", "scaling_runs", "scaling_hosted")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     NVML_STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,8 @@ class DescribeReply(_message.Message):
     KV_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SCALING_RUNS_FIELD_NUMBER: _ClassVar[int]
+    SCALING_HOSTED_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     nvml_status: str
@@ -60,7 +62,9 @@ class DescribeReply(_message.Message):
     kv: _containers.RepeatedCompositeFieldContainer[ReplicaKV]
     version: str
     store_address: str
-    def __init__(self, agent_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nvml_status: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[ReplicaKV, _Mapping]]] = ..., version: _Optional[str] = ..., store_address: _Optional[str] = ...) -> None: ...
+    scaling_runs: _containers.RepeatedCompositeFieldContainer[ScalingRunInfo]
+    scaling_hosted: _containers.RepeatedCompositeFieldContainer[ScalingHostedRun]
+    def __init__(self, agent_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nvml_status: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[ReplicaKV, _Mapping]]] = ..., version: _Optional[str] = ..., store_address: _Optional[str] = ..., scaling_runs: _Optional[_Iterable[_Union[ScalingRunInfo, _Mapping]]] = ..., scaling_hosted: _Optional[_Iterable[_Union[ScalingHostedRun, _Mapping]]] = ...) -> None: ...
 
 class LoadBlockRequest(_message.Message):
     __slots__ = ("model_path", "layer_start", "layer_end", "device", "replica_id", "stage_index", "num_stages", "next_stage_address", "dtype", "kv_bytes", "page_size", "max_num_seqs", "max_batched_tokens", "source", "generation", "tp_size", "tp_rank", "data_plane", "switch_sources")
@@ -157,7 +161,7 @@ class PushTensorsReply(_message.Message):
     def __init__(self, bytes: _Optional[int] = ...) -> None: ...
 
 class BlockInfo(_message.Message):
-    __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason", "activations")
+    __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason", "activations", "results")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +183,7 @@ class BlockInfo(_message.Message):
     GROUP_STATE_FIELD_NUMBER: _ClassVar[int]
     GROUP_REASON_FIELD_NUMBER: _ClassVar[int]
     ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     stage_index: int
     num_stages: int
@@ -200,7 +205,8 @@ class BlockInfo(_message.Message):
     group_state: str
     group_reason: str
     activations: str
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., dtype: _Optional[str] = ..., num_tensors: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., transport: _Optional[str] = ..., group_state: _Optional[str] = ..., group_reason: _Optional[str] = ..., activations: _Optional[str] = ...) -> None: ...
+    results: str
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., dtype: _Optional[str] = ..., num_tensors: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., transport: _Optional[str] = ..., group_state: _Optional[str] = ..., group_reason: _Optional[str] = ..., activations: _Optional[str] = ..., results: _Optional[str] = ...) -> None: ...
 
 class LoadBlockReply(_message.Message):
     __slots__ = ("block", "already_loaded")
@@ -307,20 +313,22 @@ class StageHello(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., model_path: _Optional[str] = ...) -> None: ...
 
 class StageStep(_message.Message):
-    __slots__ = ("step_id", "chunks", "hidden", "finished", "hidden_on_link", "hidden_dtype")
+    __slots__ = ("step_id", "chunks", "hidden", "finished", "hidden_on_link", "hidden_dtype", "result_on_link")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_ON_LINK_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_ON_LINK_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     chunks: _containers.RepeatedCompositeFieldContainer[SeqChunk]
     hidden: Tensor
     finished: _containers.RepeatedScalarFieldContainer[str]
     hidden_on_link: bool
     hidden_dtype: str
-    def __init__(self, step_id: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[SeqChunk, _Mapping]]] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., finished: _Optional[_Iterable[str]] = ..., hidden_on_link: _Optional[bool] = ..., hidden_dtype: _Optional[str] = ...) -> None: ...
+    result_on_link: bool
+    def __init__(self, step_id: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[SeqChunk, _Mapping]]] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., finished: _Optional[_Iterable[str]] = ..., hidden_on_link: _Optional[bool] = ..., hidden_dtype: _Optional[str] = ..., result_on_link: _Optional[bool] = ...) -> None: ...
 
 class StageMessage(_message.Message):
     __slots__ = ("hello", "step")
@@ -349,12 +357,14 @@ class SampledToken(_message.Message):
     def __init__(self, seq_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprobs: _Optional[_Union[TokenLogprobs, _Mapping]] = ...) -> None: ...
 
 class StageStepResult(_message.Message):
-    __slots__ = ("step_id", "tokens")
+    __slots__ = ("step_id", "tokens", "tokens_on_link")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_ON_LINK_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     tokens: _containers.RepeatedCompositeFieldContainer[SampledToken]
-    def __init__(self, step_id: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ...) -> None: ...
+    tokens_on_link: bool
+    def __init__(self, step_id: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., tokens_on_link: _Optional[bool] = ...) -> None: ...
 
 class StageResult(_message.Message):
     __slots__ = ("hello", "step")
@@ -533,18 +543,20 @@ class ReleasePinReply(_message.Message):
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class ExportKVRequest(_message.Message):
-    __slots__ = ("replica_id", "stage_index", "page_ids", "layer_start", "layer_end")
+    __slots__ = ("replica_id", "stage_index", "page_ids", "layer_start", "layer_end", "data_plane")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     stage_index: int
     page_ids: _containers.RepeatedScalarFieldContainer[int]
     layer_start: int
     layer_end: int
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
+    data_plane: DataPlane
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ...) -> None: ...
 
 class KVLayer(_message.Message):
     __slots__ = ("layer", "k", "v")
@@ -557,14 +569,20 @@ class KVLayer(_message.Message):
     def __init__(self, layer: _Optional[int] = ..., k: _Optional[_Union[Tensor, _Mapping]] = ..., v: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class KVImportHeader(_message.Message):
-    __slots__ = ("replica_id", "stage_index", "page_ids")
+    __slots__ = ("replica_id", "stage_index", "page_ids", "data_plane", "layer_start", "layer_end")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     stage_index: int
     page_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    data_plane: DataPlane
+    layer_start: int
+    layer_end: int
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
 
 class KVImportMessage(_message.Message):
     __slots__ = ("header", "layer")
@@ -579,6 +597,180 @@ class ImportKVReply(_message.Message):
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     layers: int
     def __init__(self, layers: _Optional[int] = ...) -> None: ...
+
+class ScalingOpRequest(_message.Message):
+    __slots__ = ("replica_id", "stage_index", "layer_start", "layer_end", "target_address", "target_device", "holder", "self_address")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    SELF_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    stage_index: int
+    layer_start: int
+    layer_end: int
+    target_address: str
+    target_device: str
+    holder: str
+    self_address: str
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., target_address: _Optional[str] = ..., target_device: _Optional[str] = ..., holder: _Optional[str] = ..., self_address: _Optional[str] = ...) -> None: ...
+
+class ScalingOpReply(_message.Message):
+    __slots__ = ("op", "layer_start", "layer_end", "source", "target", "seconds", "pause_s", "param_bytes", "kv_bytes", "kv_pages", "requests")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_S_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_PAGES_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    op: str
+    layer_start: int
+    layer_end: int
+    source: str
+    target: str
+    seconds: float
+    pause_s: float
+    param_bytes: int
+    kv_bytes: int
+    kv_pages: int
+    requests: int
+    def __init__(self, op: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., source: _Optional[str] = ..., target: _Optional[str] = ..., seconds: _Optional[float] = ..., pause_s: _Optional[float] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., requests: _Optional[int] = ...) -> None: ...
+
+class ScalingRunLoadRequest(_message.Message):
+    __slots__ = ("run_id", "model_path", "layer_start", "layer_end", "device", "dtype", "num_pages", "page_size", "source")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    model_path: str
+    layer_start: int
+    layer_end: int
+    device: str
+    dtype: str
+    num_pages: int
+    page_size: int
+    source: BlockSource
+    def __init__(self, run_id: _Optional[str] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., num_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., source: _Optional[_Union[BlockSource, _Mapping]] = ...) -> None: ...
+
+class ScalingRunLoadReply(_message.Message):
+    __slots__ = ("holder", "param_bytes", "kv_bytes", "transport")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    param_bytes: int
+    kv_bytes: int
+    transport: str
+    def __init__(self, holder: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., transport: _Optional[str] = ...) -> None: ...
+
+class ScalingRunStepRequest(_message.Message):
+    __slots__ = ("run_id", "step")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    step: StageStep
+    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[_Union[StageStep, _Mapping]] = ...) -> None: ...
+
+class ScalingRunStepReply(_message.Message):
+    __slots__ = ("hidden", "seconds")
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    hidden: Tensor
+    seconds: float
+    def __init__(self, hidden: _Optional[_Union[Tensor, _Mapping]] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class ScalingRunKVRequest(_message.Message):
+    __slots__ = ("run_id", "page_ids")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    page_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, run_id: _Optional[str] = ..., page_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ScalingRunKVImport(_message.Message):
+    __slots__ = ("header", "layer")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    header: ScalingRunKVRequest
+    layer: KVLayer
+    def __init__(self, header: _Optional[_Union[ScalingRunKVRequest, _Mapping]] = ..., layer: _Optional[_Union[KVLayer, _Mapping]] = ...) -> None: ...
+
+class ScalingRunUnloadRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class ScalingRunUnloadReply(_message.Message):
+    __slots__ = ("unloaded",)
+    UNLOADED_FIELD_NUMBER: _ClassVar[int]
+    unloaded: bool
+    def __init__(self, unloaded: _Optional[bool] = ...) -> None: ...
+
+class ScalingHolderInfo(_message.Message):
+    __slots__ = ("name", "requests", "tokens_per_s", "param_bytes", "kv_bytes", "home", "placed")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOME_FIELD_NUMBER: _ClassVar[int]
+    PLACED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    requests: int
+    tokens_per_s: float
+    param_bytes: int
+    kv_bytes: int
+    home: bool
+    placed: int
+    def __init__(self, name: _Optional[str] = ..., requests: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., home: _Optional[bool] = ..., placed: _Optional[int] = ...) -> None: ...
+
+class ScalingRunInfo(_message.Message):
+    __slots__ = ("replica_id", "stage_index", "layer_start", "layer_end", "origin", "holders")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    stage_index: int
+    layer_start: int
+    layer_end: int
+    origin: str
+    holders: _containers.RepeatedCompositeFieldContainer[ScalingHolderInfo]
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., origin: _Optional[str] = ..., holders: _Optional[_Iterable[_Union[ScalingHolderInfo, _Mapping]]] = ...) -> None: ...
+
+class ScalingHostedRun(_message.Message):
+    __slots__ = ("run_id", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    layer_start: int
+    layer_end: int
+    device: str
+    param_bytes: int
+    kv_bytes: int
+    def __init__(self, run_id: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ...) -> None: ...
 
 class OverloadSource(_message.Message):
     __slots__ = ("address", "replica_id", "stage_index", "layer_start", "layer_end")

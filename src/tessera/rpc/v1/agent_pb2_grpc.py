@@ -114,6 +114,46 @@ class AgentStub:
                 request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.KVImportMessage.SerializeToString,
                 response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ImportKVReply.FromString,
                 _registered_method=True)
+        self.ScalingReplicate = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/ScalingReplicate',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpReply.FromString,
+                _registered_method=True)
+        self.ScalingMigrate = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/ScalingMigrate',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpReply.FromString,
+                _registered_method=True)
+        self.ScalingEvict = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/ScalingEvict',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpReply.FromString,
+                _registered_method=True)
+        self.ScalingRunLoad = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/ScalingRunLoad',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunLoadRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunLoadReply.FromString,
+                _registered_method=True)
+        self.ScalingRunStep = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/ScalingRunStep',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunStepRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunStepReply.FromString,
+                _registered_method=True)
+        self.ScalingRunExportKV = channel.unary_stream(
+                '/tessera.rpc.v1.Agent/ScalingRunExportKV',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunKVRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.KVLayer.FromString,
+                _registered_method=True)
+        self.ScalingRunImportKV = channel.stream_unary(
+                '/tessera.rpc.v1.Agent/ScalingRunImportKV',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunKVImport.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ImportKVReply.FromString,
+                _registered_method=True)
+        self.ScalingRunUnload = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/ScalingRunUnload',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunUnloadRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunUnloadReply.FromString,
+                _registered_method=True)
         self.OverloadShift = channel.unary_unary(
                 '/tessera.rpc.v1.Agent/OverloadShift',
                 request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.OverloadShiftRequest.SerializeToString,
@@ -243,6 +283,63 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScalingReplicate(self, request, context):
+        """Module-level scaling (CoCoServe, issue 15). On the agent holding a replica's stage:
+        replicate a run of its layers onto a device of this or another agent (new requests
+        join the replica by a sticky split), migrate a holder's copy of the run (with the K/V
+        of the requests it serves) to another, evict a replica (its requests' K/V go back to
+        the run's home). Nothing in flight stops; the reply says how long it took, the pause
+        of the step loop, and the bytes moved.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScalingMigrate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScalingEvict(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScalingRunLoad(self, request, context):
+        """On the agent holding a replica of a run for another agent's stage: load it (weights
+        copied from the stage's agent, or read from the checkpoint), run one step's sub-batch
+        through it, move K/V pages out and in, drop it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScalingRunStep(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScalingRunExportKV(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScalingRunImportKV(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScalingRunUnload(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def OverloadShift(self, request, context):
         """Overload handling (issue 13, KunServe): change a hosted block in place while its replica's
         requests stay in the scheduler. One op per call (the driver, tessera.overload_driver,
@@ -337,6 +434,46 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.ImportKV,
                     request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.KVImportMessage.FromString,
                     response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ImportKVReply.SerializeToString,
+            ),
+            'ScalingReplicate': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScalingReplicate,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpReply.SerializeToString,
+            ),
+            'ScalingMigrate': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScalingMigrate,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpReply.SerializeToString,
+            ),
+            'ScalingEvict': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScalingEvict,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpReply.SerializeToString,
+            ),
+            'ScalingRunLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScalingRunLoad,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunLoadRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunLoadReply.SerializeToString,
+            ),
+            'ScalingRunStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScalingRunStep,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunStepRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunStepReply.SerializeToString,
+            ),
+            'ScalingRunExportKV': grpc.unary_stream_rpc_method_handler(
+                    servicer.ScalingRunExportKV,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunKVRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.KVLayer.SerializeToString,
+            ),
+            'ScalingRunImportKV': grpc.stream_unary_rpc_method_handler(
+                    servicer.ScalingRunImportKV,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunKVImport.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ImportKVReply.SerializeToString,
+            ),
+            'ScalingRunUnload': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScalingRunUnload,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunUnloadRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunUnloadReply.SerializeToString,
             ),
             'OverloadShift': grpc.unary_unary_rpc_method_handler(
                     servicer.OverloadShift,
@@ -776,6 +913,222 @@ class Agent:
             '/tessera.rpc.v1.Agent/ImportKV',
             tessera_dot_rpc_dot_v1_dot_agent__pb2.KVImportMessage.SerializeToString,
             tessera_dot_rpc_dot_v1_dot_agent__pb2.ImportKVReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScalingReplicate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/ScalingReplicate',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScalingMigrate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/ScalingMigrate',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScalingEvict(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/ScalingEvict',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScalingRunLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/ScalingRunLoad',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunLoadRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunLoadReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScalingRunStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/ScalingRunStep',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunStepRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunStepReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScalingRunExportKV(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/ScalingRunExportKV',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunKVRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.KVLayer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScalingRunImportKV(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/tessera.rpc.v1.Agent/ScalingRunImportKV',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunKVImport.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ImportKVReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScalingRunUnload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/ScalingRunUnload',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunUnloadRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunUnloadReply.FromString,
             options,
             channel_credentials,
             insecure,

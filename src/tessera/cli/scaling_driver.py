@@ -1,0 +1,189 @@
+"""A thin driver of module-level scaling for one replica stage: observe, decide, apply.
+
+Observes the agents (`Describe`): a device's idle share is 1 when nothing runs on its
+agent (no running request on a replica it leads, no layer run held for another) and 0
+otherwise — the only idle signal a CPU agent reports today; free memory comes from the
+device's booking; gamma (Eq. 4) is measured from the runs it made (`measure_gamma`:
+a replica's seconds per token at a run against the origin's) and, until a peer's link
+is given, sets the link term of the next decisions. Decides with the pure policy
+(`module_scaling.scale_up` / `scale_down`, turned into layer-run operations by
+`run_plan`), and applies the operations with the origin agent's `ScalingReplicate` /
+`ScalingMigrate` / `ScalingEvict`. Keeps the modelled placement it applied. Used by `tessera bench
+scaling`; the operator's loop would call the same `tick_up` / `tick_down`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from tessera.policies import module_scaling as ms
+from tessera.policies import run_plan
+from tessera.policies import speedup as sp
+from tessera.rpc import transport
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A device that can hold layer runs: `agent` at `address`, device `device`."""
+
+    agent: str
+    address: str
+    device: str = "cpu:0"
+    capacity: float = 1.0  # relative compute (Eq. 1's C)
+    bandwidth: float = float("inf")  # to the origin (Eq. 2's B), in the model's units
+
+    @property
+    def name(self) -> str:
+        return f"{self.agent}/{self.device}"
+
+
+@dataclass
+class ScalingDriver:
+    origin: Peer
+    replica_id: str
+    num_layers: int
+    hidden: int
+    peers: Sequence[Peer]
+    cfg: ms.ScalingConfig
+    replica_bytes: int  # one layer's weights plus its share of KV (the paper's r)
+    stage_index: int = 0
+    applied: list[tuple[run_plan.RunOp, pb.ScalingOpReply]] = field(default_factory=list)
+
+    gamma: float = 0.0  # measured transfer/compute share of a replicated layer (Eq. 4)
+
+    def __post_init__(self) -> None:
+        self.state = sp.Placement.initial(self.origin.name, self.num_layers)
+        self._migrated: set[int] = set()  # layers whose origin copy migrated away
+
+    def measure_gamma(self) -> float | None:
+        """gamma from the runs' measured speeds: a replica's seconds per token at a run
+        minus the origin's (same compute, so the rest is the hidden states' round trip),
+        over the origin's (`speedup.gamma_from_times`); kept for the next decisions.
+        None while no run has both speeds measured."""
+        d = self._stub(self.origin.address).Describe(pb.DescribeRequest(), timeout=10.0)
+        found: list[float] = []
+        for run in d.scaling_runs:
+            speeds = {h.name: h.tokens_per_s for h in run.holders if h.tokens_per_s > 0}
+            base = speeds.get(self.origin.name)
+            if not base:
+                continue
+            for name, s in speeds.items():
+                if name != self.origin.name:
+                    found.append(sp.gamma_from_times(1 / base, max(0.0, 1 / s - 1 / base)))
+        if not found:
+            return None
+        self.gamma = sum(found) / len(found)
+        return self.gamma
+
+    def _bandwidth(self, p: Peer) -> float:
+        """Eq. 2's B for a peer: its own when given, else the one the measured gamma
+        implies (gamma = delta C / (d B), delta = 1)."""
+        if p.bandwidth != float("inf") or self.gamma <= 0:
+            return p.bandwidth
+        return p.capacity / (self.hidden * self.gamma)
+
+    def _stub(self, address: str) -> pb_grpc.AgentStub:
+        return pb_grpc.AgentStub(transport.sync_channel(address))
+
+    def observe(self) -> dict[str, sp.Device]:
+        out: dict[str, sp.Device] = {}
+        for p in (self.origin, *self.peers):
+            d = self._stub(p.address).Describe(pb.DescribeRequest(), timeout=10.0)
+            busy = any(k.running for k in d.kv) or bool(d.scaling_hosted)
+            free = next((x.free_bytes for x in d.devices if x.id == p.device), 0)
+            idle = 0.0 if busy else 1.0
+            out[p.name] = sp.Device(p.name, p.capacity, self._bandwidth(p), free, idle)
+        return out
+
+    def _op(self, kind: str, op: run_plan.RunOp, **kw: str) -> pb.ScalingOpReply:
+        req = pb.ScalingOpRequest(
+            replica_id=self.replica_id,
+            stage_index=self.stage_index,
+            layer_start=op.start,
+            layer_end=op.end,
+            self_address=self.origin.address,
+            **kw,
+        )
+        reply: pb.ScalingOpReply = getattr(self._stub(self.origin.address), kind)(
+            req, timeout=300.0
+        )
+        self.applied.append((op, reply))
+        return reply
+
+    def tick_up(self, batch: int, seq_len: int = 1) -> ms.ScaleUpPlan:
+        """Algorithm 1 over the observed devices; each replicated run is applied."""
+        if not self.cfg.enabled:
+            return ms.ScaleUpPlan(self.state, 1.0, 1.0, ())
+        devices = self.observe()
+        wl = sp.Workload(self.hidden, max(1, batch), seq_len)
+        plan = ms.scale_up(self.state, devices, wl, self.replica_bytes, self.cfg)
+        by_name = {p.name: p for p in self.peers}
+        for op in run_plan.replicate_ops(plan.actions):
+            peer = by_name[op.target]
+            self._op("ScalingReplicate", op, target_address=peer.address, target_device=peer.device)
+        self.state = plan.state
+        return plan
+
+    def evict_all(self) -> int:
+        """Evict every replica the driver added (scale-down's phase 2, all of it)."""
+        n = 0
+        d = self._stub(self.origin.address).Describe(pb.DescribeRequest(), timeout=10.0)
+        for run in d.scaling_runs:
+            if run.replica_id != self.replica_id:
+                continue
+            for h in run.holders:
+                if not h.home:
+                    op = run_plan.RunOp("evict", run.layer_start, run.layer_end, holder=h.name)
+                    try:
+                        self._op("ScalingEvict", op, holder=h.name)
+                        n += 1
+                    except grpc.RpcError:
+                        continue  # already gone
+        self.state = sp.Placement.initial(self.origin.name, self.num_layers)
+        return n
+
+    def tick_down(
+        self,
+        violation_rate: float,
+        step_seconds: float,
+        step_budget_s: float,
+        layer_bytes: int,
+        batch: int,
+    ) -> tuple[ms.ScaleDownPlan, list[run_plan.RunOp]]:
+        """Algorithm 2 for the origin device: migrate its layers (as modules) to idle
+        peers, then evict replicas, then (not applied here: the scheduler's batch limit
+        is fixed at load) reduce the batch; returns the plan and the ops applied."""
+        devices = self.observe()
+        per_layer = step_seconds / self.num_layers
+        held = [i for i in range(self.num_layers) if i not in self._migrated]
+        inp = ms.ScaleDownInput(
+            source=self.origin.name,
+            violation_rate=violation_rate,
+            step_seconds=step_seconds,
+            step_budget_s=step_budget_s,
+            modules=tuple(ms.Module(f"layer.{i}", layer_bytes, per_layer) for i in held),
+            batch_size=batch,
+        )
+        plan = ms.scale_down(inp, devices, self.cfg)
+        layers = {f"layer.{i}": (i, i + 1) for i in range(self.num_layers)}
+        ops = run_plan.scale_down_ops(plan, layers)
+        by_name = {p.name: p for p in self.peers}
+        applied: list[run_plan.RunOp] = []
+        # consecutive single-layer migrations to one target travel as one run
+        moves = [o for o in ops if o.op == "migrate"]
+        for target in dict.fromkeys(o.target for o in moves):
+            mine = [i for o in moves if o.target == target for i in range(o.start, o.end)]
+            for s, e in run_plan.runs_of(mine):
+                op = run_plan.RunOp("migrate", s, e, target=target, holder=self.origin.name)
+                peer = by_name[target]
+                self._op(
+                    "ScalingMigrate", op, target_address=peer.address, target_device=peer.device
+                )
+                self._migrated.update(range(s, e))
+                applied.append(op)
+        return plan, applied

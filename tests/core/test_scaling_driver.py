@@ -1,0 +1,115 @@
+"""The scaling driver applies the pure policy's decisions as agent operations.
+
+A fake agent stub records the requests: scale-up replicates aligned runs onto the idle
+peer (nothing while the peer is busy); scale-down migrates the origin's layers as runs
+to the idle peer, in Algorithm 2's order; evict_all evicts every replica; gamma is
+measured from the runs' speeds and then refuses replication.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tessera.cli import scaling_driver as sd
+from tessera.policies import module_scaling as ms
+from tessera.rpc.v1 import agent_pb2 as pb
+
+
+class FakeAgent:
+    def __init__(self, describe: pb.DescribeReply) -> None:
+        self.describe = describe
+        self.calls: list[tuple[str, pb.ScalingOpRequest]] = []
+
+    def Describe(self, req: Any, timeout: float = 0) -> pb.DescribeReply:
+        return self.describe
+
+    def _op(self, kind: str, req: pb.ScalingOpRequest) -> pb.ScalingOpReply:
+        self.calls.append((kind, req))
+        return pb.ScalingOpReply(op=kind, layer_start=req.layer_start, layer_end=req.layer_end)
+
+    def ScalingReplicate(self, req: pb.ScalingOpRequest, timeout: float = 0) -> pb.ScalingOpReply:
+        return self._op("replicate", req)
+
+    def ScalingMigrate(self, req: pb.ScalingOpRequest, timeout: float = 0) -> pb.ScalingOpReply:
+        return self._op("migrate", req)
+
+    def ScalingEvict(self, req: pb.ScalingOpRequest, timeout: float = 0) -> pb.ScalingOpReply:
+        return self._op("evict", req)
+
+
+def _dev(free: int) -> pb.Device:
+    return pb.Device(id="cpu:0", kind="cpu", capacity_bytes=free, free_bytes=free)
+
+
+def _driver(
+    busy_peer: bool = False, runs: list[pb.ScalingRunInfo] | None = None
+) -> tuple[sd.ScalingDriver, FakeAgent, FakeAgent]:
+    origin = FakeAgent(
+        pb.DescribeReply(
+            devices=[_dev(0)],
+            kv=[pb.ReplicaKV(replica_id="r0", running=4)],
+            scaling_runs=runs or [],
+        )
+    )
+    peer = FakeAgent(
+        pb.DescribeReply(
+            devices=[_dev(64 << 20)],
+            kv=[pb.ReplicaKV(replica_id="x", running=1 if busy_peer else 0)],
+        )
+    )
+    d = sd.ScalingDriver(
+        origin=sd.Peer("a0", "a0:1"),
+        replica_id="r0",
+        num_layers=8,
+        hidden=256,
+        peers=[sd.Peer("a1", "a1:1")],
+        cfg=ms.ScalingConfig(enabled=True),
+        replica_bytes=4 << 20,
+    )
+    stubs = {"a0:1": origin, "a1:1": peer}
+    d._stub = lambda address: stubs[address]  # type: ignore[method-assign, assignment, return-value]
+    return d, origin, peer
+
+
+def test_scale_up_replicates_aligned_runs_onto_the_idle_peer() -> None:
+    d, origin, _ = _driver()
+    plan = d.tick_up(batch=4)
+    assert plan.actions and plan.speedup_after > 1.0
+    kinds = [(k, r.layer_start, r.layer_end, r.target_address) for k, r in origin.calls]
+    assert kinds == [("replicate", 0, 8, "a1:1")]  # 8 layers fit 64 MiB at 4 MiB each
+    assert origin.calls[0][1].self_address == "a0:1"
+    d2, origin2, _ = _driver(busy_peer=True)
+    assert d2.tick_up(batch=4).actions == () and origin2.calls == []
+
+
+def test_scale_down_migrates_runs_to_the_idle_peer_first() -> None:
+    d, origin, _ = _driver()
+    plan, ops = d.tick_down(
+        violation_rate=0.5, step_seconds=0.08, step_budget_s=0.05, layer_bytes=3 << 20, batch=8
+    )
+    assert plan.phase == "migrate" and plan.resolved
+    assert [o.op for o in ops] == ["migrate"] and ops[0].holder == "a0/cpu:0"
+    moved = sum(r.layer_end - r.layer_start for _, r in origin.calls)
+    assert [k for k, _ in origin.calls] == ["migrate"] and 3 <= moved <= 4
+    d3, origin3, _ = _driver()
+    plan, ops = d3.tick_down(0.01, 0.08, 0.05, 3 << 20, 8)  # within the threshold
+    assert plan.phase == "none" and ops == [] and origin3.calls == []
+
+
+def test_gamma_measured_from_speeds_then_refuses_and_evict_all() -> None:
+    run = pb.ScalingRunInfo(
+        replica_id="r0",
+        layer_start=0,
+        layer_end=8,
+        holders=[
+            pb.ScalingHolderInfo(name="a0/cpu:0", tokens_per_s=200.0, home=True),
+            pb.ScalingHolderInfo(name="a1/cpu:0", tokens_per_s=50.0),
+        ],
+    )
+    d, origin, _ = _driver(runs=[run])
+    assert d.measure_gamma() == pytest.approx(3.0)  # (1/50 - 1/200) / (1/200)
+    assert d.tick_up(batch=4).actions == ()  # the round trip costs more than it saves
+    assert d.evict_all() == 1
+    assert [(k, r.holder) for k, r in origin.calls] == [("evict", "a1/cpu:0")]

@@ -1,0 +1,60 @@
+"""Module scaling in status and events: layer runs from Describe to `status.scaling`."""
+
+from __future__ import annotations
+
+from tessera import observed
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera_operator import scaling
+
+
+def _describe(home: str, replicas: list[str], migrated: bool) -> pb.DescribeReply:
+    holders = [pb.ScalingHolderInfo(name=home, home=True, requests=2)]
+    holders += [pb.ScalingHolderInfo(name=h, requests=1) for h in replicas]
+    run = pb.ScalingRunInfo(
+        replica_id="ns.m.r0.g0",
+        stage_index=0,
+        layer_start=2,
+        layer_end=6,
+        origin="migrated" if migrated else home,
+        holders=holders,
+    )
+    return pb.DescribeReply(agent_id="a0", scaling_runs=[run])
+
+
+def _doc(d: pb.DescribeReply) -> list[dict[str, object]]:
+    info = observed.AgentInfo("a0", "x:1", layer_runs=scaling.runs_from_describe(d))
+    return scaling.status_doc(observed.Observed((info,)), {"ns.m.r0.g0"})
+
+
+def test_status_lists_runs_and_events_name_each_change() -> None:
+    one = _doc(_describe("a0/cpu:0", ["a1/cpu:0"], False))
+    assert one == [
+        {
+            "replica": "ns.m.r0.g0",
+            "stage": 0,
+            "layers": [2, 6],
+            "agent": "a0",
+            "migrated": False,
+            "home": "a0/cpu:0",
+            "replicas": ["a1/cpu:0"],
+        }
+    ]
+    assert scaling.status_doc(observed.Observed(()), {"x"}) == []
+    assert scaling.changes([], one) == [
+        ("LayerRunReplicated", "ns.m.r0.g0 stage 0 layers [2, 6) replicated onto a1/cpu:0")
+    ]
+    moved = _doc(_describe("a1/cpu:0", [], True))
+    assert moved[0]["migrated"] is True
+    reasons = [r for r, _ in scaling.changes(one, moved)]
+    assert reasons == ["LayerRunEvicted", "LayerRunMigrated"]
+    other = scaling.status_doc(
+        observed.Observed(
+            (
+                observed.AgentInfo(
+                    "a0", "x", layer_runs=scaling.runs_from_describe(_describe("h", [], False))
+                ),
+            )
+        ),
+        {"another"},
+    )
+    assert other == []  # another deployment's runs are not ours

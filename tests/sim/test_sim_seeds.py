@@ -1,0 +1,369 @@
+"""The seeds' experiments in the simulator (OServe, CoCoServe, BlockLLM): the decision
+functions are imported and applied, not re-implemented, and applying them has the
+effect their papers describe in small configurations."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tessera.cost import analytic
+from tessera.cost.model_shape import from_hf_config
+from tessera.policies import batching, request_split
+from tessera.policies import speedup as sp
+from tessera.sim import arrivals, blockllm, cocoserve, engine, setup
+from tessera.sim.replica import SimRequest
+
+ROOT = Path(__file__).resolve().parents[2]
+SIM = ROOT / "src" / "tessera" / "sim"
+
+
+def _prof(model: str):  # type: ignore[no-untyped-def]
+    import json
+
+    cfg = json.loads((ROOT / "examples" / "models" / model / "config.json").read_text())
+    return analytic.analytic_profile(from_hf_config(cfg, model), "h100-80gb")
+
+
+def _imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("module", "needed"),
+    [
+        (
+            "oserve.py",
+            {
+                "tessera.planner.table1",
+                "tessera.planner.latency",
+                "tessera.policies.switching",
+                "tessera.policies.switch_plan",
+                "tessera.workload.selector",
+                "tessera.policies.routing",
+            },
+        ),
+        (
+            "cocoserve.py",
+            {
+                "tessera.policies.module_scaling",
+                "tessera.policies.request_split",
+                "tessera.policies.speedup",
+            },
+        ),
+        ("blockllm.py", {"tessera.policies.block_dispatch"}),
+    ],
+)
+def test_the_sim_imports_the_decisions(module: str, needed: set[str]) -> None:
+    assert needed <= _imports(SIM / module)
+
+
+def test_the_sim_defines_no_policy_function() -> None:
+    """No sim module defines a function named like the decisions it imports."""
+    decisions = {
+        "decide",
+        "scale_up",
+        "scale_down",
+        "assign",
+        "choose",
+        "best_routing",
+        "plan_drop",
+        "speedup",
+        "compute_time",
+        "estimate_s",
+    }
+    for path in SIM.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                assert node.name not in decisions, f"{path.name} defines {node.name}"
+
+
+def test_replication_plan_and_split_speed_up_a_compute_bound_step() -> None:
+    prof = _prof("llama-2-13b")
+    plan = cocoserve.plan_replication(prof, "gpu0", "gpu2", 64, 1000)
+    assert plan.actions and plan.speedup_after > plan.speedup_before
+    base = setup.uniform(prof, prof.comm, 1, 1, 1, 8, cocoserve.GPU_MEMORY)[0]
+    rep = cocoserve.ReplicatedReplica(
+        base, prof, plan.state, {"gpu0": 1.0, "gpu2": cocoserve.IDLE}, prof.comm.intra_node
+    )
+    plain = setup.uniform(prof, prof.comm, 1, 1, 1, 8, cocoserve.GPU_MEMORY)[0]
+    for r in (rep, plain):
+        for i in range(4):
+            r.push(SimRequest(i, 0.0, 500, 10))
+    assert rep.schedule(0.0, 1) is not None and plain.schedule(0.0, 1) is not None
+    assert rep.step is not None and plain.step is not None
+    assert rep.step.dt < 0.9 * plain.step.dt  # prefills split across the two GPUs
+    before = dict(rep.split.assignment)
+    assert set(before.values()) == {"gpu0", "gpu2"}
+    rep.complete(rep.step.end)
+    rep.schedule(rep.step.end if rep.step else 1.0, 2)
+    assert {k: rep.split.assignment[k] for k in before} == before  # sticky
+
+
+def test_request_split_is_what_the_replica_uses() -> None:
+    got = request_split.assign(("a", "b"), {"a": 1.0, "b": 1.0}, {}, joined=["1", "2"])
+    assert got.counts() == {"a": 1, "b": 1}
+
+
+def test_replication_off_the_origin_costs_the_link() -> None:
+    prof = _prof("llama-2-13b")
+    L = prof.model.num_layers
+    base = setup.uniform(prof, prof.comm, 1, 1, 1, 8, cocoserve.GPU_MEMORY)[0]
+    slow = prof.comm.inter_node
+    placed = sp.Placement("gpu0", tuple(("gpu2",) for _ in range(L)))
+    fast_rep = cocoserve.ReplicatedReplica(
+        base, prof, placed, {"gpu0": 1.0, "gpu2": 1.0}, prof.comm.intra_node
+    )
+    slow_rep = cocoserve.ReplicatedReplica(base, prof, placed, {"gpu0": 1.0, "gpu2": 1.0}, slow)
+    reqs = [(SimRequest(i, 0.0, 500, 10), 500) for i in range(4)]
+    for r in (fast_rep, slow_rep):
+        for q, _ in reqs:
+            r.by_id[str(q.rid)] = q
+    t_fast = fast_rep.step_seconds(reqs, 0, 0, [(500, 0)] * 4, 4)
+    t_slow = slow_rep.step_seconds(reqs, 0, 0, [(500, 0)] * 4, 4)
+    assert t_slow > t_fast
+
+
+def test_per_model_copies_hold_every_variant_within_the_slots() -> None:
+    for v in (3, 6, 12, 20):
+        held = blockllm.per_model_copies(v, blockllm.popularity(v))
+        assert {x for h in held for x in h} == set(range(v))
+        per_gpu = -(-v // blockllm.GPUS)
+        assert all(len(h) == per_gpu and len(set(h)) == len(h) for h in held)
+
+
+def test_shared_blocks_batch_variants_and_leave_more_kv() -> None:
+    prof = _prof("llama-2-7b")
+    limits = batching.BatchLimits()
+    pm, _ = blockllm.build(prof, 20, "per_model", limits)
+    bl, _ = blockllm.build(prof, 20, "shared_blocks", limits)
+    assert bl[0].alloc.num_pages > pm[0].alloc.num_pages
+    chosen = [(SimRequest(i, 0.0, 100, 10, tag=f"v{i % 2}"), 1) for i in range(32)]
+    for q, _ in chosen:
+        q.generated = q.computed = 100  # decodes
+    t_pm = pm[0].step_seconds(chosen, 32, 32 * 101, [], 32)
+    t_bl = bl[0].step_seconds(chosen, 32, 32 * 101, [], 32)
+    assert t_bl < 0.7 * t_pm  # one weight read for the shared layers, not two
+
+
+def test_block_dispatch_keeps_variants_on_their_hosts() -> None:
+    prof = _prof("llama-2-7b")
+    limits = batching.BatchLimits()
+    reps, hosts = blockllm.build(prof, 20, "per_model", limits)
+    arr = blockllm.tagged(5.0, 20.0, [_req(200, 20)], blockllm.popularity(20), seed=1)
+    served: dict[str, set[str]] = {}
+    eng = engine.Engine(reps, setup.router_for(None, []))
+    inner = blockllm.dispatcher(hosts, 1000.0, prof.memory.kv_bytes_per_token)
+
+    def spy(e: engine.Engine, a: arrivals.Arrival, ready: list[str]) -> str:
+        got: str = inner(e, a, ready)
+        served.setdefault(a.tag, set()).add(got)
+        return got
+
+    eng.dispatch = spy
+    res = eng.run(arr, until=20.0)
+    assert len(res.done) == len(arr)
+    for tag, where in served.items():
+        assert where <= set(hosts[tag])
+
+
+def _req(i: int, o: int):  # type: ignore[no-untyped-def]
+    from tessera.workload.traces import Request
+
+    return Request(0.0, i, o)
+
+
+def test_retired_replicas_drain_and_leave() -> None:
+    prof = _prof("llama-2-7b")
+    reps = setup.uniform(prof, prof.comm, 2, 1, 1, 8, blockllm.GPU_MEMORY)
+    eng = engine.Engine(reps, setup.router_for(None, []))
+    arr = [arrivals.Arrival(0.1 * i, 100, 50) for i in range(20)]
+
+    def retire() -> None:
+        eng.replicas["r0"].accepting = False
+        eng.refresh_ready()
+
+    eng.at(0.5, "retire r0", retire)
+    res = eng.run(arr, until=5.0)
+    assert len(res.done) == 20
+    assert "r0" not in eng.replicas and "r1" in eng.replicas
+
+
+# -- OServe: the planner's layouts and routing, the switching loop ------------------------
+
+
+@pytest.fixture(scope="module")
+def small_oserve():  # type: ignore[no-untyped-def]
+    """Llama-2-13B on one node of 4 H100s (a few seconds of planning per mix)."""
+    from tessera.planner import table1
+    from tessera.planner.bench import SLO
+    from tessera.workload import traces
+
+    prof = _prof("llama-2-13b")
+    base = table1.quadrant_classes(
+        traces.read_trace(str(ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"))
+    )
+    picks = []
+    for _, shares, _, _ in (table1.LEVELS[0], table1.LEVELS[-1]):
+        problem, table = table1.mix_problem(prof, table1.mixed(base, shares), SLO, 1, 4, True)
+        rate = 0.7 * table1.sustainable_rps(problem, table)
+        picks.append(table1.choose(problem, table, tuple(rate * w for w in shares)))
+    return prof, base, SLO, picks
+
+
+def test_built_layout_routes_the_planned_rates(small_oserve) -> None:  # type: ignore[no-untyped-def]
+    from tessera.sim import oserve
+
+    _, base, _, picks = small_oserve
+    for pick in picks:
+        built = oserve.build(pick, pick.hetero, "x-")
+        assert sum(r.model.tp * r.model.pp for r in built.replicas) <= 4
+        for c, want in zip(base, pick.demand, strict=True):
+            assert sum(built.shares[c.name].values()) == pytest.approx(want, rel=1e-6)
+
+
+def test_switch_lands_and_loses_nothing(small_oserve) -> None:  # type: ignore[no-untyped-def]
+    """A switch applied mid-run: the old replicas hand their requests (KV kept) to the
+    new ones, the router takes the new shares, every request finishes."""
+    from tessera.policies import switching
+    from tessera.sim import oserve
+
+    prof, base, slo, (a, b) = small_oserve
+    start = oserve.build(a, a.hetero, "g0-")
+    target = oserve.build(b, b.homo, "g1-")
+    sw = oserve.Switcher(
+        prof, base, slo, start, a.hetero[0], switching.SwitchingConfig(), nodes=1, gpus=4
+    )
+    arr = oserve.mix_arrivals(base, [(20.0, (0.25, 0.25, 0.25, 0.25))], 6.0)
+    eng = engine.Engine(start.replicas, oserve.router(base, start.shares))
+    eng.at(8.0, "switch", lambda: sw._apply(eng, target, b.homo[0]))
+    res = eng.run(arr, until=20.0)
+    assert len(res.done) == len(arr) and res.unfinished == 0
+    assert set(eng.replicas) == {r.name for r in target.replicas}
+    assert all(n.startswith("g1-") for s in eng.router.class_shares.values() for n in s)
+
+
+def test_the_switching_loop_decides_every_span(small_oserve) -> None:  # type: ignore[no-untyped-def]
+    from tessera.policies import switching
+    from tessera.sim import oserve
+
+    prof, base, slo, (a, _) = small_oserve
+    built = oserve.build(a, a.hetero, "g0-")
+    cfg = switching.SwitchingConfig(enabled=True, mode="active", span_s=10.0, hold_spans=1)
+    sw = oserve.Switcher(prof, base, slo, built, a.hetero[0], cfg, nodes=1, gpus=4)
+    s1, s5 = (oserve._shares(x) for x in ("S1", "S5"))
+    arr = oserve.mix_arrivals(base, [(30.0, s1), (30.0, s5)], 8.0)
+    eng = engine.Engine(built.replicas, oserve.router(base, built.shares), [sw], 1.0)
+    res = eng.run(arr, until=60.0)
+    assert sw.decisions is not None and len(sw.decisions) >= 5
+    assert all(d["reason"] for d in sw.decisions)
+    assert len(res.done) == len(arr)
+    siso = sum(eng.router.class_shares["SISO"].values())
+    assert siso > 1.5 * 8.0 * s1[2]  # the S5 phase's forecast moved the routing
+
+
+def test_trace_cv_is_the_papers() -> None:
+    from tessera.sim import oserve
+
+    for _, levels, paper_cv, _ in oserve.TRACES:
+        assert oserve.trace_cv(levels) == pytest.approx(paper_cv, abs=6e-4)
+
+
+def _target(pick, label: str):  # type: ignore[no-untyped-def]
+    """A homogeneous layout of `pick`'s problem by label, with its best routing."""
+    from tessera.planner import homogeneous
+    from tessera.planner.evaluate import Evaluator
+    from tessera.planner.latency import LatencyModel
+
+    ranked = homogeneous.ranked(pick.table, Evaluator(pick.table, pick.problem.demand))
+    layout = next(c.layout for c in ranked if c.layout.label() == label)
+    pairs = [(s, n) for s, n in layout.shape_counts() if n > 0]
+    report = LatencyModel(pick.problem, pick.table).best_routing(
+        tuple(s for s, _ in pairs), tuple(n for _, n in pairs), pick.demand
+    )
+    return layout, report
+
+
+@pytest.mark.parametrize(
+    ("label", "mode"),
+    [("1x[tp1pp1 tp1pp1 tp1pp1 tp1pp1]", "freeing-order"), ("1x[tp2pp2]", "blocked")],
+)
+def test_switches_go_through_the_transition_planner(small_oserve, label: str, mode: str) -> None:  # type: ignore[no-untyped-def]
+    """Full GPUs leave no room beside the old layout: the planner retires old replicas
+    one at a time while others serve (freeing order), or blocks a move to one replica
+    over every GPU; either way every request finishes."""
+    from tessera.policies import switching
+    from tessera.sim import oserve
+
+    prof, base, slo, (a, _) = small_oserve
+    if a.hetero[0].label() == label:
+        pytest.skip("the planner already picked this layout")
+    layout, report = _target(a, label)
+    start = oserve.build(a, a.hetero, "g0-")
+    target = oserve.build(a, (layout, report), "g1-")
+    sw = oserve.Switcher(
+        prof, base, slo, start, a.hetero[0], switching.SwitchingConfig(), nodes=1, gpus=4
+    )
+    sw._gen = 1
+    arr = oserve.mix_arrivals(base, [(60.0, (0.25, 0.25, 0.25, 0.25))], 6.0)
+    eng = engine.Engine(start.replicas, oserve.router(base, start.shares))
+    eng.at(8.0, "switch", lambda: sw._transition(eng, target, layout))
+    res = eng.run(arr, until=60.0)
+    assert len(res.done) == len(arr) and res.unfinished == 0
+    (record,) = sw.transitions
+    assert record["mode"] == mode
+    want = target if mode != "blocked" else start
+    assert set(eng.replicas) == {r.name for r in want.replicas}
+    if mode != "blocked":
+        assert record["steps"] > 0 and record["seconds"] > 0
+        assert sw.current is target
+
+
+def test_the_decisions_never_import_the_simulator_contract() -> None:
+    import tomllib
+
+    doc = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    found = [
+        c
+        for c in doc["tool"]["importlinter"]["contracts"]
+        if c.get("forbidden_modules") == ["tessera.sim"]
+    ]
+    assert found and {"tessera.policies", "tessera.planner"} <= set(found[0]["source_modules"])
+
+
+def test_bench_parts_are_checked() -> None:
+    import argparse
+
+    from tessera.sim import bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--skip-scale", "--parts", "kunserve,nope"])
+    with pytest.raises(SystemExit, match="nope"):
+        bench.run(args)
+
+
+def test_seed_plots_from_the_recorded_json(tmp_path: Path) -> None:
+    import json
+
+    from tessera.sim import seed_plots
+
+    out = json.loads((ROOT / "docs" / "sim" / "seeds.json").read_text())
+    paths = seed_plots.plot_tables(out, tmp_path)
+    assert {p.name for p in paths} == {
+        "oserve_table1.png",
+        "oserve_table2.png",
+        "cocoserve_load.png",
+        "blockllm_variants.png",
+    }
+    assert all(p.stat().st_size > 10_000 for p in paths)
+    assert all(r["label"] == "simulation" for r in out["oserve_table1"] + out["blockllm_variants"])
