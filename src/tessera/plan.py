@@ -283,8 +283,7 @@ def make_plan(
                     f"but {s.agent}/{s.device} has {_free_for(dep, agent, dev)}",
                 )
     layouts = [
-        (r.name, [(s.agent, s.device, s.start, s.end, s.ranks) for s in r.stages])
-        for r in replicas
+        (r.name, [(s.agent, s.device, s.start, s.end, s.ranks) for s in r.stages]) for r in replicas
     ]
     gen_obs = obs
     if dep.spec.policies.overload.enabled:  # an active drop is no new layout (issue 13)
