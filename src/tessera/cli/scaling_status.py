@@ -4,7 +4,7 @@ Asks every agent for `Describe` and lists each replicated run of a stage (CoCoSe
 module scaling): the layers, every holder (`agent/device`), whether it is the run's home
 (where an evicted replica's requests go back) and whether the stage's own copy migrated
 away, the requests each serves, its measured speed and its bytes. Called by
-`up_cmd._status`; prints nothing when no run exists.
+`status_cmd.status`; prints nothing when no run exists.
 """
 
 from __future__ import annotations
