@@ -57,6 +57,13 @@ def register(sub: Any) -> None:
         help="checkpoint reads take at least bytes / this many bytes per second, as from a "
         "cluster's network storage (default: $TESSERA_STORAGE_BYTES_PER_S; 0: unthrottled)",
     )
+    p.add_argument(
+        "--cost-profile",
+        default=os.environ.get("TESSERA_COST_PROFILE", ""),
+        help="a `tessera profile --out` JSON: the cost model of lookahead microbatching on "
+        "pipelines made by an overload drop (default: $TESSERA_COST_PROFILE; unset: a "
+        "documented default)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -75,5 +82,6 @@ def _run(args: argparse.Namespace) -> int:
         health_port=args.health_port,
         pipeline_microbatches=args.pipeline_microbatches,
         storage_bytes_per_s=args.storage_bandwidth,
+        cost_profile=args.cost_profile,
     )
     return server.run(cfg)
