@@ -94,6 +94,8 @@ class ReplicaEngine:
         self.dropped = False  # an overload shift made this replica a pipeline (`resume`)
         self.splits: collections.Counter[str] = collections.Counter()  # microbatches by split
         self._busy = 0.0  # seconds the local stage computed
+        # Variants being removed: new requests for them are refused (see `variants.py`).
+        self.refused_variants: frozenset[str] = frozenset()
 
     # -- lifecycle --------------------------------------------------------------------
     async def _ensure_ready(self) -> scheduler.Scheduler:
@@ -264,6 +266,8 @@ class ReplicaEngine:
         """The request's token events, grouped: every event ready when the consumer asks
         comes in one list (a token and its finish together; several tokens when the
         consumer fell behind), so a streaming caller sends fewer, larger messages."""
+        if variant:
+            self.check_variant(variant)
         sched = await self._ensure_ready()
         queue: asyncio.Queue[scheduler.TokenEvent] = asyncio.Queue()
         sched.add(seq_id, prompt, params, variant)
@@ -290,6 +294,22 @@ class ReplicaEngine:
             self._queues.pop(seq_id, None)
             if not finished:
                 self.cancel(seq_id)
+
+    def check_variant(self, variant: str) -> None:
+        """NotFoundError naming the served variants unless this replica serves `variant`."""
+        served = set(self.local.lora[1]) if self.local.lora is not None else set()
+        if variant not in served or variant in self.refused_variants:
+            names = sorted(served - self.refused_variants)
+            raise errors.NotFoundError(
+                f"variant {variant!r} is not served by this replica (served: {names or 'none'})"
+            )
+
+    def variant_requests(self, variants: frozenset[str]) -> int:
+        """Requests of these variants not finished yet (running or waiting)."""
+        s = self._sched
+        if s is None or not variants:
+            return 0
+        return sum(seq.variant in variants for seq in (*s.running, *s.waiting))
 
     def cancel(self, seq_id: str) -> None:
         if self._sched is not None:
