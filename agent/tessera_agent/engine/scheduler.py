@@ -20,7 +20,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from tessera.policies import batching, lookahead
+from tessera.policies import batching, lookahead, microbatch
 from tessera_agent.engine import errors, page_allocator, sampling, step
 
 
@@ -159,6 +159,17 @@ class Scheduler:
                 out.append(lookahead.Chunk(seq.seq_id, seq.num_computed, n))
                 left -= n
         return out
+
+    def window(self, max_inflight: int, dropped: bool) -> microbatch.Window:
+        """What a pipelined leader's microbatch policy looks at: one round of work."""
+        limit = max_inflight * self.limits.max_batched_tokens
+        return microbatch.Window(
+            tuple(self.pending_chunks(limit)),
+            self.num_unfinished,
+            max_inflight,
+            self.limits.max_batched_tokens,
+            dropped,
+        )
 
     def schedule(
         self, max_seqs: int | None = None, max_tokens: int | None = None
