@@ -214,7 +214,11 @@ class Hosting:
             if spec.stage_index == 0 and spec.tp_rank == 0:
                 cfg_s = leader.scheduler_config(h, self.defaults, max_num_seqs, max_batched_tokens)
                 h.leader = leader.make_leader(
-                    h, cfg_s, self.compute, self.defaults.pipeline_microbatches
+                    h,
+                    cfg_s,
+                    self.compute,
+                    self.defaults.pipeline_microbatches,
+                    self.defaults.microbatch_split,
                 )
             self.hosted[key] = h
             how = (

@@ -6,9 +6,10 @@ and `leader.make_leader`; a request's explicit value always wins over these.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tessera import blocks
+from tessera.policies import microbatch
 from tessera_agent.engine import scheduler
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -27,6 +28,8 @@ class LoadDefaults:
     pipeline_microbatches: int = 0
     # checkpoint reads take at least bytes / this (a declared storage speed); 0 = unthrottled
     storage_bytes_per_s: float = 0.0
+    # how a pipelined leader cuts microbatches (lookahead while dropped and deep; issue 13)
+    microbatch_split: microbatch.SplitConfig = field(default_factory=microbatch.SplitConfig)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from tessera.cost import profile as profile_mod
+from tessera.policies import microbatch
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import authz, devices, load_config, servicer
@@ -40,6 +44,7 @@ class AgentConfig:
     block_zoo: bool = True  # share identical parameter pieces between blocks (issue 14)
     pipeline_microbatches: int = 0  # in flight per pipelined replica led here; 0 = its stages
     storage_bytes_per_s: float = 0.0  # declared checkpoint read speed (issue 11); 0 = as is
+    cost_profile: str = ""  # `tessera profile --out` JSON: lookahead's Eq. 1 (issue 13)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -50,6 +55,19 @@ class AgentConfig:
             raise ValueError(f"metrics_port: {self.metrics_port} is not a TCP port")
         if self.threads < 0:
             raise ValueError("threads: must be >= 0")
+
+
+def split_config(cost_profile: str) -> microbatch.SplitConfig:
+    """Lookahead's cost model from a `tessera profile` output (per layer: only the
+    coefficients' ratios steer the split), or the documented default without one."""
+    if not cost_profile:
+        return microbatch.SplitConfig()
+    try:
+        doc = json.loads(Path(cost_profile).read_text())
+        prof = profile_mod.profile_from_json(doc)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cost_profile: cannot read {cost_profile!r}: {exc}") from exc
+    return microbatch.SplitConfig(cost=microbatch.chunk_cost(prof, 1))
 
 
 async def serve(cfg: AgentConfig) -> None:
@@ -64,6 +82,7 @@ async def serve(cfg: AgentConfig) -> None:
         prefix_caching=cfg.prefix_caching,
         pipeline_microbatches=cfg.pipeline_microbatches,
         storage_bytes_per_s=cfg.storage_bytes_per_s,
+        microbatch_split=split_config(cfg.cost_profile),
         block_zoo=cfg.block_zoo,
     )
     rendezvous = store.serve(cfg.host)  # data-plane groups of replicas hosted here meet on it

@@ -145,3 +145,25 @@ def test_load_defaults_are_validated() -> None:
     req = pb.LoadBlockRequest(model_path="/m", layer_end=8)
     got = rpc_blocks.from_load_request(req, dtype="float16", page_size=8)
     assert (got.dtype, got.page_size) == ("float16", 8)
+
+
+def test_cost_profile_sets_the_lookahead_cost(tmp_path: Path) -> None:
+    """An agent's `--cost-profile` (a `tessera profile` JSON) gives lookahead's Eq. 1;
+    none gives the documented default; a bad file is a clear error."""
+    import json
+
+    from tessera.cost import analytic
+    from tessera.planner import manifest
+    from tessera.policies import lookahead, microbatch
+    from tessera_agent import server
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    shape = manifest.read_model_shape(examples / "models" / "llama-2-13b", "llama-2-13b")
+    prof = analytic.analytic_profile(shape, "a100-80gb")
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(prof.to_json()))
+    assert server.split_config(str(path)).cost == lookahead.cost_from_profile(prof, 1)
+    assert server.split_config("").cost == microbatch.DEFAULT_COST
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="cost_profile"):
+        server.split_config(str(tmp_path / "bad.json"))

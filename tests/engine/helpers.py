@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from tessera.policies import microbatch
 from tessera_agent.engine import replica, sampling, scheduler, stage
 
 
@@ -32,9 +33,12 @@ async def generate_many(
     max_batched_tokens: int = 256,
     sink: dict[int, list[scheduler.TokenEvent]] | None = None,
     variants: list[str] | None = None,
+    split: microbatch.SplitConfig | None = None,
+    dropped: bool = False,
 ) -> tuple[list[list[int]], replica.ReplicaEngine]:
     """Generate every prompt concurrently; token events land in `sink[i]` when given;
-    `variants[i]` names the LoRA adapter of prompt i ("" = the foundation)."""
+    `variants[i]` names the LoRA adapter of prompt i ("" = the foundation); `split` and
+    `dropped` set how a pipelined leader cuts microbatches (as after an overload drop)."""
     pool = concurrent.futures.ThreadPoolExecutor(1)
     connect = None
     if len(stages) > 1:
@@ -47,7 +51,8 @@ async def generate_many(
         max_batched_tokens=max_batched_tokens,
         eos_token_ids=stages[0].cfg.eos_token_ids,
     )
-    eng = replica.ReplicaEngine(stages[0].runner, pool, cfg, connect)
+    eng = replica.ReplicaEngine(stages[0].runner, pool, cfg, connect, split=split)
+    eng.dropped = dropped
     plist = params if isinstance(params, list) else [params] * len(prompts)
 
     async def one(i: int) -> list[int]:

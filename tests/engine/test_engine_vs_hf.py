@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tessera.policies import microbatch
 from tessera_agent.engine import sampling
 from tests.conftest import hf_greedy
 from tests.engine import helpers
@@ -45,6 +46,24 @@ def test_staggered_arrivals_mix_prefill_and_decode(
     out, eng = helpers.run(stages, prompts, GREEDY, delays=delays, max_batched_tokens=24)
     assert out == _expected(tiny_llama, prompts)
     assert eng.steps > NEW  # really interleaved, not one batch
+
+
+def test_lookahead_split_on_two_stages_matches_hf(
+    tiny_llama: Path, prompts: list[list[int]]
+) -> None:
+    """Issue 13: a 2-stage pipeline dropped by an overload with a deep queue cuts its
+    microbatches by modelled cost (lookahead), prompts chunked mid-way; same greedy tokens."""
+    stages = helpers.load(tiny_llama, [(0, 4), (4, 8)])
+    split = microbatch.SplitConfig("auto", microbatch.DEFAULT_COST, min_tokens=4)
+    delays = [0.0, 0.0, 0.0, 0.0, 0.03, 0.03, 0.06, 0.06]
+    out, eng = helpers.run(
+        stages, prompts, GREEDY, delays=delays, max_batched_tokens=24, split=split, dropped=True
+    )
+    assert out == _expected(tiny_llama, prompts)
+    assert eng.splits["lookahead"] > 0  # the deep queue was split by cost
+    assert eng.splits["count"] > 0  # the decode tail was shallow: count split
+    busy = eng.busy_s()
+    assert len(busy) == 2 and all(b > 0 for b in busy)
 
 
 def test_qwen2_arch(tiny_qwen2: Path, prompts: list[list[int]]) -> None:

@@ -6,20 +6,26 @@ that stages on different agents compute at the same time: microbatch A runs on s
 while microbatch B runs on stage 1. Each step runs the local stage on the agent's compute
 thread, then goes downstream through a `Downstream` (the gRPC stage stream in production,
 an in-process runner chain in tests), and its sampled tokens come back to `postprocess`.
+How each microbatch is cut (by sequence count, or by modelled cost while an overload drop
+made the replica a pipeline and its queue is deep) is `tessera.policies.microbatch`'s
+decision. `busy_s()` is each stage's compute time so far (the leader's own, and the
+downstream's when it reports one), for the live bubble fraction (`tessera bench overload`).
 Called by the agent servicer's `Generate`, by `tessera generate` and the engine bench.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
-import math
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from tessera.policies import microbatch
 from tessera_agent.engine import errors, page_allocator, runner, sampling, scheduler, step
 
 log = logging.getLogger(__name__)
@@ -70,6 +76,7 @@ class ReplicaEngine:
         sched_cfg: scheduler.SchedulerConfig,
         connect_downstream: DownstreamFactory | None = None,
         max_inflight: int | None = None,
+        split: microbatch.SplitConfig | None = None,
     ) -> None:
         self.local, self.executor, self.sched_cfg = local, executor, sched_cfg
         self._connect = connect_downstream
@@ -84,6 +91,10 @@ class ReplicaEngine:
         self._pins: set[str] = set()
         self._paused = False  # overload shifts: no step is scheduled while set
         self.steps = 0
+        self.split = split or microbatch.SplitConfig()
+        self.dropped = False  # an overload shift made this replica a pipeline (`resume`)
+        self.splits: collections.Counter[str] = collections.Counter()  # microbatches by split
+        self._busy = 0.0  # seconds the local stage computed
         self.loaded_max_num_seqs = sched_cfg.max_num_seqs  # a batch cut's 0 restores it
         # Variants being removed: new requests for them are refused (see `variants.py`).
         self.refused_variants: frozenset[str] = frozenset()
@@ -222,6 +233,7 @@ class ReplicaEngine:
             await ds.close()
         self._connect = connect
         self.max_inflight = 2 if connect is not None else 1
+        self.dropped = connect is not None
         if self._sched is not None and connect is not None:
             self._downstream = await connect()
         if num_pages:
@@ -337,12 +349,14 @@ class ReplicaEngine:
         if sched is None or self._paused:
             return
         while len(self._inflight) < self.max_inflight:
-            max_seqs = None
+            budget = microbatch.Budget("none")
             if self.max_inflight > 1:
-                max_seqs = max(1, math.ceil(sched.num_unfinished / self.max_inflight))
-            planned = sched.schedule(max_seqs)
+                window = sched.window(self.max_inflight, self.dropped)
+                budget = microbatch.next_budget(window, self.split)
+            planned = sched.schedule(budget.max_seqs, budget.max_tokens)
             if planned is None:
                 return
+            self.splits[budget.split] += 1
             task = asyncio.create_task(self._run(planned))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
@@ -351,7 +365,7 @@ class ReplicaEngine:
         assert self._sched is not None
         loop = asyncio.get_running_loop()
         try:
-            out = await loop.run_in_executor(self.executor, self.local.execute, planned.input)
+            out = await loop.run_in_executor(self.executor, self._execute, planned.input)
             if self._connect is not None:
                 if self._downstream is None:
                     raise errors.UnavailableError("downstream stage is not connected")
@@ -373,6 +387,19 @@ class ReplicaEngine:
         if task is not None:
             self._inflight.discard(task)
         self._wake.set()
+
+    def _execute(self, inp: step.StepInput) -> step.StepOutput:
+        t0 = time.perf_counter()
+        try:
+            return self.local.execute(inp)
+        finally:
+            self._busy += time.perf_counter() - t0
+
+    def busy_s(self) -> list[float]:
+        """Compute seconds per stage so far: the leader's, then each downstream stage's when
+        the downstream reports them (`LocalDownstream` does; a remote one does not)."""
+        ds = getattr(self._downstream, "busy_s", None)
+        return [self._busy] + (list(ds) if isinstance(ds, list) else [])
 
     def _dispatch(self, events: list[scheduler.TokenEvent]) -> None:
         for ev in events:

@@ -20,7 +20,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from tessera.policies import batching
+from tessera.policies import batching, lookahead, microbatch
 from tessera_agent.engine import errors, page_allocator, sampling, step
 
 
@@ -142,11 +142,43 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     # -- scheduling -------------------------------------------------------------------
-    def schedule(self, max_seqs: int | None = None) -> ScheduledStep | None:
+    def pending_chunks(self, max_tokens: int) -> list[lookahead.Chunk]:
+        """The work `schedule` would offer places to, in its order (idle running sequences
+        oldest first, then waiting ones), up to `max_tokens` tokens: the leader's
+        microbatch policy (`tessera.policies.microbatch`) splits it."""
+        out: list[lookahead.Chunk] = []
+        left = max_tokens
+        idle = {s.seq_id: s for s in self.running if not s.in_flight}
+        views = batching.running_order([_view(s) for s in idle.values()])
+        seqs = [idle[v.seq_id] for v in views] + list(self.waiting)
+        for seq in seqs:
+            if left <= 0:
+                break
+            n = len(seq.tokens) - seq.num_computed
+            if n > 0:
+                out.append(lookahead.Chunk(seq.seq_id, seq.num_computed, n))
+                left -= n
+        return out
+
+    def window(self, max_inflight: int, dropped: bool) -> microbatch.Window:
+        """What a pipelined leader's microbatch policy looks at: one round of work."""
+        limit = max_inflight * self.limits.max_batched_tokens
+        return microbatch.Window(
+            tuple(self.pending_chunks(limit)),
+            self.num_unfinished,
+            max_inflight,
+            self.limits.max_batched_tokens,
+            dropped,
+        )
+
+    def schedule(
+        self, max_seqs: int | None = None, max_tokens: int | None = None
+    ) -> ScheduledStep | None:
         """Choose the next step among sequences not already in flight; None if none.
+        `max_seqs` / `max_tokens` cap it (a pipeline's microbatch).
 
         What runs is decided by `tessera.policies.batching`; this applies it to pages."""
-        budget = batching.start_budget(self.limits, max_seqs)
+        budget = batching.start_budget(self.limits, max_seqs, max_tokens)
         chosen: list[tuple[Sequence, int]] = []
         idle = [s for s in self.running if not s.in_flight]
         for view in batching.running_order([_view(s) for s in idle]):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import time
 from pathlib import Path
 
 import torch
@@ -201,15 +202,23 @@ class LocalDownstream:
         self.runners = runners
         self.num_pages = min(r.cache.layout.num_pages for r in runners)
         self._pools = [concurrent.futures.ThreadPoolExecutor(1) for _ in runners]
+        self.busy_s = [0.0] * len(runners)  # compute seconds per stage (the live bubble)
 
     async def submit(self, inp: step.StepInput) -> step.StepOutput:
         loop = asyncio.get_running_loop()
         out = step.StepOutput(step_id=inp.step_id)
         cur = inp
-        for r, pool in zip(self.runners, self._pools, strict=True):
-            out = await loop.run_in_executor(pool, r.execute, cur)
+        for i, (r, pool) in enumerate(zip(self.runners, self._pools, strict=True)):
+            out = await loop.run_in_executor(pool, self._timed, i, r, cur)
             cur = step.next_stage_input(inp, out)
         return out
+
+    def _timed(self, i: int, r: runner.StageRunner, inp: step.StepInput) -> step.StepOutput:
+        t0 = time.perf_counter()
+        try:
+            return r.execute(inp)
+        finally:
+            self.busy_s[i] += time.perf_counter() - t0
 
     async def close(self) -> None:
         for p in self._pools:

@@ -63,6 +63,13 @@ def register(sub: Any) -> None:
         help="checkpoint reads take at least bytes / this many bytes per second, as from a "
         "cluster's network storage (default: $TESSERA_STORAGE_BYTES_PER_S; 0: unthrottled)",
     )
+    p.add_argument(
+        "--cost-profile",
+        default=os.environ.get("TESSERA_COST_PROFILE", ""),
+        help="a `tessera profile --out` JSON: the cost model of lookahead microbatching on "
+        "pipelines made by an overload drop (default: $TESSERA_COST_PROFILE; unset: a "
+        "documented default)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -82,5 +89,6 @@ def _run(args: argparse.Namespace) -> int:
         block_zoo=args.block_zoo,
         pipeline_microbatches=args.pipeline_microbatches,
         storage_bytes_per_s=args.storage_bandwidth,
+        cost_profile=args.cost_profile,
     )
     return server.run(cfg)

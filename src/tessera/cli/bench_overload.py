@@ -19,11 +19,13 @@ Keys: p99_ttft_on_ms / p99_ttft_off_ms / p99_ttft_ratio (off / on), p50_tpot_on_
 (on / off), drops, restores, lost (requests that did not complete, both runs), exchange_ms
 (K/V exchange time summed over drops), paused_ms (the heads scheduled no step),
 tokens_match (every output equals transformers' greedy decode of its prompt, both runs),
-and bubble_fraction_lookahead / bubble_fraction_token_count: the pipeline bubble of the
-deepest queue seen on a dropped group's head, split into microbatches by lookahead (equal
-modelled cost) and by token count; a MODEL output (`policies.lookahead`, Eq. 1 with alpha
-beta gamma fitted to prefill timings measured in this run), not a measurement: the
-engine's scheduler does not split microbatches by lookahead live.
+bubble_fraction_lookahead / bubble_fraction_token_count: the pipeline bubble MEASURED
+live (`bench_overload_bubble`): the burst's requests queued at once on one in-process
+2-stage pipeline whose leader splits microbatches by lookahead (equal modelled cost) or by
+token count, alternating runs, per-stage busy time vs wall time; and, under
+bubble_fraction_*_model, the same comparison as a MODEL output (`policies.lookahead`,
+Eq. 1 fitted to this run's prefill timings, the deepest queue seen on a dropped group's
+head). `--bubble-only` measures the live bubble alone (no replay).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import Any
 import grpc
 
 from tessera import local_agents, overload_driver, overload_loop
-from tessera.cli import bench_serve
+from tessera.cli import bench_overload_bubble, bench_serve
 from tessera.policies import lookahead, overload, overload_steps
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
@@ -72,6 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-output", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--check-tokens", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--bubble-rounds", type=int, default=3, help="live bubble runs per split")
+    parser.add_argument("--bubble-requests", type=int, default=24)
+    parser.add_argument(
+        "--bubble-only", action="store_true", help="measure the live bubble only (no replay)"
+    )
 
 
 def burst(reqs: list[tuple[float, int, int]], a: float, b: float) -> list[tuple[float, int, int]]:
@@ -327,6 +334,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         per_page = kv_cache.KVLayout(8, 1, PAGE, cfg.num_kv_heads, cfg.head_dim).bytes_per_page
         dtype = stage_mod.torch_dtype("float32")
         layer_bytes = tuple(block_tensors.nbytes(cfg, i, i + 1, dtype) for i in range(8))
+        i0 = int(args.burst[0] * len(reqs))
+        sel = list(range(i0, min(len(reqs), i0 + args.bubble_requests)))
+        b_prompts, b_news = [prompts[i] for i in sel], [reqs[i][2] for i in sel]
+        bub = bench_overload_bubble.measure(model, b_prompts, b_news, args.bubble_rounds)
+        if args.check_tokens:
+            bub["bubble_tokens_match"] = bub["bubble_tokens"] == _reference(
+                model, b_prompts, b_news
+            )
+        del bub["bubble_tokens"]
+        if args.bubble_only:
+            return {
+                "bench": "overload",
+                "machine": f"{platform.node()} ({os.cpu_count()} cpus)",
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                **bub,
+            }
         off, _ = _run_once(model, reqs, prompts, args, per_page, layer_bytes, False)
         on, cost = _run_once(model, reqs, prompts, args, per_page, layer_bytes, True)
         match = None
@@ -364,9 +387,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "tokens_match": match,
         "wall_on_s": round(on["wall_s"], 1),
         "wall_off_s": round(off["wall_s"], 1),
-        "bubble_fraction_lookahead": round(la, 3),
-        "bubble_fraction_token_count": round(tcb, 3),
-        "bubble_basis": (
+        **bub,
+        "bubble_fraction_lookahead_model": round(la, 3),
+        "bubble_fraction_token_count_model": round(tcb, 3),
+        "bubble_model_basis": (
             f"model: Eq. 1 fitted to this run's prefill timings (alpha={cost.alpha:.3g}, "
             f"beta={cost.beta:.3g}, gamma={cost.gamma:.3g}), the deepest queue while dropped "
             f"({len(on['queue_at_drop'])} prompts) in {mbs} microbatches on 2 stages"

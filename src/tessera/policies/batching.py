@@ -84,10 +84,16 @@ class BatchPlan:
         return sum(p.num_tokens for p in self.running + self.admitted)
 
 
-def start_budget(limits: BatchLimits, max_seqs: int | None = None) -> Budget:
-    """The budget of an empty step; `max_seqs` narrows it (a pipeline's microbatch)."""
+def start_budget(
+    limits: BatchLimits, max_seqs: int | None = None, max_tokens: int | None = None
+) -> Budget:
+    """The budget of an empty step; `max_seqs` / `max_tokens` narrow it (a pipeline's
+    microbatch: `tessera.policies.microbatch`)."""
     seqs = limits.max_num_seqs if max_seqs is None else min(max_seqs, limits.max_num_seqs)
-    return Budget(limits.max_batched_tokens, seqs)
+    tokens = limits.max_batched_tokens
+    if max_tokens is not None:
+        tokens = max(1, min(max_tokens, tokens))
+    return Budget(tokens, seqs)
 
 
 def running_order(running: Sequence[SeqView]) -> list[SeqView]:

@@ -244,6 +244,14 @@ def bubble_fraction(stage_times: Sequence[Sequence[float]]) -> float:
     return 0.0 if makespan <= 0 else 1.0 - busy / (s_count * makespan)
 
 
+def measured_bubble(busy_s: Sequence[float], wall_s: float) -> float:
+    """Idle share of a pipeline measured live: `busy_s[s]` is stage s's compute time over a
+    window of `wall_s` seconds; 1 - sum(busy) / (stages x wall)."""
+    if not busy_s or wall_s <= 0:
+        raise ValueError("measured_bubble: need >= 1 stage and a window > 0 s")
+    return max(0.0, 1.0 - sum(busy_s) / (len(busy_s) * wall_s))
+
+
 def pipeline_bubble(microbatches: Sequence[Microbatch], cost: ChunkCost, stages: int) -> float:
     """Bubble fraction of the microbatches on `stages` equal stages (cost split evenly)."""
     times = [[cost.batch(m.chunks) / stages] * stages for m in microbatches]
