@@ -135,7 +135,7 @@ class ReplicatedReplica(SimReplica):
         chunks: list[tuple[int, int]],
         logits: int,
     ) -> float:
-        ids = {str(r.rid) for r, _ in chosen}
+        ids = [str(r.rid) for r, _ in chosen]  # ordered: a set would follow the hash seed
         cur = self.split.assignment
         self.split = request_split.assign(
             self.holders,
@@ -342,7 +342,9 @@ def _down_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
             count[a] = count.get(a, 0) + 1
     return {
         "decisions": len(records),
-        "over_threshold": sum(1 for r in records if r["phase"] != "none" or r["actions"]),
+        "over_threshold": sum(
+            1 for r in records if r["violation_rate"] > module_scaling.DEFAULT_DOWN_VIOLATION_RATE
+        ),
         "acted": len(acted),
         "actions": count,
         "sources": sorted({r["source"] for r in acted}),
