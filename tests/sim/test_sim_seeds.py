@@ -48,7 +48,7 @@ def _imports(path: Path) -> set[str]:
                 "tessera.planner.latency",
                 "tessera.policies.switching",
                 "tessera.policies.switch_plan",
-                "tessera.workload.selector",
+                "tessera.policies.switching_step",
                 "tessera.policies.routing",
             },
         ),
@@ -131,6 +131,99 @@ def test_replication_off_the_origin_costs_the_link() -> None:
     t_fast = fast_rep.step_seconds(reqs, 0, 0, [(500, 0)] * 4, 4)
     t_slow = slow_rep.step_seconds(reqs, 0, 0, [(500, 0)] * 4, 4)
     assert t_slow > t_fast
+
+
+def _replicated(prof, speed: float = cocoserve.IDLE):  # type: ignore[no-untyped-def]
+    plan = cocoserve.plan_replication(prof, "gpu0", "gpu2", 64, 1000)
+    base = setup.uniform(prof, prof.comm, 1, 1, 1, 8, cocoserve.GPU_MEMORY)[0]
+    return cocoserve.ReplicatedReplica(
+        base, prof, plan.state, {"gpu0": 1.0, "gpu2": speed}, prof.comm.intra_node
+    )
+
+
+def test_scale_down_evicts_off_a_bottleneck_helper_then_cuts_the_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Algorithm 2 on a violating replica whose helper is the bottleneck: the simulator
+    feeds `module_scaling.scale_down` what the replica did and applies its plan
+    (evictions from the helper first: no device has room to migrate to; the batch cut
+    last), and the step after it is faster on the same requests."""
+    from tessera.cost.capacity import Slo
+    from tessera.policies import module_scaling
+    from tessera.sim import cocoserve_down
+
+    prof = _prof("llama-2-13b")
+    rep = _replicated(prof)
+    held = len(rep.placed.on("gpu2"))
+    assert held > 0
+    for i in range(12):
+        rep.push(SimRequest(i, 0.0, 100, 50))
+    eng = engine.Engine([rep], setup.router_for(None, []))
+    first = rep.schedule(0.0, 1)  # every prefill; requests pinned to holders by speed
+    assert first is not None and len(first.picks) == 12
+    rep.complete(first.end)
+    assert "gpu2" in rep.split.assignment.values()
+    rep.speeds["gpu2"] = 0.1  # the helper's own tenant takes its compute back
+    rep.observed = cocoserve.Observed()
+    step = rep.schedule(first.end, 2)
+    assert step is not None
+    slow = step.dt
+    rep.complete(step.end)
+    o = rep.observed
+    assert o.steps >= 1 and o.critical["gpu2"] > o.critical.get("gpu0", 0.0)  # the bottleneck
+    o.finished = [(5.0, 0.5)] * 10  # every request over the SLO
+    ctl = cocoserve_down.ScaleDown(prof, Slo(2.0, 0.01), {"gpu2": 0}, 1000, period_s=1.0)
+    seen: list[module_scaling.ScaleDownPlan] = []
+    real = module_scaling.scale_down
+
+    def spy(*a, **k):  # type: ignore[no-untyped-def]
+        seen.append(real(*a, **k))
+        return seen[-1]
+
+    monkeypatch.setattr(module_scaling, "scale_down", spy)
+    ctl.tick(1.0, eng)
+    (plan,) = seen
+    (rec,) = ctl.records
+    assert rec["source"] == "gpu2" and rec["violation_rate"] == 1.0
+    kinds = [type(a).__name__ for a in plan.actions]
+    assert kinds[0] == "Evict" and "Migrate" not in kinds
+    evicted = kinds.count("Evict")
+    assert len(rep.placed.on("gpu2")) == held - evicted
+    if "ReduceBatch" in kinds:
+        assert rep.limits.max_num_seqs == plan.batch_size < 256
+    assert any(a.startswith("scale down r0: Evict") for _, a in eng.result.actions)
+    again = rep.schedule(step.end, 3)
+    assert again is not None and again.dt < slow
+
+
+def test_scale_down_does_nothing_within_the_slo() -> None:
+    from tessera.cost.capacity import Slo
+    from tessera.sim import cocoserve_down
+
+    prof = _prof("llama-2-13b")
+    rep = _replicated(prof)
+    placed = rep.placed
+    eng = engine.Engine([rep], setup.router_for(None, []))
+    ctl = cocoserve_down.ScaleDown(prof, Slo(2.0, 0.1), {"gpu2": 0}, 1000, period_s=5.0)
+    arr = [arrivals.Arrival(0.2 * i, 300, 40) for i in range(40)]
+    eng.controllers.append(ctl)
+    res = eng.run(arr, until=60.0)
+    assert len(res.done) == 40
+    assert ctl.records and all(not r["actions"] for r in ctl.records)
+    assert rep.placed == placed
+
+
+def test_cocoserve_rows_run_both_directions() -> None:
+    """The CoCoServe sweep's replication rows run Algorithm 1 at the start and Algorithm
+    2 every period (its decisions recorded); nothing is lost."""
+    prof = _prof("llama-2-13b")
+    trace = str(ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv")
+    rows = cocoserve.load_rows(prof, trace, quick=True, rates=(12.0,), span=40.0, warm=10.0)
+    by = {r["mode"]: r for r in rows}
+    assert set(by) == set(cocoserve.MODES)
+    rep = by["layer_replication"]
+    assert rep["replicated_layers"] > 0 and rep["scale_down"]["decisions"] >= 4
+    assert "scale_down" not in by["replication_up_only"]
 
 
 def test_per_model_copies_hold_every_variant_within_the_slots() -> None:
@@ -269,6 +362,47 @@ def test_the_switching_loop_decides_every_span(small_oserve) -> None:  # type: i
     assert len(res.done) == len(arr)
     siso = sum(eng.router.class_shares["SISO"].values())
     assert siso > 1.5 * 8.0 * s1[2]  # the S5 phase's forecast moved the routing
+
+
+def test_the_switcher_runs_the_operators_span_step(small_oserve, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Every span's decision is what `switching_step.step` (the operator loop's own step)
+    returned, at the step's forecast: the simulator composes no decision itself."""
+    from tessera.policies import switching, switching_step
+    from tessera.sim import oserve
+
+    prof, base, slo, (a, _) = small_oserve
+    real = switching_step.step
+    calls: list[switching_step.LoopStep] = []
+    histories: list[list[list[float]]] = []
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        out = real(*args, **kwargs)
+        calls.append(out)
+        histories.append([list(r) for r in args[2]])
+        return out
+
+    monkeypatch.setattr(switching_step, "step", spy)
+    built = oserve.build(a, a.hetero, "g0-")
+    cfg = switching.SwitchingConfig(
+        enabled=True, mode="active", span_s=10.0, hold_spans=1, min_gain=0.0
+    )
+    sw = oserve.Switcher(prof, base, slo, built, a.hetero[0], cfg, nodes=1, gpus=4)
+    s1, s5 = (oserve._shares(x) for x in ("S1", "S5"))
+    arr = oserve.mix_arrivals(base, [(30.0, s1), (30.0, s5)], 8.0)
+    eng = engine.Engine(built.replicas, oserve.router(base, built.shares), [sw], 1.0)
+    eng.run(arr, until=60.0)
+    assert sw.decisions is not None and sw.counts is not None
+    decided = [d for d in sw.decisions if "candidate" in d]  # not "busy" (a transition runs)
+    assert len(calls) == len(decided) >= 3
+    for got, step in zip(decided, calls, strict=True):
+        assert {k: got[k] for k in step.decision.to_json()} == step.decision.to_json()
+    # the step saw the per-span class counts the simulator recorded (the gateway's counters)
+    assert all(h == sw.counts[: len(h)] for h in histories)
+    assert [len(h) for h in histories] == sorted({len(h) for h in histories})
+    # the step's switch decisions are exactly the switches the simulator applied
+    switches = [s for s in calls if s.decision.action == switching.SWITCH]
+    planned = [a for _, a in eng.result.actions if a.startswith("switch planned")]
+    assert switches and len(planned) == len(switches)
 
 
 def test_trace_cv_is_the_papers() -> None:

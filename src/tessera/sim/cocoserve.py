@@ -10,7 +10,9 @@ Setup (after CoCoServe Fig. 10: two instances, helped or not): two replicas, one
 each (tp1), and two more H100s that another tenant leaves mostly idle (`IDLE` of their
 compute, `HELPER_FREE_BYTES` of free memory). Modes: `two_instances` (no replication),
 `layer_replication` (each replica's layers replicated into one helper by the real
-Algorithm 1, `policies.module_scaling.scale_up` over `policies.speedup`'s model), and
+Algorithm 1, `policies.module_scaling.scale_up` over `policies.speedup`'s model, and
+scaled down by the real Algorithm 2, `module_scaling.scale_down`, on SLO violations:
+`sim.cocoserve_down`), `replication_up_only` (Algorithm 1 alone, for comparison), and
 `four_instances` (the helpers as two more whole replicas: the upper reference, using
 their compute in full).
 
@@ -29,8 +31,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from tessera.cost.capacity import Slo
 from tessera.cost.profile import Link, Profile
 from tessera.policies import batching, module_scaling, request_split
 from tessera.policies import speedup as sp
@@ -44,6 +48,11 @@ HELPER_FREE_BYTES = 30 * 2**30
 GPU_MEMORY = 80 * 2**30
 DELTA = 2.0  # scatter and gather per replicated layer
 PLAN_BATCH = 64  # the running batch Algorithm 1 sizes a replica's KV for
+SLO = Slo(ttft_s=2.0, tpot_s=0.1)  # the planner bench's SLO; its TPOT is Algorithm 2's step budget
+# two_instances: no replication; layer_replication: Algorithm 1 at the start, Algorithm 2
+# on SLO violations (`sim.cocoserve_down`); replication_up_only: Algorithm 1 only;
+# four_instances: the helpers as whole replicas
+MODES = ("two_instances", "layer_replication", "replication_up_only", "four_instances")
 
 
 class ReplicatedReplica(SimReplica):
@@ -73,13 +82,50 @@ class ReplicatedReplica(SimReplica):
         self.placed, self.speeds, self.link = placed, speeds, link
         self.layer, self.head = layer_and_head(profile, 1, link)
         self.act = profile.memory.activation_bytes_per_token
+        self.home: dict[int, str] = {}  # layers migrated off the origin (Algorithm 2)
+        self.runs: list[tuple[tuple[str, ...], int]] = []
+        self.holders: tuple[str, ...] = ()
+        self.split = request_split.Split((), {})
+        self.rebuild(placed)
+        self.observed = Observed()
+        self._busy: dict[str, float] = {}  # per holder, of the step being booked
+        self._critical: dict[str, float] = {}
+
+    def rebuild(self, placed: sp.Placement) -> None:
+        """Take a new placement (after Algorithm 1 or 2): layer runs by holders, the
+        layer's home (origin, or where it was migrated) first."""
+        self.placed = placed
         runs: dict[tuple[str, ...], int] = {}
-        for holders in placed.replicas:
-            key = (placed.origin, *holders)
+        for i, holders in enumerate(placed.replicas):
+            home = self.home.get(i, placed.origin)
+            key = (home, *(h for h in holders if h != home))
             runs[key] = runs.get(key, 0) + 1
         self.runs = list(runs.items())  # (holders, layers)
-        self.holders = tuple(dict.fromkeys(h for key, _ in self.runs for h in key))
-        self.split = request_split.Split(self.holders, {})
+        holders_ = tuple(dict.fromkeys(h for key, _ in self.runs for h in key))
+        if holders_ != self.holders:
+            self.holders = holders_
+            self.split = request_split.Split(holders_, {})
+
+    def complete(self, now: float) -> list[SimRequest]:
+        """As `SimReplica.complete`, recording what the scale-down controller observes:
+        steps, their seconds and batch, each holder's busy seconds, finished requests."""
+        s = self.step
+        assert s is not None
+        o = self.observed
+        o.steps += s.count
+        o.step_s += s.dt * s.count
+        o.batch += len(s.picks) * s.count
+        for h, t in self._busy.items():
+            o.busy[h] = o.busy.get(h, 0.0) + t * s.count
+        for h, t in self._critical.items():
+            o.critical[h] = o.critical.get(h, 0.0) + t * s.count
+        out = super().complete(now)
+        for r in out:
+            if r.finish >= 0:
+                o.finished.append(
+                    (r.first - r.arrival, (r.finish - r.first) / max(1, r.output - 1))
+                )
+        return out
 
     def step_seconds(
         self,
@@ -89,7 +135,7 @@ class ReplicatedReplica(SimReplica):
         chunks: list[tuple[int, int]],
         logits: int,
     ) -> float:
-        ids = {str(r.rid) for r, _ in chosen}
+        ids = [str(r.rid) for r, _ in chosen]  # ordered: a set would follow the hash seed
         cur = self.split.assignment
         self.split = request_split.assign(
             self.holders,
@@ -98,6 +144,9 @@ class ReplicatedReplica(SimReplica):
             joined=[i for i in ids if i not in cur],
             left=[r for r in cur if r not in self.by_id],
         )
+        busy: dict[str, float] = {}
+        critical: dict[str, float] = {}  # holder -> seconds it set the step's pace
+        slowest = self.placed.origin
         work: dict[str, list[float]] = {h: [0.0, 0.0, 0.0] for h in self.holders}
         for req, n in chosen:
             w = work[self.split.assignment[str(req.rid)]]
@@ -112,7 +161,7 @@ class ReplicatedReplica(SimReplica):
         for key, layers in self.runs:
             share = {h: [0.0, 0.0, 0.0] for h in key}
             for h, w in work.items():
-                tgt = share[h] if h in share else share[origin]
+                tgt = share[h] if h in share else share[key[0]]  # else the layer's home
                 for i in range(3):
                     tgt[i] += w[i]
             worst = 0.0
@@ -122,9 +171,27 @@ class ReplicatedReplica(SimReplica):
                     t += DELTA * (
                         self.link.latency_s + tok * self.act / self.link.bandwidth_bytes_per_s
                     )
-                worst = max(worst, t)
+                busy[h] = busy.get(h, 0.0) + layers * t
+                if t > worst:
+                    worst, slowest = t, h
             total += layers * worst
+            if worst > 0:
+                critical[slowest] = critical.get(slowest, 0.0) + layers * worst
+        self._busy, self._critical = busy, critical
         return total
+
+
+@dataclass
+class Observed:
+    """What a replicated replica did since the scale-down controller last looked."""
+
+    steps: int = 0
+    step_s: float = 0.0  # sum of step seconds
+    batch: int = 0  # sum of sequences per step
+    busy: dict[str, float] = field(default_factory=dict)  # holder -> busy seconds
+    # holder -> seconds of the steps' critical path it set (the slowest holder per layer)
+    critical: dict[str, float] = field(default_factory=dict)
+    finished: list[tuple[float, float]] = field(default_factory=list)  # (TTFT, TPOT)
 
 
 def _pooled_pages(
@@ -192,25 +259,40 @@ def sampled(
     return out
 
 
-def load_rows(profile: Profile, trace: str, quick: bool) -> list[dict[str, Any]]:
-    """The sweep: per rate and mode, throughput and latency (module docstring)."""
+def load_rows(
+    profile: Profile,
+    trace: str,
+    quick: bool,
+    rates: Sequence[float] | None = None,
+    span: float | None = None,
+    warm: float | None = None,
+) -> list[dict[str, Any]]:
+    """The sweep: per rate and mode, throughput and latency (module docstring); `rates`,
+    `span` and `warm` override the sweep's (tests)."""
     pool = traces.read_trace(trace)
-    rates = (4.0, 12.0) if quick else (2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0)
-    span, warm = (90.0, 20.0) if quick else (240.0, 40.0)
+    if rates is None:
+        rates = (4.0, 12.0) if quick else (2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0)
+    span_, warm_ = (90.0, 20.0) if quick else (240.0, 40.0)
+    span = span_ if span is None else span
+    warm = warm_ if warm is None else warm
     link = profile.comm.intra_node
     limits = batching.BatchLimits()
     mean_in = sum(r.input_tokens for r in pool) / len(pool)
     mean_out = sum(r.output_tokens for r in pool) / len(pool)
-    plan = plan_replication(profile, "gpu0", "gpu2", PLAN_BATCH, int(mean_in + mean_out / 2))
+    context = int(mean_in + mean_out / 2)
+    plan = plan_replication(profile, "gpu0", "gpu2", PLAN_BATCH, context)
     layers = sum(1 for r in plan.state.replicas if r)
     room = HELPER_FREE_BYTES - layers * profile.memory.layer_param_bytes
+    from tessera.sim import cocoserve_down  # it builds on this module's replica
+
     rows: list[dict[str, Any]] = []
     for rate in rates:
         arr = sampled(rate, span, pool, seed=int(rate * 10))
-        for mode in ("two_instances", "layer_replication", "four_instances"):
+        for mode in MODES:
             n = 4 if mode == "four_instances" else 2
             reps = setup.uniform(profile, profile.comm, n, 1, 1, 8, GPU_MEMORY, limits)
-            if mode == "layer_replication":
+            controllers: list[cocoserve_down.ScaleDown] = []
+            if mode in ("layer_replication", "replication_up_only"):
                 reps = [
                     ReplicatedReplica(
                         r,
@@ -222,24 +304,52 @@ def load_rows(profile: Profile, trace: str, quick: bool) -> list[dict[str, Any]]
                     )
                     for i, r in enumerate(reps)
                 ]
-            res = engine.Engine(reps, setup.router_for(None, [])).run(arr, until=span)
+            if mode == "layer_replication":  # both directions: Algorithm 2 on violations
+                controllers.append(
+                    cocoserve_down.ScaleDown(
+                        profile, SLO, {f"gpu{i + 2}": 0 for i in range(n)}, context
+                    )
+                )
+            eng = engine.Engine(reps, setup.router_for(None, []), controllers, 1.0)
+            res = eng.run(arr, until=span)
             s = report.summary(res, (warm, span))
+            down = [r for c in controllers for r in c.records]
             rows.append(
                 {
                     "label": "simulation",
                     "rate_rps": rate,
                     "mode": mode,
-                    "gpus_serving": n if mode != "layer_replication" else 2,
-                    "replicated_layers": layers if mode == "layer_replication" else 0,
+                    "gpus_serving": n,
+                    "replicated_layers": layers if "replication" in mode else 0,
                     "throughput_tok_s": round(s["throughput_tok_s"], 1),
                     "p50_latency_s": round(s["e2e_p50_s"], 3),
                     "p99_latency_s": round(s["e2e_p99_s"], 3),
                     "p99_ttft_s": round(s["ttft_p99_s"], 3),
                     "requests": s["requests"],
                     "unfinished": s["unfinished"],
+                    **({"scale_down": _down_summary(down)} if mode == "layer_replication" else {}),
                 }
             )
     return rows
+
+
+def _down_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Algorithm 2's decisions in one run: how often it ran, its phases and actions."""
+    acted = [r for r in records if r["actions"]]
+    count: dict[str, int] = {}
+    for r in records:
+        for a in r["actions"]:
+            count[a] = count.get(a, 0) + 1
+    return {
+        "decisions": len(records),
+        "over_threshold": sum(
+            1 for r in records if r["violation_rate"] > module_scaling.DEFAULT_DOWN_VIOLATION_RATE
+        ),
+        "acted": len(acted),
+        "actions": count,
+        "sources": sorted({r["source"] for r in acted}),
+        "first": acted[0] if acted else (records[0] if records else None),
+    }
 
 
 def _renamed(state: sp.Placement, helper: str) -> tuple[tuple[str, ...], ...]:

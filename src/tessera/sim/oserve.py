@@ -11,10 +11,10 @@ What is imported, not re-implemented: the layouts and their routing come from th
 planner's latency objective (`planner.table1.choose`: `planner.latency.LatencyModel.
 best_routing` over the exhaustive layouts, with class-dedicated replicas), the replicas'
 GPUs from `planner.deployment.materialize`; the router is the gateway's
-(`policies.routing.Router` with the routing's per-replica class shares); in Table 2 the
-next span's class rates come from `workload.selector.BestRecent` over the baselines, the
-candidate from `table1.choose` at the forecast, the switch time from
-`policies.switch_plan.plan`, and whether to switch from `policies.switching.decide`.
+(`policies.routing.Router` with the routing's per-replica class shares); in Table 2 every
+span runs the operator's span step, `policies.switching_step.step` (its forecast, its
+choice of the cheapest candidate, `policies.switching.decide`), with the candidate from
+`table1.choose` at that forecast and the switch time from `policies.switch_plan.plan`.
 A switch is applied after the plan's time plus the time to move the running requests'
 KV over the inter-node link; old replicas stop taking requests and hand theirs (KV kept)
 to the new ones.
@@ -37,11 +37,17 @@ from tessera.planner.evaluate import Evaluator
 from tessera.planner.latency import LatencyModel, LatencyReport
 from tessera.planner.layout import Layout
 from tessera.planner.shapes import Shape
-from tessera.policies import device_links, links, placement, switch_plan, switching
+from tessera.policies import (
+    device_links,
+    links,
+    placement,
+    switch_plan,
+    switching,
+    switching_step,
+)
 from tessera.policies.routing import Router, centroid_class_router
 from tessera.sim import arrivals, engine, relayout, report, setup
 from tessera.sim.replica import SimReplica, adopt
-from tessera.workload import baselines, selector
 
 NODES, GPUS = 2, 8
 LOAD = 0.7  # of the best homogeneous layout's sustainable rate (as table1)
@@ -207,11 +213,14 @@ def _shares(level: str) -> tuple[float, ...]:
 
 @dataclass
 class Switcher:
-    """The switching loop of the operator, run every span on the simulated cluster:
-    count each class's arrivals, forecast the next span (`selector.BestRecent`), plan a
-    candidate at the forecast (`table1.choose`), re-route the current layout at the
-    forecast (its best routing), and apply `switching.decide` with the switch plan's
-    time."""
+    """The operator's switching loop, run every span on the simulated cluster: count
+    each class's arrivals and call the operator's own span step
+    (`policies.switching_step.step`: forecast, cheapest candidate, `switching.decide`).
+    What the simulator supplies is what the operator's candidate source supplies: the
+    candidate (the planner's latency objective, `table1.choose`, at the step's forecast),
+    the price (each layout's modelled P99 with its best routing, class-dedicated
+    replicas allowed) and the switch time (`policies.switch_plan.plan`). On a stay the
+    current layout is re-routed for the forecast (its best routing)."""
 
     profile: Profile
     base: tuple[RequestClass, ...]
@@ -226,7 +235,6 @@ class Switcher:
     shared_cache: dict[tuple[int | float, ...], table1.Choice] | None = None  # across runs
     executor: relayout.Executor | None = None  # the transition in progress
     transitions: list[dict[str, Any]] = field(default_factory=list)
-    forecaster: selector.BestRecent | None = None
     state: switching.HysteresisState = field(default_factory=switching.HysteresisState)
     counts: list[list[float]] | None = None
     decisions: list[dict[str, Any]] | None = None
@@ -236,14 +244,6 @@ class Switcher:
     _cache: dict[tuple[int | float, ...], table1.Choice] | None = None
 
     def __post_init__(self) -> None:
-        self.forecaster = self.forecaster or selector.BestRecent(
-            {
-                "last": baselines.LastValue(),
-                "ma3": baselines.MovingAverage(3),
-                "es": baselines.ExpSmoothing(0.5),
-            },
-            window=3,
-        )
         self.counts, self.decisions = [], []
         self._cache = self.shared_cache if self.shared_cache is not None else {}
         self._next = self.cfg.span_s
@@ -253,62 +253,80 @@ class Switcher:
             return
         self._next += self.cfg.span_s
         assert self.counts is not None and self.decisions is not None
-        assert self.forecaster is not None
         self.counts.append(self._count(eng, now))
-        history = np.asarray(self.counts, dtype=float)
-        if len(history) == 1:
-            self.forecaster.fit(history)
-        forecast = np.maximum(self.forecaster.predict(history), 0.0)
-        demand = tuple(float(v) / self.cfg.span_s for v in forecast)
-        if sum(demand) <= 0:
-            return
         if self.executor is not None and self.executor.finished_at is None:
             self.decisions.append(
                 {"time_s": round(now, 1), "action": "busy", "reason": "a transition is running"}
             )
             return
-        pick = self._choice(demand)
-        here = LatencyModel(pick.problem, pick.table).best_routing(
-            *_groups(self.current_layout), pick.demand, dedicate=True
-        )
+        # The candidate source: the planner's latency objective at the step's forecast
+        # (`table1.choose`). The step recomputes the same forecast from the same counts.
+        demand = tuple(c / self.cfg.span_s for c in switching_step.forecast(self.counts).counts)
         current_name = self.current_layout.label()
-        cand_layout, cand_report = pick.hetero
-        if not cand_report.groups:
+        pick = self._choice(demand) if sum(demand) > 0 else None
+        cands: list[str] = []
+        if pick is not None and pick.hetero[1].groups:
+            cands = [pick.hetero[0].label()]
+        elif pick is not None:
             self.decisions.append(
                 {"time_s": round(now, 1), "action": "stay", "reason": "no layout serves it"}
             )
             return
-        target = build(pick, pick.hetero, f"g{self._gen + 1}-")
-        model = placement.model_bytes(self.profile)
-        dev_links = device_links.from_comm(self.profile.comm, self.storage_bytes_per_s)
-        sw = switch_plan.plan(self.current.placed, target.placed, model, dev_links)
-        decision = switching.decide(
+        here = (
+            LatencyModel(pick.problem, pick.table).best_routing(
+                *_groups(self.current_layout), pick.demand, dedicate=True
+            )
+            if pick is not None
+            else None
+        )
+        target = build(pick, pick.hetero, f"g{self._gen + 1}-") if pick is not None else None
+
+        def price(name: str, at: tuple[float, ...]) -> float:
+            assert pick is not None and here is not None and at == demand
+            rep = here if name == current_name else pick.hetero[1]
+            return max(rep.p99_latency_s, 1e-9)
+
+        def switch_seconds(source: str, dest: str) -> float:
+            assert target is not None and source == current_name
+            return self._switch_seconds(target)
+
+        step = switching_step.step(
             self.cfg,
             self.state,
-            switching.DeploymentCost(current_name, max(here.p99_latency_s, 1e-9)),
-            switching.DeploymentCost(cand_layout.label(), max(cand_report.p99_latency_s, 1e-9)),
-            sum(demand),
-            sw.seconds,
+            self.counts,
+            current_name,
+            cands or [current_name],
+            price,
+            switch_seconds,
         )
+        decision = step.decision
         self.state = decision.state
         self.decisions.append(
             {"time_s": round(now, 1), **decision.to_json(), "current": current_name}
         )
+        if pick is None or here is None or target is None:
+            return
         if decision.action == switching.SWITCH:
             self._gen += 1
             eng.result.actions.append((now, f"switch planned: {current_name} -> {target.label}"))
             if self.use_transition:
-                self._transition(eng, target, cand_layout)
+                self._transition(eng, target, pick.hetero[0])
             else:
                 eng.at(
-                    now + sw.seconds,
+                    now + decision.switch_s,
                     f"switch: {current_name} -> {target.label}",
-                    functools.partial(self._apply, eng, target, cand_layout),
+                    functools.partial(self._apply, eng, target, pick.hetero[0]),
                 )
         elif math.isfinite(here.p99_latency_s):
             # stay: the current layout re-routed for the forecast (assignment per span)
             self.current.shares = _shares_of(self.current, here)
             eng.router.set_class_shares(self.current.shares, _classifier(self.base))
+
+    def _switch_seconds(self, target: Built) -> float:
+        """The greedy switch plan's time from the current placement to `target`'s."""
+        model = placement.model_bytes(self.profile)
+        dev_links = device_links.from_comm(self.profile.comm, self.storage_bytes_per_s)
+        return switch_plan.plan(self.current.placed, target.placed, model, dev_links).seconds
 
     def _choice(self, demand: tuple[float, ...]) -> table1.Choice:
         total = sum(demand)
