@@ -6,6 +6,10 @@ validated (`load_check`) before anything is read or transferred, books its bytes
 device (`booking`) and, for stage 0, gets its replica engine (`leader`). Blocks are
 keyed by (replica id, stage): blocks of a new layout generation carry a new replica id,
 so they load beside the old generation's and both serve until the old one is unloaded.
+An agent may hold several tensor-parallel ranks of one stage, each on its own declared
+device (a node agent serving tp=2 on cuda:0 and cuda:1): `hosted` answers for the stage
+with the lowest rank held here (rank 0 when held: Generate, stage streams, KV and
+metrics go to it) and `more_ranks` holds the others, keyed by (replica, stage, rank).
 A load of a block already held with the same layout is answered as already loaded; one
 that differs only in its next-stage address rewires the stage.
 """
@@ -39,6 +43,7 @@ from tessera_agent.transfer import block_copy, group
 log = logging.getLogger(__name__)
 
 Key = tuple[str, int]
+RankKey = tuple[str, int, int]  # (replica id, stage, tp rank)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,13 +68,14 @@ class Hosting:
             defaults,
             compute,
         )
-        self.hosted: dict[Key, hosted.Hosted] = {}
+        self.hosted: dict[Key, hosted.Hosted] = {}  # the lowest rank of a stage held here
+        self.more_ranks: dict[RankKey, hosted.Hosted] = {}  # its other ranks held here
         self.zoo = block_zoo.BlockZoo()  # identical pieces of every block, held once
         self.loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loader")
         self._lock = asyncio.Lock()
 
     async def close(self) -> None:
-        for h in list(self.hosted.values()):
+        for h in [*self.hosted.values(), *self.more_ranks.values()]:
             if h.leader is not None:
                 await h.leader.close()
             if h.tp is not None:
@@ -94,9 +100,20 @@ class Hosting:
             )
         return h.leader
 
+    def ranks_of(self, replica_id: str, stage_index: int) -> list[hosted.Hosted]:
+        """Every rank of the stage held here, lowest first."""
+        first = self.hosted.get((replica_id, stage_index))
+        if first is None:
+            return []
+        key = (replica_id, stage_index)
+        more = [h for k, h in self.more_ranks.items() if k[:2] == key]
+        return [first, *sorted(more, key=lambda h: h.stage.spec.tp_rank)]
+
     def held(self) -> list[tuple[blocks.Block, stage.Stage]]:
-        """Every hosted block with the bytes it holds, in key order."""
-        return [(self.observed(h), h.stage) for _, h in sorted(self.hosted.items())]
+        """Every hosted block (every rank) with the bytes it holds, in key order."""
+        every = [(k[0], k[1], h.stage.spec.tp_rank, h) for k, h in self.hosted.items()]
+        every += [(*k, h) for k, h in self.more_ranks.items()]
+        return [(self.observed(h), h.stage) for *_, h in sorted(every, key=lambda e: e[:3])]
 
     @staticmethod
     def observed(h: hosted.Hosted) -> blocks.Block:
@@ -130,8 +147,23 @@ class Hosting:
         load_check.check_request(spec)
         async with self._lock:
             key = (spec.replica_id, spec.stage_index)
-            if key in self.hosted:
-                return self._again(self.hosted[key], spec)
+            same = {h.stage.spec.tp_rank: h for h in self.ranks_of(*key)}
+            if spec.tp_rank in same or (same and spec.tp_size == 1):
+                return self._again(same.get(spec.tp_rank) or self.hosted[key], spec)
+            for h in same.values():  # ranks of one stage held here: one device per rank
+                have = h.stage.spec
+                if have.tp_size != spec.tp_size or have.device == spec.device:
+                    why = (
+                        f"is already on {have.device}; rank {spec.tp_rank} needs a device "
+                        "of its own"
+                        if have.tp_size == spec.tp_size
+                        else f"is held here; rank {spec.tp_rank} of tp={spec.tp_size} does "
+                        "not fit it (unload it first: a new layout takes a new replica id)"
+                    )
+                    raise errors.FailedPreconditionError(
+                        f"replica {spec.replica_id} stage {spec.stage_index}: rank "
+                        f"{have.tp_rank} of tp={have.tp_size} {why}"
+                    )
             dev = self.memory.device(spec.device)
             loop = asyncio.get_running_loop()
             copy = source is not None or bool(parts)
@@ -220,7 +252,7 @@ class Hosting:
                     self.defaults.pipeline_microbatches,
                     self.defaults.microbatch_split,
                 )
-            self.hosted[key] = h
+            self._index(key, h)
             how = (
                 f"copied from {source.address} over {moved_by}"
                 if source is not None
@@ -251,21 +283,54 @@ class Hosting:
             "(a new layout takes a new replica id)"
         )
 
-    async def unload(self, replica_id: str, stage_index: int) -> None:
+    def _index(self, key: Key, h: hosted.Hosted) -> None:
+        """File a new rank: the stage's lowest rank held here answers for it."""
+        have = self.hosted.get(key)
+        if have is None or h.stage.spec.tp_rank < have.stage.spec.tp_rank:
+            self.hosted[key] = h
+            if have is not None:
+                self.more_ranks[(*key, have.stage.spec.tp_rank)] = have
+        else:
+            self.more_ranks[(*key, h.stage.spec.tp_rank)] = h
+
+    async def unload(self, replica_id: str, stage_index: int, tp_rank: int | None = None) -> None:
+        """Unload rank `tp_rank` of the stage, or every rank held here when None (rank 0
+        first: it tells the followers to stop, so theirs then close without waiting)."""
         async with self._lock:
-            h = self.get(replica_id, stage_index)
-            del self.hosted[(replica_id, stage_index)]
-            if h.leader is not None:
-                await h.leader.close()
-            if h.tp is not None:  # rank 0 stops its followers; a follower lets go
-                await asyncio.get_running_loop().run_in_executor(None, h.tp.close)
-            h.close_links()
-            layer_run.close_runs(h.stage.runner.runs)  # replicas of its layer runs go too
-            for d in self.memory.devices.values():  # and their bookings on this agent
-                for k in [k for k in d.used if k.startswith(f"run:{replica_id}/")]:
-                    del d.used[k]
-            self.memory.release(h.stage.spec.device, h.holder)
-            if h.stage.pieces is not None:  # pieces no other block uses are freed
-                for piece in h.stage.pieces.release():
-                    self.memory.release(h.stage.spec.device, piece.holder)
-            log.info("unloaded %s", h.holder)
+            ranks = self.ranks_of(replica_id, stage_index)
+            if tp_rank is not None:
+                ranks = [h for h in ranks if h.stage.spec.tp_rank == tp_rank]
+            if not ranks:
+                which = "" if tp_rank is None else f" rank {tp_rank}"
+                raise errors.NotFoundError(
+                    f"replica {replica_id} has no stage {stage_index}{which} on agent "
+                    f"{self.agent_id}"
+                )
+            key = (replica_id, stage_index)
+            for h in ranks:
+                rank = h.stage.spec.tp_rank
+                if self.hosted.get(key) is h:
+                    del self.hosted[key]
+                    rest = sorted(k for k in self.more_ranks if k[:2] == key)
+                    if rest:  # the next rank held here answers for the stage
+                        self.hosted[key] = self.more_ranks.pop(rest[0])
+                else:
+                    del self.more_ranks[(*key, rank)]
+                await self._unload_one(h)
+
+    async def _unload_one(self, h: hosted.Hosted) -> None:
+        replica_id = h.stage.spec.replica_id
+        if h.leader is not None:
+            await h.leader.close()
+        if h.tp is not None:  # rank 0 stops its followers; a follower lets go
+            await asyncio.get_running_loop().run_in_executor(None, h.tp.close)
+        h.close_links()
+        layer_run.close_runs(h.stage.runner.runs)  # replicas of its layer runs go too
+        for d in self.memory.devices.values():  # and their bookings on this agent
+            for k in [k for k in d.used if k.startswith(f"run:{replica_id}/")]:
+                del d.used[k]
+        self.memory.release(h.stage.spec.device, h.holder)
+        if h.stage.pieces is not None:  # pieces no other block uses are freed
+            for piece in h.stage.pieces.release():
+                self.memory.release(h.stage.spec.device, piece.holder)
+        log.info("unloaded %s rank %d", h.holder, h.stage.spec.tp_rank)

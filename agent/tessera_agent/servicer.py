@@ -144,7 +144,8 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         self, request: pb.UnloadBlockRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.UnloadBlockReply:
         try:
-            await self.hosting.unload(request.replica_id, request.stage_index)
+            rank = request.tp_rank if request.HasField("tp_rank") else None
+            await self.hosting.unload(request.replica_id, request.stage_index, rank)
         except errors.EngineError as exc:
             await grpc_status.abort(context, exc)
         return pb.UnloadBlockReply(unloaded=True)

@@ -49,7 +49,9 @@ async def _block(action: actions.BlockAction, timeout: float) -> Result:
         if isinstance(action, actions.UnloadBlock):
             await stub.UnloadBlock(
                 pb.UnloadBlockRequest(
-                    replica_id=action.block.replica_id, stage_index=action.block.stage_index
+                    replica_id=action.block.replica_id,
+                    stage_index=action.block.stage_index,
+                    tp_rank=action.block.tp_rank,
                 ),
                 timeout=timeout,
             )

@@ -525,13 +525,14 @@ def check_semantics(
                             f"unknown agent {rank.agent!r} (known: {', '.join(agents) or 'none'})",
                         )
                     )
-            names = [p.agent for p in st.placements()]
-            if len(set(names)) != len(names):
+            places = [(p.agent, p.device) for p in st.placements()]
+            if len(set(places)) != len(places):
                 errs.append(
                     fields.FieldError(
                         f"{spath}.ranks",
-                        f"the {st.tp} tensor-parallel ranks need {st.tp} different agents "
-                        "(an agent holds one rank of a stage); list them in `ranks`",
+                        f"the {st.tp} tensor-parallel ranks need {st.tp} different devices "
+                        "(one device per rank; an agent may hold several ranks on its "
+                        "devices); list them in `ranks`",
                     )
                 )
         if rep.stages and expect != model.num_layers and expect <= model.num_layers:

@@ -33,9 +33,11 @@ def load_tp(
     splits: list[tuple[int, int]],
     replica_id: str,
     timeout_s: float = 30.0,
+    devices: list[list[str]] | None = None,
 ) -> None:
-    """ranks[i][k]: the agent holding rank k of stage i; stage i's rank 0 is the one the
-    previous stage talks to. Every rank meets on the leader agent's store."""
+    """ranks[i][k]: the agent holding rank k of stage i (on devices[i][k], default cpu:0);
+    stage i's rank 0 is the one the previous stage talks to. Every rank meets on the
+    leader agent's store."""
     store = _stub(ranks[0][0]).Describe(pb.DescribeRequest()).store_address
     dp = pb.DataPlane(
         store_address=store, group=f"{replica_id}-{uuid.uuid4().hex[:8]}", timeout_s=timeout_s
@@ -48,7 +50,7 @@ def load_tp(
                     model_path=str(model),
                     layer_start=splits[i][0],
                     layer_end=splits[i][1],
-                    device="cpu:0",
+                    device=devices[i][k] if devices else "cpu:0",
                     replica_id=replica_id,
                     stage_index=i,
                     num_stages=len(splits),
@@ -211,3 +213,61 @@ def test_pipeline_hidden_states_over_the_stage_link(
     assert [t for ch in chunks for t in ch.token_ids] == hf_greedy(tiny_llama, prompts[0], NEW)
     assert sum(len(ch.logprobs) for ch in chunks) == NEW
     assert _states(agents[0])[("link", 0)].results == "gloo"  # the link stays in use
+
+
+def _free(agent: local_agents.AgentProcess) -> dict[str, int]:
+    d = _stub(agent).Describe(pb.DescribeRequest())
+    return {dev.id: dev.free_bytes for dev in d.devices}
+
+
+def test_one_agent_hosts_both_ranks_on_its_two_devices(
+    agents_factory: Start, tiny_llama: Path, prompts: list[list[int]]
+) -> None:
+    """A node agent with two declared devices serves tp=2 alone: rank 0 on cpu:0 and rank 1
+    on cpu:1, each its own gloo group member on its own thread of the one process; greedy
+    tokens equal transformers'; unloading the stage frees both devices; loaded again, the
+    ranks unload one by one (rank 1 then answers for the stage), and a rank on a device
+    already holding another rank of the stage is refused."""
+    (a,) = agents_factory(1, devices="cpu:2x512MiB")
+    empty = _free(a)
+    load_tp([[a, a]], tiny_llama, [(0, 8)], "node", devices=[["cpu:0", "cpu:1"]])
+    for p in prompts[:2]:
+        assert _generate(a, "node", p) == hf_greedy(tiny_llama, p, NEW)
+    d = _stub(a).Describe(pb.DescribeRequest())
+    held = sorted((b.tp_rank, b.device, b.tp_size, b.group_state, b.transport) for b in d.blocks)
+    assert held == [(0, "cpu:0", 2, "ready", "gloo"), (1, "cpu:1", 2, "ready", "gloo")]
+    used = _free(a)
+    assert all(used[dev] < empty[dev] for dev in ("cpu:0", "cpu:1"))
+    # No rank named: every rank of the stage held here goes, and its memory with it.
+    _stub(a).UnloadBlock(pb.UnloadBlockRequest(replica_id="node", stage_index=0))
+    assert not _stub(a).ListBlocks(pb.ListBlocksRequest()).blocks
+    assert _free(a) == empty
+    # Loaded again, the two ranks form a new group in the same process and serve again.
+    load_tp([[a, a]], tiny_llama, [(0, 8)], "node", devices=[["cpu:0", "cpu:1"]])
+    assert _generate(a, "node", prompts[2]) == hf_greedy(tiny_llama, prompts[2], NEW)
+    # Rank 0 alone: its memory goes, rank 1 stays listed (it now answers for the stage).
+    _stub(a).UnloadBlock(pb.UnloadBlockRequest(replica_id="node", stage_index=0, tp_rank=0))
+    left = [(b.tp_rank, b.device) for b in _stub(a).ListBlocks(pb.ListBlocksRequest()).blocks]
+    assert left == [(1, "cpu:1")]
+    assert _free(a) == {"cpu:0": empty["cpu:0"], "cpu:1": used["cpu:1"]}
+    with pytest.raises(grpc.RpcError) as err:  # one device per rank
+        _stub(a).LoadBlock(
+            pb.LoadBlockRequest(
+                model_path=str(tiny_llama),
+                layer_start=0,
+                layer_end=8,
+                device="cpu:1",
+                replica_id="node",
+                num_stages=1,
+                tp_size=2,
+                tp_rank=0,
+                data_plane=pb.DataPlane(store_address="127.0.0.1:1", group="g"),
+            )
+        )
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "rank 1 of tp=2 is already on cpu:1; rank 0 needs a device" in (
+        err.value.details() or ""
+    )
+    _stub(a).UnloadBlock(pb.UnloadBlockRequest(replica_id="node", stage_index=0, tp_rank=1))
+    assert not _stub(a).ListBlocks(pb.ListBlocksRequest()).blocks
+    assert _free(a) == empty

@@ -89,6 +89,16 @@ def test_semantic_errors_name_the_field() -> None:
                         ]
                     },
                     {"stages": [{"agent": "a0", "layers": [0, 8], "tp": 2}]},
+                    {
+                        "stages": [
+                            {
+                                "agent": "a0",
+                                "layers": [0, 8],
+                                "tp": 2,
+                                "ranks": [{"agent": "a0", "device": "cpu:0"}],
+                            }
+                        ]
+                    },
                 ],
             }
         )
@@ -108,8 +118,10 @@ def test_semantic_errors_name_the_field() -> None:
         e.startswith("spec.layout.replicas[4].stages[0].ranks[0].agent: unknown agent 'ghost2'")
         for e in errs
     )
-    assert any(  # tp=2 on a0's cpu:0 and cpu:1: one agent holds one rank of a stage
-        e.startswith("spec.layout.replicas[5].stages[0].ranks: the 2 tensor-parallel ranks")
+    # tp=2 on a0's cpu:0 and cpu:1: one agent holds both ranks, one device per rank
+    assert not any("replicas[5]" in e for e in errs)
+    assert any(  # both ranks on a0's cpu:0: one device per rank
+        e.startswith("spec.layout.replicas[6].stages[0].ranks: the 2 tensor-parallel ranks need")
         for e in errs
     )
     assert not any("replicas[0]" in e for e in errs)

@@ -98,3 +98,19 @@ def test_measured_profile_is_used_for_its_device_kind() -> None:
     )
     p = plan.make_plan(dep, shape, obs, "/m", auto.default_auto_planner(measured))
     assert p.source == "auto:planner" and len({s.agent for r in p.replicas for s in r.stages}) == 2
+
+
+def test_planned_tp_ranks_sit_on_one_agents_devices() -> None:
+    """With TP allowed, every rank of a planned stage gets a device: the stage's agent (the
+    planner's node) and one device per rank, so `reconcile` loads all tp blocks there."""
+    dep, shape = _dep(), _shape()
+    planner = auto.auto_planner(analytic.analytic_profile(shape, "h100-80gb"), max_tp=4)
+    p = plan.make_plan(dep, shape, _gpu_agents(), "/models/llama-2-13b", planner)
+    stages = [s for r in p.replicas for s in r.stages]
+    assert any(s.tp > 1 for s in stages)
+    for s in stages:
+        places = s.placements()
+        assert len(places) == s.tp and len(set(places)) == s.tp
+        assert {a for a, _ in places} == {s.agent}
+    used = [d for s in stages for d in s.placements()]
+    assert len(used) == len(set(used))  # no GPU holds two ranks

@@ -99,6 +99,8 @@ def auto_planner(
                     s.layers[0],
                     s.layers[1],
                     len(s.gpus),
+                    # ranks 1..tp-1 on the node's other GPUs: one agent, one device per rank
+                    tuple((node, by_name[node][g].id) for node, g in s.gpus[1:]),
                 )
                 for s in r.stages
             )

@@ -225,12 +225,14 @@ class LoadBlockReply(_message.Message):
     def __init__(self, block: _Optional[_Union[BlockInfo, _Mapping]] = ..., already_loaded: _Optional[bool] = ...) -> None: ...
 
 class UnloadBlockRequest(_message.Message):
-    __slots__ = ("replica_id", "stage_index")
+    __slots__ = ("replica_id", "stage_index", "tp_rank")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TP_RANK_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     stage_index: int
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ...) -> None: ...
+    tp_rank: int
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., tp_rank: _Optional[int] = ...) -> None: ...
 
 class UnloadBlockReply(_message.Message):
     __slots__ = ("unloaded",)
