@@ -80,3 +80,35 @@ def test_operator_serves_a_tp2_replica(
     assert answer["usage"]["completion_tokens"] == 4
     custom(kube).delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "tp")
     wait_for("blocks unloaded", lambda: not _blocks(procs[0]) and not _blocks(procs[1]), 90)
+
+
+def test_operator_places_both_ranks_on_one_agents_devices(
+    agents_factory: Start,
+    tiny_llama: Path,
+    start_operator: Callable[..., Any],
+    kube: client.ApiClient,
+) -> None:
+    """A tp=2 stage naming no `ranks` goes on its agent's devices cpu:0 and cpu:1 (a node
+    agent serving TP alone): both blocks load there, serve transformers' tokens, and the
+    deletion unloads each rank by its number."""
+    (agent,) = agents_factory(1, devices="cpu:2x512MiB")
+    start_operator(refs([agent]))
+    layout = [{"name": "r0", "stages": [{"agent": "agent-0", "layers": [0, 8], "tp": 2}]}]
+    custom(kube).create_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, manifest("node", tiny_llama, layout)
+    )
+    wait_for("Ready=True", lambda: ready(kube, "node"), timeout=180)
+    wait_for(
+        "the group to form",
+        lambda: [b.group_state for b in _blocks(agent)] == ["ready", "ready"],
+        timeout=60,
+    )
+    held = _blocks(agent)
+    assert [(b.tp_rank, b.device) for b in held] == [(0, "cpu:0"), (1, "cpu:1")]
+    stub = pb_grpc.AgentStub(transport.sync_channel(agent.address))
+    prompt = [0, 44, 45, 46]
+    assert local_agents.generate_tokens(stub, held[0].replica_id, prompt, 8) == hf_greedy(
+        tiny_llama, prompt, 8
+    )
+    custom(kube).delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "node")
+    wait_for("blocks unloaded", lambda: not _blocks(agent), 90)
