@@ -247,3 +247,30 @@ def test_advisory_recommends_a_planner_layout_by_default(
     assert obj is not None and obj["metadata"]["generation"] == 1
     assert _shape(obj["spec"]["layout"]["replicas"]) == _shape(PIPE_ONE_AGENT)
     assert "SwitchRecommended" in [r for r, _ in events(kube, "auto-cands")]
+
+    # the same on a `layout: auto` spec (same agent, no new processes): its current
+    # deployment is what the auto pass placed (status.plan; here the simple plan's two whole
+    # replicas), priced as "auto"; the planner's identical layout is reported as current
+    doc = manifest("auto-spec", tiny_llama, PIPE_ONE_AGENT)
+    doc["spec"]["layout"] = {"mode": "auto"}
+    doc["spec"]["workload"] = {
+        "classes": [
+            {"name": "short", "inputTokens": 32, "outputTokens": 8},
+            {"name": "long", "inputTokens": 512, "outputTokens": 64},
+        ]
+    }
+    doc["spec"]["policies"] = {
+        "switching": {"enabled": True, "mode": "active", "spanSeconds": 1, "minGain": 0.05}
+    }
+    custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, doc)
+    sw = wait_for(
+        "a step on the auto placement",
+        lambda: (s := _switching(kube, "auto-spec")).get("reason") == "Stay" and s,
+        timeout=120,
+    )
+    obj = get_sd(kube, "auto-spec")
+    assert obj is not None and obj["status"]["plan"]["source"].startswith("auto")
+    assert sw["specLayout"] == "auto" and sw["current"] == planner_name
+    assert set(sw["latencies"]) == {switching_candidates.AUTO, planner_name}
+    assert sw["latencies"][switching_candidates.AUTO] == sw["latencies"][planner_name]
+    assert obj["metadata"]["generation"] == 1 and obj["spec"]["layout"]["mode"] == "auto"

@@ -42,6 +42,7 @@ output. Caller: the operator's loop (`switching_loop.default_candidates`); tests
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,32 +61,36 @@ AUTO = switching_current.AUTO  # the auto planner's placement of an `auto` spec
 
 
 class CandidateCache:
-    """Planner candidates per planning problem, the ``size`` most recently used kept."""
+    """Planner candidates per planning problem, the ``size`` most recently used kept.
+    Safe to share between threads (the operator builds candidates off its event loop);
+    two threads missing the same problem at once both build it, the last one is kept."""
 
     def __init__(self, size: int = 8) -> None:
         self.size = size
         self._items: dict[Any, switching_planner.PlannedCandidates] = {}
+        self._lock = threading.Lock()
         self.builds = 0  # how many times candidates were built (not found)
 
     def get(
         self, prob: problem.PlanningProblem, max_candidates: int
     ) -> switching_planner.PlannedCandidates:
-        key = (prob, max_candidates)
+        key: tuple[problem.PlanningProblem, int] | None = (prob, max_candidates)
         try:
-            found = self._items.pop(key, None)
+            hash(key)
         except TypeError:  # a profile with unhashable parts: build, keep nothing
+            key = None
+        with self._lock:
+            found = self._items.pop(key, None) if key is not None else None
+            if found is not None:
+                self._items[key] = found  # most recently used last
+                return found
             self.builds += 1
-            return switching_planner.candidates(
-                prob, build_table(prob), max_candidates=max_candidates
-            )
-        if found is None:
-            self.builds += 1
-            found = switching_planner.candidates(
-                prob, build_table(prob), max_candidates=max_candidates
-            )
-        self._items[key] = found
-        while len(self._items) > self.size:
-            del self._items[next(iter(self._items))]
+        found = switching_planner.candidates(prob, build_table(prob), max_candidates=max_candidates)
+        if key is not None:
+            with self._lock:
+                self._items[key] = found
+                while len(self._items) > self.size:
+                    del self._items[next(iter(self._items))]
         return found
 
 
