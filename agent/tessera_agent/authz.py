@@ -67,6 +67,12 @@ class Authorizer(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if decision.allowed and method in access.PATH_METHODS and request is not None:
             path = str(request.model_path)
             decision = access.check_model_path(path, os.path.realpath(path), self.model_root)
+        if decision.allowed and method in access.ADAPTER_PATH_METHODS and request is not None:
+            for a in request.adapters:  # every adapter folder under the model root too
+                path = str(a.path)
+                decision = access.check_model_path(path, os.path.realpath(path), self.model_root)
+                if not decision.allowed:
+                    break
         if not decision.allowed:
             log.warning("refused %s: %s (peer %s)", method, decision.reason, context.peer())
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, decision.reason)

@@ -99,6 +99,7 @@ def step_to_proto(inp: step.StepInput) -> pb.StageMessage:
             block_table=list(c.block_table),
             sample=c.sample,
             params=sampling_to_proto(c.params) if c.sample else None,
+            variant=c.variant,
         )
         for c in inp.chunks
     ]
@@ -122,6 +123,7 @@ def step_from_proto(msg: pb.StageStep) -> step.StepInput:
             block_table=tuple(c.block_table),
             sample=c.sample,
             params=sampling_from_proto(c.params) if c.sample else sampling.SamplingParams(),
+            variant=c.variant,
         )
         for c in msg.chunks
     ]

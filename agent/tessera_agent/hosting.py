@@ -33,7 +33,7 @@ from tessera_agent import (
     switch_fetch,
     tp_member,
 )
-from tessera_agent.engine import errors, layer_run, loader, replica, stage
+from tessera_agent.engine import block_zoo, errors, layer_run, loader, replica, stage
 from tessera_agent.transfer import block_copy, group
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,7 @@ class Hosting:
             compute,
         )
         self.hosted: dict[Key, hosted.Hosted] = {}
+        self.zoo = block_zoo.BlockZoo()  # identical pieces of every block, held once
         self.loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loader")
         self._lock = asyncio.Lock()
 
@@ -181,9 +182,13 @@ class Hosting:
                 dev.free_bytes,
                 planned,
                 tensors,
+                self.zoo if self.defaults.block_zoo else None,
             )
             h = hosted.Hosted(loaded)
-            self.memory.book(dev.id, h.holder, loaded.param_bytes + loaded.kv_bytes)
+            self.memory.book(dev.id, h.holder, loaded.own_param_bytes + loaded.kv_bytes)
+            if loaded.pieces is not None:  # each new piece is booked once, for every user
+                for piece in loaded.pieces.adopted.new:
+                    self.memory.book(dev.id, piece.holder, self.zoo.nbytes(piece))
             if group_spec is not None:  # forms in the background; rank 0's steps wait for it
                 h.tp = tp_member.TPMember(loaded, group_spec, dev.torch_device())
             if data_plane is not None and data_plane.store_address and spec.tp_rank == 0:
@@ -256,4 +261,7 @@ class Hosting:
                 for k in [k for k in d.used if k.startswith(f"run:{replica_id}/")]:
                     del d.used[k]
             self.memory.release(h.stage.spec.device, h.holder)
+            if h.stage.pieces is not None:  # pieces no other block uses are freed
+                for piece in h.stage.pieces.release():
+                    self.memory.release(h.stage.spec.device, piece.holder)
             log.info("unloaded %s", h.holder)

@@ -22,6 +22,7 @@ class LoadDefaults:
     max_num_seqs: int = scheduler.SchedulerConfig.max_num_seqs
     max_batched_tokens: int = scheduler.SchedulerConfig.max_batched_tokens
     prefix_caching: bool = True  # leaders reuse KV pages of prompt prefixes computed before
+    block_zoo: bool = True  # identical parameter pieces of blocks held once (block_zoo.py)
     # microbatches a pipelined replica keeps in flight; 0 = one per stage (at least 2)
     pipeline_microbatches: int = 0
     # checkpoint reads take at least bytes / this (a declared storage speed); 0 = unthrottled

@@ -97,6 +97,17 @@ def _paused_or_idle(h: hosted.Hosted) -> None:
         )
 
 
+def _no_layer_runs(h: hosted.Hosted) -> None:
+    """A drop must not remove layers that a replicated layer run (module scaling) covers:
+    the run's holders index the stage's layers and KV pages."""
+    runs = h.stage.runner.runs
+    if runs:
+        spans = ", ".join(f"[{r.start}, {r.end})" for r in runs)
+        raise errors.FailedPreconditionError(
+            f"{h.holder} has replicated layer runs {spans}: evict them before an overload drop"
+        )
+
+
 async def _compact(hs: hosting.Hosting, h: hosted.Hosted, limit: int) -> pb.OverloadShiftReply:
     eng = _leader(h)
     if not eng.paused:
@@ -152,6 +163,7 @@ async def _drop(
             "before it becomes a stage of another replica"
         )
     _paused_or_idle(h)
+    _no_layer_runs(h)
     shift = await _on_compute(hs, memory_shift.drop_layers, h.stage, req.layer_start, req.layer_end)
     assert isinstance(shift, memory_shift.Shift)
     _identity(h, req)

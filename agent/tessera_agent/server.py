@@ -37,6 +37,7 @@ class AgentConfig:
     prefix_caching: bool = True  # replicas led here reuse KV pages of computed prefixes
     model_root: str = ""  # loads must name a checkpoint under this folder; "" = anywhere
     health_port: int = 0  # plaintext grpc.health.v1 only (kubelet probes speak no mTLS); 0 = off
+    block_zoo: bool = True  # share identical parameter pieces between blocks (issue 14)
     pipeline_microbatches: int = 0  # in flight per pipelined replica led here; 0 = its stages
     storage_bytes_per_s: float = 0.0  # declared checkpoint read speed (issue 11); 0 = as is
 
@@ -63,6 +64,7 @@ async def serve(cfg: AgentConfig) -> None:
         prefix_caching=cfg.prefix_caching,
         pipeline_microbatches=cfg.pipeline_microbatches,
         storage_bytes_per_s=cfg.storage_bytes_per_s,
+        block_zoo=cfg.block_zoo,
     )
     rendezvous = store.serve(cfg.host)  # data-plane groups of replicas hosted here meet on it
     svc = servicer.AgentServicer(

@@ -38,6 +38,7 @@ from tessera_agent import (
     scaling_rpc,
     stage_server,
     tensor_transfer,
+    variants,
 )
 from tessera_agent.engine import errors, profiler, replica, stage
 from tessera_agent.transfer import block_copy, group, kv_copy
@@ -79,7 +80,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
     # -- inventory ----------------------------------------------------------------------
     def _blocks(self) -> list[pb.BlockInfo]:
         return [
-            rpc_blocks.to_proto(b, st.num_pages, len(st.tensor_names()))
+            variants.annotate(rpc_blocks.to_proto(b, st.num_pages, len(st.tensor_names())), st)
             for b, st in self.hosting.held()
         ]
 
@@ -99,6 +100,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
             blocks=self._blocks(),
             kv=kv,
             store_address=self.store_address,
+            zoo=variants.zoo_to_proto(self.hosting.zoo),
             scaling_runs=self.scaling.describe(),
             scaling_hosted=self.run_host.describe(),
         )
@@ -132,7 +134,9 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         st = done.hosted.stage
         held = self.hosting.observed(done.hosted)
         return pb.LoadBlockReply(
-            block=rpc_blocks.to_proto(held, st.num_pages, len(st.tensor_names())),
+            block=variants.annotate(
+                rpc_blocks.to_proto(held, st.num_pages, len(st.tensor_names())), st
+            ),
             already_loaded=done.how != "loaded",
         )
 
@@ -358,7 +362,8 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
             rid = request.request_id or uuid.uuid4().hex
             self.metrics.prompt_tokens.labels(request.replica_id).inc(len(prompt))
             # One message per batch of ready events, not one per token.
-            async for batch in h.leader.generate_batches(rid, prompt, params):
+            gen = h.leader.generate_batches(rid, prompt, params, request.variant)
+            async for batch in gen:
                 new = sum(ev.token is not None for ev in batch)
                 n += new
                 self.metrics.generated_tokens.labels(request.replica_id).inc(new)
@@ -369,6 +374,22 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
             await grpc_status.abort(context, exc)
         finally:
             self.metrics.requests.labels(request.replica_id, outcome).inc()
+
+    async def VariantAdapters(
+        self, request: pb.VariantAdaptersRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.VariantAdaptersReply:
+        try:
+            h = self.hosting.get(request.replica_id, request.stage_index)
+            names, nbytes = await variants.set_adapters(
+                h,
+                [(a.name, a.path) for a in request.adapters],
+                self.hosting.loader,
+                self.compute,
+                request.drain_timeout_s,
+            )
+        except errors.EngineError as exc:
+            await grpc_status.abort(context, exc)
+        return pb.VariantAdaptersReply(variants=names, adapter_bytes=nbytes)
 
     async def Cancel(
         self, request: pb.CancelRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -23,12 +23,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tessera import api, fields, observed, plan, reconcile, routes_doc
+from tessera import api, fields, observed, plan, reconcile, routes_doc, variant_spec
 from tessera.cost import model_shape
 from tessera.planner import auto as planner_auto
 from tessera.policies import actions as step_actions
-from tessera.policies import links, placement, transition
+from tessera.policies import links, placement, transition, variant_plan
 from tessera_operator import actuate, agents, gateway_objects
+from tessera_operator import variants as variant_ops
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -53,6 +54,7 @@ class Outcome:
     ready_replicas: list[str] = field(default_factory=list)
     routes: routes_doc.RoutesDoc | None = None  # published at the end of the pass
     serving: list[str] = field(default_factory=list)  # routed replicas with every block
+    variants: list[variant_plan.VariantStatus] = field(default_factory=list)  # issue 14
 
     @property
     def whole(self) -> bool:
@@ -204,6 +206,10 @@ async def converge(
             serving=serving(obs, prefix, published),
         )
     target = reconcile.target(desired, obs)
+    chosen = variant_ops.resolve(dep.spec.variants, model_path)
+    foundation = [r.id for r in target.replicas]
+    target = variant_plan.with_full_chains(target, chosen)  # full fine-tunes: own chains
+    chains = {r.id for r in target.replicas} - set(foundation)
 
     drain = rollout.drain
     if rollout.drain_deadline_s is not None:
@@ -233,6 +239,11 @@ async def converge(
             model_path,
             routes_doc.RoutesDoc(cut.replicas, cut.version, cut.drain_deadline_s, rollout.clock()),
         )
+        if chosen:  # which names the new replica set serves (LoRA: as attached so far)
+            was = out.routes or published
+            lora = frozenset(v.name for v in (was.variants if was else ()) if v.kind == "lora")
+            fids = [r for r in doc.replica_ids if r not in chains]
+            doc = dataclasses.replace(doc, variants=variant_plan.routes(chosen, fids, lora))
         if publish is not None:
             await publish(doc, desired)
         out.routes = doc
@@ -241,6 +252,9 @@ async def converge(
         out.results = await actuate.execute(t, world(obs, published), cut_over, progress)
         obs = await agents.observe(refs)
         out.observed = obs
+    if chosen or (published is not None and published.variants):
+        await _variants(out, chosen, target, foundation, chains, prefix, apply, publish, desired)
+        obs = out.observed or obs
     after = transition.plan(world(obs, out.routes), target)
     out.remaining = after
     out.ready_replicas = ready_replicas(desired, obs)
@@ -271,3 +285,38 @@ async def converge(
             f"generation {desired.generation})"
         )
     return out
+
+
+async def _variants(
+    out: Outcome,
+    chosen: Sequence[variant_spec.VariantSpec],
+    target: transition.Target,
+    foundation: list[str],
+    chains: set[str],
+    prefix: str,
+    apply: bool,
+    publish: Publish | None,
+    desired: plan.Plan,
+) -> None:
+    """LoRA adapters onto the foundation's stages, the variants' routes and status."""
+    placed = [
+        (p.agent, p.address, p.block.replica_id, p.block.stage_index, p.block.num_stages)
+        for p in target.blocks
+        if p.block.replica_id in foundation and p.block.tp_rank == 0
+    ]
+    applied = await variant_ops.apply_adapters(chosen, placed, apply=apply)
+    lora = applied.lora_ready([v.name for v in chosen if v.kind == "lora"])
+    if out.routes is not None:
+        fids = [r for r in out.routes.replica_ids if r not in chains]
+        want = variant_plan.routes(chosen, fids, lora)
+        if want != out.routes.variants and apply:
+            doc = dataclasses.replace(out.routes, variants=want)
+            if publish is not None:
+                await publish(doc, desired)
+            out.routes = doc
+    if out.observed is not None:
+        complete = frozenset(transition.complete_replicas(out.observed, prefix))
+        per = {
+            v.name: [variant_plan.variant_replica_id(f, v.name) for f in foundation] for v in chosen
+        }
+        out.variants = variant_plan.status(chosen, applied.held, per, complete, applied.errors)

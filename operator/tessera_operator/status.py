@@ -166,6 +166,8 @@ def build(
     moving = transition_status(out)
     if moving is not None:
         status["transition"] = moving
+    if out.variants:  # issue 14: each variant loaded where, ready or why not
+        status["variants"] = [v.to_json() for v in out.variants]
     dropped = overload_status.groups(out)
     if dropped:
         status["overload"] = {"groups": dropped}

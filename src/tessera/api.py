@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera import fields
+from tessera import fields, variant_spec
 from tessera.policies import module_scaling
 from tessera.policies import overload as overload_policy
 
@@ -140,6 +140,7 @@ class DeploymentSpec:
     slo: SLOSpec = SLOSpec()
     policies: PoliciesSpec = PoliciesSpec()
     gateway: GatewaySpec = GatewaySpec()
+    variants: tuple[variant_spec.VariantSpec, ...] = ()  # issue 14: tessera.variant_spec
 
 
 @dataclass(frozen=True)
@@ -406,16 +407,28 @@ def _gateway(doc: Any, path: str) -> GatewaySpec:
 
 def parse_spec(doc: Any, path: str = "spec") -> DeploymentSpec:
     s = fields.mapping(doc, path)
-    _unknown(s, ("model", "resources", "layout", "workload", "slo", "policies", "gateway"), path)
+    _unknown(
+        s,
+        ("model", "resources", "layout", "workload", "slo", "policies", "gateway", "variants"),
+        path,
+    )
+    model = _model(fields.require(s, "model", path), f"{path}.model")
     return DeploymentSpec(
-        model=_model(fields.require(s, "model", path), f"{path}.model"),
+        model=model,
         resources=_resources(_opt(s, "resources", {}), f"{path}.resources"),
         layout=_layout(_opt(s, "layout", {}), f"{path}.layout"),
         workload=_workload(_opt(s, "workload", {}), f"{path}.workload"),
         slo=_slo(_opt(s, "slo", {}), f"{path}.slo"),
         policies=_policies(_opt(s, "policies", {}), f"{path}.policies"),
         gateway=_gateway(_opt(s, "gateway", {}), f"{path}.gateway"),
+        variants=_variants(_opt(s, "variants", []), model.name, f"{path}.variants"),
     )
+
+
+def _variants(doc: Any, model: str, path: str) -> tuple[variant_spec.VariantSpec, ...]:
+    for i, item in enumerate(doc if isinstance(doc, list) else []):
+        _unknown(fields.mapping(item, f"{path}[{i}]"), variant_spec.FIELDS, f"{path}[{i}]")
+    return variant_spec.parse(doc, model, path)
 
 
 def parse(doc: Any) -> ServingDeployment:

@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tessera import variant_routes
+
 DEFAULT_DRAIN_DEADLINE_S = 30.0
 
 
@@ -55,12 +57,19 @@ class RoutesDoc:
     model_path: str = ""
     class_shares: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     classes: tuple[ClassCentroid, ...] = ()
+    variants: tuple[variant_routes.RouteVariant, ...] = ()  # issue 14: variant_routes.py
 
     @property
     def replica_ids(self) -> tuple[str, ...]:
         return tuple(r.id for r in self.replicas)
 
     def to_json(self) -> dict[str, Any]:
+        out = self._base_json()
+        if self.variants:
+            out["variants"] = [v.to_json() for v in self.variants]
+        return out
+
+    def _base_json(self) -> dict[str, Any]:
         return {
             "version": self.version,
             "drainDeadlineSeconds": self.drain_deadline_s,
@@ -118,6 +127,7 @@ def parse(obj: object) -> RoutesDoc:
         model_path=_str(obj, "modelPath"),
         class_shares=_shares(obj.get("classShares", {})),
         classes=_classes(obj.get("classes", [])),
+        variants=variant_routes.parse(obj.get("variants", []), _str(obj, "model")),
     )
 
 

@@ -24,10 +24,11 @@ from tests.conftest import hf_greedy
 MiB = 1 << 20
 
 
-def _hosting(capacity: int = 256 * MiB) -> tuple[hosting.Hosting, devices.Device]:
+def _hosting(capacity: int = 256 * MiB, zoo: bool = True) -> tuple[hosting.Hosting, devices.Device]:
     dev = devices.Device("cpu:0", "cpu", "virtual CPU device", capacity)
     pool = concurrent.futures.ThreadPoolExecutor(1)
-    h = hosting.Hosting("a0", booking.Booking("a0", [dev]), load_config.LoadDefaults(), pool)
+    defaults = load_config.LoadDefaults(block_zoo=zoo)
+    h = hosting.Hosting("a0", booking.Booking("a0", [dev]), defaults, pool)
     return h, dev
 
 
@@ -93,7 +94,9 @@ def test_same_block_again_rewire_and_refusals(tiny_llama: Path) -> None:
 
 def test_a_second_generation_that_does_not_fit_is_refused(tiny_llama: Path) -> None:
     async def run() -> None:
-        h, dev = _hosting(capacity=48 * MiB)
+        # without the block zoo: with it, the same checkpoint's second copy shares every
+        # parameter and fits (tests/variants/test_block_zoo.py)
+        h, dev = _hosting(capacity=48 * MiB, zoo=False)
         await h.load(_block(tiny_llama, "d.r0.g1", 1))
         with pytest.raises(errors.ResourceExhaustedError):
             await h.load(_block(tiny_llama, "d.r0.g2", 2))

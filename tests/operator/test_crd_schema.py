@@ -52,6 +52,7 @@ def full_manifest() -> dict[str, Any]:
     spec["layout"]["replicas"][0]["stages"][0]["tp"] = 2  # so its one sampled rank is valid
     spec["resources"]["gpuMemory"] = "80Gi"
     spec["resources"]["maxGpus"] = spec["resources"]["gpus"] = 2
+    del spec["variants"][0]["checkpoint"]  # a variant is an adapter or a checkpoint
     return {
         "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
         "kind": api.KIND,

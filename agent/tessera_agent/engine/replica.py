@@ -83,6 +83,8 @@ class ReplicaEngine:
         self._pins: set[str] = set()
         self._paused = False  # overload shifts: no step is scheduled while set
         self.steps = 0
+        # Variants being removed: new requests for them are refused (see `variants.py`).
+        self.refused_variants: frozenset[str] = frozenset()
 
     # -- lifecycle --------------------------------------------------------------------
     async def _ensure_ready(self) -> scheduler.Scheduler:
@@ -252,6 +254,8 @@ class ReplicaEngine:
         """The request's token events, grouped: every event ready when the consumer asks
         comes in one list (a token and its finish together; several tokens when the
         consumer fell behind), so a streaming caller sends fewer, larger messages."""
+        if variant:
+            self.check_variant(variant)
         sched = await self._ensure_ready()
         queue: asyncio.Queue[scheduler.TokenEvent] = asyncio.Queue()
         sched.add(seq_id, prompt, params, variant)
@@ -278,6 +282,22 @@ class ReplicaEngine:
             self._queues.pop(seq_id, None)
             if not finished:
                 self.cancel(seq_id)
+
+    def check_variant(self, variant: str) -> None:
+        """NotFoundError naming the served variants unless this replica serves `variant`."""
+        served = set(self.local.lora[1]) if self.local.lora is not None else set()
+        if variant not in served or variant in self.refused_variants:
+            names = sorted(served - self.refused_variants)
+            raise errors.NotFoundError(
+                f"variant {variant!r} is not served by this replica (served: {names or 'none'})"
+            )
+
+    def variant_requests(self, variants: frozenset[str]) -> int:
+        """Requests of these variants not finished yet (running or waiting)."""
+        s = self._sched
+        if s is None or not variants:
+            return 0
+        return sum(seq.variant in variants for seq in (*s.running, *s.waiting))
 
     def cancel(self, seq_id: str) -> None:
         if self._sched is not None:

@@ -34,6 +34,7 @@ class StageRunner:
         self.block_tables: dict[str, tuple[int, ...]] = {}  # last seen, for KV export
         # LoRA variants attached to this stage (see lora.attach): context and name -> slot.
         self.lora: tuple[lora.LoraContext, dict[str, int]] | None = None
+        self.adapters: tuple[lora.Adapter, ...] = ()  # what `lora` was built from
         # Replicated layer runs of this stage (CoCoServe; layer_run.py, scaling_ops.py).
         self.runs: list[layer_run.ReplicatedRun] = []
 
@@ -41,6 +42,7 @@ class StageRunner:
         """Serve these LoRA adapters on this stage (replaces the previous set)."""
         ctx, slots = lora.attach(self.model, self.model.cfg, adapters, self.model.dtype_)
         self.lora = (ctx, slots) if adapters else None
+        self.adapters = tuple(adapters)
 
     def _set_variants(self, chunks: list[step.SeqChunk]) -> None:
         if self.lora is None:

@@ -16,7 +16,16 @@ from pathlib import Path
 import torch
 
 from tessera import blocks
-from tessera_agent.engine import block_tensors, errors, kv_cache, loader, runner, step, tp
+from tessera_agent.engine import (
+    block_tensors,
+    block_zoo,
+    errors,
+    kv_cache,
+    loader,
+    runner,
+    step,
+    tp,
+)
 from tessera_agent.engine import config as config_mod
 
 DEFAULT_PAGE_SIZE = blocks.DEFAULT_PAGE_SIZE
@@ -46,8 +55,16 @@ class Stage:
         cfg: config_mod.ModelConfig,
         runner_: runner.StageRunner,
         param_bytes: int,
+        pieces: block_zoo.StagePieces | None = None,
     ) -> None:
         self.spec, self.cfg, self.runner, self.param_bytes = spec, cfg, runner_, param_bytes
+        # Its hold on the agent's block zoo (shared parameters); None when not pooled.
+        self.pieces = pieces
+
+    @property
+    def own_param_bytes(self) -> int:
+        """Parameter bytes this stage holds outside the zoo (all of them when unpooled)."""
+        return 0 if self.pieces is not None else self.param_bytes
 
     @property
     def kv_bytes(self) -> int:
@@ -134,23 +151,43 @@ def load_stage(
     budget_bytes: int,
     planned: tuple[config_mod.ModelConfig, int] | None = None,
     tensors: dict[str, torch.Tensor] | None = None,
+    zoo: block_zoo.BlockZoo | None = None,
 ) -> Stage:
     """Load the block within `budget_bytes` of device memory (parameters plus KV pool),
-    from the checkpoint or from `tensors` (by checkpoint name, copied from a peer)."""
+    from the checkpoint or from `tensors` (by checkpoint name, copied from a peer).
+
+    With a `zoo` (an unsharded block), pieces whose content the agent already holds are
+    shared, not loaded again: only the new ones count against the budget."""
     cfg, pbytes = planned or plan_bytes(spec, weights=tensors is None)  # validated by callers
-    pages = kv_pages(spec, cfg, pbytes, budget_bytes)
     dtype = torch_dtype(spec.dtype)
     if tensors is not None:
         block_tensors.check(cfg, spec.start, spec.end, tensors, shard(spec))
+    keys: list[block_zoo.PieceKey] = []
+    new_bytes = pbytes
+    if zoo is not None and spec.tp_size == 1:
+        if tensors is None:
+            names = loader.checkpoint_names(cfg, spec.start, spec.end)
+            tensors = loader.read_tensors(Path(spec.model_path), names)
+        keys = block_zoo.keys(cfg, spec.start, spec.end, tensors, spec.dtype, str(device))
+        new_bytes = pbytes - zoo.held_bytes(keys)
+    pages = kv_pages(spec, cfg, new_bytes, budget_bytes)
     model = loader.load_stage(
         Path(spec.model_path), cfg, spec.start, spec.end, dtype, device, tensors, shard(spec)
     )
-    kv_heads = tp.local_sizes(cfg, shard(spec))[1]
-    layout = kv_cache.KVLayout(
-        spec.end - spec.start, pages, spec.page_size, kv_heads, cfg.head_dim, dtype
-    )
-    cache = kv_cache.PagedKVCache(layout, device)
-    return Stage(spec, cfg, runner.StageRunner(model, cache, device), pbytes)
+    pieces = None
+    if zoo is not None and keys:
+        pieces = block_zoo.StagePieces(zoo, zoo.adopt(model, keys))
+    try:
+        kv_heads = tp.local_sizes(cfg, shard(spec))[1]
+        layout = kv_cache.KVLayout(
+            spec.end - spec.start, pages, spec.page_size, kv_heads, cfg.head_dim, dtype
+        )
+        cache = kv_cache.PagedKVCache(layout, device)
+        return Stage(spec, cfg, runner.StageRunner(model, cache, device), pbytes, pieces)
+    except BaseException:
+        if pieces is not None:  # nothing half-loaded stays referenced in the zoo
+            pieces.release()
+        raise
 
 
 class LocalDownstream:

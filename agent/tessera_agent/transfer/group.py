@@ -100,7 +100,7 @@ class _Recording(c10d.Store):
         self.inner.set_timeout(timeout)
 
     def forget_all(self) -> None:
-        for key in self.keys:
+        for key in list(self.keys):  # ranks may still add keys from their threads
             try:
                 self.inner.delete_key(key)
             except Exception:  # the store's agent may be gone with its keys

@@ -33,6 +33,12 @@ def register(sub: Any) -> None:
         help="do not reuse the KV pages of prompt prefixes already computed",
     )
     p.add_argument(
+        "--no-block-zoo",
+        dest="block_zoo",
+        action="store_false",
+        help="load every block's parameters, even when identical ones are held (baselines)",
+    )
+    p.add_argument(
         "--pipeline-microbatches",
         type=int,
         default=0,
@@ -73,6 +79,7 @@ def _run(args: argparse.Namespace) -> int:
         prefix_caching=args.prefix_caching,
         model_root=args.model_root,
         health_port=args.health_port,
+        block_zoo=args.block_zoo,
         pipeline_microbatches=args.pipeline_microbatches,
         storage_bytes_per_s=args.storage_bandwidth,
     )

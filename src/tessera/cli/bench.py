@@ -37,6 +37,7 @@ BENCHES: dict[str, str] = {
     "chaos": "tessera.cli.bench_chaos",
     "transition": "tessera.policies.bench",
     "sim": "tessera.sim.bench",
+    "variants": "tessera.cli.bench_variants",
     "scaling": "tessera.cli.bench_scaling",
     "overload": "tessera.cli.bench_overload",
 }

@@ -136,6 +136,11 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             f"spec.model.path: no checkpoint at {model_path} "
             "(make one with `tessera model make-tiny`)"
         )
+    from tessera.cli import variant_check
+
+    bad = variant_check.check(dep, model_path)
+    if bad:
+        return _fail("; ".join(bad))
     auto = None
     if args.profile is not None:
         from tessera.cost import profile as profile_mod
@@ -219,6 +224,8 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         sys.stdout.write(_curl_example(gateway.url, dep.spec.model.name))
         sys.stdout.flush()
         said = ""
+        seen: dict[str, str] = {}
+        _report_variants(outcome, console.print, seen)
 
         async def one_pass(current: Any) -> bool:
             """A converge pass toward `current`; True while a transition is under way."""
@@ -239,6 +246,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 rollout=rollout,
             )
             published = again.routes or published
+            _report_variants(again, console.print, seen)
             for r in again.results:  # each load says where its parameters came from
                 if r.ok and r.action.kind == "LoadBlock":
                     console.print(f"✓ {r.action.describe()}")
@@ -252,7 +260,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             return remaining is not None and bool(remaining.steps) and remaining.blocked is None
 
         supervisor = supervise.start(procs, args.devices, threads, console.print)
-        watcher = up_watch.ManifestWatcher(args.file, dep)
+        watcher = up_watch.ManifestWatcher(
+            args.file, dep, lambda d: variant_check.check(d, model_path)
+        )
         await up_watch.run_loop(
             stop,
             watcher,
@@ -277,6 +287,50 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             local_agents.stop_agent(p)
         with contextlib.suppress(FileNotFoundError):
             args.state_file.unlink()
+
+
+def _report_variants(outcome: Any, say: Any, seen: dict[str, str]) -> None:
+    """Print each variant's state when it changes (issue 14), and forget removed ones."""
+    now = {v.name: v for v in outcome.variants}
+    for name in sorted(set(seen) - set(now)):
+        say(f"variant {name}: removed")
+        del seen[name]
+    for name, v in now.items():
+        line = f"variant {name} ({v.kind}): {v.reason}: {v.message}"
+        if v.ready:
+            line += f" (on {', '.join(v.loaded_on)})"
+        if seen.get(name) != line:
+            say(line)
+            seen[name] = line
+
+
+def _variant_facts(
+    obs: Any,
+) -> tuple[dict[tuple[str, str, int], tuple[str, ...]], dict[str, str]]:
+    """Per (agent, replica, stage) the adapters attached, per agent its block zoo (issue 14)."""
+    import grpc
+
+    from tessera.rpc import transport
+    from tessera.rpc.v1 import agent_pb2 as pb
+    from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+
+    adapters: dict[tuple[str, str, int], tuple[str, ...]] = {}
+    zoo: dict[str, str] = {}
+    for a in obs.agents:
+        if not a.reachable:
+            continue
+        channel = transport.sync_channel(a.address)
+        try:
+            d = pb_grpc.AgentStub(channel).Describe(pb.DescribeRequest(), timeout=5)
+        except grpc.RpcError:  # the table shows "-" for what could not be read
+            continue
+        finally:
+            channel.close()
+        for b in d.blocks:
+            adapters[(a.name, b.replica_id, b.stage_index)] = tuple(b.variants)
+        z = d.zoo
+        zoo[a.name] = f"{z.param_bytes / 2**20:.1f} ({z.pieces}, {z.shared_pieces})"
+    return adapters, zoo
 
 
 def _leaders(outcome: Any) -> list[tuple[str, str]]:
@@ -345,6 +399,7 @@ def _status(args: argparse.Namespace) -> int:
         refs = [agents.AgentRef(a["name"], a["address"]) for a in state["agents"]]
         gateway = state.get("gateway", "")
     obs = asyncio.run(agents.observe(refs))
+    extra = _variant_facts(obs)
     console = Console()
     if gateway:
         console.print(f"gateway: {gateway}")
@@ -360,6 +415,7 @@ def _status(args: argparse.Namespace) -> int:
         "KV MiB",
         "KV pages",
         "data plane",
+        "variants (adapters)",
     ):
         replicas.add_column(col)
     rows = sorted(
@@ -382,6 +438,7 @@ def _status(args: argparse.Namespace) -> int:
             f"{b.kv_bytes / 2**20:.1f}",
             str(b.kv_pages),
             plane,
+            ", ".join(extra[0].get((name, rid, idx), ())) or "-",
         )
     console.print(replicas)
     from tessera.cli import scaling_status
@@ -402,6 +459,7 @@ def _status(args: argparse.Namespace) -> int:
         "devices (free/capacity MiB)",
         "blocks",
         "KV pages used/total, prefix-cache hit tokens (replicas led)",
+        "block zoo MiB (pieces, shared)",
     ):
         table.add_column(col)
     for a in obs.agents:
@@ -419,6 +477,7 @@ def _status(args: argparse.Namespace) -> int:
             devs,
             str(len(a.blocks)),
             kv or "-",
+            extra[1].get(a.name, "-"),
         )
     console.print(table)
     return 0 if all(a.reachable for a in obs.agents) else 1

@@ -35,9 +35,15 @@ class ManifestError(Exception):
 class ManifestWatcher:
     """Re-reads a ServingDeployment manifest when the file changes."""
 
-    def __init__(self, path: Path, current: api.ServingDeployment) -> None:
+    def __init__(
+        self,
+        path: Path,
+        current: api.ServingDeployment,
+        check: Callable[[api.ServingDeployment], list[str]] | None = None,
+    ) -> None:
         self.path = path
         self.current = current
+        self.check = check
         self._seen = self._stamp()
 
     def _stamp(self) -> tuple[int, int, int] | None:
@@ -78,6 +84,10 @@ class ManifestWatcher:
             )
         if dep.spec == old.spec:
             return None
+        if self.check is not None:  # e.g. adapters that do not fit (cli/variant_check)
+            bad = self.check(dep)
+            if bad:
+                raise ManifestError(f"{self.path}: {'; '.join(bad)} (keeping the running layout)")
         # like metadata.generation on a cluster: every applied change of the spec bumps it
         dep = dataclasses.replace(dep, generation=max(dep.generation, old.generation + 1))
         self.current = dep

@@ -45,6 +45,7 @@ def check_document(
 ) -> tuple[list[str], list[str]]:
     """(errors, notes) of one decoded document."""
     from tessera import api, crd, fields
+    from tessera.cli import variant_check
     from tessera_operator import converge
 
     errors = [str(e) for e in crd.validate(doc, schema)]
@@ -73,6 +74,7 @@ def check_document(
     agents = list(args.agent) or None
     if facts is not None:
         errors = [str(e) for e in api.check_semantics(dep.spec, facts, agents)]
+        errors += variant_check.check(dep, model_path)  # adapters fit, fine-tunes match
     if not errors:
         reps = len(dep.spec.layout.replicas)
         what = f"{reps} explicit replicas" if reps else f"layout {dep.spec.layout.mode}"

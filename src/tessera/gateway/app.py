@@ -40,6 +40,7 @@ from tessera.gateway import (
     text_stream,
     tokenizer,
 )
+from tessera.gateway import variants as gw_variants
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,16 @@ class Service:
     limits: limits.Limits = dataclasses.field(default_factory=limits.Limits)
     api_keys: auth.ApiKeys | None = None  # None: no authentication
     arrivals: arrivals.ArrivalRecorder | None = None  # per-class arrivals (switching loop)
+    variants: gw_variants.VariantTable | None = None  # served names (issue 14); built if None
+
+    def __post_init__(self) -> None:
+        if self.variants is None:
+            self.variants = gw_variants.VariantTable(self.model_name)
+
+    @property
+    def table(self) -> gw_variants.VariantTable:
+        assert self.variants is not None
+        return self.variants
 
 
 def build(service: Service, max_body_bytes: int) -> web.Application:
@@ -138,21 +149,24 @@ class _Handlers:
     ) -> tuple[web.StreamResponse, int]:
         body = await _json_body(request)
         if kind == "chat":
-            chat = request_params.parse_chat(body, self.s.model_name)
+            chat = request_params.parse_chat(body, self.s.table.names())
             messages = [{"role": x.role, "content": x.content} for x in chat.messages]
             text = self.s.template.render(messages)
             prompt = await self._encode(text, add_special_tokens=False)
             sampling, stream, include_usage = chat.sampling, chat.stream, chat.include_usage
         else:
-            comp = request_params.parse_completion(body, self.s.model_name)
+            comp = request_params.parse_completion(body, self.s.table.names())
             if isinstance(comp.prompt, str):
                 prompt = await self._encode(comp.prompt, add_special_tokens=True)
             else:
                 prompt = list(comp.prompt)
             sampling, stream, include_usage = comp.sampling, comp.stream, comp.include_usage
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-        meta = responses.Meta(kind, prefix + uuid.uuid4().hex, int(time.time()), self.s.model_name)
+        target = self.s.table.resolve(str(body["model"]))
+        meta = responses.Meta(kind, prefix + uuid.uuid4().hex, int(time.time()), target.model)
         job = self._job(meta.id, prompt, sampling, started)
+        if target.kind != "foundation" or target.exclude:
+            job = dataclasses.replace(job, variant=target.variant, allowed=target.allows)
         if self.s.arrivals is not None:
             self.s.arrivals.record(len(prompt), sampling.max_tokens)
         self.s.metrics.prompt_tokens.inc(len(prompt))
@@ -238,7 +252,11 @@ class _Handlers:
             "owned_by": "tessera",
             "max_model_len": self.s.info.context_len,
         }
-        return web.json_response({"object": "list", "data": [model]})
+        data = [model] + [
+            {**model, "id": v.name, "parent": self.s.model_name, "kind": v.kind}
+            for v in self.s.table.variants
+        ]
+        return web.json_response({"object": "list", "data": data})
 
     async def health(self, request: web.Request) -> web.StreamResponse:
         states = self.s.replicas.states()

@@ -53,6 +53,8 @@ class Job:
     ignore_eos: bool
     received_at: float  # monotonic time the HTTP request arrived (for TTFT)
     logprobs: int | None = None  # None: not asked; N: each token's and the top N's
+    variant: str = ""  # LoRA adapter the agent applies (issue 14); "" = none
+    allowed: Callable[[str], bool] | None = None  # replicas serving the model; None = all
 
     def request(self, replica_id: str, attempt: int) -> pb.GenerateRequest:
         return pb.GenerateRequest(
@@ -71,6 +73,7 @@ class Job:
                 has_logprobs=self.logprobs is not None,
                 logprobs=self.logprobs or 0,
             ),
+            variant=self.variant,
         )
 
 
@@ -145,6 +148,8 @@ class Dispatcher:
         redirect: str | None = None  # where the cut-over moved the request's KV
         while True:
             ready = [r for r in self._replicas.ready_ids() if r not in tried]
+            if job.allowed is not None:  # a variant's replicas only
+                ready = [r for r in ready if job.allowed(r)]
             if redirect in ready:
                 route: router.Route | None = router.Route(redirect, "cutover")
             else:
@@ -222,6 +227,9 @@ class Dispatcher:
             code, details = exc.code(), exc.details() or ""
             if code == grpc.StatusCode.INVALID_ARGUMENT:
                 raise errors.bad_request(details) from exc
+            if code == grpc.StatusCode.NOT_FOUND and job.variant and details.startswith("variant"):
+                # the replica is fine; it does not serve this variant (any more): try others
+                raise _AttemptFailed(code.name, details) from exc
             if code != grpc.StatusCode.RESOURCE_EXHAUSTED:
                 self._replicas.mark_failed(rid, f"{code.name}: {details}")
             raise _AttemptFailed(code.name, details) from exc
@@ -258,6 +266,8 @@ def _no_replica(failures: list[tuple[str, str, str]]) -> errors.ApiError:
             "max_tokens",
             "request_too_large",
         )
+    if all(code == "NOT_FOUND" and msg.startswith("variant") for _, code, msg in failures):
+        return errors.ApiError(404, failures[0][2], param="model", code="model_not_found")
     summary = "; ".join(f"{rid}: {code} {msg}" for rid, code, msg in failures)
     return errors.unavailable(
         f"every replica tried failed ({summary})", code="replicas_unavailable"

@@ -13,7 +13,7 @@ silently ignored; unknown fields and `user` are ignored.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,23 +62,26 @@ class ChatRequest:
     include_usage: bool = False
 
 
-def check_model(body: Mapping[str, Any], served: str) -> None:
-    """400 when `model` is missing, 404 when it names another model."""
+def check_model(body: Mapping[str, Any], served: str | Sequence[str]) -> None:
+    """400 when `model` is missing, 404 naming the served models (the foundation and its
+    variants) when it names another."""
     model = body.get("model")
     if model is None:
         raise errors.bad_request("model: required", "model", "missing_required_parameter")
     if not isinstance(model, str):
         raise errors.bad_request("model: must be a string", "model")
-    if model != served:
+    names = [served] if isinstance(served, str) else list(served)
+    if model not in names:
+        listed = ", ".join(f"`{n}`" for n in names)
         raise errors.ApiError(
             404,
-            f"The model `{model}` does not exist; this gateway serves `{served}`",
+            f"The model `{model}` does not exist; this gateway serves {listed}",
             param="model",
             code="model_not_found",
         )
 
 
-def parse_completion(body: Mapping[str, Any], served: str) -> CompletionRequest:
+def parse_completion(body: Mapping[str, Any], served: str | Sequence[str]) -> CompletionRequest:
     check_model(body, served)
     _reject_unsupported(body, ("echo", "suffix", "best_of"))
     stream, include_usage = _stream(body)
@@ -95,7 +98,7 @@ def parse_completion(body: Mapping[str, Any], served: str) -> CompletionRequest:
     )
 
 
-def parse_chat(body: Mapping[str, Any], served: str) -> ChatRequest:
+def parse_chat(body: Mapping[str, Any], served: str | Sequence[str]) -> ChatRequest:
     check_model(body, served)
     _reject_unsupported(body, ("tools", "tool_choice", "functions"))
     fmt = body.get("response_format")

@@ -26,7 +26,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from tessera import routes_doc
+from tessera import routes_doc, variant_routes
 from tessera.gateway import config
 
 DEFAULT_DRAIN_DEADLINE_S = routes_doc.DEFAULT_DRAIN_DEADLINE_S
@@ -43,6 +43,7 @@ class Routes:
     class_centroids: dict[str, tuple[float, float]] = field(default_factory=dict)
     version: int = 0  # plan generation; a higher one is a cut-over
     drain_deadline_s: float = DEFAULT_DRAIN_DEADLINE_S  # leaving replicas' requests by then
+    variants: tuple[variant_routes.RouteVariant, ...] = ()  # models served beside the foundation
 
 
 def from_doc(doc: routes_doc.RoutesDoc) -> Routes:
@@ -64,6 +65,7 @@ def from_doc(doc: routes_doc.RoutesDoc) -> Routes:
         class_centroids={c.name: (c.input_tokens, c.output_tokens) for c in doc.classes},
         version=doc.version,
         drain_deadline_s=doc.drain_deadline_s,
+        variants=doc.variants,
     )
 
 

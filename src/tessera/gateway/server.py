@@ -147,6 +147,7 @@ class GatewayHandle:
             )
         if not self.cutover.apply(new):
             return False
+        self.service.table.update(new.variants)
         classify = None
         if new.class_centroids:
             classify = router.centroid_class_router(new.class_centroids)

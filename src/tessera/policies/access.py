@@ -50,10 +50,26 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     "ReleasePin": _KV,
     "ExportKV": _KV,
     "ImportKV": _KV,
+    "VariantAdapters": frozenset({OPERATOR, ADMIN}),  # issue 14: reads adapter folders
+    # issue 13: an overload drop/restore changes placement like a load; its control loop
+    # runs beside the gateway's router (`overload_loop`), so the gateway may call it too
+    "OverloadShift": frozenset({OPERATOR, GATEWAY, ADMIN}),
+    # issue 15: placing replicated layer runs is the operator's (or a person's) decision;
+    # the run itself is served agent to agent (the origin drives its remote holders)
+    "ScalingReplicate": frozenset({OPERATOR, ADMIN}),
+    "ScalingMigrate": frozenset({OPERATOR, ADMIN}),
+    "ScalingEvict": frozenset({OPERATOR, ADMIN}),
+    "ScalingRunLoad": frozenset({AGENT, ADMIN}),
+    "ScalingRunStep": frozenset({AGENT, ADMIN}),
+    "ScalingRunExportKV": frozenset({AGENT, ADMIN}),
+    "ScalingRunImportKV": frozenset({AGENT, ADMIN}),
+    "ScalingRunUnload": frozenset({AGENT, ADMIN}),
 }
 
 # Requests whose `model_path` field names a checkpoint folder the agent will read.
-PATH_METHODS = frozenset({"LoadBlock", "Profile"})
+PATH_METHODS = frozenset({"LoadBlock", "Profile", "ScalingRunLoad"})
+# Requests whose `adapters[].path` fields name folders the agent will read (issue 14).
+ADAPTER_PATH_METHODS = frozenset({"VariantAdapters"})
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeReply(_message.Message):
-    __slots__ = ("agent_id", "devices", "nvml_status", "blocks", "kv", "version", "store_address", "scaling_runs", "scaling_hosted")
+    __slots__ = ("agent_id", "devices", "nvml_status", "blocks", "kv", "version", "store_address", "zoo", "scaling_runs", "scaling_hosted")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     NVML_STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class DescribeReply(_message.Message):
     KV_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ZOO_FIELD_NUMBER: _ClassVar[int]
     SCALING_RUNS_FIELD_NUMBER: _ClassVar[int]
     SCALING_HOSTED_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
@@ -62,9 +63,10 @@ class DescribeReply(_message.Message):
     kv: _containers.RepeatedCompositeFieldContainer[ReplicaKV]
     version: str
     store_address: str
+    zoo: VariantZoo
     scaling_runs: _containers.RepeatedCompositeFieldContainer[ScalingRunInfo]
     scaling_hosted: _containers.RepeatedCompositeFieldContainer[ScalingHostedRun]
-    def __init__(self, agent_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nvml_status: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[ReplicaKV, _Mapping]]] = ..., version: _Optional[str] = ..., store_address: _Optional[str] = ..., scaling_runs: _Optional[_Iterable[_Union[ScalingRunInfo, _Mapping]]] = ..., scaling_hosted: _Optional[_Iterable[_Union[ScalingHostedRun, _Mapping]]] = ...) -> None: ...
+    def __init__(self, agent_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nvml_status: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[ReplicaKV, _Mapping]]] = ..., version: _Optional[str] = ..., store_address: _Optional[str] = ..., zoo: _Optional[_Union[VariantZoo, _Mapping]] = ..., scaling_runs: _Optional[_Iterable[_Union[ScalingRunInfo, _Mapping]]] = ..., scaling_hosted: _Optional[_Iterable[_Union[ScalingHostedRun, _Mapping]]] = ...) -> None: ...
 
 class LoadBlockRequest(_message.Message):
     __slots__ = ("model_path", "layer_start", "layer_end", "device", "replica_id", "stage_index", "num_stages", "next_stage_address", "dtype", "kv_bytes", "page_size", "max_num_seqs", "max_batched_tokens", "source", "generation", "tp_size", "tp_rank", "data_plane", "switch_sources")
@@ -161,7 +163,7 @@ class PushTensorsReply(_message.Message):
     def __init__(self, bytes: _Optional[int] = ...) -> None: ...
 
 class BlockInfo(_message.Message):
-    __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason", "activations", "results")
+    __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason", "activations", "variants", "shared_param_bytes", "results")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +185,8 @@ class BlockInfo(_message.Message):
     GROUP_STATE_FIELD_NUMBER: _ClassVar[int]
     GROUP_REASON_FIELD_NUMBER: _ClassVar[int]
     ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    VARIANTS_FIELD_NUMBER: _ClassVar[int]
+    SHARED_PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     stage_index: int
@@ -205,8 +209,10 @@ class BlockInfo(_message.Message):
     group_state: str
     group_reason: str
     activations: str
+    variants: _containers.RepeatedScalarFieldContainer[str]
+    shared_param_bytes: int
     results: str
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., dtype: _Optional[str] = ..., num_tensors: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., transport: _Optional[str] = ..., group_state: _Optional[str] = ..., group_reason: _Optional[str] = ..., activations: _Optional[str] = ..., results: _Optional[str] = ...) -> None: ...
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., dtype: _Optional[str] = ..., num_tensors: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., transport: _Optional[str] = ..., group_state: _Optional[str] = ..., group_reason: _Optional[str] = ..., activations: _Optional[str] = ..., variants: _Optional[_Iterable[str]] = ..., shared_param_bytes: _Optional[int] = ..., results: _Optional[str] = ...) -> None: ...
 
 class LoadBlockReply(_message.Message):
     __slots__ = ("block", "already_loaded")
@@ -285,20 +291,22 @@ class TokenLogprobs(_message.Message):
     def __init__(self, logprob: _Optional[float] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SeqChunk(_message.Message):
-    __slots__ = ("seq_id", "start", "num_tokens", "block_table", "sample", "params")
+    __slots__ = ("seq_id", "start", "num_tokens", "block_table", "sample", "params", "variant")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TABLE_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
     seq_id: str
     start: int
     num_tokens: int
     block_table: _containers.RepeatedScalarFieldContainer[int]
     sample: bool
     params: SamplingParams
-    def __init__(self, seq_id: _Optional[str] = ..., start: _Optional[int] = ..., num_tokens: _Optional[int] = ..., block_table: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    variant: str
+    def __init__(self, seq_id: _Optional[str] = ..., start: _Optional[int] = ..., num_tokens: _Optional[int] = ..., block_table: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ..., variant: _Optional[str] = ...) -> None: ...
 
 class StageHello(_message.Message):
     __slots__ = ("replica_id", "stage_index", "layer_start", "model_path")
@@ -375,16 +383,18 @@ class StageResult(_message.Message):
     def __init__(self, hello: _Optional[_Union[StageHelloReply, _Mapping]] = ..., step: _Optional[_Union[StageStepResult, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("replica_id", "request_id", "prompt_token_ids", "params")
+    __slots__ = ("replica_id", "request_id", "prompt_token_ids", "params", "variant")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     params: SamplingParams
-    def __init__(self, replica_id: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    variant: str
+    def __init__(self, replica_id: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ..., variant: _Optional[str] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("token_ids", "finish_reason", "prompt_tokens", "completion_tokens", "logprobs")
@@ -597,6 +607,44 @@ class ImportKVReply(_message.Message):
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     layers: int
     def __init__(self, layers: _Optional[int] = ...) -> None: ...
+
+class VariantAdapter(_message.Message):
+    __slots__ = ("name", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class VariantAdaptersRequest(_message.Message):
+    __slots__ = ("replica_id", "stage_index", "adapters", "drain_timeout_s")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    stage_index: int
+    adapters: _containers.RepeatedCompositeFieldContainer[VariantAdapter]
+    drain_timeout_s: float
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., adapters: _Optional[_Iterable[_Union[VariantAdapter, _Mapping]]] = ..., drain_timeout_s: _Optional[float] = ...) -> None: ...
+
+class VariantAdaptersReply(_message.Message):
+    __slots__ = ("variants", "adapter_bytes")
+    VARIANTS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    variants: _containers.RepeatedScalarFieldContainer[str]
+    adapter_bytes: int
+    def __init__(self, variants: _Optional[_Iterable[str]] = ..., adapter_bytes: _Optional[int] = ...) -> None: ...
+
+class VariantZoo(_message.Message):
+    __slots__ = ("param_bytes", "pieces", "shared_pieces")
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PIECES_FIELD_NUMBER: _ClassVar[int]
+    SHARED_PIECES_FIELD_NUMBER: _ClassVar[int]
+    param_bytes: int
+    pieces: int
+    shared_pieces: int
+    def __init__(self, param_bytes: _Optional[int] = ..., pieces: _Optional[int] = ..., shared_pieces: _Optional[int] = ...) -> None: ...
 
 class ScalingOpRequest(_message.Message):
     __slots__ = ("replica_id", "stage_index", "layer_start", "layer_end", "target_address", "target_device", "holder", "self_address")

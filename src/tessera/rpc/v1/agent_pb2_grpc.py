@@ -114,6 +114,11 @@ class AgentStub:
                 request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.KVImportMessage.SerializeToString,
                 response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ImportKVReply.FromString,
                 _registered_method=True)
+        self.VariantAdapters = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/VariantAdapters',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.VariantAdaptersRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.VariantAdaptersReply.FromString,
+                _registered_method=True)
         self.ScalingReplicate = channel.unary_unary(
                 '/tessera.rpc.v1.Agent/ScalingReplicate',
                 request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingOpRequest.SerializeToString,
@@ -283,6 +288,19 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def VariantAdapters(self, request, context):
+        """Variants (issue 14): set the LoRA adapters a hosted stage serves, level-triggered (the
+        full list; adapters left out are removed). Every adapter is validated against the
+        foundation first (INVALID_ARGUMENT naming the misfit; nothing changes then). On a
+        leader, a removed adapter stops taking new requests at once, and the call returns
+        when its requests in flight have finished (or `drain_timeout_s` passed: then
+        FAILED_PRECONDITION and the adapter stays). Followers are set before the leader on
+        adding, after it on removing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ScalingReplicate(self, request, context):
         """Module-level scaling (CoCoServe, issue 15). On the agent holding a replica's stage:
         replicate a run of its layers onto a device of this or another agent (new requests
@@ -434,6 +452,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.ImportKV,
                     request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.KVImportMessage.FromString,
                     response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ImportKVReply.SerializeToString,
+            ),
+            'VariantAdapters': grpc.unary_unary_rpc_method_handler(
+                    servicer.VariantAdapters,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.VariantAdaptersRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.VariantAdaptersReply.SerializeToString,
             ),
             'ScalingReplicate': grpc.unary_unary_rpc_method_handler(
                     servicer.ScalingReplicate,
@@ -913,6 +936,33 @@ class Agent:
             '/tessera.rpc.v1.Agent/ImportKV',
             tessera_dot_rpc_dot_v1_dot_agent__pb2.KVImportMessage.SerializeToString,
             tessera_dot_rpc_dot_v1_dot_agent__pb2.ImportKVReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VariantAdapters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/VariantAdapters',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.VariantAdaptersRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.VariantAdaptersReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,140 @@
+"""Applies a deployment's LoRA variants to its foundation stages and reports every variant.
+
+The shell of `tessera.policies.variant_plan` (which decides): after the converge pass has
+run its transition (full fine-tunes are chains in the target, loaded and drained like
+replicas), `apply_adapters` observes the foundation's stages (`ListBlocks`: each block's
+attached adapters), runs the ordered `VariantAdapters` calls, and returns each variant's
+status. An adapter an agent refuses (INVALID_ARGUMENT / NOT_FOUND naming it) is left out
+and reported with the agent's reason; the others still attach. The foundation's blocks
+are never reloaded. Called by `converge.converge` (operator and `tessera up`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from tessera import variant_spec
+from tessera.policies import variant_plan
+from tessera.rpc import transport
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+_NAMED = re.compile(r"variant '([^']+)'")
+DRAIN_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Applied:
+    """What `apply_adapters` saw and did."""
+
+    held: list[variant_plan.HeldStage] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)  # variant -> why it is not served
+    steps: list[variant_plan.AdapterStep] = field(default_factory=list)
+
+    def lora_ready(self, wanted: Sequence[str]) -> frozenset[str]:
+        if not self.held:
+            return frozenset()
+        return frozenset(n for n in wanted if all(n in h.adapters for h in self.held))
+
+
+def resolve(
+    variants: Sequence[variant_spec.VariantSpec], model_path: str
+) -> list[variant_spec.VariantSpec]:
+    """Relative variant paths resolve against the folder holding the model checkpoint."""
+    base = Path(model_path).parent
+    out = []
+    for v in variants:
+        p = Path(v.path)
+        out.append(
+            v if p.is_absolute() else variant_spec.VariantSpec(v.name, v.kind, str(base / p))
+        )
+    return out
+
+
+async def observe(
+    placed: Sequence[tuple[str, str, str, int, int]],
+) -> list[variant_plan.HeldStage]:
+    """The adapters attached to each (agent, address, replica, stage, stages) held."""
+    by_addr: dict[str, dict[tuple[str, int], pb.BlockInfo]] = {}
+    out = []
+    for agent, address, rid, idx, n in placed:
+        if address not in by_addr:
+            by_addr[address] = await _list(address)
+        b = by_addr[address].get((rid, idx))
+        if b is not None:
+            out.append(variant_plan.HeldStage(agent, address, rid, idx, n, frozenset(b.variants)))
+    return out
+
+
+async def _list(address: str) -> dict[tuple[str, int], pb.BlockInfo]:
+    channel = transport.channel(address)
+    try:
+        reply = await pb_grpc.AgentStub(channel).ListBlocks(pb.ListBlocksRequest(), timeout=5.0)
+        return {(b.replica_id, b.stage_index): b for b in reply.blocks if b.tp_rank == 0}
+    except grpc.aio.AioRpcError as exc:
+        log.warning("variants: cannot list blocks of %s: %s", address, exc.details())
+        return {}
+    finally:
+        await channel.close()
+
+
+async def _set(step: variant_plan.AdapterStep, paths: dict[str, str], drain_s: float) -> None:
+    channel = transport.channel(step.address)
+    try:
+        req = pb.VariantAdaptersRequest(
+            replica_id=step.replica_id,
+            stage_index=step.stage_index,
+            adapters=[pb.VariantAdapter(name=n, path=paths[n]) for n in step.names],
+            drain_timeout_s=drain_s,
+        )
+        await pb_grpc.AgentStub(channel).VariantAdapters(req, timeout=drain_s + 30.0)
+    finally:
+        await channel.close()
+
+
+async def apply_adapters(
+    variants: Sequence[variant_spec.VariantSpec],
+    placed: Sequence[tuple[str, str, str, int, int]],
+    drain_timeout_s: float = DRAIN_TIMEOUT_S,
+    apply: bool = True,
+) -> Applied:
+    """Bring every foundation stage in `placed` to the deployment's LoRA adapters."""
+    lora = [v for v in variants if v.kind == "lora"]
+    paths = {v.name: v.path for v in lora}
+    out = Applied(held=await observe(placed))
+    wanted = [v.name for v in lora]
+    for _ in range(len(wanted) + 1):
+        steps = variant_plan.adapter_steps(out.held, wanted)
+        if not apply or not steps:
+            break
+        failed = False
+        for step in steps:
+            try:
+                await _set(step, paths, drain_timeout_s)
+                out.steps.append(step)
+            except grpc.aio.AioRpcError as exc:
+                details = exc.details() or exc.code().name
+                named = _NAMED.search(details)
+                who = named.group(1) if named and named.group(1) in wanted else None
+                log.warning("variants: %s: %s", step.describe(), details)
+                if who is None:  # not an adapter's fault (agent down, drain timeout)
+                    for n in set(step.names) - set().union(*(h.adapters for h in out.held)):
+                        out.errors.setdefault(n, f"{exc.code().name}: {details}")
+                    failed = True
+                    break
+                out.errors[who] = f"{exc.code().name}: {details}"
+                wanted = [n for n in wanted if n != who]
+                failed = True
+                break
+        out.held = await observe(placed)
+        if not failed:
+            break
+    return out

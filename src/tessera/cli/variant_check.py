@@ -1,0 +1,63 @@
+"""Checks a deployment's `spec.variants` against the checkpoints, before anything is served.
+
+Called by `tessera validate` (validation time) and by `tessera up` (at start and on each
+manifest edit, which is refused with the reasons while the running deployment keeps
+serving). A LoRA adapter is read and validated against the foundation's config exactly as
+the agent does at load (`tessera_agent.engine.lora.read_adapter`: rank, target modules,
+shapes, unsupported PEFT options); a full fine-tune must be a checkpoint of the same
+architecture. Paths resolve as the converge pass resolves them (relative to the folder
+holding the model). Returns messages `spec.variants[i].adapter: <reason>`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ARCH_KEYS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+)
+
+
+def check(dep: Any, model_path: str) -> list[str]:
+    from tessera_agent.engine import config as config_mod
+    from tessera_agent.engine import lora
+    from tessera_operator import variants as variant_ops
+
+    errors: list[str] = []
+    resolved = variant_ops.resolve(dep.spec.variants, model_path)
+    if not resolved:
+        return errors
+    try:
+        cfg = config_mod.ModelConfig.from_path(Path(model_path))
+        base = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        return [f"spec.model.path: cannot read the foundation's config ({exc})"]
+    for i, v in enumerate(resolved):
+        where = f"spec.variants[{i}].{'adapter' if v.kind == 'lora' else 'checkpoint'}"
+        if v.kind == "lora":
+            try:
+                lora.read_adapter(Path(v.path), v.name, cfg)
+            except lora.AdapterError as exc:
+                errors.append(f"{where}: {exc}")
+            except OSError as exc:
+                errors.append(f"{where}: {v.path}: {exc}")
+            continue
+        try:
+            other = json.loads((Path(v.path) / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            errors.append(f"{where}: no readable config.json in {v.path} ({exc})")
+            continue
+        differ = [k for k in ARCH_KEYS if other.get(k) != base.get(k)]
+        if differ:
+            errors.append(
+                f"{where}: not the foundation's architecture ({', '.join(differ)} differ); "
+                "a full fine-tune shares blocks only with a checkpoint of the same shape"
+            )
+    return errors

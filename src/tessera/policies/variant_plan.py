@@ -1,0 +1,201 @@
+"""Variants of a deployment as blocks, adapter sets, routes and status: pure decisions.
+
+A deployment serves its foundation plus variants (`tessera.variant_spec`):
+* a **full fine-tune** gets one chain per foundation replica, on the same agents with the
+  same stage split, loading the fine-tune's checkpoint (`with_full_chains` adds them to the
+  transition target). On each agent the block zoo shares every layer identical to the
+  foundation's, so the chain holds only its differing layers (its planned `param_bytes`
+  are left 0: the planner does not model the sharing; the agent books what it holds).
+  Removing the variant drops its chains from the target, so the transition drains and
+  unloads them like any leaving replica: requests in flight finish;
+* a **LoRA adapter** is attached to every stage of every foundation replica
+  (`adapter_steps`: the ordered `VariantAdapters` calls that reach the wanted sets — on
+  removal the leader first, which waits for the adapter's requests in flight, then the
+  followers; on adding the followers first, then the leader, which then admits requests).
+
+`routes` lists the variants for the gateway (a full fine-tune with its replicas, always,
+so the foundation never routes to its chains; a LoRA variant once attached everywhere);
+`status` says for each variant where it is loaded, whether it is ready, and why not.
+Called by the operator's converge pass (`tessera_operator.variants`), which `tessera up`
+also runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tessera import blocks, routes_doc, variant_routes, variant_spec
+from tessera.policies import transition_model
+
+DEFAULT_CHAIN_KV_BYTES = 16 << 20  # KV pool of a variant chain whose foundation asks "all"
+
+
+def variant_replica_id(foundation_rid: str, variant: str) -> str:
+    """The id of a full fine-tune's chain beside foundation replica `foundation_rid`."""
+    r = blocks.parse_replica_id(foundation_rid)
+    if not r.deployment:
+        return f"{foundation_rid}-{variant}"
+    ns, dep = r.deployment.split(".", 1)
+    return blocks.replica_id(ns, dep, f"{r.name}-{variant}", r.generation)
+
+
+def with_full_chains(
+    target: transition_model.Target,
+    variants: Sequence[variant_spec.VariantSpec],
+    kv_bytes: int = DEFAULT_CHAIN_KV_BYTES,
+) -> transition_model.Target:
+    """`target` plus one chain per (foundation replica, full fine-tune)."""
+    full = [v for v in variants if v.kind == "full"]
+    if not full:
+        return target
+    extra_blocks: list[transition_model.Placed] = []
+    extra_routes: list[routes_doc.RouteReplica] = []
+    for rep in target.replicas:
+        mine = [p for p in target.blocks if p.block.replica_id == rep.id]
+        for v in full:
+            rid = variant_replica_id(rep.id, v.name)
+            for p in mine:
+                b = dataclasses.replace(
+                    p.block,
+                    model_path=v.path,
+                    replica_id=rid,
+                    param_bytes=0,
+                    kv_bytes=p.block.kv_bytes or kv_bytes,
+                )
+                dp = p.data_plane
+                if dp is not None:
+                    dp = dataclasses.replace(dp, group=rid)
+                extra_blocks.append(dataclasses.replace(p, block=b, data_plane=dp))
+            extra_routes.append(routes_doc.RouteReplica(rid, rep.address))
+    return dataclasses.replace(
+        target,
+        blocks=target.blocks + tuple(extra_blocks),
+        replicas=target.replicas + tuple(extra_routes),
+    )
+
+
+@dataclass(frozen=True)
+class HeldStage:
+    """A foundation stage as its agent reports it: the adapters attached."""
+
+    agent: str
+    address: str
+    replica_id: str
+    stage_index: int
+    num_stages: int
+    adapters: frozenset[str]
+
+
+@dataclass(frozen=True)
+class AdapterStep:
+    """Set the LoRA adapters of one stage (`VariantAdapters`): exactly `names`."""
+
+    agent: str
+    address: str
+    replica_id: str
+    stage_index: int
+    names: tuple[str, ...]
+
+    def describe(self) -> str:
+        return (
+            f"set adapters {list(self.names)} on {self.replica_id} stage {self.stage_index} "
+            f"({self.agent})"
+        )
+
+
+def adapter_steps(held: Sequence[HeldStage], wanted: Sequence[str]) -> list[AdapterStep]:
+    """The calls that bring every foundation stage to exactly `wanted`, in a safe order
+    (module docstring): removals leader-first, then additions leader-last."""
+    want = frozenset(wanted)
+    by_rep: dict[str, list[HeldStage]] = {}
+    for h in held:
+        by_rep.setdefault(h.replica_id, []).append(h)
+    steps: list[AdapterStep] = []
+    for rid in sorted(by_rep):
+        stages = sorted(by_rep[rid], key=lambda h: h.stage_index)
+        current = {h.stage_index: h.adapters for h in stages}
+        for h in stages:  # removals: leader (stage 0) first
+            keep = current[h.stage_index] & want
+            if keep != current[h.stage_index]:
+                steps.append(
+                    AdapterStep(h.agent, h.address, rid, h.stage_index, tuple(sorted(keep)))
+                )
+                current[h.stage_index] = keep
+        for h in reversed(stages):  # additions: the leader last
+            if current[h.stage_index] != want:
+                steps.append(
+                    AdapterStep(h.agent, h.address, rid, h.stage_index, tuple(sorted(want)))
+                )
+    return steps
+
+
+def routes(
+    variants: Sequence[variant_spec.VariantSpec],
+    foundation_replicas: Sequence[str],
+    lora_ready: frozenset[str],
+) -> tuple[variant_routes.RouteVariant, ...]:
+    """The routes document's `variants`: every full fine-tune (with its chains); LoRA
+    variants attached on every foundation stage."""
+    out = []
+    for v in variants:
+        if v.kind == "full":
+            reps = tuple(variant_replica_id(r, v.name) for r in foundation_replicas)
+            out.append(variant_routes.RouteVariant(v.name, "full", reps))
+        elif v.name in lora_ready:
+            out.append(variant_routes.RouteVariant(v.name, "lora"))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class VariantStatus:
+    """One variant's state for `status.variants`."""
+
+    name: str
+    kind: str
+    ready: bool
+    loaded_on: tuple[str, ...]  # "<agent>/<replica>/<stage>"
+    reason: str  # "Ready", or why not
+    message: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "ready": self.ready,
+            "loadedOn": list(self.loaded_on),
+            "reason": self.reason,
+            "message": self.message,
+        }
+
+
+def status(
+    variants: Sequence[variant_spec.VariantSpec],
+    held: Sequence[HeldStage],
+    chains: Mapping[str, Sequence[str]],
+    complete: frozenset[str],
+    errors: Mapping[str, str],
+) -> list[VariantStatus]:
+    """Per variant: LoRA is ready when attached on every foundation stage held; a full
+    fine-tune when each of its chains holds every block. `chains[v]` are a full variant's
+    chain ids, `complete` the replicas holding every block, `errors[v]` the last error."""
+    out = []
+    for v in variants:
+        err = errors.get(v.name, "")
+        if v.kind == "lora":
+            on = tuple(
+                f"{h.agent}/{h.replica_id}/{h.stage_index}" for h in held if v.name in h.adapters
+            )
+            ready = bool(held) and len(on) == len(held)
+            why = "Ready" if ready else ("InvalidAdapter" if err else "Attaching")
+            msg = err or f"attached on {len(on)}/{len(held)} foundation stages"
+        else:
+            ids = list(chains.get(v.name, ()))
+            done = [r for r in ids if r in complete]
+            on = tuple(done)
+            ready = bool(ids) and len(done) == len(ids)
+            why = "Ready" if ready else ("LoadFailed" if err else "Loading")
+            msg = err or f"{len(done)}/{len(ids)} chains hold every block"
+        out.append(VariantStatus(v.name, v.kind, ready, on, why, msg))
+    return out

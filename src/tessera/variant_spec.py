@@ -1,0 +1,73 @@
+"""`spec.variants` of a ServingDeployment: the fine-tunes served beside the foundation.
+
+Each variant is a LoRA adapter (a PEFT directory, `adapter`) served on the foundation's
+own replicas, or a full fine-tune (a checkpoint of the same architecture, `checkpoint`)
+served on replicas of its own whose blocks share every layer identical to the
+foundation's (the agents' block zoo). Requests choose one by the OpenAI `model` field.
+
+    variants:
+      - name: legal
+        adapter: adapters/legal          # PEFT adapter_config.json + adapter_model.safetensors
+      - name: med
+        checkpoint: finetunes/med        # full fine-tune, same architecture
+
+Relative paths resolve like `spec.model.path`. Why here and not a resource of their own:
+variants share the deployment's replicas, lifecycle and memory budget, and the reconcile
+pass must place them together with the layout (docs/variants.md). Parsed by `api.parse`;
+checked against the checkpoints by `tessera validate`/`tessera up` (`cli/variant_check`);
+applied by `tessera up` and the operator. Pure.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from tessera import fields
+
+FIELDS = ("name", "adapter", "checkpoint")
+NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123: part of replica ids
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    name: str
+    kind: str  # "lora" or "full"
+    path: str  # adapter directory or checkpoint directory
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "adapter" if self.kind == "lora" else "checkpoint": self.path}
+
+
+def parse(doc: Any, foundation: str, path: str = "spec.variants") -> tuple[VariantSpec, ...]:
+    """The list, or `fields.FieldError` naming the first bad entry."""
+    if not isinstance(doc, list):
+        raise fields.FieldError(path, "must be a list of {name, adapter | checkpoint}")
+    out: list[VariantSpec] = []
+    seen = {foundation}
+    for i, item in enumerate(doc):
+        where = f"{path}[{i}]"
+        m = fields.mapping(item, where)
+        extra = sorted(set(m) - {"name", "adapter", "checkpoint"})
+        if extra:
+            raise fields.FieldError(
+                f"{where}.{extra[0]}", "unknown field (allowed: name, adapter, checkpoint)"
+            )
+        name = fields.string(fields.require(m, "name", where), f"{where}.name")
+        if not NAME.match(name):
+            raise fields.FieldError(
+                f"{where}.name",
+                f"{name!r} must be a DNS-1123 label (a-z, 0-9, '-'; it names replicas)",
+            )
+        if name in seen:
+            raise fields.FieldError(
+                f"{where}.name", f"{name!r} is already served (the model or another variant)"
+            )
+        seen.add(name)
+        has = [k for k in ("adapter", "checkpoint") if m.get(k) not in (None, "")]
+        if len(has) != 1:
+            raise fields.FieldError(where, "give exactly one of adapter (LoRA) or checkpoint")
+        kind = "lora" if has[0] == "adapter" else "full"
+        out.append(VariantSpec(name, kind, fields.string(m[has[0]], f"{where}.{has[0]}")))
+    return tuple(out)

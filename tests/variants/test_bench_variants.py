@@ -1,0 +1,27 @@
+"""`tessera bench variants` runs end to end on a very small configuration: one JSON object,
+the shared configuration holds fewer parameter bytes than one copy per variant, and every
+request's tokens are the same under both."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_variants_smoke() -> None:
+    cmd = [sys.executable, "-m", "tessera.cli.main", "bench", "variants", "--json"]
+    cmd += ["--sizes", "3", "--requests-per-variant", "2", "--hidden", "64", "--layers", "4"]
+    cmd += ["--diff-layers", "1", "--kv-mib", "1", "--new", "4", "--rate", "20"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    (r,) = doc["results"]
+    assert doc["tokens_match"] is True and r["tokens_match"] is True
+    assert (r["variants"], r["lora"], r["full_finetunes"], r["requests"]) == (3, 2, 1, 6)
+    assert 0 < r["param_bytes_shared"] < r["param_bytes_per_model"]
+    assert r["throughput_ratio"] > 0 and r["p95_latency_ratio"] > 0
