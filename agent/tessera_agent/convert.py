@@ -175,6 +175,7 @@ def replica_kv(replica_id: str, s: replica.ReplicaStats) -> pb.ReplicaKV:
         preemptions=s.preemptions,
         prefix_hit_tokens=s.prefix_hit_tokens,
         cached_pages=s.cached_pages,
+        max_num_seqs=s.max_num_seqs,
     )
 
 

@@ -28,7 +28,7 @@ import torch
 
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import hosted, hosting, leader
-from tessera_agent.engine import errors, loader, memory_shift, replica, stage
+from tessera_agent.engine import block_zoo, errors, loader, memory_shift, replica, stage
 from tessera_agent.transfer import block_copy
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,43 @@ async def _rekey(hs: hosting.Hosting, old: hosting.Key, h: hosted.Hosted) -> Non
     hs.hosted[new] = h
     dev = h.stage.spec.device
     hs.memory.release(dev, f"{old[0]}/{old[1]}")
-    hs.memory.book(dev, h.holder, h.stage.param_bytes + h.stage.kv_bytes)
+    _book(hs, h)
+
+
+def _book(hs: hosting.Hosting, h: hosted.Hosted) -> None:
+    """The block's booking after a shift: its own parameters (not those held in the block
+    zoo, which are booked per piece) and its grown or shrunk KV pool."""
+    hs.memory.book(h.stage.spec.device, h.holder, h.stage.own_param_bytes + h.stage.kv_bytes)
+
+
+def _zoo_drop_keys(h: hosted.Hosted, start: int, end: int) -> tuple[block_zoo.PieceKey, ...]:
+    """The block-zoo pieces a drop to layers [start, end) lets go of. A piece another block
+    shares (a variant's chain) would stay in memory, so such a drop frees nothing and is
+    refused with the reason rather than growing the KV pool into memory that is not free."""
+    pieces = h.stage.pieces
+    if pieces is None:
+        return ()
+    kept = {name for name, _ in block_zoo.piece_names(h.stage.cfg, start, end)}
+    gone = tuple(k for k in pieces.adopted.keys if k.piece not in kept)
+    shared = [k.piece for k in gone if pieces.zoo.refs(k) > 1]
+    if shared:
+        raise errors.FailedPreconditionError(
+            f"{h.holder}: {', '.join(shared)} shared with another block in the agent's block "
+            "zoo (variants): dropping them would free no memory"
+        )
+    return gone
+
+
+def _zoo_release(
+    hs: hosting.Hosting, h: hosted.Hosted, gone: tuple[block_zoo.PieceKey, ...]
+) -> None:
+    pieces = h.stage.pieces
+    if pieces is None or not gone:
+        return
+    for key in pieces.zoo.release(gone):
+        hs.memory.release(h.stage.spec.device, key.holder)
+    keys = tuple(k for k in pieces.adopted.keys if k not in gone)
+    pieces.adopted = dataclasses.replace(pieces.adopted, keys=keys)
 
 
 async def _drop(
@@ -164,8 +200,11 @@ async def _drop(
         )
     _paused_or_idle(h)
     _no_layer_runs(h)
+    gone = _zoo_drop_keys(h, req.layer_start, req.layer_end)
     shift = await _on_compute(hs, memory_shift.drop_layers, h.stage, req.layer_start, req.layer_end)
     assert isinstance(shift, memory_shift.Shift)
+    _zoo_release(hs, h, gone)
+    _book(hs, h)
     _identity(h, req)
     if h.leader is not None and becomes_follower:
         eng, h.leader = h.leader, None
@@ -204,6 +243,7 @@ async def _restore(
         tensors.update(got)
     shift = await _on_compute(hs, memory_shift.restore_layers, st, start, end, tensors or None)
     assert isinstance(shift, memory_shift.Shift)
+    _book(hs, h)
     _identity(h, req)
     await _rekey(hs, old, h)
     spec = h.stage.spec

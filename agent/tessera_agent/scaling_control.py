@@ -121,6 +121,21 @@ class ScalingControl:
         self._release(h, res.source, req.layer_start, req.layer_end)
         return _reply(res)
 
+    async def batch_limit(self, req: pb.ScalingBatchLimitRequest) -> pb.ScalingBatchLimitReply:
+        """Algorithm 2's batch cut on the replica this agent leads (0 restores)."""
+        if req.max_num_seqs < 0:
+            raise errors.InvalidArgumentError(
+                f"max_num_seqs: must be >= 1, or 0 for the loaded limit; got {req.max_num_seqs}"
+            )
+        leader = self.hosting.leader(req.replica_id)
+        prev = leader.set_max_num_seqs(req.max_num_seqs)
+        return pb.ScalingBatchLimitReply(
+            previous=prev,
+            max_num_seqs=leader.sched_cfg.max_num_seqs,
+            loaded=leader.loaded_max_num_seqs,
+            running=leader.stats().running,
+        )
+
     def _release(self, h: hosted.Hosted, holder: str, start: int, end: int) -> None:
         """Give back the memory booked for `holder`'s copy on this agent."""
         spec = h.stage.spec

@@ -51,6 +51,14 @@ class ScalingRPCs:
         except errors.EngineError as exc:
             await grpc_status.abort(context, exc)
 
+    async def ScalingBatchLimit(
+        self, request: pb.ScalingBatchLimitRequest, context: Ctx
+    ) -> pb.ScalingBatchLimitReply:
+        try:
+            return await self.scaling.batch_limit(request)
+        except errors.EngineError as exc:
+            await grpc_status.abort(context, exc)
+
     async def ScalingRunStep(
         self, request: pb.ScalingRunStepRequest, context: Ctx
     ) -> pb.ScalingRunStepReply:

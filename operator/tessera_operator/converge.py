@@ -27,7 +27,7 @@ from tessera import api, fields, observed, plan, reconcile, routes_doc, variant_
 from tessera.cost import model_shape
 from tessera.planner import auto as planner_auto
 from tessera.policies import actions as step_actions
-from tessera.policies import links, placement, transition, variant_plan
+from tessera.policies import links, overload_desired, placement, transition, variant_plan
 from tessera_operator import actuate, agents, gateway_objects
 from tessera_operator import variants as variant_ops
 
@@ -205,10 +205,16 @@ async def converge(
             routes=published,
             serving=serving(obs, prefix, published),
         )
-    target = reconcile.target(desired, obs)
+    overload_on = dep.spec.policies.overload.enabled
     chosen = variant_ops.resolve(dep.spec.variants, model_path)
-    foundation = [r.id for r in target.replicas]
-    target = variant_plan.with_full_chains(target, chosen)  # full fine-tunes: own chains
+
+    def wanted(o: observed.Observed) -> tuple[overload_desired.Desired, transition.Target]:
+        # an active overload drop is desired, not drift (docs/overload.md)
+        held = overload_desired.desired(reconcile.target(desired, o), o, overload_on)
+        return held, variant_plan.with_full_chains(held.target, chosen)  # full fine-tunes
+
+    held, target = wanted(obs)
+    foundation = [r.id for r in held.target.replicas]
     chains = {r.id for r in target.replicas} - set(foundation)
 
     drain = rollout.drain
@@ -255,9 +261,11 @@ async def converge(
     if chosen or (published is not None and published.variants):
         await _variants(out, chosen, target, foundation, chains, prefix, apply, publish, desired)
         obs = out.observed or obs
-    after = transition.plan(world(obs, out.routes), target)
+    now, now_target = wanted(obs)
+    after = transition.plan(world(obs, out.routes), now_target)
     out.remaining = after
-    out.ready_replicas = ready_replicas(desired, obs)
+    ready = now.members | set(ready_replicas(desired, obs))  # a dropped group serves
+    out.ready_replicas = [r.replica_id for r in desired.replicas if r.replica_id in ready]
     out.serving = serving(obs, prefix, out.routes)
     down = [a for a in obs.agents if not a.reachable]
     step = out.current_step

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from tessera import api, blocks, fields, observed
 from tessera.cost import model_shape
 from tessera.policies import generation as generation_policy
+from tessera.policies import overload_desired
 
 KV_HEADROOM = 0.9  # share of the memory left after parameters given to KV pools
 
@@ -281,13 +282,21 @@ def make_plan(
                     f"replica {r.name} layers [{s.start}, {s.end}) need {need} bytes "
                     f"but {s.agent}/{s.device} has {_free_for(dep, agent, dev)}",
                 )
+    layouts = [
+        (r.name, [(s.agent, s.device, s.start, s.end, s.ranks) for s in r.stages]) for r in replicas
+    ]
+    gen_obs = obs
+    if dep.spec.policies.overload.enabled:  # an active drop is no new layout (issue 13)
+        whole = {
+            r.name: (r.stages[0].agent, r.stages[0].device, r.stages[0].end)
+            for r in replicas
+            if len(r.stages) == 1 and r.stages[0].tp == 1
+        }
+        gen_obs = overload_desired.generation_view(f"{dep.namespace}.{dep.name}", whole, obs)
     gens = generation_policy.assign(
         f"{dep.namespace}.{dep.name}",
-        [
-            (r.name, [(s.agent, s.device, s.start, s.end, s.ranks) for s in r.stages])
-            for r in replicas
-        ],
-        obs,
+        layouts,
+        gen_obs,
         (model_path, dep.spec.model.dtype),
         floor,
     )

@@ -100,3 +100,18 @@ def test_replicate_evict_migrate_mid_decode_match_hf(
         )
     )
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "not within" in msg
+
+    # Algorithm 2's batch cut: the cap shows in Describe, 0 restores, bad values are refused
+    def cut(replica: str, n: int) -> pb.ScalingBatchLimitReply:
+        req = pb.ScalingBatchLimitRequest(replica_id=replica, max_num_seqs=n)
+        reply: pb.ScalingBatchLimitReply = sa.ScalingBatchLimit(req)
+        return reply
+
+    c = cut("r0", 3)
+    assert c.max_num_seqs == 3 and c.previous == c.loaded > 3
+    assert [k.max_num_seqs for k in sa.Describe(pb.DescribeRequest()).kv] == [3]
+    assert cut("r0", 0).max_num_seqs == c.loaded
+    code, msg = _code(lambda: cut("r0", -1))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "max_num_seqs" in msg
+    code, _ = _code(lambda: cut("nope", 2))
+    assert code == grpc.StatusCode.NOT_FOUND

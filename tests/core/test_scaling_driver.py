@@ -2,7 +2,8 @@
 
 A fake agent stub records the requests: scale-up replicates aligned runs onto the idle
 peer (nothing while the peer is busy); scale-down migrates the origin's layers as runs
-to the idle peer, in Algorithm 2's order; evict_all evicts every replica; gamma is
+to the idle peer, in Algorithm 2's order, and with no idle peer cuts the leader's batch
+(`ScalingBatchLimit`) until `restore_batch` lifts it; evict_all evicts every replica; gamma is
 measured from the runs' speeds and then refuses replication.
 """
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tessera.cli import scaling_driver as sd
+from tessera import scaling_driver as sd
 from tessera.policies import module_scaling as ms
 from tessera.rpc.v1 import agent_pb2 as pb
 
@@ -37,6 +38,12 @@ class FakeAgent:
 
     def ScalingEvict(self, req: pb.ScalingOpRequest, timeout: float = 0) -> pb.ScalingOpReply:
         return self._op("evict", req)
+
+    def ScalingBatchLimit(
+        self, req: pb.ScalingBatchLimitRequest, timeout: float = 0
+    ) -> pb.ScalingBatchLimitReply:
+        self.calls.append(("batch", req))  # type: ignore[arg-type]
+        return pb.ScalingBatchLimitReply(max_num_seqs=req.max_num_seqs)
 
 
 def _dev(free: int) -> pb.Device:
@@ -113,3 +120,16 @@ def test_gamma_measured_from_speeds_then_refuses_and_evict_all() -> None:
     assert d.tick_up(batch=4).actions == ()  # the round trip costs more than it saves
     assert d.evict_all() == 1
     assert [(k, r.holder) for k, r in origin.calls] == [("evict", "a1/cpu:0")]
+
+
+def test_scale_down_without_an_idle_peer_cuts_the_batch_then_restores() -> None:
+    d, origin, _ = _driver(busy_peer=True)
+    plan, ops = d.tick_down(
+        0.5, step_seconds=0.08, step_budget_s=0.05, layer_bytes=3 << 20, batch=20
+    )
+    assert plan.phase == "reduce" and ops == [] and plan.batch_size == 10  # 20 -> 15 -> 10
+    assert [(k, r.replica_id, r.max_num_seqs) for k, r in origin.calls] == [("batch", "r0", 10)]
+    assert d.batch_cap == 10
+    assert d.restore_batch() and d.batch_cap is None
+    assert origin.calls[-1][1].max_num_seqs == 0  # 0 = the loaded limit
+    assert not d.restore_batch() and len(origin.calls) == 2

@@ -17,7 +17,7 @@ import logging
 import math
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from tessera_agent.engine import errors, page_allocator, runner, sampling, scheduler, step
@@ -57,6 +57,7 @@ class ReplicaStats:
     preemptions: int
     prefix_hit_tokens: int = 0  # prompt tokens served from the prefix cache
     cached_pages: int = 0  # full pages registered in the prefix cache
+    max_num_seqs: int = 0  # sequences per step now (module scaling's batch cut lowers it)
 
 
 class ReplicaEngine:
@@ -83,6 +84,7 @@ class ReplicaEngine:
         self._pins: set[str] = set()
         self._paused = False  # overload shifts: no step is scheduled while set
         self.steps = 0
+        self.loaded_max_num_seqs = sched_cfg.max_num_seqs  # a batch cut's 0 restores it
         # Variants being removed: new requests for them are refused (see `variants.py`).
         self.refused_variants: frozenset[str] = frozenset()
 
@@ -182,7 +184,14 @@ class ReplicaEngine:
     def stats(self) -> ReplicaStats:
         s = self._sched
         if s is None:
-            return ReplicaStats(self.local.cache.layout.num_pages, 0, 0, 0, 0)
+            return ReplicaStats(
+                self.local.cache.layout.num_pages,
+                0,
+                0,
+                0,
+                0,
+                max_num_seqs=self.sched_cfg.max_num_seqs,
+            )
         return ReplicaStats(
             s.alloc.num_pages,
             s.alloc.used_pages,
@@ -191,6 +200,7 @@ class ReplicaEngine:
             s.preemptions,
             s.prefix_hit_tokens,
             s.alloc.cached_pages,
+            s.limits.max_num_seqs,
         )
 
     # -- overload shifts (issue 13): change the stages under running requests ---------------
@@ -218,6 +228,17 @@ class ReplicaEngine:
             self.add_pages(num_pages)
         self._paused = False
         self._wake.set()
+
+    def set_max_num_seqs(self, n: int) -> int:
+        """Cap the sequences per step from the next step on (module scaling's batch cut;
+        0 = the loaded limit); returns the previous cap. Running requests are not stopped:
+        the oldest get the step's places, the rest wait (`policies.batching`)."""
+        n = n or self.loaded_max_num_seqs
+        prev = self.sched_cfg.max_num_seqs
+        self.sched_cfg = replace(self.sched_cfg, max_num_seqs=n)
+        if self._sched is not None:
+            self._sched.limits = replace(self._sched.limits, max_num_seqs=n)
+        return prev
 
     @property
     def paused(self) -> bool:

@@ -63,8 +63,12 @@ class Stage:
 
     @property
     def own_param_bytes(self) -> int:
-        """Parameter bytes this stage holds outside the zoo (all of them when unpooled)."""
-        return 0 if self.pieces is not None else self.param_bytes
+        """Parameter bytes this stage holds outside the zoo (all of them when unpooled; the
+        layers an overload restore brought back when pooled, since those bypass the zoo)."""
+        if self.pieces is None:
+            return self.param_bytes
+        pieces = self.pieces
+        return max(0, self.param_bytes - sum(pieces.zoo.nbytes(k) for k in pieces.adopted.keys))
 
     @property
     def kv_bytes(self) -> int:

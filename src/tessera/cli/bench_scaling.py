@@ -35,8 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tessera import local_agents
-from tessera.cli import scaling_driver
+from tessera import local_agents, scaling_driver
 from tessera.policies import module_scaling as ms
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb

@@ -26,6 +26,7 @@ from typing import Any
 from tessera import blocks
 
 STATE_FILE = Path(".tessera/up.json")
+OVERLOAD_TICK_S = 0.5  # the overload loop's period (spec.policies.overload.enabled)
 
 
 def register(sub: Any) -> None:
@@ -59,6 +60,12 @@ def register(sub: Any) -> None:
         help="cost profile JSON (from `tessera profile`) for layout: auto",
     )
     p.add_argument("--reconcile-interval", type=float, default=10.0)
+    p.add_argument(
+        "--scaling-interval",
+        type=float,
+        default=5.0,
+        help="seconds between module-scaling ticks (when spec.policies.scaling.enabled)",
+    )
     p.add_argument(
         "--arrival-span", type=float, default=10.0, help="span of the gateway's arrival counts (s)"
     )
@@ -120,8 +127,8 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from tessera import local_agents, reconcile, routes_doc
-    from tessera.cli import supervise, up_watch
+    from tessera import local_agents, reconcile, routes_doc, scaling_loop
+    from tessera.cli import supervise, up_overload, up_watch
     from tessera.gateway import config as gw_config
     from tessera.gateway import routes as gw_routes
     from tessera.gateway import server as gw_server
@@ -160,6 +167,8 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     supervisor = None
     threads = 0
     gateway = None
+    scaling: asyncio.Task[None] | None = None
+    overload_task: asyncio.Task[None] | None = None
     refs: list[agents.AgentRef] = []
     try:
         if args.agent:
@@ -260,21 +269,37 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             return remaining is not None and bool(remaining.steps) and remaining.blocked is None
 
         supervisor = supervise.start(procs, args.devices, threads, console.print)
+        scaler = scaling_loop.for_up(  # module scaling (issue 15), when the spec enables it
+            dep.spec, model_path, [(r.name, r.address) for r in refs],
+            gateway.service.metrics.itl,
+        )  # fmt: skip
+        if scaler is not None:
+            scaling = asyncio.create_task(
+                scaling_loop.run(scaler, stop, args.scaling_interval, console.print)
+            )
         watcher = up_watch.ManifestWatcher(
             args.file, dep, lambda d: variant_check.check(d, model_path)
         )
+        lock = asyncio.Lock()  # a reconcile pass and an overload tick never overlap
+        overload_task = _start_overload(dep, outcome, gateway, lambda: published, stop, lock)
         await up_watch.run_loop(
             stop,
             watcher,
-            one_pass,
+            up_overload.guarded(lock, one_pass),
             console.print,
             args.reconcile_interval,
             args.watch_interval,
             wake=supervisor.restarted if supervisor is not None else None,
         )
+        if overload_task is not None:
+            await overload_task
         return 0
     finally:
         console.print("stopping")
+        if scaling is not None:
+            scaling.cancel()
+        if overload_task is not None and not overload_task.done():
+            overload_task.cancel()
         await supervise.stop(supervisor)
         if gateway is not None:
             await gateway.stop()
@@ -287,6 +312,35 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             local_agents.stop_agent(p)
         with contextlib.suppress(FileNotFoundError):
             args.state_file.unlink()
+
+
+def _start_overload(
+    dep: Any, outcome: Any, gateway: Any, published: Any, stop: asyncio.Event, lock: Any
+) -> asyncio.Task[None] | None:
+    """The overload loop beside the gateway when `spec.policies.overload.enabled`
+    (`up_overload`); None when it is off or cannot run on this plan (said why)."""
+    from rich.console import Console
+
+    from tessera.cli import up_overload
+    from tessera_operator import converge
+
+    cfg = dep.spec.policies.overload
+    if not cfg.enabled:
+        return None
+    say = Console(stderr=True).print
+    why = up_overload.UpOverload.usable(outcome.plan, outcome.observed)
+    shape = converge.model_facts(outcome.plan.model_path, dep.spec.model.dtype)
+    if why or shape is None:
+        say(why or "overload: model config unreadable; the loop is off")
+        return None
+    ov = up_overload.UpOverload(
+        outcome.plan, outcome.observed, cfg, shape.num_layers, gateway, published, say
+    )
+    say(
+        f"overload loop on {len(ov.members)} replicas (drop at {cfg.drop_threshold}, "
+        f"restore below {cfg.restore_threshold})"
+    )
+    return asyncio.get_running_loop().create_task(ov.run(stop, lock, OVERLOAD_TICK_S))
 
 
 def _report_variants(outcome: Any, say: Any, seen: dict[str, str]) -> None:

@@ -116,6 +116,10 @@ class Cutover:
             self._task = asyncio.get_running_loop().create_task(self._run())
         return True
 
+    def attempts(self, replica_id: str) -> list[inflight.Attempt]:
+        """The requests in flight on `replica_id`."""
+        return self._table.on(replica_id)
+
     def snapshot(self) -> routes_doc.AdminRoutes:
         """`GET /admin/v1/routes`: the version, its replicas, in-flight per leaving one."""
         return routes_doc.AdminRoutes(

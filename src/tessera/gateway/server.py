@@ -102,6 +102,10 @@ class GatewayHandle:
         self._live = arrivals.live_class_router(classifier, names)
         self.service.arrivals.set_classes(self._live, names)
 
+    def in_flight(self, replica_id: str) -> list[inflight.Attempt]:
+        """Requests now on `replica_id` (the overload loop of `tessera up` reads them)."""
+        return self.cutover.attempts(replica_id)
+
     def ready_replicas(self) -> list[str]:
         return self.service.replicas.ready_ids()
 

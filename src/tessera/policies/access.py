@@ -59,6 +59,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     "ScalingReplicate": frozenset({OPERATOR, ADMIN}),
     "ScalingMigrate": frozenset({OPERATOR, ADMIN}),
     "ScalingEvict": frozenset({OPERATOR, ADMIN}),
+    "ScalingBatchLimit": frozenset({OPERATOR, ADMIN}),  # Algorithm 2's batch cut
     "ScalingRunLoad": frozenset({AGENT, ADMIN}),
     "ScalingRunStep": frozenset({AGENT, ADMIN}),
     "ScalingRunExportKV": frozenset({AGENT, ADMIN}),

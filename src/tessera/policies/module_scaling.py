@@ -4,7 +4,7 @@ Input: a replica's `speedup.Placement` (which layers are replicated where), the 
 (`speedup.Device`: capacity, link, free memory, idle share), the workload shape, and a
 `ScalingConfig` from `spec.policies.scaling`. Output: plans of typed actions
 (`Replicate`, `Migrate`, `Evict`, `ReduceBatch`) plus the modelled result. Called by the
-`cli/scaling_driver.py` (applied through `run_plan.py`) and `tessera bench scaling`.
+`tessera/scaling_driver.py` (applied through `run_plan.py`) and `tessera bench scaling`.
 
 Scale up (Algorithm 1): devices whose idle share exceeds `up_idle_fraction` are
 eligible, most idle first; each may take free_bytes // replica_bytes replicas; candidate

@@ -26,11 +26,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from tessera.workload import classes, traces
+from tessera.workload import traces
+
+if TYPE_CHECKING:  # scikit-learn stays out of the gateway's (control plane image's) imports
+    from tessera.workload import classes
 
 BINS = 32
 LEVELS = tuple(i / 20 for i in range(21))  # output quantile levels kept per (bin, class)

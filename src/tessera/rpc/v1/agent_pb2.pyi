@@ -21,7 +21,7 @@ class Device(_message.Message):
     def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ...) -> None: ...
 
 class ReplicaKV(_message.Message):
-    __slots__ = ("replica_id", "pages_total", "pages_used", "running", "waiting", "preemptions", "prefix_hit_tokens", "cached_pages")
+    __slots__ = ("replica_id", "pages_total", "pages_used", "running", "waiting", "preemptions", "prefix_hit_tokens", "cached_pages", "max_num_seqs")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PAGES_USED_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class ReplicaKV(_message.Message):
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     pages_total: int
     pages_used: int
@@ -38,7 +39,8 @@ class ReplicaKV(_message.Message):
     preemptions: int
     prefix_hit_tokens: int
     cached_pages: int
-    def __init__(self, replica_id: _Optional[str] = ..., pages_total: _Optional[int] = ..., pages_used: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., preemptions: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., cached_pages: _Optional[int] = ...) -> None: ...
+    max_num_seqs: int
+    def __init__(self, replica_id: _Optional[str] = ..., pages_total: _Optional[int] = ..., pages_used: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., preemptions: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., cached_pages: _Optional[int] = ..., max_num_seqs: _Optional[int] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
     __slots__ = ()
@@ -803,6 +805,26 @@ class ScalingRunInfo(_message.Message):
     origin: str
     holders: _containers.RepeatedCompositeFieldContainer[ScalingHolderInfo]
     def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., origin: _Optional[str] = ..., holders: _Optional[_Iterable[_Union[ScalingHolderInfo, _Mapping]]] = ...) -> None: ...
+
+class ScalingBatchLimitRequest(_message.Message):
+    __slots__ = ("replica_id", "max_num_seqs")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    max_num_seqs: int
+    def __init__(self, replica_id: _Optional[str] = ..., max_num_seqs: _Optional[int] = ...) -> None: ...
+
+class ScalingBatchLimitReply(_message.Message):
+    __slots__ = ("previous", "max_num_seqs", "loaded", "running")
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    previous: int
+    max_num_seqs: int
+    loaded: int
+    running: int
+    def __init__(self, previous: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., loaded: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
 
 class ScalingHostedRun(_message.Message):
     __slots__ = ("run_id", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes")

@@ -159,6 +159,11 @@ class AgentStub:
                 request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunUnloadRequest.SerializeToString,
                 response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunUnloadReply.FromString,
                 _registered_method=True)
+        self.ScalingBatchLimit = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/ScalingBatchLimit',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingBatchLimitRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingBatchLimitReply.FromString,
+                _registered_method=True)
         self.OverloadShift = channel.unary_unary(
                 '/tessera.rpc.v1.Agent/OverloadShift',
                 request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.OverloadShiftRequest.SerializeToString,
@@ -358,6 +363,14 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScalingBatchLimit(self, request, context):
+        """Algorithm 2's last phase on the replica's leader: cap the sequences per step
+        (max_num_seqs) from the next step on; 0 restores the limit it was loaded with.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def OverloadShift(self, request, context):
         """Overload handling (issue 13, KunServe): change a hosted block in place while its replica's
         requests stay in the scheduler. One op per call (the driver, tessera.overload_driver,
@@ -497,6 +510,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.ScalingRunUnload,
                     request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunUnloadRequest.FromString,
                     response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunUnloadReply.SerializeToString,
+            ),
+            'ScalingBatchLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScalingBatchLimit,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingBatchLimitRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingBatchLimitReply.SerializeToString,
             ),
             'OverloadShift': grpc.unary_unary_rpc_method_handler(
                     servicer.OverloadShift,
@@ -1179,6 +1197,33 @@ class Agent:
             '/tessera.rpc.v1.Agent/ScalingRunUnload',
             tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunUnloadRequest.SerializeToString,
             tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingRunUnloadReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScalingBatchLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/ScalingBatchLimit',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingBatchLimitRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ScalingBatchLimitReply.FromString,
             options,
             channel_credentials,
             insecure,

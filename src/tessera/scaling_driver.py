@@ -8,8 +8,10 @@ a replica's seconds per token at a run against the origin's) and, until a peer's
 is given, sets the link term of the next decisions. Decides with the pure policy
 (`module_scaling.scale_up` / `scale_down`, turned into layer-run operations by
 `run_plan`), and applies the operations with the origin agent's `ScalingReplicate` /
-`ScalingMigrate` / `ScalingEvict`. Keeps the modelled placement it applied. Used by `tessera bench
-scaling`; the operator's loop would call the same `tick_up` / `tick_down`.
+`ScalingMigrate` / `ScalingEvict`, and Algorithm 2's batch cut with the leader's
+`ScalingBatchLimit` (`restore_batch` lifts it). Keeps the modelled placement it applied.
+Used by `tessera bench scaling` and by the periodic loop of `tessera up`
+(`scaling_loop.ScalingLoop`, which decides when to call `tick_up` / `tick_down`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class ScalingDriver:
     applied: list[tuple[run_plan.RunOp, pb.ScalingOpReply]] = field(default_factory=list)
 
     gamma: float = 0.0  # measured transfer/compute share of a replicated layer (Eq. 4)
+    batch_cap: int | None = None  # sequences per step set by Algorithm 2's phase 3, if any
 
     def __post_init__(self) -> None:
         self.state = sp.Placement.initial(self.origin.name, self.num_layers)
@@ -156,8 +159,8 @@ class ScalingDriver:
         batch: int,
     ) -> tuple[ms.ScaleDownPlan, list[run_plan.RunOp]]:
         """Algorithm 2 for the origin device: migrate its layers (as modules) to idle
-        peers, then evict replicas, then (not applied here: the scheduler's batch limit
-        is fixed at load) reduce the batch; returns the plan and the ops applied."""
+        peers, then evict replicas, then reduce the batch (the leader's sequences per step,
+        `ScalingBatchLimit`); returns the plan and the run ops applied."""
         devices = self.observe()
         per_layer = step_seconds / self.num_layers
         held = [i for i in range(self.num_layers) if i not in self._migrated]
@@ -186,4 +189,22 @@ class ScalingDriver:
                 )
                 self._migrated.update(range(s, e))
                 applied.append(op)
+        if plan.batch_size < batch:
+            self.set_batch(plan.batch_size)
         return plan, applied
+
+    def set_batch(self, max_num_seqs: int) -> pb.ScalingBatchLimitReply:
+        """Cap the origin replica's sequences per step (0 = its loaded limit)."""
+        req = pb.ScalingBatchLimitRequest(replica_id=self.replica_id, max_num_seqs=max_num_seqs)
+        reply: pb.ScalingBatchLimitReply = self._stub(self.origin.address).ScalingBatchLimit(
+            req, timeout=30.0
+        )
+        self.batch_cap = max_num_seqs or None
+        return reply
+
+    def restore_batch(self) -> bool:
+        """Lift a batch cut this driver made; False when there was none."""
+        if self.batch_cap is None:
+            return False
+        self.set_batch(0)
+        return True

@@ -1,0 +1,188 @@
+"""The periodic module-scaling loop (issue 15): observe, decide purely, drive.
+
+Where it runs: in `tessera up` (beside the agents it supervises and the in-process
+gateway whose inter-token latencies are the SLO signal), every `--scaling-interval`
+seconds, when the manifest's `spec.policies.scaling.enabled` (read at start: `for_up`).
+The operator does not run it: it has no
+latency signal of the gateway, and it already reports what the loop did from the agents'
+`Describe` (`status.scaling.layerRuns`, events).
+
+Each `tick`: read the gateway's histogram (`itl`), take the window since the last tick
+(`policies.scaling_signal.window`) and decide (`scaling_signal.decide`); then, for each
+replica whose single stage an agent leads (the driver's runs are of one stage: pipelined
+and tensor-parallel replicas are skipped), its `scaling_driver.ScalingDriver` (made once,
+the other agents as peers; one layer's bytes from the leader's block) runs
+`tick_down` (Algorithm 2: migrate, evict, cut the batch; the window's mean gap is the step
+time, the TPOT target its budget, the batch the replica's running requests up to its cap),
+`restore_batch`, or `measure_gamma` then `tick_up` (Algorithm 1). A failing replica is
+reported and the loop goes on. Returns one line per action; `run` calls it in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tessera import scaling_driver as sd
+from tessera.policies import module_scaling as ms
+from tessera.policies import scaling_signal as sig
+from tessera.rpc import transport
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+
+Report = Callable[[str], None]
+
+
+def hist_of(histogram: object) -> sig.Hist:
+    """A `prometheus_client.Histogram` (no labels) as a cumulative `Hist`."""
+    bounds: list[float] = []
+    counts: list[float] = []
+    total = sum_s = 0.0
+    for metric in histogram.collect():  # type: ignore[attr-defined]
+        for s in metric.samples:
+            if s.name.endswith("_bucket"):
+                bounds.append(float(s.labels["le"]))
+                counts.append(float(s.value))
+            elif s.name.endswith("_count"):
+                total = float(s.value)
+            elif s.name.endswith("_sum"):
+                sum_s = float(s.value)
+    return sig.Hist(tuple(bounds), tuple(counts), total, sum_s)
+
+
+@dataclass(frozen=True)
+class AgentAt:
+    agent: str
+    address: str
+
+
+class ScalingLoop:
+    def __init__(
+        self,
+        cfg: ms.ScalingConfig,
+        tpot_target_s: float,
+        agents: Sequence[AgentAt],
+        hidden: int,
+        itl: Callable[[], sig.Hist],
+        min_gaps: int = 8,
+    ) -> None:
+        self.cfg, self.target_s, self.agents = cfg, tpot_target_s, list(agents)
+        self.hidden, self.itl, self.min_gaps = hidden, itl, min_gaps
+        self.drivers: dict[str, sd.ScalingDriver] = {}
+        self._prev: sig.Hist | None = None
+        self.ticks = 0
+
+    def _stub(self, address: str) -> pb_grpc.AgentStub:
+        return pb_grpc.AgentStub(transport.sync_channel(address))
+
+    def _driver(self, a: AgentAt, block: pb.BlockInfo) -> sd.ScalingDriver:
+        d = self.drivers.get(block.replica_id)
+        if d is None:
+            n = block.layer_end - block.layer_start
+            layer = max(1, (block.param_bytes + block.kv_bytes) // max(1, n))
+            d = sd.ScalingDriver(
+                origin=sd.Peer(a.agent, a.address),
+                replica_id=block.replica_id,
+                num_layers=n,
+                hidden=self.hidden,
+                peers=[sd.Peer(p.agent, p.address) for p in self.agents if p != a],
+                cfg=self.cfg,
+                replica_bytes=layer,
+            )
+            d._stub = self._stub  # type: ignore[method-assign]
+            self.drivers[block.replica_id] = d
+        return d
+
+    def tick(self) -> list[str]:
+        """One pass (module docstring); the lines say what was done."""
+        now = self.itl()
+        w = sig.window(self._prev, now, self.target_s)
+        self._prev = now
+        self.ticks += 1
+        capped = any(d.batch_cap is not None for d in self.drivers.values())
+        decision = sig.decide(w, self.cfg, self.target_s, capped, self.min_gaps)
+        if decision.kind == "none":
+            return []
+        out: list[str] = []
+        seen: set[str] = set()
+        answered = True
+        for a in self.agents:
+            try:
+                desc = self._stub(a.address).Describe(pb.DescribeRequest(), timeout=10.0)
+                for b in desc.blocks:
+                    if b.stage_index != 0 or b.num_stages > 1 or b.tp_size > 1 or b.layer_start:
+                        continue
+                    seen.add(b.replica_id)
+                    kv = next((k for k in desc.kv if k.replica_id == b.replica_id), None)
+                    out += self._act(decision, w, self._driver(a, b), b, kv)
+            except Exception as exc:  # one agent's failure must not stop the loop
+                answered = False
+                out.append(f"module scaling on {a.agent} failed: {exc!r}")
+        if answered:  # replicas a transition removed: forget their drivers (and cuts)
+            self.drivers = {r: d for r, d in self.drivers.items() if r in seen}
+        return out
+
+    def _act(
+        self,
+        decision: sig.Decision,
+        w: sig.Window,
+        d: sd.ScalingDriver,
+        b: pb.BlockInfo,
+        kv: pb.ReplicaKV | None,
+    ) -> list[str]:
+        running = kv.running if kv is not None else 0
+        cap = kv.max_num_seqs if kv is not None and kv.max_num_seqs else running
+        rid = b.replica_id
+        if decision.kind == "down":
+            batch = max(1, min(running, cap))
+            layer = d.replica_bytes
+            plan, ops = d.tick_down(w.violation_rate, w.mean_s, self.target_s, layer, batch)
+            lines = [f"{rid}: scale down ({decision.reason}): {plan.reason}"]
+            lines += [f"{rid}: migrated layers {o.start}-{o.end} to {o.target}" for o in ops]
+            if plan.batch_size < batch:
+                lines.append(f"{rid}: batch cut {batch} -> {plan.batch_size} sequences per step")
+            return lines
+        if decision.kind == "restore":
+            return [f"{rid}: batch cut lifted ({decision.reason})"] if d.restore_batch() else []
+        d.measure_gamma()
+        plan_up = d.tick_up(batch=max(1, running))
+        if not plan_up.actions:
+            return []
+        return [
+            f"{rid}: replicated {len(plan_up.actions)} layers, modelled speedup "
+            f"{plan_up.speedup_before:.2f} -> {plan_up.speedup_after:.2f} (gamma {d.gamma:.2f})"
+        ]
+
+
+def for_up(
+    spec: object, model_path: str, agents: Sequence[tuple[str, str]], itl_histogram: object
+) -> ScalingLoop | None:
+    """The loop `tessera up` runs for `spec` (an `api.ServingDeploymentSpec`), or None
+    when its scaling policy is off."""
+    cfg: ms.ScalingConfig = spec.policies.scaling  # type: ignore[attr-defined]
+    if not cfg.enabled:
+        return None
+    with open(f"{model_path}/config.json") as f:
+        hidden = int(json.load(f)["hidden_size"])
+    target_s = spec.slo.tpot_p99_ms / 1e3  # type: ignore[attr-defined]
+    return ScalingLoop(
+        cfg, target_s, [AgentAt(a, addr) for a, addr in agents], hidden,
+        lambda: hist_of(itl_histogram),
+    )  # fmt: skip
+
+
+async def run(loop: ScalingLoop, stop: asyncio.Event, interval_s: float, report: Report) -> None:
+    """`loop.tick()` every `interval_s` (in a thread: its gRPC calls block) until `stop`."""
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), interval_s)
+            return
+        except TimeoutError:
+            pass
+        try:
+            for line in await asyncio.to_thread(loop.tick):
+                report(line)
+        except Exception as exc:  # the loop must survive anything; the next tick retries
+            report(f"module scaling tick failed: {exc!r}")

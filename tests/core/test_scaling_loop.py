@@ -1,0 +1,117 @@
+"""The periodic module-scaling loop (`tessera.scaling_loop`) drives the scaling driver.
+
+Fake agents (those of `test_scaling_driver`) record the operations. The gateway's
+inter-token histogram is fed by hand: a window over the TPOT target with no idle peer
+cuts the leader's batch; a quiet window lifts the cut; once the peer is idle the loop
+replicates onto it; a replica that is gone loses its driver. `run` fires ticks
+periodically until stopped. `for_up` is None when the spec's policy is off and reads the
+model's hidden size otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+from tessera import api, scaling_loop
+from tessera.policies import module_scaling as ms
+from tessera.policies import scaling_signal as sig
+from tessera.rpc.v1 import agent_pb2 as pb
+from tests.core.test_scaling_driver import FakeAgent, _dev
+
+BOUNDS = (0.01, 0.05, 0.1, math.inf)
+
+
+def _agents(peer_busy: bool) -> tuple[FakeAgent, FakeAgent]:
+    origin = FakeAgent(
+        pb.DescribeReply(
+            devices=[_dev(0)],
+            blocks=[
+                pb.BlockInfo(
+                    replica_id="r0",
+                    num_stages=1,
+                    layer_end=8,
+                    param_bytes=16 << 20,
+                    kv_bytes=16 << 20,
+                )
+            ],
+            kv=[pb.ReplicaKV(replica_id="r0", running=20, max_num_seqs=256)],
+        )
+    )
+    peer = FakeAgent(
+        pb.DescribeReply(
+            devices=[_dev(64 << 20)],
+            kv=[pb.ReplicaKV(replica_id="x", running=1 if peer_busy else 0)],
+        )
+    )
+    return origin, peer
+
+
+def _loop(origin: FakeAgent, peer: FakeAgent, hists: list[sig.Hist]) -> scaling_loop.ScalingLoop:
+    feed = iter(hists)
+    loop = scaling_loop.ScalingLoop(
+        ms.ScalingConfig(enabled=True),
+        tpot_target_s=0.05,
+        agents=[scaling_loop.AgentAt("a0", "a0:1"), scaling_loop.AgentAt("a1", "a1:1")],
+        hidden=256,
+        itl=lambda: next(feed),
+    )
+    stubs = {"a0:1": origin, "a1:1": peer}
+    loop._stub = lambda address: stubs[address]  # type: ignore[method-assign, assignment, return-value]
+    return loop
+
+
+def test_tick_cuts_the_batch_under_violations_lifts_it_then_replicates() -> None:
+    origin, peer = _agents(peer_busy=True)
+    slow = sig.Hist(BOUNDS, (0, 10, 20, 100), 100, 8.0)  # 80 of 100 gaps over 50 ms
+    loop = _loop(origin, peer, [slow] * 4)
+    lines = loop.tick()
+    assert [k for k, _ in origin.calls] == ["batch"]
+    assert 1 <= origin.calls[0][1].max_num_seqs < 20  # the running 20, cut
+    assert any("batch cut 20 ->" in line for line in lines)
+    assert loop.tick() == ["r0: batch cut lifted (violation rate 0.0%: lift the batch cut)"]
+    assert origin.calls[-1] == ("batch", pb.ScalingBatchLimitRequest(replica_id="r0"))
+    peer.describe.kv[0].running = 0  # the peer went idle: Algorithm 1 replicates onto it
+    lines = loop.tick()
+    assert [k for k, _ in origin.calls[2:]] == ["replicate"]
+    assert origin.calls[2][1].target_address == "a1:1" and lines[0].startswith("r0: replicated")
+    del origin.describe.blocks[:]  # a transition removed the replica: its driver goes
+    loop.tick()
+    assert loop.drivers == {}
+
+
+def test_run_fires_the_driver_periodically_until_stopped() -> None:
+    origin, peer = _agents(peer_busy=False)
+    empty = sig.Hist(BOUNDS, (0, 0, 0, 0), 0, 0.0)
+    loop = _loop(origin, peer, [empty] * 1000)
+    said: list[str] = []
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(scaling_loop.run(loop, stop, 0.01, said.append))
+        for _ in range(500):
+            if loop.ticks >= 3:
+                break
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.wait_for(task, 5.0)
+
+    asyncio.run(go())
+    assert loop.ticks >= 3
+    assert [k for k, _ in origin.calls] == ["replicate"]  # then the peer holds the run
+    assert said and said[0].startswith("r0: replicated")
+
+
+def test_for_up_reads_the_spec(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    off = SimpleNamespace(policies=SimpleNamespace(scaling=ms.ScalingConfig()))
+    assert scaling_loop.for_up(off, str(tmp_path), [], None) is None
+    on = SimpleNamespace(
+        policies=SimpleNamespace(scaling=ms.ScalingConfig(enabled=True)),
+        slo=api.SLOSpec(tpot_p99_ms=80.0),
+    )
+    loop = scaling_loop.for_up(on, str(tmp_path), [("a0", "a0:1")], None)
+    assert loop is not None and loop.hidden == 64 and loop.target_s == 0.08
