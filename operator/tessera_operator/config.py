@@ -127,6 +127,8 @@ class OperatorConfig:
     # default candidates (no switching_candidates): a measured cost profile
     # (tessera.cost.profile.Profile) for agents whose GPUs have no analytic one (e.g. CPU)
     switching_profile: Any = None
+    # default candidates: planner layouts priced each span (switching_planner.cap)
+    switching_max_candidates: int = 32
 
     def __post_init__(self) -> None:
         names = [a.name for a in self.agents]
@@ -140,6 +142,8 @@ class OperatorConfig:
             raise ValueError("resync_seconds: must be > 0")
         if not self.switching_tick_seconds > 0:
             raise ValueError("switching_tick_seconds: must be > 0")
+        if self.switching_max_candidates < 1:
+            raise ValueError("switching_max_candidates: must be >= 1")
         if self.finalizer_retries < 0:
             raise ValueError("finalizer_retries: must be >= 0")
         for name in ("drain_deadline_seconds", "drain_grace_seconds", "drain_settle_seconds"):

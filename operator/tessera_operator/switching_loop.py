@@ -13,8 +13,10 @@ Registered by `handlers.build_registry` (`register`): a kopf timer every
    two of them (`SwitchingCandidates`); without one, `default_candidates` builds them from
    the planner (`tessera.policies.switching_candidates`: the model's config, the agents
    as observed, the cost profile `layout: auto` would use or `cfg.switching_profile`,
-   the latency objective); the current deployment is the candidate whose layout equals
-   the spec's;
+   the latency objective; planner candidates cached across spans in `CANDIDATE_CACHE`,
+   at most `cfg.switching_max_candidates`); the current deployment is the candidate whose
+   layout equals the spec's, or for a `layout: auto` spec the one placed as the auto
+   planner's plan in `status.plan` is (`tessera.policies.switching_current`);
 3. runs the pure step (`tessera.policies.switching_step`): forecast with the method best
    on the recent window, cheapest candidate at the forecast, gain vs switch cost,
    hysteresis (carried in `status.switching.hysteresis`);
@@ -24,7 +26,10 @@ Registered by `handlers.build_registry` (`register`): a kopf timer every
    the existing transition path: it merge-patches `spec.layout` with the candidate's
    explicit replicas (as an HPA writes its target's `spec.replicas`), and the update
    handler's reconcile pass runs the make-before-break transition. No step switches
-   while a transition is still running (`status.transition`).
+   while a transition is still running (`status.transition`). Switching an `auto` spec
+   writes an explicit layout: from then on the loop owns `spec.layout` (as an HPA owns
+   `spec.replicas`); `status.switching.specLayout` and `lastSwitch.layoutWas` say so, and
+   setting `layout: auto` again hands the placement back to the auto planner.
 
 Anything that goes wrong (gateway unreachable, no candidates, a bad price) becomes
 `status.switching.reason`/`message` and the loop carries on next span.
@@ -45,12 +50,19 @@ import aiohttp
 import kopf
 
 from tessera import api, fields
-from tessera.policies import switching, switching_candidates, switching_step
+from tessera.policies import (
+    switching,
+    switching_candidates,
+    switching_current,
+    switching_step,
+)
 from tessera_operator import agents, config, converge, discovery, gateway_objects, kube
 
 ARRIVALS_PATH = "/admin/v1/arrivals"
 DUE_KEY = "switching_due"
 FETCH_TIMEOUT_S = 5.0
+# planner candidates per planning problem, shared by every deployment this operator runs
+CANDIDATE_CACHE = switching_candidates.CandidateCache()
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,7 @@ async def default_candidates(
     client: kube.Kube | None,
     dep: api.ServingDeployment,
     names: Sequence[str],
+    placed: Sequence[Mapping[str, Any]] | None = None,
 ) -> SwitchingCandidates:
     """Planner candidates from the model's config and the agents as observed (module
     docstring); ValueError saying why there are none."""
@@ -103,7 +116,15 @@ async def default_candidates(
         raise ValueError(f"model not readable: no config.json in {model_path}")
     obs = await agents.observe(refs)
     made = await asyncio.to_thread(
-        switching_candidates.build, dep, shape, obs, names, cfg.switching_profile
+        switching_candidates.build,
+        dep,
+        shape,
+        obs,
+        names,
+        cfg.switching_profile,
+        placed=placed,
+        cache=CANDIDATE_CACHE,
+        max_candidates=cfg.switching_max_candidates,
     )
     return SwitchingCandidates(made.layouts, made.planned.price, made.planned.switch_seconds)
 
@@ -175,10 +196,17 @@ def decide(
     snapshot: Mapping[str, Any],
     candidates: SwitchingCandidates | None,
     now: str,
+    placed: Sequence[Mapping[str, Any]] | None = None,
 ) -> Outcome:
-    """One step from what was read (pure apart from the candidate callbacks)."""
+    """One step from what was read (pure apart from the candidate callbacks); ``placed``:
+    the auto planner's placement of an `auto` spec (`switching_current.placed_replicas`)."""
     sw = dep.spec.policies.switching
-    base: dict[str, Any] = {"mode": sw.mode, "spanSeconds": sw.span_seconds, "lastStepTime": now}
+    base: dict[str, Any] = {
+        "mode": sw.mode,
+        "spanSeconds": sw.span_seconds,
+        "lastStepTime": now,
+        "specLayout": dep.spec.layout.mode,
+    }
     if "hysteresis" in previous:
         base["hysteresis"] = previous["hysteresis"]
     spans = snapshot.get("spans") or []
@@ -186,11 +214,19 @@ def decide(
         return _stopped(base, "WaitingForArrivals", "the gateway has no complete span yet")
     if candidates is None or not candidates.layouts:
         return _stopped(base, "NoCandidates", "no candidate deployments to price")
-    current = current_name(raw_spec, dep, candidates.layouts)
-    if current is None:
+    auto = dep.spec.layout.mode == "auto"
+    if auto and placed is None:
         return _stopped(
-            base, "CurrentNotACandidate", "the spec's layout is none of the candidate layouts"
+            base, "CurrentNotACandidate", "layout auto: no auto placement in status.plan yet"
         )
+    if auto:
+        assert placed is not None
+        current = switching_current.current_of(placed, candidates.layouts.items())
+    else:
+        current = current_name(raw_spec, dep, candidates.layouts)
+    if current is None:
+        what = "the auto planner's placement" if auto else "the spec's layout"
+        return _stopped(base, "CurrentNotACandidate", f"{what} is none of the candidate layouts")
     cfg = switching.config_from_spec(sw)
     state = switching_step.state_from_json(previous.get("hysteresis"))
     span_scale = float(snapshot.get("spanSeconds") or sw.span_seconds) / sw.span_seconds
@@ -226,8 +262,15 @@ def decide(
             doc["message"] = f"would switch to {d.candidate}; a transition is still running"
             return Outcome(doc)
         replicas = [copy.deepcopy(dict(r)) for r in candidates.layouts[d.candidate]]
-        doc["lastSwitch"] = {"from": current, "to": d.candidate, "time": now}
+        doc["lastSwitch"] = {
+            "from": current,
+            "to": d.candidate,
+            "time": now,
+            "layoutWas": dep.spec.layout.mode,
+        }
         msg = f"{current} -> {d.candidate}: {d.reason}"
+        if auto:
+            msg += "; spec.layout auto -> explicit: the switching loop now owns spec.layout"
         return Outcome(doc, ("SwitchApplied", msg), {"mode": "explicit", "replicas": replicas})
     doc.pop("recommended", None)
     if "lastSwitch" in previous:
@@ -261,7 +304,17 @@ async def tick(
     memo[DUE_KEY] = now + sw.span_seconds
     status = dict(body.get("status") or {})
     previous = dict(status.get("switching") or {})
-    base = {"mode": sw.mode, "spanSeconds": sw.span_seconds, "lastStepTime": _now()}
+    base = {
+        "mode": sw.mode,
+        "spanSeconds": sw.span_seconds,
+        "lastStepTime": _now(),
+        "specLayout": dep.spec.layout.mode,
+    }
+    placed = (
+        switching_current.placed_replicas(status.get("plan"))
+        if dep.spec.layout.mode == "auto"
+        else None
+    )
     try:
         snapshot = await fetch_arrivals(arrivals_url(cfg, dep))
     except ValueError as exc:
@@ -273,7 +326,7 @@ async def tick(
                 made = cfg.switching_candidates(dep, names)
             elif snapshot.get("spans"):
                 ctx = memo.get("ctx")
-                made = await default_candidates(cfg, getattr(ctx, "kube", None), dep, names)
+                made = await default_candidates(cfg, getattr(ctx, "kube", None), dep, names, placed)
             else:
                 made = None  # decide says WaitingForArrivals
         except ValueError as exc:
@@ -290,6 +343,7 @@ async def tick(
                 snapshot,
                 made,
                 _now(),
+                placed,
             )
     patch.status["switching"] = out.status
     if out.event is not None:

@@ -16,7 +16,7 @@ Used by `tessera bench scaling` and by the periodic loop of `tessera up`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -157,10 +157,15 @@ class ScalingDriver:
         step_budget_s: float,
         layer_bytes: int,
         batch: int,
+        hosted: Sequence[ms.Hosted] = (),
+        owners: Mapping[str, tuple[sp.Placement, sp.Workload]] | None = None,
+        evict: Callable[[ms.Evict], bool] | None = None,
     ) -> tuple[ms.ScaleDownPlan, list[run_plan.RunOp]]:
         """Algorithm 2 for the origin device: migrate its layers (as modules) to idle
-        peers, then evict replicas, then reduce the batch (the leader's sequences per step,
-        `ScalingBatchLimit`); returns the plan and the run ops applied."""
+        peers, then evict the layer replicas other replicas placed on this device
+        (`hosted`, priced with their `owners`' placements; applied by `evict`, which the
+        owner's driver carries out with `evict_on`), then reduce the batch (the leader's
+        sequences per step, `ScalingBatchLimit`); returns the plan and the run ops applied."""
         devices = self.observe()
         per_layer = step_seconds / self.num_layers
         held = [i for i in range(self.num_layers) if i not in self._migrated]
@@ -170,6 +175,8 @@ class ScalingDriver:
             step_seconds=step_seconds,
             step_budget_s=step_budget_s,
             modules=tuple(ms.Module(f"layer.{i}", layer_bytes, per_layer) for i in held),
+            hosted=tuple(hosted),
+            owners=dict(owners or {}),
             batch_size=batch,
         )
         plan = ms.scale_down(inp, devices, self.cfg)
@@ -189,9 +196,44 @@ class ScalingDriver:
                 )
                 self._migrated.update(range(s, e))
                 applied.append(op)
+        for a in plan.actions:
+            if isinstance(a, ms.Evict) and evict is not None and evict(a):
+                applied.append(run_plan.RunOp("evict", a.layer, a.layer + 1, holder=a.device))
         if plan.batch_size < batch:
             self.set_batch(plan.batch_size)
         return plan, applied
+
+    def hosted_on(
+        self, device: str, step_seconds: float, batch: int
+    ) -> tuple[list[ms.Hosted], tuple[sp.Placement, sp.Workload]]:
+        """This replica's layer replicas on `device` (another replica's origin, which
+        Algorithm 2 may evict) with a per-layer share of `step_seconds`, and this
+        replica's placement and workload (to price what an eviction loses)."""
+        per_layer = step_seconds / max(1, self.num_layers)
+        mine = [
+            ms.Hosted(self.replica_id, i, per_layer)
+            for i, devs in enumerate(self.state.replicas)
+            if device in devs
+        ]
+        return mine, (self.state, sp.Workload(self.hidden, max(1, batch), 1))
+
+    def evict_on(self, layer: int, device: str) -> bool:
+        """Evict the replicated run of this replica that holds `layer` on `device` (the
+        whole run: runs are equal or disjoint); False when none is there any more."""
+        if not 0 <= layer < self.num_layers or device not in self.state.replicas[layer]:
+            return False
+        d = self._stub(self.origin.address).Describe(pb.DescribeRequest(), timeout=10.0)
+        for run in d.scaling_runs:
+            if run.replica_id != self.replica_id or not run.layer_start <= layer < run.layer_end:
+                continue
+            if any(h.name == device and not h.home for h in run.holders):
+                op = run_plan.RunOp("evict", run.layer_start, run.layer_end, holder=device)
+                self._op("ScalingEvict", op, holder=device)
+                for i in range(run.layer_start, run.layer_end):
+                    if device in self.state.replicas[i]:
+                        self.state = self.state.remove(i, device)
+                return True
+        return False
 
     def set_batch(self, max_num_seqs: int) -> pb.ScalingBatchLimitReply:
         """Cap the origin replica's sequences per step (0 = its loaded limit)."""

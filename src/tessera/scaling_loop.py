@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from tessera import scaling_driver as sd
 from tessera.policies import module_scaling as ms
 from tessera.policies import scaling_signal as sig
+from tessera.policies import speedup as sp
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
@@ -138,9 +139,27 @@ class ScalingLoop:
         if decision.kind == "down":
             batch = max(1, min(running, cap))
             layer = d.replica_bytes
-            plan, ops = d.tick_down(w.violation_rate, w.mean_s, self.target_s, layer, batch)
+            hosted: list[ms.Hosted] = []
+            owners: dict[str, tuple[sp.Placement, sp.Workload]] = {}
+            for o in self.drivers.values():  # other replicas' layer replicas on this device
+                if o is not d:
+                    mine, owners[o.replica_id] = o.hosted_on(d.origin.name, w.mean_s, batch)
+                    hosted += mine
+
+            def evict(a: ms.Evict) -> bool:
+                owner = self.drivers.get(a.owner)
+                return owner is not None and owner.evict_on(a.layer, a.device)
+
+            plan, ops = d.tick_down(
+                w.violation_rate, w.mean_s, self.target_s, layer, batch, hosted, owners, evict
+            )
             lines = [f"{rid}: scale down ({decision.reason}): {plan.reason}"]
-            lines += [f"{rid}: migrated layers {o.start}-{o.end} to {o.target}" for o in ops]
+            lines += [
+                f"{rid}: migrated layers {o.start}-{o.end} to {o.target}"
+                if o.op == "migrate"
+                else f"{rid}: evicted another replica's layer {o.start} from {o.holder}"
+                for o in ops
+            ]
             if plan.batch_size < batch:
                 lines.append(f"{rid}: batch cut {batch} -> {plan.batch_size} sequences per step")
             return lines

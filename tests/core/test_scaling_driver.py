@@ -133,3 +133,51 @@ def test_scale_down_without_an_idle_peer_cuts_the_batch_then_restores() -> None:
     assert d.restore_batch() and d.batch_cap is None
     assert origin.calls[-1][1].max_num_seqs == 0  # 0 = the loaded limit
     assert not d.restore_batch() and len(origin.calls) == 2
+
+
+def test_scale_down_evicts_another_replicas_layers_from_the_violating_device() -> None:
+    # r1 (origin a1) replicated all its layers onto a0, where r0 now violates its SLO and
+    # no peer is idle to migrate to: phase 2 evicts r1's run from a0 through r1's driver.
+    d, origin, peer = _driver(busy_peer=True)
+    owner = sd.ScalingDriver(
+        origin=sd.Peer("a1", "a1:1"),
+        replica_id="r1",
+        num_layers=8,
+        hidden=256,
+        peers=[sd.Peer("a0", "a0:1")],
+        cfg=ms.ScalingConfig(enabled=True),
+        replica_bytes=4 << 20,
+    )
+    owner._stub = d._stub  # type: ignore[method-assign]
+    for i in range(8):
+        owner.state = owner.state.add(i, "a0/cpu:0")
+    peer.describe.scaling_runs.append(
+        pb.ScalingRunInfo(
+            replica_id="r1",
+            layer_start=0,
+            layer_end=8,
+            holders=[
+                pb.ScalingHolderInfo(name="a1/cpu:0", home=True),
+                pb.ScalingHolderInfo(name="a0/cpu:0"),
+            ],
+        )
+    )
+    hosted, own = owner.hosted_on("a0/cpu:0", step_seconds=0.08, batch=8)
+    assert len(hosted) == 8
+    plan, ops = d.tick_down(
+        0.5,
+        step_seconds=0.08,
+        step_budget_s=0.05,
+        layer_bytes=3 << 20,
+        batch=8,
+        hosted=hosted,
+        owners={"r1": own},
+        evict=lambda a: owner.evict_on(a.layer, a.device),
+    )
+    assert plan.phase == "evict" and plan.resolved
+    assert [(k, r.replica_id, r.holder, r.layer_start, r.layer_end) for k, r in peer.calls] == [
+        ("evict", "r1", "a0/cpu:0", 0, 8)  # the whole run, once
+    ]
+    assert [o.op for o in ops] == ["evict"] and origin.calls == []
+    assert owner.state.degrees == (1,) * 8  # r1 no longer counts a replica on a0
+    assert owner.hosted_on("a0/cpu:0", 0.08, 8)[0] == []

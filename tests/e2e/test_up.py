@@ -216,7 +216,11 @@ def test_up_serves_tensor_parallel_replicas(tiny_llama: Path, tmp_path: Path) ->
             env=dict(os.environ, COLUMNS="250"),
         )
         assert status.returncode == 0, status.stderr
-        rows = [ln for ln in status.stdout.splitlines() if "default.tinytp." in ln and "[" in ln]
+        rows = [  # the replicas table's rows (not the pipelines line under it)
+            ln
+            for ln in status.stdout.splitlines()
+            if ln.startswith("│") and "default.tinytp." in ln and "[" in ln
+        ]
         assert len(rows) == 6, status.stdout  # r0: 2 ranks; r1: 2 stages x 2 ranks
         assert all("gloo ready" in ln for ln in rows), status.stdout
         assert all(".g1 " in ln for ln in rows), status.stdout  # nothing was reloaded

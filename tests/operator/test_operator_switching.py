@@ -85,8 +85,10 @@ def gateway() -> Iterator[FakeGateway]:
     gw.close()
 
 
-def _create(kube: client.ApiClient, name: str, tiny: Path, mode: str) -> None:
+def _create(kube: client.ApiClient, name: str, tiny: Path, mode: str, auto: bool = False) -> None:
     doc = manifest(name, tiny, TWO_WHOLE)
+    if auto:  # the auto pass places two whole replicas (the simple plan): TWO_WHOLE again
+        doc["spec"]["layout"] = {"mode": "auto", "kvCacheBytes": 16 << 20}
     doc["spec"]["policies"] = {
         "switching": {"enabled": True, "mode": mode, "spanSeconds": 1, "minGain": 0.1}
     }
@@ -155,13 +157,19 @@ def test_active_mode_switches_through_a_transition(
     kube: client.ApiClient,
     gateway: FakeGateway,
 ) -> None:
+    """Started as `layout: auto`: the auto placement is priced as "two-whole" (the same
+    blocks), and the switch writes an explicit layout (the loop now owns spec.layout)."""
     procs = agents_factory(2)
     _start(start_operator, procs, gateway)
-    _create(kube, "act", tiny_llama, "active")
+    _create(kube, "act", tiny_llama, "active", auto=True)
     obj = wait_for("generation 2 Current", lambda: ready(kube, "act", 2), timeout=240)
+    assert obj["spec"]["layout"]["mode"] == "explicit"
     assert _shape(obj["spec"]["layout"]["replicas"]) == _shape(WITH_PIPE)
     sw = obj["status"]["switching"]
     assert sw["lastSwitch"]["from"] == "two-whole" and sw["lastSwitch"]["to"] == "whole+pipe"
+    assert sw["lastSwitch"]["layoutWas"] == "auto"
+    applied = [m for r, m in events(kube, "act") if r == "SwitchApplied"]
+    assert applied and "now owns spec.layout" in applied[0]
     doc = _routes(kube, "act")
     assert [r["id"] for r in doc["replicas"]] == ["default.act.r0.g1", "default.act.r1.g2"]
     held = {p.agent_id: blocks(p) for p in procs}
@@ -182,6 +190,7 @@ def test_active_mode_switches_through_a_transition(
     after = get_sd(kube, "act")
     assert after is not None and after["metadata"]["generation"] == 2
     assert _switching(kube, "act")["reason"] == "Stay"
+    assert _switching(kube, "act")["specLayout"] == "explicit"
     assert gateway.hits >= 3
 
 
@@ -247,3 +256,30 @@ def test_advisory_recommends_a_planner_layout_by_default(
     assert obj is not None and obj["metadata"]["generation"] == 1
     assert _shape(obj["spec"]["layout"]["replicas"]) == _shape(PIPE_ONE_AGENT)
     assert "SwitchRecommended" in [r for r, _ in events(kube, "auto-cands")]
+
+    # the same on a `layout: auto` spec (same agent, no new processes): its current
+    # deployment is what the auto pass placed (status.plan; here the simple plan's two whole
+    # replicas), priced as "auto"; the planner's identical layout is reported as current
+    doc = manifest("auto-spec", tiny_llama, PIPE_ONE_AGENT)
+    doc["spec"]["layout"] = {"mode": "auto", "kvCacheBytes": 16 << 20}
+    doc["spec"]["workload"] = {
+        "classes": [
+            {"name": "short", "inputTokens": 32, "outputTokens": 8},
+            {"name": "long", "inputTokens": 512, "outputTokens": 64},
+        ]
+    }
+    doc["spec"]["policies"] = {
+        "switching": {"enabled": True, "mode": "active", "spanSeconds": 1, "minGain": 0.05}
+    }
+    custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, doc)
+    sw = wait_for(
+        "a step on the auto placement",
+        lambda: (s := _switching(kube, "auto-spec")).get("reason") == "Stay" and s,
+        timeout=120,
+    )
+    obj = get_sd(kube, "auto-spec")
+    assert obj is not None and obj["status"]["plan"]["source"].startswith("auto")
+    assert sw["specLayout"] == "auto" and sw["current"] == planner_name
+    assert set(sw["latencies"]) == {switching_candidates.AUTO, planner_name}
+    assert sw["latencies"][switching_candidates.AUTO] == sw["latencies"][planner_name]
+    assert obj["metadata"]["generation"] == 1 and obj["spec"]["layout"]["mode"] == "auto"

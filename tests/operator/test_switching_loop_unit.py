@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tessera import api
+from tessera.policies import switching_current
 from tessera_operator import switching_loop
 
 A = [{"name": "r0", "stages": [{"agent": "agent-0", "device": "cpu:0", "layers": [0, 8]}]}]
@@ -23,10 +24,10 @@ B = [
 ]
 
 
-def _dep(mode: str) -> tuple[api.ServingDeployment, dict[str, Any]]:
+def _dep(mode: str, auto: bool = False) -> tuple[api.ServingDeployment, dict[str, Any]]:
     spec = {
         "model": {"name": "m", "path": "/models/m"},
-        "layout": {"mode": "explicit", "replicas": A},
+        "layout": {"mode": "auto"} if auto else {"mode": "explicit", "replicas": A},
         "policies": {"switching": {"enabled": True, "mode": mode, "spanSeconds": 10}},
     }
     doc = {
@@ -58,7 +59,13 @@ def test_recommend_in_advisory_and_switch_in_active() -> None:
     out = switching_loop.decide(dep, spec, HELD, False, SNAP, _cands(), "t")
     assert out.layout == {"mode": "explicit", "replicas": B}
     assert out.event is not None and out.event[0] == "SwitchApplied"
-    assert out.status["lastSwitch"] == {"from": "A", "to": "B", "time": "t"}
+    assert out.status["lastSwitch"] == {
+        "from": "A",
+        "to": "B",
+        "time": "t",
+        "layoutWas": "explicit",
+    }
+    assert out.status["specLayout"] == "explicit"
     assert out.status["hysteresis"]["spansSinceSwitch"] == 0
 
 
@@ -111,3 +118,44 @@ async def test_default_candidates_say_why_there_are_none() -> None:
         await switching_loop.default_candidates(cfg, None, dep, ["c"])
     with pytest.raises(ValueError, match="no Kubernetes client"):
         await switching_loop.default_candidates(config.OperatorConfig(), None, dep, ["c"])
+
+
+# what the reconcile pass wrote for an auto spec: A's placement, other replica names
+PLAN = {
+    "source": "auto:planner",
+    "generation": 1,
+    "replicas": [
+        {
+            "name": "x",
+            "replicaId": "ns.d.x.g1",
+            "generation": 1,
+            "stages": [{"agent": "agent-0", "device": "cpu:0", "layers": [0, 8], "tp": 1}],
+        }
+    ],
+}
+
+
+def test_an_auto_spec_is_priced_as_placed_and_switching_makes_it_explicit() -> None:
+    placed = switching_current.placed_replicas(PLAN)
+    assert placed == [{"name": "x", "stages": [A[0]["stages"][0]]}]
+    dep, spec = _dep("advisory", auto=True)
+    out = switching_loop.decide(dep, spec, HELD, False, SNAP, _cands(), "t", placed)
+    assert out.status["current"] == "A" and out.status["reason"] == "Recommend"
+    assert out.status["specLayout"] == "auto" and out.layout is None
+    dep, spec = _dep("active", auto=True)
+    out = switching_loop.decide(dep, spec, HELD, False, SNAP, _cands(), "t", placed)
+    assert out.layout == {"mode": "explicit", "replicas": B}
+    assert out.status["lastSwitch"]["layoutWas"] == "auto"
+    assert out.event is not None and "now owns spec.layout" in out.event[1]
+
+
+def test_an_auto_spec_without_its_placement_waits() -> None:
+    dep, spec = _dep("active", auto=True)
+    assert switching_current.placed_replicas({**PLAN, "source": "explicit"}) is None
+    assert switching_current.placed_replicas({"source": "auto:simple", "replicas": [{}]}) is None
+    out = switching_loop.decide(dep, spec, HELD, False, SNAP, _cands(), "t", None)
+    assert out.status["reason"] == "CurrentNotACandidate" and "status.plan" in out.status["message"]
+    other = [{"name": "y", "stages": [{"agent": "agent-1", "device": "cpu:0", "layers": [0, 8]}]}]
+    out = switching_loop.decide(dep, spec, HELD, False, SNAP, _cands(), "t", other)
+    assert out.status["reason"] == "CurrentNotACandidate" and out.layout is None
+    assert "auto planner" in out.status["message"]

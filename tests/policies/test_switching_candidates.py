@@ -151,7 +151,7 @@ def test_a_measured_profile_plans_cpu_agents() -> None:
     stand_in = analytic.analytic_profile(SHAPE, "h100-80gb")  # stands in for a measured one
     cpu = dataclasses.replace(stand_in, device="cpu", source="measured")
     made = sc.build(_dep({"mode": "auto"}), SHAPE, _obs("cpu", "cpu"), NAMES, measured=cpu)
-    assert sc.SPEC not in made.layouts  # an auto spec has no explicit layout to price
+    assert sc.SPEC not in made.layouts and sc.AUTO not in made.layouts  # no placement given
     used = {st["device"] for rs in made.layouts.values() for r in rs for st in r["stages"]}
     assert used == {"cpu:0", "cpu:1"}
 

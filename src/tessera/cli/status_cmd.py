@@ -126,9 +126,8 @@ def status(args: argparse.Namespace) -> int:
     groups = overload_groups(rows)
     if groups:
         console.print(
-            "pipelines (an overload drop makes one of its head's replica: "
-            + "; ".join(groups)
-            + ")"
+            "pipelines (stages: agent, layers, KV pages; an overload drop's group shows here "
+            "as its head's replica): " + "; ".join(groups)
         )
     table = Table(title="agents")
     for col in (

@@ -20,14 +20,29 @@ first device, ``tp`` and, when the tp devices are not consecutive, ``ranks``). T
 own explicit layout joins as ``"spec"`` (priced through the same model from its shapes
 and devices), so the current deployment is always a candidate even when the planner
 would have split layers differently; a planner layout identical to it comes first and
-is reported as current. An `auto` spec has no explicit layout: the loop reports
-``CurrentNotACandidate``. Every figure is model output. Caller: the operator's loop
-(`switching_loop.default_candidates`); tests.
+is reported as current. An `auto` spec has no explicit layout: what the auto planner placed
+(``status.plan``, given as ``placed``; `policies.switching_current`) joins as ``"auto"``,
+priced the same way, so an `auto` spec has a current candidate too.
+
+TP: ``max_tp`` stays 1 by default, as for `auto`. The engine runs tp > 1 stages, but
+with one rank per agent (`api.check_semantics`: "the tp ranks need tp different agents"),
+while the planner's tp shapes put their ranks on one node's GPUs, and here a node is an
+agent: a planner tp-2 stage would be two ranks on one agent, which the operator rejects
+(`tests/policies/test_switching_auto.py::test_tp_candidates_need_one_agent_per_rank`).
+TP candidates need the agents grouped into hosts (a host's agents as one node, priced at
+intra-node bandwidth), which the observed agents do not report.
+
+Across spans: `CandidateCache` keeps the priced planner candidates (capacity table,
+placements, the latency model's per-shape facts, switch times) per planning problem (model
+shape, profile, pool, classes, SLO, caps), so a span only prices; at most
+``max_candidates`` planner layouts are kept (`switching_planner.cap`). Every figure is model
+output. Caller: the operator's loop (`switching_loop.default_candidates`); tests.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,9 +54,44 @@ from tessera.planner import auto, cluster, manifest, problem
 from tessera.planner.capacity_table import CapacityTable, build_table
 from tessera.planner.deployment import Deployment, GpuRef, ReplicaPlan, StagePlan
 from tessera.planner.shapes import Shape
-from tessera.policies import switching_planner
+from tessera.policies import switching_current, switching_planner
 
 SPEC = "spec"  # the name of the spec's own explicit layout among the candidates
+AUTO = switching_current.AUTO  # the auto planner's placement of an `auto` spec
+
+
+class CandidateCache:
+    """Planner candidates per planning problem, the ``size`` most recently used kept.
+    Safe to share between threads (the operator builds candidates off its event loop);
+    two threads missing the same problem at once both build it, the last one is kept."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._items: dict[Any, switching_planner.PlannedCandidates] = {}
+        self._lock = threading.Lock()
+        self.builds = 0  # how many times candidates were built (not found)
+
+    def get(
+        self, prob: problem.PlanningProblem, max_candidates: int
+    ) -> switching_planner.PlannedCandidates:
+        key: tuple[problem.PlanningProblem, int] | None = (prob, max_candidates)
+        try:
+            hash(key)
+        except TypeError:  # a profile with unhashable parts: build, keep nothing
+            key = None
+        with self._lock:
+            found = self._items.pop(key, None) if key is not None else None
+            if found is not None:
+                self._items[key] = found  # most recently used last
+                return found
+            self.builds += 1
+        found = switching_planner.candidates(prob, build_table(prob), max_candidates=max_candidates)
+        if key is not None:
+            with self._lock:
+                self._items[key] = found
+                while len(self._items) > self.size:
+                    del self._items[next(iter(self._items))]
+        return found
 
 
 @dataclass(frozen=True)
@@ -245,6 +295,9 @@ def build(
     measured: Profile | None = None,
     interconnect: cluster.Interconnect | None = None,
     max_tp: int = 1,
+    placed: Sequence[Mapping[str, Any]] | None = None,
+    cache: CandidateCache | None = None,
+    max_candidates: int = switching_planner.MAX_CANDIDATES,
 ) -> Candidates:
     """The candidates of the module docstring; ValueError saying why there are none."""
     profile = profile_for(shape, obs, measured)
@@ -257,13 +310,19 @@ def build(
     if not devices:
         raise ValueError(f"no reachable agent has a {profile.device} device")
     prob = planning_problem(dep, shape, devices, profile, names, interconnect, max_tp)
-    table = build_table(prob)
-    planned = switching_planner.candidates(prob, table)
+    shared = (cache or CandidateCache(1)).get(prob, max_candidates)
     ids = _ids(devices)
-    layouts = {n: replicas_json(d, ids) for n, d in planned.deployments.items()}
+    layouts = {n: replicas_json(d, ids) for n, d in shared.deployments.items()}
+    extra: dict[str, Deployment] = {}
     if dep.spec.layout.mode == "explicit":
-        own = spec_deployment(prob, table, dep.spec.layout, ids)
+        own = spec_deployment(prob, shared.table, dep.spec.layout, ids)
         if own is not None:
-            planned.deployments[SPEC] = own
+            extra[SPEC] = own
             layouts[SPEC] = spec_json(dep.spec.layout)
-    return Candidates(layouts, planned)
+    elif placed:
+        spec = switching_current.layout_spec(placed)
+        own = spec_deployment(prob, shared.table, spec, ids)
+        if own is not None:
+            extra[AUTO] = own
+            layouts[AUTO] = [dict(r) for r in placed]
+    return Candidates(layouts, shared.extended(extra) if extra else shared)

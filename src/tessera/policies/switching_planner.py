@@ -13,6 +13,17 @@ placements (`policies.switch_plan.plan` over `placement.from_deployment`, the pr
 links and ``storage_bytes_per_s`` for reloads). Demand is per class in the order of
 ``problem.classes``. Every figure is model output. Callers: the switching loop's candidate
 source (operator config) and tests.
+
+Large pools: the enumeration grows fast (66 layouts on 2x8 GPUs, 1001 on 4x8) and every
+candidate is priced each span, so `candidates` keeps at most ``max_candidates`` of them
+(`cap`, default `MAX_CANDIDATES`): the layouts are ranked by the planner's throughput
+objective (`Evaluator` score: the largest multiple of the demand served within the SLO)
+at the problem's expected mix and at each single-class mix (the corners of the mix
+simplex, where a heterogeneous layout's reason to exist shows most), and taken round-robin
+from those rankings, best first, skipping repeats, until the cap; ties keep the
+enumeration order. A `PlannedCandidates` is reusable across spans (the caller caches it
+per problem); `extended` adds per-span deployments (the spec's own layout, the auto
+planner's placement) without caching their switch times.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from tessera.planner.problem import PlanningProblem
 from tessera.policies import device_links, placement, switch_plan
 
 STORAGE_BYTES_PER_S = 2e9  # network storage read bandwidth assumed for reloads
+MAX_CANDIDATES = 32  # default cap on the planner layouts priced each span
 
 
 @dataclass
@@ -43,6 +55,22 @@ class PlannedCandidates:
     storage_bytes_per_s: float = STORAGE_BYTES_PER_S
     _model: LatencyModel | None = None
     _switch: dict[tuple[str, str], float] = field(default_factory=dict)
+    _volatile: frozenset[str] = frozenset()  # names whose switch times are not kept
+
+    def extended(self, extra: dict[str, Deployment]) -> PlannedCandidates:
+        """These candidates plus ``extra`` (per-span ones), sharing the latency model and
+        the switch times between the cached candidates."""
+        if self._model is None:
+            self._model = LatencyModel(self.problem, self.table)
+        return PlannedCandidates(
+            self.problem,
+            self.table,
+            {**self.deployments, **extra},
+            self.storage_bytes_per_s,
+            self._model,
+            self._switch,
+            self._volatile | frozenset(extra),
+        )
 
     def price(self, name: str, demand: tuple[float, ...]) -> float:
         """Modelled P99 request latency of deployment ``name`` at ``demand`` (req/s)."""
@@ -58,16 +86,42 @@ class PlannedCandidates:
     def switch_seconds(self, source: str, target: str) -> float:
         """The greedy switch plan's time from ``source`` to ``target``."""
         key = (source, target)
-        if key not in self._switch:
-            links = device_links.from_comm(self.problem.comm, self.storage_bytes_per_s)
-            plan = switch_plan.plan(
-                placement.from_deployment(self.deployments[source]),
-                placement.from_deployment(self.deployments[target]),
-                placement.model_bytes(self.problem.profile),
-                links,
-            )
-            self._switch[key] = plan.seconds
-        return self._switch[key]
+        if key in self._switch:
+            return self._switch[key]
+        links = device_links.from_comm(self.problem.comm, self.storage_bytes_per_s)
+        seconds = switch_plan.plan(
+            placement.from_deployment(self.deployments[source]),
+            placement.from_deployment(self.deployments[target]),
+            placement.model_bytes(self.problem.profile),
+            links,
+        ).seconds
+        if source not in self._volatile and target not in self._volatile:
+            self._switch[key] = seconds
+        return seconds
+
+
+def cap(
+    problem: PlanningProblem, table: CapacityTable, layouts: Sequence[Layout], limit: int
+) -> list[Layout]:
+    """At most ``limit`` of ``layouts`` by the module docstring's rule (all when fewer)."""
+    if limit < 1:
+        raise ValueError(f"max_candidates must be >= 1, got {limit}")
+    if len(layouts) <= limit:
+        return list(layouts)
+    n = len(problem.classes)
+    mixes = [problem.demand] + [tuple(float(i == k) for i in range(n)) for k in range(n)]
+    rankings = []
+    for mix in dict.fromkeys(mixes):  # a one-class problem's mixes coincide
+        evaluator = Evaluator(table, mix)
+        scores = [evaluator(layout).score for layout in layouts]
+        rankings.append(sorted(range(len(layouts)), key=lambda i: -scores[i]))
+    chosen: dict[int, None] = {}
+    for rank in range(len(layouts)):
+        for ranking in rankings:
+            if len(chosen) == limit:
+                return [layouts[i] for i in chosen]
+            chosen.setdefault(ranking[rank], None)
+    return [layouts[i] for i in chosen]
 
 
 def candidates(
@@ -75,9 +129,12 @@ def candidates(
     table: CapacityTable,
     layouts: Sequence[Layout] | None = None,
     storage_bytes_per_s: float = STORAGE_BYTES_PER_S,
+    max_candidates: int = MAX_CANDIDATES,
 ) -> PlannedCandidates:
-    """Every layout (default: the exhaustive enumeration) placed on the pool and named."""
-    chosen = list(exhaustive.layouts(table)) if layouts is None else list(layouts)
+    """The layouts (default: the exhaustive enumeration), at most ``max_candidates`` of them
+    (`cap`), placed on the pool and named."""
+    every = list(exhaustive.layouts(table)) if layouts is None else list(layouts)
+    chosen = cap(problem, table, every, max_candidates)
     if not chosen:
         raise ValueError("no layout to switch between")
     evaluator = Evaluator(table, problem.demand)
