@@ -24,13 +24,12 @@ is reported as current. An `auto` spec has no explicit layout: what the auto pla
 (``status.plan``, given as ``placed``; `policies.switching_current`) joins as ``"auto"``,
 priced the same way, so an `auto` spec has a current candidate too.
 
-TP: ``max_tp`` stays 1 by default, as for `auto`. The engine runs tp > 1 stages, but
-with one rank per agent (`api.check_semantics`: "the tp ranks need tp different agents"),
-while the planner's tp shapes put their ranks on one node's GPUs, and here a node is an
-agent: a planner tp-2 stage would be two ranks on one agent, which the operator rejects
-(`tests/policies/test_switching_auto.py::test_tp_candidates_need_one_agent_per_rank`).
-TP candidates need the agents grouped into hosts (a host's agents as one node, priced at
-intra-node bandwidth), which the observed agents do not report.
+TP: ``max_tp`` stays 1 by default, as for `auto`. With ``max_tp`` above 1 the planner's
+tp shapes put a stage's ranks on one node's devices, and here a node is an agent; agents
+host several ranks of a stage, one per device (issue 12), so such candidates pass the
+operator's semantic check
+(`tests/policies/test_switching_auto.py::test_tp_candidates_are_valid_layouts`). The
+default stays 1 until `layout: auto` plans tp too, so the loop and the auto planner agree.
 
 Across spans: `CandidateCache` keeps the priced planner candidates (capacity table,
 placements, the latency model's per-shape facts, switch times) per planning problem (model
