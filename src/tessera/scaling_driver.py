@@ -58,6 +58,7 @@ class ScalingDriver:
 
     gamma: float = 0.0  # measured transfer/compute share of a replicated layer (Eq. 4)
     batch_cap: int | None = None  # sequences per step set by Algorithm 2's phase 3, if any
+    _stubs: dict[str, pb_grpc.AgentStub] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.state = sp.Placement.initial(self.origin.name, self.num_layers)
@@ -91,7 +92,11 @@ class ScalingDriver:
         return p.capacity / (self.hidden * self.gamma)
 
     def _stub(self, address: str) -> pb_grpc.AgentStub:
-        return pb_grpc.AgentStub(transport.sync_channel(address))
+        """One channel per agent for the driver's life (each tick reuses it)."""
+        stub = self._stubs.get(address)
+        if stub is None:
+            stub = self._stubs[address] = pb_grpc.AgentStub(transport.sync_channel(address))
+        return stub
 
     def observe(self) -> dict[str, sp.Device]:
         out: dict[str, sp.Device] = {}

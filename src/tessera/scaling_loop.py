@@ -72,11 +72,17 @@ class ScalingLoop:
         self.cfg, self.target_s, self.agents = cfg, tpot_target_s, list(agents)
         self.hidden, self.itl, self.min_gaps = hidden, itl, min_gaps
         self.drivers: dict[str, sd.ScalingDriver] = {}
+        self._stubs: dict[str, pb_grpc.AgentStub] = {}
         self._prev: sig.Hist | None = None
         self.ticks = 0
 
     def _stub(self, address: str) -> pb_grpc.AgentStub:
-        return pb_grpc.AgentStub(transport.sync_channel(address))
+        """One channel per agent for the loop's life, shared with its drivers: a tick
+        used to open (and never close) a channel per agent and per driver call."""
+        stub = self._stubs.get(address)
+        if stub is None:
+            stub = self._stubs[address] = pb_grpc.AgentStub(transport.sync_channel(address))
+        return stub
 
     def _driver(self, a: AgentAt, block: pb.BlockInfo) -> sd.ScalingDriver:
         d = self.drivers.get(block.replica_id)
