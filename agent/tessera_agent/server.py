@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from tessera import event_loop
 from tessera.cost import profile as profile_mod
 from tessera.policies import microbatch
 from tessera.rpc import transport
@@ -144,7 +145,7 @@ def run(cfg: AgentConfig) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        asyncio.run(serve(cfg))
+        event_loop.run(serve(cfg))
     except devices.DeviceError as exc:
         sys.stderr.write(f"tessera agent: {exc}\n")
         return 2

@@ -364,10 +364,11 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
             self.metrics.prompt_tokens.labels(request.replica_id).inc(len(prompt))
             # One message per batch of ready events, not one per token.
             gen = h.leader.generate_batches(rid, prompt, params, request.variant)
+            generated = self.metrics.generated_tokens.labels(request.replica_id)
             async for batch in gen:
                 new = sum(ev.token is not None for ev in batch)
                 n += new
-                self.metrics.generated_tokens.labels(request.replica_id).inc(new)
+                generated.inc(new)
                 outcome = batch[-1].finish_reason or outcome
                 yield convert.chunk_from_events(batch, len(prompt), n)
         except errors.EngineError as exc:

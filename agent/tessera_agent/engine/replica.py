@@ -357,15 +357,21 @@ class ReplicaEngine:
             if planned is None:
                 return
             self.splits[budget.split] += 1
-            task = asyncio.create_task(self._run(planned))
+            # Hand the step to the compute thread now, not when the task first runs: the
+            # loop may have other callbacks queued (a step's token messages) before it.
+            computed = asyncio.get_running_loop().run_in_executor(
+                self.executor, self._execute, planned.input
+            )
+            task = asyncio.create_task(self._run(planned, computed))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
 
-    async def _run(self, planned: scheduler.ScheduledStep) -> None:
+    async def _run(
+        self, planned: scheduler.ScheduledStep, computed: asyncio.Future[step.StepOutput]
+    ) -> None:
         assert self._sched is not None
-        loop = asyncio.get_running_loop()
         try:
-            out = await loop.run_in_executor(self.executor, self._execute, planned.input)
+            out = await computed
             if self._connect is not None:
                 if self._downstream is None:
                     raise errors.UnavailableError("downstream stage is not connected")
@@ -381,11 +387,14 @@ class ReplicaEngine:
                 events += self._sched.fail_all(f"replica lost a stage: {exc}")
                 ds, self._downstream = self._downstream, None
                 await ds.close()
-        self._dispatch(events)
-        # Leave the in-flight set now (done-callbacks run later) so the loop can refill.
+        # Leave the in-flight set now (done-callbacks run later) and start the next step
+        # before handing out this one's tokens: the compute thread works while the loop
+        # streams them (sending a token per running request is most of the loop's work).
         task = asyncio.current_task()
         if task is not None:
             self._inflight.discard(task)
+        self._fill()
+        self._dispatch(events)
         self._wake.set()
 
     def _execute(self, inp: step.StepInput) -> step.StepOutput:

@@ -83,7 +83,9 @@ def _run(args: argparse.Namespace) -> int:
             ),
         )
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-        return asyncio.run(_serve(cfg))
+        from tessera import event_loop
+
+        return event_loop.run(_serve(cfg))
     except (ValueError, OSError) as exc:
         sys.stderr.write(f"tessera gateway: {exc}\n")
         return 1

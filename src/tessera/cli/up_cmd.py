@@ -113,7 +113,9 @@ def _up(args: argparse.Namespace) -> int:
         return _fail(f"cannot read {args.file}: {exc}")
     except (fields.FieldError, yaml.YAMLError) as exc:
         return _fail(f"{args.file}: {exc}")
-    return asyncio.run(_serve(args, dep))
+    from tessera import event_loop
+
+    return event_loop.run(_serve(args, dep))
 
 
 def _local_agent_count(args: argparse.Namespace, dep: Any) -> int:

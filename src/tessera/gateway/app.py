@@ -343,6 +343,8 @@ async def _stream(
         body = responses.chunk(meta, text, reason, role, include_usage, lp, index)
         return responses.sse(body)
 
+    texts = [responses.TextChunks(meta, include_usage, i) for i in range(len(gens))]
+
     async with contextlib.aclosing(events):
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -358,7 +360,9 @@ async def _stream(
                 shape = shapes[i]
                 lp = shape.payload(ev.logprobs) if shape else None
                 if ev.text:
-                    await resp.write(chunk(i, ev.text, lp=lp))
+                    await resp.write(
+                        texts[i].event(ev.text) if lp is None else chunk(i, ev.text, lp=lp)
+                    )
                     lp = None
                 if ev.finish_reason is not None:
                     await resp.write(chunk(i, None, ev.finish_reason, lp=lp))

@@ -188,7 +188,8 @@ class Dispatcher:
         self, job: Job, rid: str, attempt: int, resumed: bool = False
     ) -> AsyncGenerator[Chunk, None]:
         ticket = self._router.admit(rid, len(job.prompt_ids), job.max_tokens)
-        self._metrics.outstanding.labels(rid).set(self._router.outstanding(rid))
+        outstanding = self._metrics.outstanding.labels(rid)  # looked up once, set per chunk
+        outstanding.set(self._router.outstanding(rid))
         call = self._replicas.stub(rid).Generate(job.request(rid, attempt))
         last, first = self._clock(), not resumed  # a resumed request had its first token
         record = inflight.Attempt(job.request_id, rid, job.prompt_ids, job.max_tokens, last)
@@ -196,7 +197,7 @@ class Dispatcher:
         self.inflight.add(record)
         try:
             async for msg in call:
-                ids = tuple(int(t) for t in msg.token_ids)
+                ids = tuple(msg.token_ids)
                 reason = msg.finish_reason or None
                 if reason not in (None, "stop", "length"):
                     self._replicas.mark_failed(rid, f"finish_reason {reason}")
@@ -212,8 +213,9 @@ class Dispatcher:
                     record.observe(ids, now)
                     self._metrics.generation_tokens.inc(len(ids))
                     self._router.progress(ticket, len(ids))
-                    self._metrics.outstanding.labels(rid).set(self._router.outstanding(rid))
-                yield Chunk(ids, reason, rid, _logprobs(ids, msg.logprobs))
+                    outstanding.set(self._router.outstanding(rid))
+                lps = _logprobs(ids, msg.logprobs) if msg.logprobs else ()
+                yield Chunk(ids, reason, rid, lps)
                 if reason is not None:
                     return
             self._replicas.mark_failed(rid, "stream ended without a finish reason")
@@ -237,7 +239,7 @@ class Dispatcher:
             self.inflight.remove(record)
             call.cancel()  # no-op once the call ended; frees the agent's pages otherwise
             self._router.release(ticket)
-            self._metrics.outstanding.labels(rid).set(self._router.outstanding(rid))
+            outstanding.set(self._router.outstanding(rid))
 
 
 def _logprobs(ids: tuple[int, ...], msgs: Sequence[pb.TokenLogprobs]) -> tuple[TokenLogprob, ...]:

@@ -119,3 +119,20 @@ def usage_chunk(meta: Meta, use: dict[str, int]) -> dict[str, Any]:
 def sse(obj: dict[str, Any]) -> bytes:
     """One server-sent event carrying `obj` as JSON."""
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+_MARK = "\x00tessera-text\x00"  # stands for the text while a template is cut
+
+
+class TextChunks:
+    """The SSE events of one choice's text deltas (no finish reason, no log-probabilities),
+    the bulk of a stream: the event is built once with a marker for the text and cut
+    around it, so each delta costs one string encoding instead of a dict and a whole
+    `json.dumps`. The bytes are exactly `sse(chunk(meta, text, ...))`'s."""
+
+    def __init__(self, meta: Meta, with_usage_field: bool, index: int) -> None:
+        probe = sse(chunk(meta, _MARK, None, False, with_usage_field, None, index))
+        self._head, self._tail = probe.split(json.dumps(_MARK).encode())
+
+    def event(self, text: str) -> bytes:
+        return self._head + json.dumps(text, ensure_ascii=False).encode() + self._tail
