@@ -327,4 +327,12 @@ async def _variants(
         per = {
             v.name: [variant_plan.variant_replica_id(f, v.name) for f in foundation] for v in chosen
         }
-        out.variants = variant_plan.status(chosen, applied.held, per, complete, applied.errors)
+        eq = await variant_ops.observe_equivalence(
+            [
+                (p.agent, p.address, p.block.replica_id, p.block.stage_index, p.block.num_stages)
+                for p in target.blocks
+                if p.block.share_from and p.block.tp_rank == 0
+            ],
+            {rid: name for name, rids in per.items() for rid in rids},
+        )
+        out.variants = variant_plan.status(chosen, applied.held, per, complete, applied.errors, eq)

@@ -11,6 +11,7 @@ are never reloaded. Called by `converge.converge` (operator and `tessera up`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Sequence
@@ -53,9 +54,7 @@ def resolve(
     out = []
     for v in variants:
         p = Path(v.path)
-        out.append(
-            v if p.is_absolute() else variant_spec.VariantSpec(v.name, v.kind, str(base / p))
-        )
+        out.append(v if p.is_absolute() else dataclasses.replace(v, path=str(base / p)))
     return out
 
 
@@ -72,6 +71,45 @@ async def observe(
         if b is not None:
             out.append(variant_plan.HeldStage(agent, address, rid, idx, n, frozenset(b.variants)))
     return out
+
+
+async def observe_equivalence(
+    placed: Sequence[tuple[str, str, str, int, int]], variant_of: dict[str, str]
+) -> dict[str, dict[str, object]]:
+    """{variant: its shareEquivalent report as status JSON}, from the first block of its
+    chains (`placed`) that reports one (every stage carries the whole report)."""
+    by_addr: dict[str, dict[tuple[str, int], pb.BlockInfo]] = {}
+    out: dict[str, dict[str, object]] = {}
+    for _, address, rid, idx, _ in placed:
+        name = variant_of.get(rid)
+        if name is None or name in out:
+            continue
+        if address not in by_addr:
+            by_addr[address] = await _list(address)
+        b = by_addr[address].get((rid, idx))
+        if b is not None and b.HasField("equivalence"):
+            out[name] = equivalence_json(b.equivalence)
+    return out
+
+
+def equivalence_json(m: pb.VariantEquivalence) -> dict[str, object]:
+    """`status.variants[].equivalence`: the agent's report (one conversion, here)."""
+    return {
+        "threshold": m.threshold,
+        "layers": [
+            {
+                "layer": x.layer,
+                "cosine": round(x.cosine, 6),
+                "identical": x.identical,
+                "shared": x.shared,
+            }
+            for x in m.layers
+        ],
+        "finalCosine": round(m.final_cosine, 6),
+        "top1Agreement": round(m.top1_agreement, 6),
+        "calibration": m.calibration,
+        "calibrationTokens": m.calibration_tokens,
+    }
 
 
 async def _list(address: str) -> dict[tuple[str, int], pb.BlockInfo]:
