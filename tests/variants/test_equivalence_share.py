@@ -37,7 +37,7 @@ def finetune(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return tiny_variants.make_tiny_finetune(ft, d / "ft", layers=[STRONG], seed=4, std=0.05)
 
 
-def _composed(base: Path, ft: Path, layers: list[int], out: Path) -> Path:
+def composed(base: Path, ft: Path, layers: list[int], out: Path) -> Path:
     """`ft` with `layers` taken from `base`: what the opted-in chain should serve."""
     shutil.copytree(ft, out)
     prefixes = tuple(f"model.layers.{i}." for i in layers)
@@ -80,7 +80,7 @@ def test_opt_in_shares_equivalent_layers_only(
     cfg = config_mod.ModelConfig.from_path(tiny_llama)
     whole = block_tensors.nbytes(cfg, 0, 8, torch.float32)
     layer = block_tensors.nbytes(cfg, 3, 4, torch.float32)
-    served = _composed(tiny_llama, finetune, [SMALL], tmp_path / "served")
+    served = composed(tiny_llama, finetune, [SMALL], tmp_path / "served")
 
     async def run() -> None:
         h, dev = _hosting()
