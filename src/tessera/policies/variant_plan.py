@@ -4,8 +4,10 @@ A deployment serves its foundation plus variants (`tessera.variant_spec`):
 * a **full fine-tune** gets one chain per foundation replica, on the same agents with the
   same stage split, loading the fine-tune's checkpoint (`with_full_chains` adds them to the
   transition target). On each agent the block zoo shares every layer identical to the
-  foundation's, so the chain holds only its differing layers (its planned `param_bytes`
-  are left 0: the planner does not model the sharing; the agent books what it holds).
+  foundation's (and, with `shareEquivalent`, every layer the agent's equivalence report
+  accepts), so the chain holds only its own layers. Its planned `param_bytes` are those
+  layers' bytes when the caller knows the sharing (`variant_memory`), else 0 (the agent
+  books what it holds).
   Removing the variant drops its chains from the target, so the transition drains and
   unloads them like any leaving replica: requests in flight finish;
 * a **LoRA adapter** is attached to every stage of every foundation replica
