@@ -207,11 +207,15 @@ async def converge(
         )
     overload_on = dep.spec.policies.overload.enabled
     chosen = variant_ops.resolve(dep.spec.variants, model_path)
+    sharing = await variant_ops.observed_sharing(chosen, obs)  # opted-in chains' own layers
 
     def wanted(o: observed.Observed) -> tuple[overload_desired.Desired, transition.Target]:
         # an active overload drop is desired, not drift (docs/overload.md)
         held = overload_desired.desired(reconcile.target(desired, o), o, overload_on)
-        return held, variant_plan.with_full_chains(held.target, chosen)  # full fine-tunes
+        full = variant_plan.with_full_chains(  # full fine-tunes
+            held.target, chosen, sharing=sharing, model=switch_model(shape)
+        )
+        return held, full
 
     held, target = wanted(obs)
     foundation = [r.id for r in held.target.replicas]

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import grpc
 
-from tessera import variant_spec
-from tessera.policies import variant_plan
+from tessera import observed, variant_spec
+from tessera.policies import variant_memory, variant_plan
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
@@ -90,6 +90,31 @@ async def observe_equivalence(
         if b is not None and b.HasField("equivalence"):
             out[name] = equivalence_json(b.equivalence)
     return out
+
+
+async def observed_sharing(
+    variants: Sequence[variant_spec.VariantSpec], obs: observed.Observed
+) -> dict[str, variant_memory.ChainSharing]:
+    """What each opted-in full fine-tune holds of its own, from the report its loaded
+    chain's agents gave (none before its first load): the planner prices its chains by it."""
+    paths = {v.path: v.name for v in variants if v.kind == "full" and v.share_equivalent}
+    placed = [
+        (a.name, a.address, b.replica_id, b.stage_index, b.num_stages)
+        for a in obs.agents
+        if a.reachable
+        for b in a.blocks
+        if b.share_from and b.model_path in paths and b.tp_rank == 0
+    ]
+    if not placed:
+        return {}
+    of = {
+        b.replica_id: paths[b.model_path]
+        for a in obs.agents
+        for b in a.blocks
+        if b.model_path in paths
+    }
+    reports = await observe_equivalence(placed, of)
+    return {name: variant_memory.from_report(name, rep) for name, rep in reports.items()}
 
 
 def equivalence_json(m: pb.VariantEquivalence) -> dict[str, object]:

@@ -105,3 +105,10 @@ def test_operator_shares_equivalent_layers_when_opted_in(
     assert local_agents.generate_tokens(stubs[0], base, prompt, 8) == hf_greedy(
         tiny_llama, prompt, 8
     )
+    # steady: the chains priced by their own layers (planner) are not drift, nothing reloads
+    wait_for("steady", lambda: ready(kube, "share", generation=2), timeout=120)
+    again = list(stubs[1].ListBlocks(pb.ListBlocksRequest(), timeout=5).blocks)
+    assert [(b.replica_id, b.param_bytes) for b in again if b.replica_id == med_rid] == [
+        (med_rid, tail.param_bytes)
+    ]
+    assert _zoo(stubs[1]) == base_bytes[1] + tail.param_bytes - tail.shared_param_bytes
