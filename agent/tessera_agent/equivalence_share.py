@@ -135,3 +135,32 @@ def to_proto(report: equivalence.ShareReport) -> pb.VariantEquivalence:
         calibration=report.calibration,
         calibration_tokens=report.calibration_tokens,
     )
+
+
+def restore_tensors(
+    spec: blocks.Block,
+    cfg: config_mod.ModelConfig,
+    report: equivalence.ShareReport,
+    start: int,
+    end: int,
+    tensors: dict[str, torch.Tensor] | None,
+) -> dict[str, torch.Tensor]:
+    """The tensors an opted-in block needs to hold [start, end) again after an overload
+    drop (`overload_shift`): accepted layers from the foundation's checkpoint, the others
+    from `tensors` (copied from a peer) or the fine-tune's, so a restore serves what the
+    load served."""
+    names = [
+        n
+        for a, b in ((start, spec.start), (spec.end, end))
+        if a < b
+        for n in loader.checkpoint_names(cfg, a, b)
+    ]
+    out = {n: t for n, t in (tensors or {}).items() if n in names}
+    accepted = [i for i in report.equivalent_layers if start <= i < end]
+    theirs = [n for n in names if any(_in_layer(n, i) for i in accepted)]
+    if theirs:
+        out.update(loader.read_tensors(Path(spec.share_from), theirs))
+    missing = [n for n in names if n not in out]
+    if missing:
+        out.update(loader.read_tensors(Path(spec.model_path), missing))
+    return out

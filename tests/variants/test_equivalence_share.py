@@ -164,3 +164,34 @@ def test_opt_in_alone_costs_only_the_layers_below_threshold(
         await h.close()
 
     asyncio.run(run())
+
+
+def test_overload_restore_serves_what_the_load_served(
+    tiny_llama: Path, finetune: Path, tmp_path: Path, prompts: list[list[int]]
+) -> None:
+    """An opted-in chain alone drops layers [0, 4), keeping [4, 8) (its alias of the
+    foundation's layer 2 has no other user), and restores them from storage: the
+    foundation's layer comes back, not the fine-tune's own (tokens equal transformers on
+    the composition served)."""
+    from tessera.rpc.v1 import agent_pb2 as pb
+    from tessera_agent import overload_shift
+
+    served = composed(tiny_llama, finetune, [SMALL], tmp_path / "served")
+    differs = [p for p in prompts if hf_greedy(served, p, 8) != hf_greedy(finetune, p, 8)]
+    assert differs  # otherwise the test could not tell the two apart
+
+    def shift(op: str, start: int, end: int) -> pb.OverloadShiftRequest:
+        return pb.OverloadShiftRequest(
+            replica_id="eq", stage_index=0, op=op, layer_start=start, layer_end=end
+        )
+
+    async def run() -> None:
+        h, _ = _hosting()
+        await h.load(_block(finetune, "eq", share=tiny_llama))
+        await overload_shift.apply(h, shift("drop", 4, 8))
+        assert h.get("eq", 0).stage.spec.start == 4
+        await overload_shift.apply(h, shift("restore", 0, 8))
+        assert await _greedy(h, "eq", differs[0]) == hf_greedy(served, differs[0], 8)
+        await h.close()
+
+    asyncio.run(run())
