@@ -459,7 +459,7 @@ async def test_shared_prefixes_go_to_the_replica_that_cached_them(
             gw.url,
             "tessera_gateway_routed_requests_total",
             replica=rid,
-            policy="prefix_affinity",
+            policy="kv_owner",
         )
         for rid in ("one", "two")
     }
