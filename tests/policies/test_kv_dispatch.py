@@ -19,8 +19,8 @@ def cand(id: str, **kw: float) -> kd.Candidate:
     return kd.Candidate(id, **base)  # type: ignore[arg-type]
 
 
-def req(owner: str | None = None, cached: int = 0, **kw: float) -> kd.KvRequest:
-    return kd.KvRequest(prompt_tokens=400, max_tokens=20, owner=owner, cached_tokens=cached, **kw)  # type: ignore[arg-type]
+def req(owner: str | None = None, cached: int = 0, share_draw: float = 0.0) -> kd.KvRequest:
+    return kd.KvRequest(400, 20, owner, cached, share_draw)
 
 
 def test_owner_with_room_wins_even_when_busier() -> None:
