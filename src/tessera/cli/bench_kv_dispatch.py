@@ -2,8 +2,8 @@
 
 `tessera bench kvdispatch --json`. One local agent holds two replicas of a tiny model
 (whole, one stage each, the LoRA adapter `legal` on both). A gateway in this process
-serves multi-turn conversations twice, each time with fresh token contents and the same
-lengths:
+serves multi-turn conversations in two modes, `--repeats` times each, interleaved, each
+run with fresh token contents and the same lengths and timing:
 
 * **kv_dispatch**: KV-owner-first dispatch (`gateway/kv_affinity.py`, the default);
 * **router**: `GatewayConfig.kv_dispatch=False`, the previous rule. That is least
@@ -17,7 +17,8 @@ context, give a first prompt (ContextTokens / 8), each answer (GeneratedTokens /
 each new user message (the next row's ContextTokens / 16). Turn k's prompt is turn k-1's
 prompt, a stand-in for its answer (random tokens of the answer's length, as a chat
 template re-tokenizes the answer text) and the new message. Half of the conversations use
-the `legal` variant. All conversations run at once, and the turns of one follow each other.
+the `legal` variant. Conversations start at seeded random offsets within `--spread-s`.
+Within one, each turn waits a seeded think time (up to `--think-s`) after the last answer.
 
 Reported per mode:
 
@@ -59,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--trace", default=str(TRACE), help="Azure conversation trace (CSV)")
     p.add_argument("--kv-mib", type=int, default=16, help="KV pool per replica (MiB)")
+    p.add_argument("--spread-s", type=float, default=1.0, help="conversation start spread")
+    p.add_argument("--think-s", type=float, default=0.5, help="most pause before a turn")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each mode, interleaved")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -101,13 +105,18 @@ def _prompts(shape: Shape, rng: random.Random) -> list[list[int]]:
 
 
 def _reusable(prompts: list[list[int]]) -> int:
-    """Full pages of each turn's previous prompt (minus its last token): what perfect
+    """Full pages of each turn's previous prompt (all of it was computed): what perfect
     affinity could take from the cache."""
-    return sum((len(prev) - 1) // PAGE * PAGE for prev in prompts[:-1])
+    return sum(len(prev) // PAGE * PAGE for prev in prompts[:-1])
 
 
 async def _mode(
-    model: Path, address: str, convs: list[list[list[int]]], shps: list[Shape], kv: bool
+    model: Path,
+    address: str,
+    convs: list[list[list[int]]],
+    shps: list[Shape],
+    kv: bool,
+    pauses: list[list[float]],
 ) -> dict[str, Any]:
     import aiohttp
 
@@ -129,9 +138,12 @@ async def _mode(
     try:
         async with aiohttp.ClientSession() as s:
 
-            async def conversation(prompts: list[list[int]], shape: Shape) -> None:
+            async def conversation(
+                prompts: list[list[int]], shape: Shape, pause: list[float]
+            ) -> None:
                 nonlocal done
-                for p in prompts:
+                for p, wait in zip(prompts, pause, strict=True):
+                    await asyncio.sleep(wait)
                     body = {
                         "model": shape.variant or "tiny",
                         "prompt": p,
@@ -147,26 +159,46 @@ async def _mode(
                     latencies.append(time.perf_counter() - t0)
 
             t0 = time.perf_counter()
-            await asyncio.gather(*(conversation(c, sh) for c, sh in zip(convs, shps, strict=True)))
+            await asyncio.gather(
+                *(conversation(c, sh, w) for c, sh, w in zip(convs, shps, pauses, strict=True))
+            )
             wall = time.perf_counter() - t0
             text = await (await s.get(gw.url + "/metrics")).text()
     finally:
         await gw.stop()
     hits = sum(_hits(address).values()) - sum(before.values())
-    prompt_tokens = sum(len(p) for c in convs for p in c)
-    reusable = sum(_reusable(c) for c in convs)
-    lat = sorted(latencies)
     return {
         "prefix_hit_tokens": hits,
-        "prompt_tokens": prompt_tokens,
-        "hit_rate": round(hits / prompt_tokens, 4),
+        "prompt_tokens": sum(len(p) for c in convs for p in c),
+        "reusable_tokens": sum(_reusable(c) for c in convs),
+        "turns_completed": done,
+        "latencies": latencies,
+        "wall_s": wall,
+        "decisions": _decisions(text),
+    }
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode's runs together: counts summed, latencies pooled."""
+    hits = sum(r["prefix_hit_tokens"] for r in runs)
+    prompt = sum(r["prompt_tokens"] for r in runs)
+    reusable = sum(r["reusable_tokens"] for r in runs)
+    lat = sorted(x for r in runs for x in r["latencies"])
+    decisions: dict[str, float] = {}
+    for r in runs:
+        for k, v in r["decisions"].items():
+            decisions[k] = decisions.get(k, 0.0) + v
+    return {
+        "prefix_hit_tokens": hits,
+        "prompt_tokens": prompt,
+        "hit_rate": round(hits / prompt, 4),
         "reusable_tokens": reusable,
         "hit_of_reusable": round(hits / reusable, 4) if reusable else 0.0,
-        "turns_completed": done,
+        "turns_completed": sum(r["turns_completed"] for r in runs),
         "latency_p50_s": round(statistics.median(lat), 4),
         "latency_p95_s": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 4),
-        "wall_s": round(wall, 3),
-        "decisions": _decisions(text),
+        "wall_s": round(sum(r["wall_s"] for r in runs), 3),
+        "decisions": decisions,
     }
 
 
@@ -219,11 +251,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     ),
                     timeout=120,
                 )
-            results: dict[str, Any] = {}
-            for i, (name, kv) in enumerate((("kv_dispatch", True), ("router", False))):
-                rng = random.Random(args.seed * 1000 + i)  # fresh contents, same lengths
-                convs = [_prompts(sh, rng) for sh in shps]
-                results[name] = asyncio.run(_mode(model, agent.address, convs, shps, kv))
+            # a start offset per conversation and a think time before each later turn, the
+            # same in both modes (seeded): conversations do not run in lockstep
+            timing = random.Random(args.seed)
+            pauses = [
+                [timing.uniform(0, args.spread_s)]
+                + [timing.uniform(0, args.think_s) for _ in sh.later]
+                for sh in shps
+            ]
+            runs: dict[str, list[dict[str, Any]]] = {"kv_dispatch": [], "router": []}
+            for rep in range(args.repeats):  # the modes interleaved
+                for i, (name, kv) in enumerate((("kv_dispatch", True), ("router", False))):
+                    rng = random.Random((args.seed * 100 + rep) * 10 + i)  # fresh contents
+                    convs = [_prompts(sh, rng) for sh in shps]
+                    runs[name].append(
+                        asyncio.run(_mode(model, agent.address, convs, shps, kv, pauses))
+                    )
+            results = {name: _summary(r) for name, r in runs.items()}
         finally:
             local_agents.stop_agent(agent)
     return {
@@ -232,8 +276,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "stream": {
             "conversations": args.conversations,
             "turns": args.turns,
+            "repeats": args.repeats,
             "trace": Path(args.trace).name,
             "structure": "synthetic (the trace has no conversation ids); lengths from it",
+            "spread_s": args.spread_s,
+            "think_s": args.think_s,
         },
         "kv_bytes_per_replica": args.kv_mib << 20,
         "results": results,
