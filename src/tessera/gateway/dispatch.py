@@ -1,7 +1,9 @@
 """Runs one generation on a replica over gRPC, retrying elsewhere before the first token.
 
-Called by `text_stream.py` for every completion request. Each attempt asks the router for
-a ready replica, streams the leader's `Generate` and yields token chunks. Agent errors:
+Called by `text_stream.py` for every completion request. Each attempt asks `kv_affinity`
+(KV owner first; the router when `kv_dispatch` is off) for a ready replica, streams the
+leader's `Generate` and yields token chunks (their timing feeds `kv_affinity`). Agent
+errors:
 
 * INVALID_ARGUMENT → 400 (the request itself is bad; no retry);
 * RESOURCE_EXHAUSTED (the request is larger than that replica's whole KV pool) → try the
