@@ -130,7 +130,8 @@ class Block:
 
     def holds(self, other: Block) -> bool:
         """This block holds every tensor `other` needs (a peer copy source): same model
-        and dtype, an unsharded stage, and a layer range covering `other`'s."""
+        and dtype (and equivalence opt-in: the weights served), an unsharded stage, and a
+        layer range covering `other`'s."""
         return (
             self.model_path == other.model_path
             and self.dtype == other.dtype
