@@ -23,6 +23,7 @@ class AgentState(Protocol):
     agent_id: str
     devices: dict[str, Any]
     hosted: dict[tuple[str, int], Any]
+    compute: Any  # the compute executor (`cobatch.CoBatchExecutor` has `stats`)
 
 
 class _StateCollector(Collector):
@@ -98,6 +99,7 @@ class _StateCollector(Collector):
                 hits.add_metric([rid], s.prefix_hit_tokens)
                 cached.add_metric([rid], s.cached_pages)
                 steps.add_metric([rid], h.leader.steps)
+        yield from _cobatch(getattr(self.state.compute, "stats", None))
         yield from (
             cap,
             free,
@@ -112,6 +114,32 @@ class _StateCollector(Collector):
             cached,
             steps,
         )
+
+
+def _cobatch(stats: Any) -> Iterator[CounterMetricFamily]:
+    """The compute thread's per-block batching (`engine/cobatch.py`), when it co-batches."""
+    if stats is None:
+        return
+    steps = CounterMetricFamily(
+        "tessera_agent_cobatch_steps",
+        "Steps run by the compute thread: alone, or co-batched with other chains' steps",
+        labels=["mode"],
+    )
+    steps.add_metric(["solo"], stats.solo_steps)
+    steps.add_metric(["cobatched"], stats.cobatched_steps)
+    passes = CounterMetricFamily(
+        "tessera_agent_cobatch_passes",
+        "Passes of block instances in co-steps: over several chains' rows, or one chain's",
+        labels=["rows_of"],
+    )
+    passes.add_metric(["several"], sum(n for (_, k), n in stats.passes.items() if k > 1))
+    passes.add_metric(["one"], sum(n for (_, k), n in stats.passes.items() if k == 1))
+    deferred = CounterMetricFamily(
+        "tessera_agent_cobatch_deferred",
+        "Times a queued step waited for the next co-step (batch limit or its chain busy)",
+    )
+    deferred.add_metric([], stats.deferred)
+    yield from (steps, passes, deferred)
 
 
 class AgentMetrics:

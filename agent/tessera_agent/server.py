@@ -20,7 +20,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tessera.cost import profile as profile_mod
-from tessera.policies import microbatch
+from tessera.policies import block_batching, microbatch
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import authz, devices, load_config, servicer
@@ -45,6 +45,8 @@ class AgentConfig:
     pipeline_microbatches: int = 0  # in flight per pipelined replica led here; 0 = its stages
     storage_bytes_per_s: float = 0.0  # declared checkpoint read speed (issue 11); 0 = as is
     cost_profile: str = ""  # `tessera profile --out` JSON: lookahead's Eq. 1 (issue 13)
+    cobatch: bool = True  # co-batch steps of chains sharing blocks (issue 14, cobatch.py)
+    cobatch_rows: int = 0  # rows per pass of a shared block instance; 0 = the default
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -55,6 +57,8 @@ class AgentConfig:
             raise ValueError(f"metrics_port: {self.metrics_port} is not a TCP port")
         if self.threads < 0:
             raise ValueError("threads: must be >= 0")
+        if self.cobatch_rows < 0:
+            raise ValueError("cobatch_rows: must be >= 0")
 
 
 def split_config(cost_profile: str) -> microbatch.SplitConfig:
@@ -68,6 +72,14 @@ def split_config(cost_profile: str) -> microbatch.SplitConfig:
     except (OSError, ValueError) as exc:
         raise ValueError(f"cost_profile: cannot read {cost_profile!r}: {exc}") from exc
     return microbatch.SplitConfig(cost=microbatch.chunk_cost(prof, 1))
+
+
+def cobatch_limits(cfg: AgentConfig) -> block_batching.BatchLimits | None:
+    """Per-block batch limits of the compute thread; None = no co-batching."""
+    if not cfg.cobatch:
+        return None
+    rows = cfg.cobatch_rows or block_batching.DEFAULT_ROWS_PER_PASS
+    return block_batching.BatchLimits(rows_per_pass=rows)
 
 
 async def serve(cfg: AgentConfig) -> None:
@@ -93,6 +105,7 @@ async def serve(cfg: AgentConfig) -> None:
         VERSION,
         defaults=defaults,
         store_address=f"{cfg.host}:{rendezvous.port}",
+        cobatch=cobatch_limits(cfg),
     )
     pb_grpc.add_AgentServicer_to_server(svc, server)
     health_svc = health.aio.HealthServicer()

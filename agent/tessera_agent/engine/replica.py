@@ -26,7 +26,15 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from tessera.policies import microbatch
-from tessera_agent.engine import errors, page_allocator, runner, sampling, scheduler, step
+from tessera_agent.engine import (
+    cobatch,
+    errors,
+    page_allocator,
+    runner,
+    sampling,
+    scheduler,
+    step,
+)
 
 log = logging.getLogger(__name__)
 
@@ -363,9 +371,10 @@ class ReplicaEngine:
 
     async def _run(self, planned: scheduler.ScheduledStep) -> None:
         assert self._sched is not None
-        loop = asyncio.get_running_loop()
         try:
-            out = await loop.run_in_executor(self.executor, self._execute, planned.input)
+            out = await cobatch.run_step(
+                self.executor, self.local, planned.input, self._execute, self._account
+            )
             if self._connect is not None:
                 if self._downstream is None:
                     raise errors.UnavailableError("downstream stage is not connected")
@@ -394,6 +403,9 @@ class ReplicaEngine:
             return self.local.execute(inp)
         finally:
             self._busy += time.perf_counter() - t0
+
+    def _account(self, seconds: float) -> None:  # a co-step this replica's step was in
+        self._busy += seconds
 
     def busy_s(self) -> list[float]:
         """Compute seconds per stage so far: the leader's, then each downstream stage's when

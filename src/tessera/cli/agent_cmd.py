@@ -39,6 +39,18 @@ def register(sub: Any) -> None:
         help="load every block's parameters, even when identical ones are held (baselines)",
     )
     p.add_argument(
+        "--no-cobatch",
+        dest="cobatch",
+        action="store_false",
+        help="run every chain's step alone, even when chains share blocks (A/B baselines)",
+    )
+    p.add_argument(
+        "--cobatch-rows",
+        type=int,
+        default=0,
+        help="batch limit of a shared block instance, in token rows per pass (0: 8192)",
+    )
+    p.add_argument(
         "--pipeline-microbatches",
         type=int,
         default=0,
@@ -87,6 +99,8 @@ def _run(args: argparse.Namespace) -> int:
         model_root=args.model_root,
         health_port=args.health_port,
         block_zoo=args.block_zoo,
+        cobatch=args.cobatch,
+        cobatch_rows=args.cobatch_rows,
         pipeline_microbatches=args.pipeline_microbatches,
         storage_bytes_per_s=args.storage_bandwidth,
         cost_profile=args.cost_profile,
