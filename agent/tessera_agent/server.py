@@ -47,6 +47,7 @@ class AgentConfig:
     cost_profile: str = ""  # `tessera profile --out` JSON: lookahead's Eq. 1 (issue 13)
     cobatch: bool = True  # co-batch steps of chains sharing blocks (issue 14, cobatch.py)
     cobatch_rows: int = 0  # rows per pass of a shared block instance; 0 = the default
+    cobatch_linger_s: float = -1.0  # wait for a co-step's chains to resubmit; < 0 = default
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -79,7 +80,8 @@ def cobatch_limits(cfg: AgentConfig) -> block_batching.BatchLimits | None:
     if not cfg.cobatch:
         return None
     rows = cfg.cobatch_rows or block_batching.DEFAULT_ROWS_PER_PASS
-    return block_batching.BatchLimits(rows_per_pass=rows)
+    linger = cfg.cobatch_linger_s if cfg.cobatch_linger_s >= 0 else block_batching.DEFAULT_LINGER_S
+    return block_batching.BatchLimits(rows_per_pass=rows, linger_s=linger)
 
 
 async def serve(cfg: AgentConfig) -> None:

@@ -25,3 +25,6 @@ def test_bench_variants_smoke() -> None:
     assert (r["variants"], r["lora"], r["full_finetunes"], r["requests"]) == (3, 2, 1, 6)
     assert 0 < r["param_bytes_shared"] < r["param_bytes_per_model"]
     assert r["throughput_ratio"] > 0 and r["p95_latency_ratio"] > 0
+    # the A/B of per-block batching ran, and the co-batched agent's counters were read
+    assert r["cobatch_throughput_ratio"] > 0 and r["cobatch_p95_latency_ratio"] > 0
+    assert r["cobatch_solo_steps"] + r["cobatch_cobatched_steps"] > 0

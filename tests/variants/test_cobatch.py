@@ -126,9 +126,7 @@ async def _serve(
             gate.set()
 
     try:
-        got = await asyncio.gather(
-            release(), *(one(i, c, p) for i, (c, p) in enumerate(jobs))
-        )
+        got = await asyncio.gather(release(), *(one(i, c, p) for i, (c, p) in enumerate(jobs)))
     finally:
         for eng in engines.values():
             await eng.close()
@@ -164,7 +162,9 @@ def test_cobatched_chains_match_each_model_alone(
         assert tokens == _want(tiny_llama, models, chain, prompt), chain
     # the variants really differ from the foundation on these prompts
     for chain in ("ft-a", "ft-b", "lora"):
-        assert _want(tiny_llama, models, chain, prompts[1]) != hf_greedy(tiny_llama, prompts[1], NEW)
+        assert _want(tiny_llama, models, chain, prompts[1]) != hf_greedy(
+            tiny_llama, prompts[1], NEW
+        )
     first = execs[0].stats
     assert first.costeps >= 1 and first.cobatched_steps >= 3
     # layer 3 is the foundation's in all three chains: one pass over their rows

@@ -51,6 +51,12 @@ def register(sub: Any) -> None:
         help="batch limit of a shared block instance, in token rows per pass (0: 8192)",
     )
     p.add_argument(
+        "--cobatch-linger-ms",
+        type=float,
+        default=-1.0,
+        help="after a co-step, wait up to this long for its chains' next steps (-1: 2 ms)",
+    )
+    p.add_argument(
         "--pipeline-microbatches",
         type=int,
         default=0,
@@ -101,6 +107,7 @@ def _run(args: argparse.Namespace) -> int:
         block_zoo=args.block_zoo,
         cobatch=args.cobatch,
         cobatch_rows=args.cobatch_rows,
+        cobatch_linger_s=args.cobatch_linger_ms / 1000 if args.cobatch_linger_ms >= 0 else -1.0,
         pipeline_microbatches=args.pipeline_microbatches,
         storage_bytes_per_s=args.storage_bandwidth,
         cost_profile=args.cost_profile,
