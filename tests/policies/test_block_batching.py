@@ -83,14 +83,20 @@ def test_connected_through_a_later_step() -> None:
     assert set(plan.steps) == {0, 1, 2}
 
 
-def test_linger() -> None:
-    lim = bb.BatchLimits(linger_s=0.002)
-    ab = frozenset({"a", "b"})
-    assert bb.linger_s(frozenset({"a"}), ab, 0.0, lim) == pytest.approx(0.002)
-    assert bb.linger_s(frozenset({"a"}), ab, 0.003, lim) == 0.0
-    assert bb.linger_s(ab, ab, 0.0, lim) == 0.0  # everyone is back
-    assert bb.linger_s(frozenset({"z"}), ab, 0.0, lim) == 0.0  # unrelated: no wait
-    assert bb.linger_s(frozenset({"a"}), frozenset(), 0.0, lim) == 0.0
+def test_expected_partners_and_linger() -> None:
+    lim = bb.BatchLimits(linger_s=0.002, recent_s=0.1)
+    head = frozenset({"L0", "L1"})
+    peers = [
+        bb.Peer("b", frozenset({"L1", "X"}), 0.001, True),  # shares L1, busy: expected
+        bb.Peer("c", frozenset({"L1"}), 0.001, False),  # no work left: not coming
+        bb.Peer("d", frozenset({"L1"}), 0.5, True),  # not seen lately
+        bb.Peer("e", frozenset({"Z"}), 0.001, True),  # shares nothing
+        bb.Peer("f", frozenset({"L0"}), 0.0, True),  # already queued
+    ]
+    assert bb.expected(head, peers, frozenset({"a", "f"}), lim) == {"b"}
+    assert bb.linger_s(frozenset({"b"}), 0.0, lim) == pytest.approx(0.002)
+    assert bb.linger_s(frozenset({"b"}), 0.003, lim) == 0.0
+    assert bb.linger_s(frozenset(), 0.0, lim) == 0.0
 
 
 def test_bad_limits_are_refused() -> None:
@@ -98,6 +104,8 @@ def test_bad_limits_are_refused() -> None:
         bb.BatchLimits(rows_per_pass=0)
     with pytest.raises(ValueError, match="final"):
         bb.BatchLimits(per_label=(("final", 0),))
+    with pytest.raises(ValueError, match="recent_s"):
+        bb.BatchLimits(recent_s=-1)
     with pytest.raises(ValueError, match="at least one"):
         bb.plan([], bb.BatchLimits())
 

@@ -36,6 +36,7 @@ from tessera_agent.engine import runner as runner_mod
 
 Solo = Callable[[step.StepInput], step.StepOutput]
 Account = Callable[[float], None]
+Active = Callable[[], bool]  # the chain has work left (its next step is coming)
 
 
 @dataclass
@@ -54,8 +55,18 @@ class _Step:
     account: Account | None
     future: concurrent.futures.Future[step.StepOutput]
     order: int
+    active: Active | None = None
     waited: int = 0
     uses: tuple[bb.Use, ...] | None = None  # computed when it may be co-batched
+
+
+@dataclass
+class _Seen:
+    """A chain whose step was handed back lately (a partner to wait for)."""
+
+    runner: runner_mod.StageRunner
+    at: float
+    active: Active | None
 
 
 @dataclass
@@ -86,7 +97,8 @@ class CoBatchExecutor(concurrent.futures.Executor):
         self._inbox: queue.SimpleQueue[_Call | _Step | None] = queue.SimpleQueue()
         self._order = itertools.count()
         self._closed = False
-        self._partners: frozenset[str] = frozenset()  # chains of the last shared co-step
+        self._seen: dict[str, _Seen] = {}  # chain -> its last step handed back
+        self._pieces: dict[str, tuple[tuple[int, ...], frozenset[str]]] = {}
         self._thread = threading.Thread(target=self._work, name=thread_name, daemon=True)
         self._thread.start()
 
@@ -106,13 +118,17 @@ class CoBatchExecutor(concurrent.futures.Executor):
         inp: step.StepInput,
         solo: Solo | None = None,
         account: Account | None = None,
+        active: Active | None = None,
     ) -> concurrent.futures.Future[step.StepOutput]:
         """Run one step of `runner`, alone (`solo`, default `runner.execute`) or in a
-        co-step; `account(seconds)` is told the compute time of a co-step it was in."""
+        co-step; `account(seconds)` is told the compute time of a co-step it was in;
+        `active()` says whether the chain will submit again (None: assume so while seen
+        lately)."""
         if self._closed:
             raise RuntimeError("cannot schedule new futures after shutdown")
         fut: concurrent.futures.Future[step.StepOutput] = concurrent.futures.Future()
-        self._inbox.put(_Step(runner, inp, solo or runner.execute, account, fut, next(self._order)))
+        job = _Step(runner, inp, solo or runner.execute, account, fut, next(self._order), active)
+        self._inbox.put(job)
         return fut
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -146,7 +162,7 @@ class CoBatchExecutor(concurrent.futures.Executor):
                 jobs.popleft()
                 _call(head)
                 continue
-            if len(jobs) == 1 and not self._partners:  # the common path: nothing to pair
+            if len(jobs) == 1 and not self._peers_seen(head):  # the common path
                 jobs.popleft()
                 self._solo(head)
                 continue
@@ -173,12 +189,43 @@ class CoBatchExecutor(concurrent.futures.Executor):
                 return False
             jobs.append(job)
 
+    def _peers_seen(self, head: _Step) -> bool:
+        """Another chain's step was handed back lately (forgetting older ones)."""
+        now, recent = time.perf_counter(), self.limits.recent_s
+        for chain in [c for c, s in self._seen.items() if now - s.at > recent]:
+            del self._seen[chain]
+            self._pieces.pop(chain, None)
+        return any(c != _chain(head.runner) for c in self._seen)
+
+    def _chain_pieces(self, r: runner_mod.StageRunner) -> frozenset[str]:
+        """The instances a chain uses, cached while its modules stay the same (only the
+        wait for partners reads this; a co-step's plan reads the modules afresh)."""
+        m = r.model
+        mark = (id(m), id(m.layers), len(m.layers), id(m.lm_head), len(r.runs))
+        got = self._pieces.get(_chain(r))
+        if got is None or got[0] != mark:
+            got = (mark, frozenset(u.piece for u in costep.uses(r)))
+            self._pieces[_chain(r)] = got
+        return got[1]
+
     def _linger(self, jobs: collections.deque[_Call | _Step]) -> bool:
-        """Wait (briefly) for the last shared co-step's chains to resubmit."""
+        """Wait (briefly) for the chains expected to bring a step to share with."""
         t0 = time.perf_counter()
+        head = self._chain_pieces(_leading(jobs)[0].runner)
         while True:
+            now = time.perf_counter()
             pending = frozenset(_chain(j.runner) for j in _leading(jobs))
-            wait = bb.linger_s(pending, self._partners, time.perf_counter() - t0, self.limits)
+            peers = [
+                bb.Peer(
+                    c,
+                    self._chain_pieces(s.runner),
+                    now - s.at,
+                    s.active is None or s.active(),
+                )
+                for c, s in self._seen.items()
+            ]
+            missing = bb.expected(head, peers, pending, self.limits)
+            wait = bb.linger_s(missing, now - t0, self.limits)
             if wait <= 0:
                 return True
             try:
@@ -215,10 +262,8 @@ class CoBatchExecutor(concurrent.futures.Executor):
         jobs.clear()
         jobs.extend(kept)
         if len(plan.steps) == 1:
-            self._partners = frozenset()
             self._solo(by_key[plan.steps[0]])
             return
-        self._partners = frozenset(_chain(by_key[k].runner) for k in plan.steps)
         # a step cancelled meanwhile is left out, as the plain executor skips it
         admitted = {
             k: by_key[k] for k in plan.steps if by_key[k].future.set_running_or_notify_cancel()
@@ -232,9 +277,11 @@ class CoBatchExecutor(concurrent.futures.Executor):
             self.stats.passes[(p.label, len(p.steps))] += 1
             top = self.stats.max_pass_rows
             top[p.label] = max(top.get(p.label, 0), p.rows)
+        now = time.perf_counter()
         for k, j in admitted.items():
             if j.account is not None:
                 j.account(spent)
+            self._seen[_chain(j.runner)] = _Seen(j.runner, now, j.active)
             res = results[k]
             if isinstance(res, Exception):
                 j.future.set_exception(res)
@@ -246,9 +293,12 @@ class CoBatchExecutor(concurrent.futures.Executor):
         if not j.future.set_running_or_notify_cancel():
             return
         try:
-            j.future.set_result(j.solo(j.inp))
+            out = j.solo(j.inp)
         except BaseException as exc:  # the submitter's to handle
             j.future.set_exception(exc)
+        else:
+            self._seen[_chain(j.runner)] = _Seen(j.runner, time.perf_counter(), j.active)
+            j.future.set_result(out)
 
 
 def _call(c: _Call) -> None:
@@ -280,9 +330,11 @@ async def run_step(
     inp: step.StepInput,
     solo: Solo | None = None,
     account: Account | None = None,
+    active: Active | None = None,
 ) -> step.StepOutput:
     """One step on the agent's compute executor: co-batched when it is a
     `CoBatchExecutor`, else `solo` (default `runner.execute`) through `run_in_executor`."""
     if isinstance(executor, CoBatchExecutor):
-        return await asyncio.wrap_future(executor.submit_step(runner, inp, solo, account))
+        fut = executor.submit_step(runner, inp, solo, account, active)
+        return await asyncio.wrap_future(fut)
     return await asyncio.get_running_loop().run_in_executor(executor, solo or runner.execute, inp)

@@ -373,7 +373,12 @@ class ReplicaEngine:
         assert self._sched is not None
         try:
             out = await cobatch.run_step(
-                self.executor, self.local, planned.input, self._execute, self._account
+                self.executor,
+                self.local,
+                planned.input,
+                self._execute,
+                self._account,
+                lambda: self.num_unfinished > 0,
             )
             if self._connect is not None:
                 if self._downstream is None:

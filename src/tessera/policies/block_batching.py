@@ -22,9 +22,12 @@ The rules (`plan`):
 - a step that shares nothing with the admitted ones waits too: running it in the same
   co-step would only delay the others' results.
 
-`linger_s` says how long the compute thread may wait for a partner: after a shared co-step
-its chains resubmit one by one, and taking the first alone would alternate the chains
-forever. Pure and torch-free; applied by `tessera_agent.engine.cobatch`.
+`expected` and `linger_s` say whom the compute thread waits for, and how long: chains
+resubmit one by one (each handles its results on the event loop first), and taking
+whichever comes first alone would leave the chains alternating, never batched. So before
+running a step, the thread waits briefly for the other chains that share its instances,
+still have work, and were seen lately, but have no step queued yet. Pure and torch-free;
+applied by `tessera_agent.engine.cobatch`.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class BatchLimits:
     rows_per_pass: int = DEFAULT_ROWS_PER_PASS
     per_label: tuple[tuple[str, int], ...] = ()  # e.g. (("final", 1024),)
     linger_s: float = DEFAULT_LINGER_S
+    recent_s: float = 0.25  # a peer seen this recently may still be co-batched with
 
     def __post_init__(self) -> None:
         if self.rows_per_pass < 1:
@@ -75,8 +79,8 @@ class BatchLimits:
         for label, n in self.per_label:
             if n < 1:
                 raise ValueError(f"per_label {label!r}: must be >= 1")
-        if self.linger_s < 0:
-            raise ValueError("linger_s: must be >= 0")
+        if self.linger_s < 0 or self.recent_s < 0:
+            raise ValueError("linger_s and recent_s: must be >= 0")
 
     def limit(self, label: str) -> int:
         for name, n in self.per_label:
@@ -164,12 +168,35 @@ def _passes(admitted: list[PendingStep]) -> tuple[Pass, ...]:
     return tuple(sorted(out, key=lambda p: (p.slot, first[p.steps[0]])))
 
 
-def linger_s(
-    pending: frozenset[str], partners: frozenset[str], waited_s: float, limits: BatchLimits
-) -> float:
-    """How much longer to wait before planning: while a chain of the last shared co-step
-    (`partners`) has not resubmitted although another one has, up to `limits.linger_s`
-    in all. 0 = plan now."""
-    if not partners & pending or partners <= pending:
+@dataclass(frozen=True)
+class Peer:
+    """Another chain the compute thread has seen lately."""
+
+    chain: str
+    pieces: frozenset[str]  # the instances its steps use
+    idle_s: float  # since its last step was handed back
+    active: bool  # it has work left (False: no step of it is coming)
+
+
+def expected(
+    head: frozenset[str], peers: Sequence[Peer], pending: frozenset[str], limits: BatchLimits
+) -> frozenset[str]:
+    """Chains worth waiting for before running a step over instances `head`: they share
+    one of them, have work left, were seen within `limits.recent_s`, and have no step
+    queued yet (their results are being handled; their next step is on its way)."""
+    return frozenset(
+        p.chain
+        for p in peers
+        if p.chain not in pending
+        and p.active
+        and p.idle_s <= limits.recent_s
+        and not p.pieces.isdisjoint(head)
+    )
+
+
+def linger_s(missing: frozenset[str], waited_s: float, limits: BatchLimits) -> float:
+    """How much longer to wait for the `missing` expected chains (0 = plan now): at most
+    `limits.linger_s` in all, so a partner that does not come costs that once."""
+    if not missing:
         return 0.0
     return max(0.0, limits.linger_s - waited_s)
