@@ -139,7 +139,18 @@ def _cobatch(stats: Any) -> Iterator[CounterMetricFamily]:
         "Times a queued step waited for the next co-step (batch limit or its chain busy)",
     )
     deferred.add_metric([], stats.deferred)
-    yield from (steps, passes, deferred)
+    waits = CounterMetricFamily(
+        "tessera_agent_cobatch_waits",
+        "Waits of the compute thread for chains expected to bring a step to co-batch",
+        labels=["outcome"],
+    )
+    for outcome in ("joined", "timeout"):
+        waits.add_metric([outcome], stats.waits[outcome])
+    wait_s = CounterMetricFamily(
+        "tessera_agent_cobatch_wait_seconds", "Seconds the compute thread waited for partners"
+    )
+    wait_s.add_metric([], stats.wait_s)
+    yield from (steps, passes, deferred, waits, wait_s)
 
 
 class AgentMetrics:

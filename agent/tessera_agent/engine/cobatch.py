@@ -80,6 +80,9 @@ class CoBatchStats:
     # (piece label, steps in the pass) -> passes, over co-steps
     passes: collections.Counter[tuple[str, int]] = field(default_factory=collections.Counter)
     max_pass_rows: dict[str, int] = field(default_factory=dict)  # per piece label
+    # waits for expected partners: "joined" (all came) or "timeout"; seconds waited
+    waits: collections.Counter[str] = field(default_factory=collections.Counter)
+    wait_s: float = 0.0
 
     def shared_passes(self, label: str) -> int:
         return sum(n for (lab, k), n in self.passes.items() if lab == label and k > 1)
@@ -227,10 +230,15 @@ class CoBatchExecutor(concurrent.futures.Executor):
             missing = bb.expected(head, peers, pending, self.limits)
             wait = bb.linger_s(missing, now - t0, self.limits)
             if wait <= 0:
+                if now > t0:  # it waited: did everyone expected come?
+                    self.stats.waits["timeout" if missing else "joined"] += 1
+                    self.stats.wait_s += now - t0
                 return True
             try:
                 job = self._inbox.get(timeout=wait)
             except queue.Empty:
+                self.stats.waits["timeout"] += 1
+                self.stats.wait_s += time.perf_counter() - t0
                 return True
             if job is None:
                 for j in jobs:

@@ -190,6 +190,8 @@ class _Agent:
                 elif smp.name == "tessera_agent_cobatch_passes_total":
                     if smp.labels["rows_of"] == "several":
                         out["shared_passes"] = int(smp.value)
+                elif smp.name == "tessera_agent_cobatch_waits_total":
+                    out[f"waits_{smp.labels['outcome']}"] = int(smp.value)
         return out
 
     async def close(self) -> None:
