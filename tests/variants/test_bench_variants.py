@@ -17,6 +17,7 @@ def test_bench_variants_smoke() -> None:
     cmd = [sys.executable, "-m", "tessera.cli.main", "bench", "variants", "--json"]
     cmd += ["--sizes", "3", "--requests-per-variant", "2", "--hidden", "64", "--layers", "4"]
     cmd += ["--diff-layers", "1", "--kv-mib", "1", "--new", "4", "--rate", "20"]
+    cmd += ["--cobatch-rounds", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
@@ -28,3 +29,5 @@ def test_bench_variants_smoke() -> None:
     # the A/B of per-block batching ran, and the co-batched agent's counters were read
     assert r["cobatch_throughput_ratio"] > 0 and r["cobatch_p95_latency_ratio"] > 0
     assert r["cobatch_solo_steps"] + r["cobatch_cobatched_steps"] > 0
+    co = doc["cobatch_in_process"]  # the engine-only A/B: every chain's tokens equal
+    assert co["tokens_match"] is True and co["cobatched_steps"] > 0

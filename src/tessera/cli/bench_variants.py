@@ -27,7 +27,9 @@ batching across chains (the default: `engine/cobatch.py`) and with it off
 (`--no-cobatch`: each chain's step alone). `cobatch_throughput_ratio` and
 `cobatch_p95_latency_ratio` compare the two (on / off); `*_no_cobatch` fields give the
 ratios against per-model copies as before; `cobatch_*` counts come from the co-batched
-agent's `/metrics` (steps run co-batched or alone, passes over several chains' rows).
+agent's `/metrics` (steps run co-batched or alone, passes over several chains' rows,
+waits for partners). `cobatch_in_process` is the engine's effect without gRPC
+(`bench_variants_cobatch`): 5 chains sharing blocks, saturated, on vs off per round.
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--cobatch-rounds",
+        type=int,
+        default=3,
+        help="rounds of the in-process co-batching A/B (0: skip it)",
+    )
     p.add_argument(
         "--cobatch-linger-ms", type=float, default=-1.0, help="the agents' (-1: their default)"
     )
@@ -412,6 +420,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         spec = tiny_checkpoint.TinySpec(layers=args.layers, hidden=args.hidden, seed=args.seed)
         base = tiny_checkpoint.make_tiny(root / "base", spec)
         results = [asyncio.run(_one_size(base, root, n, args)) for n in sizes]
+        in_process = None
+        if args.cobatch_rounds > 0:
+            from tessera.cli import bench_variants_cobatch
+
+            in_process = bench_variants_cobatch.run(root, base, 5, 4, 24, args.cobatch_rounds)
     return {
         "bench": "variants",
         "model": f"tiny llama, {args.layers} layers, hidden {args.hidden}, float32",
@@ -422,5 +435,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "kv_bytes_per_replica": args.kv_mib * MiB,
         "results": results,
-        "tokens_match": all(r["tokens_match"] for r in results),
+        "cobatch_in_process": in_process,
+        "tokens_match": all(r["tokens_match"] for r in results)
+        and (in_process is None or in_process["tokens_match"]),
     }
