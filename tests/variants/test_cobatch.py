@@ -216,3 +216,20 @@ def test_one_engine_runs_alone_and_plain_jobs_keep_their_order() -> None:
     ex.shutdown()
     with pytest.raises(RuntimeError):
         ex.submit(seen.append, 9)
+
+
+def test_shutdown_runs_what_was_queued_unless_cancelled() -> None:
+    ex = cobatch.CoBatchExecutor()
+    gate = threading.Event()
+    ex.submit(gate.wait)
+    later = ex.submit(lambda: 7)
+    threading.Timer(0.1, gate.set).start()
+    ex.shutdown(wait=True)
+    assert later.result(timeout=0) == 7
+    ex = cobatch.CoBatchExecutor()
+    gate = threading.Event()
+    ex.submit(gate.wait)
+    later = ex.submit(lambda: 7)
+    ex.shutdown(wait=False, cancel_futures=True)
+    gate.set()
+    assert later.cancelled()

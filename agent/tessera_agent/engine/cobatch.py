@@ -100,6 +100,7 @@ class CoBatchExecutor(concurrent.futures.Executor):
         self._inbox: queue.SimpleQueue[_Call | _Step | None] = queue.SimpleQueue()
         self._order = itertools.count()
         self._closed = False
+        self._stopping = False  # the thread saw the shutdown mark
         self._seen: dict[str, _Seen] = {}  # chain -> its last step handed back
         self._pieces: dict[str, tuple[tuple[int, ...], frozenset[str]]] = {}
         self._thread = threading.Thread(target=self._work, name=thread_name, daemon=True)
@@ -154,12 +155,13 @@ class CoBatchExecutor(concurrent.futures.Executor):
         jobs: collections.deque[_Call | _Step] = collections.deque()
         while True:
             if not jobs:
+                if self._stopping:  # what was queued before shutdown has run
+                    return
                 job = self._inbox.get()
                 if job is None:
                     return
                 jobs.append(job)
-            if not self._drain(jobs):
-                return
+            self._drain(jobs)
             head = jobs[0]
             if isinstance(head, _Call):
                 jobs.popleft()
@@ -169,8 +171,7 @@ class CoBatchExecutor(concurrent.futures.Executor):
                 jobs.popleft()
                 self._solo(head)
                 continue
-            if not self._linger(jobs):
-                return
+            self._linger(jobs)
             try:
                 self._next(jobs)
             except Exception as exc:  # a planning bug must not stop the thread
@@ -179,17 +180,16 @@ class CoBatchExecutor(concurrent.futures.Executor):
                     if j.future.set_running_or_notify_cancel():
                         j.future.set_exception(exc)
 
-    def _drain(self, jobs: collections.deque[_Call | _Step]) -> bool:
-        """Move what arrived into `jobs`; False once shut down (pending jobs cancelled)."""
-        while True:
+    def _drain(self, jobs: collections.deque[_Call | _Step]) -> None:
+        """Move what arrived into `jobs` (up to the shutdown mark)."""
+        while not self._stopping:
             try:
                 job = self._inbox.get_nowait()
             except queue.Empty:
-                return True
+                return
             if job is None:
-                for j in jobs:
-                    j.future.cancel()
-                return False
+                self._stopping = True
+                return
             jobs.append(job)
 
     def _peers_seen(self, head: _Step) -> bool:
@@ -211,7 +211,7 @@ class CoBatchExecutor(concurrent.futures.Executor):
             self._pieces[_chain(r)] = got
         return got[1]
 
-    def _linger(self, jobs: collections.deque[_Call | _Step]) -> bool:
+    def _linger(self, jobs: collections.deque[_Call | _Step]) -> None:
         """Wait (briefly) for the chains expected to bring a step to share with."""
         t0 = time.perf_counter()
         head = self._chain_pieces(_leading(jobs)[0].runner)
@@ -228,25 +228,23 @@ class CoBatchExecutor(concurrent.futures.Executor):
                 for c, s in self._seen.items()
             ]
             missing = bb.expected(head, peers, pending, self.limits)
-            wait = bb.linger_s(missing, now - t0, self.limits)
+            wait = 0.0 if self._stopping else bb.linger_s(missing, now - t0, self.limits)
             if wait <= 0:
                 if now > t0:  # it waited: did everyone expected come?
                     self.stats.waits["timeout" if missing else "joined"] += 1
                     self.stats.wait_s += now - t0
-                return True
+                return
             try:
                 job = self._inbox.get(timeout=wait)
             except queue.Empty:
                 self.stats.waits["timeout"] += 1
                 self.stats.wait_s += time.perf_counter() - t0
-                return True
+                return
             if job is None:
-                for j in jobs:
-                    j.future.cancel()
-                return False
+                self._stopping = True
+                return
             jobs.append(job)
-            if not self._drain(jobs):
-                return False
+            self._drain(jobs)
 
     def _next(self, jobs: collections.deque[_Call | _Step]) -> None:
         """Plan and run one co-step over the steps at the head of the queue."""
