@@ -193,12 +193,18 @@ class CoBatchExecutor(concurrent.futures.Executor):
             jobs.append(job)
 
     def _peers_seen(self, head: _Step) -> bool:
-        """Another chain's step was handed back lately (forgetting older ones)."""
-        now, recent = time.perf_counter(), self.limits.recent_s
-        for chain in [c for c, s in self._seen.items() if now - s.at > recent]:
+        """Another chain with work left had a step handed back lately (forgetting the
+        others: the common path stays one check once partners go idle)."""
+        now, recent, me = time.perf_counter(), self.limits.recent_s, _chain(head.runner)
+        gone = [
+            c
+            for c, s in self._seen.items()
+            if c != me and (now - s.at > recent or (s.active is not None and not s.active()))
+        ]
+        for chain in gone:
             del self._seen[chain]
             self._pieces.pop(chain, None)
-        return any(c != _chain(head.runner) for c in self._seen)
+        return any(c != me for c in self._seen)
 
     def _chain_pieces(self, r: runner_mod.StageRunner) -> frozenset[str]:
         """The instances a chain uses, cached while its modules stay the same (only the

@@ -4,7 +4,7 @@ Part of `tessera bench variants --json` (its `cobatch_in_process` key). A founda
 `chains - 1` full fine-tunes (each changing 2 layers) are loaded on one block zoo; every
 chain gets `seqs` requests at once (greedy, `new` tokens, EOS ignored), all engines on one
 compute executor: the co-batching one (`engine/cobatch.py`) or the plain
-`ThreadPoolExecutor(1)`. Rounds alternate the order (on/off, off/on) and the ratio is
+`ThreadPoolExecutor(1)`; one torch thread, as the bench's agents. Rounds alternate the order (on/off, off/on) and the ratio is
 taken per round, so a machine's varying load cancels within a round. No gRPC: this is the
 engine's effect alone (the agent-process A/B in `bench_variants` adds the event loop's
 work). Also times one step's hand-off on the common path (one engine, an empty step)
@@ -29,6 +29,7 @@ def run(root: Path, base: Path, chains: int, seqs: int, new: int, rounds: int) -
     from tessera_agent import tiny_variants
     from tessera_agent.engine import block_zoo, cobatch, replica, sampling, scheduler, stage, step
 
+    torch.set_num_threads(1)  # as the bench's agents run
     layers = int(json.loads((base / "config.json").read_text())["num_hidden_layers"])
     paths = [base] + [
         tiny_variants.make_tiny_finetune(
@@ -83,19 +84,24 @@ def run(root: Path, base: Path, chains: int, seqs: int, new: int, rounds: int) -
     costeps = cobatched = 0
     for r in range(rounds):
         for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
-            ex: concurrent.futures.Executor
+            # the hand-off on a fresh executor: one engine, no partner ever seen
             if mode == "on":
-                ex = cobatch.CoBatchExecutor()
-                on.append(asyncio.run(serve(ex, "on")))
-                hand_on.append(asyncio.run(handoff(ex)))
-                assert isinstance(ex, cobatch.CoBatchExecutor)
-                costeps += ex.stats.costeps
-                cobatched += ex.stats.cobatched_steps
+                co = cobatch.CoBatchExecutor()
+                on.append(asyncio.run(serve(co, "on")))
+                costeps += co.stats.costeps
+                cobatched += co.stats.cobatched_steps
+                co.shutdown()
+                co = cobatch.CoBatchExecutor()
+                hand_on.append(asyncio.run(handoff(co)))
+                co.shutdown()
             else:
-                ex = concurrent.futures.ThreadPoolExecutor(1)
-                off.append(asyncio.run(serve(ex, "off")))
-                hand_off.append(asyncio.run(handoff(ex)))
-            ex.shutdown()
+                for timed in (False, True):
+                    plain = concurrent.futures.ThreadPoolExecutor(1)
+                    if timed:
+                        hand_off.append(asyncio.run(handoff(plain)))
+                    else:
+                        off.append(asyncio.run(serve(plain, "off")))
+                    plain.shutdown()
     ratios = [a / b for a, b in zip(on, off, strict=True)]
     return {
         "chains": chains,
