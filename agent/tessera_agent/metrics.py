@@ -150,7 +150,11 @@ def _cobatch(stats: Any) -> Iterator[CounterMetricFamily]:
         "tessera_agent_cobatch_wait_seconds", "Seconds the compute thread waited for partners"
     )
     wait_s.add_metric([], stats.wait_s)
-    yield from (steps, passes, deferred, waits, wait_s)
+    busy = CounterMetricFamily(
+        "tessera_agent_cobatch_busy_seconds", "Seconds the compute thread spent running steps"
+    )
+    busy.add_metric([], stats.busy_s)
+    yield from (steps, passes, deferred, waits, wait_s, busy)
 
 
 class AgentMetrics:

@@ -83,6 +83,7 @@ class CoBatchStats:
     # waits for expected partners: "joined" (all came) or "timeout"; seconds waited
     waits: collections.Counter[str] = field(default_factory=collections.Counter)
     wait_s: float = 0.0
+    busy_s: float = 0.0  # seconds spent running steps (alone or in co-steps)
 
     def shared_passes(self, label: str) -> int:
         return sum(n for (lab, k), n in self.passes.items() if lab == label and k > 1)
@@ -283,6 +284,7 @@ class CoBatchExecutor(concurrent.futures.Executor):
         t0 = time.perf_counter()
         results = costep.run({k: (j.runner, j.inp) for k, j in admitted.items()}, plan)
         spent = time.perf_counter() - t0
+        self.stats.busy_s += spent
         self.stats.costeps += 1
         self.stats.cobatched_steps += len(plan.steps)
         for p in plan.passes:
@@ -304,13 +306,17 @@ class CoBatchExecutor(concurrent.futures.Executor):
         self.stats.solo_steps += 1
         if not j.future.set_running_or_notify_cancel():
             return
+        t0 = time.perf_counter()
         try:
             out = j.solo(j.inp)
         except BaseException as exc:  # the submitter's to handle
+            self.stats.busy_s += time.perf_counter() - t0
             j.future.set_exception(exc)
-        else:
-            self._seen[_chain(j.runner)] = _Seen(j.runner, time.perf_counter(), j.active)
-            j.future.set_result(out)
+            return
+        now = time.perf_counter()
+        self.stats.busy_s += now - t0
+        self._seen[_chain(j.runner)] = _Seen(j.runner, now, j.active)
+        j.future.set_result(out)
 
 
 def _call(c: _Call) -> None:

@@ -200,6 +200,8 @@ class _Agent:
                         out["shared_passes"] = int(smp.value)
                 elif smp.name == "tessera_agent_cobatch_waits_total":
                     out[f"waits_{smp.labels['outcome']}"] = int(smp.value)
+                elif smp.name == "tessera_agent_cobatch_busy_seconds_total":
+                    out["busy_ms"] = round(1000 * smp.value)
         return out
 
     async def close(self) -> None:
@@ -268,6 +270,9 @@ async def _shared(
 
         served = await _replay(stream, route, args.new)
         counts = agent.cobatch_counts()
+        # how busy the compute thread was over the stream (is it the bottleneck?)
+        busy = counts.pop("busy_ms", 0) / 1000
+        counts["thread_busy_pct"] = round(100 * busy / served.span_s)
         return served, int(d.zoo.param_bytes) + adapter_bytes, capacity, counts
     finally:
         await agent.close()

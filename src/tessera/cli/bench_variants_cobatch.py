@@ -4,8 +4,9 @@ Part of `tessera bench variants --json` (its `cobatch_in_process` key). A founda
 `chains - 1` full fine-tunes (each changing 2 layers) are loaded on one block zoo; every
 chain gets `seqs` requests at once (greedy, `new` tokens, EOS ignored), all engines on one
 compute executor: the co-batching one (`engine/cobatch.py`) or the plain
-`ThreadPoolExecutor(1)`; one torch thread, as the bench's agents. Rounds alternate the order (on/off, off/on) and the ratio is
-taken per round, so a machine's varying load cancels within a round. No gRPC: this is the
+`ThreadPoolExecutor(1)`; one torch thread, as the bench's agents. Rounds alternate the
+order (on/off, off/on) and the ratio is taken per round, so a machine's varying load
+cancels within a round. No gRPC: this is the
 engine's effect alone (the agent-process A/B in `bench_variants` adds the event loop's
 work). Also times one step's hand-off on the common path (one engine, an empty step)
 through both executors. Called by `bench_variants.run`.
