@@ -24,6 +24,7 @@ from tessera.policies import microbatch
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import authz, devices, load_config, servicer
+from tessera_agent.engine import decode_graph
 from tessera_agent.transfer import store
 
 VERSION = "0.1.0"
@@ -45,6 +46,7 @@ class AgentConfig:
     pipeline_microbatches: int = 0  # in flight per pipelined replica led here; 0 = its stages
     storage_bytes_per_s: float = 0.0  # declared checkpoint read speed (issue 11); 0 = as is
     cost_profile: str = ""  # `tessera profile --out` JSON: lookahead's Eq. 1 (issue 13)
+    compile_decode: bool = True  # CPU decode steps compiled (engine/decode_graph.py; issue 16)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -74,6 +76,7 @@ async def serve(cfg: AgentConfig) -> None:
     devs, nvml_status = devices.parse_devices(cfg.devices)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    decode_graph.set_default(cfg.compile_decode)  # $TESSERA_COMPILE_DECODE still overrides
     tls = transport.tls_from_env()
     server = transport.server(
         (authz.Authorizer(tls=tls is not None, model_root=cfg.model_root or None),)

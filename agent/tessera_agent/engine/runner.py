@@ -24,12 +24,19 @@ class StageRunner:
         device: torch.device,
         compile_decode: bool | None = None,
     ) -> None:
-        """`compile_decode`: run pure-decode steps through `decode_graph` (None: as the
-        `TESSERA_COMPILE_DECODE` environment variable says)."""
+        """`compile_decode`: run pure-decode steps through `decode_graph` once it has
+        warmed up (None: as `decode_graph.mode_from_env` says; "wait" warms up here)."""
         self.model, self.cache, self.device = model, cache, device
-        if compile_decode is None:
-            compile_decode = decode_graph.enabled_from_env()
-        self.decode_graph = decode_graph.CompiledDecode(model, device) if compile_decode else None
+        mode = decode_graph.mode_from_env(device)
+        if compile_decode is not None:
+            mode = "on" if compile_decode else "off"
+        self.decode_graph = (
+            decode_graph.CompiledDecode(model, device, cache.layout.page_size)
+            if mode != "off" and model.shard.size == 1
+            else None
+        )
+        if self.decode_graph is not None and mode == "wait":
+            self.decode_graph.warm_up(cache.layers())
         self.sampler = sampling.Sampler() if model.is_last else None
         self.block_tables: dict[str, tuple[int, ...]] = {}  # last seen, for KV export
         # LoRA variants attached to this stage (see lora.attach): context and name -> slot.
@@ -87,16 +94,13 @@ class StageRunner:
             if inp.hidden is None:
                 raise ValueError("a later stage needs hidden states")
             x = inp.hidden.to(self.device, self.model.dtype_)
-        if self.runs:
+        compiled = None if self.runs else self._compiled(x, md)
+        if compiled is not None:
+            hidden = compiled
+        elif self.runs:
             hidden = layer_run.forward(
                 self.model, x, md, self.cache.layers(), inp.chunks, self.runs
             )
-        elif (
-            (graph := self.decode_graph) is not None
-            and decode_graph.is_pure_decode(md)
-            and graph.usable(self.model, self.lora is not None)
-        ):
-            hidden = graph(x, md, self.cache.layers())
         else:
             hidden = self.model(x, md, self.cache.layers())
         if not self.model.is_last:
@@ -130,6 +134,17 @@ class StageRunner:
                 )
                 out.logprobs = {ids[i]: lp for i, lp in zip(asked, lps, strict=True)}
         return out
+
+    def _compiled(self, x: torch.Tensor, md: attention.AttentionMetadata) -> torch.Tensor | None:
+        """The step through the compiled decode graph, or None: run it eagerly."""
+        graph = self.decode_graph
+        if (
+            graph is None
+            or not decode_graph.is_pure_decode(md)
+            or not graph.usable(self.model, self.lora is not None)
+        ):
+            return None
+        return graph(x, md, self.cache.layers())
 
     def forget(self, seq_id: str) -> None:
         self.block_tables.pop(seq_id, None)
