@@ -67,9 +67,10 @@ def small_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_compiled_decode_matches_hf(small_llama: Path, prompts: list[list[int]]) -> None:
     """Staggered arrivals over a 2-stage pipeline: pure-decode steps run compiled on both
-    stages (first stage from token ids, second from hidden states), mixed steps eagerly;
-    greedy tokens equal transformers', log-probabilities within the oracle's tolerance; the
-    warm-up covered every step's shape (nothing compiled on a request's step)."""
+    stages (first stage from token ids, second from hidden states), and the mixed step of
+    the late arrival splits (running decodes compiled, its prompt eagerly); greedy tokens
+    equal transformers', log-probabilities within the oracle's tolerance; the warm-up
+    covered every step's shape (nothing compiled on a request's step)."""
     stages = helpers.load(small_llama, [(0, 1), (1, 2)])
     graphs = []
     for st in stages:
@@ -78,6 +79,7 @@ def test_compiled_decode_matches_hf(small_llama: Path, prompts: list[list[int]])
         g.warm_up(r.cache.layers())
         assert g.state == "ready" and g.compiles >= 2
         r.decode_graph = g
+        r.split_min_decodes = 1  # the late arrival's step: 3 decodes + 1 prompt
         graphs.append((g, g.compiles))
     params = sampling.SamplingParams(max_tokens=NEW, ignore_eos=True, logprobs=0)
     sink: dict[int, list] = {}  # type: ignore[type-arg]
@@ -86,6 +88,7 @@ def test_compiled_decode_matches_hf(small_llama: Path, prompts: list[list[int]])
     assert out == [hf_greedy(small_llama, p, NEW) for p in prompts[:4]]
     for g, warmed in graphs:
         assert g.calls > 0 and g.compiles == warmed  # batch 1..4, contexts 2..50: no recompile
+    assert all(st.runner.split_steps > 0 for st in stages)
     for i, p in enumerate(prompts[:4]):
         _, ref = hf_greedy_logprobs(small_llama, p, NEW)
         got = torch.tensor([ev.logprobs.logprob for ev in sink[i]])

@@ -13,6 +13,12 @@ from tessera_agent.engine import attention, decode_graph, errors, layer_run, lor
 from tessera_agent.engine import kv_cache as kv_mod
 from tessera_agent.engine import model as model_mod
 
+# Decode rows a mixed step needs before they run compiled apart from its prefill chunks:
+# measured on the default tiny model (docs/benchmarks.md, issue 16 engine), 16 and 24
+# decodes beside 64-token prompts ran 2-6 % slower split, 32 ran 6 % and 64 ran 38-40 %
+# faster.
+SPLIT_MIN_DECODES = 32
+
 
 class StageRunner:
     """A loaded stage model plus its KV pool and (on the last stage) a sampler."""
@@ -35,6 +41,8 @@ class StageRunner:
             if mode != "off" and model.shard.size == 1
             else None
         )
+        self.split_min_decodes = SPLIT_MIN_DECODES
+        self.split_steps = 0  # mixed steps run as compiled decode rows + eager prefill
         if self.decode_graph is not None and mode == "wait":
             self.decode_graph.warm_up(cache.layers())
         self.sampler = sampling.Sampler() if model.is_last else None
@@ -94,7 +102,7 @@ class StageRunner:
             if inp.hidden is None:
                 raise ValueError("a later stage needs hidden states")
             x = inp.hidden.to(self.device, self.model.dtype_)
-        compiled = None if self.runs else self._compiled(x, md)
+        compiled = None if self.runs else self._compiled(x, md, inp.chunks)
         if compiled is not None:
             hidden = compiled
         elif self.runs:
@@ -135,16 +143,33 @@ class StageRunner:
                 out.logprobs = {ids[i]: lp for i, lp in zip(asked, lps, strict=True)}
         return out
 
-    def _compiled(self, x: torch.Tensor, md: attention.AttentionMetadata) -> torch.Tensor | None:
-        """The step through the compiled decode graph, or None: run it eagerly."""
+    def _compiled(
+        self, x: torch.Tensor, md: attention.AttentionMetadata, chunks: list[step.SeqChunk]
+    ) -> torch.Tensor | None:
+        """The step through the compiled decode graph, or None: run it eagerly.
+
+        A mixed step whose leading decode rows are many (`split_min_decodes`, the steps
+        of a saturated replica) runs as two passes: the decode rows through the graph,
+        the prefill chunks eagerly after them. Rows of different sequences never meet
+        (each attends to its own pages), so the split changes no result; it costs one
+        more eager dispatch of the layers, which the compiled decode rows pay back."""
         graph = self.decode_graph
-        if (
-            graph is None
-            or not decode_graph.is_pure_decode(md)
-            or not graph.usable(self.model, self.lora is not None)
-        ):
+        if graph is None or not graph.usable(self.model, self.lora is not None):
             return None
-        return graph(x, md, self.cache.layers())
+        kv = self.cache.layers()
+        if decode_graph.is_pure_decode(md):
+            return graph(x, md, kv)
+        b = md.decode_rows.numel()
+        if not md.decode_leading or b < self.split_min_decodes or graph.state != "ready":
+            return None
+        ps = self.page_size
+        decode_md = attention.build_metadata(chunks[:b], ps, self.device)
+        head = graph(x[:b], decode_md, kv)
+        if head is None:
+            return None
+        tail = self.model(x[b:], attention.build_metadata(chunks[b:], ps, self.device), kv)
+        self.split_steps += 1
+        return torch.cat((head, tail))
 
     def forget(self, seq_id: str) -> None:
         self.block_tables.pop(seq_id, None)
