@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
 from tessera import blocks
-from tessera_agent import booking, devices, hosting, load_config, tiny_checkpoint
+from tessera_agent import booking, devices, hosting, load_config, metrics, tiny_checkpoint
 from tessera_agent.engine import attention, config, decode_graph, model, sampling
 from tests.conftest import hf_greedy, hf_greedy_logprobs
 from tests.engine import helpers
@@ -199,6 +200,10 @@ def test_agent_books_the_packed_copy_and_starts_the_warm_up(
         assert dev.used["r0/0/decode-graph"] == need
         assert dev.free_bytes < st.runner.cache.layout.bytes_per_page  # the pool: the rest
         assert st.kv_bytes <= 256 * MiB - st.param_bytes - need
+        state = types.SimpleNamespace(agent_id="a0", devices={dev.id: dev}, hosted=hs.hosted)
+        fams = {f.name: f for f in metrics._StateCollector(state).collect()}
+        (sample,) = fams["tessera_agent_decode_graph_ready"].samples
+        assert sample.labels["state"] == "warming" and sample.value == 0.0
         await hs.unload("r0", 0)
         assert dev.used == {}
         tight = 256 * MiB - st.param_bytes - need // 2  # fixed KV leaves no room for it
