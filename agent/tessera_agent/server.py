@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -151,4 +152,9 @@ def run(cfg: AgentConfig) -> int:
     except devices.DeviceError as exc:
         sys.stderr.write(f"tessera agent: {exc}\n")
         return 2
+    if decode_graph.warming():  # a compile thread cannot be stopped; exiting under it aborts
+        logging.getLogger(__name__).info("stopped during a decode warm-up: exiting at once")
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(0)
     return 0

@@ -50,6 +50,7 @@ import os
 import threading
 import time
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -196,6 +197,14 @@ def begin(runner_graph: CompiledDecode | None, reserved: int, kv: KV) -> None:
         )
         return
     runner_graph.start(kv)
+
+
+_warmups: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def warming() -> bool:
+    """Whether a background warm-up is compiling in this process now."""
+    return any(t.is_alive() for t in list(_warmups))
 
 
 def _distinct(start: int, taken: set[int]) -> int:
@@ -348,6 +357,7 @@ class CompiledDecode:
                     self.state, self.reason = "failed", f"warm-up failed: {exc!r}"
 
         self._thread = threading.Thread(target=work, name="decode-graph-warmup", daemon=True)
+        _warmups.add(self._thread)
         self._thread.start()
 
     def wait(self, timeout: float | None = None) -> str:
