@@ -37,7 +37,15 @@ from tessera_agent import (
     switch_fetch,
     tp_member,
 )
-from tessera_agent.engine import block_zoo, decode_graph, errors, layer_run, loader, replica, stage
+from tessera_agent.engine import (
+    block_zoo,
+    compile_policy,
+    errors,
+    layer_run,
+    loader,
+    replica,
+    stage,
+)
 from tessera_agent.transfer import block_copy, group
 
 log = logging.getLogger(__name__)
@@ -206,7 +214,7 @@ class Hosting:
                     dev.torch_device(),
                     group.choose([dev.kind]),
                 )
-            graph_bytes = decode_graph.load_reserve(  # compiled decode's packed weights
+            graph_bytes = compile_policy.load_reserve(  # compiled decode's packed weights
                 cfg,
                 spec.start,
                 spec.end,
@@ -230,7 +238,7 @@ class Hosting:
             self.memory.book(dev.id, h.holder, loaded.own_param_bytes + loaded.kv_bytes)
             if graph_bytes:
                 self.memory.book(dev.id, f"{h.holder}/decode-graph", graph_bytes)
-            decode_graph.begin(
+            compile_policy.begin(
                 loaded.runner.decode_graph, graph_bytes, loaded.runner.cache.layers()
             )
             if loaded.pieces is not None:  # each new piece is booked once, for every user

@@ -25,7 +25,7 @@ from tessera.policies import microbatch
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import authz, devices, load_config, servicer
-from tessera_agent.engine import decode_graph
+from tessera_agent.engine import compile_policy, decode_graph
 from tessera_agent.transfer import store
 
 VERSION = "0.1.0"
@@ -77,7 +77,7 @@ async def serve(cfg: AgentConfig) -> None:
     devs, nvml_status = devices.parse_devices(cfg.devices)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    decode_graph.set_default(cfg.compile_decode)  # $TESSERA_COMPILE_DECODE still overrides
+    compile_policy.set_default(cfg.compile_decode)  # $TESSERA_COMPILE_DECODE still overrides
     tls = transport.tls_from_env()
     server = transport.server(
         (authz.Authorizer(tls=tls is not None, model_root=cfg.model_root or None),)

@@ -14,7 +14,7 @@ import torch
 
 from tessera import blocks
 from tessera_agent import booking, devices, hosting, load_config, metrics, tiny_checkpoint
-from tessera_agent.engine import attention, config, decode_graph, model, sampling
+from tessera_agent.engine import attention, compile_policy, config, decode_graph, model, sampling
 from tests.conftest import hf_greedy, hf_greedy_logprobs
 from tests.engine import helpers
 
@@ -99,39 +99,39 @@ def test_compiled_decode_matches_hf(small_llama: Path, prompts: list[list[int]])
 
 def test_env_switch_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.setattr(decode_graph, "_default", False)
-    monkeypatch.setenv(decode_graph.ENV, "1")
-    assert decode_graph.mode_from_env(cpu) == "on" and decode_graph.enabled_from_env(cuda)
-    monkeypatch.setenv(decode_graph.ENV, "wait")
-    assert decode_graph.mode_from_env(cpu) == "wait"
-    monkeypatch.setenv(decode_graph.ENV, "bogus")
-    assert not decode_graph.enabled_from_env(cpu)
-    monkeypatch.delenv(decode_graph.ENV)
-    assert not decode_graph.enabled_from_env(cpu)  # in-process engines: off by default
-    decode_graph.set_default(True)  # what `tessera agent` does
-    assert decode_graph.mode_from_env(cpu) == "on"
-    assert not decode_graph.enabled_from_env(cuda)  # CUDA: only when the variable asks
-    monkeypatch.setenv(decode_graph.ENV, "0")  # the off switch beats the agent's default
-    assert not decode_graph.enabled_from_env(cpu)
+    monkeypatch.setattr(compile_policy, "_default", False)
+    monkeypatch.setenv(compile_policy.ENV, "1")
+    assert compile_policy.mode_from_env(cpu) == "on" and compile_policy.enabled_from_env(cuda)
+    monkeypatch.setenv(compile_policy.ENV, "wait")
+    assert compile_policy.mode_from_env(cpu) == "wait"
+    monkeypatch.setenv(compile_policy.ENV, "bogus")
+    assert not compile_policy.enabled_from_env(cpu)
+    monkeypatch.delenv(compile_policy.ENV)
+    assert not compile_policy.enabled_from_env(cpu)  # in-process engines: off by default
+    compile_policy.set_default(True)  # what `tessera agent` does
+    assert compile_policy.mode_from_env(cpu) == "on"
+    assert not compile_policy.enabled_from_env(cuda)  # CUDA: only when the variable asks
+    monkeypatch.setenv(compile_policy.ENV, "0")  # the off switch beats the agent's default
+    assert not compile_policy.enabled_from_env(cpu)
 
 
 def test_load_reserve_books_the_packed_copy_only_where_it_fits(tiny_llama: Path) -> None:
     cfg = config.ModelConfig.from_path(tiny_llama)
-    need = decode_graph.planned_packed_bytes(cfg, 0, 8, torch.float32)
+    need = compile_policy.planned_packed_bytes(cfg, 0, 8, torch.float32)
     stages = helpers.load(tiny_llama, [(0, 8)])
-    assert need == decode_graph.packed_bytes(stages[0].runner.model)  # the loaded layers'
+    assert need == compile_policy.packed_bytes(stages[0].runner.model)  # the loaded layers'
     args = (cfg, 0, 8, torch.float32)
     cpu = torch.device("cpu")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(decode_graph.ENV, "1")
-        assert decode_graph.load_reserve(*args, 1, cpu, 10 * need, 0) == need
-        assert decode_graph.load_reserve(*args, 1, cpu, 2 * need, 0) == need  # half the rest
-        assert decode_graph.load_reserve(*args, 1, cpu, 2 * need - 1, 0) == 0
-        assert decode_graph.load_reserve(*args, 1, cpu, need + 8, 8) == need  # fixed KV
-        assert decode_graph.load_reserve(*args, 1, cpu, need + 8, 9) == 0
-        assert decode_graph.load_reserve(*args, 2, cpu, 10 * need, 0) == 0  # TP: eager
-        mp.setenv(decode_graph.ENV, "0")
-        assert decode_graph.load_reserve(*args, 1, cpu, 10 * need, 0) == 0
+        mp.setenv(compile_policy.ENV, "1")
+        assert compile_policy.load_reserve(*args, 1, cpu, 10 * need, 0) == need
+        assert compile_policy.load_reserve(*args, 1, cpu, 2 * need, 0) == need  # half the rest
+        assert compile_policy.load_reserve(*args, 1, cpu, 2 * need - 1, 0) == 0
+        assert compile_policy.load_reserve(*args, 1, cpu, need + 8, 8) == need  # fixed KV
+        assert compile_policy.load_reserve(*args, 1, cpu, need + 8, 9) == 0
+        assert compile_policy.load_reserve(*args, 2, cpu, 10 * need, 0) == 0  # TP: eager
+        mp.setenv(compile_policy.ENV, "0")
+        assert compile_policy.load_reserve(*args, 1, cpu, 10 * need, 0) == 0
 
 
 class _Stub(decode_graph.CompiledDecode):
@@ -180,7 +180,7 @@ def test_agent_books_the_packed_copy_and_starts_the_warm_up(
     """An agent with the path on (its default) holds the packed copy's bytes back from
     the KV pool, books them beside the block, starts the warm-up at load (not on a
     request) and gives the bytes back at unload; a copy that does not fit turns it off."""
-    monkeypatch.setenv(decode_graph.ENV, "1")
+    monkeypatch.setenv(compile_policy.ENV, "1")
     monkeypatch.setattr(decode_graph, "CompiledDecode", _Stub)
     dev = devices.Device("cpu:0", "cpu", "virtual CPU device", 256 * MiB)
     hs = hosting.Hosting(
@@ -190,7 +190,7 @@ def test_agent_books_the_packed_copy_and_starts_the_warm_up(
         concurrent.futures.ThreadPoolExecutor(1),
     )
     cfg = config.ModelConfig.from_path(tiny_llama)
-    need = decode_graph.planned_packed_bytes(cfg, 0, 8, torch.float32)
+    need = compile_policy.planned_packed_bytes(cfg, 0, 8, torch.float32)
 
     async def run() -> None:
         loaded = await hs.load(blocks.Block(str(tiny_llama), 0, 8, replica_id="r0"))

@@ -27,7 +27,8 @@ Life of a `CompiledDecode`:
   layer objects it was built from: when a memory shift or a drop swaps them, the compiled
   code (and its copy) is dropped and warmed up again in the background.
 
-Default: on for CPU stages of an agent process (`tessera agent`, and so `tessera up`,
+When it is on, and what an agent holds back for it: `compile_policy.py`. Default: on for
+CPU stages of an agent process (`tessera agent`, and so `tessera up`,
 call `set_default(True)`), off for engines built in-process (tests, `tessera generate`,
 the benches unless asked). `TESSERA_COMPILE_DECODE` overrides both: `0` off, `1` on
 (background warm-up), `wait` on with the warm-up done synchronously when the stage is
@@ -45,8 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import os
 import threading
 import time
 import types
@@ -57,44 +56,12 @@ from typing import Any
 import torch
 import torch._inductor.config as inductor_config
 
-from tessera_agent.engine import attention, block_tensors
-from tessera_agent.engine import config as config_mod
+from tessera_agent.engine import attention, compile_policy
 from tessera_agent.engine import model as model_mod
 
 log = logging.getLogger(__name__)
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # a stage's pool: (K, V) per local layer
-
-ENV = "TESSERA_COMPILE_DECODE"
-_OFF, _ON, _WAIT = "off", "on", "wait"
-_default = False  # an agent process sets it (`set_default`); in-process engines leave it
-
-
-def set_default(on: bool) -> None:
-    """The process-wide default when `TESSERA_COMPILE_DECODE` is unset (agents: on)."""
-    global _default
-    _default = on
-
-
-def mode_from_env(device: torch.device | None = None) -> str:
-    """ "off", "on" (warm up in the background) or "wait" (warm up when built)."""
-    raw = os.environ.get(ENV, "").strip().lower()
-    if raw in ("1", "true", "yes", "on"):
-        return _ON
-    if raw in ("wait", "sync"):
-        return _WAIT
-    if raw in ("0", "false", "no", "off"):
-        return _OFF
-    if raw:
-        log.warning("%s=%r is not one of 0, 1, wait: compiled decode stays off", ENV, raw)
-        return _OFF
-    on = _default and (device is None or device.type == "cpu")  # CUDA: only when asked
-    return _ON if on else _OFF
-
-
-def enabled_from_env(device: torch.device | None = None) -> bool:
-    """Whether the compiled decode path is on (environment, else the process default)."""
-    return mode_from_env(device) != _OFF
 
 
 def is_pure_decode(md: attention.AttentionMetadata) -> bool:
@@ -140,63 +107,6 @@ def _forward(
 
 def _fingerprint(model: model_mod.StageModel) -> tuple[int, ...]:
     return (id(model.embed_tokens), id(model.lm_head), *(id(layer) for layer in model.layers))
-
-
-def packed_bytes(model: model_mod.StageModel) -> int:
-    """Bytes of the packed weight copy a frozen CPU graph holds: every projection of the
-    stage's layers (the embedding is gathered from in place; the LM head runs eagerly)."""
-    total = 0
-    for layer in model.layers:
-        for mod in layer.modules():
-            if isinstance(mod, torch.nn.Linear):
-                total += mod.weight.nbytes + (mod.bias.nbytes if mod.bias is not None else 0)
-    return total
-
-
-def planned_packed_bytes(
-    cfg: config_mod.ModelConfig, start: int, end: int, dtype: torch.dtype
-) -> int:
-    """`packed_bytes` of layers [start, end) from the config alone (before loading)."""
-    elem = torch.tensor([], dtype=dtype).element_size()
-    return sum(
-        math.prod(shape) * elem
-        for name, shape in block_tensors.shapes(cfg, start, end).items()
-        if "_proj." in name
-    )
-
-
-def load_reserve(
-    cfg: config_mod.ModelConfig,
-    start: int,
-    end: int,
-    dtype: torch.dtype,
-    tp_size: int,
-    device: torch.device,
-    left_after_params: int,
-    kv_bytes: int,
-) -> int:
-    """Device bytes an agent holds back for a block's packed copy before sizing its KV
-    pool: the copy's size when the path is on for the block and the copy fits beside its
-    KV (a fixed `kv_bytes`; or, with `kv_bytes` 0 = "all the rest", when the copy takes
-    at most half of what is left), else 0 (`begin` then turns the path off, saying why)."""
-    if tp_size > 1 or device.type != "cpu" or not enabled_from_env(device):
-        return 0
-    need = planned_packed_bytes(cfg, start, end, dtype)
-    return need if left_after_params - (kv_bytes or need) - need >= 0 else 0
-
-
-def begin(runner_graph: CompiledDecode | None, reserved: int, kv: KV) -> None:
-    """After an agent loaded a block: warm the graph up in the background when its copy
-    was reserved (`load_reserve`), else turn it off with the reason in the log."""
-    if runner_graph is None:
-        return
-    if runner_graph.device.type == "cpu" and reserved < runner_graph.packed_bytes:
-        runner_graph.disable(
-            f"its packed weights ({runner_graph.packed_bytes} bytes) do not fit beside the "
-            "block's parameters and KV pool in the device budget"
-        )
-        return
-    runner_graph.start(kv)
 
 
 _warmups: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
@@ -267,7 +177,7 @@ class CompiledDecode:
 
     @property
     def packed_bytes(self) -> int:
-        return packed_bytes(self.model) if self.device.type == "cpu" else 0
+        return compile_policy.packed_bytes(self.model) if self.device.type == "cpu" else 0
 
     def disable(self, reason: str) -> None:
         """Turn the path off for this stage (every step eager from now on)."""

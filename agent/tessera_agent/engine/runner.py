@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import torch
 
-from tessera_agent.engine import attention, decode_graph, errors, layer_run, lora, sampling, step
+from tessera_agent.engine import (
+    attention,
+    compile_policy,
+    decode_graph,
+    errors,
+    layer_run,
+    lora,
+    sampling,
+    step,
+)
 from tessera_agent.engine import kv_cache as kv_mod
 from tessera_agent.engine import model as model_mod
 
@@ -31,9 +40,9 @@ class StageRunner:
         compile_decode: bool | None = None,
     ) -> None:
         """`compile_decode`: run pure-decode steps through `decode_graph` once it has
-        warmed up (None: as `decode_graph.mode_from_env` says; "wait" warms up here)."""
+        warmed up (None: as `compile_policy.mode_from_env` says; "wait" warms up here)."""
         self.model, self.cache, self.device = model, cache, device
-        mode = decode_graph.mode_from_env(device)
+        mode = compile_policy.mode_from_env(device)
         if compile_decode is not None:
             mode = "on" if compile_decode else "off"
         self.decode_graph = (
