@@ -34,12 +34,14 @@ the benches unless asked). `TESSERA_COMPILE_DECODE` overrides both: `0` off, `1`
 (background warm-up), `wait` on with the warm-up done synchronously when the stage is
 built (tests that must exercise the compiled path). On a CUDA device it is only used when
 the variable asks, and compiles with `mode="reduce-overhead"` (CUDA graphs; written, not
-exercised: no GPU was lent while this was written). Only steps whose every row is a
-decode, on stages without LoRA adapters or tensor parallelism, take this path; compiled
+exercised: no GPU was lent while this was written). Steps whose every row is a decode,
+and the leading decode rows of a large mixed step (`runner.py` splits it), on stages
+without LoRA adapters or tensor parallelism, take this path; compiled
 kernels may order float reductions differently from eager ones (logits agree to ~1e-6);
 greedy tokens are checked against `transformers` in `tests/engine/test_decode_graph.py`.
 
-Called by `runner.py` (`StageRunner.execute`) and `hosting.py` (booking, warm-up).
+Called by `runner.py` (`StageRunner.execute`), `compile_policy.begin` (the agent's
+warm-up after a load) and `bench_engine.py`.
 """
 
 from __future__ import annotations
