@@ -29,6 +29,7 @@ from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import (
     booking,
     convert,
+    equivalence_share,
     hosted,
     leader,
     load_check,
@@ -79,6 +80,7 @@ class Hosting:
         self.hosted: dict[Key, hosted.Hosted] = {}  # the lowest rank of a stage held here
         self.more_ranks: dict[RankKey, hosted.Hosted] = {}  # its other ranks held here
         self.zoo = block_zoo.BlockZoo()  # identical pieces of every block, held once
+        self.shares = equivalence_share.ReportCache()  # opted-in fine-tunes' reports
         self.loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loader")
         self._lock = asyncio.Lock()
 
@@ -214,6 +216,11 @@ class Hosting:
                     dev.torch_device(),
                     group.choose([dev.kind]),
                 )
+            report = None
+            if spec.share_from:  # issue 14: equivalent layers from the foundation's weights
+                report, tensors = await loop.run_in_executor(
+                    self.loader, equivalence_share.prepare, self.shares, spec, cfg, tensors
+                )
             graph_bytes = compile_policy.load_reserve(  # compiled decode's packed weights
                 cfg,
                 spec.start,
@@ -234,6 +241,7 @@ class Hosting:
                 tensors,
                 self.zoo if self.defaults.block_zoo else None,
             )
+            loaded.equivalence = report
             h = hosted.Hosted(loaded)
             self.memory.book(dev.id, h.holder, loaded.own_param_bytes + loaded.kv_bytes)
             if graph_bytes:

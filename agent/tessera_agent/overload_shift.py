@@ -27,7 +27,7 @@ import logging
 import torch
 
 from tessera.rpc.v1 import agent_pb2 as pb
-from tessera_agent import hosted, hosting, leader
+from tessera_agent import equivalence_share, hosted, hosting, leader
 from tessera_agent.engine import block_zoo, errors, loader, memory_shift, replica, stage
 from tessera_agent.transfer import block_copy
 
@@ -241,6 +241,17 @@ async def _restore(
         )
         got, _ = await block_copy.fetch(source, names, hs.store_address, dev.torch_device())
         tensors.update(got)
+    if st.equivalence is not None:  # issue 14: accepted layers are the foundation's
+        tensors = await asyncio.get_running_loop().run_in_executor(
+            hs.loader,
+            equivalence_share.restore_tensors,
+            st.spec,
+            st.cfg,
+            st.equivalence,
+            start,
+            end,
+            tensors,
+        )
     shift = await _on_compute(hs, memory_shift.restore_layers, st, start, end, tensors or None)
     assert isinstance(shift, memory_shift.Shift)
     _book(hs, h)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tessera.rpc.v1 import agent_pb2 as pb
-from tessera_agent import hosted
+from tessera_agent import equivalence_share, hosted
 from tessera_agent.engine import block_zoo, errors, lora, stage
 
 DEFAULT_DRAIN_TIMEOUT_S = 60.0
@@ -87,6 +87,8 @@ def annotate(msg: pb.BlockInfo, st: stage.Stage) -> pb.BlockInfo:
     msg.variants.extend(a.name for a in st.runner.adapters)
     if st.pieces is not None:
         msg.shared_param_bytes = st.pieces.adopted.shared_bytes
+    if st.equivalence is not None:
+        msg.equivalence.CopyFrom(equivalence_share.to_proto(st.equivalence))
     return msg
 
 

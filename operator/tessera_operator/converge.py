@@ -207,11 +207,15 @@ async def converge(
         )
     overload_on = dep.spec.policies.overload.enabled
     chosen = variant_ops.resolve(dep.spec.variants, model_path)
+    sharing = await variant_ops.observed_sharing(chosen, obs)  # opted-in chains' own layers
 
     def wanted(o: observed.Observed) -> tuple[overload_desired.Desired, transition.Target]:
         # an active overload drop is desired, not drift (docs/overload.md)
         held = overload_desired.desired(reconcile.target(desired, o), o, overload_on)
-        return held, variant_plan.with_full_chains(held.target, chosen)  # full fine-tunes
+        full = variant_plan.with_full_chains(  # full fine-tunes
+            held.target, chosen, sharing=sharing, model=switch_model(shape)
+        )
+        return held, full
 
     held, target = wanted(obs)
     foundation = [r.id for r in held.target.replicas]
@@ -327,4 +331,12 @@ async def _variants(
         per = {
             v.name: [variant_plan.variant_replica_id(f, v.name) for f in foundation] for v in chosen
         }
-        out.variants = variant_plan.status(chosen, applied.held, per, complete, applied.errors)
+        eq = await variant_ops.observe_equivalence(
+            [
+                (p.agent, p.address, p.block.replica_id, p.block.stage_index, p.block.num_stages)
+                for p in target.blocks
+                if p.block.share_from and p.block.tp_rank == 0
+            ],
+            {rid: name for name, rids in per.items() for rid in rids},
+        )
+        out.variants = variant_plan.status(chosen, applied.held, per, complete, applied.errors, eq)

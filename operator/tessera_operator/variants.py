@@ -11,6 +11,7 @@ are never reloaded. Called by `converge.converge` (operator and `tessera up`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Sequence
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import grpc
 
-from tessera import variant_spec
-from tessera.policies import variant_plan
+from tessera import observed, variant_spec
+from tessera.policies import variant_memory, variant_plan
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
@@ -53,9 +54,7 @@ def resolve(
     out = []
     for v in variants:
         p = Path(v.path)
-        out.append(
-            v if p.is_absolute() else variant_spec.VariantSpec(v.name, v.kind, str(base / p))
-        )
+        out.append(v if p.is_absolute() else dataclasses.replace(v, path=str(base / p)))
     return out
 
 
@@ -72,6 +71,70 @@ async def observe(
         if b is not None:
             out.append(variant_plan.HeldStage(agent, address, rid, idx, n, frozenset(b.variants)))
     return out
+
+
+async def observe_equivalence(
+    placed: Sequence[tuple[str, str, str, int, int]], variant_of: dict[str, str]
+) -> dict[str, dict[str, object]]:
+    """{variant: its shareEquivalent report as status JSON}, from the first block of its
+    chains (`placed`) that reports one (every stage carries the whole report)."""
+    by_addr: dict[str, dict[tuple[str, int], pb.BlockInfo]] = {}
+    out: dict[str, dict[str, object]] = {}
+    for _, address, rid, idx, _ in placed:
+        name = variant_of.get(rid)
+        if name is None or name in out:
+            continue
+        if address not in by_addr:
+            by_addr[address] = await _list(address)
+        b = by_addr[address].get((rid, idx))
+        if b is not None and b.HasField("equivalence"):
+            out[name] = equivalence_json(b.equivalence)
+    return out
+
+
+async def observed_sharing(
+    variants: Sequence[variant_spec.VariantSpec], obs: observed.Observed
+) -> dict[str, variant_memory.ChainSharing]:
+    """What each opted-in full fine-tune holds of its own, from the report its loaded
+    chain's agents gave (none before its first load): the planner prices its chains by it."""
+    paths = {v.path: v.name for v in variants if v.kind == "full" and v.share_equivalent}
+    placed = [
+        (a.name, a.address, b.replica_id, b.stage_index, b.num_stages)
+        for a in obs.agents
+        if a.reachable
+        for b in a.blocks
+        if b.share_from and b.model_path in paths and b.tp_rank == 0
+    ]
+    if not placed:
+        return {}
+    of = {
+        b.replica_id: paths[b.model_path]
+        for a in obs.agents
+        for b in a.blocks
+        if b.model_path in paths
+    }
+    reports = await observe_equivalence(placed, of)
+    return {name: variant_memory.from_report(name, rep) for name, rep in reports.items()}
+
+
+def equivalence_json(m: pb.VariantEquivalence) -> dict[str, object]:
+    """`status.variants[].equivalence`: the agent's report (one conversion, here)."""
+    return {
+        "threshold": m.threshold,
+        "layers": [
+            {
+                "layer": x.layer,
+                "cosine": round(x.cosine, 6),
+                "identical": x.identical,
+                "shared": x.shared,
+            }
+            for x in m.layers
+        ],
+        "finalCosine": round(m.final_cosine, 6),
+        "top1Agreement": round(m.top1_agreement, 6),
+        "calibration": m.calibration,
+        "calibrationTokens": m.calibration_tokens,
+    }
 
 
 async def _list(address: str) -> dict[tuple[str, int], pb.BlockInfo]:

@@ -78,6 +78,11 @@ class Block:
     activations: str = ""  # how hidden states reach the next stage: "gloo" (link) or "grpc"
     kv_pages: int = 0  # observed only: pages in the block's KV pool (grows on an overload drop)
     results: str = ""  # leader: how sampled tokens come back: "gloo" (link) or "grpc"
+    # Issue 14: a full fine-tune opted in to serving layers equivalent to the foundation's
+    # from the foundation's weights (`shareEquivalent`): the foundation's checkpoint, and
+    # the logit-lens threshold (0 = off: only bit-identical layers are shared).
+    share_from: str = ""
+    share_threshold: float = 0.0
 
     def __post_init__(self) -> None:
         if self.tp_size < 1 or not 0 <= self.tp_rank < self.tp_size:
@@ -119,14 +124,18 @@ class Block:
             self.generation,
             self.tp_size,
             self.tp_rank,
+            self.share_from,
+            self.share_threshold,
         )
 
     def holds(self, other: Block) -> bool:
         """This block holds every tensor `other` needs (a peer copy source): same model
-        and dtype, an unsharded stage, and a layer range covering `other`'s."""
+        and dtype (and equivalence opt-in: the weights served), an unsharded stage, and a
+        layer range covering `other`'s."""
         return (
             self.model_path == other.model_path
             and self.dtype == other.dtype
+            and (self.share_from, self.share_threshold) == (other.share_from, other.share_threshold)
             and self.tp_size == 1
             and other.tp_size == 1
             and self.start <= other.start

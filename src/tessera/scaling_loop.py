@@ -2,7 +2,8 @@
 
 Where it runs: in `tessera up` (beside the agents it supervises and the in-process
 gateway whose inter-token latencies are the SLO signal), every `--scaling-interval`
-seconds, when the manifest's `spec.policies.scaling.enabled` (read at start: `for_up`).
+seconds, when the manifest's `spec.policies.scaling.enabled` (`for_up`; a manifest edit
+that changes the policy re-tunes, starts or stops the loop: `cli/up_policies.py`).
 The operator does not run it: it has no
 latency signal of the gateway, and it already reports what the loop did from the agents'
 `Describe` (`status.scaling.layerRuns`, events).
@@ -101,6 +102,25 @@ class ScalingLoop:
             d._stub = self._stub  # type: ignore[method-assign]
             self.drivers[block.replica_id] = d
         return d
+
+    def reconfigure(self, cfg: ms.ScalingConfig, tpot_target_s: float) -> None:
+        """Take a new policy (a manifest edit) from the next tick on, drivers included;
+        the layer replicas already placed stay, and later ticks judge them by `cfg`."""
+        self.cfg, self.target_s = cfg, tpot_target_s
+        for d in self.drivers.values():
+            d.cfg = cfg
+
+    def release(self) -> list[str]:
+        """The policy was turned off: evict every layer replica the loop's drivers added
+        and forget them; one line per replica."""
+        out = []
+        for rid, d in sorted(self.drivers.items()):
+            try:
+                out.append(f"module scaling off: {rid}: {d.evict_all()} layer replicas evicted")
+            except Exception as exc:  # an agent gone: its replicas went with it
+                out.append(f"module scaling off: {rid}: evicting failed: {exc!r}")
+        self.drivers = {}
+        return out
 
     def tick(self) -> list[str]:
         """One pass (module docstring); the lines say what was done."""

@@ -10,6 +10,8 @@ foundation's (the agents' block zoo). Requests choose one by the OpenAI `model` 
         adapter: adapters/legal          # PEFT adapter_config.json + adapter_model.safetensors
       - name: med
         checkpoint: finetunes/med        # full fine-tune, same architecture
+        shareEquivalent: true            # opt-in: share layers equivalent to the model's
+        threshold: 0.98                  # logit-lens cosine they must reach (default 0.98)
 
 Relative paths resolve like `spec.model.path`. Why here and not a resource of their own:
 variants share the deployment's replicas, lifecycle and memory budget, and the reconcile
@@ -26,7 +28,8 @@ from typing import Any
 
 from tessera import fields
 
-FIELDS = ("name", "adapter", "checkpoint")
+FIELDS = ("name", "adapter", "checkpoint", "shareEquivalent", "threshold")
+THRESHOLD = 0.98  # BlockLLM's equivalence threshold (§6)
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123: part of replica ids
 
 
@@ -35,9 +38,21 @@ class VariantSpec:
     name: str
     kind: str  # "lora" or "full"
     path: str  # adapter directory or checkpoint directory
+    # Full fine-tunes only: serve layers whose logit-lens cosine against the foundation's
+    # reaches `threshold` from the foundation's weights (docs/variants.md). Off by default:
+    # then only bit-identical layers are shared.
+    share_equivalent: bool = False
+    threshold: float = THRESHOLD
 
-    def to_json(self) -> dict[str, str]:
-        return {"name": self.name, "adapter" if self.kind == "lora" else "checkpoint": self.path}
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "name": self.name,
+            "adapter" if self.kind == "lora" else "checkpoint": self.path,
+        }
+        if self.share_equivalent:
+            out["shareEquivalent"] = True
+            out["threshold"] = self.threshold
+        return out
 
 
 def parse(doc: Any, foundation: str, path: str = "spec.variants") -> tuple[VariantSpec, ...]:
@@ -49,10 +64,10 @@ def parse(doc: Any, foundation: str, path: str = "spec.variants") -> tuple[Varia
     for i, item in enumerate(doc):
         where = f"{path}[{i}]"
         m = fields.mapping(item, where)
-        extra = sorted(set(m) - {"name", "adapter", "checkpoint"})
+        extra = sorted(set(m) - set(FIELDS))
         if extra:
             raise fields.FieldError(
-                f"{where}.{extra[0]}", "unknown field (allowed: name, adapter, checkpoint)"
+                f"{where}.{extra[0]}", f"unknown field (allowed: {', '.join(FIELDS)})"
             )
         name = fields.string(fields.require(m, "name", where), f"{where}.name")
         if not NAME.match(name):
@@ -69,5 +84,30 @@ def parse(doc: Any, foundation: str, path: str = "spec.variants") -> tuple[Varia
         if len(has) != 1:
             raise fields.FieldError(where, "give exactly one of adapter (LoRA) or checkpoint")
         kind = "lora" if has[0] == "adapter" else "full"
-        out.append(VariantSpec(name, kind, fields.string(m[has[0]], f"{where}.{has[0]}")))
+        share, threshold = _share(m, where, kind)
+        out.append(
+            VariantSpec(name, kind, fields.string(m[has[0]], f"{where}.{has[0]}"), share, threshold)
+        )
     return tuple(out)
+
+
+def _share(m: Any, where: str, kind: str) -> tuple[bool, float]:
+    """`shareEquivalent` and `threshold` of one entry (full fine-tunes only)."""
+    share = m.get("shareEquivalent", False)
+    if not isinstance(share, bool):
+        raise fields.FieldError(f"{where}.shareEquivalent", "must be true or false")
+    if "threshold" in m:
+        if not share:
+            raise fields.FieldError(f"{where}.threshold", "applies only with shareEquivalent: true")
+        threshold = fields.number(m["threshold"], f"{where}.threshold", positive=True)
+        if threshold > 1.0:
+            raise fields.FieldError(f"{where}.threshold", "must be <= 1 (a cosine similarity)")
+    else:
+        threshold = THRESHOLD
+    if share and kind != "full":
+        raise fields.FieldError(
+            f"{where}.shareEquivalent",
+            "applies to full fine-tunes (checkpoint) only; a LoRA adapter shares the "
+            "foundation's weights already",
+        )
+    return share, threshold

@@ -115,3 +115,62 @@ def test_for_up_reads_the_spec(tmp_path: Path) -> None:
     )
     loop = scaling_loop.for_up(on, str(tmp_path), [("a0", "a0:1")], None)
     assert loop is not None and loop.hidden == 64 and loop.target_s == 0.08
+
+
+def test_up_policy_follows_manifest_edits_on_retune_off() -> None:
+    """`tessera up`'s module-scaling policy (`cli/up_policies`) follows manifest edits:
+    off → nothing runs; on → the loop starts; a changed policy reaches the loop and its
+    drivers without a restart; off again → the loop stops and evicts what it added."""
+    from tessera.cli import up_policies
+
+    origin, peer = _agents(peer_busy=False)
+    empty = sig.Hist(BOUNDS, (0, 0, 0, 0), 0, 0.0)
+    made: list[scaling_loop.ScalingLoop] = []
+    said: list[str] = []
+
+    def make(spec: object) -> scaling_loop.ScalingLoop:
+        loop = _loop(origin, peer, [empty] * 1000)
+        loop.reconfigure(spec.policies.scaling, spec.slo.tpot_p99_ms / 1e3)  # type: ignore[attr-defined]
+        made.append(loop)
+        return loop
+
+    def spec(cfg: ms.ScalingConfig, tpot_ms: float = 50.0) -> SimpleNamespace:
+        return SimpleNamespace(
+            policies=SimpleNamespace(scaling=cfg), slo=api.SLOSpec(tpot_p99_ms=tpot_ms)
+        )
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        policy = up_policies.ScalingPolicy(
+            make, lambda lp: scaling_loop.run(lp, stop, 0.01, said.append), said.append
+        )
+        await policy.sync(spec(ms.ScalingConfig()))
+        assert policy.loop is None and not made
+        await policy.sync(spec(ms.ScalingConfig(enabled=True)))
+        assert policy.loop is made[0] and policy.task is not None
+        for _ in range(500):  # the loop replicates onto the idle peer
+            if any(k == "replicate" for k, _ in origin.calls):
+                break
+            await asyncio.sleep(0.01)
+        assert [k for k, _ in origin.calls] == ["replicate"]
+        tuned = ms.ScalingConfig(enabled=True, down_violation_rate=0.2)
+        await policy.sync(spec(tuned, 80.0))
+        assert len(made) == 1 and made[0].cfg == tuned and made[0].target_s == 0.08
+        assert all(d.cfg == tuned for d in made[0].drivers.values()) and made[0].drivers
+        origin.describe.scaling_runs.append(  # what the agent now reports
+            pb.ScalingRunInfo(
+                replica_id="r0",
+                layer_end=4,
+                holders=[
+                    pb.ScalingHolderInfo(name="home", home=True),
+                    pb.ScalingHolderInfo(name="a1/cpu:0", home=False),
+                ],
+            )
+        )
+        await policy.sync(spec(ms.ScalingConfig(), 80.0))
+        assert policy.loop is None and policy.task is None
+        assert origin.calls[-1][0] == "evict" and origin.calls[-1][1].holder == "a1/cpu:0"
+        assert "module scaling: turned off by the manifest" in said
+        stop.set()
+
+    asyncio.run(go())

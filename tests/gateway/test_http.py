@@ -164,6 +164,8 @@ def test_cli_flags_build_a_config() -> None:
         ]
     )
     assert args.func is gateway_cmd._run
+    assert args.no_kv_dispatch is False  # KV-owner-first dispatch by default
+    assert parser.parse_args(["gateway", "--no-kv-dispatch"]).no_kv_dispatch is True
     assert [config.parse_replica(r) for r in args.replica] == [
         config.ReplicaEndpoint("r0", "h:1"),
         config.ReplicaEndpoint("r1", "h:2"),

@@ -108,12 +108,14 @@ async def test_greedy_text_matches_transformers_on_both_replicas(
         "content": _expected(tiny_llama, tok, chat_ids, 10),
     }
     assert body["usage"]["prompt_tokens"] == len(chat_ids)
-    # both replicas served; the metrics moved
+    # both replicas served; the metrics moved. Sequential requests go to the lowest
+    # estimated latency (kv_affinity.py): once measured, mostly the faster single-stage
+    # replica; the 2-stage one gets the pick right after the first (unmeasured: a tie)
     for replica in ("one", "two"):
         routed = await helpers.metric(
             session, gw.url, "tessera_gateway_routed_requests_total", replica=replica
         )
-        assert routed >= 3, replica
+        assert routed >= 1, replica
     generated = await helpers.metric(session, gw.url, "tessera_gateway_generation_tokens_total")
     assert generated == 10 * len(PROMPTS) + 12 + 10
     ttft = await helpers.metric(
@@ -459,7 +461,7 @@ async def test_shared_prefixes_go_to_the_replica_that_cached_them(
             gw.url,
             "tessera_gateway_routed_requests_total",
             replica=rid,
-            policy="prefix_affinity",
+            policy="kv_owner",
         )
         for rid in ("one", "two")
     }

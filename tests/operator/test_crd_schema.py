@@ -39,7 +39,7 @@ def _sample(schema: dict[str, Any], path: str) -> Any:
     return {
         "string": "x" if "pattern" not in schema else "a1",
         "integer": max(1, schema.get("minimum", 1)),
-        "number": schema.get("default", 1.5) if "maximum" in schema else 1.5,  # fractions
+        "number": schema.get("default", schema["maximum"]) if "maximum" in schema else 1.5,
         "boolean": True,
         "object": {"k": "v"},
     }[kind]
@@ -52,7 +52,8 @@ def full_manifest() -> dict[str, Any]:
     spec["layout"]["replicas"][0]["stages"][0]["tp"] = 2  # so its one sampled rank is valid
     spec["resources"]["gpuMemory"] = "80Gi"
     spec["resources"]["maxGpus"] = spec["resources"]["gpus"] = 2
-    del spec["variants"][0]["checkpoint"]  # a variant is an adapter or a checkpoint
+    # a variant is an adapter or a checkpoint; shareEquivalent applies to checkpoints
+    del spec["variants"][0]["adapter"]
     return {
         "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
         "kind": api.KIND,

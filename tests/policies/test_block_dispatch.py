@@ -44,3 +44,26 @@ def test_errors() -> None:
         bd.choose([], 1, 0, None)
     with pytest.raises(ValueError, match="batch_limit"):
         inst("x", batch_limit=0)
+
+
+def test_an_instance_that_cannot_receive_kv_pays_recomputing_it() -> None:
+    owner = inst("a", running=4)  # full
+    # b computes 2x faster but must recompute 900 cached tokens; c is slower but close
+    b = bd.BlockInstance("b", 0, 4, 0, 2000.0, receives_kv=False)
+    c = bd.BlockInstance("c", 0, 4, 0, 1000.0, link_bytes_per_s=1e12)
+    d = bd.choose([owner, b, c], tokens=100, kv_bytes=1 << 20, owner="a", kv_tokens=900)
+    assert d.instance == "c"  # 0.1 s + 1 us transfer beats b's 0.05 + 0.45 s recompute
+    assert bd.estimate_s(b, 100, 1 << 20, "a", 900) == pytest.approx(1000 / 2000)
+    # where b holds the KV itself, nothing is recomputed
+    assert bd.estimate_s(b, 100, 1 << 20, "b", 900) == pytest.approx(100 / 2000)
+
+
+def test_tolerance_lets_rank_break_near_ties() -> None:
+    fast, slow = inst("a", tokens_per_s=1100.0), inst("b")
+    assert bd.choose([fast, slow], 10, 0, None).instance == "a"
+    ranked = bd.choose([fast, slow], 10, 0, None, tolerance=0.25, rank={"a": (1,), "b": (0,)})
+    assert ranked.instance == "b"
+    far = inst("c", tokens_per_s=500.0)  # twice as slow: outside the tolerance
+    assert bd.choose([fast, far], 10, 0, None, tolerance=0.25, rank={"c": (-1,)}).instance == "a"
+    with pytest.raises(ValueError, match="tolerance"):
+        bd.choose([fast], 10, 0, None, tolerance=-1)

@@ -43,6 +43,10 @@ def _imports(path: Path) -> set[str]:
     [
         (
             "oserve.py",
+            {"tessera.planner.table1", "tessera.policies.routing"},
+        ),
+        (
+            "oserve_table2.py",
             {
                 "tessera.planner.table1",
                 "tessera.planner.latency",
@@ -328,12 +332,12 @@ def test_switch_lands_and_loses_nothing(small_oserve) -> None:  # type: ignore[n
     """A switch applied mid-run: the old replicas hand their requests (KV kept) to the
     new ones, the router takes the new shares, every request finishes."""
     from tessera.policies import switching
-    from tessera.sim import oserve
+    from tessera.sim import oserve, oserve_table2
 
     prof, base, slo, (a, b) = small_oserve
     start = oserve.build(a, a.hetero, "g0-")
     target = oserve.build(b, b.homo, "g1-")
-    sw = oserve.Switcher(
+    sw = oserve_table2.Switcher(
         prof, base, slo, start, a.hetero[0], switching.SwitchingConfig(), nodes=1, gpus=4
     )
     arr = oserve.mix_arrivals(base, [(20.0, (0.25, 0.25, 0.25, 0.25))], 6.0)
@@ -347,12 +351,12 @@ def test_switch_lands_and_loses_nothing(small_oserve) -> None:  # type: ignore[n
 
 def test_the_switching_loop_decides_every_span(small_oserve) -> None:  # type: ignore[no-untyped-def]
     from tessera.policies import switching
-    from tessera.sim import oserve
+    from tessera.sim import oserve, oserve_table2
 
     prof, base, slo, (a, _) = small_oserve
     built = oserve.build(a, a.hetero, "g0-")
     cfg = switching.SwitchingConfig(enabled=True, mode="active", span_s=10.0, hold_spans=1)
-    sw = oserve.Switcher(prof, base, slo, built, a.hetero[0], cfg, nodes=1, gpus=4)
+    sw = oserve_table2.Switcher(prof, base, slo, built, a.hetero[0], cfg, nodes=1, gpus=4)
     s1, s5 = (oserve._shares(x) for x in ("S1", "S5"))
     arr = oserve.mix_arrivals(base, [(30.0, s1), (30.0, s5)], 8.0)
     eng = engine.Engine(built.replicas, oserve.router(base, built.shares), [sw], 1.0)
@@ -368,7 +372,7 @@ def test_the_switcher_runs_the_operators_span_step(small_oserve, monkeypatch) ->
     """Every span's decision is what `switching_step.step` (the operator loop's own step)
     returned, at the step's forecast: the simulator composes no decision itself."""
     from tessera.policies import switching, switching_step
-    from tessera.sim import oserve
+    from tessera.sim import oserve, oserve_table2
 
     prof, base, slo, (a, _) = small_oserve
     real = switching_step.step
@@ -386,7 +390,7 @@ def test_the_switcher_runs_the_operators_span_step(small_oserve, monkeypatch) ->
     cfg = switching.SwitchingConfig(
         enabled=True, mode="active", span_s=10.0, hold_spans=1, min_gain=0.0
     )
-    sw = oserve.Switcher(prof, base, slo, built, a.hetero[0], cfg, nodes=1, gpus=4)
+    sw = oserve_table2.Switcher(prof, base, slo, built, a.hetero[0], cfg, nodes=1, gpus=4)
     s1, s5 = (oserve._shares(x) for x in ("S1", "S5"))
     arr = oserve.mix_arrivals(base, [(30.0, s1), (30.0, s5)], 8.0)
     eng = engine.Engine(built.replicas, oserve.router(base, built.shares), [sw], 1.0)
@@ -436,7 +440,7 @@ def test_switches_go_through_the_transition_planner(small_oserve, label: str, mo
     one at a time while others serve (freeing order), or blocks a move to one replica
     over every GPU; either way every request finishes."""
     from tessera.policies import switching
-    from tessera.sim import oserve
+    from tessera.sim import oserve, oserve_table2
 
     prof, base, slo, (a, _) = small_oserve
     if a.hetero[0].label() == label:
@@ -444,7 +448,7 @@ def test_switches_go_through_the_transition_planner(small_oserve, label: str, mo
     layout, report = _target(a, label)
     start = oserve.build(a, a.hetero, "g0-")
     target = oserve.build(a, (layout, report), "g1-")
-    sw = oserve.Switcher(
+    sw = oserve_table2.Switcher(
         prof, base, slo, start, a.hetero[0], switching.SwitchingConfig(), nodes=1, gpus=4
     )
     sw._gen = 1

@@ -13,6 +13,7 @@ import concurrent.futures
 import functools
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,6 +29,9 @@ from tessera_agent.engine import (
     tp,
 )
 from tessera_agent.engine import config as config_mod
+
+if TYPE_CHECKING:
+    from tessera_agent import equivalence
 
 DEFAULT_PAGE_SIZE = blocks.DEFAULT_PAGE_SIZE
 # What to load: the one block identity (`tessera.blocks.Block`), built positionally as
@@ -61,6 +65,8 @@ class Stage:
         self.spec, self.cfg, self.runner, self.param_bytes = spec, cfg, runner_, param_bytes
         # Its hold on the agent's block zoo (shared parameters); None when not pooled.
         self.pieces = pieces
+        # Issue 14: the equivalence report of an opted-in fine-tune (`equivalence_share`).
+        self.equivalence: equivalence.ShareReport | None = None
 
     @property
     def own_param_bytes(self) -> int:

@@ -41,6 +41,7 @@ BENCHES: dict[str, str] = {
     "variants": "tessera.cli.bench_variants",
     "scaling": "tessera.cli.bench_scaling",
     "overload": "tessera.cli.bench_overload",
+    "kvdispatch": "tessera.cli.bench_kv_dispatch",
 }
 
 

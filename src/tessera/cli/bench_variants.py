@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tessera.cli import bench_variants_share
+
 MiB = 1 << 20
 
 
@@ -47,6 +49,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--share-equivalent",
+        action="store_true",
+        help="also load the full fine-tunes with shareEquivalent and report their bytes",
+    )
 
 
 @dataclass(frozen=True)
@@ -90,7 +97,12 @@ def _variants(base: Path, root: Path, n: int, args: argparse.Namespace) -> list[
         if i % 3 == 2:  # every third variant a full fine-tune
             rng = random.Random(args.seed * 1000 + i)
             layers = sorted(rng.sample(range(args.layers), args.diff_layers))
-            path = tiny_variants.make_tiny_finetune(base, root / f"ft{i}", layers=layers, seed=i)
+            if args.share_equivalent:  # its first layer changed only a little
+                path = bench_variants_share.make_finetune(base, root / f"ft{i}", layers, i)
+            else:
+                path = tiny_variants.make_tiny_finetune(
+                    base, root / f"ft{i}", layers=layers, seed=i
+                )
             out.append(Variant(f"ft{i}", "full", str(path)))
         else:
             path = tiny_variants.make_tiny_lora(base, root / f"lora{i}", r=8, seed=i)
@@ -319,6 +331,9 @@ async def _one_size(base: Path, root: Path, n: int, args: argparse.Namespace) ->
     stream = _stream([v.name for v in variants], args, 512)
     shared, shared_bytes, capacity = await _shared(str(base), variants, stream, args)
     per, per_bytes = await _per_model(str(base), variants, stream, capacity, args)
+    extra: dict[str, Any] = {}
+    if args.share_equivalent:
+        extra = await _share_equivalent(str(base), variants, capacity, args)
     tokens = sum(len(t) for t in shared.tokens.values())
     thr_s, thr_p = tokens / shared.span_s, tokens / per.span_s
     return {
@@ -337,7 +352,20 @@ async def _one_size(base: Path, root: Path, n: int, args: argparse.Namespace) ->
         "p95_latency_ratio": round(_p95(shared.latencies) / _p95(per.latencies), 3),
         "per_model_swaps": per.swaps,
         "tokens_match": shared.tokens == per.tokens,
+        **extra,
     }
+
+
+async def _share_equivalent(
+    base: str, variants: list[Variant], capacity: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    agent = _Agent("var-share-eq", capacity, zoo=True)
+    try:
+        full = [(v.name, v.path) for v in variants if v.kind == "full"]
+        lora = sum(_adapter_bytes(v.path) for v in variants if v.kind == "lora")
+        return await bench_variants_share.measure(agent, base, full, args.kv_mib * MiB, lora)
+    finally:
+        await agent.close()
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

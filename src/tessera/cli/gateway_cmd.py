@@ -56,6 +56,11 @@ def register(sub: Any) -> None:
         default=256,
         help="429 with Retry-After beyond this many requests per ready replica (0: off)",
     )
+    p.add_argument(
+        "--no-kv-dispatch",
+        action="store_true",
+        help="route by least outstanding tokens instead of KV owner first (docs/variants.md)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -74,6 +79,7 @@ def _run(args: argparse.Namespace) -> int:
             poll_interval_s=args.poll_interval,
             max_body_bytes=args.max_body_bytes,
             api_keys_file=args.api_keys_file,
+            kv_dispatch=not args.no_kv_dispatch,
             limits=limits.Limits(
                 max_prompt_tokens=args.max_prompt_tokens,
                 max_tokens=args.max_tokens_limit,

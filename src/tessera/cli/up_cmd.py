@@ -128,7 +128,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from rich.progress import BarColumn, Progress, TextColumn
 
     from tessera import local_agents, reconcile, routes_doc, scaling_loop
-    from tessera.cli import supervise, up_overload, up_watch
+    from tessera.cli import supervise, up_overload, up_policies, up_watch
     from tessera.gateway import config as gw_config
     from tessera.gateway import routes as gw_routes
     from tessera.gateway import server as gw_server
@@ -167,7 +167,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     supervisor = None
     threads = 0
     gateway = None
-    scaling: asyncio.Task[None] | None = None
+    scaling: up_policies.ScalingPolicy | None = None
     overload_task: asyncio.Task[None] | None = None
     refs: list[agents.AgentRef] = []
     try:
@@ -232,13 +232,13 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
         sys.stdout.write(_curl_example(gateway.url, dep.spec.model.name))
         sys.stdout.flush()
-        said = ""
+        said = said_overload = ""
         seen: dict[str, str] = {}
         _report_variants(outcome, console.print, seen)
 
         async def one_pass(current: Any) -> bool:
             """A converge pass toward `current`; True while a transition is under way."""
-            nonlocal published, said
+            nonlocal published, said, said_overload
             assert gateway is not None
 
             async def publish(doc: routes_doc.RoutesDoc, _plan: Any) -> None:
@@ -256,6 +256,12 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             )
             published = again.routes or published
             _report_variants(again, console.print, seen)
+            if scaling is not None:  # a policy edit takes effect now
+                await scaling.sync(current.spec)
+            note = up_policies.overload_note(dep.spec, current.spec) or ""
+            if note and note != said_overload:
+                console.print(note)
+            said_overload = note
             for r in again.results:  # each load says where its parameters came from
                 if r.ok and r.action.kind == "LoadBlock":
                     console.print(f"✓ {r.action.describe()}")
@@ -269,14 +275,13 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             return remaining is not None and bool(remaining.steps) and remaining.blocked is None
 
         supervisor = supervise.start(procs, args.devices, threads, console.print)
-        scaler = scaling_loop.for_up(  # module scaling (issue 15), when the spec enables it
-            dep.spec, model_path, [(r.name, r.address) for r in refs],
-            gateway.service.metrics.itl,
-        )  # fmt: skip
-        if scaler is not None:
-            scaling = asyncio.create_task(
-                scaling_loop.run(scaler, stop, args.scaling_interval, console.print)
-            )
+        itl, at = gateway.service.metrics.itl, [(r.name, r.address) for r in refs]
+        scaling = up_policies.ScalingPolicy(  # module scaling (issue 15), as the spec says
+            lambda spec: scaling_loop.for_up(spec, model_path, at, itl),
+            lambda lp: scaling_loop.run(lp, stop, args.scaling_interval, console.print),
+            console.print,
+        )
+        await scaling.sync(dep.spec)
         watcher = up_watch.ManifestWatcher(
             args.file, dep, lambda d: variant_check.check(d, model_path)
         )
@@ -297,7 +302,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     finally:
         console.print("stopping")
         if scaling is not None:
-            scaling.cancel()
+            await scaling.stop()
         if overload_task is not None and not overload_task.done():
             overload_task.cancel()
         await supervise.stop(supervisor)

@@ -58,6 +58,7 @@ class GatewayConfig:
     limits: limits_mod.Limits = field(default_factory=limits_mod.Limits)
     arrival_span_s: float = 10.0  # span of the per-class arrival counts (arrivals.py)
     live_classes_file: str = ""  # live classifier JSON (workload.live_classes.to_json)
+    kv_dispatch: bool = True  # KV-owner-first dispatch (kv_affinity.py); False: the router's
 
     def __post_init__(self) -> None:
         if not self.routes_file and not (self.model_name and self.model_path):

@@ -1,7 +1,9 @@
 """Runs one generation on a replica over gRPC, retrying elsewhere before the first token.
 
-Called by `text_stream.py` for every completion request. Each attempt asks the router for
-a ready replica, streams the leader's `Generate` and yields token chunks. Agent errors:
+Called by `text_stream.py` for every completion request. Each attempt asks `kv_affinity`
+(KV owner first; the router when `kv_dispatch` is off) for a ready replica, streams the
+leader's `Generate` and yields token chunks (their timing feeds `kv_affinity`). Agent
+errors:
 
 * INVALID_ARGUMENT → 400 (the request itself is bad; no retry);
 * RESOURCE_EXHAUSTED (the request is larger than that replica's whole KV pool) → try the
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from tessera.gateway import errors, inflight, metrics, replicas, router
+from tessera.gateway import errors, inflight, kv_affinity, metrics, replicas, router
 from tessera.rpc.v1 import agent_pb2 as pb
 
 
@@ -128,7 +130,9 @@ class Dispatcher:
         gauges: metrics.GatewayMetrics,
         clock: Callable[[], float] = time.monotonic,
         table: inflight.InFlightTable | None = None,
+        affinity: kv_affinity.KvAffinity | None = None,
     ) -> None:
+        self._affinity = affinity  # KV-owner-first choice (issue 14); None: the router's
         self._replicas = replica_set
         self._router = route
         self._metrics = gauges
@@ -152,6 +156,10 @@ class Dispatcher:
                 ready = [r for r in ready if job.allowed(r)]
             if redirect in ready:
                 route: router.Route | None = router.Route(redirect, "cutover")
+            elif self._affinity is not None:
+                route = self._affinity.choose(
+                    ready, current.prompt_ids, current.max_tokens, current.variant
+                )
             else:
                 route = self._router.choose(
                     ready, len(current.prompt_ids), current.max_tokens, current.prompt_ids
@@ -191,6 +199,7 @@ class Dispatcher:
         self._metrics.outstanding.labels(rid).set(self._router.outstanding(rid))
         call = self._replicas.stub(rid).Generate(job.request(rid, attempt))
         last, first = self._clock(), not resumed  # a resumed request had its first token
+        opening = True  # this attempt's first chunk (its prefill)
         record = inflight.Attempt(job.request_id, rid, job.prompt_ids, job.max_tokens, last)
         record.call = call
         self.inflight.add(record)
@@ -209,10 +218,15 @@ class Dispatcher:
                     else:
                         self._metrics.itl.observe((now - last) / len(ids))
                     last = now
+                    if self._affinity is not None:
+                        self._affinity.observe(rid, len(ids), now, opening)
+                    opening = False
                     record.observe(ids, now)
                     self._metrics.generation_tokens.inc(len(ids))
                     self._router.progress(ticket, len(ids))
                     self._metrics.outstanding.labels(rid).set(self._router.outstanding(rid))
+                if reason is not None and self._affinity is not None:
+                    self._affinity.finished(rid, record.tokens, job.variant)
                 yield Chunk(ids, reason, rid, _logprobs(ids, msg.logprobs))
                 if reason is not None:
                     return

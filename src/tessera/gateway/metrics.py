@@ -3,7 +3,8 @@
 One `GatewayMetrics` per gateway owns its own `CollectorRegistry` (no global registry, so
 several gateways — or tests — can live in one process). Updated by `app.py` (requests,
 end-to-end latency, in-flight requests), `server.py` (per-class arrivals, `arrivals.py`)
-and `dispatch.py` (tokens, TTFT, inter-token latency, outstanding tokens, retries);
+`dispatch.py` (tokens, TTFT, inter-token latency, outstanding tokens, retries) and
+`kv_affinity.py` (dispatch decisions by reason);
 `/metrics` serves `render()`.
 """
 
@@ -40,6 +41,14 @@ class GatewayMetrics:
             "tessera_gateway_routed_requests_total",
             "Generate attempts sent to each replica, by routing policy",
             ["replica", "policy"],
+            registry=r,
+        )
+        self.dispatches = Counter(
+            "tessera_gateway_dispatch_decisions_total",
+            "KV-owner-first dispatch decisions (kv_affinity.py) by reason: kv_owner, "
+            "owner_full (the owner's batch was full), lowest_latency (no owner known), "
+            "class_share (no owner; the plan's shares chose)",
+            ["reason"],
             registry=r,
         )
         self.retries = Counter(

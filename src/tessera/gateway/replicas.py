@@ -43,6 +43,8 @@ class ReplicaState:
     pages_used: int = 0
     running: int = 0
     waiting: int = 0
+    max_num_seqs: int = 0  # the leader's batch limit now (0: not reported)
+    page_size: int = 0  # tokens per KV page of its leader stage (0: not reported)
     backoff_until: float = 0.0  # monotonic time before which it stays not ready
 
     def to_json(self) -> dict[str, Any]:
@@ -143,6 +145,7 @@ class ReplicaSet:
                 self._set(st, False, f"Describe failed: {exc.code().name} {exc.details()}")
             return
         kv = {r.replica_id: r for r in reply.kv}
+        pages = {b.replica_id: b.page_size for b in reply.blocks if b.stage_index == 0}
         broken = {b.replica_id: b.group_reason for b in reply.blocks if b.group_state == "failed"}
         now = self._clock()
         for st in states:
@@ -152,6 +155,8 @@ class ReplicaSet:
                 continue
             st.pages_total, st.pages_used = r.pages_total, r.pages_used
             st.running, st.waiting = r.running, r.waiting
+            st.max_num_seqs = r.max_num_seqs
+            st.page_size = pages.get(st.endpoint.replica_id, 0)
             if st.endpoint.replica_id in broken:
                 why = broken[st.endpoint.replica_id] or "a rank is gone"
                 self._set(st, False, f"group failed on its leader: {why}")

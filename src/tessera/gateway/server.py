@@ -29,6 +29,7 @@ from tessera.gateway import (
     cutover,
     dispatch,
     inflight,
+    kv_affinity,
     metrics,
     model_info,
     replicas,
@@ -210,7 +211,15 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
         info=info,
         codec=codec,
         template=template,
-        dispatcher=dispatch.Dispatcher(replica_set, route, gauges, table=table),
+        dispatcher=dispatch.Dispatcher(
+            replica_set,
+            route,
+            gauges,
+            table=table,
+            affinity=kv_affinity.KvAffinity(replica_set, route, gauges, cfg.routing_seed)
+            if cfg.kv_dispatch
+            else None,
+        ),
         replicas=replica_set,
         metrics=gauges,
         created=int(time.time()),

@@ -10,13 +10,23 @@ elsewhere means moving that KV (or recomputing it). The rule:
    queueing (tokens queued ahead / its throughput) + compute (the request's tokens / its
    throughput) + transfer (the request's KV bytes over the link to it, zero on the owner).
 
-Pure: plain frozen dataclasses in, a `Dispatch` decision out. Called by the engine's
-per-block batching (and by the simulator) for every request at every block boundary.
+An instance that cannot receive KV at all (`receives_kv=False`: the gateway choosing a
+replica has no dispatch-time KV move, so a replica other than the owner recomputes the
+prefix in its prefill) pays recomputing instead of moving: the request's `kv_tokens` (its
+cached prefix) over the instance's throughput.
+
+Estimates closer than `tolerance` (relative) count as equal; among those, the lowest
+`rank` wins (e.g. fewer in flight, then least recently picked), so equal idle instances
+share sequential traffic instead of the one measured faster by noise taking it all.
+
+Pure: plain frozen dataclasses in, a `Dispatch` decision out. Called by the simulator
+(`tessera.sim.blockllm`) and, through `policies.kv_dispatch`, by the gateway for every
+request (`tessera.gateway.kv_affinity`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -30,6 +40,7 @@ class BlockInstance:
     queued_tokens: int  # tokens waiting in its queue
     tokens_per_s: float  # measured (or modelled) throughput
     link_bytes_per_s: float = float("inf")  # bandwidth from the KV owner to it
+    receives_kv: bool = True  # False: the KV cannot be moved here, it is recomputed
 
     def __post_init__(self) -> None:
         if self.batch_limit < 1:
@@ -50,9 +61,17 @@ class Dispatch:
     moves_kv: bool
 
 
-def estimate_s(inst: BlockInstance, tokens: int, kv_bytes: int, owner: str | None) -> float:
-    """Queueing + compute + KV transfer time of `tokens` of a request on `inst`."""
-    transfer = 0.0 if owner in (None, inst.id) else kv_bytes / inst.link_bytes_per_s
+def estimate_s(
+    inst: BlockInstance, tokens: int, kv_bytes: int, owner: str | None, kv_tokens: int = 0
+) -> float:
+    """Queueing + compute + KV transfer time of `tokens` of a request on `inst` (transfer:
+    moving `kv_bytes`, or recomputing `kv_tokens` where the KV cannot be received)."""
+    if owner in (None, inst.id):
+        transfer = 0.0
+    elif inst.receives_kv:
+        transfer = kv_bytes / inst.link_bytes_per_s
+    else:
+        transfer = kv_tokens / inst.tokens_per_s
     wait = inst.queued_tokens / inst.tokens_per_s
     if not inst.has_room:  # waits for a batch slot too: at least one more step's worth
         wait += tokens / inst.tokens_per_s
@@ -60,19 +79,27 @@ def estimate_s(inst: BlockInstance, tokens: int, kv_bytes: int, owner: str | Non
 
 
 def choose(
-    instances: Sequence[BlockInstance], tokens: int, kv_bytes: int, owner: str | None
+    instances: Sequence[BlockInstance],
+    tokens: int,
+    kv_bytes: int,
+    owner: str | None,
+    kv_tokens: int = 0,
+    tolerance: float = 0.0,
+    rank: Mapping[str, tuple[int, ...]] | None = None,
 ) -> Dispatch:
-    """The instance for a request of `tokens` tokens whose KV (`kv_bytes`) lives on `owner`."""
+    """The instance for a request of `tokens` tokens whose KV (`kv_bytes`, `kv_tokens`
+    tokens) lives on `owner`; see the module docstring for `tolerance` and `rank`."""
     if not instances:
         raise ValueError("no instance of the block is serving")
+    if tolerance < 0:
+        raise ValueError("tolerance: must be >= 0")
     by_id = {i.id: i for i in instances}
     if owner is not None and owner in by_id and by_id[owner].has_room:
         o = by_id[owner]
         return Dispatch(o.id, "kv-owner", estimate_s(o, tokens, kv_bytes, owner), False)
-    best = min(instances, key=lambda i: (estimate_s(i, tokens, kv_bytes, owner), i.id))
-    return Dispatch(
-        best.id,
-        "lowest-latency",
-        estimate_s(best, tokens, kv_bytes, owner),
-        owner is not None and best.id != owner,
-    )
+    est = {i.id: estimate_s(i, tokens, kv_bytes, owner, kv_tokens) for i in instances}
+    low = min(est.values())
+    near = [i for i in instances if est[i.id] <= low * (1.0 + tolerance)]
+    order = rank or {}
+    best = min(near, key=lambda i: (order.get(i.id, ()), est[i.id], i.id))
+    return Dispatch(best.id, "lowest-latency", est[best.id], owner is not None and best.id != owner)

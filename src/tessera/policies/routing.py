@@ -105,6 +105,13 @@ class Router:
     def class_shares(self) -> dict[str, dict[str, float]]:
         return {k: dict(v) for k, v in self._shares.items()}
 
+    def class_weights(self, prompt_tokens: int, max_tokens: int) -> dict[str, float]:
+        """The shares of the request's class ({} when none are set or it has none); for
+        the KV-owner-first dispatch (`policies.kv_dispatch`)."""
+        if not self._shares or self._classify is None:
+            return {}
+        return dict(self._shares.get(self._classify(prompt_tokens, max_tokens) or "", {}))
+
     # -- decisions ----------------------------------------------------------------------
     def choose(
         self,

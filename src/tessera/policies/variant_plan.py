@@ -4,8 +4,10 @@ A deployment serves its foundation plus variants (`tessera.variant_spec`):
 * a **full fine-tune** gets one chain per foundation replica, on the same agents with the
   same stage split, loading the fine-tune's checkpoint (`with_full_chains` adds them to the
   transition target). On each agent the block zoo shares every layer identical to the
-  foundation's, so the chain holds only its differing layers (its planned `param_bytes`
-  are left 0: the planner does not model the sharing; the agent books what it holds).
+  foundation's (and, with `shareEquivalent`, every layer the agent's equivalence report
+  accepts), so the chain holds only its own layers. Its planned `param_bytes` are those
+  layers' bytes when the caller knows the sharing (`variant_memory`), else 0 (the agent
+  books what it holds).
   Removing the variant drops its chains from the target, so the transition drains and
   unloads them like any leaving replica: requests in flight finish;
 * a **LoRA adapter** is attached to every stage of every foundation replica
@@ -27,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tessera import blocks, routes_doc, variant_routes, variant_spec
-from tessera.policies import transition_model
+from tessera.policies import placement, transition_model, variant_memory
 
 DEFAULT_CHAIN_KV_BYTES = 16 << 20  # KV pool of a variant chain whose foundation asks "all"
 
@@ -45,8 +47,13 @@ def with_full_chains(
     target: transition_model.Target,
     variants: Sequence[variant_spec.VariantSpec],
     kv_bytes: int = DEFAULT_CHAIN_KV_BYTES,
+    sharing: Mapping[str, variant_memory.ChainSharing] | None = None,
+    model: placement.ModelBytes | None = None,
 ) -> transition_model.Target:
-    """`target` plus one chain per (foundation replica, full fine-tune)."""
+    """`target` plus one chain per (foundation replica, full fine-tune).
+
+    A chain's planned `param_bytes` are its own units' bytes (`variant_memory`) when its
+    `sharing` and the `model`'s bytes are known, else 0 (the agent books what it holds)."""
     full = [v for v in variants if v.kind == "full"]
     if not full:
         return target
@@ -61,8 +68,11 @@ def with_full_chains(
                     p.block,
                     model_path=v.path,
                     replica_id=rid,
-                    param_bytes=0,
+                    param_bytes=_planned(p.block, sharing, model, v.name),
                     kv_bytes=p.block.kv_bytes or kv_bytes,
+                    # the opt-in: the agent serves equivalent layers from the foundation's
+                    share_from=p.block.model_path if v.share_equivalent else "",
+                    share_threshold=v.threshold if v.share_equivalent else 0.0,
                 )
                 dp = p.data_plane
                 if dp is not None:
@@ -74,6 +84,18 @@ def with_full_chains(
         blocks=target.blocks + tuple(extra_blocks),
         replicas=target.replicas + tuple(extra_routes),
     )
+
+
+def _planned(
+    b: blocks.Block,
+    sharing: Mapping[str, variant_memory.ChainSharing] | None,
+    model: placement.ModelBytes | None,
+    name: str,
+) -> int:
+    s = (sharing or {}).get(name)
+    if s is None or model is None:
+        return 0
+    return int(variant_memory.chain_block_bytes(model, b.start, b.end, b.tp_size, s))
 
 
 @dataclass(frozen=True)
@@ -158,9 +180,11 @@ class VariantStatus:
     loaded_on: tuple[str, ...]  # "<agent>/<replica>/<stage>"
     reason: str  # "Ready", or why not
     message: str = ""
+    # shareEquivalent: the agents' report (`equivalence_summary` of it), None otherwise
+    equivalence: Mapping[str, object] | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "name": self.name,
             "kind": self.kind,
             "ready": self.ready,
@@ -168,6 +192,24 @@ class VariantStatus:
             "reason": self.reason,
             "message": self.message,
         }
+        if self.equivalence is not None:
+            out["equivalence"] = dict(self.equivalence)
+        return out
+
+
+def equivalence_summary(report: Mapping[str, object]) -> str:
+    """One line of a shareEquivalent report (JSON as in `status.variants[].equivalence`):
+    which layers are shared beyond identity, and the quality measured."""
+    layers = report.get("layers")
+    rows = [r for r in layers if isinstance(r, Mapping)] if isinstance(layers, list) else []
+    equivalent = [str(r.get("layer")) for r in rows if r.get("shared") and not r.get("identical")]
+    own = [str(r.get("layer")) for r in rows if not r.get("shared")]
+    return (
+        f"equivalent layers shared [{', '.join(equivalent)}], own [{', '.join(own)}] "
+        f"(cosine >= {report.get('threshold')}); measured vs the fine-tune alone: "
+        f"top-1 agreement {report.get('top1Agreement')}, cosine {report.get('finalCosine')} "
+        f"on {report.get('calibrationTokens')} calibration tokens"
+    )
 
 
 def status(
@@ -176,10 +218,13 @@ def status(
     chains: Mapping[str, Sequence[str]],
     complete: frozenset[str],
     errors: Mapping[str, str],
+    equivalence: Mapping[str, Mapping[str, object]] | None = None,
 ) -> list[VariantStatus]:
     """Per variant: LoRA is ready when attached on every foundation stage held; a full
     fine-tune when each of its chains holds every block. `chains[v]` are a full variant's
-    chain ids, `complete` the replicas holding every block, `errors[v]` the last error."""
+    chain ids, `complete` the replicas holding every block, `errors[v]` the last error,
+    `equivalence[v]` the report a shareEquivalent chain's agents gave."""
+    reports = equivalence or {}
     out = []
     for v in variants:
         err = errors.get(v.name, "")
@@ -197,5 +242,8 @@ def status(
             ready = bool(ids) and len(done) == len(ids)
             why = "Ready" if ready else ("LoadFailed" if err else "Loading")
             msg = err or f"{len(done)}/{len(ids)} chains hold every block"
-        out.append(VariantStatus(v.name, v.kind, ready, on, why, msg))
+            rep = reports.get(v.name)
+            if rep is not None and not err:
+                msg = f"{msg}; {equivalence_summary(rep)}"
+        out.append(VariantStatus(v.name, v.kind, ready, on, why, msg, reports.get(v.name)))
     return out

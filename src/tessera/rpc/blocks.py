@@ -37,7 +37,15 @@ def to_proto(b: blocks.Block, kv_pages: int = 0, num_tensors: int = 0) -> pb.Blo
         group_reason=b.group_reason,
         activations=b.activations,
         results=b.results,
+        share=share(b),
     )
+
+
+def share(b: blocks.Block) -> pb.VariantShare | None:
+    """The block's equivalence opt-in (issue 14), or None when off."""
+    if not b.share_from:
+        return None
+    return pb.VariantShare(foundation_path=b.share_from, threshold=b.share_threshold)
 
 
 def from_proto(m: pb.BlockInfo) -> blocks.Block:
@@ -63,6 +71,8 @@ def from_proto(m: pb.BlockInfo) -> blocks.Block:
         activations=m.activations,
         kv_pages=m.kv_pages,
         results=m.results,
+        share_from=m.share.foundation_path,
+        share_threshold=m.share.threshold if m.share.foundation_path else 0.0,
     )
 
 
@@ -92,6 +102,7 @@ def load_request(
         generation=b.generation,
         tp_size=b.tp_size,
         tp_rank=b.tp_rank,
+        share=share(b),
     )
     if data_plane is not None:
         req.data_plane.CopyFrom(
@@ -145,4 +156,6 @@ def from_load_request(
         generation=req.generation,
         tp_size=req.tp_size or 1,
         tp_rank=req.tp_rank,
+        share_from=req.share.foundation_path,
+        share_threshold=req.share.threshold if req.share.foundation_path else 0.0,
     )

@@ -190,13 +190,15 @@ def _part(part: str, args: argparse.Namespace) -> dict[str, Any]:
     if part == "kunserve":
         return {"kunserve_burst": kunserve_burst(args.quick, plots)}
     if part in ("oserve_table1", "oserve_table2"):
-        from tessera.sim import oserve
+        from tessera.sim import oserve, oserve_table2
 
         prof = profile_of("llama-2-70b")
         base = table1.quadrant_classes(traces.read_trace(args.trace))
         if part == "oserve_table1":
             return {"oserve_table1": oserve.table1_rows(prof, base, planner_bench.SLO, args.quick)}
-        return {"oserve_table2": oserve.table2_rows(prof, base, planner_bench.SLO, args.quick)}
+        return {
+            "oserve_table2": oserve_table2.table2_rows(prof, base, planner_bench.SLO, args.quick)
+        }
     if part == "cocoserve":
         from tessera.sim import cocoserve
 

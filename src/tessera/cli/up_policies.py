@@ -1,0 +1,83 @@
+"""Module scaling in `tessera up` follows the manifest: a policy edit takes effect live.
+
+`tessera up` starts the module-scaling loop (`scaling_loop`) when the manifest's
+`spec.policies.scaling.enabled`. Before, it read the policy once at start; now every
+applied manifest edit goes through `ScalingPolicy.sync(spec)`:
+
+- turned on: the loop starts (made by `make`, i.e. `scaling_loop.for_up`);
+- changed (thresholds, steps, the TPOT target): the running loop takes the new policy at
+  its next tick (`ScalingLoop.reconfigure`), its layer replicas kept;
+- turned off: the loop stops, and the layer replicas it added are evicted
+  (`ScalingLoop.release`), so the replicas serve as their manifest says.
+
+Caller: `up_cmd._serve` (after each converge pass, under the pass lock), and at exit.
+The overload policy is still read once at start; an edit of it is reported as needing a
+restart (`overload_note`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from tessera import scaling_loop
+
+Say = Callable[[str], None]
+Make = Callable[[Any], "scaling_loop.ScalingLoop | None"]
+Run = Callable[["scaling_loop.ScalingLoop"], Coroutine[Any, Any, None]]
+
+
+def _key(spec: Any) -> tuple[Any, float]:
+    return spec.policies.scaling, float(spec.slo.tpot_p99_ms)
+
+
+class ScalingPolicy:
+    """The module-scaling loop of `tessera up`, kept in step with the manifest's spec."""
+
+    def __init__(self, make: Make, run: Run, say: Say) -> None:
+        self._make, self._run, self._say = make, run, say
+        self.loop: scaling_loop.ScalingLoop | None = None
+        self.task: asyncio.Task[None] | None = None
+        self._key: tuple[Any, float] | None = None
+
+    async def sync(self, spec: Any) -> None:
+        """Start, re-tune or stop the loop for `spec` (module docstring)."""
+        key = _key(spec)
+        if key == self._key:
+            return
+        cfg, tpot_ms = key
+        self._key = key
+        if not cfg.enabled:
+            if self.loop is not None:
+                await self.stop(evict=True)
+                self._say("module scaling: turned off by the manifest")
+            return
+        if self.loop is None:
+            self.loop = self._make(spec)
+            if self.loop is not None:
+                self.task = asyncio.get_running_loop().create_task(self._run(self.loop))
+                self._say("module scaling: on")
+            return
+        self.loop.reconfigure(cfg, tpot_ms / 1e3)
+        self._say("module scaling: policy changed; the next tick uses it")
+
+    async def stop(self, evict: bool = False) -> None:
+        """Stop the loop's task (at exit, or turned off: then evict what it added)."""
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.task
+            self.task = None
+        if evict and self.loop is not None:
+            for line in await asyncio.to_thread(self.loop.release):
+                self._say(line)
+        self.loop = None
+
+
+def overload_note(started: Any, current: Any) -> str | None:
+    """What to say when the manifest's overload policy differs from the running one."""
+    if started.policies.overload == current.policies.overload:
+        return None
+    return "overload policy changed in the manifest: it takes effect when `tessera up` restarts"

@@ -1,0 +1,421 @@
+"""OServe Table 2 through the simulator: shifting class mixes, re-planned every span by the
+operator's switching step.
+
+Input: the analytic profile, the quadrant classes and the paper's traces T1-T4 (mixes from
+`tessera.planner.table1`, set up by `sim.oserve`). Output: the rows of `oserve_table2` for
+`tessera bench sim`. Every figure is a simulation. `Switcher` is the operator's switching
+loop as an engine controller: it counts arrivals per span and calls
+`policies.switching_step.step` (forecast, cheapest candidate from the planner's latency
+objective, `policies.switching.decide`); a switch is applied after the switch plan's time
+(or the transition plan's modelled steps) plus the running requests' KV hand-over.
+Called by `tessera.sim.bench`; split out of `sim/oserve.py` (Table 1 and shared setup).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tessera.cost.capacity import RequestClass, Slo
+from tessera.cost.profile import Profile
+from tessera.planner import table1
+from tessera.planner.latency import LatencyModel, LatencyReport
+from tessera.planner.layout import Layout
+from tessera.planner.shapes import Shape
+from tessera.policies import (
+    device_links,
+    links,
+    placement,
+    switch_plan,
+    switching,
+    switching_step,
+)
+from tessera.policies.routing import centroid_class_router
+from tessera.sim import engine, relayout
+from tessera.sim.oserve import (
+    GPUS,
+    LOAD,
+    NODES,
+    TRACES,
+    Built,
+    _shares,
+    _stats,
+    build,
+    built_label,
+    mix_arrivals,
+    router,
+    trace_cv,
+)
+from tessera.sim.replica import SimReplica, adopt
+
+
+@dataclass
+class Switcher:
+    """The operator's switching loop, run every span on the simulated cluster: count
+    each class's arrivals and call the operator's own span step
+    (`policies.switching_step.step`: forecast, cheapest candidate, `switching.decide`).
+    What the simulator supplies is what the operator's candidate source supplies: the
+    candidate (the planner's latency objective, `table1.choose`, at the step's forecast),
+    the price (each layout's modelled P99 with its best routing, class-dedicated
+    replicas allowed) and the switch time (`policies.switch_plan.plan`). On a stay the
+    current layout is re-routed for the forecast (its best routing)."""
+
+    profile: Profile
+    base: tuple[RequestClass, ...]
+    slo: Slo
+    current: Built
+    current_layout: Layout
+    cfg: switching.SwitchingConfig
+    storage_bytes_per_s: float = table1.STORAGE_BYTES_PER_S
+    nodes: int = NODES
+    gpus: int = GPUS
+    use_transition: bool = True  # apply switches through the transition planner
+    shared_cache: dict[tuple[int | float, ...], table1.Choice] | None = None  # across runs
+    executor: relayout.Executor | None = None  # the transition in progress
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    state: switching.HysteresisState = field(default_factory=switching.HysteresisState)
+    counts: list[list[float]] | None = None
+    decisions: list[dict[str, Any]] | None = None
+    _seen: int = 0
+    _gen: int = 0
+    _next: float = 0.0
+    _cache: dict[tuple[int | float, ...], table1.Choice] | None = None
+
+    def __post_init__(self) -> None:
+        self.counts, self.decisions = [], []
+        self._cache = self.shared_cache if self.shared_cache is not None else {}
+        self._next = self.cfg.span_s
+
+    def tick(self, now: float, eng: engine.Engine) -> None:
+        if now + 1e-9 < self._next:
+            return
+        self._next += self.cfg.span_s
+        assert self.counts is not None and self.decisions is not None
+        self.counts.append(self._count(eng, now))
+        if self.executor is not None and self.executor.finished_at is None:
+            self.decisions.append(
+                {"time_s": round(now, 1), "action": "busy", "reason": "a transition is running"}
+            )
+            return
+        # The candidate source: the planner's latency objective at the step's forecast
+        # (`table1.choose`). The step recomputes the same forecast from the same counts.
+        demand = tuple(c / self.cfg.span_s for c in switching_step.forecast(self.counts).counts)
+        current_name = self.current_layout.label()
+        pick = self._choice(demand) if sum(demand) > 0 else None
+        cands: list[str] = []
+        if pick is not None and pick.hetero[1].groups:
+            cands = [pick.hetero[0].label()]
+        elif pick is not None:
+            self.decisions.append(
+                {"time_s": round(now, 1), "action": "stay", "reason": "no layout serves it"}
+            )
+            return
+        here = (
+            LatencyModel(pick.problem, pick.table).best_routing(
+                *_groups(self.current_layout), pick.demand, dedicate=True
+            )
+            if pick is not None
+            else None
+        )
+        target = build(pick, pick.hetero, f"g{self._gen + 1}-") if pick is not None else None
+
+        def price(name: str, at: tuple[float, ...]) -> float:
+            assert pick is not None and here is not None and at == demand
+            rep = here if name == current_name else pick.hetero[1]
+            return max(rep.p99_latency_s, 1e-9)
+
+        def switch_seconds(source: str, dest: str) -> float:
+            assert target is not None and source == current_name
+            return self._switch_seconds(target)
+
+        step = switching_step.step(
+            self.cfg,
+            self.state,
+            self.counts,
+            current_name,
+            cands or [current_name],
+            price,
+            switch_seconds,
+        )
+        decision = step.decision
+        self.state = decision.state
+        self.decisions.append(
+            {"time_s": round(now, 1), **decision.to_json(), "current": current_name}
+        )
+        if pick is None or here is None or target is None:
+            return
+        if decision.action == switching.SWITCH:
+            self._gen += 1
+            eng.result.actions.append((now, f"switch planned: {current_name} -> {target.label}"))
+            if self.use_transition:
+                self._transition(eng, target, pick.hetero[0])
+            else:
+                eng.at(
+                    now + decision.switch_s,
+                    f"switch: {current_name} -> {target.label}",
+                    functools.partial(self._apply, eng, target, pick.hetero[0]),
+                )
+        elif math.isfinite(here.p99_latency_s):
+            # stay: the current layout re-routed for the forecast (assignment per span)
+            self.current.shares = _shares_of(self.current, here)
+            eng.router.set_class_shares(self.current.shares, _classifier(self.base))
+
+    def _switch_seconds(self, target: Built) -> float:
+        """The greedy switch plan's time from the current placement to `target`'s."""
+        model = placement.model_bytes(self.profile)
+        dev_links = device_links.from_comm(self.profile.comm, self.storage_bytes_per_s)
+        return switch_plan.plan(self.current.placed, target.placed, model, dev_links).seconds
+
+    def _choice(self, demand: tuple[float, ...]) -> table1.Choice:
+        total = sum(demand)
+        # the planner prices ~100 layouts per call (seconds): forecasts within 0.05 of a
+        # share and 1 req/s of the rate reuse the candidate planned for the first of them
+        key = (*(round(d / total * 20) for d in demand), round(total))
+        assert self._cache is not None
+        if key not in self._cache:
+            shares = tuple(d / total for d in demand)
+            problem, table = table1.mix_problem(
+                self.profile, table1.mixed(self.base, shares), self.slo, self.nodes, self.gpus, True
+            )
+            self._cache[key] = table1.choose(problem, table, demand)
+        return self._cache[key]
+
+    def _count(self, eng: engine.Engine, now: float) -> list[float]:
+        """Arrivals per class in the span that just ended (the gateway's counters)."""
+        arr = eng.arrivals_between(now - self.cfg.span_s, now)
+        classify = _classifier(self.base)
+        names = [c.name for c in self.base]
+        out = [0.0] * len(names)
+        for a in arr:
+            out[names.index(classify(a.prompt, a.output) or names[0])] += 1
+        return out
+
+    def _transition(self, eng: engine.Engine, target: Built, layout: Layout) -> None:
+        """Hand the switch to the transition planner and its executor (`sim.relayout`)."""
+        gen_old, gen_new = self._gen - 1, self._gen
+        old = _layout(self.profile, gen_old, self.current, eng)
+        new = _layout(self.profile, gen_new, target, None)
+        node_names = sorted(
+            {
+                d[0]
+                for p in (*self.current.placed, *target.placed)
+                for s in p.stages
+                for d in s.devices
+            }
+        )
+        comm = self.profile.comm
+        link_model = links.LinkModel(
+            storage_bytes_per_s=self.storage_bytes_per_s,
+            network_bytes_per_s=comm.inter_node.bandwidth_bytes_per_s,
+            local_bytes_per_s=comm.intra_node.bandwidth_bytes_per_s,
+            latency_s=comm.inter_node.latency_s,
+        )
+        began = eng.now
+        record: dict[str, Any] = {"time_s": round(began, 1), "to": target.label}
+
+        def done(ok: bool) -> None:
+            ex = self.executor
+            assert ex is not None and ex.plan is not None
+            record.update(
+                mode=ex.plan.mode,
+                steps=len(ex.plan.steps),
+                blocked=ex.plan.blocked.reason if ex.plan.blocked else "",
+                seconds=round(eng.now - began, 3),
+                cut_at_deadline=ex.cut_at_deadline,
+            )
+            if ok:
+                self.current, self.current_layout = target, layout
+                eng.result.actions.append((eng.now, f"switch: {record['to']} ({ex.plan.mode})"))
+            else:
+                self._gen -= 1
+            ex.finished_at = eng.now
+
+        self.transitions.append(record)
+        self.executor = relayout.Executor(
+            old,
+            new,
+            relayout.node_memory(self.gpus, node_names, table1.GPU_MEMORY),
+            link_model,
+            _classifier(self.base),
+            done,
+        )
+        self.executor.start(eng)
+
+    def _apply(self, eng: engine.Engine, target: Built, layout: Layout) -> None:
+        """The switch landed: new replicas serve, old ones hand over what they hold."""
+        olds = [eng.remove_replica(r.name) for r in self.current.replicas if r.name in eng.replicas]
+        reqs = []
+        for o in olds:
+            o.settle(eng.now)
+            reqs += o.running + list(o.waiting)
+        for rep in target.replicas:
+            eng.add_replica(rep)
+        eng.router.set_class_shares(target.shares, _classifier(self.base))
+        by_name = {r.name: r for r in target.replicas}
+        moved: dict[str, list[Any]] = {}
+        for q in reqs:
+            route = eng.router.choose(sorted(by_name), q.prompt, q.output)
+            assert route is not None
+            moved.setdefault(route.replica_id, []).append(q)
+        kv = self.profile.memory.kv_bytes_per_token * self.profile.model.num_layers
+        link = self.profile.comm.inter_node
+        for name, qs in moved.items():
+            rep = by_name[name]
+            adopt(rep, qs)
+            for q in qs:
+                eng.requeue(q, rep)
+            rep.available_at = eng.now + link.transfer_seconds(
+                kv * sum(q.computed for q in qs if q.is_running)
+            )
+        eng.refresh_ready()
+        for rep in target.replicas:
+            eng.at(rep.available_at, f"ready: {rep.name}", functools.partial(_ready, eng, rep))
+        self.current, self.current_layout = target, layout
+
+
+def _layout(profile: Profile, gen: int, built: Built, eng: engine.Engine | None) -> relayout.Layout:
+    """A built layout as the transition planner's blocks (replicas still in `eng` only)."""
+    by_name = {built.prefix + p.name: p for p in built.placed}
+    reps = [r for r in built.replicas if eng is None or r.name in eng.replicas]
+    return relayout.layout_of(profile, gen, reps, [by_name[r.name] for r in reps], built.shares)
+
+
+def _ready(eng: engine.Engine, rep: SimReplica) -> None:
+    eng.refresh_ready()
+    eng.kick(rep)
+
+
+def _groups(layout: Layout) -> tuple[tuple[Shape, ...], tuple[int, ...]]:
+    pairs = [(s, n) for s, n in layout.shape_counts() if n > 0]
+    return tuple(s for s, _ in pairs), tuple(n for _, n in pairs)
+
+
+def _shares_of(built: Built, rep: LatencyReport) -> dict[str, dict[str, float]]:
+    """Shares of a re-routed layout: each group's rates over that many built replicas of
+    its shape, split evenly (a class set apart takes the next replicas of its shape)."""
+    names = list(built.shares)
+    free: dict[Shape, list[str]] = {}
+    for r in built.replicas:
+        free.setdefault(built.shape_of[r.name], []).append(r.name)
+    out: dict[str, dict[str, float]] = {n: {} for n in names}
+    for (shape, n), row in zip(rep.groups, rep.rates, strict=True):
+        members, free[shape] = free[shape][:n], free[shape][n:]
+        for name in members:
+            for j, cls in enumerate(names):
+                if row[j] > 0:
+                    out[cls][name] = row[j] / n
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _classifier_cached(key: tuple[tuple[str, float, float], ...]) -> Any:
+    return centroid_class_router({n: (i, o) for n, i, o in key})
+
+
+def _classifier(classes: Sequence[RequestClass]) -> Any:
+    return _classifier_cached(
+        tuple((c.name, float(c.input_tokens), float(c.output_tokens)) for c in classes)
+    )
+
+
+def table2_rows(
+    profile: Profile, base: tuple[RequestClass, ...], slo: Slo, quick: bool
+) -> list[dict[str, Any]]:
+    """OServe Table 2: each trace's mixes in consecutive phases at one rate (LOAD x the
+    lowest sustainable rate among its mixes); static = the best homogeneous layout for
+    the trace's mean mix with least-outstanding routing; switching = the planner's
+    heterogeneous layout for the first mix, re-routed and re-planned every span
+    through `switching.decide` (active mode)."""
+    traces_ = (TRACES[0], TRACES[-1]) if quick else TRACES
+    span_s, per_phase = (30.0, 3) if quick else (60.0, 4)
+    phase = span_s * per_phase
+    cfg = switching.SwitchingConfig(
+        enabled=True, mode="active", span_s=span_s, hold_spans=1, cooldown_spans=1
+    )
+    rows = []
+    for name, levels, paper_cv, paper_speedup in traces_:
+        mixes = [_shares(lv) for lv in levels]
+        rates = []
+        for shares in mixes:
+            problem, table = table1.mix_problem(
+                profile, table1.mixed(base, shares), slo, NODES, GPUS, True
+            )
+            rates.append(table1.sustainable_rps(problem, table))
+        rate = LOAD * min(rates)
+        arr = mix_arrivals(base, [(phase, m) for m in mixes], rate)
+        end = phase * len(mixes)
+        mean = tuple(float(v) for v in np.mean(np.asarray(mixes), axis=0))
+        problem, table = table1.mix_problem(
+            profile, table1.mixed(base, mean), slo, NODES, GPUS, True
+        )
+        static = table1.choose(problem, table, tuple(rate * w for w in mean))
+        built = build(static, static.homo, "")
+        res_static = engine.Engine(built.replicas, router(base, None)).run(arr, until=end)
+        first = mixes[0]
+        problem, table = table1.mix_problem(
+            profile, table1.mixed(base, first), slo, NODES, GPUS, True
+        )
+        start = table1.choose(problem, table, tuple(rate * w for w in first))
+        window = (span_s, end)
+        st = _stats(res_static, window)
+        row: dict[str, Any] = {
+            "trace": name,
+            "label": "simulation",
+            "levels": list(levels),
+            "cv": round(trace_cv(levels), 3),
+            "paper_cv": paper_cv,
+            "total_rps": round(rate, 3),
+            "span_s": span_s,
+            "paper_speedup": paper_speedup,
+            "static": {"layout": built_label(static), **st},
+        }
+        plans: dict[tuple[int | float, ...], table1.Choice] = {}
+        for mode, key in (("switch_plan", "switching"), ("transition", "switching_transition")):
+            built = build(start, start.hetero, "g0-")
+            sw = Switcher(
+                profile,
+                base,
+                slo,
+                built,
+                start.hetero[0],
+                cfg,
+                use_transition=mode == "transition",
+                shared_cache=plans,
+            )
+            eng = engine.Engine(built.replicas, router(base, built.shares), [sw], 1.0)
+            res_sw = eng.run(arr, until=end)
+            so = _stats(res_sw, window)
+            assert sw.decisions is not None
+            switched = [d for d in sw.decisions if d["action"] == switching.SWITCH]
+            row[key] = {
+                "applied_by": "the switch plan's time, KV handed over"
+                if mode == "switch_plan"
+                else "policies.transition plan and its steps' modelled delays",
+                "start_layout": start.hetero[0].label(),
+                **so,
+                "speedup_sim": round(st["p99_latency_s"] / so["p99_latency_s"], 3)
+                if so["p99_latency_s"]
+                else None,
+                "mean_latency_speedup_sim": _mean_speedup(res_static, res_sw, window),
+                "switch_decisions": len(switched),
+                "switch_plan_s": [d["switchSeconds"] for d in switched],
+                "deployments": [a for _, a in res_sw.actions if a.startswith("switch:")],
+                "transitions": sw.transitions if mode == "transition" else [],
+            }
+        row["speedup_sim"] = row["switching"]["speedup_sim"]
+        row["speedup_transition_sim"] = row["switching_transition"]["speedup_sim"]
+        rows.append(row)
+    return rows
+
+
+def _mean_speedup(a: engine.SimResult, b: engine.SimResult, window: tuple[float, float]) -> float:
+    def mean(res: engine.SimResult) -> float:
+        xs = [d.finish - d.arrival for d in res.done if window[0] <= d.arrival < window[1]]
+        return sum(xs) / len(xs) if xs else math.inf
+
+    return round(mean(a) / mean(b), 3)

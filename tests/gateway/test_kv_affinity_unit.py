@@ -1,0 +1,60 @@
+"""`gateway.kv_affinity` without servers: what it feeds the KV-owner-first rule (owners per
+variant from what it dispatched, load from the router's accounting, the batch limit and
+page size from polls, throughput from chunk gaps, class shares) and what it decides."""
+
+from __future__ import annotations
+
+import pytest
+
+from tessera.gateway import config, kv_affinity, metrics, replicas, router
+
+
+async def _setup(limit: int = 2) -> tuple[kv_affinity.KvAffinity, router.Router]:
+    gauges = metrics.GatewayMetrics()
+    rs = replicas.ReplicaSet(gauges)
+    rs.update([config.ReplicaEndpoint(r, "127.0.0.1:1") for r in ("a", "b")])
+    for st in rs.states().values():  # as a poll would leave them
+        st.ready, st.max_num_seqs, st.page_size = True, limit, 16
+    route = router.Router()
+    return kv_affinity.KvAffinity(rs, route, gauges), route
+
+
+def _pick(aff: kv_affinity.KvAffinity, prompt: list[int], ns: str = "") -> tuple[str, str]:
+    r = aff.choose(["a", "b"], prompt, 8, ns)
+    assert r is not None
+    return r.replica_id, r.policy
+
+
+async def test_turns_follow_the_owner_per_variant_until_its_batch_is_full() -> None:
+    aff, route = await _setup(limit=2)
+    turn1 = list(range(100, 150))
+    assert _pick(aff, turn1) == ("a", "lowest_latency")  # a tie: the first id
+    aff.finished("a", [*turn1, *range(8)], "")
+    turn2 = [*turn1, *range(8), 1, 2, 3]
+    assert _pick(aff, turn2) == ("a", "kv_owner")
+    assert _pick(aff, turn2, "legal") == ("b", "lowest_latency")  # not drawn across variants
+    tickets = [route.admit("a", 60, 200) for _ in range(2)]  # a's batch (limit 2) is full
+    assert _pick(aff, turn2) == ("b", "owner_full")
+    for t in tickets:
+        route.release(t)
+    assert _pick(aff, [*turn2, 4]) == ("b", "kv_owner")  # b computed turn 2 last
+    assert aff.choose([], turn2, 8, "") is None
+
+
+async def test_class_shares_choose_new_conversations() -> None:
+    aff, route = await _setup()
+    route.set_class_shares({"all": {"b": 1.0}}, lambda p, m: "all")
+    assert _pick(aff, list(range(40))) == ("b", "class_share")
+    assert route.class_weights(40, 8) == {"b": 1.0}
+
+
+def test_throughput_follows_chunk_gaps() -> None:
+    t = kv_affinity.Throughput()
+    assert t.rate is None
+    t.observe(1, 10.0, first=True)  # a prefill: only marks the time
+    assert t.rate is None
+    for i in range(1, 11):
+        t.observe(2, 10.0 + 0.1 * i, first=False)  # 2 tokens every 0.1 s
+    assert t.rate == pytest.approx(20.0)
+    t.observe(2, 30.0, first=False)  # after an idle gap: not a sample
+    assert t.rate == pytest.approx(20.0)
