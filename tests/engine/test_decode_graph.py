@@ -213,3 +213,17 @@ def test_agent_books_the_packed_copy_and_starts_the_warm_up(
         assert "r1/0/decode-graph" not in dev.used
 
     asyncio.run(run())
+
+
+def test_split_threshold_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tessera_agent.engine import runner
+
+    monkeypatch.delenv(runner.SPLIT_ENV, raising=False)
+    assert runner.split_min_decodes() == runner.SPLIT_MIN_DECODES
+    monkeypatch.setenv(runner.SPLIT_ENV, "8")
+    assert runner.split_min_decodes() == 8
+    monkeypatch.setenv(runner.SPLIT_ENV, "0")  # off: no step has that many decodes
+    assert runner.split_min_decodes() > 1 << 40
+    monkeypatch.setenv(runner.SPLIT_ENV, "many")
+    with pytest.raises(ValueError, match="not an integer"):
+        runner.split_min_decodes()

@@ -7,6 +7,8 @@ decides what to schedule.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from tessera_agent.engine import (
@@ -27,6 +29,17 @@ from tessera_agent.engine import model as model_mod
 # decodes beside 64-token prompts ran 2-6 % slower split, 32 ran 6 % and 64 ran 38-40 %
 # faster.
 SPLIT_MIN_DECODES = 32
+SPLIT_ENV = "TESSERA_SPLIT_MIN_DECODES"  # overrides it; 0 turns the split off
+
+
+def split_min_decodes() -> int:
+    """`SPLIT_MIN_DECODES`, or the environment's (0 or less: never split)."""
+    raw = os.environ.get(SPLIT_ENV, "").strip()
+    try:
+        n = int(raw) if raw else SPLIT_MIN_DECODES
+    except ValueError:
+        raise ValueError(f"{SPLIT_ENV}={raw!r} is not an integer") from None
+    return n if n > 0 else 1 << 62
 
 
 class StageRunner:
@@ -50,7 +63,7 @@ class StageRunner:
             if mode != "off" and model.shard.size == 1
             else None
         )
-        self.split_min_decodes = SPLIT_MIN_DECODES
+        self.split_min_decodes = split_min_decodes()
         self.split_steps = 0  # mixed steps run as compiled decode rows + eager prefill
         if self.decode_graph is not None and mode == "wait":
             self.decode_graph.warm_up(cache.layers())
