@@ -86,8 +86,17 @@ class _StateCollector(Collector):
             "Scheduler steps completed by a replica",
             labels=["replica"],
         )
+        graph = GaugeMetricFamily(
+            "tessera_agent_decode_graph_ready",
+            "1 once a stage's compiled decode has warmed up (0: warming, failed or off; "
+            "absent: eager by configuration)",
+            labels=["replica", "stage", "state"],
+        )
         for (rid, idx), h in list(self.state.hosted.items()):
             params.add_metric([rid, str(idx)], h.stage.param_bytes)
+            g = h.stage.runner.decode_graph
+            if g is not None:
+                graph.add_metric([rid, str(idx), g.state], 1.0 if g.state == "ready" else 0.0)
             kvb.add_metric([rid, str(idx)], h.stage.kv_bytes)
             if h.leader is not None:
                 s = h.leader.stats()
@@ -113,6 +122,7 @@ class _StateCollector(Collector):
             hits,
             cached,
             steps,
+            graph,
         )
 
 

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from tessera.policies import block_batching, microbatch
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import authz, devices, load_config, servicer
+from tessera_agent.engine import compile_policy, decode_graph
 from tessera_agent.transfer import store
 
 VERSION = "0.1.0"
@@ -48,6 +50,7 @@ class AgentConfig:
     cobatch: bool = True  # co-batch steps of chains sharing blocks (issue 14, cobatch.py)
     cobatch_rows: int = 0  # rows per pass of a shared block instance; 0 = the default
     cobatch_linger_s: float = -1.0  # wait for a co-step's chains to resubmit; < 0 = default
+    compile_decode: bool = True  # CPU decode steps compiled (engine/decode_graph.py; issue 16)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -88,6 +91,7 @@ async def serve(cfg: AgentConfig) -> None:
     devs, nvml_status = devices.parse_devices(cfg.devices)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    compile_policy.set_default(cfg.compile_decode)  # $TESSERA_COMPILE_DECODE still overrides
     tls = transport.tls_from_env()
     server = transport.server(
         (authz.Authorizer(tls=tls is not None, model_root=cfg.model_root or None),)
@@ -163,4 +167,9 @@ def run(cfg: AgentConfig) -> int:
     except devices.DeviceError as exc:
         sys.stderr.write(f"tessera agent: {exc}\n")
         return 2
+    if decode_graph.warming():  # a compile thread cannot be stopped; exiting under it aborts
+        logging.getLogger(__name__).info("stopped during a decode warm-up: exiting at once")
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(0)
     return 0

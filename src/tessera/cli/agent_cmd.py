@@ -88,6 +88,13 @@ def register(sub: Any) -> None:
         "pipelines made by an overload drop (default: $TESSERA_COST_PROFILE; unset: a "
         "documented default)",
     )
+    p.add_argument(
+        "--no-compile-decode",
+        dest="compile_decode",
+        action="store_false",
+        help="run decode steps eagerly (default on CPU: compiled with torch.compile, warmed "
+        "up in the background after each load; TESSERA_COMPILE_DECODE=0 also turns it off)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -111,5 +118,6 @@ def _run(args: argparse.Namespace) -> int:
         pipeline_microbatches=args.pipeline_microbatches,
         storage_bytes_per_s=args.storage_bandwidth,
         cost_profile=args.cost_profile,
+        compile_decode=args.compile_decode,
     )
     return server.run(cfg)
