@@ -38,7 +38,15 @@ from tessera_agent import (
     switch_fetch,
     tp_member,
 )
-from tessera_agent.engine import block_zoo, errors, layer_run, loader, replica, stage
+from tessera_agent.engine import (
+    block_zoo,
+    compile_policy,
+    errors,
+    layer_run,
+    loader,
+    replica,
+    stage,
+)
 from tessera_agent.transfer import block_copy, group
 
 log = logging.getLogger(__name__)
@@ -213,12 +221,22 @@ class Hosting:
                 report, tensors = await loop.run_in_executor(
                     self.loader, equivalence_share.prepare, self.shares, spec, cfg, tensors
                 )
+            graph_bytes = compile_policy.load_reserve(  # compiled decode's packed weights
+                cfg,
+                spec.start,
+                spec.end,
+                stage.torch_dtype(spec.dtype),
+                spec.tp_size,
+                dev.torch_device(),
+                dev.free_bytes - planned[1],
+                spec.kv_bytes,
+            )
             loaded = await loop.run_in_executor(
                 self.loader,
                 stage.load_stage,
                 spec,
                 dev.torch_device(),
-                dev.free_bytes,
+                dev.free_bytes - graph_bytes,
                 planned,
                 tensors,
                 self.zoo if self.defaults.block_zoo else None,
@@ -226,6 +244,11 @@ class Hosting:
             loaded.equivalence = report
             h = hosted.Hosted(loaded)
             self.memory.book(dev.id, h.holder, loaded.own_param_bytes + loaded.kv_bytes)
+            if graph_bytes:
+                self.memory.book(dev.id, f"{h.holder}/decode-graph", graph_bytes)
+            compile_policy.begin(
+                loaded.runner.decode_graph, graph_bytes, loaded.runner.cache.layers()
+            )
             if loaded.pieces is not None:  # each new piece is booked once, for every user
                 for piece in loaded.pieces.adopted.new:
                     self.memory.book(dev.id, piece.holder, self.zoo.nbytes(piece))
@@ -338,6 +361,7 @@ class Hosting:
             for k in [k for k in d.used if k.startswith(f"run:{replica_id}/")]:
                 del d.used[k]
         self.memory.release(h.stage.spec.device, h.holder)
+        self.memory.release(h.stage.spec.device, f"{h.holder}/decode-graph")
         if h.stage.pieces is not None:  # pieces no other block uses are freed
             for piece in h.stage.pieces.release():
                 self.memory.release(h.stage.spec.device, piece.holder)

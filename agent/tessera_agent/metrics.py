@@ -23,6 +23,7 @@ class AgentState(Protocol):
     agent_id: str
     devices: dict[str, Any]
     hosted: dict[tuple[str, int], Any]
+    compute: Any  # the compute executor (`cobatch.CoBatchExecutor` has `stats`)
 
 
 class _StateCollector(Collector):
@@ -85,8 +86,17 @@ class _StateCollector(Collector):
             "Scheduler steps completed by a replica",
             labels=["replica"],
         )
+        graph = GaugeMetricFamily(
+            "tessera_agent_decode_graph_ready",
+            "1 once a stage's compiled decode has warmed up (0: warming, failed or off; "
+            "absent: eager by configuration)",
+            labels=["replica", "stage", "state"],
+        )
         for (rid, idx), h in list(self.state.hosted.items()):
             params.add_metric([rid, str(idx)], h.stage.param_bytes)
+            g = h.stage.runner.decode_graph
+            if g is not None:
+                graph.add_metric([rid, str(idx), g.state], 1.0 if g.state == "ready" else 0.0)
             kvb.add_metric([rid, str(idx)], h.stage.kv_bytes)
             if h.leader is not None:
                 s = h.leader.stats()
@@ -98,6 +108,7 @@ class _StateCollector(Collector):
                 hits.add_metric([rid], s.prefix_hit_tokens)
                 cached.add_metric([rid], s.cached_pages)
                 steps.add_metric([rid], h.leader.steps)
+        yield from _cobatch(getattr(self.state.compute, "stats", None))
         yield from (
             cap,
             free,
@@ -111,7 +122,49 @@ class _StateCollector(Collector):
             hits,
             cached,
             steps,
+            graph,
         )
+
+
+def _cobatch(stats: Any) -> Iterator[CounterMetricFamily]:
+    """The compute thread's per-block batching (`engine/cobatch.py`), when it co-batches."""
+    if stats is None:
+        return
+    steps = CounterMetricFamily(
+        "tessera_agent_cobatch_steps",
+        "Steps run by the compute thread: alone, or co-batched with other chains' steps",
+        labels=["mode"],
+    )
+    steps.add_metric(["solo"], stats.solo_steps)
+    steps.add_metric(["cobatched"], stats.cobatched_steps)
+    passes = CounterMetricFamily(
+        "tessera_agent_cobatch_passes",
+        "Passes of block instances in co-steps: over several chains' rows, or one chain's",
+        labels=["rows_of"],
+    )
+    passes.add_metric(["several"], sum(n for (_, k), n in stats.passes.items() if k > 1))
+    passes.add_metric(["one"], sum(n for (_, k), n in stats.passes.items() if k == 1))
+    deferred = CounterMetricFamily(
+        "tessera_agent_cobatch_deferred",
+        "Times a queued step waited for the next co-step (batch limit or its chain busy)",
+    )
+    deferred.add_metric([], stats.deferred)
+    waits = CounterMetricFamily(
+        "tessera_agent_cobatch_waits",
+        "Waits of the compute thread for chains expected to bring a step to co-batch",
+        labels=["outcome"],
+    )
+    for outcome in ("joined", "timeout"):
+        waits.add_metric([outcome], stats.waits[outcome])
+    wait_s = CounterMetricFamily(
+        "tessera_agent_cobatch_wait_seconds", "Seconds the compute thread waited for partners"
+    )
+    wait_s.add_metric([], stats.wait_s)
+    busy = CounterMetricFamily(
+        "tessera_agent_cobatch_busy_seconds", "Seconds the compute thread spent running steps"
+    )
+    busy.add_metric([], stats.busy_s)
+    yield from (steps, passes, deferred, waits, wait_s, busy)
 
 
 class AgentMetrics:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -21,10 +22,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tessera import event_loop
 from tessera.cost import profile as profile_mod
-from tessera.policies import microbatch
+from tessera.policies import block_batching, microbatch
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import authz, devices, load_config, servicer
+from tessera_agent.engine import compile_policy, decode_graph
 from tessera_agent.transfer import store
 
 VERSION = "0.1.0"
@@ -46,6 +48,10 @@ class AgentConfig:
     pipeline_microbatches: int = 0  # in flight per pipelined replica led here; 0 = its stages
     storage_bytes_per_s: float = 0.0  # declared checkpoint read speed (issue 11); 0 = as is
     cost_profile: str = ""  # `tessera profile --out` JSON: lookahead's Eq. 1 (issue 13)
+    cobatch: bool = True  # co-batch steps of chains sharing blocks (issue 14, cobatch.py)
+    cobatch_rows: int = 0  # rows per pass of a shared block instance; 0 = the default
+    cobatch_linger_s: float = -1.0  # wait for a co-step's chains to resubmit; < 0 = default
+    compile_decode: bool = True  # CPU decode steps compiled (engine/decode_graph.py; issue 16)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -56,6 +62,8 @@ class AgentConfig:
             raise ValueError(f"metrics_port: {self.metrics_port} is not a TCP port")
         if self.threads < 0:
             raise ValueError("threads: must be >= 0")
+        if self.cobatch_rows < 0:
+            raise ValueError("cobatch_rows: must be >= 0")
 
 
 def split_config(cost_profile: str) -> microbatch.SplitConfig:
@@ -71,10 +79,20 @@ def split_config(cost_profile: str) -> microbatch.SplitConfig:
     return microbatch.SplitConfig(cost=microbatch.chunk_cost(prof, 1))
 
 
+def cobatch_limits(cfg: AgentConfig) -> block_batching.BatchLimits | None:
+    """Per-block batch limits of the compute thread; None = no co-batching."""
+    if not cfg.cobatch:
+        return None
+    rows = cfg.cobatch_rows or block_batching.DEFAULT_ROWS_PER_PASS
+    linger = cfg.cobatch_linger_s if cfg.cobatch_linger_s >= 0 else block_batching.DEFAULT_LINGER_S
+    return block_batching.BatchLimits(rows_per_pass=rows, linger_s=linger)
+
+
 async def serve(cfg: AgentConfig) -> None:
     devs, nvml_status = devices.parse_devices(cfg.devices)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    compile_policy.set_default(cfg.compile_decode)  # $TESSERA_COMPILE_DECODE still overrides
     tls = transport.tls_from_env()
     server = transport.server(
         (authz.Authorizer(tls=tls is not None, model_root=cfg.model_root or None),)
@@ -94,6 +112,7 @@ async def serve(cfg: AgentConfig) -> None:
         VERSION,
         defaults=defaults,
         store_address=f"{cfg.host}:{rendezvous.port}",
+        cobatch=cobatch_limits(cfg),
     )
     pb_grpc.add_AgentServicer_to_server(svc, server)
     health_svc = health.aio.HealthServicer()
@@ -149,4 +168,9 @@ def run(cfg: AgentConfig) -> int:
     except devices.DeviceError as exc:
         sys.stderr.write(f"tessera agent: {exc}\n")
         return 2
+    if decode_graph.warming():  # a compile thread cannot be stopped; exiting under it aborts
+        logging.getLogger(__name__).info("stopped during a decode warm-up: exiting at once")
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(0)
     return 0

@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 import torch
 
+from tessera.policies import block_batching
 from tessera.rpc import blocks as rpc_blocks
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
@@ -40,6 +41,7 @@ from tessera_agent import (
     tensor_transfer,
     variants,
 )
+from tessera_agent.engine import cobatch as cobatch_mod
 from tessera_agent.engine import errors, profiler, replica, stage
 from tessera_agent.transfer import block_copy, group, kv_copy
 
@@ -56,6 +58,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         prefix_caching: bool = True,
         defaults: load_config.LoadDefaults | None = None,
         store_address: str = "",
+        cobatch: block_batching.BatchLimits | None = None,
     ) -> None:
         self.agent_id, self.nvml_status, self.version = agent_id, nvml_status, version
         self.store_address = store_address  # this agent's rendezvous store (data plane)
@@ -63,7 +66,12 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         self.defaults = defaults
         self.memory = booking.Booking(agent_id, devs)
         self.devices = self.memory.devices
-        self.compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compute")
+        # One compute thread; co-batching the steps of chains that share blocks unless off.
+        self.compute: concurrent.futures.Executor = (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compute")
+            if cobatch is None
+            else cobatch_mod.CoBatchExecutor(cobatch)
+        )
         self.hosting = hosting.Hosting(agent_id, self.memory, defaults, self.compute, store_address)
         self.hosted = self.hosting.hosted  # read by the metrics collector and StageStream
         # Module-level scaling (scaling_rpc.py): runs of this agent's stages, runs held here.

@@ -21,7 +21,7 @@ import torch
 
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import convert, grpc_status, hosted, stage_client
-from tessera_agent.engine import errors, step
+from tessera_agent.engine import cobatch, errors, step
 
 Hosting = Mapping[tuple[str, int], hosted.Hosted]
 
@@ -64,8 +64,7 @@ async def _step(
         n = sum(c.num_tokens for c in inp.chunks)
         dtype = getattr(torch, msg.step.hidden_dtype or "float32")
         inp.hidden = await link.receive((n, h.stage.cfg.hidden_size), dtype, inp.step_id)
-    loop = asyncio.get_running_loop()
-    out = await loop.run_in_executor(compute, h.stage.runner.execute, inp)
+    out = await cobatch.run_step(compute, h.stage.runner, inp)
     if downstream is not None:
         out = await downstream.submit(step.next_stage_input(inp, out))
     elif inp.result_on_link and out.sampled and not out.logprobs:

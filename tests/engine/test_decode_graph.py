@@ -3,17 +3,23 @@ log-probabilities; the eager fused ops (RMSNorm, RoPE) are bitwise the reference
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import copy
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
-from tessera_agent import tiny_checkpoint
-from tessera_agent.engine import attention, decode_graph, model, sampling
+from tessera import blocks
+from tessera_agent import booking, devices, hosting, load_config, metrics, tiny_checkpoint
+from tessera_agent.engine import attention, compile_policy, config, decode_graph, model, sampling
 from tests.conftest import hf_greedy, hf_greedy_logprobs
 from tests.engine import helpers
 
 NEW = 10
+MiB = 1 << 20
 
 
 def _hf_rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -62,18 +68,28 @@ def small_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_compiled_decode_matches_hf(small_llama: Path, prompts: list[list[int]]) -> None:
     """Staggered arrivals over a 2-stage pipeline: pure-decode steps run compiled on both
-    stages (first stage from token ids, second from hidden states), mixed steps eagerly;
-    greedy tokens equal transformers', log-probabilities within the oracle's tolerance."""
+    stages (first stage from token ids, second from hidden states), and the mixed step of
+    the late arrival splits (running decodes compiled, its prompt eagerly); greedy tokens
+    equal transformers', log-probabilities within the oracle's tolerance; the warm-up
+    covered every step's shape (nothing compiled on a request's step)."""
     stages = helpers.load(small_llama, [(0, 1), (1, 2)])
+    graphs = []
     for st in stages:
-        st.runner.decode_graph = decode_graph.CompiledDecode(st.runner.model, st.runner.device)
+        r = st.runner
+        g = decode_graph.CompiledDecode(r.model, r.device, r.page_size)
+        g.warm_up(r.cache.layers())
+        assert g.state == "ready" and g.compiles >= 2
+        r.decode_graph = g
+        r.split_min_decodes = 1  # the late arrival's step: 3 decodes + 1 prompt
+        graphs.append((g, g.compiles))
     params = sampling.SamplingParams(max_tokens=NEW, ignore_eos=True, logprobs=0)
     sink: dict[int, list] = {}  # type: ignore[type-arg]
     delays = [0.0, 0.0, 0.0, 0.05]
     out, _ = helpers.run(stages, prompts[:4], params, delays=delays, sink=sink)
     assert out == [hf_greedy(small_llama, p, NEW) for p in prompts[:4]]
-    for st in stages:
-        assert st.runner.decode_graph is not None and st.runner.decode_graph.calls > 0
+    for g, warmed in graphs:
+        assert g.calls > 0 and g.compiles == warmed  # batch 1..4, contexts 2..50: no recompile
+    assert all(st.runner.split_steps > 0 for st in stages)
     for i, p in enumerate(prompts[:4]):
         _, ref = hf_greedy_logprobs(small_llama, p, NEW)
         got = torch.tensor([ev.logprobs.logprob for ev in sink[i]])
@@ -81,10 +97,133 @@ def test_compiled_decode_matches_hf(small_llama: Path, prompts: list[list[int]])
         assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
 
 
-def test_env_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(decode_graph.ENV, "1")
-    assert decode_graph.enabled_from_env()
-    monkeypatch.setenv(decode_graph.ENV, "0")
-    assert not decode_graph.enabled_from_env()
-    monkeypatch.delenv(decode_graph.ENV)
-    assert not decode_graph.enabled_from_env()
+def test_env_switch_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(compile_policy, "_default", False)
+    monkeypatch.setenv(compile_policy.ENV, "1")
+    assert compile_policy.mode_from_env(cpu) == "on" and compile_policy.enabled_from_env(cuda)
+    monkeypatch.setenv(compile_policy.ENV, "wait")
+    assert compile_policy.mode_from_env(cpu) == "wait"
+    monkeypatch.setenv(compile_policy.ENV, "bogus")
+    assert not compile_policy.enabled_from_env(cpu)
+    monkeypatch.delenv(compile_policy.ENV)
+    assert not compile_policy.enabled_from_env(cpu)  # in-process engines: off by default
+    compile_policy.set_default(True)  # what `tessera agent` does
+    assert compile_policy.mode_from_env(cpu) == "on"
+    assert not compile_policy.enabled_from_env(cuda)  # CUDA: only when the variable asks
+    monkeypatch.setenv(compile_policy.ENV, "0")  # the off switch beats the agent's default
+    assert not compile_policy.enabled_from_env(cpu)
+
+
+def test_load_reserve_books_the_packed_copy_only_where_it_fits(tiny_llama: Path) -> None:
+    cfg = config.ModelConfig.from_path(tiny_llama)
+    need = compile_policy.planned_packed_bytes(cfg, 0, 8, torch.float32)
+    stages = helpers.load(tiny_llama, [(0, 8)])
+    assert need == compile_policy.packed_bytes(stages[0].runner.model)  # the loaded layers'
+    args = (cfg, 0, 8, torch.float32)
+    cpu = torch.device("cpu")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(compile_policy.ENV, "1")
+        assert compile_policy.load_reserve(*args, 1, cpu, 10 * need, 0) == need
+        assert compile_policy.load_reserve(*args, 1, cpu, 2 * need, 0) == need  # half the rest
+        assert compile_policy.load_reserve(*args, 1, cpu, 2 * need - 1, 0) == 0
+        assert compile_policy.load_reserve(*args, 1, cpu, need + 8, 8) == need  # fixed KV
+        assert compile_policy.load_reserve(*args, 1, cpu, need + 8, 9) == 0
+        assert compile_policy.load_reserve(*args, 2, cpu, 10 * need, 0) == 0  # TP: eager
+        mp.setenv(compile_policy.ENV, "0")
+        assert compile_policy.load_reserve(*args, 1, cpu, 10 * need, 0) == 0
+
+
+class _Stub(decode_graph.CompiledDecode):
+    """Records warm-up starts instead of compiling (the booking and fallback tests)."""
+
+    def start(self, kv_like: decode_graph.KV) -> None:
+        self.started = getattr(self, "started", 0) + 1
+        self.state = "warming"
+
+
+def test_not_ready_or_uncovered_steps_run_eagerly_and_failures_are_loud(
+    tiny_llama: Path, prompts: list[list[int]], caplog: pytest.LogCaptureFixture
+) -> None:
+    stages = helpers.load(tiny_llama, [(0, 8)])
+    r = stages[0].runner
+    g = _Stub(r.model, r.device, r.page_size)
+    r.decode_graph = g
+    params = sampling.SamplingParams(max_tokens=6, ignore_eos=True)
+    want = [hf_greedy(tiny_llama, p, 6) for p in prompts[:3]]
+    out, _ = helpers.run(stages, prompts[:3], params)
+    assert out == want and g.started == 1 and g.calls == 0  # warming: every step eager
+
+    def broken(*a: object, **k: object) -> torch.Tensor:
+        raise RuntimeError("inductor blew up")
+
+    g.state, g._fn = "ready", broken  # a compiled step that raises: eager, logged, off
+    with caplog.at_level("ERROR", logger=decode_graph.__name__):
+        out, _ = helpers.run(stages, prompts[:3], params)
+    assert out == want and g.state == "failed" and "step failed" in g.reason
+    assert "running eagerly" in caplog.text
+    g2 = _Stub(r.model, r.device, r.page_size)
+    g2.state = "ready"
+    one = attention.build_metadata([attention.ChunkGeometry(0, 1, (0,))], 16, r.device)
+    assert g2(torch.zeros(1, dtype=torch.long), one, r.cache.layers()) is None  # context 1
+    assert g2.calls == 0 and g2.state == "ready"
+    # A memory shift swaps layer objects: the compiled code is dropped, warmed up again.
+    r.model.layers[0] = copy.deepcopy(r.model.layers[0])
+    two = attention.build_metadata([attention.ChunkGeometry(1, 1, (0,))], 16, r.device)
+    assert g2(torch.zeros(1, dtype=torch.long), two, r.cache.layers()) is None
+    assert g2.state == "warming" and g2.started == 1
+
+
+def test_agent_books_the_packed_copy_and_starts_the_warm_up(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent with the path on (its default) holds the packed copy's bytes back from
+    the KV pool, books them beside the block, starts the warm-up at load (not on a
+    request) and gives the bytes back at unload; a copy that does not fit turns it off."""
+    monkeypatch.setenv(compile_policy.ENV, "1")
+    monkeypatch.setattr(decode_graph, "CompiledDecode", _Stub)
+    dev = devices.Device("cpu:0", "cpu", "virtual CPU device", 256 * MiB)
+    hs = hosting.Hosting(
+        "a0",
+        booking.Booking("a0", [dev]),
+        load_config.LoadDefaults(),
+        concurrent.futures.ThreadPoolExecutor(1),
+    )
+    cfg = config.ModelConfig.from_path(tiny_llama)
+    need = compile_policy.planned_packed_bytes(cfg, 0, 8, torch.float32)
+
+    async def run() -> None:
+        loaded = await hs.load(blocks.Block(str(tiny_llama), 0, 8, replica_id="r0"))
+        st = loaded.hosted.stage
+        g = st.runner.decode_graph
+        assert isinstance(g, _Stub) and g.started == 1 and g.state == "warming"
+        assert dev.used["r0/0/decode-graph"] == need
+        assert dev.free_bytes < st.runner.cache.layout.bytes_per_page  # the pool: the rest
+        assert st.kv_bytes <= 256 * MiB - st.param_bytes - need
+        state = types.SimpleNamespace(agent_id="a0", devices={dev.id: dev}, hosted=hs.hosted)
+        fams = {f.name: f for f in metrics._StateCollector(state).collect()}
+        (sample,) = fams["tessera_agent_decode_graph_ready"].samples
+        assert sample.labels["state"] == "warming" and sample.value == 0.0
+        await hs.unload("r0", 0)
+        assert dev.used == {}
+        tight = 256 * MiB - st.param_bytes - need // 2  # fixed KV leaves no room for it
+        small = await hs.load(blocks.Block(str(tiny_llama), 0, 8, replica_id="r1", kv_bytes=tight))
+        g = small.hosted.stage.runner.decode_graph
+        assert g is not None and g.state == "off" and "do not fit" in g.reason
+        assert "r1/0/decode-graph" not in dev.used
+
+    asyncio.run(run())
+
+
+def test_split_threshold_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tessera_agent.engine import runner
+
+    monkeypatch.delenv(runner.SPLIT_ENV, raising=False)
+    assert runner.split_min_decodes() == runner.SPLIT_MIN_DECODES
+    monkeypatch.setenv(runner.SPLIT_ENV, "8")
+    assert runner.split_min_decodes() == 8
+    monkeypatch.setenv(runner.SPLIT_ENV, "0")  # off: no step has that many decodes
+    assert runner.split_min_decodes() > 1 << 40
+    monkeypatch.setenv(runner.SPLIT_ENV, "many")
+    with pytest.raises(ValueError, match="not an integer"):
+        runner.split_min_decodes()

@@ -16,6 +16,7 @@ Called by `runner.py` (metadata) and `model.py` (attention).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -86,6 +87,11 @@ class AttentionMetadata:
     max_position: int = 0  # largest position in the step (sizes the RoPE table)
     cos: torch.Tensor | None = None  # [T, head_dim], filled by StageModel.forward
     sin: torch.Tensor | None = None  # [T, head_dim], sin with its first half negated
+    # Eager steps gather every layer's decode K/V into two buffers made once per step (a
+    # fresh multi-MB tensor per layer cost 20 % of a 48-decode step in page faults);
+    # the compiled decode graph leaves this off and allocates inside its own code.
+    reuse_gather: bool = False
+    gather_out: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def slots_of(block_table: Sequence[int], length: int, page_size: int) -> torch.Tensor:
@@ -165,6 +171,7 @@ def build_metadata(
         decode_leading=decode_rows == list(range(len(decode_rows))),
         fresh=fresh,
         max_position=max((c.start + c.num_tokens - 1 for c in chunks), default=0),
+        reuse_gather=True,
     )
 
 
@@ -227,8 +234,19 @@ def _decode(
     b, lmax = md.decode_gather.shape
     hd = qd.shape[-1]
     flat = md.decode_gather.reshape(-1)  # index_select beats advanced indexing
-    kd = k_cache.index_select(0, flat).view(b, lmax, nkv, hd).transpose(1, 2)
-    vd = v_cache.index_select(0, flat).view(b, lmax, nkv, hd).transpose(1, 2)
+    if md.reuse_gather:
+        out = md.gather_out
+        if out is None or out[0].dtype != k_cache.dtype or out[0].shape[1:] != (nkv, hd):
+            make = functools.partial(
+                torch.empty, flat.numel(), nkv, hd, dtype=k_cache.dtype, device=k_cache.device
+            )
+            out = md.gather_out = (make(), make())
+        kg = torch.index_select(k_cache, 0, flat, out=out[0])
+        vg = torch.index_select(v_cache, 0, flat, out=out[1])
+    else:
+        kg, vg = k_cache.index_select(0, flat), v_cache.index_select(0, flat)
+    kd = kg.view(b, lmax, nkv, hd).transpose(1, 2)
+    vd = vg.view(b, lmax, nkv, hd).transpose(1, 2)
     od = F.scaled_dot_product_attention(
         qd.unsqueeze(2), kd, vd, attn_mask=md.decode_mask, scale=scale, enable_gqa=True
     )

@@ -1,51 +1,69 @@
-"""Compiled decode: a stage's pure-decode forward through `torch.compile` (opt-in).
+"""Compiled decode: a stage's pure-decode forward through `torch.compile`, warmed up off the
+request path.
 
 A decode step runs the same few dozen small ops per layer every step; eager PyTorch
 dispatches each from Python. Compiled, Inductor fuses the elementwise work (RMSNorm,
 RoPE, residuals, SiLU x up) into generated kernels and runs the step with one guard check
 instead of hundreds of dispatches. On CPU it compiles with Inductor's `freezing`: the
 weights become constants of the graph, prepacked once for MKL's matmul instead of being
-packed on every call (the larger share of the gain at batch 8). The frozen graph holds
-that packed copy beside the parameters (about the stage's parameter bytes again, not
-booked against the agent's memory budget) and would not see weights changed in place, so
-a `CompiledDecode` is tied to the layer objects it first ran: when a memory shift swaps
-them, it starts over (and its compiled code, with its copy, is dropped with it). On a CUDA
-device the step is compiled with
-`mode="reduce-overhead"`, i.e. captured as CUDA graphs and replayed (the GPU path; no GPU
-was lent while this was written, so it has not been exercised).
+packed on every call (the larger share of the gain at batch 8).
 
-Opt-in, because compiling costs tens of seconds per process on a small CPU (the FX graph
-cache in the temporary directory makes later processes faster): set
-`TESSERA_COMPILE_DECODE=1` in the environment of the agent (or of `tessera bench engine`,
-which also has `--compile`). Only steps whose every row is a decode, on stages without
-LoRA adapters or tensor parallelism, take this path; every other step runs eagerly, so the
-result is the same model. Compiled kernels may order float reductions differently from
-eager ones (logits agree to ~1e-6); greedy tokens are checked against `transformers` in
-`tests/engine/test_decode_graph.py`.
+Life of a `CompiledDecode`:
+- **warm-up, never on a request's step.** `start` compiles on a background thread (or
+  `warm_up` synchronously, for benches and tests) by running the stage's real layers over
+  a scratch KV pool with synthetic decode batches: one of batch 1 (Dynamo specializes
+  size 1) and one of a general batch size and context length, chosen unlike every other
+  input dimension so that the general graph covers every batch of two or more rows and
+  every context. Until it is `ready`, every step runs eagerly (same model, same tokens).
+- **bounded recompiles.** A step whose shape the warm-up did not cover (a context of one
+  token: every row at position 0) runs eagerly instead of compiling; a compile that
+  happens anyway after `ready` is counted (`compiles`) and logged as a warning.
+- **loud fallbacks.** A warm-up or a compiled step that raises turns the path off for this
+  stage with the traceback in the log (`state` "failed", `reason`); the step in hand is
+  rerun eagerly (it rewrites the same KV slots with the same keys and values).
+- **memory.** The frozen graph holds a packed copy of the layers' projection weights
+  beside the parameters: `packed_bytes` (the agent books it on the device, `hosting.py`,
+  and turns the path off for a stage whose copy would not fit). The copy is tied to the
+  layer objects it was built from: when a memory shift or a drop swaps them, the compiled
+  code (and its copy) is dropped and warmed up again in the background.
 
-Called by `runner.py` (`StageRunner.execute`).
+When it is on, and what an agent holds back for it: `compile_policy.py`. Default: on for
+CPU stages of an agent process (`tessera agent`, and so `tessera up`,
+call `set_default(True)`), off for engines built in-process (tests, `tessera generate`,
+the benches unless asked). `TESSERA_COMPILE_DECODE` overrides both: `0` off, `1` on
+(background warm-up), `wait` on with the warm-up done synchronously when the stage is
+built (tests that must exercise the compiled path). On a CUDA device it is only used when
+the variable asks, and compiles with `mode="reduce-overhead"` (CUDA graphs; written, not
+exercised: no GPU was lent while this was written). Steps whose every row is a decode,
+and the leading decode rows of a large mixed step (`runner.py` splits it), on stages
+without LoRA adapters or tensor parallelism, take this path; compiled
+kernels may order float reductions differently from eager ones (logits agree to ~1e-6);
+greedy tokens are checked against `transformers` in `tests/engine/test_decode_graph.py`.
+
+Called by `runner.py` (`StageRunner.execute`), `compile_policy.begin` (the agent's
+warm-up after a load) and `bench_engine.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
+import logging
+import threading
 import time
 import types
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch._inductor.config as inductor_config
 
-from tessera_agent.engine import attention
+from tessera_agent.engine import attention, compile_policy
 from tessera_agent.engine import model as model_mod
 
-ENV = "TESSERA_COMPILE_DECODE"
+log = logging.getLogger(__name__)
 
-
-def enabled_from_env() -> bool:
-    """Whether `TESSERA_COMPILE_DECODE` asks for the compiled decode path."""
-    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # a stage's pool: (K, V) per local layer
 
 
 def is_pure_decode(md: attention.AttentionMetadata) -> bool:
@@ -93,28 +111,62 @@ def _fingerprint(model: model_mod.StageModel) -> tuple[int, ...]:
     return (id(model.embed_tokens), id(model.lm_head), *(id(layer) for layer in model.layers))
 
 
-class CompiledDecode:
-    """The compiled pure-decode forward of one stage model (compiled on first use)."""
+_warmups: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
-    def __init__(self, model: model_mod.StageModel, device: torch.device) -> None:
-        self.model, self.device = model, device
-        self.calls = 0
-        self.first_call_s = 0.0  # wall time of the first call: mostly compiling
+
+def warming() -> bool:
+    """Whether a background warm-up is compiling in this process now."""
+    return any(t.is_alive() for t in list(_warmups))
+
+
+def _distinct(start: int, taken: set[int]) -> int:
+    n = start
+    while n in taken:
+        n += 1
+    return n
+
+
+class CompiledDecode:
+    """The compiled pure-decode forward of one stage model."""
+
+    def __init__(self, model: model_mod.StageModel, device: torch.device, page_size: int) -> None:
+        self.model, self.device, self.page_size = model, device, page_size
+        self.calls = 0  # steps run compiled
+        self.compiles = 0  # graphs Inductor built (warm-up: 2; more is logged)
+        self.warmup_s = 0.0  # wall time of the last warm-up (mostly compiling)
+        self.state = "cold"  # cold -> warming -> ready | failed | off
+        self.reason = ""  # why failed/off
+        self._gen = 0  # bumped by every rebuild; a stale warm-up does not publish
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
         self._build()
 
+    # -- building -------------------------------------------------------------------------
     def _build(self) -> None:
         # A private copy of the code object: dynamo keeps compiled code per code object,
         # so this instance's graphs (and frozen weights) live and die with it.
         fn = types.FunctionType(_forward.__code__.replace(), _forward.__globals__, "_forward")
+        backend = self._counting_backend()
         if self.device.type == "cuda":  # CUDA graphs captured and replayed per shape
-            self._fn: Any = torch.compile(fn, dynamic=True, mode="reduce-overhead")
+            self._fn: Callable[..., torch.Tensor] = torch.compile(
+                fn, dynamic=True, mode="reduce-overhead"
+            )
         else:
-            self._fn = torch.compile(fn, dynamic=True)
+            self._fn = torch.compile(fn, dynamic=True, backend=backend)
         self._for = _fingerprint(self.model)
 
+    def _counting_backend(self) -> Callable[..., Any]:
+        def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+            from torch._inductor.compile_fx import compile_fx
+
+            self.compiles += 1
+            return compile_fx(gm, example_inputs)
+
+        return backend
+
     def _config(self) -> contextlib.AbstractContextManager[Any]:
-        # Compiling happens inside the call (first call, new shapes); `freezing` must be
-        # set then (passed as `torch.compile(options=...)` it did not take effect here).
+        # Compiling happens inside the call; `freezing` must be set then (passed as
+        # `torch.compile(options=...)` it did not take effect here).
         if self.device.type == "cuda":
             return contextlib.nullcontext()
         patched: contextlib.AbstractContextManager[Any] = inductor_config.patch(freezing=True)
@@ -125,31 +177,172 @@ class CompiledDecode:
         """Stages this path serves: no LoRA wrappers, no TP all-reduce inside a layer."""
         return not has_lora and model.shard.size == 1
 
-    def __call__(
+    @property
+    def packed_bytes(self) -> int:
+        return compile_policy.packed_bytes(self.model) if self.device.type == "cpu" else 0
+
+    def disable(self, reason: str) -> None:
+        """Turn the path off for this stage (every step eager from now on)."""
+        with self._lock:
+            self._gen += 1
+            self.state, self.reason = "off", reason
+        log.warning("compiled decode off for layers [%d, %d): %s", *self._range(), reason)
+
+    def _range(self) -> tuple[int, int]:
+        return self.model.start, self.model.end
+
+    # -- warm-up --------------------------------------------------------------------------
+    def _shapes(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, int, int]:
+        """A general batch size, context length and scratch pool size: unlike each other
+        and every fixed input dimension, so Dynamo's duck sizing ties none of them."""
+        _, nkv, hd = kv[0][0].shape
+        taken = {0, 1, nkv, hd, self.model.cfg.hidden_size, self.page_size}
+        b = _distinct(2, taken)
+        ctx = _distinct(self.page_size + 3, taken | {b})
+        pages = -(-ctx // self.page_size) + 1
+        slots = _distinct(pages * self.page_size, taken | {b, ctx})
+        return b, ctx, slots
+
+    def _run_synthetic(self, kv_like: KV, b: int, ctx: int, slots: int) -> None:
+        ps = self.page_size
+        k0 = kv_like[0][0]
+        # Made the way the real pool is (outside inference mode): Dynamo guards on the
+        # tensors' dispatch keys, and an inference tensor's differ.
+        with torch.inference_mode(k0.is_inference()):
+            scratch = [
+                (
+                    torch.zeros(slots, *k0.shape[1:], dtype=k0.dtype, device=k0.device),
+                    torch.zeros(slots, *k0.shape[1:], dtype=k0.dtype, device=k0.device),
+                )
+                for _ in kv_like
+            ]
+        table = tuple(range(-(-ctx // ps)))
+        chunks = [attention.ChunkGeometry(ctx - 1, 1, table) for _ in range(b)]
+        md = attention.build_metadata(chunks, ps, self.device)
+        if self.model.is_first:
+            x = torch.zeros(b, dtype=torch.long, device=self.device)
+        else:
+            x = torch.zeros(b, self.model.cfg.hidden_size, dtype=self.model.dtype_)
+            x = x.to(self.device)
+        self._invoke(x, md, scratch)
+
+    def warm_up(self, kv_like: KV) -> float:
+        """Compile now (batch 1 and the general shape), on the calling thread; returns the
+        seconds it took. Raises what compiling raises."""
+        with self._lock:
+            gen = self._gen
+            self.state = "warming"
+        t0 = time.perf_counter()
+        b, ctx, slots = self._shapes(kv_like)
+        with torch.inference_mode():
+            self._run_synthetic(kv_like, 1, ctx, slots)
+            self._run_synthetic(kv_like, b, ctx, slots)
+        took = time.perf_counter() - t0
+        with self._lock:
+            if gen == self._gen:
+                self.state, self.warmup_s = "ready", took
+        log.info(
+            "compiled decode ready for layers [%d, %d) in %.1f s (%d graphs, %d packed bytes)",
+            *self._range(),
+            took,
+            self.compiles,
+            self.packed_bytes,
+        )
+        return took
+
+    def start(self, kv_like: KV) -> None:
+        """Warm up on a background thread; steps run eagerly until it is done."""
+        with self._lock:
+            if self.state != "cold":
+                return
+            self.state = "warming"
+
+        def work() -> None:
+            try:
+                self.warm_up(kv_like)
+            except Exception as exc:  # any compile failure: eager from now on, loudly
+                log.exception(
+                    "compiled decode warm-up failed for layers [%d, %d); running eagerly",
+                    *self._range(),
+                )
+                with self._lock:
+                    self.state, self.reason = "failed", f"warm-up failed: {exc!r}"
+
+        self._thread = threading.Thread(target=work, name="decode-graph-warmup", daemon=True)
+        _warmups.add(self._thread)
+        self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until a background warm-up ends; returns the state."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.state
+
+    # -- serving --------------------------------------------------------------------------
+    def _invoke(
         self,
         x: torch.Tensor,
         md: attention.AttentionMetadata,
-        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        kv: KV,
     ) -> torch.Tensor:
-        model = self.model
-        if _fingerprint(model) != self._for:  # layers dropped or added since compiling
-            self._build()
-        cos, sin = model.rope_tables(md.positions, md.max_position)
-        t0 = time.perf_counter()
+        cos, sin = self.model.rope_tables(md.positions, md.max_position)
         with self._config():
-            out: torch.Tensor = self._fn(
-                model,
+            return self._fn(
+                self.model,
                 x,
                 md.positions,
                 md.slot_mapping,
                 md.decode_rows,
-                md.decode_gather,
+                # Contiguous whatever the context length (a slice of the page table when it
+                # is not a whole number of pages): Dynamo guards on strides.
+                md.decode_gather.contiguous(),
                 md.decode_mask,
                 cos,
                 sin,
                 kv,
             )
-        if self.calls == 0:
-            self.first_call_s = time.perf_counter() - t0
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        md: attention.AttentionMetadata,
+        kv: KV,
+    ) -> torch.Tensor | None:
+        """The step's hidden states, or None when the step must run eagerly (not warmed up
+        yet, a shape the warm-up did not cover, the path off)."""
+        if _fingerprint(self.model) != self._for:  # layers dropped or swapped since
+            with self._lock:
+                if self.state in ("off", "failed"):
+                    return None
+                self._gen += 1
+                self.state = "cold"
+            log.info(
+                "compiled decode: layers of [%d, %d) changed, warming up again", *self._range()
+            )
+            self._build()
+        if self.state == "cold":
+            self.start(kv)
+            return None
+        if self.state != "ready" or md.decode_gather.shape[1] < 2:
+            return None  # a one-token context is a shape of its own: eager, not compiled
+        before = self.compiles
+        t0 = time.perf_counter()
+        try:
+            out = self._invoke(x, md, kv)
+        except Exception as exc:
+            log.exception(
+                "compiled decode step failed for layers [%d, %d); running eagerly from now on",
+                *self._range(),
+            )
+            with self._lock:
+                self.state, self.reason = "failed", f"step failed: {exc!r}"
+            return None
+        if self.compiles != before:
+            log.warning(
+                "compiled decode recompiled on a step (batch %d, context %d): %.1f s",
+                md.decode_rows.numel(),
+                md.decode_gather.shape[1],
+                time.perf_counter() - t0,
+            )
         self.calls += 1
         return out

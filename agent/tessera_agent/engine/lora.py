@@ -216,6 +216,11 @@ class LoraLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y: torch.Tensor = self.base(x)
+        return self.add_delta(x, y)
+
+    def add_delta(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Add each row's adapter delta to `y` = base(x) in place (a co-step runs the
+        base over several chains' rows and calls this on this chain's rows)."""
         slots = self.ctx.token_slots
         if slots is None or not self.parts:
             return y

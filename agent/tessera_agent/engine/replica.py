@@ -26,7 +26,15 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from tessera.policies import microbatch
-from tessera_agent.engine import errors, page_allocator, runner, sampling, scheduler, step
+from tessera_agent.engine import (
+    cobatch,
+    errors,
+    page_allocator,
+    runner,
+    sampling,
+    scheduler,
+    step,
+)
 
 log = logging.getLogger(__name__)
 
@@ -357,10 +365,17 @@ class ReplicaEngine:
             if planned is None:
                 return
             self.splits[budget.split] += 1
-            # Hand the step to the compute thread now, not when the task first runs: the
-            # loop may have other callbacks queued (a step's token messages) before it.
-            computed = asyncio.get_running_loop().run_in_executor(
-                self.executor, self._execute, planned.input
+            # Hand the step to the compute executor first: its submission is queued ahead
+            # of the token messages the caller (`_run`) hands out after this.
+            computed = asyncio.ensure_future(
+                cobatch.run_step(
+                    self.executor,
+                    self.local,
+                    planned.input,
+                    self._execute,
+                    self._account,
+                    lambda: self.num_unfinished > 0,
+                )
             )
             task = asyncio.create_task(self._run(planned, computed))
             self._inflight.add(task)
@@ -403,6 +418,9 @@ class ReplicaEngine:
             return self.local.execute(inp)
         finally:
             self._busy += time.perf_counter() - t0
+
+    def _account(self, seconds: float) -> None:  # a co-step this replica's step was in
+        self._busy += seconds
 
     def busy_s(self) -> list[float]:
         """Compute seconds per stage so far: the leader's, then each downstream stage's when

@@ -7,11 +7,39 @@ decides what to schedule.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from tessera_agent.engine import attention, decode_graph, errors, layer_run, lora, sampling, step
+from tessera_agent.engine import (
+    attention,
+    compile_policy,
+    decode_graph,
+    errors,
+    layer_run,
+    lora,
+    sampling,
+    step,
+)
 from tessera_agent.engine import kv_cache as kv_mod
 from tessera_agent.engine import model as model_mod
+
+# Decode rows a mixed step needs before they run compiled apart from its prefill chunks:
+# measured on the default tiny model (docs/benchmarks.md, issue 16 engine), 16 and 24
+# decodes beside 64-token prompts ran 2-6 % slower split, 32 ran 6 % and 64 ran 38-40 %
+# faster.
+SPLIT_MIN_DECODES = 32
+SPLIT_ENV = "TESSERA_SPLIT_MIN_DECODES"  # overrides it; 0 turns the split off
+
+
+def split_min_decodes() -> int:
+    """`SPLIT_MIN_DECODES`, or the environment's (0 or less: never split)."""
+    raw = os.environ.get(SPLIT_ENV, "").strip()
+    try:
+        n = int(raw) if raw else SPLIT_MIN_DECODES
+    except ValueError:
+        raise ValueError(f"{SPLIT_ENV}={raw!r} is not an integer") from None
+    return n if n > 0 else 1 << 62
 
 
 class StageRunner:
@@ -24,12 +52,21 @@ class StageRunner:
         device: torch.device,
         compile_decode: bool | None = None,
     ) -> None:
-        """`compile_decode`: run pure-decode steps through `decode_graph` (None: as the
-        `TESSERA_COMPILE_DECODE` environment variable says)."""
+        """`compile_decode`: run pure-decode steps through `decode_graph` once it has
+        warmed up (None: as `compile_policy.mode_from_env` says; "wait" warms up here)."""
         self.model, self.cache, self.device = model, cache, device
-        if compile_decode is None:
-            compile_decode = decode_graph.enabled_from_env()
-        self.decode_graph = decode_graph.CompiledDecode(model, device) if compile_decode else None
+        mode = compile_policy.mode_from_env(device)
+        if compile_decode is not None:
+            mode = "on" if compile_decode else "off"
+        self.decode_graph = (
+            decode_graph.CompiledDecode(model, device, cache.layout.page_size)
+            if mode != "off" and model.shard.size == 1
+            else None
+        )
+        self.split_min_decodes = split_min_decodes()
+        self.split_steps = 0  # mixed steps run as compiled decode rows + eager prefill
+        if self.decode_graph is not None and mode == "wait":
+            self.decode_graph.warm_up(cache.layers())
         self.sampler = sampling.Sampler() if model.is_last else None
         self.block_tables: dict[str, tuple[int, ...]] = {}  # last seen, for KV export
         # LoRA variants attached to this stage (see lora.attach): context and name -> slot.
@@ -87,16 +124,13 @@ class StageRunner:
             if inp.hidden is None:
                 raise ValueError("a later stage needs hidden states")
             x = inp.hidden.to(self.device, self.model.dtype_)
-        if self.runs:
+        compiled = None if self.runs else self._compiled(x, md, inp.chunks)
+        if compiled is not None:
+            hidden = compiled
+        elif self.runs:
             hidden = layer_run.forward(
                 self.model, x, md, self.cache.layers(), inp.chunks, self.runs
             )
-        elif (
-            (graph := self.decode_graph) is not None
-            and decode_graph.is_pure_decode(md)
-            and graph.usable(self.model, self.lora is not None)
-        ):
-            hidden = graph(x, md, self.cache.layers())
         else:
             hidden = self.model(x, md, self.cache.layers())
         if not self.model.is_last:
@@ -130,6 +164,34 @@ class StageRunner:
                 )
                 out.logprobs = {ids[i]: lp for i, lp in zip(asked, lps, strict=True)}
         return out
+
+    def _compiled(
+        self, x: torch.Tensor, md: attention.AttentionMetadata, chunks: list[step.SeqChunk]
+    ) -> torch.Tensor | None:
+        """The step through the compiled decode graph, or None: run it eagerly.
+
+        A mixed step whose leading decode rows are many (`split_min_decodes`, the steps
+        of a saturated replica) runs as two passes: the decode rows through the graph,
+        the prefill chunks eagerly after them. Rows of different sequences never meet
+        (each attends to its own pages), so the split changes no result; it costs one
+        more eager dispatch of the layers, which the compiled decode rows pay back."""
+        graph = self.decode_graph
+        if graph is None or not graph.usable(self.model, self.lora is not None):
+            return None
+        kv = self.cache.layers()
+        if decode_graph.is_pure_decode(md):
+            return graph(x, md, kv)
+        b = md.decode_rows.numel()
+        if not md.decode_leading or b < self.split_min_decodes or graph.state != "ready":
+            return None
+        ps = self.page_size
+        decode_md = attention.build_metadata(chunks[:b], ps, self.device)
+        head = graph(x[:b], decode_md, kv)
+        if head is None:
+            return None
+        tail = self.model(x[b:], attention.build_metadata(chunks[b:], ps, self.device), kv)
+        self.split_steps += 1
+        return torch.cat((head, tail))
 
     def forget(self, seq_id: str) -> None:
         self.block_tables.pop(seq_id, None)

@@ -39,6 +39,24 @@ def register(sub: Any) -> None:
         help="load every block's parameters, even when identical ones are held (baselines)",
     )
     p.add_argument(
+        "--no-cobatch",
+        dest="cobatch",
+        action="store_false",
+        help="run every chain's step alone, even when chains share blocks (A/B baselines)",
+    )
+    p.add_argument(
+        "--cobatch-rows",
+        type=int,
+        default=0,
+        help="batch limit of a shared block instance, in token rows per pass (0: 8192)",
+    )
+    p.add_argument(
+        "--cobatch-linger-ms",
+        type=float,
+        default=-1.0,
+        help="after a co-step, wait up to this long for its chains' next steps (-1: 2 ms)",
+    )
+    p.add_argument(
         "--pipeline-microbatches",
         type=int,
         default=0,
@@ -70,6 +88,13 @@ def register(sub: Any) -> None:
         "pipelines made by an overload drop (default: $TESSERA_COST_PROFILE; unset: a "
         "documented default)",
     )
+    p.add_argument(
+        "--no-compile-decode",
+        dest="compile_decode",
+        action="store_false",
+        help="run decode steps eagerly (default on CPU: compiled with torch.compile, warmed "
+        "up in the background after each load; TESSERA_COMPILE_DECODE=0 also turns it off)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -87,8 +112,12 @@ def _run(args: argparse.Namespace) -> int:
         model_root=args.model_root,
         health_port=args.health_port,
         block_zoo=args.block_zoo,
+        cobatch=args.cobatch,
+        cobatch_rows=args.cobatch_rows,
+        cobatch_linger_s=args.cobatch_linger_ms / 1000 if args.cobatch_linger_ms >= 0 else -1.0,
         pipeline_microbatches=args.pipeline_microbatches,
         storage_bytes_per_s=args.storage_bandwidth,
         cost_profile=args.cost_profile,
+        compile_decode=args.compile_decode,
     )
     return server.run(cfg)

@@ -15,6 +15,7 @@ import ast
 import importlib
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -97,6 +98,9 @@ class _BenchParser(argparse.ArgumentParser):
 
 def _runner(module_name: str) -> Any:
     def run(args: argparse.Namespace) -> int:
+        # Agents a bench starts run eagerly unless asked: their decode compiles in the
+        # background after each load (issue 16), which would move figures mid-run.
+        os.environ.setdefault("TESSERA_COMPILE_DECODE", "0")
         module = importlib.import_module(module_name)
         result: dict[str, Any] = module.run(args)
         if args.json:

@@ -21,6 +21,15 @@ bytes + adapters), `param_bytes_per_model` (every copy, as if all were resident)
 `p95_latency_ratio` (shared / per model, request latency from arrival to last token),
 `swaps`, and `tokens_match` (every request's tokens equal under both). The agents run with
 one torch thread each; numbers from a shared machine carry its contention.
+
+The shared configuration runs twice on the same stream, back to back: with per-block
+batching across chains (the default: `engine/cobatch.py`) and with it off
+(`--no-cobatch`: each chain's step alone). `cobatch_throughput_ratio` and
+`cobatch_p95_latency_ratio` compare the two (on / off); `*_no_cobatch` fields give the
+ratios against per-model copies as before; `cobatch_*` counts come from the co-batched
+agent's `/metrics` (steps run co-batched or alone, passes over several chains' rows,
+waits for partners). `cobatch_in_process` is the engine's effect without gRPC
+(`bench_variants_cobatch`): 5 chains sharing blocks, saturated, on vs off per round.
 """
 
 from __future__ import annotations
@@ -49,6 +58,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--cobatch-rounds",
+        type=int,
+        default=3,
+        help="rounds of the in-process co-batching A/B (0: skip it)",
+    )
+    p.add_argument(
+        "--cobatch-linger-ms", type=float, default=-1.0, help="the agents' (-1: their default)"
+    )
     p.add_argument(
         "--share-equivalent",
         action="store_true",
@@ -113,12 +131,20 @@ def _variants(base: Path, root: Path, n: int, args: argparse.Namespace) -> list[
 class _Agent:
     """One local agent process and an async stub to it."""
 
-    def __init__(self, name: str, capacity: int, zoo: bool) -> None:
+    def __init__(
+        self, name: str, capacity: int, zoo: bool, cobatch: bool = True, linger_ms: float = -1.0
+    ) -> None:
         from tessera import local_agents
         from tessera.rpc import transport
         from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
-        extra = () if zoo else ("--no-block-zoo",)
+        extra = [] if zoo else ["--no-block-zoo"]
+        if not cobatch:
+            extra.append("--no-cobatch")
+        elif linger_ms >= 0:
+            extra += ["--cobatch-linger-ms", str(linger_ms)]
+        self.metrics_port = _free_port()
+        extra += ["--metrics-port", str(self.metrics_port)]
         self.proc = local_agents.start_agent(name, f"cpu:1x{capacity}B", 1, extra_args=extra)
         self.channel = transport.channel(self.proc.address)
         self.stub = pb_grpc.AgentStub(self.channel)
@@ -166,6 +192,30 @@ class _Agent:
 
         return await self.stub.Describe(pb.DescribeRequest(), timeout=30)
 
+    def cobatch_counts(self) -> dict[str, int]:
+        """The compute thread's co-batching counters, from the agent's /metrics."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        out = {"cobatched_steps": 0, "solo_steps": 0, "shared_passes": 0}
+        for fam in text_string_to_metric_families(text):
+            for smp in fam.samples:
+                if smp.name == "tessera_agent_cobatch_steps_total":
+                    key = "cobatched_steps" if smp.labels["mode"] == "cobatched" else "solo_steps"
+                    out[key] = int(smp.value)
+                elif smp.name == "tessera_agent_cobatch_passes_total":
+                    if smp.labels["rows_of"] == "several":
+                        out["shared_passes"] = int(smp.value)
+                elif smp.name == "tessera_agent_cobatch_waits_total":
+                    out[f"waits_{smp.labels['outcome']}"] = int(smp.value)
+                elif smp.name == "tessera_agent_cobatch_busy_seconds_total":
+                    out["busy_ms"] = round(1000 * smp.value)
+        return out
+
     async def close(self) -> None:
         from tessera import local_agents
 
@@ -191,9 +241,17 @@ async def _replay(
     return out
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 async def _shared(
-    base: str, variants: list[Variant], stream: list[Request], args: Any
-) -> tuple[Served, int, int]:
+    base: str, variants: list[Variant], stream: list[Request], args: Any, cobatch: bool = True
+) -> tuple[Served, int, int, dict[str, int]]:
     from tessera_agent.engine import block_tensors
     from tessera_agent.engine import config as config_mod
 
@@ -206,7 +264,7 @@ async def _shared(
     layer = block_tensors.nbytes(cfg, 1, 2, torch.float32)
     # the budget shared blocks need: foundation + each full fine-tune's own layers + KV
     capacity = model + len(full) * args.diff_layers * layer + (1 + len(full)) * kv + 8 * MiB
-    agent = _Agent("var-shared", capacity, zoo=True)
+    agent = _Agent("var-shared", capacity, True, cobatch, args.cobatch_linger_ms)
     try:
         await agent.load("base", base, kv)
         lora = [(v.name, v.path) for v in variants if v.kind == "lora"]
@@ -223,7 +281,11 @@ async def _shared(
             return await agent.generate("base", r.variant, r.prompt, args.new)
 
         served = await _replay(stream, route, args.new)
-        return served, int(d.zoo.param_bytes) + adapter_bytes, capacity
+        counts = agent.cobatch_counts()
+        # how busy the compute thread was over the stream (is it the bottleneck?)
+        busy = counts.pop("busy_ms", 0) / 1000
+        counts["thread_busy_pct"] = round(100 * busy / served.span_s)
+        return served, int(d.zoo.param_bytes) + adapter_bytes, capacity, counts
     finally:
         await agent.close()
 
@@ -329,13 +391,19 @@ def _p95(values: list[float]) -> float:
 async def _one_size(base: Path, root: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
     variants = _variants(base, root / f"n{n}", n, args)
     stream = _stream([v.name for v in variants], args, 512)
-    shared, shared_bytes, capacity = await _shared(str(base), variants, stream, args)
+    # co-batching on and off on the same stream, back to back (order alternates by size)
+    runs: dict[bool, tuple[Served, int, int, dict[str, int]]] = {}
+    for on in (True, False) if n % 2 == 0 else (False, True):
+        runs[on] = await _shared(str(base), variants, stream, args, cobatch=on)
+    shared, shared_bytes, capacity, counts = runs[True]
+    alone = runs[False][0]
     per, per_bytes = await _per_model(str(base), variants, stream, capacity, args)
     extra: dict[str, Any] = {}
     if args.share_equivalent:
         extra = await _share_equivalent(str(base), variants, capacity, args)
     tokens = sum(len(t) for t in shared.tokens.values())
-    thr_s, thr_p = tokens / shared.span_s, tokens / per.span_s
+    thr_s, thr_p, thr_a = tokens / shared.span_s, tokens / per.span_s, tokens / alone.span_s
+    p95_s, p95_a = _p95(shared.latencies), _p95(alone.latencies)
     return {
         "variants": n,
         "full_finetunes": sum(v.kind == "full" for v in variants),
@@ -351,7 +419,15 @@ async def _one_size(base: Path, root: Path, n: int, args: argparse.Namespace) ->
         "p95_latency_per_model_s": round(_p95(per.latencies), 3),
         "p95_latency_ratio": round(_p95(shared.latencies) / _p95(per.latencies), 3),
         "per_model_swaps": per.swaps,
-        "tokens_match": shared.tokens == per.tokens,
+        "tokens_match": shared.tokens == per.tokens == alone.tokens,
+        # per-block batching (engine/cobatch.py): shared blocks with co-batching off
+        "throughput_shared_no_cobatch_tok_s": round(thr_a, 2),
+        "p95_latency_shared_no_cobatch_s": round(p95_a, 3),
+        "cobatch_throughput_ratio": round(thr_s / thr_a, 3),
+        "cobatch_p95_latency_ratio": round(p95_s / p95_a, 3),
+        "throughput_ratio_no_cobatch": round(thr_a / thr_p, 3),
+        "p95_latency_ratio_no_cobatch": round(p95_a / _p95(per.latencies), 3),
+        **{f"cobatch_{k}": v for k, v in counts.items()},
         **extra,
     }
 
@@ -377,6 +453,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         spec = tiny_checkpoint.TinySpec(layers=args.layers, hidden=args.hidden, seed=args.seed)
         base = tiny_checkpoint.make_tiny(root / "base", spec)
         results = [asyncio.run(_one_size(base, root, n, args)) for n in sizes]
+        in_process = None
+        if args.cobatch_rounds > 0:
+            from tessera.cli import bench_variants_cobatch
+
+            in_process = bench_variants_cobatch.run(root, base, 5, 4, 24, args.cobatch_rounds)
     return {
         "bench": "variants",
         "model": f"tiny llama, {args.layers} layers, hidden {args.hidden}, float32",
@@ -387,5 +468,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "kv_bytes_per_replica": args.kv_mib * MiB,
         "results": results,
-        "tokens_match": all(r["tokens_match"] for r in results),
+        "cobatch_in_process": in_process,
+        "tokens_match": all(r["tokens_match"] for r in results)
+        and (in_process is None or in_process["tokens_match"]),
     }

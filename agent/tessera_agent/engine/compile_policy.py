@@ -1,0 +1,114 @@
+"""When the compiled decode (`decode_graph.py`) is on, and what it costs an agent's memory.
+
+`mode_from_env` reads `TESSERA_COMPILE_DECODE` over the process default (`set_default`,
+called by `tessera agent`); `packed_bytes` / `planned_packed_bytes` size the packed weight
+copy of a frozen graph; `load_reserve` decides, before a block's KV pool is sized, whether
+an agent holds that copy's bytes back, and `begin` then starts the warm-up or turns the
+path off with the reason. Called by `runner.py`, `hosting.py` and `server.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+from tessera_agent.engine import block_tensors
+from tessera_agent.engine import config as config_mod
+from tessera_agent.engine import model as model_mod
+
+if TYPE_CHECKING:
+    from tessera_agent.engine.decode_graph import KV, CompiledDecode
+
+log = logging.getLogger(__name__)
+
+ENV = "TESSERA_COMPILE_DECODE"
+_OFF, _ON, _WAIT = "off", "on", "wait"
+_default = False  # an agent process sets it (`set_default`); in-process engines leave it
+
+
+def set_default(on: bool) -> None:
+    """The process-wide default when `TESSERA_COMPILE_DECODE` is unset (agents: on)."""
+    global _default
+    _default = on
+
+
+def mode_from_env(device: torch.device | None = None) -> str:
+    """ "off", "on" (warm up in the background) or "wait" (warm up when built)."""
+    raw = os.environ.get(ENV, "").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return _ON
+    if raw in ("wait", "sync"):
+        return _WAIT
+    if raw in ("0", "false", "no", "off"):
+        return _OFF
+    if raw:
+        log.warning("%s=%r is not one of 0, 1, wait: compiled decode stays off", ENV, raw)
+        return _OFF
+    on = _default and (device is None or device.type == "cpu")  # CUDA: only when asked
+    return _ON if on else _OFF
+
+
+def enabled_from_env(device: torch.device | None = None) -> bool:
+    """Whether the compiled decode path is on (environment, else the process default)."""
+    return mode_from_env(device) != _OFF
+
+
+def packed_bytes(model: model_mod.StageModel) -> int:
+    """Bytes of the packed weight copy a frozen CPU graph holds: every projection of the
+    stage's layers (the embedding is gathered from in place; the LM head runs eagerly)."""
+    total = 0
+    for layer in model.layers:
+        for mod in layer.modules():
+            if isinstance(mod, torch.nn.Linear):
+                total += mod.weight.nbytes + (mod.bias.nbytes if mod.bias is not None else 0)
+    return total
+
+
+def planned_packed_bytes(
+    cfg: config_mod.ModelConfig, start: int, end: int, dtype: torch.dtype
+) -> int:
+    """`packed_bytes` of layers [start, end) from the config alone (before loading)."""
+    elem = torch.tensor([], dtype=dtype).element_size()
+    return sum(
+        math.prod(shape) * elem
+        for name, shape in block_tensors.shapes(cfg, start, end).items()
+        if "_proj." in name
+    )
+
+
+def load_reserve(
+    cfg: config_mod.ModelConfig,
+    start: int,
+    end: int,
+    dtype: torch.dtype,
+    tp_size: int,
+    device: torch.device,
+    left_after_params: int,
+    kv_bytes: int,
+) -> int:
+    """Device bytes an agent holds back for a block's packed copy before sizing its KV
+    pool: the copy's size when the path is on for the block and the copy fits beside its
+    KV (a fixed `kv_bytes`; or, with `kv_bytes` 0 = "all the rest", when the copy takes
+    at most half of what is left), else 0 (`begin` then turns the path off, saying why)."""
+    if tp_size > 1 or device.type != "cpu" or not enabled_from_env(device):
+        return 0
+    need = planned_packed_bytes(cfg, start, end, dtype)
+    return need if left_after_params - (kv_bytes or need) - need >= 0 else 0
+
+
+def begin(runner_graph: CompiledDecode | None, reserved: int, kv: KV) -> None:
+    """After an agent loaded a block: warm the graph up in the background when its copy
+    was reserved (`load_reserve`), else turn it off with the reason in the log."""
+    if runner_graph is None:
+        return
+    if runner_graph.device.type == "cpu" and reserved < runner_graph.packed_bytes:
+        runner_graph.disable(
+            f"its packed weights ({runner_graph.packed_bytes} bytes) do not fit beside the "
+            "block's parameters and KV pool in the device budget"
+        )
+        return
+    runner_graph.start(kv)
