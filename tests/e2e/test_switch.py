@@ -23,7 +23,7 @@ def test_switches_copy_by_the_plan_lose_nothing_and_match_transformers() -> None
     parser = argparse.ArgumentParser()
     bench_switch.add_arguments(parser)
     args = parser.parse_args(
-        "--modes peer --requests 12 --time-scale 2 --long-tokens 64 --drain-deadline 0.2 "
+        "--modes peer --requests 12 --time-scale 2 --long-tokens 256 --drain-deadline 0.2 "
         "--max-output 16 --hidden 256 --intermediate 704".split()
     )
     out = bench_switch.run(args)

@@ -200,7 +200,9 @@ def test_agent_books_the_packed_copy_and_starts_the_warm_up(
         assert dev.used["r0/0/decode-graph"] == need
         assert dev.free_bytes < st.runner.cache.layout.bytes_per_page  # the pool: the rest
         assert st.kv_bytes <= 256 * MiB - st.param_bytes - need
-        state = types.SimpleNamespace(agent_id="a0", devices={dev.id: dev}, hosted=hs.hosted)
+        state = types.SimpleNamespace(
+            agent_id="a0", devices={dev.id: dev}, hosted=hs.hosted, compute=None
+        )
         fams = {f.name: f for f in metrics._StateCollector(state).collect()}
         (sample,) = fams["tessera_agent_decode_graph_ready"].samples
         assert sample.labels["state"] == "warming" and sample.value == 0.0
