@@ -100,3 +100,16 @@ def test_remembered_prefixes_are_bounded(monkeypatch: pytest.MonkeyPatch) -> Non
     for i in range(5):
         r.choose(["a"], 40, 1, [i] * 40)
     assert len(r._owners) == 3
+
+
+def test_prefix_affinity_is_per_variant() -> None:
+    """The router's prefix hint (used when KV-owner-first dispatch is off) never sends a
+    request to a replica for a prefix cached under another variant's adapter."""
+    r = router.Router()
+    system = list(range(1000, 1100))
+    assert r.choose(["a", "b"], 105, 8, [*system, 1], "legal").replica_id == "a"
+    r.admit("a", 0, 20)  # a is busier; b would win on load alone
+    same = r.choose(["a", "b"], 105, 8, [*system, 2], "legal")
+    assert same == router.Route("a", "prefix_affinity")
+    other = r.choose(["a", "b"], 105, 8, [*system, 3], "med")
+    assert other == router.Route("b", "least_outstanding")

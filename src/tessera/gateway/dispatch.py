@@ -162,7 +162,11 @@ class Dispatcher:
                 )
             else:
                 route = self._router.choose(
-                    ready, len(current.prompt_ids), current.max_tokens, current.prompt_ids
+                    ready,
+                    len(current.prompt_ids),
+                    current.max_tokens,
+                    current.prompt_ids,
+                    current.variant,
                 )
             redirect = None
             if route is None:

@@ -43,12 +43,13 @@ PREFIX_MIN = 32  # shortest prompt prefix remembered (tokens); lengths double fr
 PREFIX_ENTRIES = 4096  # remembered prefixes, least recently used dropped
 
 
-def _prefix_hashes(prompt_ids: Sequence[int]) -> list[tuple[int, int]]:
+def _prefix_hashes(prompt_ids: Sequence[int], namespace: str = "") -> list[tuple[int, int]]:
     """(length, hash) of the prefixes remembered for a prompt, longest first: 32, 64, ...
-    tokens, up to the whole prompt but its last token."""
+    tokens, up to the whole prompt but its last token. `namespace` (the request's variant)
+    is hashed in: a prefix cached under one adapter is not the same KV under another."""
     out, length = [], PREFIX_MIN
     while length < len(prompt_ids):
-        out.append((length, hash(tuple(prompt_ids[:length]))))
+        out.append((length, hash((namespace, tuple(prompt_ids[:length])))))
         length *= 2
     return out[::-1]
 
@@ -119,12 +120,14 @@ class Router:
         prompt_tokens: int,
         max_tokens: int,
         prompt_ids: Sequence[int] = (),
+        variant: str = "",
     ) -> Route | None:
         """A replica among `ready` for this request, or None when `ready` is empty;
-        `prompt_ids` (when given) enable prefix affinity and are remembered."""
+        `prompt_ids` (when given) enable prefix affinity and are remembered, per
+        `variant`."""
         if not ready:
             return None
-        prefixes = _prefix_hashes(prompt_ids)
+        prefixes = _prefix_hashes(prompt_ids, variant)
         route = self._choose(ready, prompt_tokens, max_tokens, prefixes)
         self._remember(prefixes, route.replica_id)
         return route
