@@ -93,22 +93,13 @@ class _Lane:
 
 
 def _lane(r: runner_mod.StageRunner, inp: step.StepInput) -> _Lane:
-    """What `StageRunner.execute` does before its forward (mirrors it)."""
-    for seq_id in inp.finished:
-        r.forget(seq_id)
-    md = r._metadata(inp.chunks)
-    r._set_variants(inp.chunks)
+    """What `StageRunner.execute` does before its forward, and the first stage's embedding."""
+    r.forget_finished(inp.finished)
+    md, x = r.step_input(inp)
     m = r.model
     if m.is_first:
-        if inp.token_ids is None:
-            raise ValueError("the first stage needs token ids")
-        tok = torch.tensor(inp.token_ids, dtype=torch.long, device=r.device)
         assert m.embed_tokens is not None
-        x = m.embed_tokens(tok)
-    else:
-        if inp.hidden is None:
-            raise ValueError("a later stage needs hidden states")
-        x = inp.hidden.to(r.device, m.dtype_)
+        x = m.embed_tokens(x)
     md.cos, md.sin = m.rope_tables(md.positions, md.max_position)
     layers = {layer.index: (layer, i) for i, layer in enumerate(m.layers)}
     return _Lane(r, inp, md, x, layers)  # type: ignore[arg-type]
@@ -210,14 +201,7 @@ def _final(lanes: Sequence[_Lane]) -> list[step.StepOutput]:
     sampler on its rows (mirrors the end of `StageRunner.execute`)."""
     picks: list[tuple[list[str], list[sampling.SamplingParams], torch.Tensor]] = []
     for lane in lanes:
-        rows, ids, params = [], [], []
-        end = 0
-        for c in lane.inp.chunks:
-            end += c.num_tokens
-            if c.sample:
-                rows.append(end - 1)
-                ids.append(c.seq_id)
-                params.append(c.params)
+        rows, ids, params = runner_mod.sample_rows(lane.inp.chunks)
         dev = lane.runner.device
         picks.append((ids, params, lane.x[torch.tensor(rows, dtype=torch.long, device=dev)]))
     hidden = torch.cat([p[2] for p in picks])
@@ -226,19 +210,8 @@ def _final(lanes: Sequence[_Lane]) -> list[step.StepOutput]:
     for lane, (ids, params, _), part in zip(
         lanes, picks, torch.split(logits, [len(p[0]) for p in picks]), strict=True
     ):
-        out = step.StepOutput(step_id=lane.inp.step_id)
-        if ids:
-            sampler = lane.runner.sampler
-            assert sampler is not None
-            tokens = sampler.sample(part, ids, params)
-            out.sampled = dict(zip(ids, tokens, strict=True))
-            asked = [i for i, p in enumerate(params) if p.logprobs is not None]
-            if asked:
-                lps = sampling.token_logprobs(
-                    part[torch.tensor(asked, device=lane.runner.device)],
-                    [tokens[i] for i in asked],
-                    [params[i].logprobs or 0 for i in asked],
-                )
-                out.logprobs = {ids[i]: lp for i, lp in zip(asked, lps, strict=True)}
-        outs.append(out)
+        step_id = lane.inp.step_id
+        outs.append(
+            lane.runner.sampled(step_id, part, ids, params) if ids else step.StepOutput(step_id)
+        )
     return outs

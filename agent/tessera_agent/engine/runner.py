@@ -42,6 +42,22 @@ def split_min_decodes() -> int:
     return n if n > 0 else 1 << 62
 
 
+def sample_rows(
+    chunks: list[step.SeqChunk],
+) -> tuple[list[int], list[str], list[sampling.SamplingParams]]:
+    """The rows a step samples (each sampling chunk's last token), their sequences and
+    sampling parameters, in row order."""
+    rows, ids, params = [], [], []
+    end = 0
+    for c in chunks:
+        end += c.num_tokens
+        if c.sample:
+            rows.append(end - 1)
+            ids.append(c.seq_id)
+            params.append(c.params)
+    return rows, ids, params
+
+
 class StageRunner:
     """A loaded stage model plus its KV pool and (on the last stage) a sampler."""
 
@@ -106,24 +122,57 @@ class StageRunner:
     def page_size(self) -> int:
         return self.cache.layout.page_size
 
-    @torch.inference_mode()
-    def execute(self, inp: step.StepInput) -> step.StepOutput:
-        for seq_id in inp.finished:
+    def forget_finished(self, finished: list[str]) -> None:
+        """Drop what the step's finished sequences left here (block tables, sampler and
+        replicated-run state)."""
+        for seq_id in finished:
             self.forget(seq_id)
         for run in self.runs:
-            run.forget(inp.finished)
-        if not inp.chunks:
-            return step.StepOutput(step_id=inp.step_id)
+            run.forget(finished)
+
+    def step_input(self, inp: step.StepInput) -> tuple[attention.AttentionMetadata, torch.Tensor]:
+        """The step's metadata and input rows (token ids on a first stage, else hidden
+        states), LoRA slots set: what every forward starts from (`execute`, and each
+        chain's part of a co-step, `costep.py`)."""
         md = self._metadata(inp.chunks)
         self._set_variants(inp.chunks)
         if self.model.is_first:
             if inp.token_ids is None:
                 raise ValueError("the first stage needs token ids")
-            x = torch.tensor(inp.token_ids, dtype=torch.long, device=self.device)
-        else:
-            if inp.hidden is None:
-                raise ValueError("a later stage needs hidden states")
-            x = inp.hidden.to(self.device, self.model.dtype_)
+            return md, torch.tensor(inp.token_ids, dtype=torch.long, device=self.device)
+        if inp.hidden is None:
+            raise ValueError("a later stage needs hidden states")
+        return md, inp.hidden.to(self.device, self.model.dtype_)
+
+    def sampled(
+        self,
+        step_id: int,
+        logits: torch.Tensor,
+        ids: list[str],
+        params: list[sampling.SamplingParams],
+    ) -> step.StepOutput:
+        """The step's output from the logits of its sampled rows (`ids` in row order):
+        tokens, and log-probabilities where asked (`execute`, and co-steps)."""
+        out = step.StepOutput(step_id=step_id)
+        assert self.sampler is not None
+        tokens = self.sampler.sample(logits, ids, params)
+        out.sampled = dict(zip(ids, tokens, strict=True))
+        asked = [i for i, p in enumerate(params) if p.logprobs is not None]
+        if asked:
+            lps = sampling.token_logprobs(
+                logits[torch.tensor(asked, device=self.device)],
+                [tokens[i] for i in asked],
+                [params[i].logprobs or 0 for i in asked],
+            )
+            out.logprobs = {ids[i]: lp for i, lp in zip(asked, lps, strict=True)}
+        return out
+
+    @torch.inference_mode()
+    def execute(self, inp: step.StepInput) -> step.StepOutput:
+        self.forget_finished(inp.finished)
+        if not inp.chunks:
+            return step.StepOutput(step_id=inp.step_id)
+        md, x = self.step_input(inp)
         compiled = None if self.runs else self._compiled(x, md, inp.chunks)
         if compiled is not None:
             hidden = compiled
@@ -135,35 +184,13 @@ class StageRunner:
             hidden = self.model(x, md, self.cache.layers())
         if not self.model.is_last:
             return step.StepOutput(step_id=inp.step_id, hidden=hidden)
-        rows, ids, params = [], [], []
-        end = 0
-        for c in inp.chunks:
-            end += c.num_tokens
-            if c.sample:
-                rows.append(end - 1)
-                ids.append(c.seq_id)
-                params.append(c.params)
-        out = step.StepOutput(step_id=inp.step_id)
-        if rows:
-            # A decode-only step samples every row: no gather of the rows to sample.
-            picked = (
-                hidden
-                if len(rows) == hidden.shape[0]
-                else hidden[torch.tensor(rows, device=self.device)]
-            )
-            logits = self.model.logits(picked).float()
-            assert self.sampler is not None
-            tokens = self.sampler.sample(logits, ids, params)
-            out.sampled = dict(zip(ids, tokens, strict=True))
-            asked = [i for i, p in enumerate(params) if p.logprobs is not None]
-            if asked:
-                lps = sampling.token_logprobs(
-                    logits[torch.tensor(asked, device=self.device)],
-                    [tokens[i] for i in asked],
-                    [params[i].logprobs or 0 for i in asked],
-                )
-                out.logprobs = {ids[i]: lp for i, lp in zip(asked, lps, strict=True)}
-        return out
+        rows, ids, params = sample_rows(inp.chunks)
+        if not rows:
+            return step.StepOutput(step_id=inp.step_id)
+        # A decode-only step samples every row: no gather of the rows to sample.
+        every = len(rows) == hidden.shape[0]
+        picked = hidden if every else hidden[torch.tensor(rows, device=self.device)]
+        return self.sampled(inp.step_id, self.model.logits(picked).float(), ids, params)
 
     def _compiled(
         self, x: torch.Tensor, md: attention.AttentionMetadata, chunks: list[step.SeqChunk]
