@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -28,6 +27,7 @@ from tessera_agent import (
     booking,
     convert,
     devices,
+    generate_mux,
     grpc_status,
     hosting,
     kv_transfer,
@@ -349,41 +349,23 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.GenerateChunk]:
-        h = self.hosted.get((request.replica_id, 0))
-        if h is None or h.leader is None:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"replica {request.replica_id!r} is not led by agent "
-                f"{self.agent_id} (no stage 0 here)",
-            )
-            return
-        prompt = list(request.prompt_token_ids)
-        n = 0
-        outcome = "cancelled"  # unless the stream reaches its end or fails
         try:
-            params = convert.sampling_from_proto(request.params)
-            vocab = h.stage.cfg.vocab_size
-            bad = [t for t in prompt if not 0 <= t < vocab]
-            if bad:
-                raise errors.InvalidArgumentError(
-                    f"prompt_token_ids: {bad[0]} is outside the vocabulary [0, {vocab})"
-                )
-            rid = request.request_id or uuid.uuid4().hex
-            self.metrics.prompt_tokens.labels(request.replica_id).inc(len(prompt))
-            # One message per batch of ready events, not one per token.
-            gen = h.leader.generate_batches(rid, prompt, params, request.variant)
-            generated = self.metrics.generated_tokens.labels(request.replica_id)
-            async for batch in gen:
-                new = sum(ev.token is not None for ev in batch)
-                n += new
-                generated.inc(new)
-                outcome = batch[-1].finish_reason or outcome
-                yield convert.chunk_from_events(batch, len(prompt), n)
+            async for chunk in generate_mux.chunks(
+                self.hosted, self.agent_id, self.metrics, request
+            ):
+                yield chunk
         except errors.EngineError as exc:
-            outcome = grpc_status.code(exc).name.lower()
             await grpc_status.abort(context, exc)
-        finally:
-            self.metrics.requests.labels(request.replica_id, outcome).inc()
+
+    async def GenerateMux(
+        self,
+        request_iterator: AsyncIterator[pb.GenerateMuxRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[pb.GenerateMuxReply]:
+        async for reply in generate_mux.serve(
+            self.hosted, self.agent_id, self.metrics, request_iterator
+        ):
+            yield reply
 
     async def VariantAdapters(
         self, request: pb.VariantAdaptersRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -1,7 +1,8 @@
 """An in-process stand-in for an agent leader, for gateway tests that need requests in flight.
 
-It reports one ready replica and answers `Generate` with one token after `release` is set,
-so a test can hold any number of requests in flight and then let them finish.
+It reports one ready replica and answers `Generate` (and each request started on a
+`GenerateMux` stream) with one token after `release` is set, so a test can hold any number
+of requests in flight and then let them finish.
 """
 
 from __future__ import annotations
@@ -29,6 +30,29 @@ class FakeLeader(pb_grpc.AgentServicer):  # type: ignore[misc]
         self.started += 1
         await self.release.wait()
         yield pb.GenerateChunk(token_ids=[5], finish_reason="length")
+
+    async def GenerateMux(self, request_iterator: Any, context: Any) -> Any:
+        out: asyncio.Queue[pb.GenerateMuxReply] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one(rid: str) -> None:
+            self.started += 1
+            await self.release.wait()
+            chunk = pb.GenerateChunk(token_ids=[5], finish_reason="length")
+            out.put_nowait(pb.GenerateMuxReply(entries=[{"request_id": rid, "chunk": chunk}]))
+
+        async def read() -> None:
+            async for msg in request_iterator:
+                if msg.HasField("start"):
+                    tasks.add(asyncio.create_task(one(msg.start.request_id)))
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                yield await out.get()
+        finally:
+            for t in (reader, *tasks):
+                t.cancel()
 
 
 async def start(replica_id: str = "r0") -> tuple[grpc.aio.Server, FakeLeader, str]:

@@ -61,6 +61,12 @@ def register(sub: Any) -> None:
         action="store_true",
         help="route by least outstanding tokens instead of KV owner first (docs/variants.md)",
     )
+    p.add_argument(
+        "--no-generate-mux",
+        action="store_true",
+        help="one Generate call per request instead of one multiplexed stream per replica "
+        "(also TESSERA_GENERATE_MUX=0; docs/gateway.md)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -80,6 +86,7 @@ def _run(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             api_keys_file=args.api_keys_file,
             kv_dispatch=not args.no_kv_dispatch,
+            generate_mux=not args.no_generate_mux and config.generate_mux_default(),
             limits=limits.Limits(
                 max_prompt_tokens=args.max_prompt_tokens,
                 max_tokens=args.max_tokens_limit,

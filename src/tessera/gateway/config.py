@@ -7,6 +7,7 @@ serves `Generate` for it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from tessera.gateway import limits as limits_mod
@@ -35,6 +36,12 @@ def parse_replica(text: str) -> ReplicaEndpoint:
     return ReplicaEndpoint(replica_id.strip(), address.strip())
 
 
+def generate_mux_default() -> bool:
+    """The gateway's token path unless told: the multiplexed stream, off with
+    `TESSERA_GENERATE_MUX=0` (also what `tessera up` and `--no-generate-mux` follow)."""
+    return os.environ.get("TESSERA_GENERATE_MUX", "1") != "0"
+
+
 @dataclass(frozen=True)
 class GatewayConfig:
     """Everything the gateway needs; validated here so a bad value fails at startup.
@@ -59,6 +66,9 @@ class GatewayConfig:
     arrival_span_s: float = 10.0  # span of the per-class arrival counts (arrivals.py)
     live_classes_file: str = ""  # live classifier JSON (workload.live_classes.to_json)
     kv_dispatch: bool = True  # KV-owner-first dispatch (kv_affinity.py); False: the router's
+    # One multiplexed GenerateMux stream per replica (mux.py); False: a Generate call per
+    # request. Default on unless TESSERA_GENERATE_MUX=0.
+    generate_mux: bool = field(default_factory=generate_mux_default)
 
     def __post_init__(self) -> None:
         if not self.routes_file and not (self.model_name and self.model_path):

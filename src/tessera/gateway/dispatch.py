@@ -2,7 +2,8 @@
 
 Called by `text_stream.py` for every completion request. Each attempt asks `kv_affinity`
 (KV owner first; the router when `kv_dispatch` is off) for a ready replica, streams the
-leader's `Generate` and yields token chunks (their timing feeds `kv_affinity`). Agent
+leader's tokens (on the replica's multiplexed `GenerateMux` stream, `mux.py`, or one
+`Generate` call per request) and yields token chunks (their timing feeds `kv_affinity`). Agent
 errors:
 
 * INVALID_ARGUMENT → 400 (the request itself is bad; no retry);
@@ -202,7 +203,7 @@ class Dispatcher:
         ticket = self._router.admit(rid, len(job.prompt_ids), job.max_tokens)
         outstanding = self._metrics.outstanding.labels(rid)  # looked up once, set per chunk
         outstanding.set(self._router.outstanding(rid))
-        call = self._replicas.stub(rid).Generate(job.request(rid, attempt))
+        call = self._replicas.generate(rid, job.request(rid, attempt))
         last, first = self._clock(), not resumed  # a resumed request had its first token
         opening = True  # this attempt's first chunk (its prefill)
         record = inflight.Attempt(job.request_id, rid, job.prompt_ids, job.max_tokens, last)

@@ -7,7 +7,9 @@ dead rank: not ready, with the group's reason, until it is reloaded), and it has
 failed a request within the last `failure_backoff_s` (`mark_failed`, called by
 `dispatch.py`). `update` swaps the replica
 list at run time (routes file, `GatewayHandle.update_replicas`); channels to leaders no
-longer used close once their running calls end.
+longer used close once their running calls end. `generate` starts a request on a replica:
+on its multiplexed stream (`mux.py`, retired when the replica is removed, moves or is
+marked failed) or, with `generate_mux` off, as one `Generate` call.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from tessera.gateway import config, metrics
+from tessera.gateway import config, metrics, mux
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
@@ -68,7 +70,9 @@ class ReplicaSet:
         poll_timeout_s: float = 2.0,
         failure_backoff_s: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
+        generate_mux: bool = True,
     ) -> None:
+        self.mux = mux.MuxPool() if generate_mux else None
         self._metrics = gauges
         self._timeout = poll_timeout_s
         self._backoff = failure_backoff_s
@@ -87,6 +91,9 @@ class ReplicaSet:
         for rid in self._states.keys() - new.keys():
             with contextlib.suppress(KeyError):
                 self._metrics.ready.remove(rid)
+        for rid, st in self._states.items():
+            if self.mux is not None and new.get(rid) is not st:  # removed or moved
+                self.mux.drop(rid)
         self._states = new
         for rid, st in new.items():
             self._metrics.ready.labels(rid).set(1 if st.ready else 0)
@@ -117,6 +124,14 @@ class ReplicaSet:
             self._stubs[address] = (channel, pb_grpc.AgentStub(channel))
         return self._stubs[address][1]
 
+    def generate(self, replica_id: str, request: pb.GenerateRequest) -> Any:
+        """Start `request` on the replica: a `mux.MuxCall` on its stream, or (mux off) a
+        per-request `Generate` call; both iterate chunks and have `cancel()`."""
+        stub = self.stub(replica_id)
+        if self.mux is None:
+            return stub.Generate(request)
+        return self.mux.call(replica_id, stub, request)
+
     # -- readiness ----------------------------------------------------------------------
     def mark_failed(self, replica_id: str, detail: str) -> None:
         """A request failed on this replica: not ready for `failure_backoff_s`."""
@@ -126,6 +141,8 @@ class ReplicaSet:
         st.ready, st.detail = False, f"failed a request: {detail}"
         st.backoff_until = self._clock() + self._backoff
         self._metrics.ready.labels(replica_id).set(0)
+        if self.mux is not None:
+            self.mux.drop(replica_id)
 
     async def poll_once(self) -> None:
         """Describe every leader once (concurrently) and update readiness."""
@@ -179,6 +196,8 @@ class ReplicaSet:
 
     async def close(self) -> None:
         """Close every channel now (running calls are cancelled)."""
+        if self.mux is not None:
+            await self.mux.close()
         retiring, self._retiring = self._retiring, {}
         for task in retiring:
             task.cancel()

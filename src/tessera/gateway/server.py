@@ -199,7 +199,9 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
     codec = tokenizer.TextCodec.load(path)
     template = chat_template.ChatTemplate(info.chat_template, info.bos_token, info.eos_token)
     gauges = metrics.GatewayMetrics()
-    replica_set = replicas.ReplicaSet(gauges, cfg.poll_timeout_s, cfg.failure_backoff_s)
+    replica_set = replicas.ReplicaSet(
+        gauges, cfg.poll_timeout_s, cfg.failure_backoff_s, generate_mux=cfg.generate_mux
+    )
     route = router.Router(seed=cfg.routing_seed)
     table = inflight.InFlightTable()
     switch = cutover.Cutover(replica_set, table, gauges)

@@ -434,6 +434,44 @@ class CancelReply(_message.Message):
     cancelled: bool
     def __init__(self, cancelled: _Optional[bool] = ...) -> None: ...
 
+class GenerateMuxRequest(_message.Message):
+    __slots__ = ("start", "cancel")
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    start: GenerateRequest
+    cancel: GenerateMuxCancel
+    def __init__(self, start: _Optional[_Union[GenerateRequest, _Mapping]] = ..., cancel: _Optional[_Union[GenerateMuxCancel, _Mapping]] = ...) -> None: ...
+
+class GenerateMuxCancel(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class GenerateMuxReply(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[GenerateMuxEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[GenerateMuxEntry, _Mapping]]] = ...) -> None: ...
+
+class GenerateMuxEntry(_message.Message):
+    __slots__ = ("request_id", "chunk", "error")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    chunk: GenerateChunk
+    error: GenerateMuxError
+    def __init__(self, request_id: _Optional[str] = ..., chunk: _Optional[_Union[GenerateChunk, _Mapping]] = ..., error: _Optional[_Union[GenerateMuxError, _Mapping]] = ...) -> None: ...
+
+class GenerateMuxError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
 class ProfileRequest(_message.Message):
     __slots__ = ("model_path", "device", "prefill_tokens", "decode_batches", "context_lens", "repeats")
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]

@@ -69,6 +69,11 @@ class AgentStub:
                 request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.CancelRequest.SerializeToString,
                 response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.CancelReply.FromString,
                 _registered_method=True)
+        self.GenerateMux = channel.stream_stream(
+                '/tessera.rpc.v1.Agent/GenerateMux',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.GenerateMuxRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.GenerateMuxReply.FromString,
+                _registered_method=True)
         self.Profile = channel.unary_unary(
                 '/tessera.rpc.v1.Agent/Profile',
                 request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProfileRequest.SerializeToString,
@@ -219,6 +224,17 @@ class AgentServicer:
 
     def Cancel(self, request, context):
         """Cancel a running request; its KV pages are freed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateMux(self, request_iterator, context):
+        """Many requests over one long-lived stream (issue 16; the gateway keeps one per
+        replica): the caller sends `start` (a GenerateRequest) and `cancel` messages; each
+        reply carries the news of every request on the stream ready at once (chunks, or a
+        request's own failure as a status code name and message). Half-closing the request
+        side ends the stream once its running requests finished.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -420,6 +436,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Cancel,
                     request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.CancelRequest.FromString,
                     response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.CancelReply.SerializeToString,
+            ),
+            'GenerateMux': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateMux,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.GenerateMuxRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.GenerateMuxReply.SerializeToString,
             ),
             'Profile': grpc.unary_unary_rpc_method_handler(
                     servicer.Profile,
@@ -711,6 +732,33 @@ class Agent:
             '/tessera.rpc.v1.Agent/Cancel',
             tessera_dot_rpc_dot_v1_dot_agent__pb2.CancelRequest.SerializeToString,
             tessera_dot_rpc_dot_v1_dot_agent__pb2.CancelReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateMux(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tessera.rpc.v1.Agent/GenerateMux',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.GenerateMuxRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.GenerateMuxReply.FromString,
             options,
             channel_credentials,
             insecure,

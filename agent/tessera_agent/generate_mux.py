@@ -1,0 +1,162 @@
+"""Generation RPCs of the agent: one request's chunks, and many requests over one stream.
+
+Called by the servicer's `Generate` (one server-streaming call per request) and
+`GenerateMux` (issue 16: the gateway keeps one bidirectional stream per replica). Both run
+a request the same way, `chunks`: the replica's leader engine (`ReplicaEngine
+.generate_batches`: a request's ready events come grouped, and leaving the generator
+cancels the request and frees its pages), the same validation and the same metrics
+(prompt/generated tokens, requests by outcome). Failures are `EngineError`s; `Generate`
+ends its call with their gRPC status, `GenerateMux` sends them as that one request's
+error entry (code name + message) and the stream goes on.
+
+`serve` is the multiplexed stream: a reader task takes `start` and `cancel` messages, a
+task per request runs `chunks` and posts its news, and the stream's single writer (the
+generator itself) sends every request's news ready at once in ONE `GenerateMuxReply`, so
+a decode step costs one gRPC message for the whole batch instead of one per request. The
+stream ends when the caller half-closed and its requests finished; a cancelled stream
+cancels them all (their pages are freed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Mapping
+
+import grpc
+
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera_agent import convert, grpc_status, hosted, metrics
+from tessera_agent.engine import errors
+
+log = logging.getLogger(__name__)
+
+Hosting = Mapping[tuple[str, int], hosted.Hosted]
+
+
+async def chunks(
+    blocks: Hosting, agent_id: str, gauges: metrics.AgentMetrics, request: pb.GenerateRequest
+) -> AsyncIterator[pb.GenerateChunk]:
+    """The request's chunks, one per batch of ready events; raises `EngineError`."""
+    h = blocks.get((request.replica_id, 0))
+    if h is None or h.leader is None:
+        raise errors.NotFoundError(
+            f"replica {request.replica_id!r} is not led by agent {agent_id} (no stage 0 here)"
+        )
+    prompt = list(request.prompt_token_ids)
+    n = 0
+    outcome = "cancelled"  # unless the stream reaches its end or fails
+    try:
+        params = convert.sampling_from_proto(request.params)
+        vocab = h.stage.cfg.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise errors.InvalidArgumentError(
+                f"prompt_token_ids: {bad[0]} is outside the vocabulary [0, {vocab})"
+            )
+        rid = request.request_id or uuid.uuid4().hex
+        gauges.prompt_tokens.labels(request.replica_id).inc(len(prompt))
+        # One message per batch of ready events, not one per token.
+        gen = h.leader.generate_batches(rid, prompt, params, request.variant)
+        generated = gauges.generated_tokens.labels(request.replica_id)
+        async for batch in gen:
+            new = sum(ev.token is not None for ev in batch)
+            n += new
+            generated.inc(new)
+            outcome = batch[-1].finish_reason or outcome
+            yield convert.chunk_from_events(batch, len(prompt), n)
+    except errors.EngineError as exc:
+        outcome = grpc_status.code(exc).name.lower()
+        raise
+    finally:
+        gauges.requests.labels(request.replica_id, outcome).inc()
+
+
+class _Stream:
+    """One GenerateMux stream: its running requests and the news not sent yet."""
+
+    def __init__(self, blocks: Hosting, agent_id: str, gauges: metrics.AgentMetrics) -> None:
+        self._blocks, self._agent_id, self._gauges = blocks, agent_id, gauges
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.pending: list[pb.GenerateMuxEntry] = []
+        self.news = asyncio.Event()
+        self.reading = True
+
+    def post(self, entry: pb.GenerateMuxEntry) -> None:
+        self.pending.append(entry)
+        self.news.set()
+
+    def fail(self, request_id: str, code: grpc.StatusCode, message: str) -> None:
+        err = pb.GenerateMuxError(code=code.name, message=message)
+        self.post(pb.GenerateMuxEntry(request_id=request_id, error=err))
+
+    async def read(self, requests: AsyncIterator[pb.GenerateMuxRequest]) -> None:
+        try:
+            async for msg in requests:
+                if msg.HasField("start"):
+                    self.start(msg.start)
+                elif msg.HasField("cancel"):
+                    task = self.tasks.pop(msg.cancel.request_id, None)
+                    if task is not None:
+                        task.cancel()
+        finally:
+            self.reading = False
+            self.news.set()
+
+    def start(self, request: pb.GenerateRequest) -> None:
+        rid = request.request_id
+        if not rid:
+            self.fail(rid, grpc.StatusCode.INVALID_ARGUMENT, "request_id: required on a stream")
+        elif rid in self.tasks:
+            self.fail(rid, grpc.StatusCode.ALREADY_EXISTS, f"request {rid!r} is running")
+        else:
+            self.tasks[rid] = asyncio.create_task(self._run(rid, request))
+
+    async def _run(self, rid: str, request: pb.GenerateRequest) -> None:
+        try:
+            async for chunk in chunks(self._blocks, self._agent_id, self._gauges, request):
+                self.post(pb.GenerateMuxEntry(request_id=rid, chunk=chunk))
+        except errors.EngineError as exc:
+            self.fail(rid, grpc_status.code(exc), str(exc))
+        except Exception as exc:  # one request's bug must not end the others' stream
+            log.exception("GenerateMux request %s failed", rid)
+            self.fail(rid, grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+        finally:
+            if self.tasks.get(rid) is asyncio.current_task():
+                del self.tasks[rid]
+            self.news.set()
+
+    async def close(self) -> None:
+        tasks = list(self.tasks.values())
+        self.tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def serve(
+    blocks: Hosting,
+    agent_id: str,
+    gauges: metrics.AgentMetrics,
+    requests: AsyncIterator[pb.GenerateMuxRequest],
+) -> AsyncIterator[pb.GenerateMuxReply]:
+    """The GenerateMux stream (module docstring): one reply per batch of news."""
+    stream = _Stream(blocks, agent_id, gauges)
+    reader = asyncio.create_task(stream.read(requests))
+    try:
+        while True:
+            if stream.pending:
+                entries, stream.pending = stream.pending, []
+                yield pb.GenerateMuxReply(entries=entries)
+                continue
+            if not stream.reading and not stream.tasks:
+                return
+            stream.news.clear()
+            await stream.news.wait()
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            await reader
+        await stream.close()

@@ -1,0 +1,217 @@
+"""One multiplexed `GenerateMux` stream per replica: the gateway's token path (issue 16).
+
+Owned by `replicas.ReplicaSet` (its `generate`), used by `dispatch.Dispatcher._attempt`
+for every attempt when `GatewayConfig.generate_mux` is on. Instead of one server-streaming
+`Generate` call per request (one gRPC message per request per decode step, ~140 µs of CPU
+on both ends), each replica gets ONE long-lived bidirectional stream to its leader agent:
+the gateway writes `start` and `cancel` messages, the agent answers with one message per
+batch of news covering every request on the stream (`tessera_agent.generate_mux`).
+
+`MuxCall` has the shape the dispatcher and the cut-over rely on from a grpc.aio call:
+async iteration of `GenerateChunk`s, ending after the chunk with a finish reason; a
+request's failure is raised as a `grpc.aio.AioRpcError` with the agent's code and message
+(the same branches as the per-request call); `cancel()` returns False once the request
+ended, otherwise tells the agent to cancel it (its pages are freed) and makes the reader
+raise `asyncio.CancelledError`, as a cancelled grpc.aio call does.
+
+A stream is opened lazily on a replica's first request, and *retired* (`drop`) when the
+replica is removed, moves or is marked failed: no new request goes on it, the running
+ones finish, then the gateway half-closes it. When a stream breaks (the agent is gone),
+every request still on it fails with the stream's status, and the dispatcher retries or
+continues each on another replica as it does for a failed per-request call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from tessera.rpc.v1 import agent_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+_Item = pb.GenerateChunk | BaseException
+
+
+def rpc_error(code: str | grpc.StatusCode, message: str) -> grpc.aio.AioRpcError:
+    """The error a per-request call would raise, from a status code (or its name)."""
+    status = code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.__members__.get(code)
+    return grpc.aio.AioRpcError(
+        status or grpc.StatusCode.UNKNOWN, grpc.aio.Metadata(), grpc.aio.Metadata(), message
+    )
+
+
+class MuxCall:
+    """One request on a replica's stream (module docstring)."""
+
+    def __init__(self, stream: MuxStream, key: str) -> None:
+        self._stream, self.key = stream, key
+        self._items: collections.deque[_Item] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self.ended = False  # finished, failed or cancelled: nothing more will be delivered
+
+    def __aiter__(self) -> MuxCall:
+        return self
+
+    async def __anext__(self) -> pb.GenerateChunk:
+        while not self._items:
+            if self.ended:
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        item = self._items.popleft()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def deliver(self, item: _Item, end: bool) -> None:
+        """Called by the stream's demux: the request's next chunk or its failure."""
+        self._items.append(item)
+        self.ended = self.ended or end
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def cancel(self) -> bool:
+        """Cancel the request on the agent; False if it had already ended."""
+        if self.ended:
+            return False
+        self._stream.cancel(self.key)
+        self.deliver(asyncio.CancelledError(), end=True)
+        return True
+
+
+class MuxStream:
+    """One GenerateMux call: the requests running on it, and the task that demuxes."""
+
+    _ids = itertools.count()
+
+    def __init__(self, stub: Any, on_end: Callable[[MuxStream], None]) -> None:
+        self._out: asyncio.Queue[pb.GenerateMuxRequest | None] = asyncio.Queue()
+        self._calls: dict[str, MuxCall] = {}
+        self._on_end = on_end
+        self.retired = False
+        self.broken = False
+        self._half_closed = False
+        self._call = stub.GenerateMux(self._requests())
+        self._task = asyncio.get_running_loop().create_task(self._demux())
+
+    @property
+    def running(self) -> int:
+        return len(self._calls)
+
+    async def _requests(self) -> AsyncIterator[pb.GenerateMuxRequest]:
+        while (msg := await self._out.get()) is not None:
+            yield msg
+
+    def start(self, request: pb.GenerateRequest) -> MuxCall:
+        key = request.request_id
+        if not key or key in self._calls:  # the agent keys the stream's requests by id
+            key = f"{key}~mux{next(self._ids)}"
+            renamed = pb.GenerateRequest()
+            renamed.CopyFrom(request)
+            renamed.request_id, request = key, renamed
+        call = MuxCall(self, key)
+        self._calls[key] = call
+        self._out.put_nowait(pb.GenerateMuxRequest(start=request))
+        return call
+
+    def cancel(self, key: str) -> None:
+        if self._calls.pop(key, None) is not None and not self._half_closed:
+            self._out.put_nowait(pb.GenerateMuxRequest(cancel=pb.GenerateMuxCancel(request_id=key)))
+        self._settle()
+
+    def retire(self) -> None:
+        """Take no new request; half-close once the running ones end."""
+        self.retired = True
+        self._settle()
+
+    def _settle(self) -> None:
+        if self.retired and not self._calls and not self._half_closed:
+            self._half_closed = True
+            self._out.put_nowait(None)
+
+    async def _demux(self) -> None:
+        err_code, err_msg = grpc.StatusCode.UNAVAILABLE, "the GenerateMux stream ended"
+        try:
+            async for reply in self._call:
+                for entry in reply.entries:
+                    call = self._calls.get(entry.request_id)
+                    if call is None:  # cancelled here; the agent's news crossed the cancel
+                        continue
+                    if entry.HasField("error"):
+                        del self._calls[entry.request_id]
+                        call.deliver(rpc_error(entry.error.code, entry.error.message), True)
+                    else:
+                        end = bool(entry.chunk.finish_reason)
+                        if end:
+                            del self._calls[entry.request_id]
+                        call.deliver(entry.chunk, end)
+                self._settle()
+        except grpc.aio.AioRpcError as exc:
+            err_code, err_msg = exc.code(), exc.details() or err_code.name
+        except asyncio.CancelledError:
+            err_msg = "the gateway closed the GenerateMux stream"
+            raise
+        finally:
+            self.broken = True
+            self._on_end(self)
+            calls, self._calls = self._calls, {}
+            if calls:
+                log.info("GenerateMux stream broke (%s: %s); failing %d requests",
+                         err_code.name, err_msg, len(calls))  # fmt: skip
+            for call in calls.values():
+                call.deliver(rpc_error(err_code, err_msg), True)
+
+    async def close(self) -> None:
+        self._call.cancel()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+class MuxPool:
+    """A replica's current stream; retired streams run until their requests end."""
+
+    def __init__(self) -> None:
+        self._streams: dict[str, MuxStream] = {}
+        self._all: set[MuxStream] = set()  # current and retired, until they end
+
+    def call(self, replica_id: str, stub: Any, request: pb.GenerateRequest) -> MuxCall:
+        s = self._streams.get(replica_id)
+        if s is None or s.broken or s.retired:
+            s = MuxStream(stub, self._ended)
+            self._streams[replica_id] = s
+            self._all.add(s)
+        return s.start(request)
+
+    def _ended(self, stream: MuxStream) -> None:
+        self._all.discard(stream)
+        for rid, s in list(self._streams.items()):
+            if s is stream:
+                del self._streams[rid]
+
+    def drop(self, replica_id: str) -> None:
+        """The replica was removed, moved or failed: new requests get a new stream."""
+        s = self._streams.pop(replica_id, None)
+        if s is not None:
+            s.retire()
+
+    def running(self, replica_id: str) -> int:
+        s = self._streams.get(replica_id)
+        return 0 if s is None else s.running
+
+    async def close(self) -> None:
+        streams = list(self._all)
+        self._streams.clear()
+        self._all.clear()
+        await asyncio.gather(*(s.close() for s in streams), return_exceptions=True)
