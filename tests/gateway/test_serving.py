@@ -213,6 +213,7 @@ async def test_client_disconnect_returns_kv_pages(
     leader = cluster[1].address  # replica "two": the 2-stage pipeline
     h = await helpers.start(str(tiny_llama), config.ReplicaEndpoint("two", leader))
     try:
+        assert h.service.replicas.mux is not None  # the cancels travel on the replica's stream
         baseline = await _pages_used(leader, "two")
         body = _greedy("Once upon a time", 900, stream=True)
         # mid-stream: read a few events, then drop the connection
