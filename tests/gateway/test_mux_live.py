@@ -49,8 +49,7 @@ async def test_leader_death_breaks_the_stream_and_every_request_continues(
         texts, n = ["Once upon a time", "The quick brown fox"], 120
         body = {"model": helpers.MODEL, "max_tokens": n, "temperature": 0, "ignore_eos": True}
         resps = [
-            await session.post(h.url + C, json={**body, "prompt": t, "stream": True})
-            for t in texts
+            await session.post(h.url + C, json={**body, "prompt": t, "stream": True}) for t in texts
         ]
         heads = [[await r.content.readuntil(b"\n\n") for _ in range(3)] for r in resps]
         assert h.service.replicas.mux.running("w") == 2  # both on w's one stream
@@ -58,7 +57,9 @@ async def test_leader_death_breaks_the_stream_and_every_request_continues(
         await h.refresh()
         w.proc.kill()  # the leader: its stream breaks under both requests
         w.proc.wait()
-        got = await asyncio.gather(*(_stream_text(r, hd) for r, hd in zip(resps, heads, strict=True)))
+        got = await asyncio.gather(
+            *(_stream_text(r, hd) for r, hd in zip(resps, heads, strict=True))
+        )
         want = [
             str(tok.decode(hf_greedy(tiny_llama, tok.encode(t).ids, n), skip_special_tokens=True))
             for t in texts
