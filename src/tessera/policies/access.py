@@ -44,6 +44,7 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     "PushTensors": frozenset({AGENT, ADMIN}),  # a block copy over the data plane
     "Generate": frozenset({GATEWAY, ADMIN}),
     "Cancel": frozenset({GATEWAY, ADMIN}),
+    "GenerateMux": frozenset({GATEWAY, ADMIN}),  # issue 16: many requests on one stream
     "PinPrefix": _KV,
     "ReservePages": _KV,
     "CommitPrefix": _KV,
