@@ -20,7 +20,6 @@ cancels them all (their pages are freed).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -157,6 +156,5 @@ async def serve(
             await stream.news.wait()
     finally:
         reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-            await reader
+        await asyncio.gather(reader, return_exceptions=True)
         await stream.close()

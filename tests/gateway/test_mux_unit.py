@@ -186,3 +186,15 @@ async def test_close_fails_running_requests() -> None:
     await pool.close()
     with pytest.raises(grpc.aio.AioRpcError):
         await _drain(a)
+
+
+async def test_cancel_drops_unread_chunks_like_grpc() -> None:
+    pool, stub = mux.MuxPool(), FakeStub()
+    a = pool.call("r0", stub, _req("a"))
+    (agent,) = stub.calls
+    agent.reply(_chunk("a", 1))
+    await _settle()  # delivered, not read
+    assert a.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await anext(a)
+    await pool.close()

@@ -86,6 +86,7 @@ class MuxCall:
         if self.ended:
             return False
         self._stream.cancel(self.key)
+        self._items.clear()  # as grpc.aio drops what a cancelled call had not read
         self.deliver(asyncio.CancelledError(), end=True)
         return True
 
