@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from tessera.gateway import mux
+from tessera.gateway import config, mux
 from tessera.rpc.v1 import agent_pb2 as pb
 
 
@@ -198,3 +198,18 @@ async def test_cancel_drops_unread_chunks_like_grpc() -> None:
     with pytest.raises(asyncio.CancelledError):
         await anext(a)
     await pool.close()
+
+
+def test_the_switch_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from tessera.cli import gateway_cmd
+
+    parser = argparse.ArgumentParser()
+    gateway_cmd.register(parser.add_subparsers())
+    assert parser.parse_args(["gateway"]).no_generate_mux is False
+    assert parser.parse_args(["gateway", "--no-generate-mux"]).no_generate_mux is True
+    monkeypatch.delenv("TESSERA_GENERATE_MUX", raising=False)
+    assert config.GatewayConfig("m", "/m").generate_mux is True  # the default
+    monkeypatch.setenv("TESSERA_GENERATE_MUX", "0")  # what `tessera up` and the anchor follow
+    assert config.GatewayConfig("m", "/m").generate_mux is False
