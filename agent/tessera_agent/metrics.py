@@ -92,11 +92,20 @@ class _StateCollector(Collector):
             "absent: eager by configuration)",
             labels=["replica", "stage", "state"],
         )
+        graph_steps = CounterMetricFamily(
+            "tessera_agent_decode_graph_steps",
+            "Steps whose decode rows ran through a stage's compiled graph (kind: pure "
+            "decode, or the decode rows of a split mixed step)",
+            labels=["replica", "stage", "kind"],
+        )
         for (rid, idx), h in list(self.state.hosted.items()):
             params.add_metric([rid, str(idx)], h.stage.param_bytes)
             g = h.stage.runner.decode_graph
             if g is not None:
                 graph.add_metric([rid, str(idx), g.state], 1.0 if g.state == "ready" else 0.0)
+                split = h.stage.runner.split_steps
+                graph_steps.add_metric([rid, str(idx), "decode"], g.calls - split)
+                graph_steps.add_metric([rid, str(idx), "split"], split)
             kvb.add_metric([rid, str(idx)], h.stage.kv_bytes)
             if h.leader is not None:
                 s = h.leader.stats()
@@ -123,6 +132,7 @@ class _StateCollector(Collector):
             cached,
             steps,
             graph,
+            graph_steps,
         )
 
 

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENV = "TESSERA_COMPILE_DECODE"
+# The eager rows' prepacked projections (`packed_linear.py`), on with the compiled decode;
+# "0" turns them off (A/B).
+PACK_ENV = "TESSERA_PACK_PROMPTS"
 _OFF, _ON, _WAIT = "off", "on", "wait"
 _default = False  # an agent process sets it (`set_default`); in-process engines leave it
 
@@ -57,15 +60,29 @@ def enabled_from_env(device: torch.device | None = None) -> bool:
     return mode_from_env(device) != _OFF
 
 
+def pack_prompts(device: torch.device | None = None) -> bool:
+    """Whether a CPU stage's compiled decode also packs its projections for the eager
+    (prompt) rows: on unless `TESSERA_PACK_PROMPTS=0`."""
+    raw = os.environ.get(PACK_ENV, "").strip().lower()
+    return raw not in ("0", "false", "no", "off") and (device is None or device.type == "cpu")
+
+
+def copies(dtype: torch.dtype, device: torch.device | None = None) -> int:
+    """Packed copies of a stage's projections the compiled decode holds: the frozen
+    graph's, plus the eager rows' (`packed_linear.py`, float32 only) when it is on."""
+    return 2 if dtype == torch.float32 and pack_prompts(device) else 1
+
+
 def packed_bytes(model: model_mod.StageModel) -> int:
-    """Bytes of the packed weight copy a frozen CPU graph holds: every projection of the
-    stage's layers (the embedding is gathered from in place; the LM head runs eagerly)."""
+    """Bytes of the packed weight copies the compiled decode of a CPU stage holds: every
+    projection of the stage's layers (the embedding is gathered from in place; the LM
+    head runs eagerly), once for the frozen graph and once for the eager rows."""
     total = 0
     for layer in model.layers:
         for mod in layer.modules():
             if isinstance(mod, torch.nn.Linear):
                 total += mod.weight.nbytes + (mod.bias.nbytes if mod.bias is not None else 0)
-    return total
+    return total * copies(model.dtype_)
 
 
 def planned_packed_bytes(
@@ -73,11 +90,12 @@ def planned_packed_bytes(
 ) -> int:
     """`packed_bytes` of layers [start, end) from the config alone (before loading)."""
     elem = torch.tensor([], dtype=dtype).element_size()
-    return sum(
+    one = sum(
         math.prod(shape) * elem
         for name, shape in block_tensors.shapes(cfg, start, end).items()
         if "_proj." in name
     )
+    return one * copies(dtype)
 
 
 def load_reserve(

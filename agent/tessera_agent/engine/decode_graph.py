@@ -58,7 +58,7 @@ from typing import Any
 import torch
 import torch._inductor.config as inductor_config
 
-from tessera_agent.engine import attention, compile_policy
+from tessera_agent.engine import attention, compile_policy, packed_linear
 from tessera_agent.engine import model as model_mod
 
 log = logging.getLogger(__name__)
@@ -139,12 +139,16 @@ class CompiledDecode:
         self._gen = 0  # bumped by every rebuild; a stale warm-up does not publish
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        # The eager rows' packed projections (`packed_linear.py`): built first thing in
+        # the warm-up, dropped with the graph.
+        self.packs: packed_linear.StagePacks | None = None
         self._build()
 
     # -- building -------------------------------------------------------------------------
     def _build(self) -> None:
         # A private copy of the code object: dynamo keeps compiled code per code object,
         # so this instance's graphs (and frozen weights) live and die with it.
+        self.packs = None
         fn = types.FunctionType(_forward.__code__.replace(), _forward.__globals__, "_forward")
         backend = self._counting_backend()
         if self.device.type == "cuda":  # CUDA graphs captured and replayed per shape
@@ -186,6 +190,7 @@ class CompiledDecode:
         with self._lock:
             self._gen += 1
             self.state, self.reason = "off", reason
+            self.packs = None
         log.warning("compiled decode off for layers [%d, %d): %s", *self._range(), reason)
 
     def _range(self) -> tuple[int, int]:
@@ -233,6 +238,11 @@ class CompiledDecode:
             gen = self._gen
             self.state = "warming"
         t0 = time.perf_counter()
+        if compile_policy.pack_prompts(self.device) and packed_linear.packable(self.model):
+            packs = packed_linear.StagePacks(self.model)
+            with self._lock:
+                if gen == self._gen:
+                    self.packs = packs
         b, ctx, slots = self._shapes(kv_like)
         with torch.inference_mode():
             self._run_synthetic(kv_like, 1, ctx, slots)
