@@ -210,6 +210,12 @@ def test_agent_books_the_packed_copy_and_starts_the_warm_up(
         fams = {f.name: f for f in metrics._StateCollector(state).collect()}
         (sample,) = fams["tessera_agent_decode_graph_ready"].samples
         assert sample.labels["state"] == "warming" and sample.value == 0.0
+        served = {
+            s.labels["kind"]: s.value for s in fams["tessera_agent_decode_graph_steps"].samples
+        }
+        assert served == {"decode": 0.0, "split": 0.0}  # no request yet
+        (built,) = fams["tessera_agent_decode_graph_compiles"].samples
+        assert built.value == 0.0
         await hs.unload("r0", 0)
         assert dev.used == {}
         tight = 256 * MiB - st.param_bytes - need // 2  # fixed KV leaves no room for it
