@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tessera import api, fields, observed, plan, reconcile, routes_doc, variant_spec
+from tessera import api, api_semantics, fields, observed, plan, reconcile, routes_doc, variant_spec
 from tessera.cost import model_shape
 from tessera.planner import auto as planner_auto
 from tessera.policies import actions as step_actions
@@ -177,11 +177,11 @@ async def converge(
     rollout = rollout or Rollout()
     shape = model_facts(model_path, dep.spec.model.dtype)
     facts = (
-        api.ModelFacts(shape.num_layers, shape.num_heads, shape.num_kv_heads)
+        api_semantics.ModelFacts(shape.num_layers, shape.num_heads, shape.num_kv_heads)
         if shape is not None
         else None
     )
-    errs = api.check_semantics(dep.spec, facts, [r.name for r in refs])
+    errs = api_semantics.check_semantics(dep.spec, facts, [r.name for r in refs])
     if errs:
         if facts is None:
             errs[0] = fields.FieldError(

@@ -131,3 +131,22 @@ def byte_quantity(value: Any, path: str) -> int:
     if amount <= 0 or not math.isfinite(amount):
         raise FieldError(path, "must be > 0")
     return int(amount)
+
+
+def optional(doc: Mapping[str, Any], key: str, default: Any) -> Any:
+    """``doc[key]``, or ``default`` where the key is missing or null."""
+    value = doc.get(key)
+    return default if value is None else value
+
+
+def boolean(value: Any, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise FieldError(path, f"must be true or false, got {type(value).__name__}")
+    return value
+
+
+def known_only(doc: Mapping[str, Any], allowed: Sequence[str], path: str) -> None:
+    """Reject the first key of ``doc`` not in ``allowed`` (manifest objects are closed)."""
+    extra = sorted(set(doc) - set(allowed))
+    if extra:
+        raise FieldError(join(path, extra[0]), f"unknown field (allowed: {', '.join(allowed)})")

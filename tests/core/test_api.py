@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tessera import api, fields
+from tessera import api, api_semantics, fields
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,7 +103,10 @@ def test_semantic_errors_name_the_field() -> None:
             }
         )
     )
-    errs = [str(e) for e in api.check_semantics(dep.spec, api.ModelFacts(8, 4, 2), ["a0"])]
+    errs = [
+        str(e)
+        for e in api_semantics.check_semantics(dep.spec, api_semantics.ModelFacts(8, 4, 2), ["a0"])
+    ]
     assert "spec.layout.replicas[1].stages[0].layers: end 12 exceeds the model's 8 layers" in errs
     assert any(
         e.startswith("spec.layout.replicas[2].stages[1].layers: starts at layer 4") for e in errs

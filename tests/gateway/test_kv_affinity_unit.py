@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tessera.gateway import config, kv_affinity, metrics, replicas, router
+from tessera.policies import kv_dispatch
 
 
 async def _setup(limit: int = 2) -> tuple[kv_affinity.KvAffinity, router.Router]:
@@ -58,3 +59,22 @@ def test_throughput_follows_chunk_gaps() -> None:
     assert t.rate == pytest.approx(20.0)
     t.observe(2, 30.0, first=False)  # after an idle gap: not a sample
     assert t.rate == pytest.approx(20.0)
+
+
+async def test_owners_of_a_replica_that_left_or_moved_are_forgotten() -> None:
+    aff, _ = await _setup()
+    rs = aff._replicas
+    turn = list(range(100, 150))
+    keys = kv_dispatch.reusable_keys("", turn, 16)
+    aff.finished("a", [*turn, 7], "")
+    aff.choose(["a", "b"], [1, 2, 3], 8, "")  # membership unchanged: nothing forgotten
+    assert aff.owners.lookup(keys, ["a", "b"]) == ("a", len(keys))
+    # "a" moves to another leader (a relayout): same id, a new endpoint without its KV
+    rs.update([config.ReplicaEndpoint(r, f"127.0.0.1:{p}") for r, p in (("a", 2), ("b", 1))])
+    aff.choose(["b"], [1, 2, 3], 8, "")
+    assert aff.owners.lookup(keys, ["a", "b"]) == (None, 0)
+    aff.finished("b", [*turn, 7], "")
+    assert aff.owners.lookup(keys, ["a", "b"]) == ("b", len(keys))
+    rs.update([config.ReplicaEndpoint("a", "127.0.0.1:2")])  # "b" leaves the routes
+    aff.choose(["a"], [1, 2, 3], 8, "")
+    assert aff.owners.lookup(keys, ["a", "b"]) == (None, 0)

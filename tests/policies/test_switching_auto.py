@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tessera import api, plan
+from tessera import api, api_semantics, plan
 from tessera.cost.capacity import RequestClass
 from tessera.planner import capacity_table, exhaustive
 from tessera.planner.evaluate import Evaluator
@@ -127,12 +127,12 @@ def test_tp_candidates_are_valid_layouts() -> None:
             },
         }
     )
-    facts = api.ModelFacts(shape.num_layers, shape.num_heads, shape.num_kv_heads)
+    facts = api_semantics.ModelFacts(shape.num_layers, shape.num_heads, shape.num_kv_heads)
 
     def errors(replicas: list[dict[str, Any]]) -> list[str]:
         layout = {"mode": "explicit", "replicas": replicas}
         spec = api.parse_spec({"model": {"name": "m", "path": "/m"}, "layout": layout})
-        return [str(e) for e in api.check_semantics(spec, facts, ["node-0", "node-1"])]
+        return [str(e) for e in api_semantics.check_semantics(spec, facts, ["node-0", "node-1"])]
 
     with_tp = sc.build(dep, shape, _obs(), NAMES, max_tp=0)  # 2 nodes x 2 H100
     tp_layouts = [

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tessera import api, observed
+from tessera import api, api_semantics, observed
 from tessera.cost import analytic
 from tessera.planner.deployment import Deployment, ReplicaPlan, StagePlan
 from tessera.policies import switching_candidates as sc
@@ -84,7 +84,7 @@ def _structure(replicas: list[dict[str, Any]]) -> list[list[tuple[str, str, tupl
 
 def test_planner_layouts_become_valid_explicit_replicas(made: sc.Candidates) -> None:
     assert sc.SPEC in made.layouts and len(made.layouts) > 3
-    facts = api.ModelFacts(SHAPE.num_layers, SHAPE.num_heads, SHAPE.num_kv_heads)
+    facts = api_semantics.ModelFacts(SHAPE.num_layers, SHAPE.num_heads, SHAPE.num_kv_heads)
     for name, replicas in made.layouts.items():
         spec = api.parse_spec(
             {
@@ -92,7 +92,7 @@ def test_planner_layouts_become_valid_explicit_replicas(made: sc.Candidates) -> 
                 "layout": {"mode": "explicit", "replicas": replicas},
             }
         )
-        assert api.check_semantics(spec, facts, ["node-0", "node-1"]) == [], name
+        assert api_semantics.check_semantics(spec, facts, ["node-0", "node-1"]) == [], name
         for r in spec.layout.replicas:  # each replica covers every layer once, in order
             bounds = [s.layers for s in r.stages]
             assert bounds[0][0] == 0 and bounds[-1][1] == SHAPE.num_layers

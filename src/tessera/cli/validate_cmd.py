@@ -4,7 +4,7 @@ Registered by `tessera.cli.main`. Three layers, each reported by field path:
 1. the CRD's OpenAPI schema (`tessera.crd`), as the API server would check it, plus fields
    the server would silently prune;
 2. `tessera.api.parse` (the rules the schema cannot express);
-3. semantics against the model's config.json (`tessera.api.check_semantics`): the model
+3. semantics against the model's config.json (`tessera.api_semantics.check_semantics`): the model
    must be readable where the path resolves locally (relative paths from the manifest's
    folder, PVC models under `--model-root`), unless `--no-model-check`.
 Exit 0 when every document is valid, 1 otherwise.
@@ -44,7 +44,7 @@ def check_document(
     doc: Any, base_dir: Path, schema: dict[str, Any], args: argparse.Namespace
 ) -> tuple[list[str], list[str]]:
     """(errors, notes) of one decoded document."""
-    from tessera import api, crd, fields
+    from tessera import api, api_semantics, crd, fields
     from tessera.cli import variant_check
     from tessera_operator import converge
 
@@ -58,7 +58,7 @@ def check_document(
     except fields.FieldError as exc:
         return [str(exc)], []
     notes = []
-    facts: api.ModelFacts | None = None
+    facts: api_semantics.ModelFacts | None = None
     model_path = converge.resolve_model_path(dep.spec, base_dir, args.model_root)
     if args.no_model_check:
         notes.append(f"model checks skipped (--no-model-check); model path {model_path}")
@@ -70,10 +70,10 @@ def check_document(
                 f"{where}: model not readable: no config.json in {model_path} "
                 "(use --model-root for PVC models, or --no-model-check)"
             ], []
-        facts = api.ModelFacts(shape.num_layers, shape.num_heads, shape.num_kv_heads)
+        facts = api_semantics.ModelFacts(shape.num_layers, shape.num_heads, shape.num_kv_heads)
     agents = list(args.agent) or None
     if facts is not None:
-        errors = [str(e) for e in api.check_semantics(dep.spec, facts, agents)]
+        errors = [str(e) for e in api_semantics.check_semantics(dep.spec, facts, agents)]
         errors += variant_check.check(dep, model_path)  # adapters fit, fine-tunes match
     if not errors:
         reps = len(dep.spec.layout.replicas)

@@ -75,6 +75,7 @@ class KvAffinity:
         self._rates: dict[str, Throughput] = {}
         self._last_pick: dict[str, int] = {}
         self._picks = 0
+        self._members: dict[str, replicas.ReplicaState] = {}  # as of the last choice
 
     def choose(
         self,
@@ -87,6 +88,7 @@ class KvAffinity:
         if not ready:
             return None
         states = self._replicas.states()
+        self._follow_membership(states)
         page = _page(states, ready)
         keys = kv_dispatch.reusable_keys(namespace, prompt_ids, page)
         owner, pages = self.owners.lookup(keys, ready)
@@ -116,6 +118,18 @@ class KvAffinity:
         self.owners.remember(keys, rid)  # it computes (or reuses) these pages now
         self._metrics.dispatches.labels(decision.reason).inc()
         return router.Route(rid, decision.reason)
+
+    def _follow_membership(self, states: dict[str, replicas.ReplicaState]) -> None:
+        """Forget the prefixes of replicas that left the routes or moved to another leader
+        (`ReplicaSet.update` makes a new state for a changed endpoint): their KV is gone,
+        and a later replica of the same id must not inherit the ownership."""
+        if states.keys() == self._members.keys() and all(
+            states[r] is st for r, st in self._members.items()
+        ):
+            return
+        kept = {r for r, st in self._members.items() if states.get(r) is st}
+        self.owners.forget(kept | (states.keys() - self._members.keys()))
+        self._members = states
 
     def observe(self, replica_id: str, tokens: int, now: float, first: bool) -> None:
         """A chunk of `tokens` tokens arrived from `replica_id` (dispatch.py, per chunk)."""
