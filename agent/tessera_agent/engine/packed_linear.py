@@ -14,7 +14,8 @@ Results agree with `F.linear` to float rounding (~1e-6); greedy tokens are check
 against `transformers` in `tests/engine/test_packed_linear.py`.
 
 Life: built by `CompiledDecode.warm_up` (so only where the compiled decode is on: CPU,
-float32, no LoRA, no TP) before it compiles, dropped with the graph; the bytes are booked
+float32, no LoRA, no TP) before it compiles (kept if compiling fails: they are eager
+code), dropped when the graph is turned off or rebuilt after a layer swap; the bytes are booked
 with the graph's (`compile_policy.packed_bytes` counts both copies).
 `TESSERA_PACK_PROMPTS=0` leaves the prompt rows on `F.linear` (A/B). A pack is tied to the
 weight tensor it was packed from: a layer or parameter swapped since (memory shift, block
