@@ -132,7 +132,7 @@ class CompiledDecode:
     def __init__(self, model: model_mod.StageModel, device: torch.device, page_size: int) -> None:
         self.model, self.device, self.page_size = model, device, page_size
         self.calls = 0  # steps run compiled
-        self.compiles = 0  # graphs Inductor built (warm-up: 2; more is logged)
+        self.compiles = 0  # graphs Inductor built (warm-up: 3-4 measured; more is logged)
         self.warmup_s = 0.0  # wall time of the last warm-up (mostly compiling)
         self.state = "cold"  # cold -> warming -> ready | failed | off
         self.reason = ""  # why failed/off
