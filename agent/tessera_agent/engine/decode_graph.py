@@ -142,6 +142,7 @@ class CompiledDecode:
         # The eager rows' packed projections (`packed_linear.py`): built first thing in
         # the warm-up, dropped with the graph.
         self.packs: packed_linear.StagePacks | None = None
+        self.with_packs = True  # False: its bytes were not reserved (`drop_packs`)
         self._build()
 
     # -- building -------------------------------------------------------------------------
@@ -183,7 +184,9 @@ class CompiledDecode:
 
     @property
     def packed_bytes(self) -> int:
-        return compile_policy.packed_bytes(self.model) if self.device.type == "cpu" else 0
+        if self.device.type != "cpu":
+            return 0
+        return compile_policy.packed_bytes(self.model, self.with_packs)
 
     def disable(self, reason: str) -> None:
         """Turn the path off for this stage (every step eager from now on)."""
@@ -192,6 +195,12 @@ class CompiledDecode:
             self.state, self.reason = "off", reason
             self.packs = None
         log.warning("compiled decode off for layers [%d, %d): %s", *self._range(), reason)
+
+    def drop_packs(self, reason: str) -> None:
+        """Keep the graph but not the eager rows' packed projections (`packed_linear.py`)."""
+        with self._lock:
+            self.with_packs, self.packs = False, None
+        log.info("packed prompt projections off for layers [%d, %d): %s", *self._range(), reason)
 
     def _range(self) -> tuple[int, int]:
         return self.model.start, self.model.end
@@ -238,10 +247,11 @@ class CompiledDecode:
             gen = self._gen
             self.state = "warming"
         t0 = time.perf_counter()
-        if compile_policy.pack_prompts(self.device) and packed_linear.packable(self.model):
+        on = self.with_packs and compile_policy.pack_prompts(self.device)
+        if on and packed_linear.packable(self.model):
             packs = packed_linear.StagePacks(self.model)
             with self._lock:
-                if gen == self._gen:
+                if gen == self._gen and self.with_packs:
                     self.packs = packs
         b, ctx, slots = self._shapes(kv_like)
         with torch.inference_mode():
