@@ -92,11 +92,27 @@ class _StateCollector(Collector):
             "absent: eager by configuration)",
             labels=["replica", "stage", "state"],
         )
+        graph_steps = CounterMetricFamily(
+            "tessera_agent_decode_graph_steps",
+            "Steps whose decode rows ran through a stage's compiled graph (kind: pure "
+            "decode, or the decode rows of a split mixed step)",
+            labels=["replica", "stage", "kind"],
+        )
+        graph_compiles = CounterMetricFamily(
+            "tessera_agent_decode_graph_compiles",
+            "Graphs Inductor built for a stage's compiled decode (2 at warm-up; more: a "
+            "recompile on a request's step, also logged)",
+            labels=["replica", "stage"],
+        )
         for (rid, idx), h in list(self.state.hosted.items()):
             params.add_metric([rid, str(idx)], h.stage.param_bytes)
             g = h.stage.runner.decode_graph
             if g is not None:
                 graph.add_metric([rid, str(idx), g.state], 1.0 if g.state == "ready" else 0.0)
+                split = h.stage.runner.split_steps
+                graph_steps.add_metric([rid, str(idx), "decode"], g.calls - split)
+                graph_steps.add_metric([rid, str(idx), "split"], split)
+                graph_compiles.add_metric([rid, str(idx)], g.compiles)
             kvb.add_metric([rid, str(idx)], h.stage.kv_bytes)
             if h.leader is not None:
                 s = h.leader.stats()
@@ -123,6 +139,8 @@ class _StateCollector(Collector):
             cached,
             steps,
             graph,
+            graph_steps,
+            graph_compiles,
         )
 
 

@@ -130,9 +130,13 @@ def test_load_reserve_books_the_packed_copy_only_where_it_fits(tiny_llama: Path)
         mp.setenv(compile_policy.ENV, "1")
         assert compile_policy.load_reserve(*args, 1, cpu, 10 * need, 0) == need
         assert compile_policy.load_reserve(*args, 1, cpu, 2 * need, 0) == need  # half the rest
-        assert compile_policy.load_reserve(*args, 1, cpu, 2 * need - 1, 0) == 0
+        one = compile_policy.planned_packed_bytes(cfg, 0, 8, torch.float32, packs=False)
+        assert one * 2 == need  # the graph's copy and the eager rows' packs
+        assert compile_policy.load_reserve(*args, 1, cpu, 2 * need - 1, 0) == one
+        assert compile_policy.load_reserve(*args, 1, cpu, 2 * one - 1, 0) == 0
         assert compile_policy.load_reserve(*args, 1, cpu, need + 8, 8) == need  # fixed KV
-        assert compile_policy.load_reserve(*args, 1, cpu, need + 8, 9) == 0
+        assert compile_policy.load_reserve(*args, 1, cpu, need + 8, 9) == one  # the graph's
+        assert compile_policy.load_reserve(*args, 1, cpu, one + 8, 9) == 0
         assert compile_policy.load_reserve(*args, 2, cpu, 10 * need, 0) == 0  # TP: eager
         mp.setenv(compile_policy.ENV, "0")
         assert compile_policy.load_reserve(*args, 1, cpu, 10 * need, 0) == 0
@@ -210,13 +214,28 @@ def test_agent_books_the_packed_copy_and_starts_the_warm_up(
         fams = {f.name: f for f in metrics._StateCollector(state).collect()}
         (sample,) = fams["tessera_agent_decode_graph_ready"].samples
         assert sample.labels["state"] == "warming" and sample.value == 0.0
+        served = {
+            s.labels["kind"]: s.value for s in fams["tessera_agent_decode_graph_steps"].samples
+        }
+        assert served == {"decode": 0.0, "split": 0.0}  # no request yet
+        (built,) = fams["tessera_agent_decode_graph_compiles"].samples
+        assert built.value == 0.0
         await hs.unload("r0", 0)
         assert dev.used == {}
-        tight = 256 * MiB - st.param_bytes - need // 2  # fixed KV leaves no room for it
-        small = await hs.load(blocks.Block(str(tiny_llama), 0, 8, replica_id="r1", kv_bytes=tight))
+        one = need // 2  # the graph's copy; the eager rows' packs are the other half
+        tight = 256 * MiB - st.param_bytes - one  # fixed KV leaves room for one copy only
+        mid = await hs.load(blocks.Block(str(tiny_llama), 0, 8, replica_id="r1", kv_bytes=tight))
+        g = mid.hosted.stage.runner.decode_graph
+        assert isinstance(g, _Stub) and g.started == 1 and not g.with_packs
+        assert dev.used["r1/0/decode-graph"] == one == g.packed_bytes
+        await hs.unload("r1", 0)
+        tighter = 256 * MiB - st.param_bytes - one // 2  # fixed KV leaves no room for it
+        small = await hs.load(
+            blocks.Block(str(tiny_llama), 0, 8, replica_id="r2", kv_bytes=tighter)
+        )
         g = small.hosted.stage.runner.decode_graph
         assert g is not None and g.state == "off" and "do not fit" in g.reason
-        assert "r1/0/decode-graph" not in dev.used
+        assert "r2/0/decode-graph" not in dev.used
 
     asyncio.run(run())
 

@@ -19,10 +19,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from tessera_agent.engine.packed_linear import StagePacks
 
 
 class Chunk(Protocol):
@@ -92,6 +95,9 @@ class AttentionMetadata:
     # the compiled decode graph leaves this off and allocates inside its own code.
     reuse_gather: bool = False
     gather_out: tuple[torch.Tensor, torch.Tensor] | None = None
+    # The stage's prepacked projection weights for an eager step's many rows
+    # (`packed_linear.py`; set by the runner, None in the compiled graph and by default).
+    packed: StagePacks | None = None
 
 
 def slots_of(block_table: Sequence[int], length: int, page_size: int) -> torch.Tensor:

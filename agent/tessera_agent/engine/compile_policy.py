@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENV = "TESSERA_COMPILE_DECODE"
+# The eager rows' prepacked projections (`packed_linear.py`), on with the compiled decode;
+# "0" turns them off (A/B).
+PACK_ENV = "TESSERA_PACK_PROMPTS"
 _OFF, _ON, _WAIT = "off", "on", "wait"
 _default = False  # an agent process sets it (`set_default`); in-process engines leave it
 
@@ -57,27 +60,43 @@ def enabled_from_env(device: torch.device | None = None) -> bool:
     return mode_from_env(device) != _OFF
 
 
-def packed_bytes(model: model_mod.StageModel) -> int:
-    """Bytes of the packed weight copy a frozen CPU graph holds: every projection of the
-    stage's layers (the embedding is gathered from in place; the LM head runs eagerly)."""
+def pack_prompts(device: torch.device | None = None) -> bool:
+    """Whether a CPU stage's compiled decode also packs its projections for the eager
+    (prompt) rows: on unless `TESSERA_PACK_PROMPTS=0`."""
+    raw = os.environ.get(PACK_ENV, "").strip().lower()
+    return raw not in ("0", "false", "no", "off") and (device is None or device.type == "cpu")
+
+
+def copies(dtype: torch.dtype, device: torch.device | None = None) -> int:
+    """Packed copies of a stage's projections the compiled decode holds: the frozen
+    graph's, plus the eager rows' (`packed_linear.py`, float32 only) when it is on."""
+    return 2 if dtype == torch.float32 and pack_prompts(device) else 1
+
+
+def packed_bytes(model: model_mod.StageModel, packs: bool = True) -> int:
+    """Bytes of the packed weight copies the compiled decode of a CPU stage holds: every
+    projection of the stage's layers (the embedding is gathered from in place; the LM
+    head runs eagerly), once for the frozen graph and, with `packs`, once more for the
+    eager rows."""
     total = 0
     for layer in model.layers:
         for mod in layer.modules():
             if isinstance(mod, torch.nn.Linear):
                 total += mod.weight.nbytes + (mod.bias.nbytes if mod.bias is not None else 0)
-    return total
+    return total * (copies(model.dtype_) if packs else 1)
 
 
 def planned_packed_bytes(
-    cfg: config_mod.ModelConfig, start: int, end: int, dtype: torch.dtype
+    cfg: config_mod.ModelConfig, start: int, end: int, dtype: torch.dtype, packs: bool = True
 ) -> int:
     """`packed_bytes` of layers [start, end) from the config alone (before loading)."""
     elem = torch.tensor([], dtype=dtype).element_size()
-    return sum(
+    one = sum(
         math.prod(shape) * elem
         for name, shape in block_tensors.shapes(cfg, start, end).items()
         if "_proj." in name
     )
+    return one * (copies(dtype) if packs else 1)
 
 
 def load_reserve(
@@ -90,22 +109,34 @@ def load_reserve(
     left_after_params: int,
     kv_bytes: int,
 ) -> int:
-    """Device bytes an agent holds back for a block's packed copy before sizing its KV
-    pool: the copy's size when the path is on for the block and the copy fits beside its
-    KV (a fixed `kv_bytes`; or, with `kv_bytes` 0 = "all the rest", when the copy takes
-    at most half of what is left), else 0 (`begin` then turns the path off, saying why)."""
+    """Device bytes an agent holds back for a block's packed copies before sizing its KV
+    pool: the graph's and the eager rows' copies when both fit beside its KV (a fixed
+    `kv_bytes`; or, with `kv_bytes` 0 = "all the rest", when they take at most half of
+    what is left), else the graph's alone when it fits, else 0 (`begin` then turns the
+    eager rows' packs, or the whole path, off, saying why)."""
     if tp_size > 1 or device.type != "cpu" or not enabled_from_env(device):
         return 0
-    need = planned_packed_bytes(cfg, start, end, dtype)
-    return need if left_after_params - (kv_bytes or need) - need >= 0 else 0
+    for packs in (True, False):
+        need = planned_packed_bytes(cfg, start, end, dtype, packs)
+        if left_after_params - (kv_bytes or need) - need >= 0:
+            return need
+    return 0
 
 
 def begin(runner_graph: CompiledDecode | None, reserved: int, kv: KV) -> None:
-    """After an agent loaded a block: warm the graph up in the background when its copy
-    was reserved (`load_reserve`), else turn it off with the reason in the log."""
+    """After an agent loaded a block: warm the graph up in the background when its
+    copies were reserved (`load_reserve`); the graph's alone: without the eager rows'
+    packs; else turn it off. Reasons go to the log."""
     if runner_graph is None:
         return
     if runner_graph.device.type == "cpu" and reserved < runner_graph.packed_bytes:
+        if runner_graph.with_packs and reserved >= packed_bytes(runner_graph.model, False):
+            runner_graph.drop_packs(
+                f"the eager rows' packed weights ({runner_graph.packed_bytes - reserved} "
+                "bytes) do not fit beside the block's parameters and KV pool"
+            )
+            runner_graph.start(kv)
+            return
         runner_graph.disable(
             f"its packed weights ({runner_graph.packed_bytes} bytes) do not fit beside the "
             "block's parameters and KV pool in the device budget"

@@ -58,7 +58,7 @@ from typing import Any
 import torch
 import torch._inductor.config as inductor_config
 
-from tessera_agent.engine import attention, compile_policy
+from tessera_agent.engine import attention, compile_policy, packed_linear
 from tessera_agent.engine import model as model_mod
 
 log = logging.getLogger(__name__)
@@ -132,19 +132,24 @@ class CompiledDecode:
     def __init__(self, model: model_mod.StageModel, device: torch.device, page_size: int) -> None:
         self.model, self.device, self.page_size = model, device, page_size
         self.calls = 0  # steps run compiled
-        self.compiles = 0  # graphs Inductor built (warm-up: 2; more is logged)
+        self.compiles = 0  # graphs Inductor built (warm-up: 3-4 measured; more is logged)
         self.warmup_s = 0.0  # wall time of the last warm-up (mostly compiling)
         self.state = "cold"  # cold -> warming -> ready | failed | off
         self.reason = ""  # why failed/off
         self._gen = 0  # bumped by every rebuild; a stale warm-up does not publish
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        # The eager rows' packed projections (`packed_linear.py`): built first thing in
+        # the warm-up, dropped with the graph.
+        self.packs: packed_linear.StagePacks | None = None
+        self.with_packs = True  # False: its bytes were not reserved (`drop_packs`)
         self._build()
 
     # -- building -------------------------------------------------------------------------
     def _build(self) -> None:
         # A private copy of the code object: dynamo keeps compiled code per code object,
         # so this instance's graphs (and frozen weights) live and die with it.
+        self.packs = None
         fn = types.FunctionType(_forward.__code__.replace(), _forward.__globals__, "_forward")
         backend = self._counting_backend()
         if self.device.type == "cuda":  # CUDA graphs captured and replayed per shape
@@ -179,14 +184,23 @@ class CompiledDecode:
 
     @property
     def packed_bytes(self) -> int:
-        return compile_policy.packed_bytes(self.model) if self.device.type == "cpu" else 0
+        if self.device.type != "cpu":
+            return 0
+        return compile_policy.packed_bytes(self.model, self.with_packs)
 
     def disable(self, reason: str) -> None:
         """Turn the path off for this stage (every step eager from now on)."""
         with self._lock:
             self._gen += 1
             self.state, self.reason = "off", reason
+            self.packs = None
         log.warning("compiled decode off for layers [%d, %d): %s", *self._range(), reason)
+
+    def drop_packs(self, reason: str) -> None:
+        """Keep the graph but not the eager rows' packed projections (`packed_linear.py`)."""
+        with self._lock:
+            self.with_packs, self.packs = False, None
+        log.info("packed prompt projections off for layers [%d, %d): %s", *self._range(), reason)
 
     def _range(self) -> tuple[int, int]:
         return self.model.start, self.model.end
@@ -233,6 +247,12 @@ class CompiledDecode:
             gen = self._gen
             self.state = "warming"
         t0 = time.perf_counter()
+        on = self.with_packs and compile_policy.pack_prompts(self.device)
+        if on and packed_linear.packable(self.model):
+            packs = packed_linear.StagePacks(self.model)
+            with self._lock:
+                if gen == self._gen and self.with_packs:
+                    self.packs = packs
         b, ctx, slots = self._shapes(kv_like)
         with torch.inference_mode():
             self._run_synthetic(kv_like, 1, ctx, slots)

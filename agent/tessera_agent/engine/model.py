@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tessera_agent.engine import attention
+from tessera_agent.engine import attention, packed_linear
 from tessera_agent.engine import config as config_mod
 from tessera_agent.engine import tp as tp_mod
 
@@ -99,7 +99,7 @@ class Attention(nn.Module):
         self, x: torch.Tensor, md: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
         t = x.shape[0]
-        qkv = self.qkv_proj(x)
+        qkv = packed_linear.linear(self.qkv_proj, x, md.packed)
         # q and k heads sit side by side in the fused projection: one RoPE over both.
         qk = qkv[:, : self.q_size + self.kv_size].view(t, self.nh + self.nkv, self.hd)
         assert md.cos is not None and md.sin is not None
@@ -107,7 +107,7 @@ class Attention(nn.Module):
         q, k = qk[:, : self.nh], qk[:, self.nh :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.nkv, self.hd)
         out = attention.paged_attention(q, k, v, md, k_cache, v_cache, self.scale)
-        o: torch.Tensor = self.o_proj(out.view(t, self.q_size))
+        o = packed_linear.linear(self.o_proj, out.view(t, self.q_size), md.packed)
         return o if self.all_reduce is None else self.all_reduce(o)
 
 
@@ -121,9 +121,11 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.ffn, bias=False)
         self.down_proj = nn.Linear(self.ffn, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.ffn, dim=-1)
-        d: torch.Tensor = self.down_proj(F.silu(gate) * up)
+    def forward(
+        self, x: torch.Tensor, packed: packed_linear.StagePacks | None = None
+    ) -> torch.Tensor:
+        gate, up = torch.split(packed_linear.linear(self.gate_up_proj, x, packed), self.ffn, -1)
+        d = packed_linear.linear(self.down_proj, F.silu(gate) * up, packed)
         return d if self.all_reduce is None else self.all_reduce(d)
 
 
@@ -142,7 +144,7 @@ class DecoderLayer(nn.Module):
         self, x: torch.Tensor, md: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), md, k_cache, v_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))  # type: ignore[no-any-return]
+        return x + self.mlp(self.post_attention_layernorm(x), md.packed)  # type: ignore[no-any-return]
 
 
 class StageModel(nn.Module):

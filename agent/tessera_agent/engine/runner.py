@@ -18,6 +18,7 @@ from tessera_agent.engine import (
     errors,
     layer_run,
     lora,
+    packed_linear,
     sampling,
     step,
 )
@@ -135,6 +136,7 @@ class StageRunner:
         states), LoRA slots set: what every forward starts from (`execute`, and each
         chain's part of a co-step, `costep.py`)."""
         md = self._metadata(inp.chunks)
+        md.packed = self._packs()
         self._set_variants(inp.chunks)
         if self.model.is_first:
             if inp.token_ids is None:
@@ -192,6 +194,12 @@ class StageRunner:
         picked = hidden if every else hidden[torch.tensor(rows, device=self.device)]
         return self.sampled(inp.step_id, self.model.logits(picked).float(), ids, params)
 
+    def _packs(self) -> packed_linear.StagePacks | None:
+        """The stage's packed projections for eager rows, when its compiled decode holds
+        them (`packed_linear.py`; a pack of a swapped weight is not used)."""
+        g = self.decode_graph
+        return g.packs if g is not None else None
+
     def _compiled(
         self, x: torch.Tensor, md: attention.AttentionMetadata, chunks: list[step.SeqChunk]
     ) -> torch.Tensor | None:
@@ -216,7 +224,9 @@ class StageRunner:
         head = graph(x[:b], decode_md, kv)
         if head is None:
             return None
-        tail = self.model(x[b:], attention.build_metadata(chunks[b:], ps, self.device), kv)
+        tail_md = attention.build_metadata(chunks[b:], ps, self.device)
+        tail_md.packed = self._packs()
+        tail = self.model(x[b:], tail_md, kv)
         self.split_steps += 1
         return torch.cat((head, tail))
 

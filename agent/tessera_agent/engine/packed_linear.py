@@ -1,0 +1,94 @@
+"""Prompt rows through prepacked weights: a stage's projections in oneDNN's blocked layout,
+packed once instead of on every eager matmul.
+
+At saturation a step is ~50-100 decode rows (run through the compiled decode graph,
+`decode_graph.py`, whose frozen weights Inductor prepacked) plus several 64-token prompt
+chunks, which run eagerly: there `aten::mm` re-lays out the weight on every call and took
+55 % of the step. `StagePacks` holds every layer projection of a stage packed with
+`torch.ops.mkldnn._reorder_linear_weight` (the op Inductor's freezing uses for dynamic
+batch sizes), and `linear` runs a projection of at least `MIN_ROWS` rows through
+`mkldnn._linear_pointwise` over it (13-18 % less CPU than `F.linear` at 64-320 rows on the
+default tiny model, 1 thread; below 64 rows no gain, so those stay on `F.linear`), the
+rows padded to a multiple of `ROW_BUCKET` so that oneDNN's per-shape kernels are reused.
+Results agree with `F.linear` to float rounding (~1e-6); greedy tokens are checked
+against `transformers` in `tests/engine/test_packed_linear.py`.
+
+Life: built by `CompiledDecode.warm_up` (so only where the compiled decode is on: CPU,
+float32, no LoRA, no TP) before it compiles (kept if compiling fails: they are eager
+code), dropped when the graph is turned off or rebuilt after a layer swap; the bytes are booked
+with the graph's (`compile_policy.packed_bytes` counts both copies).
+`TESSERA_PACK_PROMPTS=0` leaves the prompt rows on `F.linear` (A/B). A pack is tied to the
+weight tensor it was packed from: a layer or parameter swapped since (memory shift, block
+zoo) simply runs `F.linear`. Called by `model.py` (every projection of an eager step;
+`AttentionMetadata.packed` carries the stage's packs, set by `runner.py`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from tessera_agent.engine import model as model_mod
+
+MIN_ROWS = 64  # fewer rows: F.linear (measured no faster packed at 4-32 rows)
+# Rows are padded to a multiple of this: oneDNN builds (JIT-compiles) a kernel per row
+# count, and a served replica's eager steps have hundreds of distinct counts (unpadded,
+# that made packed projections 2-16 % slower than F.linear on varying counts, and served
+# throughput 11 % lower); padded to 32, 15-16 % faster (1 thread), 22 % (2 threads).
+ROW_BUCKET = 32
+_HINT_ROWS = 256  # the batch size oneDNN picks its blocking for (a step's prompt rows)
+
+
+def packable(model: model_mod.StageModel) -> bool:
+    """Stages whose projections this packs: float32 weights on a CPU device."""
+    return model.dtype_ == torch.float32 and all(
+        p.device.type == "cpu" for p in model.layers.parameters()
+    )
+
+
+def projections(model: model_mod.StageModel) -> list[nn.Linear]:
+    """Every projection of the stage's layers (what the packs and the graph's copy hold)."""
+    return [m for layer in model.layers for m in layer.modules() if isinstance(m, nn.Linear)]
+
+
+class StagePacks:
+    """Packed copies of one stage's projection weights, by module."""
+
+    def __init__(self, model: model_mod.StageModel) -> None:
+        self._packs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (weight, pack)
+        with torch.inference_mode():
+            for mod in projections(model):
+                w = mod.weight.detach()
+                self._packs[id(mod)] = (mod.weight, _reorder(w))
+        self.nbytes = sum(w.nbytes for w, _ in self._packs.values())
+
+    def get(self, mod: nn.Module) -> torch.Tensor | None:
+        """The pack of `mod`'s current weight, or None (not packed here, or swapped)."""
+        got = self._packs.get(id(mod))
+        if got is None or not isinstance(mod, nn.Linear) or got[0] is not mod.weight:
+            return None
+        return got[1]
+
+
+def _reorder(w: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(w, _HINT_ROWS)  # type: ignore[no-any-return]
+
+
+def linear(mod: nn.Module, x: torch.Tensor, packs: StagePacks | None) -> torch.Tensor:
+    """`mod(x)`, through the packed weight when there is one and `x` has enough rows."""
+    t = x.shape[0]
+    if packs is not None and t >= MIN_ROWS:
+        pack = packs.get(mod)
+        if pack is not None:
+            bias = mod.bias if isinstance(mod, nn.Linear) else None
+            padded = -(-t // ROW_BUCKET) * ROW_BUCKET
+            if padded != t:  # zero rows up to the bucket; their outputs are dropped
+                x = F.pad(x, (0, 0, 0, padded - t))
+            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, pack, bias, "none", [], "")
+            return out[:t]
+    y: torch.Tensor = mod(x)
+    return y

@@ -1,0 +1,82 @@
+"""The eager rows' prepacked projections (`engine/packed_linear.py`): a packed projection
+agrees with `F.linear`, small or swapped ones are left alone, and a pipeline whose
+many-row steps run through the packs keeps transformers' greedy tokens and
+log-probabilities (no compiling here: the graph stays "warming", every step eager)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tessera_agent.engine import compile_policy, decode_graph, packed_linear, sampling
+from tests.conftest import hf_greedy, hf_greedy_logprobs
+from tests.engine import helpers
+
+
+class _Counting(packed_linear.StagePacks):
+    """Counts the projections that ran through a pack."""
+
+    hits = 0
+
+    def get(self, mod: nn.Module) -> torch.Tensor | None:
+        got = super().get(mod)
+        self.hits += got is not None
+        return got
+
+
+def test_packed_projection_matches_linear_and_falls_back(tiny_qwen2: Path) -> None:
+    (st,) = helpers.load(tiny_qwen2, [(0, 2)])
+    m = st.runner.model
+    packs = packed_linear.StagePacks(m)
+    weights = sum(mod.weight.nbytes for mod in packed_linear.projections(m))
+    assert packs.nbytes == weights <= compile_policy.packed_bytes(m) // 2  # booked with the graph
+    qkv = m.layers[0].self_attn.qkv_proj  # Qwen2: a biased projection
+    assert qkv.bias is not None and packs.get(qkv) is not None
+    g = torch.Generator().manual_seed(3)
+    with torch.inference_mode():
+        x = torch.randn(packed_linear.MIN_ROWS + 5, qkv.in_features, generator=g)
+        got = packed_linear.linear(qkv, x, packs)
+        assert torch.allclose(got, qkv(x), atol=1e-5, rtol=1e-5)
+        small = x[: packed_linear.MIN_ROWS - 1]  # too few rows: F.linear itself
+        assert torch.equal(packed_linear.linear(qkv, small, packs), qkv(small))
+        qkv.weight = nn.Parameter(qkv.weight.detach().clone() * 2)  # swapped since packed
+        assert packs.get(qkv) is None
+        assert torch.equal(packed_linear.linear(qkv, x, packs), qkv(x))
+        assert packs.get(nn.Linear(4, 4)) is None  # not one of the stage's
+
+
+def test_pack_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    monkeypatch.delenv(compile_policy.PACK_ENV, raising=False)
+    assert compile_policy.copies(torch.float32, cpu) == 2
+    assert compile_policy.copies(torch.bfloat16, cpu) == 1  # packs are float32 only
+    assert not compile_policy.pack_prompts(torch.device("cuda"))
+    monkeypatch.setenv(compile_policy.PACK_ENV, "0")
+    assert compile_policy.copies(torch.float32, cpu) == 1
+
+
+def test_packed_eager_steps_match_hf(tiny_llama: Path, prompts: list[list[int]]) -> None:
+    stages = helpers.load(tiny_llama, [(0, 4), (4, 8)])
+    packs = []
+    for st in stages:
+        r = st.runner
+        g = decode_graph.CompiledDecode(r.model, r.device, r.page_size)
+        g.state = "warming"  # never compiles here: every step eager, through the packs
+        g.packs = _Counting(r.model)
+        r.decode_graph = g
+        packs.append(g.packs)
+    n = 8
+    params = sampling.SamplingParams(max_tokens=n, ignore_eos=True, logprobs=0)
+    sink: dict[int, list] = {}  # type: ignore[type-arg]
+    delays = [0.0] * 4 + [0.01] * 4  # the late four meet the first four mid-decode
+    out, _ = helpers.run(stages, prompts, params, delays=delays, sink=sink)
+    assert out == [hf_greedy(tiny_llama, p, n) for p in prompts]
+    assert all(p.hits > 0 for p in packs)  # both stages ran many-row steps packed
+    for i, p in enumerate(prompts):
+        _, ref = hf_greedy_logprobs(tiny_llama, p, n)
+        got = torch.tensor([ev.logprobs.logprob for ev in sink[i]])
+        want = torch.tensor([float(ref[j, t]) for j, t in enumerate(out[i])])
+        assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
