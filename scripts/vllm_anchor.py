@@ -375,9 +375,11 @@ def main() -> int:
             "threads": THREADS,
             "rounds": args.rounds,
             "tessera_compile_decode": not args.tessera_eager,
-            # the gateway's token path (issue 16): one GenerateMux stream per replica unless
-            # TESSERA_GENERATE_MUX=0, which `tessera up` inherits from this environment
-            "generate_mux": os.environ.get("TESSERA_GENERATE_MUX", "1") != "0",
+            # the gateway's token path (issue 16): one Generate call per request unless
+            # TESSERA_GENERATE_MUX=1 (one GenerateMux stream per replica), which `tessera up`
+            # inherits from this environment
+            "generate_mux": os.environ.get("TESSERA_GENERATE_MUX", "0").strip().lower()
+            in ("1", "true", "on"),
             "machine": f"{os.uname().machine} {os.cpu_count()} cpus",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         }

@@ -42,10 +42,10 @@ async def test_leader_death_breaks_the_stream_and_every_request_continues(
     load_replica([w], tiny_llama, [(0, 8)], "w")
     load_replica([x], tiny_llama, [(0, 8)], "x")
     ep_w, ep_x = config.ReplicaEndpoint("w", w.address), config.ReplicaEndpoint("x", x.address)
-    h = await helpers.start(str(tiny_llama), ep_w, failure_backoff_s=0.0)
+    h = await helpers.start(str(tiny_llama), ep_w, failure_backoff_s=0.0, generate_mux=True)
     tok = Tokenizer.from_file(str(tiny_llama / "tokenizer.json"))
     try:
-        assert h.service.replicas.mux is not None  # the default path
+        assert h.service.replicas.mux is not None  # the multiplexed path
         texts, n = ["Once upon a time", "The quick brown fox"], 120
         body = {"model": helpers.MODEL, "max_tokens": n, "temperature": 0, "ignore_eos": True}
         resps = [

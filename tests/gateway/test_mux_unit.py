@@ -207,9 +207,10 @@ def test_the_switch_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> Non
 
     parser = argparse.ArgumentParser()
     gateway_cmd.register(parser.add_subparsers())
-    assert parser.parse_args(["gateway"]).no_generate_mux is False
-    assert parser.parse_args(["gateway", "--no-generate-mux"]).no_generate_mux is True
+    assert parser.parse_args(["gateway"]).generate_mux is None  # the environment decides
+    assert parser.parse_args(["gateway", "--generate-mux"]).generate_mux is True
+    assert parser.parse_args(["gateway", "--no-generate-mux"]).generate_mux is False
     monkeypatch.delenv("TESSERA_GENERATE_MUX", raising=False)
-    assert config.GatewayConfig("m", "/m").generate_mux is True  # the default
-    monkeypatch.setenv("TESSERA_GENERATE_MUX", "0")  # what `tessera up` and the anchor follow
-    assert config.GatewayConfig("m", "/m").generate_mux is False
+    assert config.GatewayConfig("m", "/m").generate_mux is False  # the default
+    monkeypatch.setenv("TESSERA_GENERATE_MUX", "1")  # what `tessera up` and the anchor follow
+    assert config.GatewayConfig("m", "/m").generate_mux is True

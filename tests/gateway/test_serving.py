@@ -207,13 +207,20 @@ async def _wait_pages(
     return used
 
 
+@pytest.mark.parametrize("mux", [False, True], ids=["per-request", "mux"])
 async def test_client_disconnect_returns_kv_pages(
-    cluster: list[local_agents.AgentProcess], tiny_llama: Path, session: aiohttp.ClientSession
+    cluster: list[local_agents.AgentProcess],
+    tiny_llama: Path,
+    session: aiohttp.ClientSession,
+    mux: bool,
 ) -> None:
     leader = cluster[1].address  # replica "two": the 2-stage pipeline
-    h = await helpers.start(str(tiny_llama), config.ReplicaEndpoint("two", leader))
+    h = await helpers.start(
+        str(tiny_llama), config.ReplicaEndpoint("two", leader), generate_mux=mux
+    )
     try:
-        assert h.service.replicas.mux is not None  # the cancels travel on the replica's stream
+        # the cancels travel on the replica's stream (mux) or end their own calls
+        assert (h.service.replicas.mux is not None) == mux
         baseline = await _pages_used(leader, "two")
         body = _greedy("Once upon a time", 900, stream=True)
         # mid-stream: read a few events, then drop the connection

@@ -62,10 +62,11 @@ def register(sub: Any) -> None:
         help="route by least outstanding tokens instead of KV owner first (docs/variants.md)",
     )
     p.add_argument(
-        "--no-generate-mux",
-        action="store_true",
-        help="one Generate call per request instead of one multiplexed stream per replica "
-        "(also TESSERA_GENERATE_MUX=0; docs/gateway.md)",
+        "--generate-mux",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="one multiplexed GenerateMux stream per replica instead of one Generate call per "
+        "request (default: TESSERA_GENERATE_MUX=1, else off; docs/gateway.md)",
     )
     p.set_defaults(func=_run)
 
@@ -86,7 +87,9 @@ def _run(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             api_keys_file=args.api_keys_file,
             kv_dispatch=not args.no_kv_dispatch,
-            generate_mux=not args.no_generate_mux and config.generate_mux_default(),
+            generate_mux=(
+                config.generate_mux_default() if args.generate_mux is None else args.generate_mux
+            ),
             limits=limits.Limits(
                 max_prompt_tokens=args.max_prompt_tokens,
                 max_tokens=args.max_tokens_limit,

@@ -37,9 +37,12 @@ def parse_replica(text: str) -> ReplicaEndpoint:
 
 
 def generate_mux_default() -> bool:
-    """The gateway's token path unless told: the multiplexed stream, off with
-    `TESSERA_GENERATE_MUX=0` (also what `tessera up` and `--no-generate-mux` follow)."""
-    return os.environ.get("TESSERA_GENERATE_MUX", "1") != "0"
+    """The gateway's token path unless told: one `Generate` call per request; the
+    multiplexed stream with `TESSERA_GENERATE_MUX=1` (which `tessera up` follows) or
+    `tessera gateway --generate-mux`. Off by default: on the quiet-machine anchor the
+    stream raised the 8 req/s TTFT tail in every run (docs/benchmarks.md, "Issue 16
+    (multiplexed token stream)", the lead's A/B)."""
+    return os.environ.get("TESSERA_GENERATE_MUX", "0").strip().lower() in ("1", "true", "on")
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class GatewayConfig:
     live_classes_file: str = ""  # live classifier JSON (workload.live_classes.to_json)
     kv_dispatch: bool = True  # KV-owner-first dispatch (kv_affinity.py); False: the router's
     # One multiplexed GenerateMux stream per replica (mux.py); False: a Generate call per
-    # request. Default on unless TESSERA_GENERATE_MUX=0.
+    # request (the default; TESSERA_GENERATE_MUX=1 turns the stream on).
     generate_mux: bool = field(default_factory=generate_mux_default)
 
     def __post_init__(self) -> None:
