@@ -100,7 +100,7 @@ class _StateCollector(Collector):
         )
         graph_compiles = CounterMetricFamily(
             "tessera_agent_decode_graph_compiles",
-            "Graphs Inductor built for a stage's compiled decode (2 at warm-up; more: a "
+            "Graphs Inductor built for a stage's compiled decode (3-4 at warm-up; more: a "
             "recompile on a request's step, also logged)",
             labels=["replica", "stage"],
         )

@@ -70,7 +70,7 @@ class ReplicaSet:
         poll_timeout_s: float = 2.0,
         failure_backoff_s: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
-        generate_mux: bool = True,
+        generate_mux: bool = False,  # the gateway passes GatewayConfig.generate_mux
     ) -> None:
         self.mux = mux.MuxPool() if generate_mux else None
         self._metrics = gauges
