@@ -29,6 +29,8 @@ ENV = "TESSERA_COMPILE_DECODE"
 # The eager rows' prepacked projections (`packed_linear.py`), on with the compiled decode;
 # "0" turns them off (A/B).
 PACK_ENV = "TESSERA_PACK_PROMPTS"
+# The compiled row-wise layer parts over those packs (`prompt_graph.py`); "0" turns them off.
+PROMPT_ENV = "TESSERA_COMPILE_PROMPTS"
 _OFF, _ON, _WAIT = "off", "on", "wait"
 _default = False  # an agent process sets it (`set_default`); in-process engines leave it
 
@@ -65,6 +67,14 @@ def pack_prompts(device: torch.device | None = None) -> bool:
     (prompt) rows: on unless `TESSERA_PACK_PROMPTS=0`."""
     raw = os.environ.get(PACK_ENV, "").strip().lower()
     return raw not in ("0", "false", "no", "off") and (device is None or device.type == "cpu")
+
+
+def compile_prompts(device: torch.device | None = None) -> bool:
+    """Whether a CPU stage's compiled decode also compiles the many-row eager steps' layer
+    parts over its packs (`prompt_graph.py`): on with the packs unless
+    `TESSERA_COMPILE_PROMPTS=0`."""
+    raw = os.environ.get(PROMPT_ENV, "").strip().lower()
+    return raw not in ("0", "false", "no", "off") and pack_prompts(device)
 
 
 def copies(dtype: torch.dtype, device: torch.device | None = None) -> int:

@@ -58,7 +58,7 @@ from typing import Any
 import torch
 import torch._inductor.config as inductor_config
 
-from tessera_agent.engine import attention, compile_policy, packed_linear
+from tessera_agent.engine import attention, compile_policy, packed_linear, prompt_graph
 from tessera_agent.engine import model as model_mod
 
 log = logging.getLogger(__name__)
@@ -268,7 +268,28 @@ class CompiledDecode:
             self.compiles,
             self.packed_bytes,
         )
+        self._warm_prompts(gen)
         return took
+
+    def _warm_prompts(self, gen: int) -> None:
+        """Compile the packs' many-row layer parts (`prompt_graph.py`); a failure leaves
+        prompt rows eager (packed), logged, and the decode graph as it is."""
+        packs = self.packs
+        if packs is None or not compile_policy.compile_prompts(self.device):
+            return
+        graph = prompt_graph.PromptGraph(self.model)
+        try:
+            took = graph.warm_up(self.model, packs)
+        except Exception:
+            log.exception(
+                "compiled prompt rows: warm-up failed for layers [%d, %d); they stay eager",
+                *self._range(),
+            )
+            return
+        with self._lock:
+            if gen == self._gen and self.packs is packs:
+                packs.graph = graph
+        log.info("compiled prompt rows ready for layers [%d, %d) in %.1f s", *self._range(), took)
 
     def start(self, kv_like: KV) -> None:
         """Warm up on a background thread; steps run eagerly until it is done."""

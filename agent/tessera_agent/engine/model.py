@@ -210,9 +210,7 @@ class StageModel(nn.Module):
         if self.embed_tokens is not None:
             x = self.embed_tokens(x)
         md.cos, md.sin = self.rope_tables(md.positions, md.max_position)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv, strict=True):
-            x = layer(x, md, k_cache, v_cache)
-        return x
+        return self._run_layers(x, md, list(self.layers), kv)
 
     def forward_layers(
         self,
@@ -225,7 +223,23 @@ class StageModel(nn.Module):
         """Hidden states through local layers [lo, hi) only (`kv`: the whole stage's
         pools); a replicated layer run cuts the loop here (`layer_run.py`)."""
         md.cos, md.sin = self.rope_tables(md.positions, md.max_position)
-        for layer, (k_cache, v_cache) in zip(self.layers[lo:hi], kv[lo:hi], strict=True):
+        return self._run_layers(x, md, list(self.layers[lo:hi]), kv[lo:hi])
+
+    def _run_layers(
+        self,
+        x: torch.Tensor,
+        md: AttentionMetadata,
+        layers: list[nn.Module],
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """`layers` over x: a step of many rows through the compiled prompt pieces when
+        the stage's packs carry them (`prompt_graph.py`), else layer by layer eagerly."""
+        packs = md.packed
+        if packs is not None and packs.graph is not None and x.shape[0] >= packed_linear.MIN_ROWS:
+            out = packs.graph.forward(layers, x, md, kv, packs)  # type: ignore[arg-type]
+            if out is not None:
+                return out
+        for layer, (k_cache, v_cache) in zip(layers, kv, strict=True):
             x = layer(x, md, k_cache, v_cache)
         return x
 

@@ -33,6 +33,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from tessera_agent.engine import model as model_mod
+    from tessera_agent.engine.prompt_graph import PromptGraph
 
 MIN_ROWS = 64  # fewer rows: F.linear (measured no faster packed at 4-32 rows)
 # Rows are padded to a multiple of this: oneDNN builds (JIT-compiles) a kernel per row
@@ -65,6 +66,8 @@ class StagePacks:
                 w = mod.weight.detach()
                 self._packs[id(mod)] = (mod.weight, _reorder(w))
         self.nbytes = sum(w.nbytes for w, _ in self._packs.values())
+        # The compiled row-wise layer parts over these packs (`prompt_graph.py`), once warm.
+        self.graph: PromptGraph | None = None
 
     def get(self, mod: nn.Module) -> torch.Tensor | None:
         """The pack of `mod`'s current weight, or None (not packed here, or swapped)."""
@@ -85,10 +88,16 @@ def linear(mod: nn.Module, x: torch.Tensor, packs: StagePacks | None) -> torch.T
         pack = packs.get(mod)
         if pack is not None:
             bias = mod.bias if isinstance(mod, nn.Linear) else None
-            padded = -(-t // ROW_BUCKET) * ROW_BUCKET
-            if padded != t:  # zero rows up to the bucket; their outputs are dropped
-                x = F.pad(x, (0, 0, 0, padded - t))
-            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, pack, bias, "none", [], "")
-            return out[:t]
+            return run_packed(x, pack, bias)
     y: torch.Tensor = mod(x)
     return y
+
+
+def run_packed(x: torch.Tensor, pack: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`x @ W.T + bias` over `pack` (W packed by `StagePacks`), rows padded to the bucket."""
+    t = x.shape[0]
+    padded = -(-t // ROW_BUCKET) * ROW_BUCKET
+    if padded != t:  # zero rows up to the bucket; their outputs are dropped
+        x = F.pad(x, (0, 0, 0, padded - t))
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, pack, bias, "none", [], "")
+    return out[:t]
