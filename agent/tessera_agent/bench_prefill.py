@@ -1,0 +1,146 @@
+"""Prefill steps: compiled prompt rows (`engine/prompt_graph.py`) against the eager layers.
+
+`tessera bench prefill --json [--quick] [--threads N] [--batch B] [--prompt-len L]
+[--new-tokens N]`. One stage holding the whole default tiny checkpoint (generated into a
+temporary folder), its projections packed (`packed_linear.py`) and its decode steps eager
+(no decode graph is compiled: this isolates the many-row steps), serves `--batch` prompts
+of `--prompt-len` tokens (default 128 x 64: 4 prefill steps of 2048 rows) to `--new-tokens`
+tokens (default 1: prefill only) in this process, once with the compiled prompt rows and
+once with them off, alternating in every round on the same weights (the machine is shared
+and noisy; CPU seconds are the steadier figure). Prints:
+- `prompt_warmup_s`: compiling the pair (or loading it from Inductor's disk cache);
+- `{eager,compiled}_{wall,cpu}_s`: medians over the rounds, of wall and process CPU time;
+- `cpu_ratio`, `wall_ratio`: medians of the per-round eager / compiled ratios (> 1: the
+  compiled rows are cheaper);
+- `tokens_match`: the two paths' greedy tokens agree; `compiled_steps`, `recompiles`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tessera_agent import tiny_checkpoint
+from tessera_agent.engine import (
+    config,
+    decode_graph,
+    packed_linear,
+    prompt_graph,
+    replica,
+    sampling,
+    scheduler,
+    stage,
+)
+
+Tokens = list[list[int]]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="2 rounds, 32 prompts")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per path")
+    parser.add_argument("--batch", type=int, default=128, help="prompts per round")
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=1, help="1: prefill only")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as set)")
+
+
+class _Inline(concurrent.futures.Executor):
+    """Runs each step on the calling thread (no hand-off between threads in the timing)."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            fut.set_exception(exc)
+        return fut
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rounds, batch = (2, min(args.batch, 32)) if args.quick else (args.rounds, args.batch)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = tiny_checkpoint.make_tiny(Path(tmp) / "tiny", tiny_checkpoint.TinySpec())
+        cfg = config.ModelConfig.from_path(path)
+        st = stage.load_stage(
+            stage.BlockSpec(str(path), 0, cfg.num_layers, kv_bytes=256 << 20),
+            torch.device("cpu"),
+            1 << 31,
+        )
+        r = st.runner
+        graph = decode_graph.CompiledDecode(r.model, r.device, r.page_size)
+        graph.state = "warming"  # decode steps eager: only the prompt rows differ
+        packs = graph.packs = packed_linear.StagePacks(r.model)
+        r.decode_graph = graph
+        pg = prompt_graph.PromptGraph(r.model)
+        warm_s = pg.warm_up(r.model, packs)
+        warmed = pg.compiles
+        g = torch.Generator().manual_seed(1234)
+        ids = torch.randint(5, cfg.vocab_size, (batch, args.prompt_len), generator=g)
+        ids[:, 0] = cfg.bos_token_id if cfg.bos_token_id is not None else 1
+        prompts = [row.tolist() for row in ids]
+        params = sampling.SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
+        pool = _Inline()
+        counter = iter(range(10**9))
+
+        async def generate() -> Tokens:
+            eng = replica.ReplicaEngine(
+                r, pool, scheduler.SchedulerConfig(max_model_len=cfg.max_positions)
+            )
+
+            async def one(p: list[int]) -> list[int]:
+                return [
+                    ev.token
+                    async for ev in eng.generate(f"p{next(counter)}", p, params)
+                    if ev.token is not None
+                ]
+
+            try:
+                return list(await asyncio.gather(*(one(p) for p in prompts)))
+            finally:
+                await eng.close()
+
+        def timed(on: bool) -> tuple[Tokens, float, float]:
+            packs.graph = pg if on else None
+            t, c = time.perf_counter(), time.process_time()
+            out = asyncio.run(generate())
+            return out, time.perf_counter() - t, time.process_time() - c
+
+        timed(False)  # warm-up round of each path
+        timed(True)
+        walls: dict[bool, list[float]] = {False: [], True: []}
+        cpus: dict[bool, list[float]] = {False: [], True: []}
+        outs: dict[bool, Tokens] = {}
+        for i in range(rounds):
+            for on in (False, True) if i % 2 == 0 else (True, False):
+                outs[on], wall, cpu = timed(on)
+                walls[on].append(wall)
+                cpus[on].append(cpu)
+        calls = pg.calls
+    med = statistics.median
+    return {
+        "batch": batch,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "threads": torch.get_num_threads(),
+        "rounds": rounds,
+        "prompt_warmup_s": round(warm_s, 2),
+        "eager_wall_s": round(med(walls[False]), 3),
+        "compiled_wall_s": round(med(walls[True]), 3),
+        "eager_cpu_s": round(med(cpus[False]), 3),
+        "compiled_cpu_s": round(med(cpus[True]), 3),
+        "cpu_ratio": round(med(a / b for a, b in zip(cpus[False], cpus[True], strict=True)), 3),
+        "wall_ratio": round(med(a / b for a, b in zip(walls[False], walls[True], strict=True)), 3),
+        "tokens_match": outs[False] == outs[True],
+        "compiled_steps": calls,
+        "recompiles": pg.compiles - warmed,
+    }
