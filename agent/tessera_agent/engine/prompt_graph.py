@@ -17,10 +17,11 @@ marked dynamic at warm-up. Projections run through the stage's packs with rows p
 the bucket (`packed_linear.run_packed`) via the `tessera::packed_linear` custom op, which
 Inductor calls as an extern kernel (it cannot lower oneDNN's packed layout itself).
 
-Measured (docs/benchmarks.md, issue 16 prefill path): 128 prompts of 64 tokens in 4 steps
-of 2048 rows, 12 % less CPU than the eager layers at 1 thread, ~25 % less wall at 2; at a
-few hundred rows a wash (the projections are all of it), so the gate is the packs'
-`MIN_ROWS`.
+Measured (docs/benchmarks.md, "Issue 16 (prefill path)"; a loaded shared machine): 128
+prompts of 64 tokens, 4 steps of 2048 rows, 11-16 % less CPU than the eager layers at 1
+thread (the packed projections, ~95 GFLOP/s, are ~80 % of what is left); at a few hundred
+rows a wash (the projections are all of it), so the gate is the packs' `MIN_ROWS`.
+Compiling the pair: ~7-26 s cold on the loaded machine, under 4 s from Inductor's cache.
 
 Life: warmed up by `CompiledDecode.warm_up` after its own graphs, on the same thread, when
 the stage's packs exist and `compile_policy.compile_prompts` says so
