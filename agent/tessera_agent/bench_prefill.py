@@ -1,7 +1,7 @@
 """Prefill steps: compiled prompt rows (`engine/prompt_graph.py`) against the eager layers.
 
 `tessera bench prefill --json [--quick] [--threads N] [--batch B] [--prompt-len L]
-[--new-tokens N]`. One stage holding the whole default tiny checkpoint (generated into a
+[--new-tokens N] [--tune-malloc]`. One stage holding the whole default tiny checkpoint (generated into a
 temporary folder), its projections packed (`packed_linear.py`) and its decode steps eager
 (no decode graph is compiled: this isolates the many-row steps), serves `--batch` prompts
 of `--prompt-len` tokens (default 128 x 64: 4 prefill steps of 2048 rows) to `--new-tokens`
@@ -12,7 +12,9 @@ and noisy; CPU seconds are the steadier figure). Prints:
 - `{eager,compiled}_{wall,cpu}_s`: medians over the rounds, of wall and process CPU time;
 - `cpu_ratio`, `wall_ratio`: medians of the per-round eager / compiled ratios (> 1: the
   compiled rows are cheaper);
-- `tokens_match`: the two paths' greedy tokens agree; `compiled_steps`, `recompiles`.
+- `tokens_match`: the two paths' greedy tokens agree; `compiled_steps`, `recompiles`;
+- `malloc_tuned`: `--tune-malloc` set the agent's malloc thresholds (as `tessera agent`
+  does) before anything ran; without it, glibc's defaults (as in-process engines run).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tessera_agent import tiny_checkpoint
 from tessera_agent.engine import (
     config,
     decode_graph,
+    host_malloc,
     packed_linear,
     prompt_graph,
     replica,
@@ -50,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=1, help="1: prefill only")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as set)")
+    parser.add_argument(
+        "--tune-malloc",
+        action="store_true",
+        help="set the agent's malloc thresholds first (`engine/host_malloc.py`)",
+    )
 
 
 class _Inline(concurrent.futures.Executor):
@@ -67,6 +75,7 @@ class _Inline(concurrent.futures.Executor):
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
+    tuned = host_malloc.tune() if args.tune_malloc else False
     rounds, batch = (2, min(args.batch, 32)) if args.quick else (args.rounds, args.batch)
     with tempfile.TemporaryDirectory() as tmp:
         path = tiny_checkpoint.make_tiny(Path(tmp) / "tiny", tiny_checkpoint.TinySpec())
@@ -132,6 +141,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens,
         "threads": torch.get_num_threads(),
+        "malloc_tuned": tuned,
         "rounds": rounds,
         "prompt_warmup_s": round(warm_s, 2),
         "eager_wall_s": round(med(walls[False]), 3),

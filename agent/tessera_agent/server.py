@@ -26,7 +26,7 @@ from tessera.policies import block_batching, microbatch
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import authz, devices, load_config, servicer
-from tessera_agent.engine import compile_policy, decode_graph
+from tessera_agent.engine import compile_policy, decode_graph, host_malloc
 from tessera_agent.transfer import store
 
 VERSION = "0.1.0"
@@ -93,6 +93,7 @@ async def serve(cfg: AgentConfig) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     compile_policy.set_default(cfg.compile_decode)  # $TESSERA_COMPILE_DECODE still overrides
+    host_malloc.tune()  # step temporaries stay in the heap ($TESSERA_MALLOC_TUNE=0: not)
     tls = transport.tls_from_env()
     server = transport.server(
         (authz.Authorizer(tls=tls is not None, model_root=cfg.model_root or None),)

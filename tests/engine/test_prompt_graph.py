@@ -151,3 +151,16 @@ def test_bench_prefill_quick(capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["tokens_match"] is True and out["compiled_steps"] > 0
     assert out["eager_cpu_s"] > 0 and out["compiled_cpu_s"] > 0 and out["recompiles"] == 0
+
+
+def test_malloc_tune_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's malloc thresholds: off by the variable; on glibc both are taken."""
+    import platform
+
+    from tessera_agent.engine import host_malloc
+
+    monkeypatch.setenv(host_malloc.ENV, "0")
+    assert not host_malloc.tune()
+    monkeypatch.delenv(host_malloc.ENV)
+    if platform.libc_ver()[0] == "glibc":
+        assert host_malloc.tune()
