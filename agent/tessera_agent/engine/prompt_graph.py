@@ -18,9 +18,11 @@ the bucket (`packed_linear.run_packed`) via the `tessera::packed_linear` custom 
 Inductor calls as an extern kernel (it cannot lower oneDNN's packed layout itself).
 
 Measured (docs/benchmarks.md, "Issue 16 (prefill path)"; a loaded shared machine): 128
-prompts of 64 tokens, 4 steps of 2048 rows, 11-16 % less CPU than the eager layers at 1
-thread (the packed projections, ~95 GFLOP/s, are ~80 % of what is left); at a few hundred
-rows a wash (the projections are all of it), so the gate is the packs' `MIN_ROWS`.
+prompts of 64 tokens, 4 steps of 2048 rows: 6-14 % less wall at 2 threads in a quieter
+window; at 1 thread 1-6 % less CPU with the agent's malloc thresholds (`host_malloc.py`),
+11-16 % with glibc's defaults (fewer multi-MB temporaries to fault in). The packed
+projections, ~95 GFLOP/s per core, are ~80 % of what is left. At a few hundred rows a wash
+(the projections are all of it), so the gate is the packs' `MIN_ROWS`.
 Compiling the pair: ~7-26 s cold on the loaded machine, under 4 s from Inductor's cache.
 
 Life: warmed up by `CompiledDecode.warm_up` after its own graphs, on the same thread, when
