@@ -43,7 +43,7 @@ def register(sub: Any) -> None:
         "--threads",
         type=int,
         default=0,
-        help="torch threads per local agent (default: cores / agents)",
+        help="torch threads per local agent (default: the cores less one for the gateway / agents)",
     )
     p.add_argument(
         "--agent",
@@ -134,7 +134,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from tessera.gateway import config as gw_config
     from tessera.gateway import routes as gw_routes
     from tessera.gateway import server as gw_server
-    from tessera.policies import transition
+    from tessera.policies import cpu_share, transition
     from tessera.rpc import transport
     from tessera_operator import actuate, agents, converge
 
@@ -177,7 +177,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             refs = agents.static_agents(args.agent)
         else:
             n = _local_agent_count(args, dep)
-            threads = args.threads or max(1, (os.cpu_count() or 1) // n)
+            threads = cpu_share.agent_threads(os.cpu_count() or 1, n, args.threads)
             with console.status(f"starting {n} local agents"):
                 for i in range(n):  # main thread: children die with this process
                     procs.append(local_agents.start_agent(f"agent-{i}", args.devices, threads))
