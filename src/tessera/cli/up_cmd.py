@@ -129,7 +129,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from tessera import local_agents, reconcile, routes_doc, scaling_loop
+    from tessera import gc_heap, local_agents, reconcile, routes_doc, scaling_loop
     from tessera.cli import supervise, up_overload, up_policies, up_watch
     from tessera.gateway import config as gw_config
     from tessera.gateway import routes as gw_routes
@@ -158,6 +158,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         auto = auto_mod.default_auto_planner(
             profile_mod.profile_from_json(json.loads(args.profile.read_text()))
         )
+    gc_heap.install()  # this process owns its heap (see gc_heap)
     rollout = converge.Rollout(
         drain=transition.DrainPolicy(deadline_s=args.drain_deadline), sourcing=args.sourcing
     )
@@ -234,6 +235,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
         sys.stdout.write(_curl_example(gateway.url, dep.spec.model.name))
         sys.stdout.flush()
+        gc_heap.settle("tessera up serving")  # before traffic: later passes skip all this
         said = said_overload = ""
         seen: dict[str, str] = {}
         _report_variants(outcome, console.print, seen)
