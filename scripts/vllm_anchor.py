@@ -113,6 +113,11 @@ def _worker(system: str, model: str, prompts_file: str, new: int) -> None:
         def run(b: int, n: int, prompts: list[list[int]]) -> list[list[int]]:
             return eng(b, n, prompts)
 
+        from tessera import gc_heap  # as an agent process does after a load (and vLLM)
+
+        gc_heap.install()
+        gc_heap.settle("anchor worker ready")
+
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         b, n, name = [*line.split(), str(new), "short"][:3]
