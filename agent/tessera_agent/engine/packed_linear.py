@@ -17,7 +17,9 @@ Life: built by `CompiledDecode.warm_up` (so only where the compiled decode is on
 float32, no LoRA, no TP) before it compiles (kept if compiling fails: they are eager
 code), dropped when the graph is turned off or rebuilt after a layer swap; the bytes are booked
 with the graph's (`compile_policy.packed_bytes` counts both copies).
-`TESSERA_PACK_PROMPTS=0` leaves the prompt rows on `F.linear` (A/B). A pack is tied to the
+`TESSERA_PACK_PROMPTS=0` leaves the prompt rows on `F.linear` (A/B). Once warm, the packs
+also carry the compiled row-wise layer parts that run over them (`StagePacks.graph`,
+`prompt_graph.py`; `run_packed` is its projection). A pack is tied to the
 weight tensor it was packed from: a layer or parameter swapped since (memory shift, block
 zoo) simply runs `F.linear`. Called by `model.py` (every projection of an eager step;
 `AttentionMetadata.packed` carries the stage's packs, set by `runner.py`).
