@@ -17,6 +17,7 @@ Called by `runner.py` (metadata) and `model.py` (attention).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -98,6 +99,19 @@ class AttentionMetadata:
     # The stage's prepacked projection weights for an eager step's many rows
     # (`packed_linear.py`; set by the runner, None in the compiled graph and by default).
     packed: StagePacks | None = None
+    # Decode attention as slot-indexed reductions (`_decode_fused`) instead of gather +
+    # SDPA: set by the compiled decode graph only (`fused_decode_enabled`), where Inductor
+    # fuses the indexed loads into its kernel; eager, it would materialise the gather.
+    decode_fused: bool = False
+
+
+def fused_decode_enabled() -> bool:
+    """Whether compiled decode graphs attend with `_decode_fused` (default) or with the
+    gather + SDPA of eager steps: `TESSERA_DECODE_ATTN=gather` turns it off (A/B)."""
+    mode = os.environ.get("TESSERA_DECODE_ATTN", "fused").strip().lower()
+    if mode not in ("fused", "gather"):
+        raise ValueError(f"TESSERA_DECODE_ATTN must be 'fused' or 'gather', not {mode!r}")
+    return mode == "fused"
 
 
 def slots_of(block_table: Sequence[int], length: int, page_size: int) -> torch.Tensor:
@@ -237,6 +251,8 @@ def _decode(
     nkv: int,
 ) -> torch.Tensor:
     """One query token per sequence over its gathered pages: [B, nh, hd]."""
+    if md.decode_fused:
+        return _decode_fused(qd, md, k_cache, v_cache, scale, nkv)
     b, lmax = md.decode_gather.shape
     hd = qd.shape[-1]
     flat = md.decode_gather.reshape(-1)  # index_select beats advanced indexing
@@ -257,3 +273,32 @@ def _decode(
         qd.unsqueeze(2), kd, vd, attn_mask=md.decode_mask, scale=scale, enable_gqa=True
     )
     return od.squeeze(2)
+
+
+def _decode_fused(
+    qd: torch.Tensor,
+    md: AttentionMetadata,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    scale: float,
+    nkv: int,
+) -> torch.Tensor:
+    """`_decode` written for Inductor: scores as a reduction over the head dimension of
+    slot-indexed cache rows, a masked softmax over the context, and P.V as a reduction
+    over the context of slot-indexed rows. Traced, the three become one generated C++
+    kernel that reads each K/V row from the pool in place (no [B*Lmax, nkv, hd] copies,
+    one pass over the KV instead of three). Eager, `k_cache[gather]` would materialise:
+    only the compiled decode graph sets `md.decode_fused`."""
+    b, lmax = md.decode_gather.shape
+    nh, hd = qd.shape[1], qd.shape[2]
+    g = nh // nkv
+    kg = k_cache[md.decode_gather]  # [B, L, nkv, hd]: indexed loads once traced
+    vg = v_cache[md.decode_gather]
+    # The scaled queries as a buffer of their own: left a pointwise expression, Inductor
+    # inlines their RoPE into the score loop and recomputes it for every context token.
+    qs = (qd * scale).reshape(b, 1, nkv, g, hd).contiguous()
+    qs = torch.ops.prims.inductor_force_stride_order(qs, qs.stride())
+    s = (qs * kg.unsqueeze(3)).sum(-1) + md.decode_mask.view(b, lmax, 1, 1)
+    p = torch.softmax(s, dim=1)  # [B, L, nkv, g]
+    o = (p.unsqueeze(-1) * vg.unsqueeze(3)).sum(1)  # [B, nkv, g, hd]
+    return o.reshape(b, nh, hd)

@@ -87,6 +87,7 @@ def _forward(
     cos: torch.Tensor,
     sin: torch.Tensor,
     kv: list[tuple[torch.Tensor, torch.Tensor]],
+    fused: bool,
 ) -> torch.Tensor:
     """The layers of `StageModel.forward` for a pure-decode step (traced by dynamo)."""
     md = attention.AttentionMetadata(
@@ -99,6 +100,7 @@ def _forward(
         decode_leading=True,
         cos=cos,
         sin=sin,
+        decode_fused=fused,
     )
     if model.embed_tokens is not None:
         x = model.embed_tokens(x)
@@ -143,6 +145,9 @@ class CompiledDecode:
         # the warm-up, dropped with the graph.
         self.packs: packed_linear.StagePacks | None = None
         self.with_packs = True  # False: its bytes were not reserved (`drop_packs`)
+        # Attention traced as fused slot-indexed reductions (`attention._decode_fused`),
+        # or as eager's gather + SDPA (`TESSERA_DECODE_ATTN=gather`, for A/B).
+        self.fused_attention = attention.fused_decode_enabled()
         self._build()
 
     # -- building -------------------------------------------------------------------------
@@ -320,6 +325,7 @@ class CompiledDecode:
                 cos,
                 sin,
                 kv,
+                self.fused_attention,
             )
 
     def __call__(
