@@ -175,6 +175,10 @@ def build_metadata(
         )[:, :lmax]
         lens = torch.tensor(decode_lens)
         inside = (torch.arange(lmax)[None, :] < lens[:, None])[:, None, None, :]
+        # Positions past a sequence's context read slot 0, masked: one cached row instead
+        # of stale slots of its last page or page 0's (the padding of a step's shorter
+        # contexts was a fifth of the KV read at contexts 64-96).
+        gather = gather.masked_fill(~inside[:, 0, 0, :], 0)
         # Additive float mask built once per step (a bool mask is converted per layer).
         mask = torch.zeros(inside.shape).masked_fill_(~inside, float("-inf"))
         gather, mask = gather.to(device), mask.to(device)
