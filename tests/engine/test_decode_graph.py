@@ -135,7 +135,7 @@ def _decode_chunks(
     """`b` decode rows, the first with `ctx` tokens of context and the rest 2..ctx, on
     pages drawn at random from the pool (no page shared)."""
     perm = torch.randperm(slots // ps, generator=gen).tolist()
-    lens = [ctx] + torch.randint(min(2, ctx), ctx + 1, (b - 1,), generator=gen).tolist()
+    lens = [ctx, *torch.randint(min(2, ctx), ctx + 1, (b - 1,), generator=gen).tolist()]
     out, at = [], 0
     for n in lens:
         npages = -(-n // ps)
