@@ -6,7 +6,10 @@ layer's `Attention.forward` (`model.py`) with that metadata. Three paths, the wa
 engines split the batch:
 - decode: every sequence contributing one query token is attended in one batched call
   over its gathered pages; when the decodes are the first rows of the step (the scheduler
-  puts running sequences first) they are sliced, not gathered and scattered;
+  puts running sequences first) they are sliced, not gathered and scattered; inside the
+  compiled decode graph (`decode_graph.py`) the same attention is written as slot-indexed
+  reductions (`_decode_fused`) that Inductor turns into one kernel reading the pool in
+  place, with no gathered copy (`TESSERA_DECODE_ATTN=gather`: the gather + SDPA there too);
 - fresh prefill: consecutive prompt chunks that start at position 0 and have the same
   length are attended in one batched causal call over their own keys (no cache read);
 - other prefill chunks (a continued chunk, or one after a prefix-cache hit) read their

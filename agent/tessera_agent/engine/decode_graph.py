@@ -4,7 +4,9 @@ request path.
 A decode step runs the same few dozen small ops per layer every step; eager PyTorch
 dispatches each from Python. Compiled, Inductor fuses the elementwise work (RMSNorm,
 RoPE, residuals, SiLU x up) into generated kernels and runs the step with one guard check
-instead of hundreds of dispatches. On CPU it compiles with Inductor's `freezing`: the
+instead of hundreds of dispatches; decode attention is traced as slot-indexed reductions
+(`attention._decode_fused`) that become one kernel per layer reading the KV pool in place,
+instead of eager's gathered copies and SDPA. On CPU it compiles with Inductor's `freezing`: the
 weights become constants of the graph, prepacked once for MKL's matmul instead of being
 packed on every call (the larger share of the gain at batch 8).
 
