@@ -42,6 +42,7 @@ BENCHES: dict[str, str] = {
     "scaling": "tessera.cli.bench_scaling",
     "overload": "tessera.cli.bench_overload",
     "kvdispatch": "tessera.cli.bench_kv_dispatch",
+    "decode-attn": "tessera_agent.bench_decode_attn",
 }
 
 
