@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=5, help="steps per path per round")
+    parser.add_argument(
+        "--shapes", default="", help="batch:lo:hi,... (default: six shapes from 1 to 128)"
+    )
 
 
 @contextlib.contextmanager
@@ -77,7 +80,12 @@ def _inputs(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
-    shapes = QUICK_SHAPES if args.quick else SHAPES
+    shapes: tuple[tuple[int, int, int], ...] = QUICK_SHAPES if args.quick else SHAPES
+    if args.shapes:
+        shapes = tuple(
+            (int(b), int(lo), int(hi))
+            for b, lo, hi in (part.split(":") for part in args.shapes.split(","))
+        )
     rounds = 3 if args.quick else args.rounds
     with tempfile.TemporaryDirectory() as tmp:
         path = tiny_checkpoint.make_tiny(Path(tmp) / "tiny", tiny_checkpoint.TinySpec())
