@@ -153,7 +153,7 @@ def test_fused_decode_attention_is_gather_and_sdpa() -> None:
         torch.randn(40 * ps, nkv, hd, generator=gen),
         torch.randn(40 * ps, nkv, hd, generator=gen),
     )
-    chunks = _decode_chunks(5, 37, ps, kc.shape[0], gen)
+    chunks = _decode_chunks(5, 37, ps, kc.shape[0], gen)  # batch 1 keeps the gather
     md = attention.build_metadata(chunks, ps, torch.device("cpu"))
     md.reuse_gather = False
     q = torch.randn(5, nh, hd, generator=gen)

@@ -258,7 +258,10 @@ def _decode(
     nkv: int,
 ) -> torch.Tensor:
     """One query token per sequence over its gathered pages: [B, nh, hd]."""
-    if md.decode_fused:
+    # Batch 1 is a graph of its own (Dynamo specializes size 1): it keeps gather + SDPA,
+    # which measured no slower there with 2 threads (the fused kernel's OpenMP region
+    # costs more than one sequence's attention).
+    if md.decode_fused and qd.shape[0] > 1:
         return _decode_fused(qd, md, k_cache, v_cache, scale, nkv)
     b, lmax = md.decode_gather.shape
     hd = qd.shape[-1]
