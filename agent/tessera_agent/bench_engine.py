@@ -143,12 +143,18 @@ def _hf_generate(model_path: Path, prompts: Tokens, new: int) -> Callable[[int],
 
 @contextlib.contextmanager
 def _engine_generate(
-    model_path: Path, prompts: Tokens, new: int, compile_decode: bool | None = None
-) -> Iterator[Callable[[int], Tokens]]:
-    """`compile_decode`: compile decode steps (None: as TESSERA_COMPILE_DECODE says)."""
+    model_path: Path,
+    prompts: Tokens,
+    new: int,
+    compile_decode: bool | None = None,
+    kv_bytes: int = 64 << 20,
+) -> Iterator[Callable[..., Tokens]]:
+    """Yields `run(b, new=None, prompts=None)`: greedy tokens of the first `b` prompts
+    (`prompts` and `new` per call override the defaults given here). `compile_decode`:
+    compile decode steps (None: as TESSERA_COMPILE_DECODE says)."""
     cfg = config.ModelConfig.from_path(model_path)
     st = stage.load_stage(
-        stage.BlockSpec(str(model_path), 0, cfg.num_layers, kv_bytes=64 << 20),
+        stage.BlockSpec(str(model_path), 0, cfg.num_layers, kv_bytes=kv_bytes),
         torch.device("cpu"),
         1 << 30,
     )
@@ -161,10 +167,11 @@ def _engine_generate(
     if graph is not None and graph.state == "cold":  # warmed up before anything is timed
         graph.warm_up(st.runner.cache.layers())
     pool = concurrent.futures.ThreadPoolExecutor(1)
-    params = sampling.SamplingParams(max_tokens=new, ignore_eos=True)
     counter = iter(range(10**9))
 
-    async def run(b: int) -> Tokens:
+    async def run(b: int, new_: int | None, prompts_: Tokens | None) -> Tokens:
+        params = sampling.SamplingParams(max_tokens=new_ or new, ignore_eos=True)
+        batch = (prompts if prompts_ is None else prompts_)[:b]
         eng = replica.ReplicaEngine(
             st.runner, pool, scheduler.SchedulerConfig(max_model_len=cfg.max_positions)
         )
@@ -177,12 +184,15 @@ def _engine_generate(
             ]
 
         try:
-            return list(await asyncio.gather(*(one(p) for p in prompts[:b])))
+            return list(await asyncio.gather(*(one(p) for p in batch)))
         finally:
             await eng.close()
 
+    def call(b: int, new: int | None = None, prompts: Tokens | None = None) -> Tokens:
+        return asyncio.run(run(b, new, prompts))
+
     try:
-        yield lambda b: asyncio.run(run(b))
+        yield call
     finally:
         pool.shutdown()
 

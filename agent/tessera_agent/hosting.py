@@ -24,7 +24,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from tessera import blocks
+from tessera import blocks, gc_heap
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import (
     booking,
@@ -41,6 +41,7 @@ from tessera_agent import (
 from tessera_agent.engine import (
     block_zoo,
     compile_policy,
+    decode_graph,
     errors,
     layer_run,
     loader,
@@ -83,6 +84,7 @@ class Hosting:
         self.shares = equivalence_share.ReportCache()  # opted-in fine-tunes' reports
         self.loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loader")
         self._lock = asyncio.Lock()
+        self._settling: set[asyncio.Task[None]] = set()  # gc settles waiting for warm-ups
 
     async def close(self) -> None:
         for h in [*self.hosted.values(), *self.more_ranks.values()]:
@@ -249,6 +251,7 @@ class Hosting:
             compile_policy.begin(
                 loaded.runner.decode_graph, graph_bytes, loaded.runner.cache.layers()
             )
+            self._settle_when_warm(loaded.runner.decode_graph, h.holder)
             if loaded.pieces is not None:  # each new piece is booked once, for every user
                 for piece in loaded.pieces.adopted.new:
                     self.memory.book(dev.id, piece.holder, self.zoo.nbytes(piece))
@@ -348,6 +351,25 @@ class Hosting:
                 else:
                     del self.more_ranks[(*key, rank)]
                 await self._unload_one(h)
+        if gc_heap.installed():  # once this frame has let go of them: reclaim the stage
+            asyncio.get_running_loop().call_soon(
+                functools.partial(gc_heap.settle, f"unloaded {replica_id}/{stage_index}", True)
+            )
+
+    def _settle_when_warm(self, graph: decode_graph.CompiledDecode | None, holder: str) -> None:
+        """Freeze the heap (`gc_heap`) once the block's compiled decode, whose compiler
+        state is most of the new objects, has warmed up; at once when there is none."""
+        if not gc_heap.installed():
+            return
+
+        async def settle() -> None:
+            if graph is not None and graph.state == "warming":
+                await asyncio.get_running_loop().run_in_executor(None, graph.wait)
+            gc_heap.settle(f"loaded {holder}")
+
+        task = asyncio.get_running_loop().create_task(settle())
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
 
     async def _unload_one(self, h: hosted.Hosted) -> None:
         replica_id = h.stage.spec.replica_id

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from tessera import event_loop
+from tessera import event_loop, gc_heap
 from tessera.cost import profile as profile_mod
 from tessera.policies import block_batching, microbatch
 from tessera.rpc import transport
@@ -93,6 +93,7 @@ async def serve(cfg: AgentConfig) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     compile_policy.set_default(cfg.compile_decode)  # $TESSERA_COMPILE_DECODE still overrides
+    gc_heap.install()  # this process owns its heap: freeze it at loads (see gc_heap)
     tls = transport.tls_from_env()
     server = transport.server(
         (authz.Authorizer(tls=tls is not None, model_root=cfg.model_root or None),)
@@ -136,6 +137,7 @@ async def serve(cfg: AgentConfig) -> None:
     if cfg.metrics_port:
         svc.metrics.serve(cfg.host, cfg.metrics_port)
     await server.start()
+    gc_heap.settle("agent started")  # the imports' objects: later passes skip them
     for name in ("", SERVICE_NAME):
         await health_svc.set(name, health_pb2.HealthCheckResponse.SERVING)
     mode = "mtls" if tls else "plaintext"

@@ -167,3 +167,36 @@ def test_cost_profile_sets_the_lookahead_cost(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="cost_profile"):
         server.split_config(str(tmp_path / "bad.json"))
+
+
+def test_the_heap_is_frozen_after_a_load_and_a_dropped_stage_is_freed(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In an agent process (`gc_heap.install`), a load ends with the heap frozen, so the
+    collector's full passes skip it while serving; the unloaded stage does not outlive the
+    unload (that a reclaiming settle collects frozen cycles: tests/core/test_gc_heap.py)."""
+    import gc
+    import weakref
+
+    from tessera import gc_heap
+
+    monkeypatch.delenv(gc_heap.ENV, raising=False)
+
+    async def run() -> None:
+        h, _ = _hosting()
+        done = await h.load(_block(tiny_llama, "default.d.r0.g1", 1))
+        model = weakref.ref(done.hosted.stage.runner.model)
+        del done
+        await asyncio.gather(*h._settling)  # the settle waits for a warm-up, if any
+        assert gc.get_freeze_count() > 0
+        await h.unload("default.d.r0.g1", 0)
+        await asyncio.sleep(0)  # the reclaiming settle runs once unload's frame is gone
+        assert model() is None
+        await h.close()
+
+    assert gc_heap.install()
+    try:
+        asyncio.run(run())
+    finally:
+        gc.unfreeze()
+        gc_heap._installed = False

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.cli import bench_variants_share
+from tessera.cli.bench_agent_proc import AgentProc
 
 MiB = 1 << 20
 
@@ -128,101 +129,6 @@ def _variants(base: Path, root: Path, n: int, args: argparse.Namespace) -> list[
     return out
 
 
-class _Agent:
-    """One local agent process and an async stub to it."""
-
-    def __init__(
-        self, name: str, capacity: int, zoo: bool, cobatch: bool = True, linger_ms: float = -1.0
-    ) -> None:
-        from tessera import local_agents
-        from tessera.rpc import transport
-        from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
-
-        extra = [] if zoo else ["--no-block-zoo"]
-        if not cobatch:
-            extra.append("--no-cobatch")
-        elif linger_ms >= 0:
-            extra += ["--cobatch-linger-ms", str(linger_ms)]
-        self.metrics_port = _free_port()
-        extra += ["--metrics-port", str(self.metrics_port)]
-        self.proc = local_agents.start_agent(name, f"cpu:1x{capacity}B", 1, extra_args=extra)
-        self.channel = transport.channel(self.proc.address)
-        self.stub = pb_grpc.AgentStub(self.channel)
-
-    async def load(self, rid: str, path: str, kv: int) -> None:
-        from tessera import blocks
-        from tessera.rpc import blocks as rpc_blocks
-
-        b = blocks.Block(path, 0, self._layers(path), replica_id=rid, kv_bytes=kv)
-        await self.stub.LoadBlock(rpc_blocks.load_request(b), timeout=120)
-
-    @staticmethod
-    def _layers(path: str) -> int:
-        import json
-
-        return int(json.loads((Path(path) / "config.json").read_text())["num_hidden_layers"])
-
-    async def adapters(self, rid: str, pairs: list[tuple[str, str]]) -> None:
-        from tessera.rpc.v1 import agent_pb2 as pb
-
-        req = pb.VariantAdaptersRequest(
-            replica_id=rid, adapters=[pb.VariantAdapter(name=n, path=p) for n, p in pairs]
-        )
-        await self.stub.VariantAdapters(req, timeout=120)
-
-    async def unload(self, rid: str) -> None:
-        from tessera.rpc.v1 import agent_pb2 as pb
-
-        await self.stub.UnloadBlock(pb.UnloadBlockRequest(replica_id=rid), timeout=60)
-
-    async def generate(self, rid: str, variant: str, prompt: tuple[int, ...], n: int) -> list[int]:
-        from tessera.rpc.v1 import agent_pb2 as pb
-
-        params = pb.SamplingParams(max_tokens=n, ignore_eos=True)
-        req = pb.GenerateRequest(
-            replica_id=rid, prompt_token_ids=list(prompt), params=params, variant=variant
-        )
-        out: list[int] = []
-        async for ch in self.stub.Generate(req, timeout=600):
-            out.extend(ch.token_ids)
-        return out
-
-    async def describe(self) -> Any:
-        from tessera.rpc.v1 import agent_pb2 as pb
-
-        return await self.stub.Describe(pb.DescribeRequest(), timeout=30)
-
-    def cobatch_counts(self) -> dict[str, int]:
-        """The compute thread's co-batching counters, from the agent's /metrics."""
-        import urllib.request
-
-        from prometheus_client.parser import text_string_to_metric_families
-
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as r:
-            text = r.read().decode()
-        out = {"cobatched_steps": 0, "solo_steps": 0, "shared_passes": 0}
-        for fam in text_string_to_metric_families(text):
-            for smp in fam.samples:
-                if smp.name == "tessera_agent_cobatch_steps_total":
-                    key = "cobatched_steps" if smp.labels["mode"] == "cobatched" else "solo_steps"
-                    out[key] = int(smp.value)
-                elif smp.name == "tessera_agent_cobatch_passes_total":
-                    if smp.labels["rows_of"] == "several":
-                        out["shared_passes"] = int(smp.value)
-                elif smp.name == "tessera_agent_cobatch_waits_total":
-                    out[f"waits_{smp.labels['outcome']}"] = int(smp.value)
-                elif smp.name == "tessera_agent_cobatch_busy_seconds_total":
-                    out["busy_ms"] = round(1000 * smp.value)
-        return out
-
-    async def close(self) -> None:
-        from tessera import local_agents
-
-        await self.channel.close()
-        local_agents.stop_agent(self.proc)
-
-
 async def _replay(
     stream: list[Request], route: Any, n: int, before: Any = None, after: Any = None
 ) -> Served:
@@ -241,14 +147,6 @@ async def _replay(
     return out
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def _shared(
     base: str, variants: list[Variant], stream: list[Request], args: Any, cobatch: bool = True
 ) -> tuple[Served, int, int, dict[str, int]]:
@@ -264,7 +162,7 @@ async def _shared(
     layer = block_tensors.nbytes(cfg, 1, 2, torch.float32)
     # the budget shared blocks need: foundation + each full fine-tune's own layers + KV
     capacity = model + len(full) * args.diff_layers * layer + (1 + len(full)) * kv + 8 * MiB
-    agent = _Agent("var-shared", capacity, True, cobatch, args.cobatch_linger_ms)
+    agent = AgentProc("var-shared", capacity, True, cobatch, args.cobatch_linger_ms)
     try:
         await agent.load("base", base, kv)
         lora = [(v.name, v.path) for v in variants if v.kind == "lora"]
@@ -317,7 +215,7 @@ async def _per_model(
     cfg = config_mod.ModelConfig.from_path(Path(base))
     copy = block_tensors.nbytes(cfg, 0, cfg.num_layers, torch.float32)
     slots = max(1, (capacity - 8 * MiB) // (copy + kv))
-    agent = _Agent("var-per-model", capacity, zoo=False)
+    agent = AgentProc("var-per-model", capacity, zoo=False)
     by_name = {v.name: v for v in variants}
     resident: dict[str, float] = {}  # variant -> last use
     loading: set[str] = set()
@@ -435,7 +333,7 @@ async def _one_size(base: Path, root: Path, n: int, args: argparse.Namespace) ->
 async def _share_equivalent(
     base: str, variants: list[Variant], capacity: int, args: argparse.Namespace
 ) -> dict[str, Any]:
-    agent = _Agent("var-share-eq", capacity, zoo=True)
+    agent = AgentProc("var-share-eq", capacity, zoo=True)
     try:
         full = [(v.name, v.path) for v in variants if v.kind == "full"]
         lora = sum(_adapter_bytes(v.path) for v in variants if v.kind == "lora")

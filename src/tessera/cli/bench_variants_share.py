@@ -33,7 +33,7 @@ async def measure(
     agent: Any, base: str, full: list[tuple[str, str]], kv: int, adapter_bytes: int
 ) -> dict[str, Any]:
     """Load `base` and each (name, checkpoint) of `full` opted in on `agent` (a
-    `bench_variants._Agent`), and report the bytes and the measured quality."""
+    `bench_agent_proc.AgentProc`), and report the bytes and the measured quality."""
     from tessera import blocks
     from tessera.rpc import blocks as rpc_blocks
     from tessera.rpc.v1 import agent_pb2 as pb

@@ -43,7 +43,7 @@ def register(sub: Any) -> None:
         "--threads",
         type=int,
         default=0,
-        help="torch threads per local agent (default: cores / agents)",
+        help="torch threads per local agent (default: the cores less one for the gateway / agents)",
     )
     p.add_argument(
         "--agent",
@@ -129,12 +129,12 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from tessera import local_agents, reconcile, routes_doc, scaling_loop
+    from tessera import gc_heap, local_agents, reconcile, routes_doc, scaling_loop
     from tessera.cli import supervise, up_overload, up_policies, up_watch
     from tessera.gateway import config as gw_config
     from tessera.gateway import routes as gw_routes
     from tessera.gateway import server as gw_server
-    from tessera.policies import transition
+    from tessera.policies import cpu_share, transition
     from tessera.rpc import transport
     from tessera_operator import actuate, agents, converge
 
@@ -158,6 +158,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         auto = auto_mod.default_auto_planner(
             profile_mod.profile_from_json(json.loads(args.profile.read_text()))
         )
+    gc_heap.install()  # this process owns its heap (see gc_heap)
     rollout = converge.Rollout(
         drain=transition.DrainPolicy(deadline_s=args.drain_deadline), sourcing=args.sourcing
     )
@@ -177,7 +178,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             refs = agents.static_agents(args.agent)
         else:
             n = _local_agent_count(args, dep)
-            threads = args.threads or max(1, (os.cpu_count() or 1) // n)
+            threads = cpu_share.agent_threads(os.cpu_count() or 1, n, args.threads)
             with console.status(f"starting {n} local agents"):
                 for i in range(n):  # main thread: children die with this process
                     procs.append(local_agents.start_agent(f"agent-{i}", args.devices, threads))
@@ -234,6 +235,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
         sys.stdout.write(_curl_example(gateway.url, dep.spec.model.name))
         sys.stdout.flush()
+        gc_heap.settle("tessera up serving")  # before traffic: later passes skip all this
         said = said_overload = ""
         seen: dict[str, str] = {}
         _report_variants(outcome, console.print, seen)
