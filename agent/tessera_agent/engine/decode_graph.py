@@ -148,8 +148,9 @@ class CompiledDecode:
         self.packs: packed_linear.StagePacks | None = None
         self.with_packs = True  # False: its bytes were not reserved (`drop_packs`)
         # Attention traced as fused slot-indexed reductions (`attention._decode_fused`),
-        # or as eager's gather + SDPA (`TESSERA_DECODE_ATTN=gather`, for A/B).
-        self.fused_attention = attention.fused_decode_enabled()
+        # or as eager's gather + SDPA (`TESSERA_DECODE_ATTN=gather`, for A/B). CPU only:
+        # measured with Inductor's C++ backend; its Triton counterpart was never run.
+        self.fused_attention = attention.fused_decode_enabled() and device.type == "cpu"
         self._build()
 
     # -- building -------------------------------------------------------------------------
