@@ -99,6 +99,78 @@ def test_compiled_decode_matches_hf(small_llama: Path, prompts: list[list[int]])
         got = torch.tensor([ev.logprobs.logprob for ev in sink[i]])
         want = torch.tensor([float(ref[j, t]) for j, t in enumerate(out[i])])
         assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+    # Batches and contexts far past the ones above (the saturated replica's), contexts
+    # mixed within a batch, pages scattered over the pool: the compiled graph agrees with
+    # the eager step and compiles nothing new.
+    g, warmed = graphs[0]
+    r = stages[0].runner
+    for b, ctx in ((256, 300), (7, 2), (1, 300), (130, 97)):
+        kv = _scattered_pool(r, b * (-(-ctx // r.page_size)) + 3)
+        gen = torch.Generator().manual_seed(b + ctx)
+        chunks = _decode_chunks(b, ctx, r.page_size, kv[0][0].shape[0], gen)
+        with torch.inference_mode():  # made as the runner makes its inputs
+            x = torch.randint(0, 500, (b,), generator=gen)
+            want_h = r.model(x, attention.build_metadata(chunks, r.page_size, r.device), kv)
+            got_h = g(x, attention.build_metadata(chunks, r.page_size, r.device), kv)
+        assert got_h is not None and g.compiles == warmed, (b, ctx)
+        assert torch.allclose(got_h, want_h, atol=1e-4), (b, ctx, (got_h - want_h).abs().max())
+
+
+def _scattered_pool(r: object, pages: int) -> decode_graph.KV:
+    k0 = r.cache.layers()[0][0]  # type: ignore[attr-defined]
+    slots = pages * r.page_size  # type: ignore[attr-defined]
+    g = torch.Generator().manual_seed(pages)
+    return [
+        (
+            torch.randn(slots, *k0.shape[1:], generator=g),
+            torch.randn(slots, *k0.shape[1:], generator=g),
+        )
+        for _ in r.cache.layers()  # type: ignore[attr-defined]
+    ]
+
+
+def _decode_chunks(
+    b: int, ctx: int, ps: int, slots: int, gen: torch.Generator
+) -> list[attention.ChunkGeometry]:
+    """`b` decode rows, the first with `ctx` tokens of context and the rest 2..ctx, on
+    pages drawn at random from the pool (no page shared)."""
+    perm = torch.randperm(slots // ps, generator=gen).tolist()
+    lens = [ctx, *torch.randint(min(2, ctx), ctx + 1, (b - 1,), generator=gen).tolist()]
+    out, at = [], 0
+    for n in lens:
+        npages = -(-n // ps)
+        out.append(attention.ChunkGeometry(n - 1, 1, tuple(perm[at : at + npages])))
+        at += npages
+    return out
+
+
+def test_fused_decode_attention_is_gather_and_sdpa() -> None:
+    """`attention._decode_fused` (what the compiled graph traces) computes what eager's
+    gather + SDPA does: grouped heads, contexts of different lengths, padding masked."""
+    gen = torch.Generator().manual_seed(3)
+    ps, nh, nkv, hd = 16, 6, 2, 32
+    kc, vc = (
+        torch.randn(40 * ps, nkv, hd, generator=gen),
+        torch.randn(40 * ps, nkv, hd, generator=gen),
+    )
+    chunks = _decode_chunks(5, 37, ps, kc.shape[0], gen)  # batch 1 keeps the gather
+    md = attention.build_metadata(chunks, ps, torch.device("cpu"))
+    md.reuse_gather = False
+    q = torch.randn(5, nh, hd, generator=gen)
+    want = attention._decode(q, md, kc, vc, 0.3, nkv)
+    md.decode_fused = True
+    got = attention._decode(q, md, kc, vc, 0.3, nkv)
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
+def test_decode_attention_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TESSERA_DECODE_ATTN", raising=False)
+    assert attention.fused_decode_enabled()
+    monkeypatch.setenv("TESSERA_DECODE_ATTN", "gather")
+    assert not attention.fused_decode_enabled()
+    monkeypatch.setenv("TESSERA_DECODE_ATTN", "paged")
+    with pytest.raises(ValueError, match="fused"):
+        attention.fused_decode_enabled()
 
 
 def test_env_switch_and_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,10 @@ layer's `Attention.forward` (`model.py`) with that metadata. Three paths, the wa
 engines split the batch:
 - decode: every sequence contributing one query token is attended in one batched call
   over its gathered pages; when the decodes are the first rows of the step (the scheduler
-  puts running sequences first) they are sliced, not gathered and scattered;
+  puts running sequences first) they are sliced, not gathered and scattered; inside the
+  compiled decode graph (`decode_graph.py`) the same attention is written as slot-indexed
+  reductions (`_decode_fused`) that Inductor turns into one kernel reading the pool in
+  place, with no gathered copy (`TESSERA_DECODE_ATTN=gather`: the gather + SDPA there too);
 - fresh prefill: consecutive prompt chunks that start at position 0 and have the same
   length are attended in one batched causal call over their own keys (no cache read);
 - other prefill chunks (a continued chunk, or one after a prefix-cache hit) read their
@@ -17,6 +20,7 @@ Called by `runner.py` (metadata) and `model.py` (attention).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -98,6 +102,19 @@ class AttentionMetadata:
     # The stage's prepacked projection weights for an eager step's many rows
     # (`packed_linear.py`; set by the runner, None in the compiled graph and by default).
     packed: StagePacks | None = None
+    # Decode attention as slot-indexed reductions (`_decode_fused`) instead of gather +
+    # SDPA: set by the compiled decode graph only (`fused_decode_enabled`), where Inductor
+    # fuses the indexed loads into its kernel; eager, it would materialise the gather.
+    decode_fused: bool = False
+
+
+def fused_decode_enabled() -> bool:
+    """Whether compiled decode graphs attend with `_decode_fused` (default) or with the
+    gather + SDPA of eager steps: `TESSERA_DECODE_ATTN=gather` turns it off (A/B)."""
+    mode = os.environ.get("TESSERA_DECODE_ATTN", "fused").strip().lower()
+    if mode not in ("fused", "gather"):
+        raise ValueError(f"TESSERA_DECODE_ATTN must be 'fused' or 'gather', not {mode!r}")
+    return mode == "fused"
 
 
 def slots_of(block_table: Sequence[int], length: int, page_size: int) -> torch.Tensor:
@@ -161,6 +178,10 @@ def build_metadata(
         )[:, :lmax]
         lens = torch.tensor(decode_lens)
         inside = (torch.arange(lmax)[None, :] < lens[:, None])[:, None, None, :]
+        # Positions past a sequence's context read slot 0, masked: one cached row instead
+        # of stale slots of its last page or page 0's (the padding of a step's shorter
+        # contexts was a fifth of the KV read at contexts 64-96).
+        gather = gather.masked_fill(~inside[:, 0, 0, :], 0)
         # Additive float mask built once per step (a bool mask is converted per layer).
         mask = torch.zeros(inside.shape).masked_fill_(~inside, float("-inf"))
         gather, mask = gather.to(device), mask.to(device)
@@ -237,6 +258,11 @@ def _decode(
     nkv: int,
 ) -> torch.Tensor:
     """One query token per sequence over its gathered pages: [B, nh, hd]."""
+    # Batch 1 is a graph of its own (Dynamo specializes size 1): it keeps gather + SDPA,
+    # which measured no slower there with 2 threads (the fused kernel's OpenMP region
+    # costs more than one sequence's attention).
+    if md.decode_fused and qd.shape[0] > 1:
+        return _decode_fused(qd, md, k_cache, v_cache, scale, nkv)
     b, lmax = md.decode_gather.shape
     hd = qd.shape[-1]
     flat = md.decode_gather.reshape(-1)  # index_select beats advanced indexing
@@ -257,3 +283,32 @@ def _decode(
         qd.unsqueeze(2), kd, vd, attn_mask=md.decode_mask, scale=scale, enable_gqa=True
     )
     return od.squeeze(2)
+
+
+def _decode_fused(
+    qd: torch.Tensor,
+    md: AttentionMetadata,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    scale: float,
+    nkv: int,
+) -> torch.Tensor:
+    """`_decode` written for Inductor: scores as a reduction over the head dimension of
+    slot-indexed cache rows, a masked softmax over the context, and P.V as a reduction
+    over the context of slot-indexed rows. Traced, the three become one generated C++
+    kernel that reads each K/V row from the pool in place (no [B*Lmax, nkv, hd] copies,
+    one pass over the KV instead of three). Eager, `k_cache[gather]` would materialise:
+    only the compiled decode graph sets `md.decode_fused`."""
+    b, lmax = md.decode_gather.shape
+    nh, hd = qd.shape[1], qd.shape[2]
+    g = nh // nkv
+    kg = k_cache[md.decode_gather]  # [B, L, nkv, hd]: indexed loads once traced
+    vg = v_cache[md.decode_gather]
+    # The scaled queries as a buffer of their own: left a pointwise expression, Inductor
+    # inlines their RoPE into the score loop and recomputes it for every context token.
+    qs = (qd * scale).reshape(b, 1, nkv, g, hd).contiguous()
+    qs = torch.ops.prims.inductor_force_stride_order(qs, qs.stride())
+    s = (qs * kg.unsqueeze(3)).sum(-1) + md.decode_mask.view(b, lmax, 1, 1)
+    p = torch.softmax(s, dim=1)  # [B, L, nkv, g]
+    o = (p.unsqueeze(-1) * vg.unsqueeze(3)).sum(1)  # [B, nkv, g, hd]
+    return o.reshape(b, nh, hd)

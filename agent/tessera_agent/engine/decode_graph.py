@@ -4,7 +4,9 @@ request path.
 A decode step runs the same few dozen small ops per layer every step; eager PyTorch
 dispatches each from Python. Compiled, Inductor fuses the elementwise work (RMSNorm,
 RoPE, residuals, SiLU x up) into generated kernels and runs the step with one guard check
-instead of hundreds of dispatches. On CPU it compiles with Inductor's `freezing`: the
+instead of hundreds of dispatches; decode attention is traced as slot-indexed reductions
+(`attention._decode_fused`) that become one kernel per layer reading the KV pool in place,
+instead of eager's gathered copies and SDPA. On CPU it compiles with Inductor's `freezing`: the
 weights become constants of the graph, prepacked once for MKL's matmul instead of being
 packed on every call (the larger share of the gain at batch 8).
 
@@ -87,6 +89,7 @@ def _forward(
     cos: torch.Tensor,
     sin: torch.Tensor,
     kv: list[tuple[torch.Tensor, torch.Tensor]],
+    fused: bool,
 ) -> torch.Tensor:
     """The layers of `StageModel.forward` for a pure-decode step (traced by dynamo)."""
     md = attention.AttentionMetadata(
@@ -99,6 +102,7 @@ def _forward(
         decode_leading=True,
         cos=cos,
         sin=sin,
+        decode_fused=fused,
     )
     if model.embed_tokens is not None:
         x = model.embed_tokens(x)
@@ -143,6 +147,10 @@ class CompiledDecode:
         # the warm-up, dropped with the graph.
         self.packs: packed_linear.StagePacks | None = None
         self.with_packs = True  # False: its bytes were not reserved (`drop_packs`)
+        # Attention traced as fused slot-indexed reductions (`attention._decode_fused`),
+        # or as eager's gather + SDPA (`TESSERA_DECODE_ATTN=gather`, for A/B). CPU only:
+        # measured with Inductor's C++ backend; its Triton counterpart was never run.
+        self.fused_attention = attention.fused_decode_enabled() and device.type == "cpu"
         self._build()
 
     # -- building -------------------------------------------------------------------------
@@ -341,6 +349,7 @@ class CompiledDecode:
                 cos,
                 sin,
                 kv,
+                self.fused_attention,
             )
 
     def __call__(

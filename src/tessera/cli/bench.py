@@ -43,6 +43,7 @@ BENCHES: dict[str, str] = {
     "overload": "tessera.cli.bench_overload",
     "kvdispatch": "tessera.cli.bench_kv_dispatch",
     "prefill": "tessera_agent.bench_prefill",
+    "decode-attn": "tessera_agent.bench_decode_attn",
 }
 
 
