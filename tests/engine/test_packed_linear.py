@@ -80,3 +80,34 @@ def test_packed_eager_steps_match_hf(tiny_llama: Path, prompts: list[list[int]])
         got = torch.tensor([ev.logprobs.logprob for ev in sink[i]])
         want = torch.tensor([float(ref[j, t]) for j, t in enumerate(out[i])])
         assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
+def test_warm_runs_each_shape_once_per_bucket(
+    tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`StagePacks.warm` runs every distinct projection shape over each row bucket (so
+    oneDNN's per-shape kernels are built at warm-up, not on served steps), and leaves
+    results as they were."""
+    (st,) = helpers.load(tiny_qwen2, [(0, 2)])
+    m = st.runner.model
+    packs = packed_linear.StagePacks(m)
+    ran: list[tuple[int, int]] = []
+    real = packed_linear.run_packed
+
+    def counting(x: torch.Tensor, pack: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ran.append((x.shape[0], x.shape[1]))
+        return real(x, pack, bias)
+
+    monkeypatch.setattr(packed_linear, "run_packed", counting)
+    shapes = {
+        (mod.in_features, mod.out_features, mod.bias is not None)
+        for mod in packed_linear.projections(m)
+    }
+    assert packs.warm(m, 256) >= 0
+    buckets = list(range(packed_linear.MIN_ROWS, 256 + 1, packed_linear.ROW_BUCKET))
+    assert len(ran) == len(shapes) * len(buckets) == 4 * 7
+    assert sorted({rows for rows, _ in ran}) == buckets
+    qkv = m.layers[1].self_attn.qkv_proj
+    with torch.inference_mode():
+        x = torch.randn(100, qkv.in_features, generator=torch.Generator().manual_seed(5))
+        assert torch.allclose(packed_linear.linear(qkv, x, packs), qkv(x), atol=1e-5, rtol=1e-5)

@@ -60,6 +60,7 @@ from typing import Any
 import torch
 import torch._inductor.config as inductor_config
 
+from tessera.policies import batching
 from tessera_agent.engine import attention, compile_policy, packed_linear, prompt_graph
 from tessera_agent.engine import model as model_mod
 
@@ -258,6 +259,7 @@ class CompiledDecode:
         on = self.with_packs and compile_policy.pack_prompts(self.device)
         if on and packed_linear.packable(self.model):
             packs = packed_linear.StagePacks(self.model)
+            packs.warm(self.model, batching.BatchLimits.max_batched_tokens)
             with self._lock:
                 if gen == self._gen and self.with_packs:
                     self.packs = packs
