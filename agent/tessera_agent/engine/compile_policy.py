@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -153,3 +154,20 @@ def begin(runner_graph: CompiledDecode | None, reserved: int, kv: KV) -> None:
         )
         return
     runner_graph.start(kv)
+
+
+class _Counts(Protocol):
+    compiles: int
+
+
+def counting_backend(owner: _Counts) -> Callable[..., Any]:
+    """Inductor as a `torch.compile` backend that adds one to `owner.compiles` per graph
+    it builds (the compiled decode's and prompt rows' recompile counters)."""
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        from torch._inductor.compile_fx import compile_fx
+
+        owner.compiles += 1
+        return compile_fx(gm, example_inputs)
+
+    return backend

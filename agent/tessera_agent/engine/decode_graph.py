@@ -160,7 +160,7 @@ class CompiledDecode:
         # so this instance's graphs (and frozen weights) live and die with it.
         self.packs = None
         fn = types.FunctionType(_forward.__code__.replace(), _forward.__globals__, "_forward")
-        backend = self._counting_backend()
+        backend = compile_policy.counting_backend(self)
         if self.device.type == "cuda":  # CUDA graphs captured and replayed per shape
             self._fn: Callable[..., torch.Tensor] = torch.compile(
                 fn, dynamic=True, mode="reduce-overhead"
@@ -168,15 +168,6 @@ class CompiledDecode:
         else:
             self._fn = torch.compile(fn, dynamic=True, backend=backend)
         self._for = _fingerprint(self.model)
-
-    def _counting_backend(self) -> Callable[..., Any]:
-        def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
-            from torch._inductor.compile_fx import compile_fx
-
-            self.compiles += 1
-            return compile_fx(gm, example_inputs)
-
-        return backend
 
     def _config(self) -> contextlib.AbstractContextManager[Any]:
         # Compiling happens inside the call; `freezing` must be set then (passed as

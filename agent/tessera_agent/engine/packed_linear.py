@@ -45,6 +45,7 @@ MIN_ROWS = 64  # fewer rows: F.linear (measured no faster packed at 4-32 rows)
 # throughput 11 % lower); padded to 32, 15-16 % faster (1 thread), 22 % (2 threads).
 ROW_BUCKET = 32
 _HINT_ROWS = 256  # the batch size oneDNN picks its blocking for (a step's prompt rows)
+WARM_FLOPS = 200e9  # GEMM work `StagePacks.warm` may spend building kernels ahead
 
 
 def packable(model: model_mod.StageModel) -> bool:
@@ -74,19 +75,25 @@ class StagePacks:
 
     def warm(self, model: model_mod.StageModel, max_rows: int) -> float:
         """Run each distinct projection shape once per row bucket up to `max_rows`, so that
-        oneDNN builds its per-shape kernels here (JIT, ~0.4 s for the default model's 63
-        buckets x 4 shapes, on the warm-up thread) rather than on the first served steps
-        of each size. Returns the seconds it took."""
+        oneDNN builds its per-shape kernels here (JIT, ~1-3 ms a shape) rather than on the
+        first served steps of each size. Smallest buckets first, within `WARM_FLOPS` of
+        GEMMs (the default tiny model's 63 buckets x 4 shapes: ~100 GFLOP, ~1.8 s on the
+        warm-up thread); past that a GEMM outweighs its JIT anyway. Returns the seconds."""
         t0 = time.perf_counter()
-        seen: set[tuple[int, int, bool]] = set()
+        shapes: dict[tuple[int, int, bool], tuple[nn.Linear, torch.Tensor]] = {}
+        for mod in projections(model):
+            pack = self.get(mod)
+            key = (mod.in_features, mod.out_features, mod.bias is not None)
+            if pack is not None:
+                shapes.setdefault(key, (mod, pack))
+        per_row = sum(2 * k[0] * k[1] for k in shapes)
+        budget = WARM_FLOPS
         with torch.inference_mode():
-            for mod in projections(model):
-                key = (mod.in_features, mod.out_features, mod.bias is not None)
-                pack = self.get(mod)
-                if pack is None or key in seen:
-                    continue
-                seen.add(key)
-                for rows in range(MIN_ROWS, max_rows + 1, ROW_BUCKET):
+            for rows in range(MIN_ROWS, max_rows + 1, ROW_BUCKET):
+                budget -= rows * per_row
+                if budget < 0:
+                    break
+                for mod, pack in shapes.values():
                     x = torch.zeros(rows, mod.in_features, dtype=mod.weight.dtype)
                     run_packed(x, pack, mod.bias)
         return time.perf_counter() - t0

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tessera_agent.engine import attention, packed_linear
+from tessera_agent.engine import attention, compile_policy, packed_linear
 from tessera_agent.engine import model as model_mod
 
 log = logging.getLogger(__name__)
@@ -142,18 +142,9 @@ class _Compiled:
 
     def __init__(self) -> None:
         self.compiles = 0  # graphs Inductor built (2 per warm-up of a new shape)
-        backend = self._counting_backend()
+        backend = compile_policy.counting_backend(self)
         self.pre = torch.compile(_private(_pre), backend=backend, dynamic=False)
         self.post = torch.compile(_private(_post), backend=backend, dynamic=False)
-
-    def _counting_backend(self) -> Callable[..., Any]:
-        def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
-            from torch._inductor.compile_fx import compile_fx
-
-            self.compiles += 1
-            return compile_fx(gm, example_inputs)
-
-        return backend
 
 
 def _private(fn: Callable[..., Any]) -> Callable[..., Any]:
