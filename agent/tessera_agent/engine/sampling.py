@@ -71,10 +71,15 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], ns: list[int]) -> li
 
 
 class Sampler:
-    """Chooses one token per row; keeps each seeded sequence's generator."""
+    """Chooses one token per row; keeps each seeded sequence's generator.
+
+    Rows are sampled in batches, as real engines do: every unseeded row of a step in one
+    draw from the sampler's own generator, each seeded row with its sequence's generator
+    (so a seed gives the same tokens whatever else shares the step)."""
 
     def __init__(self) -> None:
         self._generators: dict[str, torch.Generator] = {}
+        self._shared: torch.Generator | None = None  # unseeded rows: fresh entropy per stage
 
     def forget(self, seq_id: str) -> None:
         self._generators.pop(seq_id, None)
@@ -84,31 +89,47 @@ class Sampler:
     ) -> list[int]:
         """logits: [N, vocab] float; returns one token id per row."""
         out = logits.argmax(dim=-1).tolist()
+        free = [row for row, p in enumerate(params) if not p.greedy and p.seed is None]
+        if free:
+            if self._shared is None or self._shared.device != logits.device:
+                self._shared = torch.Generator(device=logits.device)
+                self._shared.seed()
+            drawn = draw(logits[free], [params[r] for r in free], self._shared)
+            for row, tok in zip(free, drawn.tolist(), strict=True):
+                out[row] = tok
         for row, (sid, p) in enumerate(zip(seq_ids, params, strict=True)):
-            if p.greedy:
+            if p.greedy or p.seed is None:
                 continue
-            out[row] = self._sample_row(logits[row].float(), sid, p)
+            gen = self._generators.get(sid)
+            if gen is None:
+                gen = self._generators[sid] = torch.Generator(device=logits.device)
+                gen.manual_seed(p.seed)
+            out[row] = int(draw(logits[row : row + 1], [p], gen)[0])
         return [int(t) for t in out]
 
-    def _sample_row(self, row: torch.Tensor, seq_id: str, p: SamplingParams) -> int:
-        row = row / p.temperature
-        if p.top_k and p.top_k < row.numel():
-            kth = torch.topk(row, p.top_k).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        probs = torch.softmax(row, dim=-1)
-        if p.top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
-            cum = torch.cumsum(sorted_p, dim=-1)
-            drop = (cum - sorted_p) > p.top_p  # keep the smallest prefix reaching top_p
-            sorted_p = sorted_p.masked_fill(drop, 0.0)
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
-            probs = probs / probs.sum()
-        gen = self._generators.get(seq_id)
-        if gen is None:
-            gen = torch.Generator()
-            if p.seed is not None:
-                gen.manual_seed(p.seed)
-            else:
-                gen.seed()
-            self._generators[seq_id] = gen
-        return int(torch.multinomial(probs, 1, generator=gen).item())
+
+def draw(logits: torch.Tensor, params: list[SamplingParams], gen: torch.Generator) -> torch.Tensor:
+    """One token per row of `logits` [N, vocab] under each row's temperature, top-k and
+    top-p (all rows non-greedy), drawn with `gen`: softmax, filters, then the exponential
+    race (argmax of p / E with E ~ Exp(1), an exact categorical draw) in a few batched ops
+    instead of a dozen per row."""
+    vocab = logits.shape[-1]
+    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+    x = logits.float() / temps.to(logits.device)[:, None]
+    ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+    if any(ks):
+        k = torch.tensor([kk or vocab for kk in ks], device=x.device)
+        top = torch.topk(x, int(k.max()), dim=-1).values
+        kth = top.gather(1, (k - 1)[:, None])
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if any(p.top_p < 1.0 for p in params):
+        tp = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params])
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        cum = torch.cumsum(sorted_p, dim=-1)
+        # keep the smallest prefix reaching top_p (rows without top-p keep everything)
+        drop = (cum - sorted_p) > tp.to(x.device)[:, None]
+        probs = torch.zeros_like(probs).scatter_(1, order, sorted_p.masked_fill(drop, 0.0))
+    e = torch.empty_like(probs).exponential_(generator=gen)
+    e.clamp_min_(torch.finfo(probs.dtype).tiny)  # E = 0 would make 0 / 0 of a dropped token
+    return (probs / e).argmax(dim=-1)
