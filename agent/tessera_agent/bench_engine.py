@@ -49,7 +49,15 @@ from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import tiny_checkpoint
-from tessera_agent.engine import config, decode_graph, replica, sampling, scheduler, stage
+from tessera_agent.engine import (
+    config,
+    decode_graph,
+    omp_teams,
+    replica,
+    sampling,
+    scheduler,
+    stage,
+)
 
 Tokens = list[list[int]]
 
@@ -166,6 +174,7 @@ def _engine_generate(
     graph = st.runner.decode_graph
     if graph is not None and graph.state == "cold":  # warmed up before anything is timed
         graph.warm_up(st.runner.cache.layers())
+    omp_teams.release()  # this thread's team: steps run on `pool`'s (see omp_teams)
     pool = concurrent.futures.ThreadPoolExecutor(1)
     counter = iter(range(10**9))
 

@@ -45,6 +45,7 @@ from tessera_agent.engine import (
     errors,
     layer_run,
     loader,
+    omp_teams,
     replica,
     stage,
 )
@@ -82,7 +83,7 @@ class Hosting:
         self.more_ranks: dict[RankKey, hosted.Hosted] = {}  # its other ranks held here
         self.zoo = block_zoo.BlockZoo()  # identical pieces of every block, held once
         self.shares = equivalence_share.ReportCache()  # opted-in fine-tunes' reports
-        self.loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loader")
+        self.loader = omp_teams.ReleasingPool(1, thread_name_prefix="loader")
         self._lock = asyncio.Lock()
         self._settling: set[asyncio.Task[None]] = set()  # gc settles waiting for warm-ups
 
@@ -244,6 +245,7 @@ class Hosting:
                 self.zoo if self.defaults.block_zoo else None,
             )
             loaded.equivalence = report
+            omp_teams.release()  # the loop thread's team, if it ever built one (see omp_teams)
             h = hosted.Hosted(loaded)
             self.memory.book(dev.id, h.holder, loaded.own_param_bytes + loaded.kv_bytes)
             if graph_bytes:

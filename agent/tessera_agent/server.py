@@ -26,7 +26,7 @@ from tessera.policies import block_batching, microbatch
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import authz, devices, load_config, servicer
-from tessera_agent.engine import compile_policy, decode_graph, host_malloc
+from tessera_agent.engine import compile_policy, decode_graph, host_malloc, omp_teams
 from tessera_agent.transfer import store
 
 VERSION = "0.1.0"
@@ -94,6 +94,10 @@ async def serve(cfg: AgentConfig) -> None:
         torch.set_num_threads(cfg.threads)
     compile_policy.set_default(cfg.compile_decode)  # $TESSERA_COMPILE_DECODE still overrides
     host_malloc.tune()  # step temporaries stay in the heap ($TESSERA_MALLOC_TUNE=0: not)
+    # Work handed to the loop's default executor (reads, copies) must not leave an OpenMP
+    # team behind: the compute thread's team would stop spinning (see omp_teams).
+    asyncio.get_running_loop().set_default_executor(omp_teams.ReleasingPool())
+    omp_teams.release()  # a team this thread may have built while starting up
     gc_heap.install()  # this process owns its heap: freeze it at loads (see gc_heap)
     tls = transport.tls_from_env()
     server = transport.server(
