@@ -238,3 +238,37 @@ def test_token_bytes_of_byte_level_and_byte_fallback_tokens(tiny_llama: Path) ->
     fallback = Tokenizer(models.WordLevel({"<0xE2>": 0, "hi": 1, "<unk>": 2}, unk_token="<unk>"))
     sp = tokenizer.TextCodec(fallback)
     assert sp.token_bytes(0) == b"\xe2" and sp.token_bytes(1) == b"hi"
+
+
+def test_first_token_is_an_event_even_before_its_character_completes(
+    codec: tokenizer.TextCodec,
+) -> None:
+    """The stream's first chunk (and its HTTP headers) goes out at the first token even when
+    that token only starts a multi-byte character (vLLM streams that chunk too, and TTFT is
+    stamped there); later text-less tokens wait for their character, and the text is whole."""
+    import asyncio
+    from collections.abc import AsyncIterator
+
+    from tessera.gateway import dispatch, text_stream
+
+    ids = codec.encode("日本 ok", add_special_tokens=False)
+    assert codec.decode(ids[:1]) != "日"  # the first token alone is not a whole character
+
+    class OneTokenAtATime:
+        async def generate(
+            self, job: dispatch.Job, exclude: frozenset[str]
+        ) -> AsyncIterator[dispatch.Chunk]:
+            for i, t in enumerate(ids):
+                last = i == len(ids) - 1
+                yield dispatch.Chunk((t,), "length" if last else None, "r0")
+
+    job = dispatch.Job("x", tuple(codec.encode("a")), len(ids), 1.0, 1.0, 0, None, (), True, 0.0)
+    gen = text_stream.TextGeneration(OneTokenAtATime(), codec.decode, job, ())  # type: ignore[arg-type]
+
+    async def collect() -> list[text_stream.TextEvent]:
+        return [ev async for ev in gen.events()]
+
+    evs = asyncio.run(collect())
+    assert evs[0].text == "" and evs[0].finish_reason is None  # the first token, no text yet
+    assert all(ev.text for ev in evs[1:-1])  # afterwards only events that carry text
+    assert "".join(ev.text for ev in evs) == "日本 ok"

@@ -322,9 +322,10 @@ async def _stream(
     include_usage: bool,
     shapes: list[_LogprobShape | None],
 ) -> tuple[web.StreamResponse, int]:
-    """SSE response of every choice, interleaved. Headers go out with the first text, so
-    that failures (and retries on other replicas) before it still produce a plain HTTP
-    error."""
+    """SSE response of every choice, interleaved. Headers go out with the first token's
+    chunk (its text may still be empty: an incomplete UTF-8 character is held back, and
+    vLLM streams that chunk too), so that failures (and retries on other replicas) before
+    it still produce a plain HTTP error."""
     events = choices.merged(gens)
     try:
         first = await anext(events, None)
@@ -359,7 +360,7 @@ async def _stream(
                 i, ev = item.index, item.event
                 shape = shapes[i]
                 lp = shape.payload(ev.logprobs) if shape else None
-                if ev.text:
+                if ev.text or ev.finish_reason is None:  # a first token without text too
                     await resp.write(
                         texts[i].event(ev.text) if lp is None else chunk(i, ev.text, lp=lp)
                     )

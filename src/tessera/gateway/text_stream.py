@@ -48,6 +48,7 @@ class TextGeneration:
         matcher = stop_strings.StopMatcher(self._stops)
         self.completion_tokens = 0
         pending: list[dispatch.TokenLogprob] = []  # held back with text not yet emitted
+        first = True
         async with contextlib.aclosing(self._dispatcher.generate(self.job, exclude)) as chunks:
             async for chunk in chunks:
                 self.completion_tokens += len(chunk.token_ids)
@@ -63,9 +64,10 @@ class TextGeneration:
                 if chunk.finish_reason is not None:
                     yield TextEvent(text, chunk.finish_reason, tuple(pending))
                     return
-                if text:
+                if text or first:  # the first token's event even without text (as vLLM)
                     yield TextEvent(text, None, tuple(pending))
                     pending.clear()
+                first = False
 
     async def complete(self) -> TextEvent:
         """The whole completion; a replica lost mid-way restarts it on another replica."""
