@@ -409,6 +409,7 @@ def main() -> int:
     # `tessera up` says it serves only once the graphs are built. Eager: "0", both halves.
     os.environ["TESSERA_COMPILE_DECODE"] = "0" if args.tessera_eager else "wait"
     vpy = setup_env(args.venv)
+    from tessera.gateway.config import generate_mux_default
     from tessera.policies import cpu_share
     from tessera_agent import tiny_checkpoint
 
@@ -438,11 +439,10 @@ def main() -> int:
             },
             "rounds": args.rounds,
             "tessera_compile_decode": not args.tessera_eager,
-            # the gateway's token path (issue 16): one Generate call per request unless
-            # TESSERA_GENERATE_MUX=1 (one GenerateMux stream per replica), which `tessera up`
+            # the gateway's token path (issue 16): one GenerateMux stream per replica unless
+            # TESSERA_GENERATE_MUX=0 (one Generate call per request), which `tessera up`
             # inherits from this environment
-            "generate_mux": os.environ.get("TESSERA_GENERATE_MUX", "0").strip().lower()
-            in ("1", "true", "on"),
+            "generate_mux": generate_mux_default(),
             "machine": f"{os.uname().machine} {os.cpu_count()} cpus",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         }

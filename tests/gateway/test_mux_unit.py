@@ -211,6 +211,68 @@ def test_the_switch_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     assert parser.parse_args(["gateway", "--generate-mux"]).generate_mux is True
     assert parser.parse_args(["gateway", "--no-generate-mux"]).generate_mux is False
     monkeypatch.delenv("TESSERA_GENERATE_MUX", raising=False)
-    assert config.GatewayConfig("m", "/m").generate_mux is False  # the default
-    monkeypatch.setenv("TESSERA_GENERATE_MUX", "1")  # what `tessera up` and the anchor follow
-    assert config.GatewayConfig("m", "/m").generate_mux is True
+    assert config.GatewayConfig("m", "/m").generate_mux is True  # the default
+    monkeypatch.setenv("TESSERA_GENERATE_MUX", "0")  # what `tessera up` and the anchor follow
+    assert config.GatewayConfig("m", "/m").generate_mux is False
+    monkeypatch.setenv("TESSERA_GENERATE_MUX", "maybe")
+    with pytest.raises(ValueError, match="TESSERA_GENERATE_MUX"):
+        config.GatewayConfig("m", "/m")
+
+
+class OldAgentStub(FakeStub):
+    """A leader from before GenerateMux (a rolling upgrade): the stream is UNIMPLEMENTED,
+    per-request `Generate` calls work."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generate: list[pb.GenerateRequest] = []
+        self.cancelled: list[str] = []
+
+    def GenerateMux(self, requests: AsyncIterator[pb.GenerateMuxRequest]) -> FakeCall:
+        call = super().GenerateMux(requests)
+        call.fail(mux.rpc_error(grpc.StatusCode.UNIMPLEMENTED, "Method not found!"))
+        return call
+
+    def Generate(self, request: pb.GenerateRequest) -> OldCall:
+        self.generate.append(request)
+        return OldCall(self, request.request_id)
+
+
+class OldCall:
+    def __init__(self, stub: OldAgentStub, rid: str) -> None:
+        self._stub, self._rid = stub, rid
+        self._chunks = iter(
+            [
+                pb.GenerateChunk(token_ids=[5]),
+                pb.GenerateChunk(token_ids=[6], finish_reason="length"),
+            ]
+        )
+
+    def __aiter__(self) -> OldCall:
+        return self
+
+    async def __anext__(self) -> pb.GenerateChunk:
+        await asyncio.sleep(0)
+        try:
+            return next(self._chunks)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    def cancel(self) -> bool:
+        self._stub.cancelled.append(self._rid)
+        return True
+
+
+async def test_a_leader_without_the_stream_gets_per_request_calls() -> None:
+    pool, stub = mux.MuxPool(), OldAgentStub()
+    a, b = pool.call("r0", stub, _req("a")), pool.call("r0", stub, _req("b"))
+    assert await _drain(a) == [5, 6]  # nothing failed: the requests went on as Generate calls
+    assert b.cancel() and stub.cancelled == ["b"]  # a cancel reaches the per-request call
+    assert [r.request_id for r in stub.generate] == ["a", "b"]
+    c = pool.call("r0", stub, _req("c"))  # the replica now takes per-request calls
+    assert isinstance(c, OldCall) and len(stub.calls) == 1
+    pool.drop("r0")  # a new leader (moved, restarted) is asked for a stream again
+    d = pool.call("r0", stub, _req("d"))
+    assert isinstance(d, mux.MuxCall) and len(stub.calls) == 2
+    assert await _drain(d) == [5, 6]
+    await pool.close()

@@ -66,7 +66,7 @@ def register(sub: Any) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="one multiplexed GenerateMux stream per replica instead of one Generate call per "
-        "request (default: TESSERA_GENERATE_MUX=1, else off; docs/gateway.md)",
+        "request (default: on, unless TESSERA_GENERATE_MUX=0; docs/gateway.md)",
     )
     p.set_defaults(func=_run)
 

@@ -37,12 +37,17 @@ def parse_replica(text: str) -> ReplicaEndpoint:
 
 
 def generate_mux_default() -> bool:
-    """The gateway's token path unless told: one `Generate` call per request; the
-    multiplexed stream with `TESSERA_GENERATE_MUX=1` (which `tessera up` follows) or
-    `tessera gateway --generate-mux`. Off by default: on the quiet-machine anchor the
-    stream raised the 8 req/s TTFT tail in every run (docs/benchmarks.md, "Issue 16
-    (multiplexed token stream)", the lead's A/B)."""
-    return os.environ.get("TESSERA_GENERATE_MUX", "0").strip().lower() in ("1", "true", "on")
+    """The gateway's token path unless told: ONE multiplexed `GenerateMux` stream per
+    replica; one `Generate` call per request with `TESSERA_GENERATE_MUX=0` (which `tessera
+    up` follows) or `tessera gateway --no-generate-mux`. On by default since the ninth stop:
+    at 64 req/s the stream halves the CPU of the agent's loop and of the gateway per token,
+    and the 8 req/s TTFT tail measured the same either way (docs/benchmarks.md, "Issue 16:
+    the multiplexed stream by default"). A leader without `GenerateMux` gets per-request
+    calls (`mux.py`)."""
+    value = os.environ.get("TESSERA_GENERATE_MUX", "1").strip().lower()
+    if value not in ("1", "true", "on", "0", "false", "off"):
+        raise ValueError(f"TESSERA_GENERATE_MUX must be 1/true/on or 0/false/off, not {value!r}")
+    return value in ("1", "true", "on")
 
 
 @dataclass(frozen=True)

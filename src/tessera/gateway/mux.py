@@ -19,6 +19,12 @@ replica is removed, moves or is marked failed: no new request goes on it, the ru
 ones finish, then the gateway half-closes it. When a stream breaks (the agent is gone),
 every request still on it fails with the stream's status, and the dispatcher retries or
 continues each on another replica as it does for a failed per-request call.
+
+An agent without `GenerateMux` (an older release, mid rolling upgrade) answers the stream
+UNIMPLEMENTED: its requests, which had nothing delivered yet, go on as per-request
+`Generate` calls, and the replica takes per-request calls until it is dropped (removed,
+moved or failed: a new leader is asked for a stream again). Nothing fails and the replica
+is not marked failed.
 """
 
 from __future__ import annotations
@@ -51,10 +57,12 @@ def rpc_error(code: str | grpc.StatusCode, message: str) -> grpc.aio.AioRpcError
 class MuxCall:
     """One request on a replica's stream (module docstring)."""
 
-    def __init__(self, stream: MuxStream, key: str) -> None:
-        self._stream, self.key = stream, key
+    def __init__(self, stream: MuxStream, key: str, request: pb.GenerateRequest) -> None:
+        self._stream, self.key, self.request = stream, key, request
         self._items: collections.deque[_Item] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._delegate: Any = None  # the per-request call it went on as (no GenerateMux)
+        self._cancel_delegate: Callable[[], bool] = lambda: False
         self.ended = False  # finished, failed or cancelled: nothing more will be delivered
 
     def __aiter__(self) -> MuxCall:
@@ -62,6 +70,8 @@ class MuxCall:
 
     async def __anext__(self) -> pb.GenerateChunk:
         while not self._items:
+            if self._delegate is not None:
+                return await anext(self._delegate)
             if self.ended:
                 raise StopAsyncIteration
             self._waiter = asyncio.get_running_loop().create_future()
@@ -81,8 +91,17 @@ class MuxCall:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
+    def go_on_as(self, call: Any) -> None:
+        """The stream was UNIMPLEMENTED: read (and cancel) the per-request `call` instead."""
+        self._delegate = call.__aiter__()
+        self._cancel_delegate = call.cancel
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
     def cancel(self) -> bool:
         """Cancel the request on the agent; False if it had already ended."""
+        if self._delegate is not None:
+            return bool(self._cancel_delegate())
         if self.ended:
             return False
         self._stream.cancel(self.key)
@@ -100,8 +119,10 @@ class MuxStream:
         self._out: asyncio.Queue[pb.GenerateMuxRequest | None] = asyncio.Queue()
         self._calls: dict[str, MuxCall] = {}
         self._on_end = on_end
+        self._stub = stub
         self.retired = False
         self.broken = False
+        self.unimplemented = False  # the agent has no GenerateMux
         self._half_closed = False
         self._call = stub.GenerateMux(self._requests())
         self._task = asyncio.get_running_loop().create_task(self._demux())
@@ -121,7 +142,7 @@ class MuxStream:
             renamed = pb.GenerateRequest()
             renamed.CopyFrom(request)
             renamed.request_id, request = key, renamed
-        call = MuxCall(self, key)
+        call = MuxCall(self, key, request)
         self._calls[key] = call
         self._out.put_nowait(pb.GenerateMuxRequest(start=request))
         return call
@@ -165,8 +186,15 @@ class MuxStream:
             raise
         finally:
             self.broken = True
+            self.unimplemented = err_code == grpc.StatusCode.UNIMPLEMENTED
             self._on_end(self)
             calls, self._calls = self._calls, {}
+            if self.unimplemented:
+                log.info("the agent has no GenerateMux (%s); %d requests go on as Generate calls",
+                         err_msg, len(calls))  # fmt: skip
+                for call in calls.values():
+                    call.go_on_as(self._stub.Generate(call.request))
+                calls = {}
             if calls:
                 log.info("GenerateMux stream broke (%s: %s); failing %d requests",
                          err_code.name, err_msg, len(calls))  # fmt: skip
@@ -186,8 +214,13 @@ class MuxPool:
     def __init__(self) -> None:
         self._streams: dict[str, MuxStream] = {}
         self._all: set[MuxStream] = set()  # current and retired, until they end
+        self.per_request: set[str] = set()  # replicas whose leader has no GenerateMux
 
-    def call(self, replica_id: str, stub: Any, request: pb.GenerateRequest) -> MuxCall:
+    def call(self, replica_id: str, stub: Any, request: pb.GenerateRequest) -> Any:
+        """A `MuxCall` on the replica's stream, or a per-request `Generate` call where the
+        leader has no GenerateMux."""
+        if replica_id in self.per_request:
+            return stub.Generate(request)
         s = self._streams.get(replica_id)
         if s is None or s.broken or s.retired:
             s = MuxStream(stub, self._ended)
@@ -200,9 +233,12 @@ class MuxPool:
         for rid, s in list(self._streams.items()):
             if s is stream:
                 del self._streams[rid]
+                if stream.unimplemented:
+                    self.per_request.add(rid)
 
     def drop(self, replica_id: str) -> None:
         """The replica was removed, moved or failed: new requests get a new stream."""
+        self.per_request.discard(replica_id)
         s = self._streams.pop(replica_id, None)
         if s is not None:
             s.retire()
