@@ -77,7 +77,7 @@ def test_operator_serves_a_tp2_replica(
     routes = json.loads(cm.data["routes.json"])
     assert [r["id"] for r in routes["replicas"]] == [rid]
     answer = asyncio.run(_complete(routes, tmp_path))
-    assert answer["usage"]["completion_tokens"] == 4
+    assert answer["usage"]["completion_tokens"] == 4, answer
     custom(kube).delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "tp")
     wait_for("blocks unloaded", lambda: not _blocks(procs[0]) and not _blocks(procs[1]), 90)
 
