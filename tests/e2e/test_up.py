@@ -143,6 +143,21 @@ def test_up_reports_bad_manifest(tmp_path: Path) -> None:
     assert r.returncode == 1 and "spec.gateway.port" in r.stderr
 
 
+def test_up_reports_a_bad_token_path_setting_before_loading(tmp_path: Path) -> None:
+    (tmp_path / "ok.yaml").write_text(
+        "apiVersion: serving.tessera.dev/v1alpha1\nkind: ServingDeployment\n"
+        "metadata: {name: x}\nspec: {model: {name: m, path: nowhere}}\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "tessera.cli.main", "up", "-f", str(tmp_path / "ok.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TESSERA_GENERATE_MUX": "maybe"},
+    )
+    assert r.returncode == 1 and "TESSERA_GENERATE_MUX" in r.stderr, r.stderr
+
+
 def test_up_serves_tensor_parallel_replicas(tiny_llama: Path, tmp_path: Path) -> None:
     """examples/local-tiny-tp.yaml: a tp=2 replica and a tp=2 x pp=2 replica over two
     local agents give transformers' tokens; `tessera status` shows every rank's group

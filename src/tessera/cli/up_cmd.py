@@ -113,6 +113,12 @@ def _up(args: argparse.Namespace) -> int:
         return _fail(f"cannot read {args.file}: {exc}")
     except (fields.FieldError, yaml.YAMLError) as exc:
         return _fail(f"{args.file}: {exc}")
+    from tessera.gateway import config as gw_config
+
+    try:  # the gateway's settings from the environment, checked before anything loads
+        gw_config.generate_mux_default()
+    except ValueError as exc:
+        return _fail(str(exc))
     from tessera import event_loop
 
     return event_loop.run(_serve(args, dep))
