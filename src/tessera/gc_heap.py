@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import time
+
+from tessera import env_flags
 
 ENV = "TESSERA_GC_FREEZE"
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ _installed = False
 def install() -> bool:
     """Turn settling on for this process (unless `TESSERA_GC_FREEZE=0`); returns whether on."""
     global _installed
-    _installed = os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+    _installed = env_flags.on(ENV)
     return _installed
 
 

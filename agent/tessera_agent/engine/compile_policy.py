@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from tessera import env_flags
 from tessera_agent.engine import block_tensors
 from tessera_agent.engine import config as config_mod
 from tessera_agent.engine import model as model_mod
@@ -66,16 +67,14 @@ def enabled_from_env(device: torch.device | None = None) -> bool:
 def pack_prompts(device: torch.device | None = None) -> bool:
     """Whether a CPU stage's compiled decode also packs its projections for the eager
     (prompt) rows: on unless `TESSERA_PACK_PROMPTS=0`."""
-    raw = os.environ.get(PACK_ENV, "").strip().lower()
-    return raw not in ("0", "false", "no", "off") and (device is None or device.type == "cpu")
+    return env_flags.on(PACK_ENV) and (device is None or device.type == "cpu")
 
 
 def compile_prompts(device: torch.device | None = None) -> bool:
     """Whether a CPU stage's compiled decode also compiles the many-row eager steps' layer
     parts over its packs (`prompt_graph.py`): on with the packs unless
     `TESSERA_COMPILE_PROMPTS=0`."""
-    raw = os.environ.get(PROMPT_ENV, "").strip().lower()
-    return raw not in ("0", "false", "no", "off") and pack_prompts(device)
+    return env_flags.on(PROMPT_ENV) and pack_prompts(device)
 
 
 def copies(dtype: torch.dtype, device: torch.device | None = None) -> int:

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import sys
+
+from tessera import env_flags
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ TRIM_BYTES = 256 << 20
 
 
 def enabled_from_env() -> bool:
-    return os.environ.get(ENV, "").strip().lower() not in ("0", "false", "no", "off")
+    return env_flags.on(ENV)
 
 
 def tune() -> bool:

@@ -24,9 +24,10 @@ import concurrent.futures
 import ctypes
 import functools
 import logging
-import os
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
+
+from tessera import env_flags
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ R = TypeVar("R")
 
 
 def enabled_from_env() -> bool:
-    return os.environ.get(ENV, "").strip().lower() not in ("0", "false", "no", "off")
+    return env_flags.on(ENV)
 
 
 @functools.cache

@@ -7,9 +7,9 @@ serves `Generate` for it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
+from tessera import env_flags
 from tessera.gateway import limits as limits_mod
 
 
@@ -44,10 +44,7 @@ def generate_mux_default() -> bool:
     and the 8 req/s TTFT tail measured the same either way (docs/benchmarks.md, "Issue 16:
     the multiplexed stream by default"). A leader without `GenerateMux` gets per-request
     calls (`mux.py`)."""
-    value = os.environ.get("TESSERA_GENERATE_MUX", "1").strip().lower()
-    if value not in ("1", "true", "on", "0", "false", "off"):
-        raise ValueError(f"TESSERA_GENERATE_MUX must be 1/true/on or 0/false/off, not {value!r}")
-    return value in ("1", "true", "on")
+    return env_flags.strict("TESSERA_GENERATE_MUX", True)
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,8 @@ class MuxCall:
         self._stream, self.key, self.request = stream, key, request
         self._items: collections.deque[_Item] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
-        self._delegate: Any = None  # the per-request call it went on as (no GenerateMux)
-        self._cancel_delegate: Callable[[], bool] = lambda: False
+        # the per-request call it went on as (no GenerateMux), and its chunk iterator
+        self._fallback: tuple[Any, AsyncIterator[pb.GenerateChunk]] | None = None
         self.ended = False  # finished, failed or cancelled: nothing more will be delivered
 
     def __aiter__(self) -> MuxCall:
@@ -70,8 +70,8 @@ class MuxCall:
 
     async def __anext__(self) -> pb.GenerateChunk:
         while not self._items:
-            if self._delegate is not None:
-                return await anext(self._delegate)
+            if self._fallback is not None:
+                return await anext(self._fallback[1])
             if self.ended:
                 raise StopAsyncIteration
             self._waiter = asyncio.get_running_loop().create_future()
@@ -93,15 +93,14 @@ class MuxCall:
 
     def go_on_as(self, call: Any) -> None:
         """The stream was UNIMPLEMENTED: read (and cancel) the per-request `call` instead."""
-        self._delegate = call.__aiter__()
-        self._cancel_delegate = call.cancel
+        self._fallback = (call, call.__aiter__())
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
     def cancel(self) -> bool:
         """Cancel the request on the agent; False if it had already ended."""
-        if self._delegate is not None:
-            return bool(self._cancel_delegate())
+        if self._fallback is not None:
+            return bool(self._fallback[0].cancel())
         if self.ended:
             return False
         self._stream.cancel(self.key)

@@ -1,0 +1,32 @@
+"""On/off switches read from the environment, parsed one way everywhere.
+
+`on(name)`: a switch that is on unless set to an off word (0, false, no, off): the
+engine's tuning switches (`TESSERA_OMP_RELEASE`, `TESSERA_MALLOC_TUNE`, ...), where any
+other value keeps the default. `strict(name, default)`: the value must be an on or an off
+word (or unset, giving `default`); anything else raises `ValueError` naming the variable,
+for switches whose typo would silently change behaviour a user relies on.
+"""
+
+from __future__ import annotations
+
+import os
+
+OFF = ("0", "false", "no", "off")
+ON = ("1", "true", "yes", "on")
+
+
+def on(name: str) -> bool:
+    """False only when `name` is set to an off word."""
+    return os.environ.get(name, "").strip().lower() not in OFF
+
+
+def strict(name: str, default: bool) -> bool:
+    """`default` when unset or empty; True/False for an on/off word; else ValueError."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ON:
+        return True
+    if value in OFF:
+        return False
+    raise ValueError(f"{name} must be 1/true/yes/on or 0/false/no/off, not {value!r}")
