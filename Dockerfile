@@ -2,8 +2,8 @@
 # Two images, one per kind of pod (see charts/tessera); the command chooses the role:
 #   --target control-plane   `tessera operator` (a Deployment) and `tessera gateway` (Deployments
 #                            made by the operator): no torch, no transformers. The project is
-#                            installed with --no-deps over requirements/control-plane.txt, the
-#                            pinned closure of what those two roles import.
+#                            installed with --no-deps over requirements/control-plane.lock, the
+#                            hash-locked closure of what those two roles import (`make lock`).
 #   --target agent           `tessera agent` (a DaemonSet on GPU nodes), the node agent hosting
 #                            the block engine: the whole project with torch. The last stage, so
 #                            a plain `docker build .` makes it; it runs every other command too.
@@ -43,9 +43,10 @@ FROM ${PYTHON_IMAGE} AS control-plane-builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
-COPY requirements/control-plane.txt /tmp/control-plane.txt
+COPY requirements/control-plane.lock /tmp/control-plane.lock
 RUN python -m venv /opt/tessera \
-    && /opt/tessera/bin/pip install --no-deps --no-compile --requirement /tmp/control-plane.txt
+    && /opt/tessera/bin/pip install --require-hashes --no-deps --no-compile \
+       --requirement /tmp/control-plane.lock
 COPY --from=wheel /wheels /wheels
 # --no-deps: the wheel's metadata asks for torch and transformers, which these roles never
 # import (tests/image/test_control_plane_imports.py). Then what they never load goes: pip,
@@ -72,13 +73,26 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/${TORCH_VARIANT}
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
-# torch first, from the chosen variant's index, in its own layer (the slow one, cached across
-# source changes): pyproject pins torch==2.13.0, which the variant's build (2.13.0+cu124,
-# say) already satisfies, so installing the wheel next keeps it.
+# The dependencies from requirements/agent.lock, hash-checked, in their own layer (the slow
+# one, cached across source changes). `cpu`: the whole lock, torch's CPU wheel (from the CPU
+# index) included. A CUDA variant: the lock without its torch entry, then torch==2.13.0 of
+# that variant (and the CUDA libraries it needs) from the variant's index, the one install no
+# hash covers (docs/dependencies.md). The project's wheel goes in last with --no-deps.
+COPY requirements/agent.lock /tmp/agent.lock
 RUN python -m venv /opt/tessera \
-    && /opt/tessera/bin/pip install --index-url "${TORCH_INDEX_URL}" "torch==2.13.0"
+    && if [ "${TORCH_VARIANT}" = cpu ]; then \
+         /opt/tessera/bin/pip install --require-hashes --no-deps \
+           --extra-index-url "${TORCH_INDEX_URL}" --requirement /tmp/agent.lock; \
+       else \
+         awk '/^torch==/{skip=1; next} skip && /^ /{next} {skip=0; print}' /tmp/agent.lock \
+           > /tmp/agent-no-torch.lock \
+         && /opt/tessera/bin/pip install --require-hashes --no-deps \
+           --requirement /tmp/agent-no-torch.lock \
+         && /opt/tessera/bin/pip install --index-url "${TORCH_INDEX_URL}" "torch==2.13.0"; \
+       fi
 COPY --from=wheel /wheels /wheels
-RUN /opt/tessera/bin/pip install /wheels/tessera-*.whl \
+RUN /opt/tessera/bin/pip install --no-deps /wheels/tessera-*.whl \
+    && /opt/tessera/bin/pip check \
     && /opt/tessera/bin/tessera --help > /dev/null
 
 # ---- runtime: a non-root user and the environment both images share ----

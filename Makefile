@@ -5,13 +5,37 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: demo test test-fast lint typecheck proto chart-check clean
+.PHONY: demo test test-fast lint typecheck proto chart-check clean lock
 
-$(STAMP): pyproject.toml
+# Installs come from the hash-locked requirements/*.lock only (issue 28; docs/dependencies.md).
+# pyproject.toml declares the ranges; `make lock` (uv) turns them into the locks.
+LOCK_DIR := requirements
+DEV_LOCK := $(LOCK_DIR)/dev.lock
+# The torch CPU wheel: the machine's wheel folder when it has one, else PyTorch's CPU index.
+TORCH_WHEELS ?= /opt/wheels
+TORCH_SOURCE := $(if $(wildcard $(TORCH_WHEELS)/torch-*.whl),--find-links $(TORCH_WHEELS),--extra-index-url https://download.pytorch.org/whl/cpu)
+
+$(STAMP): $(DEV_LOCK) pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --require-hashes $(TORCH_SOURCE) -r $(DEV_LOCK)
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/pip check
 	touch $(STAMP)
+
+# Refresh the three locks from pyproject.toml (pins already in a lock are kept unless
+# pyproject.toml no longer admits them); `make lock UPGRADE=1` takes the newest of everything,
+# `make lock UPGRADE=numpy` one package. Then `make test`.
+UPGRADE ?=
+UV_COMPILE := $(BIN)/uv pip compile --quiet --generate-hashes --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock" \
+	$(if $(filter 1,$(UPGRADE)),--upgrade,$(if $(UPGRADE),--upgrade-package $(UPGRADE)))
+
+lock: $(STAMP)
+	$(UV_COMPILE) $(TORCH_SOURCE) pyproject.toml --extra dev -o $(DEV_LOCK)
+	$(UV_COMPILE) $(TORCH_SOURCE) pyproject.toml -c $(DEV_LOCK) -o $(LOCK_DIR)/agent.lock
+	$(UV_COMPILE) $(LOCK_DIR)/control-plane.in -c $(DEV_LOCK) \
+		--override $(LOCK_DIR)/control-plane.overrides -o $(LOCK_DIR)/control-plane.lock
+	$(BIN)/python -m tests.install.locks --write-stamp
 
 demo: $(STAMP)
 	$(BIN)/tessera demo
@@ -60,8 +84,8 @@ chart-crds:
 # `make image-check`: the images' smoke tests (tests/image/image_check.py): agent, gateway
 # and operator run inside their images, read-only root, uid 10001. Not part of `make test`
 # (minutes of CPU); its last result is recorded in docs/chart.md.
-# `make control-plane-requirements`: re-pin requirements/control-plane.txt from the .venv.
-.PHONY: image image-check control-plane-requirements
+# The control-plane image installs requirements/control-plane.lock (made by `make lock`).
+.PHONY: image image-check
 
 image:
 	scripts/image/build.sh
@@ -69,8 +93,6 @@ image:
 image-check: $(STAMP) image
 	$(BIN)/python -m tests.image.image_check
 
-control-plane-requirements: $(STAMP)
-	$(BIN)/python -m tests.image.control_plane_requirements --write
 # ---- end image ------------------------------------------------------------------------------
 
 # ---- vllm-anchor (issue 16: engine speed beside vLLM) -----------------------------------------

@@ -42,6 +42,12 @@ def path(
     return f"{base}/{quote(name)}" if name else base
 
 
+def _untyped(obj: object) -> Any:
+    """The kubernetes client is partly annotated, and more so in each release: its calls go
+    through Any so that no version-dependent `type: ignore` is needed (issue 28)."""
+    return obj
+
+
 def configuration(api_server: str = "") -> kubernetes.client.Configuration:
     """The client configuration: an explicit URL, else in-cluster, else kubeconfig."""
     if api_server:
@@ -50,9 +56,9 @@ def configuration(api_server: str = "") -> kubernetes.client.Configuration:
         return conf
     conf = kubernetes.client.Configuration()
     try:
-        kubernetes.config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
+        _untyped(kubernetes.config).load_incluster_config(client_configuration=conf)
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(client_configuration=conf)  # type: ignore[no-untyped-call]
+        _untyped(kubernetes.config).load_kube_config(client_configuration=conf)
     return conf
 
 
@@ -70,7 +76,7 @@ class Kube:
         return cls(api)
 
     def close(self) -> None:
-        self.api.close()  # type: ignore[no-untyped-call]
+        _untyped(self.api).close()
 
     def _call(
         self,
@@ -94,7 +100,7 @@ class Kube:
             resp = self.api.call_api(*req, _request_timeout=self.timeout_s)
         except kubernetes.client.ApiException as exc:
             raise KubeError(int(exc.status or 0), str(exc.reason), str(exc.body)) from exc
-        data = resp.read()  # type: ignore[no-untyped-call]
+        data = _untyped(resp).read()
         doc = json.loads(data) if data else {}
         if resp.status >= 300:
             raise KubeError(resp.status, str(doc.get("reason", "")), str(doc.get("message", "")))

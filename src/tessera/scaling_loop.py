@@ -25,6 +25,7 @@ import asyncio
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tessera import scaling_driver as sd
 from tessera.policies import module_scaling as ms
@@ -42,7 +43,8 @@ def hist_of(histogram: object) -> sig.Hist:
     bounds: list[float] = []
     counts: list[float] = []
     total = sum_s = 0.0
-    for metric in histogram.collect():  # type: ignore[attr-defined]
+    collect: Callable[[], Any] = getattr(histogram, "collect")  # noqa: B009
+    for metric in collect():
         for s in metric.samples:
             if s.name.endswith("_bucket"):
                 bounds.append(float(s.labels["le"]))

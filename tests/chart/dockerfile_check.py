@@ -107,11 +107,13 @@ def _control_plane_builder_problems(all_stages: dict[str, list[Instruction]]) ->
     found = []
     if "torch" in runs.replace("'torch'", "") or "TORCH_INDEX_URL" in runs:
         found.append("the control-plane builder installs torch")
-    if "--no-deps" not in runs or "control-plane.txt" not in runs:
+    if "--no-deps" not in runs or "control-plane.lock" not in runs:
         found.append(
-            "the control-plane builder must install requirements/control-plane.txt and "
+            "the control-plane builder must install requirements/control-plane.lock and "
             "the project with --no-deps"
         )
+    if "--require-hashes" not in runs:
+        found.append("the control-plane builder must install its lock with --require-hashes")
     return found
 
 

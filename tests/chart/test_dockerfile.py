@@ -32,7 +32,8 @@ def test_dockerfile_follows_the_project_rules() -> None:
         (("ARG TORCH_VARIANT=cpu", "ARG TORCH_FLAVOUR=cpu"), "ARG TORCH_VARIANT"),
         (("AS agent\n", "AS gpu-agent\n"), "no stage named agent"),
         (("--no-deps", ""), "the project with --no-deps"),
-        (("control-plane.txt\n", 'control-plane.txt "torch==2.13.0"\n'), "installs torch"),
+        (("control-plane.lock\n", 'control-plane.lock "torch==2.13.0"\n'), "installs torch"),
+        (("--require-hashes --no-deps --no-compile", "--no-compile"), "--require-hashes"),
     ],
 )
 def test_rules_catch_regressions(edit: tuple[str, str], problem: str) -> None:

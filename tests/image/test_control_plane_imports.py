@@ -1,6 +1,6 @@
 """The control-plane image's Python side, without building it: its pins and its imports.
 
-The control-plane image installs requirements/control-plane.txt and then the project with
+The control-plane image installs requirements/control-plane.lock and then the project with
 `--no-deps`, so the operator and the gateway must import nothing outside that list — above
 all no torch and no transformers. A subprocess hides every installed distribution that is not
 pinned there (as if it were absent) and imports the entry points: the `tessera` CLI with its
@@ -113,7 +113,7 @@ def test_pins_are_exact_and_never_torch_or_transformers() -> None:
 def test_pins_are_the_closure_of_the_roots() -> None:
     """Same names as the installed closure: nothing missing for --no-deps, nothing extra."""
     assert set(cpr.pins()) == set(cpr.closure(cpr.roots(), cpr.excluded())), (
-        "requirements/control-plane.txt is stale: run `make control-plane-requirements`"
+        "requirements/control-plane.lock is stale: run `make lock`"
     )
 
 
