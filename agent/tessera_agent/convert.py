@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from tessera.observability import tracing
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import devices
 from tessera_agent.engine import errors, replica, sampling, scheduler, stage, step
@@ -111,6 +112,7 @@ def step_to_proto(inp: step.StepInput) -> pb.StageMessage:
     )
     if inp.hidden is not None:
         msg.hidden.CopyFrom(tensor_to_proto(inp.hidden))
+    tracing.stamp_step(msg)  # tracing on: each sequence's span, for the next stage's
     return pb.StageMessage(step=msg)
 
 

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import grpc
 
+from tessera.observability import tracing
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import convert, grpc_status, hosted, metrics
 from tessera_agent.engine import errors
@@ -47,6 +48,7 @@ async def chunks(
     prompt = list(request.prompt_token_ids)
     n = 0
     outcome = "cancelled"  # unless the stream reaches its end or fails
+    span = tracing.NOOP
     try:
         params = convert.sampling_from_proto(request.params)
         vocab = h.stage.cfg.vocab_size
@@ -56,6 +58,9 @@ async def chunks(
                 f"prompt_token_ids: {bad[0]} is outside the vocabulary [0, {vocab})"
             )
         rid = request.request_id or uuid.uuid4().hex
+        span = tracing.open_span(
+            "tessera.agent.generate", request.trace_parent, rid, replica=request.replica_id
+        )
         gauges.prompt_tokens.labels(request.replica_id).inc(len(prompt))
         # One message per batch of ready events, not one per token.
         gen = h.leader.generate_batches(rid, prompt, params, request.variant)
@@ -71,6 +76,7 @@ async def chunks(
         raise
     finally:
         gauges.requests.labels(request.replica_id, outcome).inc()
+        span.end(outcome=outcome, prompt_tokens=len(prompt), generated_tokens=n)
 
 
 class _Stream:

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import torch
 
+from tessera.observability import tracing
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import convert, grpc_status, hosted, stage_client
 from tessera_agent.engine import cobatch, errors, step
@@ -49,6 +50,16 @@ def check_hello(blocks: Hosting, agent_id: str, hello: pb.StageHello) -> hosted.
 
 
 async def _step(
+    compute: concurrent.futures.Executor,
+    h: hosted.Hosted,
+    msg: pb.StageMessage,
+    downstream: stage_client.RemoteDownstream | None,
+) -> pb.StageResult:
+    with tracing.step(msg.step, h.stage.spec.replica_id, h.stage.spec.stage_index):
+        return await _traced_step(compute, h, msg, downstream)
+
+
+async def _traced_step(
     compute: concurrent.futures.Executor,
     h: hosted.Hosted,
     msg: pb.StageMessage,

@@ -41,6 +41,7 @@ from tessera.gateway import (
     tokenizer,
 )
 from tessera.gateway import variants as gw_variants
+from tessera.observability import tracing
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,8 @@ class _Handlers:
         status = 500
         m.in_flight.inc()
         try:
-            resp, status = await self._serve(request, kind, started)
+            with tracing.span("tessera.gateway.request", endpoint=request.path):
+                resp, status = await self._serve(request, kind, started)
             return resp
         except errors.ApiError as exc:
             status = exc.status

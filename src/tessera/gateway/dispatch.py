@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import grpc
 
 from tessera.gateway import errors, inflight, kv_affinity, metrics, replicas, router
+from tessera.observability import tracing
 from tessera.rpc.v1 import agent_pb2 as pb
 
 
@@ -203,7 +204,8 @@ class Dispatcher:
         ticket = self._router.admit(rid, len(job.prompt_ids), job.max_tokens)
         outstanding = self._metrics.outstanding.labels(rid)  # looked up once, set per chunk
         outstanding.set(self._router.outstanding(rid))
-        call = self._replicas.generate(rid, job.request(rid, attempt))
+        span = tracing.open_span("tessera.gateway.attempt", replica=rid, attempt=attempt)
+        call = self._replicas.generate(rid, span.stamp(job.request(rid, attempt)))
         last, first = self._clock(), not resumed  # a resumed request had its first token
         opening = True  # this attempt's first chunk (its prefill)
         record = inflight.Attempt(job.request_id, rid, job.prompt_ids, job.max_tokens, last)
@@ -259,6 +261,7 @@ class Dispatcher:
             call.cancel()  # no-op once the call ended; frees the agent's pages otherwise
             self._router.release(ticket)
             outstanding.set(self._router.outstanding(rid))
+            span.end(tokens=record.tokens)
 
 
 def _logprobs(ids: tuple[int, ...], msgs: Sequence[pb.TokenLogprobs]) -> tuple[TokenLogprob, ...]:

@@ -331,7 +331,14 @@ class StageHello(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., model_path: _Optional[str] = ...) -> None: ...
 
 class StageStep(_message.Message):
-    __slots__ = ("step_id", "chunks", "hidden", "finished", "hidden_on_link", "hidden_dtype", "result_on_link")
+    __slots__ = ("step_id", "chunks", "hidden", "finished", "hidden_on_link", "hidden_dtype", "result_on_link", "trace_parents")
+    class TraceParentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
@@ -339,6 +346,7 @@ class StageStep(_message.Message):
     HIDDEN_ON_LINK_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_DTYPE_FIELD_NUMBER: _ClassVar[int]
     RESULT_ON_LINK_FIELD_NUMBER: _ClassVar[int]
+    TRACE_PARENTS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     chunks: _containers.RepeatedCompositeFieldContainer[SeqChunk]
     hidden: Tensor
@@ -346,7 +354,8 @@ class StageStep(_message.Message):
     hidden_on_link: bool
     hidden_dtype: str
     result_on_link: bool
-    def __init__(self, step_id: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[SeqChunk, _Mapping]]] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., finished: _Optional[_Iterable[str]] = ..., hidden_on_link: _Optional[bool] = ..., hidden_dtype: _Optional[str] = ..., result_on_link: _Optional[bool] = ...) -> None: ...
+    trace_parents: _containers.ScalarMap[str, str]
+    def __init__(self, step_id: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[SeqChunk, _Mapping]]] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., finished: _Optional[_Iterable[str]] = ..., hidden_on_link: _Optional[bool] = ..., hidden_dtype: _Optional[str] = ..., result_on_link: _Optional[bool] = ..., trace_parents: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class StageMessage(_message.Message):
     __slots__ = ("hello", "step")
@@ -393,18 +402,20 @@ class StageResult(_message.Message):
     def __init__(self, hello: _Optional[_Union[StageHelloReply, _Mapping]] = ..., step: _Optional[_Union[StageStepResult, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("replica_id", "request_id", "prompt_token_ids", "params", "variant")
+    __slots__ = ("replica_id", "request_id", "prompt_token_ids", "params", "variant", "trace_parent")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     VARIANT_FIELD_NUMBER: _ClassVar[int]
+    TRACE_PARENT_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     params: SamplingParams
     variant: str
-    def __init__(self, replica_id: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ..., variant: _Optional[str] = ...) -> None: ...
+    trace_parent: str
+    def __init__(self, replica_id: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[SamplingParams, _Mapping]] = ..., variant: _Optional[str] = ..., trace_parent: _Optional[str] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("token_ids", "finish_reason", "prompt_tokens", "completion_tokens", "logprobs")

@@ -1,0 +1,181 @@
+"""What the control loops did: Prometheus metrics, a trace and a recent-actions list per action.
+
+Every control action (a reconcile pass, a transition and each of its steps, an overload
+drop or restore, a layer-run replication or eviction, a layout switch, a wake) is run
+inside `Recorder.action(loop, action, **attributes)`, which
+- counts it in `tessera_control_actions_total{loop,action,outcome}` and times it in
+  `tessera_control_action_duration_seconds{loop,action}`,
+- stamps `tessera_control_last_action_timestamp_seconds{loop}` (the dashboards'
+  annotations),
+- opens a `tessera.control.<loop>.<action>` span (tracing on: `tracing.py`), nested
+  actions being child spans,
+- and keeps the last `keep` actions for the gateway's status page (`recent()`).
+`condition(...)` sets `tessera_control_condition{deployment,type,status}` (1 for the
+status a condition has now) and `layer_runs(...)` the replicated runs per deployment.
+
+The process's recorder is `current()`: the loops of `tessera up` and of the operator
+report to it, `tessera up`'s gateway serves its metrics on /metrics and its actions on
+the status page. One per process on purpose, as `logging` is; tests make their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from tessera.observability import tracing
+
+LOOPS = ("reconcile", "transition", "overload", "scaling", "switching", "wake")
+_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    """One finished control action, for the status page."""
+
+    loop: str
+    action: str
+    started: float  # unix time
+    seconds: float
+    outcome: str  # "ok" or "error"
+    detail: str = ""  # what it did ("2 loads, 1 unload") or why it failed
+    attributes: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "loop": self.loop,
+            "action": self.action,
+            "started": self.started,
+            "seconds": round(self.seconds, 4),
+            "outcome": self.outcome,
+            "detail": self.detail,
+            "attributes": dict(self.attributes),
+        }
+
+
+class ActionHandle:
+    """What an action's body may add: a note shown on the status page and in its span."""
+
+    def __init__(self) -> None:
+        self.detail = ""
+
+    def note(self, detail: str) -> None:
+        self.detail = detail
+
+
+class Recorder:
+    """Control-loop metrics in a private registry, and the last actions."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.actions = Counter(
+            "tessera_control_actions_total",
+            "Control actions by loop (reconcile, transition, overload, scaling, switching, "
+            "wake), action and outcome (ok, error)",
+            ["loop", "action", "outcome"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "tessera_control_action_duration_seconds",
+            "Duration of control actions (a reconcile pass, a transition, a drop...)",
+            ["loop", "action"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.last = Gauge(
+            "tessera_control_last_action_timestamp_seconds",
+            "Unix time the loop's last action ended",
+            ["loop"],
+            registry=r,
+        )
+        self.conditions = Gauge(
+            "tessera_control_condition",
+            "1 for the status each condition of a deployment has now, 0 for the others",
+            ["deployment", "type", "status"],
+            registry=r,
+        )
+        self.runs = Gauge(
+            "tessera_control_layer_runs",
+            "Replicated layer runs (module scaling) of a deployment, and their extra holders",
+            ["deployment", "what"],
+            registry=r,
+        )
+        self._recent: deque[ActionRecord] = deque(maxlen=keep)
+        self._lock = threading.Lock()  # the operator's loops run on several threads
+
+    @contextlib.contextmanager
+    def action(self, loop: str, action: str, **attributes: Any) -> Iterator[ActionHandle]:
+        """Run one control action inside: counted, timed, traced and remembered."""
+        handle = ActionHandle()
+        started, t0 = time.time(), time.monotonic()
+        outcome = "error"
+        with tracing.span(f"tessera.control.{loop}.{action}", **attributes) as span:
+            try:
+                yield handle
+                outcome = "ok"
+            except BaseException as exc:
+                handle.detail = handle.detail or f"{type(exc).__name__}: {exc}"
+                raise
+            finally:
+                seconds = time.monotonic() - t0
+                if span is not None and handle.detail:
+                    span.set_attribute("tessera.detail", handle.detail)
+                self.actions.labels(loop, action, outcome).inc()
+                self.duration.labels(loop, action).observe(seconds)
+                self.last.labels(loop).set(started + seconds)
+                rec = ActionRecord(
+                    loop,
+                    action,
+                    started,
+                    seconds,
+                    outcome,
+                    handle.detail,
+                    {k: str(v) for k, v in attributes.items()},
+                )
+                with self._lock:
+                    self._recent.append(rec)
+
+    def condition(self, deployment: str, type_: str, status: str) -> None:
+        """Condition `type_` of `deployment` now has `status` ("True", "False", "Unknown")."""
+        for s in ("True", "False", "Unknown"):
+            self.conditions.labels(deployment, type_, s).set(1.0 if s == status else 0.0)
+
+    def layer_runs(self, deployment: str, runs: int, extra_holders: int) -> None:
+        self.runs.labels(deployment, "runs").set(runs)
+        self.runs.labels(deployment, "extra_holders").set(extra_holders)
+
+    def recent(self) -> list[ActionRecord]:
+        """The last actions, oldest first."""
+        with self._lock:
+            return list(self._recent)
+
+    def last_per_loop(self) -> dict[str, ActionRecord]:
+        """Each loop's latest action."""
+        out: dict[str, ActionRecord] = {}
+        for rec in self.recent():
+            out[rec.loop] = rec
+        return out
+
+
+class _Process:
+    recorder: Recorder | None = None
+
+
+def current() -> Recorder:
+    """The process's recorder (made on first use)."""
+    if _Process.recorder is None:
+        _Process.recorder = Recorder()
+    return _Process.recorder
+
+
+def action(loop: str, action_: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
+    """`current().action(...)`: the one-line hook the loops use."""
+    return current().action(loop, action_, **attributes)
