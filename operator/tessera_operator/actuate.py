@@ -13,11 +13,13 @@ conditions. Called by the operator's converge pass, its finalizer and `tessera u
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
 
+from tessera.observability import control
 from tessera.policies import actions, transition
 from tessera.rpc import blocks as rpc_blocks
 from tessera.rpc import transport
@@ -109,6 +111,7 @@ async def execute(
             stuck.add(step.id)
             continue
         a = step.action
+        began = time.monotonic()
         if isinstance(a, actions.Drain):
             if transition.drained(world, a.replica_id):
                 result = Result(a, True, message="idle", step=step.id)
@@ -129,6 +132,7 @@ async def execute(
             done = await _block(a, timeout)
             result = Result(done.action, done.ok, done.code, done.message, step.id)
         results.append(result)
+        control.current().step("transition", type(a).__name__, began, result.ok, a.describe())
         if progress is not None:
             progress(result)
         if not result.ok:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tessera import api, api_semantics, fields, observed, plan, reconcile, routes_doc, variant_spec
 from tessera.cost import model_shape
+from tessera.observability import control
 from tessera.planner import auto as planner_auto
 from tessera.policies import actions as step_actions
 from tessera.policies import links, overload_desired, placement, transition, variant_plan
@@ -158,6 +159,7 @@ class Rollout:
     sourcing: str = "switch"
 
 
+@control.reconcile_pass  # counted, timed and traced (docs/observability.md)
 async def converge(
     dep: api.ServingDeployment,
     model_path: str,
@@ -259,7 +261,8 @@ async def converge(
         out.routes = doc
 
     if apply and t.steps:
-        out.results = await actuate.execute(t, world(obs, published), cut_over, progress)
+        with control.action("transition", t.mode, deployment=prefix, steps=len(t.steps)):
+            out.results = await actuate.execute(t, world(obs, published), cut_over, progress)
         obs = await agents.observe(refs)
         out.observed = obs
     if chosen or (published is not None and published.variants):

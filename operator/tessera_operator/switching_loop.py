@@ -50,6 +50,7 @@ import aiohttp
 import kopf
 
 from tessera import api, fields
+from tessera.observability import control
 from tessera.policies import (
     switching,
     switching_candidates,
@@ -350,3 +351,4 @@ async def tick(
         kopf.info(body, reason=out.event[0], message=out.event[1])
     if out.layout is not None:
         patch["spec"] = {"layout": out.layout}
+        control.current().note("switching", "switch", str(out.event or ""), deployment=dep.name)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tessera import overload_driver
+from tessera.observability import control
 from tessera.policies import drop_plan, overload, overload_steps
 from tessera.rpc.v1 import agent_pb2 as pb
 
@@ -120,7 +121,8 @@ class OverloadLoop:
                 num_layers = len(self.layer_bytes)
                 steps = overload_steps.restore_steps(d.group, self.members, num_layers)
                 try:
-                    rep = await self.driver.run(steps)
+                    with control.action("overload", "restore", replica=head):
+                        rep = await self.driver.run(steps)
                 except overload_driver.DriveError as exc:
                     self._event("Warning", "OverloadRestoreFailed", f"{d.group.members}: {exc}")
                     continue
@@ -153,7 +155,8 @@ class OverloadLoop:
             if not g.changed:
                 continue
             try:
-                rep = await self.driver.run(overload_steps.drop_steps(g, self.members))
+                with control.action("overload", "drop", replicas=",".join(g.members)):
+                    rep = await self.driver.run(overload_steps.drop_steps(g, self.members))
             except overload_driver.DriveError as exc:  # the loop survives; the event says why
                 self._event("Warning", "OverloadDropFailed", f"{g.members}: {exc}")
                 continue

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from tessera.observability import control
 from tessera.policies import module_scaling as ms
 from tessera.policies import run_plan
 from tessera.policies import speedup as sp
@@ -117,9 +118,12 @@ class ScalingDriver:
             self_address=self.origin.address,
             **kw,
         )
-        reply: pb.ScalingOpReply = getattr(self._stub(self.origin.address), kind)(
-            req, timeout=300.0
-        )
+        with control.action(
+            "scaling", kind.removeprefix("Scaling").lower(), replica=self.replica_id
+        ):
+            reply: pb.ScalingOpReply = getattr(self._stub(self.origin.address), kind)(
+                req, timeout=300.0
+            )
         self.applied.append((op, reply))
         return reply
 

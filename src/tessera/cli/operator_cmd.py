@@ -86,6 +86,12 @@ def register(sub: Any) -> None:
         "--liveness", default="", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
     )
     p.add_argument("--api-server", default="", help="Kubernetes API URL (default: in-cluster)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("TESSERA_OPERATOR_METRICS_PORT", "0")),
+        help="serve the control loops' Prometheus /metrics on this port (0: off)",
+    )
     p.add_argument("--verbose", action="store_true", help="debug logging")
     p.add_argument("--debug", action="store_true", help="debug logging (as --verbose)")
     p.add_argument("--quiet", action="store_true", help="warnings only")
@@ -125,6 +131,8 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from tessera.observability import control
+
     level = (
         logging.DEBUG
         if args.verbose or args.debug
@@ -140,6 +148,8 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     from tessera_operator import runner
 
+    if args.metrics_port:  # reconcile passes, transitions, switches (observability.control)
+        control.serve(args.metrics_port)
     logging.getLogger("tessera.operator").info(
         "config: %s",
         json.dumps(

@@ -45,6 +45,7 @@ def register(sub: Any) -> None:
         "--profile", help="cost profile JSON (default: analytic profile of the cluster's GPU)"
     )
     parser.add_argument("--json", action="store_true", help="print the deployment as JSON")
+    parser.add_argument("--svg", help="also draw the layout to this SVG file")
     parser.add_argument("--method", choices=METHODS, default="heuristic")
     parser.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
     parser.set_defaults(func=run_plan)
@@ -127,11 +128,21 @@ def run_plan(args: argparse.Namespace) -> int:
     problems = deployment_check.violations(plan, planning)
     if problems:
         return _fail("planner produced an invalid deployment: " + "; ".join(problems))
+    if getattr(args, "svg", None):
+        _write_svg(args.svg, plan, inputs.model.num_layers)
     if args.json:
         sys.stdout.write(json.dumps(plan.to_json(), indent=2) + "\n")
     else:
         sys.stdout.write(format_plan(plan))
     return 0
+
+
+def _write_svg(path: str, plan: Deployment, num_layers: int) -> None:
+    """The layout picture the gateway's status page draws (docs/observability.md)."""
+    from tessera.observability import layout_svg
+
+    picture = layout_svg.from_deployment(plan, num_layers)
+    Path(path).write_text(layout_svg.render(picture, layout_svg.deployment_shares(plan)))
 
 
 def format_plan(plan: Deployment) -> str:

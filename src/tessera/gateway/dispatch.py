@@ -207,6 +207,7 @@ class Dispatcher:
         span = tracing.open_span("tessera.gateway.attempt", replica=rid, attempt=attempt)
         call = self._replicas.generate(rid, span.stamp(job.request(rid, attempt)))
         last, first = self._clock(), not resumed  # a resumed request had its first token
+        first_at: float | None = None  # when this attempt's first token came
         opening = True  # this attempt's first chunk (its prefill)
         record = inflight.Attempt(job.request_id, rid, job.prompt_ids, job.max_tokens, last)
         record.call = call
@@ -221,8 +222,8 @@ class Dispatcher:
                 if ids:
                     now = self._clock()
                     if first:
-                        self._metrics.ttft.observe(now - job.received_at)
-                        first = False
+                        self._metrics.first_token(job.variant, now - job.received_at)
+                        first, first_at = False, now
                     else:
                         self._metrics.itl.observe((now - last) / len(ids))
                     last = now
@@ -233,6 +234,8 @@ class Dispatcher:
                     self._metrics.generation_tokens.inc(len(ids))
                     self._router.progress(ticket, len(ids))
                     outstanding.set(self._router.outstanding(rid))
+                if reason is not None:
+                    self._metrics.finished(job.variant, first_at, last, len(record.generated))
                 if reason is not None and self._affinity is not None:
                     self._affinity.finished(rid, record.tokens, job.variant)
                 lps = _logprobs(ids, msg.logprobs) if msg.logprobs else ()
@@ -261,7 +264,7 @@ class Dispatcher:
             call.cancel()  # no-op once the call ended; frees the agent's pages otherwise
             self._router.release(ticket)
             outstanding.set(self._router.outstanding(rid))
-            span.end(tokens=record.tokens)
+            span.end(tokens=len(record.generated))
 
 
 def _logprobs(ids: tuple[int, ...], msgs: Sequence[pb.TokenLogprobs]) -> tuple[TokenLogprob, ...]:

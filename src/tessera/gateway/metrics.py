@@ -23,6 +23,7 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+FOUNDATION = "foundation"  # the variant label of requests for the base model
 
 
 class GatewayMetrics:
@@ -77,6 +78,21 @@ class GatewayMetrics:
             buckets=_TOKEN_BUCKETS,
             registry=r,
         )
+        self.variant_ttft = Histogram(
+            "tessera_gateway_variant_time_to_first_token_seconds",
+            'Time to first token by served variant ("foundation": the base model; the '
+            "unlabelled histogram above stays for the scaling loop)",
+            ["variant"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "tessera_gateway_time_per_output_token_seconds",
+            "Per request: (last token - first token) / (tokens - 1), by served variant",
+            ["variant"],
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
         self.e2e = Histogram(
             "tessera_gateway_request_duration_seconds",
             "End-to-end latency of generation requests (successful or not)",
@@ -125,6 +141,15 @@ class GatewayMetrics:
             ["class"],
             registry=r,
         )
+
+    def first_token(self, variant: str, seconds: float) -> None:
+        self.ttft.observe(seconds)
+        self.variant_ttft.labels(variant or FOUNDATION).observe(seconds)
+
+    def finished(self, variant: str, first_at: float | None, last_at: float, tokens: int) -> None:
+        """A request's attempt ended with `tokens` generated: its time per output token."""
+        if first_at is not None and tokens > 1:
+            self.tpot.labels(variant or FOUNDATION).observe((last_at - first_at) / (tokens - 1))
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

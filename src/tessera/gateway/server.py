@@ -35,6 +35,7 @@ from tessera.gateway import (
     replicas,
     router,
     routes,
+    status_page,
     tokenizer,
 )
 from tessera.workload import live_classes
@@ -231,6 +232,7 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
     )
     application = app.build(service, cfg.max_body_bytes)
     admin.install(application, switch, counts)
+    status_page.install(application, service, switch, lambda: route.class_shares)
     runner = web.AppRunner(
         application,
         handler_cancellation=True,  # a client disconnect cancels its agent call

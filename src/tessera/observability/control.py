@@ -11,7 +11,7 @@ inside `Recorder.action(loop, action, **attributes)`, which
   actions being child spans,
 - and keeps the last `keep` actions for the gateway's status page (`recent()`).
 `condition(...)` sets `tessera_control_condition{deployment,type,status}` (1 for the
-status a condition has now) and `layer_runs(...)` the replicated runs per deployment.
+status a condition has now).
 
 The process's recorder is `current()`: the loops of `tessera up` and of the operator
 report to it, `tessera up`'s gateway serves its metrics on /metrics and its actions on
@@ -21,17 +21,19 @@ the status page. One per process on purpose, as `logging` is; tests make their o
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from tessera.observability import tracing
 
+F = TypeVar("F", bound=Callable[..., Any])
 LOOPS = ("reconcile", "transition", "overload", "scaling", "switching", "wake")
 _BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -102,12 +104,14 @@ class Recorder:
             ["deployment", "type", "status"],
             registry=r,
         )
-        self.runs = Gauge(
-            "tessera_control_layer_runs",
-            "Replicated layer runs (module scaling) of a deployment, and their extra holders",
-            ["deployment", "what"],
+        self.reasons = Gauge(
+            "tessera_control_reconcile_reason",
+            "1 for the reason the last reconcile pass of a deployment ended with (Serving, "
+            "Loading, Switching, InsufficientCapacity...), 0 for the reasons it had before",
+            ["deployment", "reason"],
             registry=r,
         )
+        self._reasons: dict[str, set[str]] = {}
         self._recent: deque[ActionRecord] = deque(maxlen=keep)
         self._lock = threading.Lock()  # the operator's loops run on several threads
 
@@ -128,29 +132,63 @@ class Recorder:
                 seconds = time.monotonic() - t0
                 if span is not None and handle.detail:
                     span.set_attribute("tessera.detail", handle.detail)
-                self.actions.labels(loop, action, outcome).inc()
-                self.duration.labels(loop, action).observe(seconds)
-                self.last.labels(loop).set(started + seconds)
-                rec = ActionRecord(
-                    loop,
-                    action,
-                    started,
-                    seconds,
-                    outcome,
-                    handle.detail,
-                    {k: str(v) for k, v in attributes.items()},
-                )
-                with self._lock:
-                    self._recent.append(rec)
+                self._finish(loop, action, started, seconds, outcome, handle.detail, attributes)
+
+    def _finish(
+        self,
+        loop: str,
+        action: str,
+        started: float,
+        seconds: float,
+        outcome: str,
+        detail: str,
+        attributes: dict[str, Any],
+    ) -> None:
+        self.actions.labels(loop, action, outcome).inc()
+        self.duration.labels(loop, action).observe(seconds)
+        self.last.labels(loop).set(started + seconds)
+        rec = ActionRecord(
+            loop,
+            action,
+            started,
+            seconds,
+            outcome,
+            detail,
+            {k: str(v) for k, v in attributes.items()},
+        )
+        with self._lock:
+            self._recent.append(rec)
+
+    def note(self, loop: str, action: str, detail: str = "", **attributes: Any) -> None:
+        """An instantaneous action (a decision written, not run here: a layout switch)."""
+        with self.action(loop, action, **attributes) as handle:
+            handle.note(detail)
+
+    def step(
+        self, loop: str, action: str, began: float, ok: bool, detail: str, **attributes: Any
+    ) -> None:
+        """A step that ran from `began` (`time.monotonic()`) until now: a transition step."""
+        seconds = time.monotonic() - began
+        outcome = "ok" if ok else "error"
+        started = time.time() - seconds
+        if tracing.enabled():
+            h = tracing.open_span(f"tessera.control.{loop}.{action}", **attributes)
+            h.end(detail=detail, outcome=outcome)
+        self._finish(loop, action, started, seconds, outcome, detail, attributes)
+
+    def outcome(self, deployment: str, reason: str) -> None:
+        """A reconcile pass of `deployment` ended with condition reason `reason`."""
+        with self._lock:
+            seen = self._reasons.setdefault(deployment, set())
+            seen.add(reason)
+            for r in seen:
+                self.reasons.labels(deployment, r).set(1.0 if r == reason else 0.0)
+        self.condition(deployment, "Ready", "True" if reason == "Serving" else "False")
 
     def condition(self, deployment: str, type_: str, status: str) -> None:
         """Condition `type_` of `deployment` now has `status` ("True", "False", "Unknown")."""
         for s in ("True", "False", "Unknown"):
             self.conditions.labels(deployment, type_, s).set(1.0 if s == status else 0.0)
-
-    def layer_runs(self, deployment: str, runs: int, extra_holders: int) -> None:
-        self.runs.labels(deployment, "runs").set(runs)
-        self.runs.labels(deployment, "extra_holders").set(extra_holders)
 
     def recent(self) -> list[ActionRecord]:
         """The last actions, oldest first."""
@@ -174,6 +212,28 @@ def current() -> Recorder:
     if _Process.recorder is None:
         _Process.recorder = Recorder()
     return _Process.recorder
+
+
+def reconcile_pass(fn: F) -> F:
+    """Decorator of the converge pass (`converge(dep, ...) -> Outcome`): each call is a
+    `reconcile/pass` action, and its outcome's reason the deployment's reason."""
+
+    @functools.wraps(fn)
+    async def wrapper(dep: Any, *args: Any, **kwargs: Any) -> Any:
+        name = f"{dep.namespace}.{dep.name}"
+        rec = current()
+        with rec.action("reconcile", "pass", deployment=name) as handle:
+            out = await fn(dep, *args, **kwargs)
+            handle.note(f"{out.reason}: {out.message}" if out.message else out.reason)
+        rec.outcome(name, out.reason)
+        return out
+
+    return cast(F, wrapper)
+
+
+def serve(port: int, host: str = "0.0.0.0") -> None:
+    """Serve the process recorder's metrics on /metrics (a daemon thread): the operator."""
+    start_http_server(port, addr=host, registry=current().registry)
 
 
 def action(loop: str, action_: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
