@@ -330,24 +330,30 @@ def install(
     status = StatusPage(service, switch, shares, rec)
     service.metrics.registry.register(_Forward(rec))
 
-    def guard(request: web.Request) -> None:
-        if not _authorized(service.api_keys, request):
-            raise web.HTTPUnauthorized(
-                headers={"WWW-Authenticate": 'Basic realm="tessera status"'},
-                text="an API key is needed (Bearer, or Basic with the key as password)\n",
-            )
+    def denied(request: web.Request) -> web.Response | None:
+        """401 asking for Basic (a browser prompts) unless the request carries a key."""
+        if _authorized(service.api_keys, request):
+            return None
+        return web.Response(
+            status=401,
+            headers={"WWW-Authenticate": 'Basic realm="tessera status"'},
+            text="an API key is needed (Bearer, or Basic with the key as password)\n",
+        )
 
     async def html_page(request: web.Request) -> web.StreamResponse:
-        guard(request)
+        if (no := denied(request)) is not None:
+            return no
         body = page(await status.snapshot(), service.model_name)
         return web.Response(text=body, content_type="text/html")
 
     async def picture(request: web.Request) -> web.StreamResponse:
-        guard(request)
+        if (no := denied(request)) is not None:
+            return no
         return web.Response(text=svg(await status.snapshot()), content_type="image/svg+xml")
 
     async def as_json(request: web.Request) -> web.StreamResponse:
-        guard(request)
+        if (no := denied(request)) is not None:
+            return no
         return web.json_response(to_json(await status.snapshot()))
 
     application.router.add_get("/status", html_page)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import os
 import sys
 from collections import OrderedDict
@@ -54,7 +55,12 @@ def _tracer() -> Any:
     """The tracer, configuring the OTLP exporter on first use when `TESSERA_TRACING` is on."""
     if not _STATE.checked:
         _STATE.checked = True
-        if env_flags.strict(ENV, False):
+        try:
+            on = env_flags.strict(ENV, False)
+        except ValueError as exc:  # never fail a request over it: say so once, stay off
+            logging.getLogger(__name__).warning("tracing stays off: %s", exc)
+            on = False
+        if on:
             _STATE.tracer = _otlp_tracer()
     return _STATE.tracer
 
