@@ -48,7 +48,7 @@ async def chunks(
     prompt = list(request.prompt_token_ids)
     n = 0
     outcome = "cancelled"  # unless the stream reaches its end or fails
-    span = tracing.NOOP
+    span = first = tracing.NOOP  # tracing on: the request's span, its queue + prefill
     try:
         params = convert.sampling_from_proto(request.params)
         vocab = h.stage.cfg.vocab_size
@@ -61,11 +61,13 @@ async def chunks(
         span = tracing.open_span(
             "tessera.agent.generate", request.trace_parent, rid, replica=request.replica_id
         )
+        first = span.child("tessera.agent.queue_prefill")
         gauges.prompt_tokens.labels(request.replica_id).inc(len(prompt))
         # One message per batch of ready events, not one per token.
         gen = h.leader.generate_batches(rid, prompt, params, request.variant)
         generated = gauges.generated_tokens.labels(request.replica_id)
         async for batch in gen:
+            first.end()  # the first tokens came: queue and prefill are over (then a no-op)
             new = sum(ev.token is not None for ev in batch)
             n += new
             generated.inc(new)
@@ -76,6 +78,7 @@ async def chunks(
         raise
     finally:
         gauges.requests.labels(request.replica_id, outcome).inc()
+        first.end()
         span.end(outcome=outcome, prompt_tokens=len(prompt), generated_tokens=n)
 
 

@@ -112,11 +112,57 @@ async def test_a_pipelined_request_is_one_trace_across_gateway_and_stages(
         assert attempt.parent.span_id == req.context.span_id
         assert gen.parent.span_id == attempt.context.span_id
         assert all(st.parent.span_id == gen.context.span_id for st in steps)
+        (prefill,) = by_name["tessera.agent.queue_prefill"]
+        assert prefill.parent.span_id == gen.context.span_id
+        assert prefill.end_time <= gen.end_time
         assert {st.attributes["tessera.stage"] for st in steps} == {1}
         kinds = [st.attributes["tessera.kind"] for st in steps]
         assert kinds[0] == "prefill" and kinds.count("decode") >= 2, kinds
         assert gen.attributes["tessera.generated_tokens"] == 4
         assert attempt.attributes["tessera.replica"] == "two"
+
+
+async def test_a_transition_is_one_trace_of_its_pass_and_steps(
+    spans: InMemorySpanExporter, tiny_llama: Path
+) -> None:
+    """Two converge passes over in-process agents: load 2 whole replicas, then move to
+    1 whole + a 2-stage pipeline; the second pass's transition and its steps are spans
+    under its reconcile pass."""
+    from tessera import api
+    from tessera.cli import bench_relayout
+    from tessera_operator import agents, converge
+
+    started = [await _agent("agent-0"), await _agent("agent-1")]
+    refs = [agents.AgentRef(f"agent-{i}", a) for i, (_, _, a) in enumerate(started)]
+    try:
+        first = await converge.converge(
+            api.parse(bench_relayout.manifest(tiny_llama, 0)), str(tiny_llama), refs
+        )
+        assert first.reason == "Serving", first.message
+        spans.clear()
+        await converge.converge(
+            api.parse(bench_relayout.manifest(tiny_llama, 1)),
+            str(tiny_llama),
+            refs,
+            published=first.routes,
+        )
+    finally:
+        for srv, svc, _ in started:
+            await svc.close()
+            await srv.stop(grace=None)
+    got = spans.get_finished_spans()
+    (passes,) = [sp for sp in got if sp.name == "tessera.control.reconcile.pass"]
+    moves = [sp for sp in got if sp.name.startswith("tessera.control.transition.")]
+    (top,) = [
+        sp for sp in moves if sp.parent is not None and sp.parent.span_id == passes.context.span_id
+    ]
+    steps = [sp for sp in moves if sp is not top]
+    assert steps and all(sp.parent.span_id == top.context.span_id for sp in steps)
+    assert {sp.context.trace_id for sp in [top, *steps]} == {passes.context.trace_id}
+    assert "tessera.control.transition.LoadBlock" in {sp.name for sp in steps}, [
+        sp.name for sp in steps
+    ]
+    assert passes.attributes["tessera.deployment"] == "default.tiny"
 
 
 def test_a_control_action_is_a_trace_with_its_steps(spans: InMemorySpanExporter) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from tessera import kv_move, routes_doc
 from tessera.gateway import config, inflight, metrics, replicas, routes, stage_chain
+from tessera.observability import tracing
 from tessera.policies import drain
 
 log = logging.getLogger(__name__)
@@ -225,7 +226,13 @@ class Cutover:
             state = self._replicas.states().get(target)
             dst = None if state is None else await self._layout(target, state.endpoint.address)
             if src is not None and dst is not None:
-                moved = await self._move_prefix(tokens, src.stages, dst.stages)
+                with tracing.remote_span(
+                    attempt.trace_parent,
+                    "tessera.gateway.kv_move",
+                    target=target,
+                    tokens=len(tokens),
+                ):
+                    moved = await self._move_prefix(tokens, src.stages, dst.stages)
                 if moved.tokens:
                     outcome = "moved"
         except kv_move.MoveError as exc:

@@ -211,6 +211,7 @@ class Dispatcher:
         opening = True  # this attempt's first chunk (its prefill)
         record = inflight.Attempt(job.request_id, rid, job.prompt_ids, job.max_tokens, last)
         record.call = call
+        record.trace_parent = span.traceparent()
         self.inflight.add(record)
         try:
             async for msg in call:

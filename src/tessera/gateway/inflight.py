@@ -29,6 +29,7 @@ class Attempt:
     call: Any = None  # the grpc.aio call, cancelled by `redirect`
     moving: bool = False  # a move was decided; the cut-over owns it now
     target: str | None = None  # set by `redirect`: continue there
+    trace_parent: str = ""  # the attempt's span (tracing on): a KV move joins its trace
 
     @property
     def tokens(self) -> tuple[int, ...]:

@@ -157,6 +157,12 @@ class SpanHandle:
             request.trace_parent = self.traceparent()
         return request
 
+    def child(self, name: str, **attributes: Any) -> SpanHandle:
+        """A child span of this one (the no-op handle when this one is)."""
+        if self._span is None:
+            return NOOP
+        return open_span(name, self.traceparent(), **attributes)
+
     def event(self, name: str, **attributes: Any) -> None:
         if self._span is not None:
             self._span.add_event(name, attributes=_clean(attributes))
