@@ -71,6 +71,7 @@ async def chunks(
             new = sum(ev.token is not None for ev in batch)
             n += new
             generated.inc(new)
+            span.event("tokens", count=new, total=n)  # a step's tokens (tracing on)
             outcome = batch[-1].finish_reason or outcome
             yield convert.chunk_from_events(batch, len(prompt), n)
     except errors.EngineError as exc:
