@@ -174,6 +174,7 @@ async def test_status_page_needs_a_key_when_keys_are_on_and_serves_control_metri
         config.ReplicaEndpoint("ns.d.r0.g1", helpers.dead_address()),
         api_keys_file=str(keys),
     )
+    gw.set_class_shares({"chat": {"ns.d.r0.g1": 1.0}})
     try:
         async with aiohttp.ClientSession() as s:
             async with s.get(gw.url + "/status") as r:
@@ -188,11 +189,13 @@ async def test_status_page_needs_a_key_when_keys_are_on_and_serves_control_metri
                 page = await r.text()
             assert '<tr data-replica="ns.d.r0.g1">' in page and "unreachable" in page
             assert 'http-equiv="refresh"' in page
+            assert '<tr data-class="chat"><td>chat</td><td>ns.d.r0.g1: 100%</td></tr>' in page
             bearer = {"Authorization": "Bearer sk-status"}
             async with s.get(gw.url + "/admin/v1/status", headers=bearer) as r:
                 doc = await r.json()
             assert doc["replicas"]["ns.d.r0.g1"]["ready"] is False
             assert doc["agents"][0]["reachable"] is False
+            assert doc["classShares"] == {"chat": {"ns.d.r0.g1": 1.0}}
             async with s.get(gw.url + "/status/layout.svg", headers=bearer) as r:
                 assert r.content_type == "image/svg+xml"
                 ET.fromstring(await r.text())

@@ -199,9 +199,18 @@ def test_status_page_in_chromium_shows_every_replica_and_stage_during_a_relayout
     artifacts.mkdir(parents=True, exist_ok=True)
     page = f"{live.url}/status"
 
+    doms: list[str] = []
+
     def shoot(i: int) -> Path:
+        """A screenshot, and the DOM of the same load, checked for consistency: every
+        replica the table lists (routed or not) has stage boxes in the picture, and every
+        replica drawn has a row."""
         path = artifacts / f"status-{i:02d}.png"
-        _chromium([f"--screenshot={path}", "--window-size=1280,1400", page])
+        dom = _chromium([f"--screenshot={path}", "--window-size=1280,1400", "--dump-dom", page])
+        rows = set(re.findall(r'<tr data-replica="([^"]+)"', dom))
+        drawn = set(re.findall(r'class="stage" data-replica="([^"]+)"', dom))
+        assert rows == drawn, (i, rows, drawn)
+        doms.append(dom)
         return path
 
     def check_dom(status: dict[str, Any]) -> None:
@@ -227,4 +236,8 @@ def test_status_page_in_chromium_shows_every_replica_and_stage_during_a_relayout
     pipeline = [r for r in moved["replicas"] if sum(1 for x in _stages(moved) if x[0] == r) == 2]
     assert len(pipeline) == 1, moved
     assert all(p.stat().st_size > 10_000 for p in shots), shots
+    leaving_seen = sum('data-leaving="1"' in d for d in doms)
+    (artifacts / "shots.txt").write_text(
+        f"{len(shots)} screenshots; {leaving_seen} show a replica not routed (mid-transition)\n"
+    )
     (artifacts / "status.json").write_text(json.dumps(moved, indent=2))
