@@ -33,7 +33,7 @@ from tessera.cli import bench_relayout
 from tessera.observability import control, dashboards
 from tests.observability import promql
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: two agents + tessera up, both cores
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), "")
 
 

@@ -28,7 +28,7 @@ from opentelemetry.proto.collector.trace.v1 import (
     trace_service_pb2_grpc,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: two agents + tessera up, both cores
 
 
 class _Collector(trace_service_pb2_grpc.TraceServiceServicer):
