@@ -15,7 +15,6 @@ report (`from_observed`: the gateway's status page, `tessera.gateway.status_page
 from __future__ import annotations
 
 import html
-import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -174,9 +173,10 @@ def _finish(
     return Layout(max(1, layers), tuple(boxes), tuple(seen), title)
 
 
-def colour(replica: str) -> str:
-    """A replica's colour, stable across pages and runs."""
-    return PALETTE[zlib.crc32(replica.encode()) % len(PALETTE)]
+def colours(replicas: Iterable[str]) -> dict[str, str]:
+    """A colour per replica, distinct for up to ten, in sorted order (so a page keeps them
+    while its replicas stay)."""
+    return {r: PALETTE[i % len(PALETTE)] for i, r in enumerate(sorted(set(replicas)))}
 
 
 def render(layout: Layout, shares: Mapping[str, Mapping[str, float]] | None = None) -> str:
@@ -184,6 +184,7 @@ def render(layout: Layout, shares: Mapping[str, Mapping[str, float]] | None = No
     layer_w = min(LAYER_W_MAX, (WIDTH - LEFT - RIGHT) / layout.num_layers)
     width = LEFT + layer_w * layout.num_layers + RIGHT
     replicas = sorted({b.replica for b in layout.boxes})
+    fill = colours(replicas)
     legend_h = 22 * len(replicas) + 30
     lane_of, lanes = layout.lanes()
     row_y: dict[tuple[str, str], int] = {}
@@ -218,7 +219,9 @@ def render(layout: Layout, shares: Mapping[str, Mapping[str, float]] | None = No
             f"{_e(agent)} / {_e(device)}</text>"
         )
     for i, b in enumerate(layout.boxes):
-        out.append(_box(b, row_y[(b.agent, b.device)] + ROW_H * lane_of[i], layer_w))
+        out.append(
+            _box(b, row_y[(b.agent, b.device)] + ROW_H * lane_of[i], layer_w, fill[b.replica])
+        )
     y = TOP + rows_h + 16
     for r in replicas:
         share = ""
@@ -226,7 +229,7 @@ def render(layout: Layout, shares: Mapping[str, Mapping[str, float]] | None = No
             parts = [f"{c} {s[r]:.0%}" for c, s in sorted(shares.items()) if r in s]
             share = f" — class shares: {', '.join(parts)}" if parts else ""
         out.append(
-            f'<rect x="8" y="{y - 11}" width="14" height="14" fill="{colour(r)}"/>'
+            f'<rect x="8" y="{y - 11}" width="14" height="14" fill="{fill[r]}"/>'
             f'<text x="28" y="{y}" data-legend="{_e(r)}">{_e(r)}{_e(share)}</text>'
         )
         y += 22
@@ -239,7 +242,7 @@ def render(layout: Layout, shares: Mapping[str, Mapping[str, float]] | None = No
     return "\n".join(out)
 
 
-def _box(b: StageBox, y: int, layer_w: float) -> str:
+def _box(b: StageBox, y: int, layer_w: float, colour: str) -> str:
     x = LEFT + b.start * layer_w
     w = max(2.0, (b.end - b.start) * layer_w - 2)
     label = f"{b.replica} s{b.stage}" + (f" tp{b.tp_rank}/{b.tp}" if b.tp > 1 else "")
@@ -250,7 +253,7 @@ def _box(b: StageBox, y: int, layer_w: float) -> str:
         f'data-shared="{int(b.shared)}" data-leaving="{int(b.leaving)}">',
         f"<title>{_e(label)}: layers {b.start}-{b.end} on {_e(b.agent)}/{_e(b.device)}</title>",
         f'<rect x="{x + 1:.1f}" y="{y}" width="{w:.1f}" height="{BOX_H}" rx="4" '
-        f'fill="{colour(b.replica)}" stroke="#333"{dash}/>',
+        f'fill="{colour}" stroke="#333"{dash}/>',
     ]
     if b.shared:
         parts.append(
