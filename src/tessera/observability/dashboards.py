@@ -19,152 +19,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-SCHEMA_VERSION = 39
-TARGET_LABELS = ("job", "instance", "namespace", "pod", "service")  # added by Prometheus
-REPLICA = 'replica=~"$deployment.*"'
+from tessera.observability import dashboard_model as m
 
-
-def _q(expr: str, legend: str, ref: str = "A") -> dict[str, Any]:
-    return {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend, "refId": ref}
-
-
-def _panel(
-    pid: int,
-    title: str,
-    targets: list[tuple[str, str]],
-    x: int,
-    y: int,
-    unit: str = "short",
-    kind: str = "timeseries",
-    w: int = 12,
-    h: int = 8,
-    description: str = "",
-) -> dict[str, Any]:
-    return {
-        "id": pid,
-        "type": kind,
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "gridPos": {"x": x, "y": y, "w": w, "h": h},
-        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-        "options": {"legend": {"displayMode": "table", "placement": "bottom"}},
-        "targets": [_q(e, leg, chr(ord("A") + i)) for i, (e, leg) in enumerate(targets)],
-    }
-
-
-def _variables(deployment: bool) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [
-        {
-            "name": "datasource",
-            "type": "datasource",
-            "query": "prometheus",
-            "label": "Prometheus",
-        },
-        {
-            "name": "job",
-            "type": "query",
-            "label": "gateway (one per deployment)",
-            "datasource": DATASOURCE,
-            "query": {"query": "label_values(tessera_gateway_requests_total, job)", "refId": "V"},
-            "definition": "label_values(tessera_gateway_requests_total, job)",
-            "includeAll": True,
-            "multi": True,
-            "refresh": 2,
-        },
-    ]
-    if deployment:
-        out.append(
-            {
-                "name": "deployment",
-                "type": "query",
-                "label": "deployment (namespace.name)",
-                "datasource": DATASOURCE,
-                "query": {
-                    "query": "label_values(tessera_agent_kv_pages_total, replica)",
-                    "refId": "V",
-                },
-                "definition": "label_values(tessera_agent_kv_pages_total, replica)",
-                "regex": "/^([^.]+\\.[^.]+)\\..*/",
-                "includeAll": True,
-                "allValue": ".*",
-                "refresh": 2,
-            }
-        )
-    return out
-
-
-def _annotations() -> list[dict[str, Any]]:
-    """One annotation stream per control loop: a mark wherever the loop acted."""
-    out: list[dict[str, Any]] = [
-        {
-            "builtIn": 1,
-            "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-            "enable": True,
-            "hide": True,
-            "iconColor": "rgba(0, 211, 255, 1)",
-            "name": "Annotations & Alerts",
-            "type": "dashboard",
-        }
-    ]
-    colours = {
-        "transition": "blue",
-        "overload": "red",
-        "scaling": "purple",
-        "switching": "orange",
-        "wake": "green",
-    }
-    for loop, colour in colours.items():
-        out.append(
-            {
-                "name": f"{loop} actions",
-                "datasource": DATASOURCE,
-                "enable": True,
-                "iconColor": colour,
-                "expr": f'changes(tessera_control_last_action_timestamp_seconds{{loop="{loop}"}}'
-                "[1m]) > 0",
-                "step": "30s",
-                "titleFormat": f"{loop}",
-                "textFormat": "{{loop}} action",
-            }
-        )
-    return out
-
-
-def _dashboard(
-    uid: str, title: str, panels: list[dict[str, Any]], deployment: bool
-) -> dict[str, Any]:
-    return {
-        "uid": uid,
-        "title": title,
-        "tags": ["tessera"],
-        "timezone": "browser",
-        "schemaVersion": SCHEMA_VERSION,
-        "version": 1,
-        "editable": True,
-        "refresh": "10s",
-        "time": {"from": "now-1h", "to": "now"},
-        "templating": {"list": _variables(deployment)},
-        "annotations": {"list": _annotations()},
-        "panels": panels,
-    }
-
-
-def _quantiles(metric: str, by: str, where: str = 'job=~"$job"') -> list[tuple[str, str]]:
-    return [
-        (
-            f"histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{{{where}}}[5m])))",
-            f"p{int(q * 100)} {{{{{by.replace(', ', '}} {{')}}}}}",
-        )
-        for q in (0.5, 0.9, 0.99)
-    ]
+TARGET_LABELS = m.TARGET_LABELS
 
 
 def serving() -> dict[str, Any]:
     j = 'job=~"$job"'
     panels = [
-        _panel(
+        m.panel(
             1,
             "Request rate by endpoint and status",
             [
@@ -178,7 +41,7 @@ def serving() -> dict[str, Any]:
             0,
             "reqps",
         ),
-        _panel(
+        m.panel(
             2,
             "Errors by code (HTTP status >= 400, and retried gRPC codes)",
             [
@@ -196,56 +59,56 @@ def serving() -> dict[str, Any]:
             0,
             "reqps",
         ),
-        _panel(
+        m.panel(
             3,
             "TTFT percentiles per deployment",
-            _quantiles("tessera_gateway_time_to_first_token_seconds", "job"),
+            m.quantiles("tessera_gateway_time_to_first_token_seconds", "job"),
             0,
             8,
             "s",
         ),
-        _panel(
+        m.panel(
             4,
             "TTFT percentiles per variant",
-            _quantiles("tessera_gateway_variant_time_to_first_token_seconds", "job, variant"),
+            m.quantiles("tessera_gateway_variant_time_to_first_token_seconds", "job, variant"),
             12,
             8,
             "s",
         ),
-        _panel(
+        m.panel(
             5,
             "TPOT percentiles per variant",
-            _quantiles("tessera_gateway_time_per_output_token_seconds", "job, variant"),
+            m.quantiles("tessera_gateway_time_per_output_token_seconds", "job, variant"),
             0,
             16,
             "s",
         ),
-        _panel(
+        m.panel(
             6,
             "Inter-token latency percentiles per deployment",
-            _quantiles("tessera_gateway_inter_token_latency_seconds", "job"),
+            m.quantiles("tessera_gateway_inter_token_latency_seconds", "job"),
             12,
             16,
             "s",
         ),
-        _panel(
+        m.panel(
             7,
             "Queue: in flight at the gateway, waiting and running at the replicas",
             [
                 (f"sum by (job) (tessera_gateway_in_flight_requests{{{j}}})", "in flight {{job}}"),
                 (
-                    f"sum by (replica) (tessera_agent_waiting_sequences{{{REPLICA}}})",
+                    f"sum by (replica) (tessera_agent_waiting_sequences{{{m.REPLICA}}})",
                     "waiting {{replica}}",
                 ),
                 (
-                    f"sum by (replica) (tessera_agent_running_sequences{{{REPLICA}}})",
+                    f"sum by (replica) (tessera_agent_running_sequences{{{m.REPLICA}}})",
                     "running {{replica}}",
                 ),
             ],
             0,
             24,
         ),
-        _panel(
+        m.panel(
             8,
             "Tokens per second",
             [
@@ -261,7 +124,7 @@ def serving() -> dict[str, Any]:
             12,
             24,
         ),
-        _panel(
+        m.panel(
             9,
             "Routing: attempts per replica and policy",
             [
@@ -275,7 +138,7 @@ def serving() -> dict[str, Any]:
             32,
             "reqps",
         ),
-        _panel(
+        m.panel(
             10,
             "Replicas ready",
             [(f"tessera_gateway_replica_ready{{{j}}}", "{{replica}}")],
@@ -283,28 +146,28 @@ def serving() -> dict[str, Any]:
             32,
         ),
     ]
-    return _dashboard("tessera-serving", "Tessera / Serving", panels, True)
+    return m.dashboard("tessera-serving", "Tessera / Serving", panels, True)
 
 
 def capacity() -> dict[str, Any]:
     panels = [
-        _panel(
+        m.panel(
             1,
             "KV pages used per replica",
             [
-                (f"tessera_agent_kv_pages_used{{{REPLICA}}}", "used {{replica}}"),
-                (f"tessera_agent_kv_pages_total{{{REPLICA}}}", "total {{replica}}"),
+                (f"tessera_agent_kv_pages_used{{{m.REPLICA}}}", "used {{replica}}"),
+                (f"tessera_agent_kv_pages_total{{{m.REPLICA}}}", "total {{replica}}"),
             ],
             0,
             0,
         ),
-        _panel(
+        m.panel(
             2,
             "KV use per replica (share of its pages)",
             [
                 (
-                    f"tessera_agent_kv_pages_used{{{REPLICA}}}"
-                    f" / tessera_agent_kv_pages_total{{{REPLICA}}}",
+                    f"tessera_agent_kv_pages_used{{{m.REPLICA}}}"
+                    f" / tessera_agent_kv_pages_total{{{m.REPLICA}}}",
                     "{{replica}}",
                 )
             ],
@@ -312,7 +175,7 @@ def capacity() -> dict[str, Any]:
             0,
             "percentunit",
         ),
-        _panel(
+        m.panel(
             3,
             "Memory used per device",
             [
@@ -325,7 +188,7 @@ def capacity() -> dict[str, Any]:
             8,
             "bytes",
         ),
-        _panel(
+        m.panel(
             4,
             "Memory per device: capacity and free",
             [
@@ -336,20 +199,20 @@ def capacity() -> dict[str, Any]:
             8,
             "bytes",
         ),
-        _panel(
+        m.panel(
             5,
             "Blocks per agent",
             [("count by (instance) (tessera_agent_block_param_bytes)", "{{instance}}")],
             0,
             16,
         ),
-        _panel(
+        m.panel(
             6,
             "Block bytes per replica stage (parameters + KV pool)",
             [
                 (
-                    f"sum by (replica, stage) (tessera_agent_block_param_bytes{{{REPLICA}}} + "
-                    f"tessera_agent_block_kv_bytes{{{REPLICA}}})",
+                    f"sum by (replica, stage) (tessera_agent_block_param_bytes{{{m.REPLICA}}} + "
+                    f"tessera_agent_block_kv_bytes{{{m.REPLICA}}})",
                     "{{replica}} s{{stage}}",
                 )
             ],
@@ -357,28 +220,28 @@ def capacity() -> dict[str, Any]:
             16,
             "bytes",
         ),
-        _panel(
+        m.panel(
             7,
             "Prefix cache: hit tokens per second, cached pages",
             [
                 (
-                    f"rate(tessera_agent_prefix_cache_hit_tokens_total{{{REPLICA}}}[5m])",
+                    f"rate(tessera_agent_prefix_cache_hit_tokens_total{{{m.REPLICA}}}[5m])",
                     "hits {{replica}}",
                 ),
-                (f"tessera_agent_prefix_cache_pages{{{REPLICA}}}", "pages {{replica}}"),
+                (f"tessera_agent_prefix_cache_pages{{{m.REPLICA}}}", "pages {{replica}}"),
             ],
             0,
             24,
         ),
-        _panel(
+        m.panel(
             8,
             "Preemptions per second",
-            [(f"rate(tessera_agent_preemptions_total{{{REPLICA}}}[5m])", "{{replica}}")],
+            [(f"rate(tessera_agent_preemptions_total{{{m.REPLICA}}}[5m])", "{{replica}}")],
             12,
             24,
         ),
     ]
-    return _dashboard("tessera-capacity", "Tessera / Capacity", panels, True)
+    return m.dashboard("tessera-capacity", "Tessera / Capacity", panels, True)
 
 
 def _actions(loop: str) -> list[tuple[str, str]]:
@@ -393,7 +256,7 @@ def _actions(loop: str) -> list[tuple[str, str]]:
 
 def elasticity() -> dict[str, Any]:
     panels = [
-        _panel(
+        m.panel(
             1,
             "Transitions and their steps (per 5 min)",
             _actions("transition"),
@@ -401,7 +264,7 @@ def elasticity() -> dict[str, Any]:
             0,
             kind="timeseries",
         ),
-        _panel(
+        m.panel(
             2,
             "Transition duration p50 / p99",
             [
@@ -416,11 +279,11 @@ def elasticity() -> dict[str, Any]:
             0,
             "s",
         ),
-        _panel(3, "Overload drops and restores (per 5 min)", _actions("overload"), 0, 8),
-        _panel(4, "Layer runs replicated and evicted (per 5 min)", _actions("scaling"), 12, 8),
-        _panel(5, "Layout switches (per 5 min)", _actions("switching"), 0, 16),
-        _panel(6, "Wakes (per 5 min)", _actions("wake"), 12, 16),
-        _panel(
+        m.panel(3, "Overload drops and restores (per 5 min)", _actions("overload"), 0, 8),
+        m.panel(4, "Layer runs replicated and evicted (per 5 min)", _actions("scaling"), 12, 8),
+        m.panel(5, "Layout switches (per 5 min)", _actions("switching"), 0, 16),
+        m.panel(6, "Wakes (per 5 min)", _actions("wake"), 12, 16),
+        m.panel(
             7,
             "Cut-over requests on leaving replicas, by outcome",
             [
@@ -437,7 +300,7 @@ def elasticity() -> dict[str, Any]:
             0,
             24,
         ),
-        _panel(
+        m.panel(
             8,
             "Routes version (plan generation) served",
             [('tessera_gateway_routes_version{job=~"$job"}', "{{job}}")],
@@ -445,12 +308,12 @@ def elasticity() -> dict[str, Any]:
             24,
         ),
     ]
-    return _dashboard("tessera-elasticity", "Tessera / Elasticity", panels, False)
+    return m.dashboard("tessera-elasticity", "Tessera / Elasticity", panels, False)
 
 
 def control_plane() -> dict[str, Any]:
     panels = [
-        _panel(
+        m.panel(
             1,
             "Reconcile passes per minute, by outcome",
             [
@@ -463,7 +326,7 @@ def control_plane() -> dict[str, Any]:
             0,
             0,
         ),
-        _panel(
+        m.panel(
             2,
             "Reconcile pass latency",
             [
@@ -478,7 +341,7 @@ def control_plane() -> dict[str, Any]:
             0,
             "s",
         ),
-        _panel(
+        m.panel(
             3,
             "Conditions (1 = the status the condition has now)",
             [("tessera_control_condition == 1", "{{deployment}} {{type}}={{status}}")],
@@ -486,7 +349,7 @@ def control_plane() -> dict[str, Any]:
             8,
             kind="table",
         ),
-        _panel(
+        m.panel(
             4,
             "Reason of each deployment's last pass",
             [("tessera_control_reconcile_reason == 1", "{{deployment}}: {{reason}}")],
@@ -494,7 +357,7 @@ def control_plane() -> dict[str, Any]:
             8,
             kind="table",
         ),
-        _panel(
+        m.panel(
             5,
             "Seconds since each loop last acted",
             [("time() - tessera_control_last_action_timestamp_seconds", "{{loop}}")],
@@ -502,7 +365,7 @@ def control_plane() -> dict[str, Any]:
             16,
             "s",
         ),
-        _panel(
+        m.panel(
             6,
             "Control actions that failed (per 5 min)",
             [
@@ -516,7 +379,7 @@ def control_plane() -> dict[str, Any]:
             16,
         ),
     ]
-    return _dashboard("tessera-control-plane", "Tessera / Control plane", panels, False)
+    return m.dashboard("tessera-control-plane", "Tessera / Control plane", panels, False)
 
 
 ALL = {
