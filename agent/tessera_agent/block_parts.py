@@ -86,8 +86,21 @@ class Part:
 
     @property
     def param_bytes(self) -> int:
-        """Bytes of the parameters this part serves with."""
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        """Bytes of the parameters this part serves with (its layers, and the embedding or
+        the final norm and head when it holds them; not the unused copies it carries)."""
+        used: list[Any] = [self.model.model.layers]
+        if self.first:
+            used.append(self.model.model.embed_tokens)
+        if self.last:
+            used += [self.model.model.norm, self.model.lm_head]
+        seen: set[int] = set()
+        total = 0
+        for module in used:
+            for p in module.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    total += p.numel() * p.element_size()
+        return total
 
 
 def cut(model: Any, bounds: Sequence[int]) -> list[Part]:

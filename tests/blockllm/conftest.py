@@ -18,3 +18,16 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Any:
     path: Path = tmp_path_factory.mktemp("spec") / "tiny"
     tc.make_tiny(path, tc.TinySpec(layers=6, hidden=64, heads=4, kv_heads=2, vocab=512))
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def family(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny two-width family, trained briefly (80 steps each)."""
+    import torch
+
+    from tessera_agent import tiny_family
+
+    torch.set_num_threads(1)
+    out: Path = tmp_path_factory.mktemp("family")
+    tiny_family.make_family(out, steps=80)
+    return out
