@@ -14,8 +14,9 @@ distillation (KL to the large model's next-token distribution through its frozen
 moving from the shallowest point to the deepest, as the paper does. `measure` scores it
 on held-out sequences against the large model alone: the LM head cosine of the two
 next-token distributions (Table 3's measure) and top-1 agreement. `save`/`load` keep it
-in the zoo folder, content-addressed by the two checkpoints' digests, with its quality.
-Callers: `tessera model stitch`, `tessera bench stitch`, tests.
+in the zoo folder, content-addressed by the two checkpoints' digests, with its quality;
+`StitchedChain.from_zoo` is a chain opting in to serve through it. Callers: `tessera model
+stitch`, `tessera bench stitch`, tests.
 """
 
 from __future__ import annotations
@@ -217,10 +218,36 @@ def load(folder: Path) -> tuple[Stitch, dict[str, Any]]:
 class StitchedChain:
     """Small front `[0, i)` -> stitch -> large tail `[j, L)`, each part with its KV cache."""
 
-    def __init__(self, small: Any, large: Any, st: Stitch, point: Point) -> None:
+    def __init__(
+        self, small: Any, large: Any, st: Stitch, point: Point, quality: Quality | None = None
+    ) -> None:
         self.front = block_parts.Part(small, 0, point[0])
         self.tail = block_parts.Part(large, point[1], large.config.num_hidden_layers)
         self.stitch, self.point = st, point
+        self.quality = quality  # what the zoo measured for this point (None: not measured)
+
+    @classmethod
+    def from_zoo(cls, zoo: Path, small_path: Path, large_path: Path, point: Point) -> StitchedChain:
+        """The chain opted in to the stitch the zoo holds for these two checkpoints: refused
+        when none was trained for them (the record names both digests) or the point was
+        not measured; the chain carries the measured quality, to be shown with it."""
+        from transformers import AutoModelForCausalLM
+
+        folder = zoo_path(zoo, small_path, large_path)
+        if not (folder / "stitch.json").exists():
+            raise LookupError(f"no stitch in {zoo} for {small_path} -> {large_path}")
+        st, meta = load(folder)
+        for role, path in (("small", small_path), ("large", large_path)):
+            if meta[role]["sha256"] != checkpoint_digest(path):
+                raise ValueError(f"{folder}: the stitch was trained for another {role} model")
+        measured = {tuple(q["point"]): q for q in meta["quality"]}
+        if tuple(point) not in measured:
+            raise ValueError(f"point {list(point)} was not measured; known: {sorted(measured)}")
+        q = measured[tuple(point)]
+        auto: Any = AutoModelForCausalLM
+        small = auto.from_pretrained(small_path, dtype=torch.float32).eval()
+        large = auto.from_pretrained(large_path, dtype=torch.float32).eval()
+        return cls(small, large, st, point, Quality(point, q["cosine"], q["top1_agreement"]))
 
     def generate(self, prompt: Sequence[int], max_new: int) -> tuple[list[int], list[float]]:
         """Greedy tokens and the seconds each took."""

@@ -65,6 +65,12 @@ def test_stitch_trains_beyond_its_start_and_is_stored_with_quality(
     h = torch.randn(1, 3, 64)
     assert torch.equal(loaded(h, (2, 3)), trained(h, (2, 3)))
     assert not torch.equal(trained(h, (1, 2)), trained(h, (3, 4)))  # the position counts
+    chain = stitch.StitchedChain.from_zoo(tmp_path, family / "small", family / "large", (2, 3))
+    assert chain.quality == after[1]  # the chain opted in carries the measured quality
+    with pytest.raises(LookupError):
+        stitch.StitchedChain.from_zoo(tmp_path, family / "large", family / "small", (2, 3))
+    with pytest.raises(ValueError, match="not measured"):
+        stitch.StitchedChain.from_zoo(tmp_path, family / "small", family / "large", (2, 2))
 
 
 def test_stitched_chain_cached_decoding_equals_the_uncached_composition(family: Path) -> None:
