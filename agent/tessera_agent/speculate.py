@@ -38,6 +38,7 @@ class SpecStats:
     hits: int = 0
     misses: int = 0
     max_abs_diff: list[float] = field(default_factory=list)  # per guess, real vs guess
+    cosine: list[float] = field(default_factory=list)  # per guess: mean over its tokens
 
     @property
     def hit_rate(self) -> float:
@@ -82,6 +83,8 @@ class SpeculativeChain:
             diff = float((real - guess).abs().max())
             self.stats.speculated += 1
             self.stats.max_abs_diff.append(diff)
+            cos = torch.nn.functional.cosine_similarity(real, guess, dim=-1).mean()
+            self.stats.cosine.append(float(cos))
             if speculation.agrees(diff, float(real.abs().max()), self.tolerance):
                 self.stats.hits += 1
                 return out
