@@ -48,8 +48,13 @@ class Part:
             else:
                 mine[name] = tensor
         sub.load_state_dict(mine, strict=False)
+        # what this part does not serve is dropped: the embedding (hidden states come in)
+        # and the final norm and head (hidden states go out)
+        if not self.first:
+            sub.model.embed_tokens = torch.nn.Identity()
         if not self.last:
             sub.model.norm = torch.nn.Identity()
+            sub.lm_head = torch.nn.Identity()
         self.model = sub.eval()
         self.cache: Any = DynamicCache(config=cfg)
 
@@ -86,20 +91,14 @@ class Part:
 
     @property
     def param_bytes(self) -> int:
-        """Bytes of the parameters this part serves with (its layers, and the embedding or
-        the final norm and head when it holds them; not the unused copies it carries)."""
-        used: list[Any] = [self.model.model.layers]
-        if self.first:
-            used.append(self.model.model.embed_tokens)
-        if self.last:
-            used += [self.model.model.norm, self.model.lm_head]
+        """Bytes of the parameters this part holds: its layers, and the embedding or the
+        final norm and head when it holds the first or the last layer."""
         seen: set[int] = set()
         total = 0
-        for module in used:
-            for p in module.parameters():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    total += p.numel() * p.element_size()
+        for p in self.model.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel() * p.element_size()
         return total
 
 
