@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tessera.policies import admission
 from tessera_operator import agents
 
 DEFAULT_AGENT_SELECTOR = "app.kubernetes.io/component=agent"
@@ -108,6 +109,9 @@ class OperatorConfig:
     resync_seconds: float = 10.0  # timer period that re-reconciles drift
     model_root: str = "/models"  # where PVC checkpoints are mounted (operator and gateways)
     gateway: GatewayTemplate = field(default_factory=GatewayTemplate)
+    # what a spec may ask for (issue 31): checkpoints under these roots only; LoadBalancer
+    # Services and hostPath volumes only when allowed (`policies.admission`)
+    admission: admission.Limits = field(default_factory=admission.Limits)
     api_server: str = ""  # Kubernetes API URL override (tests); "": in-cluster or kubeconfig
     peering: str = ""  # kopf peering name; "": standalone
     priority: int = 0  # kopf peering priority
