@@ -141,6 +141,17 @@ standalone); with more, --peering NAME (the pod template adds a distinct --prior
 - {{ .Values.modelCache.mountPath | quote }}
 - --gateway-config
 - /etc/tessera/gateway.json
+{{- range $o.admission.allowedModelRoots }}
+- --allowed-model-root
+- {{ . | quote }}
+{{- end }}
+{{- if $o.admission.allowLoadBalancer }}
+- --allow-load-balancer
+{{- end }}
+{{- $host := $o.admission.allowHostPath }}
+{{- if or (eq (toString $host) "true") (and (eq (toString $host) "auto") (eq .Values.modelCache.type "hostPath")) }}
+- --allow-host-path
+{{- end }}
 {{- if $o.watchNamespaces }}
 {{- range $o.watchNamespaces }}
 - --namespace
@@ -206,4 +217,73 @@ Name of the TLS Secret of a component ("operator", "agent", "gateway"): tls.secr
 {{- define "tessera.gatewayCertNamespaces" -}}
 {{- $ns := .Values.tls.certManager.gatewayNamespaces | default .Values.operator.watchNamespaces -}}
 {{- toJson (default (list) $ns) -}}
+{{- end }}
+
+{{/*
+The operator's rules on namespaced objects: in its ClusterRole when it watches every
+namespace, else in a Role per watched namespace (templates/operator/rbac.yaml).
+*/}}
+{{- define "tessera.operator.namespacedRules" -}}
+# kopf: watches ServingDeployments; patches them for its finalizer and progress annotations.
+- apiGroups: ["serving.tessera.dev"]
+  resources: ["servingdeployments"]
+  verbs: ["list", "watch", "patch"]
+# Status, written last with observedGeneration.
+- apiGroups: ["serving.tessera.dev"]
+  resources: ["servingdeployments/status"]
+  verbs: ["patch"]
+# Events on ServingDeployments (kopf's and the operator's own).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+# Per ServingDeployment: the gateway Deployment, Service and routes ConfigMap, created or
+# replaced when their desired spec changes; deleted with it by owner references.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "create", "update"]
+- apiGroups: [""]
+  resources: ["services", "configmaps"]
+  verbs: ["get", "create", "update"]
+{{- end }}
+
+{{/*
+A NetworkPolicyPeer for this release's pods of a component: their namespace (by the
+kubernetes.io/metadata.name label Kubernetes sets) AND their labels, so a pod elsewhere
+that copies the labels does not match. Call with (dict "ctx" $ "component" "agent").
+*/}}
+{{- define "tessera.peer" -}}
+- namespaceSelector:
+    matchLabels:
+      kubernetes.io/metadata.name: {{ .ctx.Release.Namespace }}
+  podSelector:
+    matchLabels:
+      {{- include "tessera.selectorLabels" . | nindent 6 }}
+{{- end }}
+
+{{/* The gateways (in the watched namespaces, or any namespace) as a NetworkPolicyPeer. */}}
+{{- define "tessera.gatewayPeer" -}}
+- namespaceSelector:
+    {{- if .Values.operator.watchNamespaces }}
+    matchExpressions:
+      - key: kubernetes.io/metadata.name
+        operator: In
+        values:
+          {{- toYaml .Values.operator.watchNamespaces | nindent 10 }}
+    {{- else }}
+    {}
+    {{- end }}
+  podSelector:
+    matchLabels:
+      {{- include "tessera.gatewaySelectorLabels" . | nindent 6 }}
+{{- end }}
+
+{{/* The egress rule to DNS (networkPolicy.dns: peers, on port 53 UDP and TCP). */}}
+{{- define "tessera.dnsEgress" -}}
+- to:
+    {{- toYaml .Values.networkPolicy.dns | nindent 4 }}
+  ports:
+    - port: 53
+      protocol: UDP
+    - port: 53
+      protocol: TCP
 {{- end }}
