@@ -164,8 +164,10 @@ def _run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"tessera operator: {exc}\n")
         return 1
+    from tessera.rpc import transport
     from tessera_operator import runner
 
+    transport.warn_if_plaintext(logging.getLogger("tessera.operator"))
     logging.getLogger("tessera.operator").info(
         "config: %s",
         json.dumps(
