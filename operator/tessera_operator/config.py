@@ -62,7 +62,8 @@ class GatewayTemplate:
     security_context: Mapping[str, Any] = field(default_factory=dict)
     service_annotations: Mapping[str, str] = field(default_factory=dict)
     # mTLS to the agents: a TLS Secret (ca.crt, tls.crt, tls.key; OU=gateway) that must
-    # exist in each ServingDeployment's namespace; "": plaintext (docs/security.md)
+    # exist in each ServingDeployment's namespace ("{name}" in it: the deployment's name, for
+    # a Secret per deployment); "": plaintext (docs/security.md)
     tls_secret_name: str = ""
     api_keys_secret_name: str = ""  # Secret with key `keys` (gateway/auth.py); "": no keys
     extra_args: tuple[str, ...] = ()  # appended to `tessera gateway` (e.g. limits)

@@ -184,6 +184,9 @@ def deployment(
         ("api-keys", API_KEYS_DIR, "TESSERA_API_KEYS_FILE", f"{API_KEYS_DIR}/keys"),
     ):
         secret = tmpl.tls_secret_name if volume == "tls" else tmpl.api_keys_secret_name
+        # "{name}": one Secret per ServingDeployment, e.g. a certificate bound to it by its
+        # URI SAN (tessera.policies.tenancy) rather than to its whole namespace
+        secret = secret.replace("{name}", dep.name)
         if secret:
             volumes.append({"name": volume, "secret": {"secretName": secret}})
             container["volumeMounts"].append(

@@ -70,3 +70,23 @@ def test_the_crd_refuses_dot_segments_in_model_paths() -> None:
     # relative paths are `tessera up`'s (from the manifest's folder): they may climb out of
     # it; a PVC's subPath never may
     assert path.search("../.demo/tiny-llama") and not sub_path.search("../etc")
+
+
+def test_a_gateway_secret_per_deployment() -> None:
+    """`tlsSecretName: "{name}-gateway-tls"`: each deployment's gateway mounts its own
+    certificate (one bound to it by its URI SAN)."""
+    from tessera_operator import config, gateway_objects
+
+    dep = api.parse(
+        {
+            "apiVersion": "serving.tessera.dev/v1alpha1",
+            "kind": "ServingDeployment",
+            "metadata": {"name": "chat", "namespace": "team-a"},
+            "spec": {"model": {"name": "m", "pvc": "cache", "subPath": "m"}},
+        }
+    )
+    tmpl = config.GatewayTemplate.from_mapping({"tlsSecretName": "{name}-gateway-tls"})
+    owner = gateway_objects.owner_reference({"metadata": {"name": "chat", "uid": "u"}})
+    pod = gateway_objects.deployment(dep, owner, tmpl, "/models/m", "/models")["spec"]["template"]
+    secrets = [v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v]
+    assert secrets == ["chat-gateway-tls"]
