@@ -145,3 +145,16 @@ def test_notes_warn_when_tls_is_off(helm: Path) -> None:
 
     assert "WARNING: tls.enabled is false" in notes("tls.enabled=false")
     assert "WARNING" not in notes()
+
+
+def test_a_gateway_secret_per_deployment_is_passed_through(helm: Path) -> None:
+    import json
+
+    objects = cc.template(helm, set_values=["tls.secrets.gateway={name}-gateway-tls"])
+    defaults = [o for o in objects if o["kind"] == "ConfigMap"][0]
+    assert json.loads(defaults["data"]["gateway.json"])["tlsSecretName"] == "{name}-gateway-tls"
+    with pytest.raises(cc.CheckError, match="needs certManager off"):
+        cc.template(
+            helm,
+            set_values=["tls.secrets.gateway={name}-gateway-tls", "tls.certManager.enabled=true"],
+        )
