@@ -147,14 +147,13 @@ def test_notes_warn_when_tls_is_off(helm: Path) -> None:
     assert "WARNING" not in notes()
 
 
-def test_a_gateway_secret_per_deployment_is_passed_through(helm: Path) -> None:
+def test_a_gateway_secret_per_deployment_is_passed_through(helm: Path, tmp_path: Path) -> None:
     import json
 
-    objects = cc.template(helm, set_values=["tls.secrets.gateway={name}-gateway-tls"])
-    defaults = [o for o in objects if o["kind"] == "ConfigMap"][0]
+    values = tmp_path / "v.yaml"
+    values.write_text('tls: {secrets: {gateway: "{name}-gateway-tls"}}\n')
+    objects = cc.template(helm, (values,))
+    defaults = next(o for o in objects if o["kind"] == "ConfigMap")
     assert json.loads(defaults["data"]["gateway.json"])["tlsSecretName"] == "{name}-gateway-tls"
     with pytest.raises(cc.CheckError, match="needs certManager off"):
-        cc.template(
-            helm,
-            set_values=["tls.secrets.gateway={name}-gateway-tls", "tls.certManager.enabled=true"],
-        )
+        cc.template(helm, (values,), ["tls.certManager.enabled=true"])
