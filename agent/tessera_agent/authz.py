@@ -222,6 +222,31 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str, authz: Authorizer) -> grp
                 yield item
 
         return grpc.unary_stream_rpc_method_handler(unary_stream, **kw)
+    if authz.tls and method in tenancy.REPLICA_METHODS:
+        return _wrap_named_streams(handler, method, authz, kw)
+    if handler.stream_unary:
+        inner_su = handler.stream_unary
+
+        async def stream_unary(requests: Any, context: Any) -> Any:
+            await check(method, None, context)
+            return await inner_su(requests, context)
+
+        return grpc.stream_unary_rpc_method_handler(stream_unary, **kw)
+    inner_ss = handler.stream_stream
+
+    async def stream_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
+        await check(method, None, context)
+        async for item in _stream(inner_ss(requests, context)):
+            yield item
+
+    return grpc.stream_stream_rpc_method_handler(stream_stream, **kw)
+
+
+def _wrap_named_streams(
+    handler: grpc.RpcMethodHandler, method: str, authz: Authorizer, kw: dict[str, Any]
+) -> grpc.RpcMethodHandler:
+    """Streams whose messages name replicas (ImportKV, GenerateMux): each one checked. Other
+    streams (a stage's activations) pass through untouched: no hop per message."""
     if handler.stream_unary:
         inner_su = handler.stream_unary
 
