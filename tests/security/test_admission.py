@@ -90,3 +90,26 @@ def test_a_gateway_secret_per_deployment() -> None:
     pod = gateway_objects.deployment(dep, owner, tmpl, "/models/m", "/models")["spec"]["template"]
     secrets = [v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v]
     assert secrets == ["chat-gateway-tls"]
+
+
+def test_operator_flags_build_the_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tessera.cli import main as cli
+    from tessera.cli import operator_cmd
+
+    for var in ("TESSERA_ALLOWED_MODEL_ROOTS", "TESSERA_ALLOW_LOAD_BALANCER",
+                "TESSERA_ALLOW_HOST_PATH", "TESSERA_MODEL_ROOT"):  # fmt: skip
+        monkeypatch.delenv(var, raising=False)
+
+    def limits(*argv: str) -> admission.Limits:
+        args = cli.build_parser().parse_args(["operator", "--agent", "a=h:1", *argv])
+        found: admission.Limits = operator_cmd.build_config(args).admission
+        return found
+
+    assert limits() == admission.Limits(("/models",))  # strict unless told
+    assert limits("--model-root", "/srv/m").model_roots == ("/srv/m",)
+    told = limits("--allowed-model-root", "/a", "--allowed-model-root", "/b",
+                  "--allow-load-balancer", "--allow-host-path")  # fmt: skip
+    assert told == admission.Limits(("/a", "/b"), True, True)
+    monkeypatch.setenv("TESSERA_ALLOWED_MODEL_ROOTS", "/x, /y")
+    monkeypatch.setenv("TESSERA_ALLOW_HOST_PATH", "true")
+    assert limits() == admission.Limits(("/x", "/y"), allow_host_path=True)
