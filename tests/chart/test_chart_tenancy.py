@@ -157,3 +157,22 @@ def test_a_gateway_secret_per_deployment_is_passed_through(helm: Path, tmp_path:
     assert json.loads(defaults["data"]["gateway.json"])["tlsSecretName"] == "{name}-gateway-tls"
     with pytest.raises(cc.CheckError, match="needs certManager off"):
         cc.template(helm, (values,), ["tls.certManager.enabled=true"])
+
+
+def test_operator_and_gateways_reach_the_agents_it_discovers(helm: Path, tmp_path: Path) -> None:
+    values = tmp_path / "v.yaml"
+    values.write_text(
+        "operator: {agentSelector: 'pool=gpu,team=ml', agentNamespace: gpu-agents,"
+        " watchNamespaces: [serving]}\nagent: {enabled: false}\n"
+    )
+    policies = _policies(cc.template(helm, (values,)))
+    assert (cc.NAMESPACE, "tessera-agent") not in policies  # no agents of ours to guard
+    want = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gpu-agents"}},
+        "podSelector": {"matchLabels": {"pool": "gpu", "team": "ml"}},
+    }
+    assert policies[(cc.NAMESPACE, "tessera-operator")]["egress"][0]["to"] == [want]
+    assert policies[("serving", "tessera-gateway")]["egress"][0]["to"] == [want]
+    values.write_text("operator: {agentSelector: 'pool in (a, b)'}\n")
+    with pytest.raises(cc.CheckError, match="key=value pairs"):
+        cc.template(helm, (values,))

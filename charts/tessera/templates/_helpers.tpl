@@ -287,3 +287,22 @@ that copies the labels does not match. Call with (dict "ctx" $ "component" "agen
     - port: 53
       protocol: TCP
 {{- end }}
+
+{{/*
+The agents the operator serves with (operator.agentNamespace and operator.agentSelector, or
+this release's agents) as a NetworkPolicyPeer: where the operator and gateways may connect.
+*/}}
+{{- define "tessera.agentPeer" -}}
+- namespaceSelector:
+    matchLabels:
+      kubernetes.io/metadata.name: {{ include "tessera.agentNamespace" . }}
+  podSelector:
+    matchLabels:
+      {{- range splitList "," (include "tessera.agentSelector" .) }}
+      {{- if not (regexMatch "^[A-Za-z0-9./_-]+=[A-Za-z0-9._-]*$" .) }}
+      {{- fail (printf "networkPolicy.enabled needs operator.agentSelector made of key=value pairs (got %q)" .) }}
+      {{- end }}
+      {{- $kv := splitn "=" 2 . }}
+      {{ $kv._0 }}: {{ $kv._1 | quote }}
+      {{- end }}
+{{- end }}
