@@ -140,6 +140,21 @@ def _model_root(dep: Any, model_path: str) -> str:
     return os.path.commonpath(paths)
 
 
+def _outside_root(dep: Any, model_path: str, root: str) -> list[str]:
+    """Why an edited manifest's variants cannot load: folders the agents may not read."""
+    from tessera.policies import access
+    from tessera_operator import variants as variant_ops
+
+    problems = []
+    for i, v in enumerate(variant_ops.resolve(dep.spec.variants, model_path)):
+        if not access.check_model_path(v.path, os.path.realpath(v.path), root).allowed:
+            problems.append(
+                f"spec.variants[{i}]: {v.path} is outside the agents' model root {root} "
+                "(restart `tessera up`, or start it with a wider --model-root)"
+            )
+    return problems
+
+
 def _local_agent_count(args: argparse.Namespace, dep: Any) -> int:
     if args.agents:
         return int(args.agents)
@@ -317,7 +332,12 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
         await scaling.sync(dep.spec)
         watcher = up_watch.ManifestWatcher(
-            args.file, dep, lambda d: variant_check.check(d, model_path)
+            args.file,
+            dep,
+            lambda d: [
+                *variant_check.check(d, model_path),
+                *(_outside_root(d, model_path, agent_args[1]) if procs else []),
+            ],
         )
         lock = asyncio.Lock()  # a reconcile pass and an overload tick never overlap
         overload_task = _start_overload(dep, outcome, gateway, lambda: published, stop, lock)
