@@ -36,6 +36,7 @@ _TEMPLATE_KEYS = {
     "serviceAnnotations": "service_annotations",
     "tlsSecretName": "tls_secret_name",
     "apiKeysSecretName": "api_keys_secret_name",
+    "certificate": "certificate",
     "extraArgs": "extra_args",
 }
 
@@ -66,11 +67,25 @@ class GatewayTemplate:
     # a Secret per deployment); "": plaintext (docs/security.md)
     tls_secret_name: str = ""
     api_keys_secret_name: str = ""  # Secret with key `keys` (gateway/auth.py); "": no keys
+    # issue 31: {"issuerRef": {"kind", "name"}, "duration", "renewBefore"}: the operator asks
+    # cert-manager for a certificate bound to each deployment (gateway_certificate.py), which
+    # its gateway mounts instead of `tls_secret_name`; {}: none
+    certificate: Mapping[str, Any] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()  # appended to `tessera gateway` (e.g. limits)
 
     def __post_init__(self) -> None:
         if not self.image:
             raise ValueError("gateway.image: must not be empty")
+        if self.certificate:
+            ref = self.certificate.get("issuerRef") or {}
+            if set(ref) != {"kind", "name"} or ref["kind"] not in ("Issuer", "ClusterIssuer"):
+                raise ValueError(
+                    "gateway.certificate.issuerRef: {kind: Issuer | ClusterIssuer, name} "
+                    f"required, got {ref!r}"
+                )
+            unknown = sorted(set(self.certificate) - {"issuerRef", "duration", "renewBefore"})
+            if unknown:
+                raise ValueError(f"gateway.certificate.{unknown[0]}: unknown key")
         if self.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
             raise ValueError(
                 f"gateway.imagePullPolicy: {self.image_pull_policy!r} is not Always, "

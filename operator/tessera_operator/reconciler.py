@@ -30,6 +30,7 @@ from tessera_operator import (
     converge,
     discovery,
     events,
+    gateway_certificate,
     gateway_objects,
     kube,
     overload_status,
@@ -113,6 +114,9 @@ async def _apply_gateway(
         dep, owner, gateway_objects.routes(dep, out.plan, model_path, doc)
     )
     events.applied(body, await owned.apply(ctx.kube, cm, routes_cm))
+    cert = gateway_certificate.certificate(dep, owner, tmpl)
+    if cert is not None:  # before the Deployment that mounts its Secret
+        events.applied(body, await owned.apply(ctx.kube, cert))
     for obj in (
         gateway_objects.deployment(dep, owner, tmpl, model_path, ctx.config.model_root),
         gateway_objects.service(dep, owner, tmpl),

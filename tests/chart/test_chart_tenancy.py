@@ -176,3 +176,29 @@ def test_operator_and_gateways_reach_the_agents_it_discovers(helm: Path, tmp_pat
     values.write_text("operator: {agentSelector: 'pool in (a, b)'}\n")
     with pytest.raises(cc.CheckError, match="key=value pairs"):
         cc.template(helm, (values,))
+
+
+def test_cert_manager_gateway_certificates_are_per_deployment(helm: Path) -> None:
+    import json
+
+    objects = cc.template(helm, (cc.ALL_ON,))
+    assert cc.validate_objects(objects, cc.KUBE_VERSIONS[-1]) == []
+    defaults = next(o for o in objects if o["kind"] == "ConfigMap" and "gateway.json" in o["data"])
+    template = json.loads(defaults["data"]["gateway.json"])
+    assert template["certificate"]["issuerRef"] == {"kind": "ClusterIssuer", "name": "tessera-ca"}
+    # the operator issues them: no gateway Certificate per namespace, and it may create them
+    gateways = [
+        o
+        for o in objects
+        if o["kind"] == "Certificate"
+        and o["spec"].get("subject", {}).get("organizationalUnits") == ["gateway"]
+    ]
+    assert gateways == []
+    perm = cc.Perm("create", "cert-manager.io", "certificates")
+    roles = _rbac(objects)
+    assert perm in cc.granted(roles[("Role", "serving", "tessera-operator")])
+    assert cc.rbac_problems(objects, cc.load_usage()) == []
+    # without cert-manager the operator gets no right on Certificates
+    plain = cc.template(helm, set_values=["operator.watchNamespaces={serving}"])
+    assert perm not in cc.granted(_rbac(plain)[("Role", "serving", "tessera-operator")])
+    assert cc.rbac_problems(plain, cc.load_usage()) == []

@@ -51,7 +51,9 @@ def test_plaintext_only_when_turned_off(helm: Path) -> None:
 
 
 def test_cert_manager_issues_one_certificate_per_role(helm: Path) -> None:
-    objects = render(helm, files=[cc.ALL_ON])
+    # per namespace for gateways here; per ServingDeployment (the default) in
+    # tests/chart/test_chart_tenancy.py
+    objects = render(helm, "tls.certManager.perDeployment=false", files=[cc.ALL_ON])
     certs = {
         (o["metadata"]["namespace"], o["metadata"]["name"]): o["spec"]
         for o in objects

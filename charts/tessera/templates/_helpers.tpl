@@ -244,6 +244,12 @@ namespace, else in a Role per watched namespace (templates/operator/rbac.yaml).
 - apiGroups: [""]
   resources: ["services", "configmaps"]
   verbs: ["get", "create", "update"]
+{{- if include "tessera.certPerDeployment" . }}
+# tls.certManager.perDeployment: a gateway Certificate per ServingDeployment, bound to it.
+- apiGroups: ["cert-manager.io"]
+  resources: ["certificates"]
+  verbs: ["get", "create", "update"]
+{{- end }}
 {{- end }}
 
 {{/*
@@ -305,4 +311,19 @@ this release's agents) as a NetworkPolicyPeer: where the operator and gateways m
       {{- $kv := splitn "=" 2 . }}
       {{ $kv._0 }}: {{ $kv._1 | quote }}
       {{- end }}
+{{- end }}
+
+{{/* The issuer of every Tessera certificate as JSON: tls.certManager.issuerRef, or the chart's CA ClusterIssuer. */}}
+{{- define "tessera.certIssuer" -}}
+{{- $issuer := .Values.tls.certManager.issuerRef -}}
+{{- if not $issuer }}
+{{- $issuer = dict "kind" "ClusterIssuer" "name" (printf "%s-ca" (include "tessera.fullname" .)) }}
+{{- end }}
+{{- toJson (dict "kind" $issuer.kind "name" $issuer.name) -}}
+{{- end }}
+
+{{/* "true" when the operator asks cert-manager for one gateway certificate per ServingDeployment. */}}
+{{- define "tessera.certPerDeployment" -}}
+{{- $cm := .Values.tls.certManager -}}
+{{- if and .Values.tls.enabled $cm.enabled $cm.perDeployment }}true{{ end }}
 {{- end }}
