@@ -82,7 +82,7 @@ class Authorizer(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self.tls = tls
         self.model_root = os.path.realpath(model_root) if model_root else None
 
-    def _identity(self, context: grpc.aio.ServicerContext[Any, Any]) -> tuple[Identity, str]:
+    def identity(self, context: grpc.aio.ServicerContext[Any, Any]) -> tuple[Identity, str]:
         if not self.tls:
             return Identity(None), ""
         pems = context.auth_context().get("x509_pem_cert") or []
@@ -93,22 +93,22 @@ class Authorizer(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return ident, "the client certificate names no Tessera role in its OU"
         return ident, ident.problem
 
-    async def _deny(
+    async def deny(
         self, method: str, reason: str, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         log.warning("refused %s: %s (peer %s)", method, reason, context.peer())
         await context.abort(grpc.StatusCode.PERMISSION_DENIED, reason)
 
-    async def _check(
+    async def check(
         self, method: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         """Role, then (for a first or only message) its replica and paths; aborts if refused."""
-        ident, problem = self._identity(context)
+        ident, problem = self.identity(context)
         if problem:
-            await self._deny(method, f"{method}: {problem}", context)
+            await self.deny(method, f"{method}: {problem}", context)
         decision = access.authorize(method, ident.role)
         if decision.allowed and request is not None:
-            decision = self._message(method, request, ident)
+            decision = self.binding(method, request, ident)
         if decision.allowed and method in access.PATH_METHODS and request is not None:
             path = str(request.model_path)
             decision = access.check_model_path(path, os.path.realpath(path), self.model_root)
@@ -121,9 +121,9 @@ class Authorizer(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if decision.allowed and method == "LoadBlock" and request is not None:
             decision = self._share(request)
         if not decision.allowed:
-            await self._deny(method, decision.reason, context)
+            await self.deny(method, decision.reason, context)
 
-    def _message(self, method: str, message: Any, ident: Identity) -> access.Decision:
+    def binding(self, method: str, message: Any, ident: Identity) -> access.Decision:
         """The deployment binding for one message (every message of a stream goes here)."""
         if not self.tls:
             return access.ALLOW
@@ -187,20 +187,20 @@ class _Checked:
 
 async def _checked_stream(method: str, requests: Any, context: Any, authz: Authorizer) -> _Checked:
     """The stream with its first message read and checked (aborts when it is refused)."""
-    await authz._check(method, None, context)  # the role, before reading anything
+    await authz.check(method, None, context)  # the role, before reading anything
     it = requests.__aiter__()
     first = await anext(it, None)
-    ident, _ = authz._identity(context)
+    ident, _ = authz.identity(context)
     if first is not None:
-        decision = authz._message(method, first, ident)
+        decision = authz.binding(method, first, ident)
         if not decision.allowed:
-            await authz._deny(method, decision.reason, context)
-    return _Checked(first, it, lambda m: authz._message(method, m, ident))
+            await authz.deny(method, decision.reason, context)
+    return _Checked(first, it, lambda m: authz.binding(method, m, ident))
 
 
 def _wrap(handler: grpc.RpcMethodHandler, method: str, authz: Authorizer) -> grpc.RpcMethodHandler:
     """The same handler, each behaviour preceded by the checks (requests seen when unary)."""
-    check = authz._check
+    check = authz.check
     kw = {
         "request_deserializer": handler.request_deserializer,
         "response_serializer": handler.response_serializer,
@@ -254,7 +254,7 @@ def _wrap_named_streams(
             checked = await _checked_stream(method, requests, context, authz)
             reply = await inner_su(checked.__aiter__(), context)
             if checked.refused:
-                await authz._deny(method, checked.refused, context)
+                await authz.deny(method, checked.refused, context)
             return reply
 
         return grpc.stream_unary_rpc_method_handler(stream_unary, **kw)
@@ -271,6 +271,6 @@ def _wrap_named_streams(
         finally:
             await out.aclose()
         if checked.refused:
-            await authz._deny(method, checked.refused, context)
+            await authz.deny(method, checked.refused, context)
 
     return grpc.stream_stream_rpc_method_handler(stream_stream, **kw)
