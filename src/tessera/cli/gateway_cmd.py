@@ -100,6 +100,9 @@ def _run(args: argparse.Namespace) -> int:
         )
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         from tessera import event_loop
+        from tessera.rpc import transport
+
+        transport.warn_if_plaintext(logging.getLogger("tessera.gateway"))
 
         return event_loop.run(_serve(cfg))
     except (ValueError, OSError) as exc:
