@@ -86,9 +86,10 @@ def receive(
     g = group.form(spec, st.runner.cache.k[0].device)
     try:
         header = g.broadcast_object(None)
-        assert isinstance(header, tuple)
+        if not (isinstance(header, tuple) and len(header) == 3):
+            raise errors.InvalidArgumentError(f"KV from the exporter: bad header {header!r:.200}")
         first, dtype, shape = header
-        if first != (start or st.spec.start) or tuple(shape) != want or dtype not in _DTYPES:
+        if first != (start or st.spec.start) or shape != want or dtype not in _DTYPES:
             raise errors.InvalidArgumentError(
                 f"KV from the exporter: layers from {first}, {dtype} {tuple(shape)}; this "
                 f"stage expects layers from {start or st.spec.start}, shape {want}"

@@ -13,6 +13,7 @@ _TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",
     404: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_exceeded",
 }
