@@ -109,7 +109,7 @@ CASES: list[tuple[str, tuple[str, bytes], int, str | None]] = [
         _chat(messages=[{"role": "user", "content": "z" * 40_000}]),
         400,
         "messages",
-    ),  # fmt: skip
+    ),
     ("prompt-token-out-of-vocab", _c(prompt=[1, 10**6]), 400, "prompt"),
     ("prompt-token-5000-digits", _with("prompt", f"[1, {BIG}]"), 400, "prompt"),
     ("prompt-token-negative", _c(prompt=[-1]), 400, "prompt"),
@@ -125,7 +125,7 @@ CASES: list[tuple[str, tuple[str, bytes], int, str | None]] = [
         _c(stream_options={"include_usage": True}),
         400,
         "stream_options",
-    ),  # fmt: skip
+    ),
     ("logit_bias", _c(logit_bias={"1": 100}), 400, "logit_bias"),
     ("best_of-2", _c(best_of=2), 400, "best_of"),
     ("echo", _c(echo=True), 400, "echo"),
@@ -136,13 +136,13 @@ CASES: list[tuple[str, tuple[str, bytes], int, str | None]] = [
         _chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
         400,
         "messages",
-    ),  # fmt: skip
+    ),
     (
         "response_format-json",
         _chat(response_format={"type": "json_object"}),
         400,
         "response_format",
-    ),  # fmt: skip
+    ),
     ("tools", _chat(tools=[{"type": "function"}]), 400, "tools"),
     ("top_logprobs-2^40", _chat(logprobs=True, top_logprobs=2**40), 400, "top_logprobs"),
 ]
@@ -207,8 +207,9 @@ def test_there_are_at_least_forty_cases() -> None:
     assert len(CASES) >= 40 and len({c[0] for c in CASES}) == len(CASES)
 
 
-@pytest.mark.parametrize(("path_body", "status", "param"), [c[1:] for c in CASES],
-                         ids=[c[0] for c in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("path_body", "status", "param"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_hostile_request_is_a_4xx_naming_the_field(
     rig: Rig, path_body: tuple[str, bytes], status: int, param: str | None
 ) -> None:
