@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -384,7 +384,6 @@ async def _stream(
     except BaseException:
         await events.aclose()
         raise
-    status = 200
 
     def chunk(
         index: int,
@@ -412,10 +411,35 @@ async def _stream(
         except TimeoutError:
             if request.transport is not None:
                 request.transport.abort()
-            raise ConnectionResetError(
-                f"the client read nothing for {write_timeout_s:g}s"
-            ) from None
+            raise _ClientGone from None
 
+    try:
+        return await _stream_events(request, resp, events, first, gens, meta, include_usage,
+                                    shapes, prompt_tokens, write, chunk, texts)  # fmt: skip
+    except _ClientGone:
+        log.info("%s: the client read nothing for %gs; dropped", meta.id, write_timeout_s)
+        return resp, CLIENT_CLOSED
+
+
+class _ClientGone(Exception):
+    """A stream's client stopped reading (the write timeout)."""
+
+
+async def _stream_events(
+    request: web.Request,
+    resp: web.StreamResponse,
+    events: AsyncGenerator[choices.IndexedEvent, None],
+    first: choices.IndexedEvent | None,
+    gens: list[text_stream.TextGeneration],
+    meta: responses.Meta,
+    include_usage: bool,
+    shapes: list[_LogprobShape | None],
+    prompt_tokens: int,
+    write: Callable[[bytes], Awaitable[None]],
+    chunk: Callable[..., bytes],
+    texts: list[responses.TextChunks],
+) -> tuple[web.StreamResponse, int]:
+    status = 200
     async with contextlib.aclosing(events):
         await resp.prepare(request)
         if meta.kind == "chat":
