@@ -119,3 +119,16 @@ def test_header_is_fixed_size() -> None:
     assert wire.HEADER.size == 13
     frame = wire.encode(None)
     assert frame[:4] == wire.MAGIC and len(frame) == wire.HEADER.size + len(b"null")
+
+
+def test_a_kv_import_meets_only_on_the_agents_own_store() -> None:
+    from tessera.rpc.v1 import agent_pb2 as pb
+    from tessera_agent.engine import errors
+    from tessera_agent.transfer import kv_copy
+
+    own = "10.0.0.5:29500"
+    dp = pb.DataPlane(store_address="evil.example:1", group="kv/x")
+    with pytest.raises(errors.InvalidArgumentError, match="own store"):
+        kv_copy.pair_spec(dp, kv_copy.IMPORTER, own)
+    ok = kv_copy.pair_spec(pb.DataPlane(store_address=own, group="kv/x"), kv_copy.IMPORTER, own)
+    assert ok.store_address == own and ok.rank == kv_copy.IMPORTER
