@@ -85,6 +85,9 @@ CASES: list[tuple[str, tuple[str, bytes], int, str | None]] = [
     ("json-3000-deep", _with("user", _deep(3000)), 400, None),
     ("json-40-deep", _with("user", _deep(40)), 400, None),
     ("json-100000-deep", _with("user", _deep(100_000)), 400, None),
+    ("json-700000-empty-lists", _with("user", "[" + "[]," * 699_000 + "[]]"), 400, None),
+    ("seed-4000-digits", _with("seed", "9" * 4000), 400, "seed"),
+    ("prompt-600k-token-ids", _c(prompt=[1] * 600_000), 400, "prompt"),
     ("lone-surrogate-prompt", _with("prompt", '"\\ud800"'), 400, "prompt"),
     ("lone-low-surrogate", _with("prompt", '"a\\udc00b"'), 400, "prompt"),
     (

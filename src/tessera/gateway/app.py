@@ -167,7 +167,9 @@ class _Handlers:
             prompts.append(await self._encode(text, add_special_tokens=False, param="messages"))
             sampling, stream, include_usage = chat.sampling, chat.stream, chat.include_usage
         else:
-            comp = request_params.parse_completion(req, self.s.table.names())
+            comp = request_params.parse_completion(
+                req, self.s.table.names(), self.s.info.context_len
+            )
             texts = [p for p in comp.prompts if isinstance(p, str)]
             self._check_chars(sum(len(t) for t in texts), "prompt")
             for p in comp.prompts:

@@ -4,10 +4,13 @@
 reads the whole body within `Limits.body_timeout_s` (408 when a client sends it too
 slowly, 413 over `GatewayConfig.max_body_bytes`) and parses it with `parse`, so a slow or
 malformed body never holds an admission slot. `parse` answers 400 (never a 500) for what
-the standard parser would choke on or pass through: nesting deeper than `MAX_DEPTH`,
-integers longer than `MAX_INT_DIGITS` digits (kept as infinity, so the field's own check
-names it), a lone UTF-16 surrogate in any string (naming the top-level field), and a body
-that is not a JSON object. Handlers read the parsed body with `json_of`.
+the standard parser would choke on, spend long on, or pass through: more than
+`MAX_CONTAINERS` arrays and objects (counted outside strings before parsing: a 2 MiB body
+of empty lists would take seconds to parse), nesting deeper than `MAX_DEPTH`, integers
+longer than `MAX_INT_DIGITS` digits (then parsed again with such integers read as
+infinity, so the field's own check names it), a lone UTF-16 surrogate in any string
+(naming the top-level field), and a body that is not a JSON object. Handlers read the
+parsed body with `read` (cached on the request).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from tessera.gateway import errors
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 KEY = web.RequestKey("tessera.body", dict[str, Any])  # the parsed body, on the request
 MAX_DEPTH = 32  # nesting of arrays and objects
+MAX_CONTAINERS = 4096  # arrays and objects in one body (a chat of ~2,000 messages)
 MAX_INT_DIGITS = 32  # longer integers become infinity (int64 needs 19 digits)
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included
 # A \uD800-\uDFFF escape: the only way a surrogate enters (raw UTF-8 cannot hold one).
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
@@ -40,8 +45,22 @@ def _bounded_int(text: str) -> int | float:
 
 def parse(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object; ApiError(400) naming the problem (module docstring)."""
+    if raw.count(b"[") + raw.count(b"{") > MAX_CONTAINERS:  # maybe inside strings
+        bare = _STRING.sub(b'""', raw)
+        if bare.count(b"[") + bare.count(b"{") > MAX_CONTAINERS:
+            raise errors.bad_request(
+                f"invalid JSON body: more than {MAX_CONTAINERS} arrays and objects",
+                None,
+                "invalid_json",
+            )
     try:
-        body = json.loads(raw, parse_int=_bounded_int)
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            if isinstance(exc, json.JSONDecodeError):
+                raise
+            # an integer over Python's digit limit: read such integers as infinity
+            body = json.loads(raw, parse_int=_bounded_int)
     except RecursionError as exc:
         raise _too_deep() from exc
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError

@@ -2,7 +2,8 @@
 
 Raised anywhere below the HTTP handlers (request parsing, tokenization, dispatch) and
 turned into a JSON response by the error middleware in `app.py` (or an SSE error event
-once a stream has started).
+once a stream has started). A message is cut at `MAX_MESSAGE_CHARS`, so an error never
+echoes a huge value back.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ _TYPES = {
 }
 
 
+MAX_MESSAGE_CHARS = 1024
+
+
 class ApiError(Exception):
     """An HTTP error with OpenAI's body; `param` names the offending request field."""
 
@@ -31,6 +35,8 @@ class ApiError(Exception):
         code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:  # never echo a huge value back
+            message = message[:MAX_MESSAGE_CHARS] + "..."
         super().__init__(message)
         self.headers = headers or {}  # e.g. Retry-After of a 429
         self.status = status

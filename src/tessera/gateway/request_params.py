@@ -93,7 +93,10 @@ def check_model(body: Mapping[str, Any], served: str | Sequence[str]) -> None:
         )
 
 
-def parse_completion(body: Mapping[str, Any], served: str | Sequence[str]) -> CompletionRequest:
+def parse_completion(
+    body: Mapping[str, Any], served: str | Sequence[str], context_len: int = 0
+) -> CompletionRequest:
+    """`context_len` (when given) refuses longer token-id prompts before reading them."""
     check_model(body, served)
     _reject_unsupported(body, ("echo", "suffix", "best_of"))
     stream, include_usage = _stream(body)
@@ -103,7 +106,7 @@ def parse_completion(body: Mapping[str, Any], served: str | Sequence[str]) -> Co
             f"logprobs: must be in [0, {MAX_LOGPROBS}], got {logprobs}", "logprobs"
         )
     return CompletionRequest(
-        prompts=_prompts(body.get("prompt")),
+        prompts=_prompts(body.get("prompt"), context_len),
         sampling=_sampling(body, COMPLETIONS_DEFAULT_MAX_TOKENS, "max_tokens", logprobs),
         stream=stream,
         include_usage=include_usage,
@@ -201,26 +204,33 @@ def _stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
     return stream, _bool(opts, "include_usage", False, "stream_options.include_usage")
 
 
-def _prompts(value: object) -> tuple[str | tuple[int, ...], ...]:
+def _prompts(value: object, context_len: int) -> tuple[str | tuple[int, ...], ...]:
     """A prompt (text or token ids) or a list of them."""
     if value is None:
         raise errors.bad_request("prompt: required", "prompt", "missing_required_parameter")
     if isinstance(value, str) or (isinstance(value, list) and value and _is_int(value[0])):
-        return (_prompt(value),)
+        return (_prompt(value, context_len),)
     if isinstance(value, list) and value:
         if len(value) > MAX_PROMPTS:
             raise errors.bad_request(
                 f"prompt: at most {MAX_PROMPTS} prompts per request, got {len(value)}", "prompt"
             )
-        return tuple(_prompt(v) for v in value)
+        return tuple(_prompt(v, context_len) for v in value)
     raise errors.bad_request(
         "prompt: must be a string, a non-empty list of token ids, or a list of those", "prompt"
     )
 
 
-def _prompt(value: object) -> str | tuple[int, ...]:
+def _prompt(value: object, context_len: int) -> str | tuple[int, ...]:
     if isinstance(value, str):
         return value
+    if isinstance(value, list) and context_len and len(value) >= context_len:
+        raise errors.bad_request(
+            f"prompt: {len(value)} tokens do not fit the model's context of {context_len} "
+            "tokens (at least one token must be generated)",
+            "prompt",
+            "context_length_exceeded",
+        )
     if isinstance(value, list) and value and all(_is_int(t) for t in value):
         return tuple(int(t) for t in value)
     raise errors.bad_request(
