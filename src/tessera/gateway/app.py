@@ -170,8 +170,9 @@ class _Handlers:
             comp = request_params.parse_completion(
                 req, self.s.table.names(), self.s.info.context_len
             )
-            texts = [p for p in comp.prompts if isinstance(p, str)]
-            self._check_chars(sum(len(t) for t in texts), "prompt")
+            for p in comp.prompts:  # every text first: nothing is tokenized in vain
+                if isinstance(p, str):
+                    self._check_chars(len(p), "prompt")
             for p in comp.prompts:
                 if isinstance(p, str):
                     prompts.append(await self._encode(p, add_special_tokens=True, param="prompt"))
