@@ -115,6 +115,26 @@ async def test_slow_bodies_time_out_without_holding_admission(
         await srv.stop(None)
 
 
+async def test_slow_bodies_cannot_hold_more_than_the_byte_budget(
+    tiny_llama: Path, session: aiohttp.ClientSession
+) -> None:
+    srv, _, address = await sl.start("r0", sl.Script())
+    size = len(json.dumps({"model": M, "prompt": "x"}))
+    lim = limits.Limits(body_timeout_s=1.0, body_bytes_in_flight=5 * size)
+    gw = await helpers.start(str(tiny_llama), config.ReplicaEndpoint("r0", address), limits=lim)
+    try:
+        stalled = [asyncio.create_task(_slow_body(gw.url, 5.0)) for _ in range(8)]
+        answers = await asyncio.gather(*stalled)
+        codes = sorted(a[9:12] for a in answers)
+        assert codes == [b"408"] * 5 + [b"429"] * 3, answers
+        body = {"model": M, "prompt": "Once upon", "max_tokens": 2}
+        status, reply = await helpers.post(session, gw.url + "/v1/completions", body)
+        assert status == 200, reply  # the budget was given back
+    finally:
+        await gw.stop()
+        await srv.stop(None)
+
+
 async def test_a_client_that_never_reads_a_stream_is_dropped(tiny_llama: Path) -> None:
     srv, leader, address = await sl.start("r0", sl.Script(gap_s=0.01))
     lim = limits.Limits(write_timeout_s=0.5, max_tokens=0)

@@ -82,10 +82,12 @@ class Service:
 def build(service: Service, max_body_bytes: int) -> web.Application:
     admission = limits.Admission(service.limits, lambda: len(service.replicas.ready_ids()))
     guards = [auth.middleware(service.api_keys)] if service.api_keys else []
+    lim = service.limits
     reader = body.middleware(
         limits.GUARDED,
-        service.limits.body_timeout_s,
+        lim.body_timeout_s,
         max_body_bytes,
+        body.Budget(lim.body_bytes_in_flight, lim.retry_after_s),
         lambda path, status: service.metrics.requests.labels(path, str(status)).inc(),
     )
     app = web.Application(

@@ -146,17 +146,51 @@ async def read(request: web.Request, timeout_s: float, max_bytes: int = 0) -> di
     return parsed
 
 
+class Budget:
+    """Bytes of request bodies being received at once (their Content-Length, or the body
+    limit when unannounced): a body that would pass `limit` is refused with 429 before it
+    is read, so slow uploads cannot hold more memory than this."""
+
+    def __init__(self, limit: int, retry_after_s: int) -> None:
+        self.limit, self.retry_after_s, self.used = limit, retry_after_s, 0
+
+    def take(self, n: int) -> None:
+        if self.limit and self.used + n > self.limit:
+            raise errors.ApiError(
+                429,
+                f"too many request bodies being received ({self.used} bytes); retry after "
+                f"{self.retry_after_s}s",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
+        self.used += n
+
+    def give(self, n: int) -> None:
+        self.used -= n
+
+
 def middleware(
-    paths: tuple[str, ...], timeout_s: float, max_bytes: int, refused: Callable[[str, int], None]
+    paths: tuple[str, ...],
+    timeout_s: float,
+    max_bytes: int,
+    budget: Budget,
+    refused: Callable[[str, int], None],
 ) -> Any:
-    """Reads and parses the body of POSTs to `paths` before the next middleware runs;
-    `refused(path, status)` counts a body refused here."""
+    """Reads and parses the body of POSTs to `paths` before the next middleware runs,
+    within `budget`; `refused(path, status)` counts a body refused here."""
 
     @web.middleware
     async def read_body(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.method == "POST" and request.path in paths:
+            size = request.content_length
+            if size is None or size > max_bytes:
+                size = max_bytes  # unannounced, or refused at max_bytes by the reader
             try:
-                await read(request, timeout_s, max_bytes)
+                budget.take(size)
+                try:
+                    await read(request, timeout_s, max_bytes)
+                finally:
+                    budget.give(size)
             except errors.ApiError as exc:
                 refused(request.path, exc.status)
                 raise
