@@ -17,6 +17,7 @@ body, then per tensor its byte length (u64) and bytes. Little-endian throughout.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import json
 import math
@@ -58,6 +59,10 @@ DTYPES = {
         torch.bool,
     )
 }
+
+
+_PLAIN = frozenset({int, float, str, bool, type(None)})  # JSON's scalars (floats: finite)
+_INT_OR_STR = frozenset({int, str})
 
 
 class WireError(ValueError):
@@ -123,14 +128,14 @@ def decode(frame: bytes, device: torch.device | None = None) -> object:
 def _to_json(obj: object, tensors: list[torch.Tensor], depth: int) -> Any:
     if depth > MAX_DEPTH:
         raise WireError(f"object nested deeper than {MAX_DEPTH}")
-    if obj is None or isinstance(obj, bool | int | str):
-        return obj
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else {"n": repr(obj)}
-    if isinstance(obj, list):
-        return [_to_json(v, tensors, depth + 1) for v in obj]
-    if isinstance(obj, tuple):
-        return {"t": [_to_json(v, tensors, depth + 1) for v in obj]}
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj  # NaN and infinities too (Python's JSON reads its own NaN back)
+    if isinstance(obj, list | tuple):
+        if _INT_OR_STR.issuperset(map(type, obj)):  # the common case, checked in C
+            items = list(obj)
+        else:
+            items = [_to_json(v, tensors, depth + 1) for v in obj]
+        return items if isinstance(obj, list) else {"t": items}
     if isinstance(obj, dict):
         return {"d": [[_to_json(k, tensors, depth + 1), _to_json(v, tensors, depth + 1)]
                       for k, v in obj.items()]}  # fmt: skip
@@ -146,8 +151,10 @@ def _to_json(obj: object, tensors: list[torch.Tensor], depth: int) -> Any:
         name = f"{type(obj).__module__}.{type(obj).__qualname__}"
         if name not in ALLOWED:
             raise WireError(f"{name} is not a data-plane message")
-        fields = {f.name: _to_json(getattr(obj, f.name), tensors, depth + 1)
-                  for f in dataclasses.fields(obj) if f.init}  # fmt: skip
+        fields = {}
+        for k in _fields(type(obj)):
+            v = getattr(obj, k)
+            fields[k] = v if type(v) in _PLAIN else _to_json(v, tensors, depth + 1)
         return {"c": name, "f": fields}
     raise WireError(f"{type(obj).__name__} cannot be sent on the data plane")
 
@@ -168,13 +175,16 @@ def _from_json(v: Any, raw: list[bytes], device: torch.device | None, depth: int
     if v is None or isinstance(v, bool | int | float | str):
         return v
     if isinstance(v, list):
+        if _PLAIN.issuperset(map(type, v)):  # the common case, checked in C
+            return v
         return [_from_json(x, raw, device, depth + 1) for x in v]
     if not isinstance(v, dict) or len(v) not in (1, 2, 3):
         raise WireError("frame body: unknown value")
     if set(v) == {"t"} and isinstance(v["t"], list):
-        return tuple(_from_json(x, raw, device, depth + 1) for x in v["t"])
-    if set(v) == {"n"} and v["n"] in ("nan", "inf", "-inf"):
-        return float(v["n"])
+        items = v["t"]
+        if _PLAIN.issuperset(map(type, items)):
+            return tuple(items)
+        return tuple(_from_json(x, raw, device, depth + 1) for x in items)
     if set(v) == {"d"} and isinstance(v["d"], list):
         out: dict[Any, Any] = {}
         for pair in v["d"]:
@@ -217,13 +227,28 @@ def _dataclass(
 ) -> object:
     if not isinstance(name, str) or name not in ALLOWED:
         raise WireError(f"frame names {name!r}, not a data-plane message")
-    module, _, qualname = name.rpartition(".")
-    cls = getattr(importlib.import_module(module), qualname)
-    known = {f.name for f in dataclasses.fields(cls) if f.init}
-    if not set(fields) <= known:
-        raise WireError(f"{qualname}: unknown fields {sorted(set(fields) - known)}")
-    values = {k: _from_json(x, raw, device, depth + 1) for k, x in fields.items()}
+    cls = _class(name)
+    qualname = cls.__qualname__
+    if not fields.keys() <= _fields(cls):
+        raise WireError(f"{qualname}: unknown fields {sorted(set(fields) - _fields(cls))}")
+    values = {
+        k: x if type(x) in _PLAIN else _from_json(x, raw, device, depth + 1)
+        for k, x in fields.items()
+    }
     try:
         return cls(**values)
     except Exception as exc:  # the class's own checks (engine errors included)
         raise WireError(f"{qualname}: {exc}") from exc
+
+
+@functools.cache
+def _class(name: str) -> type:
+    """An `ALLOWED` dataclass by name (the caller checked the allow-list)."""
+    module, _, qualname = name.rpartition(".")
+    cls: type = getattr(importlib.import_module(module), qualname)
+    return cls
+
+
+@functools.cache
+def _fields(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.init)
