@@ -48,6 +48,7 @@ from tessera.gateway import variants as gw_variants
 log = logging.getLogger(__name__)
 
 INLINE_TOKENIZE_CHARS = 16_384  # longer prompts are tokenized in a worker thread
+_UNBLOCKED = 16 << 10  # a transport buffer this small is far below asyncio's high-water mark
 CLIENT_CLOSED = 499  # status recorded when the client went away (nginx's convention)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -406,8 +407,10 @@ async def _stream(
     )
 
     async def write(data: bytes) -> None:
-        """One write; a client that does not take it within the limit is dropped."""
-        if write_timeout_s <= 0:
+        """One write; a client that does not take it within the limit is dropped. Below
+        the transport's high-water mark a write cannot wait: no timer then."""
+        t = request.transport
+        if write_timeout_s <= 0 or (t is not None and t.get_write_buffer_size() < _UNBLOCKED):
             await resp.write(data)
             return
         try:
