@@ -44,7 +44,7 @@ class Limits:
     body_bytes_in_flight: int = 256 << 20  # bodies being received at once (429 beyond)
     write_timeout_s: float = 30.0  # one write of a stream to a client (then it is dropped)
     first_token_timeout_s: float = 300.0  # queueing + prefill on one replica
-    token_timeout_s: float = 30.0  # longest gap between two chunks of one replica's stream
+    token_timeout_s: float = 60.0  # longest gap between two chunks of one replica's stream
     request_timeout_s: float = 3600.0  # one request from arrival to its last token (504)
 
     def __post_init__(self) -> None:
