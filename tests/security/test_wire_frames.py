@@ -132,3 +132,30 @@ def test_a_kv_import_meets_only_on_the_agents_own_store() -> None:
         kv_copy.pair_spec(dp, kv_copy.IMPORTER, own)
     ok = kv_copy.pair_spec(pb.DataPlane(store_address=own, group="kv/x"), kv_copy.IMPORTER, own)
     assert ok.store_address == own and ok.rank == kv_copy.IMPORTER
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "not a list",
+        [("w", "float32")],
+        [("other", "float32", (2,))],
+        [("w", "float32", (2,)), ("w", "float32", (2,))],
+        [("w", "object", (2,))],
+        [("w", "float32", (-1,))],
+        [("w", "float32", [2])],
+        [("w", "float32", (1 << 30, 1 << 30))],
+    ],
+)
+def test_a_block_copy_header_is_schema_checked(header: object) -> None:
+    from tessera_agent.transfer import block_copy
+
+    with pytest.raises(group.GroupError):
+        block_copy.check_header(header, ["w", "b"])
+
+
+def test_a_good_block_copy_header_passes() -> None:
+    from tessera_agent.transfer import block_copy
+
+    header = [("w", "bfloat16", (2, 3)), ("b", "float32", ())]
+    assert block_copy.check_header(header, ["w", "b"]) == header
