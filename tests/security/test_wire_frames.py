@@ -159,3 +159,27 @@ def test_a_good_block_copy_header_passes() -> None:
 
     header = [("w", "bfloat16", (2, 3)), ("b", "float32", ())]
     assert block_copy.check_header(header, ["w", "b"]) == header
+
+
+def test_every_dataclass_a_step_can_hold_is_allowed_on_the_wire() -> None:
+    """A new dataclass inside StepInput/StepOutput must be added to `wire.ALLOWED`, or TP
+    steps would fail to encode."""
+    import dataclasses
+    import typing
+
+    seen: set[type] = set()
+
+    def walk(tp: object) -> None:
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            if tp in seen:
+                return
+            seen.add(tp)
+            for hint in typing.get_type_hints(tp).values():
+                walk(hint)
+        for arg in typing.get_args(tp):
+            walk(arg)
+
+    walk(step.StepInput)
+    walk(step.StepOutput)
+    names = {f"{t.__module__}.{t.__qualname__}" for t in seen}
+    assert names <= wire.ALLOWED, names - wire.ALLOWED
