@@ -46,6 +46,7 @@ BENCHES: dict[str, str] = {
     "decode-attn": "tessera_agent.bench_decode_attn",
     "speculate": "tessera_agent.bench_speculate",
     "stitch": "tessera_agent.bench_stitch",
+    "abuse": "tessera.cli.bench_abuse",
 }
 
 
