@@ -119,3 +119,25 @@ def agents_factory() -> Iterator[object]:
     yield start
     for a in started:
         local_agents.stop_agent(a)
+
+
+# `make test` runs the suite in two passes: every test not marked `serial` on two xdist
+# workers, then the `serial` ones one at a time. Serial are the tests whose assertions
+# depend on timing under load (a drain deadline, a request caught mid-decode by a cut-over,
+# a p99 ratio) or that want both cores; they are listed here, by path prefix, in one place.
+SERIAL = (
+    "tests/e2e/",
+    "tests/agent/test_layer_scaling_agents.py",
+    "tests/agent/test_overload_live.py",
+    "tests/operator/test_operator_transitions.py",
+    "tests/operator/test_operator_overload.py",
+    "tests/operator/test_operator_switching.py",
+    "tests/gateway/test_cutover.py",
+    "tests/engine/test_bench_smoke.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)

@@ -313,7 +313,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
                     pages,
                     head.layer_start,
                     head.layer_end,
-                    kv_copy.pair_spec(head.data_plane, kv_copy.IMPORTER),
+                    kv_copy.pair_spec(head.data_plane, kv_copy.IMPORTER, self.store_address),
                 )
                 return pb.ImportKVReply(layers=n)
             async for msg in request_iterator:

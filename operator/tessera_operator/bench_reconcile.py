@@ -87,6 +87,7 @@ def _make_model(out: Path) -> Path:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from kubernetes import client
 
+    from tessera.policies import admission
     from tessera_operator import agents, config
     from tessera_operator.testing import background
 
@@ -97,7 +98,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             background.ApiServerThread() as srv,
         ):
             refs = tuple(agents.AgentRef(p.agent_id, p.address) for p in procs)
-            cfg = config.OperatorConfig(agents=refs, api_server=srv.url, resync_seconds=args.resync)
+            cfg = config.OperatorConfig(
+                agents=refs,
+                api_server=srv.url,
+                resync_seconds=args.resync,
+                # the checkpoint lies in a temporary folder, mounted by hostPath
+                admission=admission.Limits(("/",), allow_host_path=True),
+            )
             kube = client.ApiClient(client.Configuration(host=srv.url))
             kube.user_agent = "tessera-bench/0"
             api = client.CustomObjectsApi(kube)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tessera.policies import admission
 from tessera_operator import agents
 
 DEFAULT_AGENT_SELECTOR = "app.kubernetes.io/component=agent"
@@ -35,6 +36,7 @@ _TEMPLATE_KEYS = {
     "serviceAnnotations": "service_annotations",
     "tlsSecretName": "tls_secret_name",
     "apiKeysSecretName": "api_keys_secret_name",
+    "certificate": "certificate",
     "extraArgs": "extra_args",
 }
 
@@ -61,14 +63,29 @@ class GatewayTemplate:
     security_context: Mapping[str, Any] = field(default_factory=dict)
     service_annotations: Mapping[str, str] = field(default_factory=dict)
     # mTLS to the agents: a TLS Secret (ca.crt, tls.crt, tls.key; OU=gateway) that must
-    # exist in each ServingDeployment's namespace; "": plaintext (docs/security.md)
+    # exist in each ServingDeployment's namespace ("{name}" in it: the deployment's name, for
+    # a Secret per deployment); "": plaintext (docs/security.md)
     tls_secret_name: str = ""
     api_keys_secret_name: str = ""  # Secret with key `keys` (gateway/auth.py); "": no keys
+    # issue 31: {"issuerRef": {"kind", "name"}, "duration", "renewBefore"}: the operator asks
+    # cert-manager for a certificate bound to each deployment (gateway_certificate.py), which
+    # its gateway mounts instead of `tls_secret_name`; {}: none
+    certificate: Mapping[str, Any] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()  # appended to `tessera gateway` (e.g. limits)
 
     def __post_init__(self) -> None:
         if not self.image:
             raise ValueError("gateway.image: must not be empty")
+        if self.certificate:
+            ref = self.certificate.get("issuerRef") or {}
+            if set(ref) != {"kind", "name"} or ref["kind"] not in ("Issuer", "ClusterIssuer"):
+                raise ValueError(
+                    "gateway.certificate.issuerRef: {kind: Issuer | ClusterIssuer, name} "
+                    f"required, got {ref!r}"
+                )
+            unknown = sorted(set(self.certificate) - {"issuerRef", "duration", "renewBefore"})
+            if unknown:
+                raise ValueError(f"gateway.certificate.{unknown[0]}: unknown key")
         if self.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
             raise ValueError(
                 f"gateway.imagePullPolicy: {self.image_pull_policy!r} is not Always, "
@@ -108,6 +125,9 @@ class OperatorConfig:
     resync_seconds: float = 10.0  # timer period that re-reconciles drift
     model_root: str = "/models"  # where PVC checkpoints are mounted (operator and gateways)
     gateway: GatewayTemplate = field(default_factory=GatewayTemplate)
+    # what a spec may ask for (issue 31): checkpoints under these roots only; LoadBalancer
+    # Services and hostPath volumes only when allowed (`policies.admission`)
+    admission: admission.Limits = field(default_factory=admission.Limits)
     api_server: str = ""  # Kubernetes API URL override (tests); "": in-cluster or kubeconfig
     peering: str = ""  # kopf peering name; "": standalone
     priority: int = 0  # kopf peering priority

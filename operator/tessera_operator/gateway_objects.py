@@ -16,7 +16,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from tessera import api, plan, routes_doc
-from tessera_operator import config
+from tessera_operator import config, gateway_certificate
 
 ROUTES_DIR = "/etc/tessera"
 ROUTES_KEY = "routes.json"
@@ -184,6 +184,11 @@ def deployment(
         ("api-keys", API_KEYS_DIR, "TESSERA_API_KEYS_FILE", f"{API_KEYS_DIR}/keys"),
     ):
         secret = tmpl.tls_secret_name if volume == "tls" else tmpl.api_keys_secret_name
+        # "{name}": one Secret per ServingDeployment, e.g. a certificate bound to it by its
+        # URI SAN (tessera.policies.tenancy) rather than to its whole namespace
+        secret = secret.replace("{name}", dep.name)
+        if volume == "tls" and tmpl.certificate:  # the operator's certificate for it
+            secret = gateway_certificate.secret_name(dep)
         if secret:
             volumes.append({"name": volume, "secret": {"secretName": secret}})
             container["volumeMounts"].append(

@@ -26,6 +26,7 @@ PLURALS = {
     ("v1", "ConfigMap"): "configmaps",
     ("v1", "Service"): "services",
     ("apps/v1", "Deployment"): "deployments",
+    ("cert-manager.io/v1", "Certificate"): "certificates",  # gateway_certificate.py
 }
 
 

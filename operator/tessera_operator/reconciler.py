@@ -22,7 +22,7 @@ from typing import Any
 import kopf
 
 from tessera import api, fields, plan, reconcile, routes_doc
-from tessera.policies import transition
+from tessera.policies import admission, transition
 from tessera_operator import (
     actuate,
     agents,
@@ -30,6 +30,7 @@ from tessera_operator import (
     converge,
     discovery,
     events,
+    gateway_certificate,
     gateway_objects,
     kube,
     overload_status,
@@ -113,6 +114,9 @@ async def _apply_gateway(
         dep, owner, gateway_objects.routes(dep, out.plan, model_path, doc)
     )
     events.applied(body, await owned.apply(ctx.kube, cm, routes_cm))
+    cert = gateway_certificate.certificate(dep, owner, tmpl)
+    if cert is not None:  # before the Deployment that mounts its Secret
+        events.applied(body, await owned.apply(ctx.kube, cert))
     for obj in (
         gateway_objects.deployment(dep, owner, tmpl, model_path, ctx.config.model_root),
         gateway_objects.service(dep, owner, tmpl),
@@ -127,34 +131,43 @@ async def _routes_config_map(ctx: Context, dep: api.ServingDeployment) -> dict[s
     )
 
 
+async def _serve(
+    ctx: Context, body: kopf.Body, raw: dict[str, Any]
+) -> tuple[converge.Outcome, str]:
+    """One pass's outcome, and the gateway endpoint ("" while nothing is planned)."""
+    try:
+        dep = api.parse(raw)
+    except fields.FieldError as exc:
+        return converge.Outcome("InvalidSpec", str(exc), errors=[exc]), ""
+    model_path = converge.resolve_model_path(dep.spec, None, ctx.config.model_root)
+    verdict = admission.admit(dep.spec, model_path, ctx.config.admission)
+    if not verdict.allowed:  # nothing is planned, loaded or created for a refused spec
+        return converge.Outcome(verdict.reason, verdict.message), ""
+    refs = await discovery.agent_refs(ctx.config, ctx.kube, dep.spec.resources.node_selector)
+    owner = gateway_objects.owner_reference(raw)
+    routes_cm = await _routes_config_map(ctx, dep)
+    published = gateway_objects.published(routes_cm)
+    out = await converge.converge(
+        dep,
+        model_path,
+        refs,
+        progress=functools.partial(events.action, body),
+        published=published,
+        publish=_routes_writer(ctx, body, dep, owner),
+        rollout=_rollout(ctx.config),
+    )
+    if out.plan is None:
+        return out, ""
+    unchanged = routes_cm if out.routes is published else None
+    await _apply_gateway(ctx, body, dep, owner, out, model_path, unchanged)
+    return out, gateway_objects.endpoint(dep)
+
+
 async def _pass(body: kopf.Body, patch: kopf.Patch, ctx: Context) -> None:
     raw = copy.deepcopy(dict(body))
     generation = int(body.metadata.get("generation") or 0)
     previous: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
-    endpoint = ""
-    try:
-        dep = api.parse(raw)
-    except fields.FieldError as exc:
-        out = converge.Outcome("InvalidSpec", str(exc), errors=[exc])
-    else:
-        refs = await discovery.agent_refs(ctx.config, ctx.kube, dep.spec.resources.node_selector)
-        model_path = converge.resolve_model_path(dep.spec, None, ctx.config.model_root)
-        owner = gateway_objects.owner_reference(raw)
-        routes_cm = await _routes_config_map(ctx, dep)
-        published = gateway_objects.published(routes_cm)
-        out = await converge.converge(
-            dep,
-            model_path,
-            refs,
-            progress=functools.partial(events.action, body),
-            published=published,
-            publish=_routes_writer(ctx, body, dep, owner),
-            rollout=_rollout(ctx.config),
-        )
-        if out.plan is not None:
-            unchanged = routes_cm if out.routes is published else None
-            await _apply_gateway(ctx, body, dep, owner, out, model_path, unchanged)
-            endpoint = gateway_objects.endpoint(dep)
+    out, endpoint = await _serve(ctx, body, raw)
     new = status.build(out, generation, previous, _now(), endpoint)
     events.transition(body, status.condition(previous, "Ready"), status.condition(new, "Ready"))
     events.switching(

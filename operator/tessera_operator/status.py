@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tessera.policies import admission
 from tessera_operator import converge, overload_status, scaling
 
 CONDITIONS = ("Ready", "Progressing", "Degraded", "PlanValid", "Reconciling", "Stalled")
@@ -37,12 +38,14 @@ STALLED = (
     "NoSource",
     "AgentUnreachable",
     "LoadFailed",
+    *admission.REASONS,  # the operator's configuration refuses what the spec asks
 )
 PHASES = {
     "Serving": "Ready",
     "Loading": "Progressing",
     "Switching": "Progressing",
     "InvalidSpec": "Invalid",
+    **{reason: "Invalid" for reason in admission.REASONS},
     "InsufficientCapacity": "Pending",
     "InsufficientMemory": "Pending",
     "NoSource": "Pending",
@@ -173,7 +176,7 @@ def build(
         status["overload"] = {"groups": dropped}
     status["observedGeneration"] = generation
     phase = PHASES.get(out.reason, "Pending")
-    if out.whole and out.reason in STALLED and out.reason != "InvalidSpec":
+    if out.whole and out.reason in STALLED and PHASES.get(out.reason) != "Invalid":
         phase = "Degraded"  # the old layout keeps serving
     status["phase"] = phase
     status["conditions"] = conditions(out, generation, previous.get("conditions") or [], now)

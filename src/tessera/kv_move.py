@@ -132,19 +132,33 @@ async def move_prefix(
     except grpc.aio.AioRpcError as exc:
         raise MoveError(f"{step}: {exc.code().name}: {exc.details()}") from exc
     finally:
-        for leader, replica_id, pin_id in (
-            (src_leader, src[0].replica_id, pinned),
-            (dst_leader, dst[0].replica_id, reserved),
-        ):
-            if pin_id:
-                try:
-                    await leader.ReleasePin(
-                        pb.ReleasePinRequest(replica_id=replica_id, pin_id=pin_id), timeout=10
-                    )
-                except grpc.aio.AioRpcError:
-                    pass  # the agent is gone, and its pins with it
-        for channel in channels.values():
-            await channel.close()
+        # Shielded: a move cancelled mid-way (its cut-over or gateway stopping) still
+        # releases both pins before the channels close.
+        await asyncio.shield(
+            _release(
+                [
+                    (src_leader, src[0].replica_id, pinned),
+                    (dst_leader, dst[0].replica_id, reserved),
+                ],
+                list(channels.values()),
+            )
+        )
+
+
+async def _release(
+    pins: list[tuple[pb_grpc.AgentStub, str, str]], channels: list[grpc.aio.Channel]
+) -> None:
+    """Release every pin (an agent that is gone took its pins with it), then close."""
+    for leader, replica_id, pin_id in pins:
+        if pin_id:
+            try:
+                await leader.ReleasePin(
+                    pb.ReleasePinRequest(replica_id=replica_id, pin_id=pin_id), timeout=10
+                )
+            except grpc.aio.AioRpcError:
+                pass
+    for channel in channels:
+        await channel.close()
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,7 @@ _CERTIFICATE_SPEC = {
             },
         },
         "dnsNames": {"type": "array", "items": {"type": "string"}},
+        "uris": {"type": "array", "items": {"type": "string", "pattern": "^[a-z][a-z0-9+.-]*://"}},
         "duration": _GO_DURATION,
         "renewBefore": _GO_DURATION,
         "privateKey": {

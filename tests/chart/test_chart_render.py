@@ -85,6 +85,8 @@ def test_default_render_objects(helm: Path) -> None:
         "DaemonSet",
         "Deployment",
         "NetworkPolicy",
+        "NetworkPolicy",
+        "NetworkPolicy",
         "Role",
         "RoleBinding",
         "ServiceAccount",
@@ -436,7 +438,7 @@ def test_gateway_selector_matches_the_operators_labels() -> None:
 def test_network_policy_limits_agent_ingress(helm: Path) -> None:
     objects = render(helm, files=[cc.ALL_ON])
     policy = one(objects, "NetworkPolicy", "agent")
-    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
     agents, grpc, metrics = policy["spec"]["ingress"]
     assert "ports" not in agents  # agent to agent: every port (NCCL, gloo)
     assert grpc["ports"] == [{"port": 50051, "protocol": "TCP"}]
@@ -446,4 +448,6 @@ def test_network_policy_limits_agent_ingress(helm: Path) -> None:
         if "podSelector" in peer
     ]
     assert components == ["operator", "gateway"]
+    # every peer names its namespace too: labels alone are anyone's to set
+    assert all("namespaceSelector" in peer for peer in grpc["from"])
     assert metrics["ports"] == [{"port": 9400, "protocol": "TCP"}]

@@ -36,7 +36,7 @@ def test_tls_is_on_by_default_with_user_supplied_secrets(helm: Path) -> None:
     gateway = json.loads(one(objects, "ConfigMap")["data"]["gateway.json"])
     assert gateway["tlsSecretName"] == "tessera-gateway-tls"
     assert not [o for o in objects if o["apiVersion"].startswith("cert-manager.io")]
-    assert one(objects, "NetworkPolicy", "agent")["spec"]["policyTypes"] == ["Ingress"]
+    assert one(objects, "NetworkPolicy", "agent")["spec"]["policyTypes"] == ["Ingress", "Egress"]
     named = render(helm, "tls.secrets.agent=my-agent-cert")
     assert _tls_secret(one(named, "DaemonSet", "agent")) == "my-agent-cert"
 
@@ -51,7 +51,9 @@ def test_plaintext_only_when_turned_off(helm: Path) -> None:
 
 
 def test_cert_manager_issues_one_certificate_per_role(helm: Path) -> None:
-    objects = render(helm, files=[cc.ALL_ON])
+    # per namespace for gateways here; per ServingDeployment (the default) in
+    # tests/chart/test_chart_tenancy.py
+    objects = render(helm, "tls.certManager.perDeployment=false", files=[cc.ALL_ON])
     certs = {
         (o["metadata"]["namespace"], o["metadata"]["name"]): o["spec"]
         for o in objects
@@ -66,6 +68,10 @@ def test_cert_manager_issues_one_certificate_per_role(helm: Path) -> None:
         ("serving-canary", "tessera-gateway-tls"): ["gateway"],
     }
     assert certs[("cert-manager", "tessera-ca")]["isCA"] is True
+    # gateways are bound to their namespace (tessera.policies.tenancy); no other role is
+    for (ns, _), spec in certs.items():
+        gateway = spec.get("subject", {}).get("organizationalUnits") == ["gateway"]
+        assert spec.get("uris") == ([f"spiffe://tessera/ns/{ns}"] if gateway else None)
     agent = certs[("tessera-system", "tessera-agent-tls")]
     assert agent["dnsNames"] == ["tessera-agent"]  # transport.AGENT_SERVER_NAME
     assert {"server auth", "client auth"} <= set(agent["usages"])

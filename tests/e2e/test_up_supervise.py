@@ -93,6 +93,12 @@ def test_up_restarts_a_killed_agent_and_reloads_its_blocks(
 
         os.kill(agent1[0], signal.SIGKILL)
         wait_for(r"agent agent-1 restarted at 127\.0\.0\.1:\d+")
+        # every agent, the restarted one too, loads under the manifest's model only (issue 31)
+        root = ["--model-root", os.path.realpath(tiny_llama)]
+        argvs = [Path(f"/proc/{k}/cmdline").read_text().split("\0") for k in _children(up.pid)]
+        agents = [a for a in argvs if "agent" in a and "--agent-id" in a]
+        assert len(agents) == 2, argvs
+        assert all(any(a[i : i + 2] == root for i in range(len(a))) for a in agents), agents
         wait_for(r"reconciled drift: \d+ actions")
         deadline = time.monotonic() + 180
         while _get(f"{url}/health").get("ready_replicas") != 2:

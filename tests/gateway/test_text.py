@@ -108,14 +108,14 @@ def test_request_validation() -> None:
         },
         "m",
     )
-    assert ok.prompt == (1, 2) and ok.stream and ok.include_usage
+    assert ok.prompts == ((1, 2),) and ok.stream and ok.include_usage
     assert ok.sampling.stop == ("x",) and ok.sampling.top_k == 0 and ok.sampling.seed == 3
     cases = [
         ({"prompt": "x"}, 400, "model"),
         ({"model": "other", "prompt": "x"}, 404, "model"),
         ({"model": "m"}, 400, "prompt"),
         ({"model": "m", "prompt": []}, 400, "prompt"),
-        ({"model": "m", "prompt": ["a", "b"]}, 400, "prompt"),
+        ({"model": "m", "prompt": ["a", 3]}, 400, "prompt"),
         ({"model": "m", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
         ({"model": "m", "prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
         ({"model": "m", "prompt": "x", "temperature": -0.1}, 400, "temperature"),

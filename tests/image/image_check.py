@@ -267,6 +267,7 @@ def run_checks(cp_image: str, agent_image: str, work: Path, timings: dict[str, f
             stack.enter_context(stopping(cp.spawn(
                 ["tessera", "operator", "--api-server", api.url,
                  "--agent", f"agent-0={agent_address}", "--model-root", MODEL_ROOT,
+                 "--allow-host-path",  # the manifest's checkpoint is a folder, not a PVC
                  "--namespace", "default", "--resync", "2", "--gateway-image", cp_image,
                  "--liveness", f"http://127.0.0.1:{live_port}/healthz"],
                 work, mounts,

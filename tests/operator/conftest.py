@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from tessera.policies import admission
 from tessera_operator import agents, config
 from tessera_operator.testing import apiserver, background
 
@@ -74,6 +75,8 @@ def start_operator(
 
     def start(refs: list[agents.AgentRef], **kwargs: Any) -> background.OperatorThread:
         kwargs.setdefault("resync_seconds", 1.0)
+        # tests serve checkpoints from temporary folders, mounted by hostPath
+        kwargs.setdefault("admission", admission.Limits(("/",), allow_host_path=True))
         cfg = config.OperatorConfig(agents=tuple(refs), api_server=api_server.url, **kwargs)
         op = background.OperatorThread(cfg).start()
         running.append(op)

@@ -18,6 +18,7 @@ import yaml
 from kubernetes import client
 
 from tessera import crd, local_agents
+from tessera.policies import admission
 from tessera_operator import config
 from tessera_operator.testing import background
 from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, wait_for
@@ -68,6 +69,7 @@ def test_two_peered_operators_exactly_one_active(
             peering="tessera",
             priority=priority,
             gateway=config.GatewayTemplate(image=image),
+            admission=admission.Limits(("/",), allow_host_path=True),
         )
         operators.append(background.OperatorThread(cfg).start())
         return operators[-1]

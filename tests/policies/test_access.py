@@ -10,7 +10,10 @@ def test_weights_and_kv_are_open_only_to_the_roles_that_need_them() -> None:
         return {r for r in access.ROLES if access.authorize(method, r).allowed}
 
     assert who("FetchTensors") == {access.AGENT, access.ADMIN}
-    assert who("ExportKV") == {access.GATEWAY, access.ADMIN}
+    assert who("ExportKV") == who("ImportKV") == {access.GATEWAY, access.OPERATOR, access.ADMIN}
+    assert who("PinPrefix") == who("CommitPrefix") == {access.GATEWAY, access.ADMIN}
+    # placement changes are the operator's alone (issue 31): a gateway may not pause or drop
+    assert who("OverloadShift") == who("ScalingEvict") == {access.OPERATOR, access.ADMIN}
     assert who("LoadBlock") == who("Profile") == {access.OPERATOR, access.ADMIN}
     assert who("StageStream") == {access.AGENT, access.ADMIN}
     assert who("Generate") == {access.GATEWAY, access.ADMIN}

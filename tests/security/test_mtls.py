@@ -176,8 +176,10 @@ def test_roles_and_model_root_are_enforced(
     assert _code(lambda: gateway.LoadBlock(load, timeout=30)) == denied
     fetch = pb.FetchTensorsRequest(replica_id="piped", stage_index=0, names=[])
     assert _code(lambda: list(gateway.FetchTensors(fetch, timeout=30))) == denied
+    pin = pb.PinPrefixRequest(replica_id="piped", token_ids=[1])
+    assert _code(lambda: operator.PinPrefix(pin, timeout=30)) == denied  # KV pins: gateways
     export = pb.ExportKVRequest(replica_id="piped", stage_index=0, page_ids=[0])
-    assert _code(lambda: list(operator.ExportKV(export, timeout=30))) == denied
+    assert _code(lambda: list(_stub(a, pki_dirs[access.AGENT]).ExportKV(export))) == denied
     gen = pb.GenerateRequest(replica_id="piped", prompt_token_ids=[1], params=pb.SamplingParams())
     assert _code(lambda: list(operator.Generate(gen, timeout=30))) == denied
     assert _code(lambda: list(_stub(a, pki_dirs[access.AGENT]).Generate(gen))) == denied

@@ -50,6 +50,11 @@ class Downstream(Protocol):
 
 
 DownstreamFactory = Callable[[], Awaitable[Downstream]]
+# A KV pin (`pin_prefix`, `reserve_pages`) neither committed nor released by then is freed:
+# a caller that dies or walks away mid-move cannot hold a replica's pages forever (issue 31).
+# Long enough for a move of a whole context over gRPC; a move that takes longer gets
+# NOT_FOUND on its commit and the request is recomputed.
+PIN_LEASE_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,8 @@ class ReplicaEngine:
         self._loop_task: asyncio.Task[None] | None = None
         self._ready_lock = asyncio.Lock()
         self._pins: set[str] = set()
+        self.pin_lease_s = PIN_LEASE_S
+        self.expired_pins = 0  # pins freed by their lease
         self._paused = False  # overload shifts: no step is scheduled while set
         self.steps = 0
         self.split = split or microbatch.SplitConfig()
@@ -134,7 +141,7 @@ class ReplicaEngine:
         n = alloc.share_prefix(pin_id, tokens)
         if not n:
             return Pin("", (), 0, alloc.page_size)
-        self._pins.add(pin_id)
+        self._lease(pin_id)
         return Pin(pin_id, tuple(alloc.block_table(pin_id)), n, alloc.page_size)
 
     async def reserve_pages(self, num_pages: int) -> Pin:
@@ -148,7 +155,7 @@ class ReplicaEngine:
                 f"cannot reserve {num_pages} KV pages: {alloc.free_pages} of "
                 f"{alloc.num_pages} are free"
             )
-        self._pins.add(pin_id)
+        self._lease(pin_id)
         return Pin(pin_id, tuple(alloc.block_table(pin_id)), 0, alloc.page_size)
 
     async def commit_prefix(self, pin_id: str, tokens: list[int]) -> int:
@@ -166,6 +173,18 @@ class ReplicaEngine:
         alloc = self._pinned(pin_id)
         alloc.free(pin_id)
         self._pins.discard(pin_id)
+
+    def _lease(self, pin_id: str) -> None:
+        self._pins.add(pin_id)
+        asyncio.get_running_loop().call_later(self.pin_lease_s, self._expire, pin_id)
+
+    def _expire(self, pin_id: str) -> None:
+        if pin_id not in self._pins or self._sched is None:
+            return  # committed or released in time
+        log.warning("KV pin %s expired after %.0f s; its pages are freed", pin_id, self.pin_lease_s)
+        self.release_pin(pin_id)
+        self.expired_pins += 1
+        self._wake.set()  # queued requests may fit in the freed pages
 
     def _pinned(self, pin_id: str) -> page_allocator.PageAllocator:
         if pin_id not in self._pins or self._sched is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections.abc import Sequence
 
@@ -29,6 +30,34 @@ from tessera_agent.transfer import grpc as grpc_transport
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+MAX_COPY_BYTES = 1 << 40  # one copy's tensors together (a source cannot make us allocate more)
+
+
+def check_header(
+    header: object, names: Sequence[str] | None
+) -> list[tuple[str, str, tuple[int, ...]]]:
+    """The source's header, schema-checked: (name, dtype, shape) of requested names only
+    (any names when `names` is None), each once, known dtypes, sizes within
+    `MAX_COPY_BYTES`; GroupError otherwise."""
+    if not isinstance(header, list):
+        raise group.GroupError(f"block copy: the header is a {type(header).__name__}")
+    wanted, seen, total = (None if names is None else set(names)), set(), 0
+    out: list[tuple[str, str, tuple[int, ...]]] = []
+    for entry in header:
+        if not (isinstance(entry, tuple) and len(entry) == 3):
+            raise group.GroupError(f"block copy: bad header entry {entry!r:.200}")
+        name, dtype, shape = entry
+        ok = isinstance(name, str) and (wanted is None or name in wanted) and name not in seen
+        ok = ok and isinstance(dtype, str) and dtype in _DTYPES
+        ok = ok and isinstance(shape, tuple) and all(type(d) is int and d >= 0 for d in shape)
+        if not ok:
+            raise group.GroupError(f"block copy: bad header entry {entry!r:.200}")
+        seen.add(name)
+        total += math.prod(shape) * _DTYPES[dtype].itemsize
+        if total > MAX_COPY_BYTES:
+            raise group.GroupError(f"block copy: more than {MAX_COPY_BYTES} bytes announced")
+        out.append((name, dtype, shape))
+    return out
 
 
 def push(tensors: list[tuple[str, torch.Tensor]], spec: group.GroupSpec) -> int:
@@ -46,11 +75,12 @@ def push(tensors: list[tuple[str, torch.Tensor]], spec: group.GroupSpec) -> int:
         g.close()
 
 
-def _receive(spec: group.GroupSpec, device: torch.device) -> dict[str, torch.Tensor]:
+def _receive(
+    spec: group.GroupSpec, device: torch.device, names: Sequence[str] | None = None
+) -> dict[str, torch.Tensor]:
     g = group.form(spec, device)
     try:
-        header = g.broadcast_object(None)
-        assert isinstance(header, list)
+        header = check_header(g.broadcast_object(None), names)
         out: dict[str, torch.Tensor] = {}
         for name, dtype, shape in header:
             buf = torch.empty(shape, dtype=_DTYPES[dtype], device=g.device)
@@ -86,7 +116,7 @@ async def fetch(
                 timeout=timeout_s,
             )
             loop = asyncio.get_running_loop()
-            received = loop.run_in_executor(None, _receive, spec, device)
+            received = loop.run_in_executor(None, _receive, spec, device, list(names))
             try:
                 await call
             except grpc.aio.AioRpcError as exc:

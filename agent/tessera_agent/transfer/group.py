@@ -6,16 +6,17 @@ formation, and returns a `Group` with the few operations the engine needs: all-r
 (TP), broadcast of a step to the other ranks, and point-to-point tensors. No
 `init_process_group`: an agent holds as many groups as it hosts replicas, each closed at
 unload. Every operation has the group's timeout, so a dead rank fails the group instead of
-hanging it. Every key a rank touches in the store is deleted when it closes its group,
-so a group formed again under the same name (a replica reloaded after a failure) never
-reads a dead rank's address. Called by `tessera_agent.tp_member`, `transfer.block_copy`
-and tests.
+hanging it. Objects cross as `wire` frames (a fixed binary header, a JSON body, raw tensor
+bytes; a frame length over `wire.MAX_FRAME_BYTES` is refused before a buffer is allocated):
+nothing a peer sends is unpickled. Every key a rank touches in the store is deleted when it
+closes its group, so a group formed again under the same name (a replica reloaded after a
+failure) never reads a dead rank's address. Called by `tessera_agent.tp_member`,
+`transfer.block_copy` and tests.
 """
 
 from __future__ import annotations
 
 import datetime
-import pickle
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 from torch._C import _distributed_c10d as c10d
 
-from tessera_agent.transfer import gloo, nccl, store
+from tessera_agent.transfer import gloo, nccl, store, wire
 
 DEFAULT_TIMEOUT_S = 30.0
 FORM_TIMEOUT_S = 180.0  # to wait for every rank to join: ranks load their weights first
@@ -167,11 +168,12 @@ class Group:
         return work
 
     def broadcast_object(self, obj: object, root: int = 0) -> object:
-        """`obj` from rank `root` to every rank (pickled); others pass anything."""
+        """`obj` from rank `root` to every rank (a `wire` frame); others pass anything.
+        A malformed frame fails the group (GroupError) without being interpreted."""
         with self._lock:
             self._check()
             if self.rank == root:
-                data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+                data = wire.encode(obj)
                 size = torch.tensor([len(data)], dtype=torch.long, device=self.device)
                 self._run("broadcast", lambda: self._bcast(size, root))
                 buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
@@ -179,9 +181,22 @@ class Group:
                 return obj
             size = torch.zeros(1, dtype=torch.long, device=self.device)
             self._run("broadcast", lambda: self._bcast(size, root))
+            try:
+                wire.check_size(int(size.item()))
+            except wire.WireError as exc:
+                self.failed = f"group {self.spec.name}: rank {root} sent a bad frame: {exc}"
+                raise GroupError(self.failed) from exc
             buf = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
             self._run("broadcast", lambda: self._bcast(buf, root))
-            return pickle.loads(buf.cpu().numpy().tobytes())
+            return self.decode_frame(buf.cpu().numpy().tobytes(), root)
+
+    def decode_frame(self, frame: bytes, root: int) -> object:
+        """A peer's frame → object; a bad one fails the group for good."""
+        try:
+            return wire.decode(frame, self.device)
+        except wire.WireError as exc:
+            self.failed = f"group {self.spec.name}: rank {root} sent a bad frame: {exc}"
+            raise GroupError(self.failed) from exc
 
     def send(self, t: torch.Tensor, dst: int, tag: int = 0) -> None:
         with self._lock:

@@ -25,10 +25,17 @@ EXPORTER, IMPORTER = 0, 1
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def pair_spec(dp: pb.DataPlane, rank: int) -> group.GroupSpec:
-    """The 2-rank group a KV move's `data_plane` names (InvalidArgumentError if unusable)."""
+def pair_spec(dp: pb.DataPlane, rank: int, own_store: str = "") -> group.GroupSpec:
+    """The 2-rank group a KV move's `data_plane` names (InvalidArgumentError if unusable).
+    An importer meets only on its own store (`own_store`, when given): a caller cannot
+    point it at a rendezvous of its choosing."""
     if not dp.store_address or not dp.group:
         raise errors.InvalidArgumentError("data_plane: store_address and group needed")
+    if rank == IMPORTER and own_store and dp.store_address != own_store:
+        raise errors.InvalidArgumentError(
+            f"data_plane.store_address: a KV import meets on this agent's own store "
+            f"({own_store}), not {dp.store_address}"
+        )
     timeout = dp.timeout_s or group.DEFAULT_TIMEOUT_S
     try:
         # A peer that failed its own checks never joins: wait no longer than one operation.
@@ -86,9 +93,10 @@ def receive(
     g = group.form(spec, st.runner.cache.k[0].device)
     try:
         header = g.broadcast_object(None)
-        assert isinstance(header, tuple)
+        if not (isinstance(header, tuple) and len(header) == 3):
+            raise errors.InvalidArgumentError(f"KV from the exporter: bad header {header!r:.200}")
         first, dtype, shape = header
-        if first != (start or st.spec.start) or tuple(shape) != want or dtype not in _DTYPES:
+        if first != (start or st.spec.start) or shape != want or dtype not in _DTYPES:
             raise errors.InvalidArgumentError(
                 f"KV from the exporter: layers from {first}, {dtype} {tuple(shape)}; this "
                 f"stage expects layers from {start or st.spec.start}, shape {want}"

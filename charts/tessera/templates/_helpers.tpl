@@ -141,6 +141,17 @@ standalone); with more, --peering NAME (the pod template adds a distinct --prior
 - {{ .Values.modelCache.mountPath | quote }}
 - --gateway-config
 - /etc/tessera/gateway.json
+{{- range $o.admission.allowedModelRoots }}
+- --allowed-model-root
+- {{ . | quote }}
+{{- end }}
+{{- if $o.admission.allowLoadBalancer }}
+- --allow-load-balancer
+{{- end }}
+{{- $host := $o.admission.allowHostPath }}
+{{- if or (eq (toString $host) "true") (and (eq (toString $host) "auto") (eq .Values.modelCache.type "hostPath")) }}
+- --allow-host-path
+{{- end }}
 {{- if $o.watchNamespaces }}
 {{- range $o.watchNamespaces }}
 - --namespace
@@ -206,4 +217,113 @@ Name of the TLS Secret of a component ("operator", "agent", "gateway"): tls.secr
 {{- define "tessera.gatewayCertNamespaces" -}}
 {{- $ns := .Values.tls.certManager.gatewayNamespaces | default .Values.operator.watchNamespaces -}}
 {{- toJson (default (list) $ns) -}}
+{{- end }}
+
+{{/*
+The operator's rules on namespaced objects: in its ClusterRole when it watches every
+namespace, else in a Role per watched namespace (templates/operator/rbac.yaml).
+*/}}
+{{- define "tessera.operator.namespacedRules" -}}
+# kopf: watches ServingDeployments; patches them for its finalizer and progress annotations.
+- apiGroups: ["serving.tessera.dev"]
+  resources: ["servingdeployments"]
+  verbs: ["list", "watch", "patch"]
+# Status, written last with observedGeneration.
+- apiGroups: ["serving.tessera.dev"]
+  resources: ["servingdeployments/status"]
+  verbs: ["patch"]
+# Events on ServingDeployments (kopf's and the operator's own).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+# Per ServingDeployment: the gateway Deployment, Service and routes ConfigMap, created or
+# replaced when their desired spec changes; deleted with it by owner references.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "create", "update"]
+- apiGroups: [""]
+  resources: ["services", "configmaps"]
+  verbs: ["get", "create", "update"]
+{{- if include "tessera.certPerDeployment" . }}
+# tls.certManager.perDeployment: a gateway Certificate per ServingDeployment, bound to it.
+- apiGroups: ["cert-manager.io"]
+  resources: ["certificates"]
+  verbs: ["get", "create", "update"]
+{{- end }}
+{{- end }}
+
+{{/*
+A NetworkPolicyPeer for this release's pods of a component: their namespace (by the
+kubernetes.io/metadata.name label Kubernetes sets) AND their labels, so a pod elsewhere
+that copies the labels does not match. Call with (dict "ctx" $ "component" "agent").
+*/}}
+{{- define "tessera.peer" -}}
+- namespaceSelector:
+    matchLabels:
+      kubernetes.io/metadata.name: {{ .ctx.Release.Namespace }}
+  podSelector:
+    matchLabels:
+      {{- include "tessera.selectorLabels" . | nindent 6 }}
+{{- end }}
+
+{{/* The gateways (in the watched namespaces, or any namespace) as a NetworkPolicyPeer. */}}
+{{- define "tessera.gatewayPeer" -}}
+- namespaceSelector:
+    {{- if .Values.operator.watchNamespaces }}
+    matchExpressions:
+      - key: kubernetes.io/metadata.name
+        operator: In
+        values:
+          {{- toYaml .Values.operator.watchNamespaces | nindent 10 }}
+    {{- else }}
+    {}
+    {{- end }}
+  podSelector:
+    matchLabels:
+      {{- include "tessera.gatewaySelectorLabels" . | nindent 6 }}
+{{- end }}
+
+{{/* The egress rule to DNS (networkPolicy.dns: peers, on port 53 UDP and TCP). */}}
+{{- define "tessera.dnsEgress" -}}
+- to:
+    {{- toYaml .Values.networkPolicy.dns | nindent 4 }}
+  ports:
+    - port: 53
+      protocol: UDP
+    - port: 53
+      protocol: TCP
+{{- end }}
+
+{{/*
+The agents the operator serves with (operator.agentNamespace and operator.agentSelector, or
+this release's agents) as a NetworkPolicyPeer: where the operator and gateways may connect.
+*/}}
+{{- define "tessera.agentPeer" -}}
+- namespaceSelector:
+    matchLabels:
+      kubernetes.io/metadata.name: {{ include "tessera.agentNamespace" . }}
+  podSelector:
+    matchLabels:
+      {{- range splitList "," (include "tessera.agentSelector" .) }}
+      {{- if not (regexMatch "^[A-Za-z0-9./_-]+=[A-Za-z0-9._-]*$" .) }}
+      {{- fail (printf "networkPolicy.enabled needs operator.agentSelector made of key=value pairs (got %q)" .) }}
+      {{- end }}
+      {{- $kv := splitn "=" 2 . }}
+      {{ $kv._0 }}: {{ $kv._1 | quote }}
+      {{- end }}
+{{- end }}
+
+{{/* The issuer of every Tessera certificate as JSON: tls.certManager.issuerRef, or the chart's CA ClusterIssuer. */}}
+{{- define "tessera.certIssuer" -}}
+{{- $issuer := .Values.tls.certManager.issuerRef -}}
+{{- if not $issuer }}
+{{- $issuer = dict "kind" "ClusterIssuer" "name" (printf "%s-ca" (include "tessera.fullname" .)) }}
+{{- end }}
+{{- toJson (dict "kind" $issuer.kind "name" $issuer.name) -}}
+{{- end }}
+
+{{/* "true" when the operator asks cert-manager for one gateway certificate per ServingDeployment. */}}
+{{- define "tessera.certPerDeployment" -}}
+{{- $cm := .Values.tls.certManager -}}
+{{- if and .Values.tls.enabled $cm.enabled $cm.perDeployment }}true{{ end }}
 {{- end }}

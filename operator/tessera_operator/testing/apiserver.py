@@ -54,6 +54,7 @@ BUILTINS: tuple[tuple[str, str, bool, tuple[str, ...]], ...] = (
     ("v1/configmaps", "ConfigMap", True, ()),
     ("v1/services", "Service", True, ("status",)),
     ("apps/v1/deployments", "Deployment", True, ("status",)),
+    ("cert-manager.io/v1/certificates", "Certificate", True, ("status",)),  # cert-manager's
     ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", False, ()),
 )
 VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")

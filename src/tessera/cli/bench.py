@@ -44,6 +44,9 @@ BENCHES: dict[str, str] = {
     "kvdispatch": "tessera.cli.bench_kv_dispatch",
     "prefill": "tessera_agent.bench_prefill",
     "decode-attn": "tessera_agent.bench_decode_attn",
+    "speculate": "tessera_agent.bench_speculate",
+    "stitch": "tessera_agent.bench_stitch",
+    "abuse": "tessera.cli.bench_abuse",
 }
 
 

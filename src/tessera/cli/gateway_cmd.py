@@ -45,7 +45,7 @@ def register(sub: Any) -> None:
         default=os.environ.get("TESSERA_API_KEYS_FILE", ""),
         help="accepted API keys, one per line (KEY or NAME KEY); unset: no authentication",
     )
-    p.add_argument("--max-body-bytes", type=int, default=32 << 20)
+    p.add_argument("--max-body-bytes", type=int, default=2 << 20)
     p.add_argument("--max-prompt-tokens", type=int, default=0, help="0: the model's context")
     p.add_argument("--max-tokens-limit", type=int, default=0, help="largest max_tokens (0: any)")
     p.add_argument("--max-n", type=int, default=0, help="largest n (0: the parser's bound)")
@@ -100,6 +100,9 @@ def _run(args: argparse.Namespace) -> int:
         )
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         from tessera import event_loop
+        from tessera.rpc import transport
+
+        transport.warn_if_plaintext(logging.getLogger("tessera.gateway"))
 
         return event_loop.run(_serve(cfg))
     except (ValueError, OSError) as exc:

@@ -1,4 +1,5 @@
-"""`tessera model make-tiny`: write a tiny Llama-family checkpoint made locally."""
+"""`tessera model make-tiny`: write a tiny Llama-family checkpoint made locally (and the
+stitching commands of `stitch_cmd`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 from typing import Any
+
+from tessera.cli import stitch_cmd
 
 
 def register(sub: Any) -> None:
@@ -29,6 +32,7 @@ def register(sub: Any) -> None:
     p.add_argument("--rope-scaling", choices=["none", "llama3"], default="none")
     p.add_argument("--shards", type=int, default=1, help="write a sharded checkpoint")
     p.set_defaults(func=_make_tiny)
+    stitch_cmd.register(msub)
 
 
 def _make_tiny(args: argparse.Namespace) -> int:

@@ -70,6 +70,26 @@ def register(sub: Any) -> None:
         help="where PVC checkpoints are mounted (env TESSERA_MODEL_ROOT)",
     )
     p.add_argument(
+        "--allowed-model-root",
+        action="append",
+        default=[r for r in _env("TESSERA_ALLOWED_MODEL_ROOTS").split(",") if r.strip()],
+        help="spec.model paths must lie under one of these (repeatable; default: the model "
+        "root; env TESSERA_ALLOWED_MODEL_ROOTS, comma-separated)",
+    )
+    p.add_argument(
+        "--allow-load-balancer",
+        action="store_true",
+        default=_env("TESSERA_ALLOW_LOAD_BALANCER") == "true",
+        help="let specs ask for serviceType LoadBalancer (env TESSERA_ALLOW_LOAD_BALANCER=true)",
+    )
+    p.add_argument(
+        "--allow-host-path",
+        action="store_true",
+        default=_env("TESSERA_ALLOW_HOST_PATH") == "true",
+        help="let a checkpoint outside a PVC be mounted into gateways by hostPath "
+        "(env TESSERA_ALLOW_HOST_PATH=true)",
+    )
+    p.add_argument(
         "--gateway-image",
         default=_env("TESSERA_GATEWAY_IMAGE"),
         help="image of the gateway pods (env TESSERA_GATEWAY_IMAGE; overrides the config file)",
@@ -102,6 +122,7 @@ def build_config(args: argparse.Namespace) -> Any:
     """The validated `OperatorConfig` of the parsed flags."""
     import yaml
 
+    from tessera.policies import admission
     from tessera_operator import agents, config
 
     tmpl: dict[str, Any] = {}
@@ -122,6 +143,11 @@ def build_config(args: argparse.Namespace) -> Any:
         namespaces=tuple(n.strip() for n in namespaces),
         resync_seconds=args.resync,
         model_root=args.model_root,
+        admission=admission.Limits(
+            tuple(r.strip() for r in args.allowed_model_root) or (args.model_root,),
+            allow_load_balancer=args.allow_load_balancer,
+            allow_host_path=args.allow_host_path,
+        ),
         gateway=config.GatewayTemplate.from_mapping(tmpl),
         api_server=args.api_server,
         peering=args.peering,
@@ -146,8 +172,10 @@ def _run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"tessera operator: {exc}\n")
         return 1
+    from tessera.rpc import transport
     from tessera_operator import runner
 
+    transport.warn_if_plaintext(logging.getLogger("tessera.operator"))
     if args.metrics_port:  # reconcile passes, transitions, switches (observability.control)
         control.serve(args.metrics_port)
     logging.getLogger("tessera.operator").info(

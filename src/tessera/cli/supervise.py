@@ -138,11 +138,13 @@ def start(
     devices: str,
     threads: int,
     say: Callable[[str], None] = print,
+    extra_args: tuple[str, ...] = (),
 ) -> Supervisor | None:
-    """Supervise `procs` in the running loop (None when there are no local agents)."""
+    """Supervise `procs` in the running loop (None when there are no local agents);
+    `extra_args` go to every restarted agent, as to the first (e.g. `--model-root`)."""
     if not procs:
         return None
-    sup = Supervisor(procs, devices, threads, say)
+    sup = Supervisor(procs, devices, threads, say, extra_args=extra_args)
     sup.task = asyncio.get_running_loop().create_task(sup.run())
     return sup
 

@@ -51,6 +51,13 @@ def register(sub: Any) -> None:
         default=[],
         help="use a running agent NAME=HOST:PORT instead of local ones (repeat)",
     )
+    p.add_argument(
+        "--model-root",
+        type=Path,
+        default=None,
+        help="folder the local agents may load checkpoints from (their --model-root; "
+        "default: the one holding the model and every variant of the manifest)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=None, help="gateway port (default: manifest)")
     p.add_argument(
@@ -124,6 +131,30 @@ def _up(args: argparse.Namespace) -> int:
     return event_loop.run(_serve(args, dep))
 
 
+def _model_root(dep: Any, model_path: str) -> str:
+    """The folder holding the checkpoint and every variant's folder (the agents' root)."""
+    from tessera_operator import variants as variant_ops
+
+    paths = [os.path.realpath(model_path)]
+    paths += [os.path.realpath(v.path) for v in variant_ops.resolve(dep.spec.variants, model_path)]
+    return os.path.commonpath(paths)
+
+
+def _outside_root(dep: Any, model_path: str, root: str) -> list[str]:
+    """Why an edited manifest's variants cannot load: folders the agents may not read."""
+    from tessera.policies import access
+    from tessera_operator import variants as variant_ops
+
+    problems = []
+    for i, v in enumerate(variant_ops.resolve(dep.spec.variants, model_path)):
+        if not access.check_model_path(v.path, os.path.realpath(v.path), root).allowed:
+            problems.append(
+                f"spec.variants[{i}]: {v.path} is outside the agents' model root {root} "
+                "(restart `tessera up`, or start it with a wider --model-root)"
+            )
+    return problems
+
+
 def _local_agent_count(args: argparse.Namespace, dep: Any) -> int:
     if args.agents:
         return int(args.agents)
@@ -156,6 +187,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     bad = variant_check.check(dep, model_path)
     if bad:
         return _fail("; ".join(bad))
+    agent_args = ("--model-root", str(args.model_root or _model_root(dep, model_path)))
     auto = None
     if args.profile is not None:
         from tessera.cost import profile as profile_mod
@@ -182,14 +214,21 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     try:
         if args.agent:
             refs = agents.static_agents(args.agent)
+            if transport.tls_from_env() is None:
+                console.print(f"[bold yellow]WARNING[/] {transport.PLAINTEXT_WARNING}")
         else:
             n = _local_agent_count(args, dep)
             threads = cpu_share.agent_threads(os.cpu_count() or 1, n, args.threads)
             with console.status(f"starting {n} local agents"):
                 for i in range(n):  # main thread: children die with this process
-                    procs.append(local_agents.start_agent(f"agent-{i}", args.devices, threads))
+                    procs.append(
+                        local_agents.start_agent(
+                            f"agent-{i}", args.devices, threads, extra_args=agent_args
+                        )
+                    )
             refs = [agents.AgentRef(p.agent_id, p.address) for p in procs]
             console.print(transport.describe_mode())
+            console.print(f"agents load checkpoints under {agent_args[1]} only")
             for p in procs:
                 console.print(
                     f"agent {p.agent_id} at {p.address} ({args.devices}, {threads} threads)"
@@ -284,7 +323,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             remaining = again.remaining
             return remaining is not None and bool(remaining.steps) and remaining.blocked is None
 
-        supervisor = supervise.start(procs, args.devices, threads, console.print)
+        supervisor = supervise.start(procs, args.devices, threads, console.print, agent_args)
         itl, at = gateway.service.metrics.itl, [(r.name, r.address) for r in refs]
         scaling = up_policies.ScalingPolicy(  # module scaling (issue 15), as the spec says
             lambda spec: scaling_loop.for_up(spec, model_path, at, itl),
@@ -293,7 +332,12 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
         await scaling.sync(dep.spec)
         watcher = up_watch.ManifestWatcher(
-            args.file, dep, lambda d: variant_check.check(d, model_path)
+            args.file,
+            dep,
+            lambda d: [
+                *variant_check.check(d, model_path),
+                *(_outside_root(d, model_path, agent_args[1]) if procs else []),
+            ],
         )
         lock = asyncio.Lock()  # a reconcile pass and an overload tick never overlap
         overload_task = _start_overload(dep, outcome, gateway, lambda: published, stop, lock)

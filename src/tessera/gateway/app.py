@@ -5,7 +5,10 @@ replica set, the metrics). Handlers stay thin: parse (`request_params`), tokeniz
 `dispatch.Job` to `text_stream`, and format (`responses`). Any `errors.ApiError` becomes an
 OpenAI error body (the middleware); once a stream has started, it becomes an SSE error
 event followed by `data: [DONE]`. A client that disconnects cancels its handler (the
-runner enables handler cancellation), which cancels the agent call.
+runner enables handler cancellation), which cancels the agent call; so does a client that
+stops reading a stream for `Limits.write_timeout_s`. The body is read and parsed before
+admission (`body.middleware`); a prompt's text longer than the context could hold (the
+token budget times the longest token of the vocabulary) is refused before tokenizing.
 """
 
 from __future__ import annotations
@@ -13,11 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,7 @@ from aiohttp import web
 from tessera.gateway import (
     arrivals,
     auth,
+    body,
     chat_template,
     choices,
     dispatch,
@@ -46,6 +49,7 @@ from tessera.observability import tracing
 log = logging.getLogger(__name__)
 
 INLINE_TOKENIZE_CHARS = 16_384  # longer prompts are tokenized in a worker thread
+_UNBLOCKED = 16 << 10  # a transport buffer this small is far below asyncio's high-water mark
 CLIENT_CLOSED = 499  # status recorded when the client went away (nginx's convention)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -80,9 +84,17 @@ class Service:
 def build(service: Service, max_body_bytes: int) -> web.Application:
     admission = limits.Admission(service.limits, lambda: len(service.replicas.ready_ids()))
     guards = [auth.middleware(service.api_keys)] if service.api_keys else []
+    lim = service.limits
+    reader = body.middleware(
+        limits.GUARDED,
+        lim.body_timeout_s,
+        max_body_bytes,
+        body.Budget(lim.body_bytes_in_flight, lim.retry_after_s),
+        lambda path, status: service.metrics.requests.labels(path, str(status)).inc(),
+    )
     app = web.Application(
         client_max_size=max_body_bytes,
-        middlewares=[_error_middleware, *guards, admission.middleware],
+        middlewares=[_error_middleware, *guards, reader, admission.middleware],
     )
     h = _Handlers(service)
     app.router.add_post("/v1/completions", h.completions)
@@ -149,43 +161,60 @@ class _Handlers:
     async def _serve(
         self, request: web.Request, kind: str, started: float
     ) -> tuple[web.StreamResponse, int]:
-        body = await _json_body(request)
+        lim = self.s.limits
+        req = await body.read(request, lim.body_timeout_s)
+        prompts: list[list[int]] = []
         if kind == "chat":
-            chat = request_params.parse_chat(body, self.s.table.names())
+            chat = request_params.parse_chat(req, self.s.table.names())
             messages = [{"role": x.role, "content": x.content} for x in chat.messages]
+            self._check_chars(sum(len(x.content) for x in chat.messages), "messages")
             text = self.s.template.render(messages)
-            prompt = await self._encode(text, add_special_tokens=False)
+            prompts.append(await self._encode(text, add_special_tokens=False, param="messages"))
             sampling, stream, include_usage = chat.sampling, chat.stream, chat.include_usage
         else:
-            comp = request_params.parse_completion(body, self.s.table.names())
-            if isinstance(comp.prompt, str):
-                prompt = await self._encode(comp.prompt, add_special_tokens=True)
-            else:
-                prompt = list(comp.prompt)
+            comp = request_params.parse_completion(
+                req, self.s.table.names(), self.s.info.context_len
+            )
+            for p in comp.prompts:  # every text first: nothing is tokenized in vain
+                if isinstance(p, str):
+                    self._check_chars(len(p), "prompt")
+            for p in comp.prompts:
+                if isinstance(p, str):
+                    prompts.append(await self._encode(p, add_special_tokens=True, param="prompt"))
+                else:
+                    prompts.append(list(p))
             sampling, stream, include_usage = comp.sampling, comp.stream, comp.include_usage
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-        target = self.s.table.resolve(str(body["model"]))
+        target = self.s.table.resolve(str(req["model"]))
         meta = responses.Meta(kind, prefix + uuid.uuid4().hex, int(time.time()), target.model)
-        job = self._job(meta.id, prompt, sampling, started)
-        if target.kind != "foundation" or target.exclude:
-            job = dataclasses.replace(job, variant=target.variant, allowed=target.allows)
-        if self.s.arrivals is not None:
-            self.s.arrivals.record(len(prompt), sampling.max_tokens)
-        self.s.metrics.prompt_tokens.inc(len(prompt))
-        gens = [
-            text_stream.TextGeneration(
-                self.s.dispatcher, self.s.codec.decode, _nth(job, i), sampling.stop
-            )
-            for i in range(sampling.n)
-        ]
+        gens: list[text_stream.TextGeneration] = []
+        jobs = [self._job(meta.id, prompt, sampling, started) for prompt in prompts]
+        for k, job in enumerate(jobs):
+            if target.kind != "foundation" or target.exclude:
+                job = dataclasses.replace(job, variant=target.variant, allowed=target.allows)
+            if self.s.arrivals is not None:
+                self.s.arrivals.record(len(job.prompt_ids), sampling.max_tokens)
+            self.s.metrics.prompt_tokens.inc(len(job.prompt_ids))
+            gens += [
+                text_stream.TextGeneration(
+                    self.s.dispatcher,
+                    self.s.codec.decode,
+                    _nth(job, k * sampling.n + i, i),
+                    sampling.stop,
+                )
+                for i in range(sampling.n)
+            ]
         shapes = [
             _LogprobShape(kind, self.s.codec) if sampling.logprobs is not None else None
             for _ in gens
         ]
+        prompt_tokens = sum(len(p) for p in prompts)
         if stream:
-            return await _stream(request, gens, meta, include_usage, shapes)
-        results = await asyncio.gather(*(g.complete() for g in gens))
-        use = responses.usage(len(prompt), sum(g.completion_tokens for g in gens))
+            return await _stream(
+                request, gens, meta, include_usage, shapes, prompt_tokens, lim.write_timeout_s
+            )
+        results = await _all_or_none([g.complete() for g in gens])
+        use = responses.usage(prompt_tokens, sum(g.completion_tokens for g in gens))
         choices = [
             responses.Choice(
                 r.text, r.finish_reason or "stop", shape.payload(r.logprobs) if shape else None
@@ -194,11 +223,29 @@ class _Handlers:
         ]
         return web.json_response(responses.full(meta, choices, use)), 200
 
-    async def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        if len(text) < INLINE_TOKENIZE_CHARS:
-            return self.s.codec.encode(text, add_special_tokens)
-        # long prompts: tokenize in a worker thread so running streams keep flowing
-        return await asyncio.to_thread(self.s.codec.encode, text, add_special_tokens)
+    def _check_chars(self, chars: int, param: str) -> None:
+        """400 before tokenizing text that cannot fit the token budget (the context, or
+        the gateway's prompt limit) even at the longest token of the vocabulary."""
+        budget = self.s.info.context_len
+        if self.s.limits.max_prompt_tokens:
+            budget = min(budget, self.s.limits.max_prompt_tokens)
+        most = budget * self.s.codec.max_token_chars
+        if chars > most:
+            raise errors.bad_request(
+                f"{param}: {chars} characters cannot fit {budget} tokens (at most {most} "
+                "characters)",
+                param,
+                "context_length_exceeded",
+            )
+
+    async def _encode(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        try:
+            if len(text) < INLINE_TOKENIZE_CHARS:
+                return self.s.codec.encode(text, add_special_tokens)
+            # long prompts: tokenize in a worker thread so running streams keep flowing
+            return await asyncio.to_thread(self.s.codec.encode, text, add_special_tokens)
+        except (ValueError, TypeError, UnicodeError) as exc:  # text the tokenizer refuses
+            raise errors.bad_request(f"{param}: cannot be tokenized", param) from exc
 
     def _job(
         self, request_id: str, prompt: list[int], p: request_params.Sampling, started: float
@@ -277,26 +324,35 @@ class _Handlers:
         )
 
 
-async def _json_body(request: web.Request) -> dict[str, Any]:
+async def _all_or_none(
+    runs: list[Coroutine[Any, Any, text_stream.TextEvent]],
+) -> list[text_stream.TextEvent]:
+    """Every choice's result; the first failure cancels the others (their agent calls
+    end, their KV pages are freed) and is raised."""
+    if len(runs) == 1:
+        return [await runs[0]]
+    tasks = [asyncio.ensure_future(r) for r in runs]
     try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise errors.ApiError(413, "request body too large", code="body_too_large") from exc
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise errors.bad_request(f"invalid JSON body: {exc}", None, "invalid_json") from exc
-    if not isinstance(body, dict):
-        raise errors.bad_request("the JSON body must be an object", None, "invalid_json")
-    return body
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in tasks:
+            failure = t.exception() if t.done() and not t.cancelled() else None
+            if failure is not None:
+                raise failure
+        return [t.result() for t in tasks]
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _nth(job: dispatch.Job, i: int) -> dispatch.Job:
-    """Choice `i` of a request: its own agent request id, and seed + i when seeded."""
-    if i == 0:
+def _nth(job: dispatch.Job, index: int, offset: int) -> dispatch.Job:
+    """Choice `index` of a request: its own agent request id (`.c<index>`; a retry adds
+    `.r<attempt>`, so the two never collide), and seed + `offset` (its place among the
+    prompt's `n`) when seeded."""
+    if index == 0:
         return job
-    seed = None if job.seed is None else job.seed + i
-    return dataclasses.replace(job, request_id=f"{job.request_id}-{i}", seed=seed)
+    seed = None if job.seed is None else dispatch.seed_plus(job.seed, offset)
+    return dataclasses.replace(job, request_id=f"{job.request_id}.c{index}", seed=seed)
 
 
 class _LogprobShape:
@@ -323,6 +379,8 @@ async def _stream(
     meta: responses.Meta,
     include_usage: bool,
     shapes: list[_LogprobShape | None],
+    prompt_tokens: int,
+    write_timeout_s: float,
 ) -> tuple[web.StreamResponse, int]:
     """SSE response of every choice, interleaved. Headers go out with the first token's
     chunk (its text may still be empty: an incomplete UTF-8 character is held back, and
@@ -334,7 +392,6 @@ async def _stream(
     except BaseException:
         await events.aclose()
         raise
-    status = 200
 
     def chunk(
         index: int,
@@ -347,15 +404,57 @@ async def _stream(
         return responses.sse(body)
 
     texts = [responses.TextChunks(meta, include_usage, i) for i in range(len(gens))]
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
 
+    async def write(data: bytes) -> None:
+        """One write; a client that does not take it within the limit is dropped. Below
+        the transport's high-water mark a write cannot wait: no timer then."""
+        t = request.transport
+        if write_timeout_s <= 0 or (t is not None and t.get_write_buffer_size() < _UNBLOCKED):
+            await resp.write(data)
+            return
+        try:
+            async with asyncio.timeout(write_timeout_s):
+                await resp.write(data)
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.abort()
+            raise _ClientGone from None
+
+    try:
+        return await _stream_events(request, resp, events, first, gens, meta, include_usage,
+                                    shapes, prompt_tokens, write, chunk, texts)  # fmt: skip
+    except _ClientGone:
+        log.info("%s: the client read nothing for %gs; dropped", meta.id, write_timeout_s)
+        return resp, CLIENT_CLOSED
+
+
+class _ClientGone(Exception):
+    """A stream's client stopped reading (the write timeout)."""
+
+
+async def _stream_events(
+    request: web.Request,
+    resp: web.StreamResponse,
+    events: AsyncGenerator[choices.IndexedEvent, None],
+    first: choices.IndexedEvent | None,
+    gens: list[text_stream.TextGeneration],
+    meta: responses.Meta,
+    include_usage: bool,
+    shapes: list[_LogprobShape | None],
+    prompt_tokens: int,
+    write: Callable[[bytes], Awaitable[None]],
+    chunk: Callable[..., bytes],
+    texts: list[responses.TextChunks],
+) -> tuple[web.StreamResponse, int]:
+    status = 200
     async with contextlib.aclosing(events):
-        resp = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
         await resp.prepare(request)
         if meta.kind == "chat":
             for i in range(len(gens)):
-                await resp.write(chunk(i, "", role=True))
+                await write(chunk(i, "", role=True))
         item = first
         try:
             while item is not None:
@@ -363,24 +462,22 @@ async def _stream(
                 shape = shapes[i]
                 lp = shape.payload(ev.logprobs) if shape else None
                 if ev.text or ev.finish_reason is None:  # a first token without text too
-                    await resp.write(
-                        texts[i].event(ev.text) if lp is None else chunk(i, ev.text, lp=lp)
-                    )
+                    await write(texts[i].event(ev.text) if lp is None else chunk(i, ev.text, lp=lp))
                     lp = None
                 if ev.finish_reason is not None:
-                    await resp.write(chunk(i, None, ev.finish_reason, lp=lp))
+                    await write(chunk(i, None, ev.finish_reason, lp=lp))
                 item = await anext(events, None)
             if include_usage:
                 done = sum(g.completion_tokens for g in gens)
-                use = responses.usage(len(gens[0].job.prompt_ids), done)
-                await resp.write(responses.sse(responses.usage_chunk(meta, use)))
+                use = responses.usage(prompt_tokens, done)
+                await write(responses.sse(responses.usage_chunk(meta, use)))
         except errors.ApiError as exc:
             status = exc.status
-            await resp.write(responses.sse(exc.body()))
+            await write(responses.sse(exc.body()))
         except dispatch.ReplicaLost as exc:
             status = 503
             err = errors.unavailable(str(exc), code="replica_lost")
-            await resp.write(responses.sse(err.body()))
-        await resp.write(responses.DONE)
+            await write(responses.sse(err.body()))
+        await write(responses.DONE)
         await resp.write_eof()
     return resp, status

@@ -64,7 +64,7 @@ class GatewayConfig:
     poll_interval_s: float = 1.0  # Describe poll period of every leader
     poll_timeout_s: float = 2.0  # a Describe slower than this marks the replica not ready
     failure_backoff_s: float = 3.0  # a replica failing a request sits out this long
-    max_body_bytes: int = 32 << 20  # largest accepted HTTP request body
+    max_body_bytes: int = 2 << 20  # largest accepted HTTP request body (413 above)
     routing_seed: int = 0  # seeds the weighted per-class choice
     api_keys_file: str = ""  # accepted API keys (auth.py); "" = no authentication
     limits: limits_mod.Limits = field(default_factory=limits_mod.Limits)

@@ -22,6 +22,12 @@ A cut-over (`cutover.py`) may *redirect* a running attempt: after copying its KV
 to a surviving replica it cancels the call, and the request continues there the same
 way, without counting a failure (the attempts are registered in `inflight.InFlightTable`).
 
+Time limits (`limits.Limits`): a replica that sends no chunk within
+`first_token_timeout_s` of the request starting there, or within `token_timeout_s` of its
+previous chunk, is treated as crashed (marked failed; the request continues elsewhere);
+past `request_timeout_s` from arrival the request ends with 504. The routing ticket and
+the in-flight record of an attempt are released on every path out of it.
+
 Leaving the generator early (client disconnect, stop string) cancels the gRPC call, and
 the agent frees the request's KV pages.
 """
@@ -34,12 +40,18 @@ import dataclasses
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
-from tessera.gateway import errors, inflight, kv_affinity, metrics, replicas, router
+from tessera.gateway import errors, inflight, kv_affinity, limits, metrics, replicas, router
 from tessera.observability import tracing
 from tessera.rpc.v1 import agent_pb2 as pb
+
+
+def seed_plus(seed: int, k: int) -> int:
+    """`seed + k` wrapped into int64 (the agent's seed type)."""
+    return (seed + k + 2**63) % 2**64 - 2**63
 
 
 @dataclass(frozen=True)
@@ -63,7 +75,7 @@ class Job:
     def request(self, replica_id: str, attempt: int) -> pb.GenerateRequest:
         return pb.GenerateRequest(
             replica_id=replica_id,
-            request_id=self.request_id if attempt == 0 else f"{self.request_id}-{attempt}",
+            request_id=self.request_id if attempt == 0 else f"{self.request_id}.r{attempt}",
             prompt_token_ids=list(self.prompt_ids),
             params=pb.SamplingParams(
                 max_tokens=self.max_tokens,
@@ -133,7 +145,9 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         table: inflight.InFlightTable | None = None,
         affinity: kv_affinity.KvAffinity | None = None,
+        timeouts: limits.Limits | None = None,
     ) -> None:
+        self._limits = timeouts or limits.Limits()
         self._affinity = affinity  # KV-owner-first choice (issue 14); None: the router's
         self._replicas = replica_set
         self._router = route
@@ -198,23 +212,55 @@ class Dispatcher:
                     current = _continuation(job, generated)
             attempt += 1
 
+    def _wait_s(self, job: Job, opening: bool) -> tuple[float | None, bool]:
+        """How long to wait for the next chunk, and whether that is the request's deadline
+        (not the replica's gap)."""
+        lim = self._limits
+        gap = lim.first_token_timeout_s if opening else lim.token_timeout_s
+        if not lim.request_timeout_s:
+            return (gap or None), False
+        left = job.received_at + lim.request_timeout_s - self._clock()
+        if gap and gap < left:
+            return gap, False
+        return max(left, 0.0), True
+
     async def _attempt(
         self, job: Job, rid: str, attempt: int, resumed: bool = False
     ) -> AsyncGenerator[Chunk, None]:
+        request = job.request(rid, attempt)  # before any accounting: it may raise
         ticket = self._router.admit(rid, len(job.prompt_ids), job.max_tokens)
         outstanding = self._metrics.outstanding.labels(rid)  # looked up once, set per chunk
-        outstanding.set(self._router.outstanding(rid))
+        call: Any = None
+        record: inflight.Attempt | None = None
         span = tracing.open_span("tessera.gateway.attempt", replica=rid, attempt=attempt)
-        call = self._replicas.generate(rid, span.stamp(job.request(rid, attempt)))
-        last, first = self._clock(), not resumed  # a resumed request had its first token
         first_at: float | None = None  # when this attempt's first token came
-        opening = True  # this attempt's first chunk (its prefill)
-        record = inflight.Attempt(job.request_id, rid, job.prompt_ids, job.max_tokens, last)
-        record.call = call
-        record.trace_parent = span.traceparent()
-        self.inflight.add(record)
         try:
-            async for msg in call:
+            outstanding.set(self._router.outstanding(rid))
+            call = self._replicas.generate(rid, span.stamp(request))
+            last, first = self._clock(), not resumed  # a resumed request had its first token
+            opening = True  # this attempt's first chunk (its prefill)
+            record = inflight.Attempt(job.request_id, rid, job.prompt_ids, job.max_tokens, last)
+            record.call = call
+            record.trace_parent = span.traceparent()
+            self.inflight.add(record)
+            stream = call.__aiter__()
+            while True:
+                wait, is_deadline = self._wait_s(job, opening)
+                try:
+                    async with asyncio.timeout(wait):
+                        msg = await anext(stream)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    if is_deadline:
+                        limit = self._limits.request_timeout_s
+                        raise errors.ApiError(
+                            504, f"the request did not finish within {limit:g}s", code="timeout"
+                        ) from None
+                    self._replicas.mark_failed(rid, f"no token for {wait:g}s")
+                    raise _AttemptFailed(
+                        "DEADLINE_EXCEEDED", f"the replica sent no token for {wait:g}s"
+                    ) from None
                 ids = tuple(msg.token_ids)
                 reason = msg.finish_reason or None
                 if reason not in (None, "stop", "length"):
@@ -247,8 +293,9 @@ class Dispatcher:
             raise _AttemptFailed("ABORTED", "the replica ended the stream without finishing")
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if record.target is not None and (task is None or not task.cancelling()):
-                raise _Redirected(record.target) from None  # the cut-over cancelled the call
+            target = record.target if record is not None else None
+            if target is not None and (task is None or not task.cancelling()):
+                raise _Redirected(target) from None  # the cut-over cancelled the call
             raise
         except grpc.aio.AioRpcError as exc:
             code, details = exc.code(), exc.details() or ""
@@ -261,11 +308,13 @@ class Dispatcher:
                 self._replicas.mark_failed(rid, f"{code.name}: {details}")
             raise _AttemptFailed(code.name, details) from exc
         finally:
-            self.inflight.remove(record)
-            call.cancel()  # no-op once the call ended; frees the agent's pages otherwise
+            if record is not None:
+                self.inflight.remove(record)
+            if call is not None:
+                call.cancel()  # no-op once the call ended; frees the agent's pages otherwise
             self._router.release(ticket)
             outstanding.set(self._router.outstanding(rid))
-            span.end(tokens=len(record.generated))
+            span.end(tokens=len(record.generated) if record is not None else 0)
 
 
 def _logprobs(ids: tuple[int, ...], msgs: Sequence[pb.TokenLogprobs]) -> tuple[TokenLogprob, ...]:
@@ -281,7 +330,7 @@ def _continuation(job: Job, generated: list[int]) -> Job:
         job,
         prompt_ids=job.prompt_ids + tuple(generated),
         max_tokens=job.max_tokens - len(generated),
-        seed=None if job.seed is None else job.seed + len(generated),
+        seed=None if job.seed is None else seed_plus(job.seed, len(generated)),
     )
 
 

@@ -2,7 +2,8 @@
 
 Raised anywhere below the HTTP handlers (request parsing, tokenization, dispatch) and
 turned into a JSON response by the error middleware in `app.py` (or an SSE error event
-once a stream has started).
+once a stream has started). A message is cut at `MAX_MESSAGE_CHARS`, so an error never
+echoes a huge value back.
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ _TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",
     404: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_exceeded",
 }
+
+
+MAX_MESSAGE_CHARS = 1024
 
 
 class ApiError(Exception):
@@ -30,6 +35,8 @@ class ApiError(Exception):
         code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:  # never echo a huge value back
+            message = message[:MAX_MESSAGE_CHARS] + "..."
         super().__init__(message)
         self.headers = headers or {}  # e.g. Retry-After of a 429
         self.status = status

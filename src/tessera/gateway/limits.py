@@ -9,6 +9,12 @@
   answers 429 with `Retry-After` instead of queueing without bound when a key is at its
   limit or the deployment is saturated (more requests in flight than
   `max_in_flight_per_replica` times the ready replicas).
+Time limits where a peer can stall (`body_timeout_s`: the whole body, read before
+admission by `body.middleware`, at most `body_bytes_in_flight` bytes of bodies at once;
+`write_timeout_s`: each write of a stream to a client that
+stopped reading; `first_token_timeout_s` and `token_timeout_s`: the token path, after
+which `dispatch` marks the replica failed and continues the request elsewhere;
+`request_timeout_s`: one request from arrival to its last token, 504 after it).
 A limit of 0 is off.
 """
 
@@ -34,6 +40,12 @@ class Limits:
     max_concurrent_per_key: int = 0  # requests in flight per API key (or in all, keyless)
     max_in_flight_per_replica: int = 256  # beyond this times the ready replicas: 429
     retry_after_s: int = 1  # the Retry-After of a 429
+    body_timeout_s: float = 30.0  # to receive a whole request body (408 after)
+    body_bytes_in_flight: int = 256 << 20  # bodies being received at once (429 beyond)
+    write_timeout_s: float = 30.0  # one write of a stream to a client (then it is dropped)
+    first_token_timeout_s: float = 300.0  # queueing + prefill on one replica
+    token_timeout_s: float = 60.0  # longest gap between two chunks of one replica's stream
+    request_timeout_s: float = 3600.0  # one request from arrival to its last token (504)
 
     def __post_init__(self) -> None:
         for name in (
@@ -42,6 +54,12 @@ class Limits:
             "max_n",
             "max_concurrent_per_key",
             "max_in_flight_per_replica",
+            "body_timeout_s",
+            "body_bytes_in_flight",
+            "write_timeout_s",
+            "first_token_timeout_s",
+            "token_timeout_s",
+            "request_timeout_s",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0 (0 = no limit)")

@@ -7,7 +7,12 @@ and "the rest of the context" for chat. Extensions: `top_k` (0 or -1 = off) and
 `logprobs: true` plus `top_logprobs` (0-20) for chat; `n` (1-16) choices, each generated on
 its own (seed + index when a seed is given). Parameters the gateway cannot honour
 (`best_of` > 1, `echo`, penalties, `logit_bias`, tools, ...) are rejected with 400 rather than
-silently ignored; unknown fields and `user` are ignored.
+silently ignored; unknown fields and `user` are ignored. Every number is range-checked
+against what the agent's wire types hold (`seed` int64, `top_k`/`max_tokens` int32,
+`temperature` a finite float32); a temperature below `GREEDY_BELOW` (or a `top_p` so
+small that it keeps one token) is greedy; at most `MAX_STOPS` stop strings of at most
+`MAX_STOP_CHARS` characters (as OpenAI). `prompt` may be a list of prompts (texts or
+token-id lists), each answered with `n` choices.
 """
 
 from __future__ import annotations
@@ -22,6 +27,13 @@ from tessera.gateway import errors
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MAX_LOGPROBS = 20  # alternatives per token, as the agents allow
 MAX_CHOICES = 16  # `n`
+MAX_PROMPTS = 16  # prompts in one /v1/completions request (each with `n` choices)
+MAX_STOPS = 4  # stop strings, as OpenAI
+MAX_STOP_CHARS = 64  # characters per stop string
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+GREEDY_BELOW = 1e-5  # smaller temperatures (float32 denormals make NaN) are greedy
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -42,7 +54,7 @@ class Sampling:
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    prompt: str | tuple[int, ...]  # text, or token ids given by the client
+    prompts: tuple[str | tuple[int, ...], ...]  # texts, or token ids given by the client
     sampling: Sampling
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage
@@ -81,7 +93,10 @@ def check_model(body: Mapping[str, Any], served: str | Sequence[str]) -> None:
         )
 
 
-def parse_completion(body: Mapping[str, Any], served: str | Sequence[str]) -> CompletionRequest:
+def parse_completion(
+    body: Mapping[str, Any], served: str | Sequence[str], context_len: int = 0
+) -> CompletionRequest:
+    """`context_len` (when given) refuses longer token-id prompts before reading them."""
     check_model(body, served)
     _reject_unsupported(body, ("echo", "suffix", "best_of"))
     stream, include_usage = _stream(body)
@@ -91,7 +106,7 @@ def parse_completion(body: Mapping[str, Any], served: str | Sequence[str]) -> Co
             f"logprobs: must be in [0, {MAX_LOGPROBS}], got {logprobs}", "logprobs"
         )
     return CompletionRequest(
-        prompt=_prompt(body.get("prompt")),
+        prompts=_prompts(body.get("prompt"), context_len),
         sampling=_sampling(body, COMPLETIONS_DEFAULT_MAX_TOKENS, "max_tokens", logprobs),
         stream=stream,
         include_usage=include_usage,
@@ -140,23 +155,34 @@ def _sampling(
     max_tokens = _opt_int(body, max_key)
     if max_tokens is None:
         max_tokens = default_max
-    if max_tokens is not None and max_tokens < 1:
-        raise errors.bad_request(f"{max_key}: must be >= 1, got {max_tokens}", max_key)
+    if max_tokens is not None and not 1 <= max_tokens <= INT32_MAX:
+        raise errors.bad_request(
+            f"{max_key}: must be in [1, {INT32_MAX}], got {max_tokens}", max_key
+        )
     temperature = _float(body, "temperature", 1.0)
-    if temperature < 0:
-        raise errors.bad_request(f"temperature: must be >= 0, got {temperature}", "temperature")
+    if not 0 <= temperature <= FLOAT32_MAX:
+        raise errors.bad_request(
+            f"temperature: must be in [0, {FLOAT32_MAX:.4g}], got {temperature}", "temperature"
+        )
     top_p = _float(body, "top_p", 1.0)
     if not 0 < top_p <= 1:
         raise errors.bad_request(f"top_p: must be in (0, 1], got {top_p}", "top_p")
+    if temperature < GREEDY_BELOW or top_p < GREEDY_BELOW:
+        temperature, top_p = 0.0, 1.0  # a one-token nucleus is the greedy choice
     top_k = _int(body, "top_k", 0)
-    if top_k < -1:
-        raise errors.bad_request(f"top_k: must be >= 0 (or -1 for off), got {top_k}", "top_k")
+    if not -1 <= top_k <= INT32_MAX:
+        raise errors.bad_request(
+            f"top_k: must be in [0, {INT32_MAX}] (or -1 for off), got {top_k}", "top_k"
+        )
+    seed = _opt_int(body, "seed")
+    if seed is not None and not INT64_MIN <= seed <= INT64_MAX:
+        raise errors.bad_request(f"seed: must be in [{INT64_MIN}, {INT64_MAX}], got {seed}", "seed")
     return Sampling(
         max_tokens=max_tokens,
         temperature=temperature,
         top_p=top_p,
         top_k=max(top_k, 0),
-        seed=_opt_int(body, "seed"),
+        seed=seed,
         stop=_stop(body.get("stop")),
         ignore_eos=_bool(body, "ignore_eos", False),
         logprobs=logprobs,
@@ -178,19 +204,37 @@ def _stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
     return stream, _bool(opts, "include_usage", False, "stream_options.include_usage")
 
 
-def _prompt(value: object) -> str | tuple[int, ...]:
-    # A batch of one prompt is accepted; larger batches would need n choices.
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
-        value = value[0]
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and value and all(_is_int(t) for t in value):
-        return tuple(int(t) for t in value)
+def _prompts(value: object, context_len: int) -> tuple[str | tuple[int, ...], ...]:
+    """A prompt (text or token ids) or a list of them."""
     if value is None:
         raise errors.bad_request("prompt: required", "prompt", "missing_required_parameter")
+    if isinstance(value, str) or (isinstance(value, list) and value and _is_int(value[0])):
+        return (_prompt(value, context_len),)
+    if isinstance(value, list) and value:
+        if len(value) > MAX_PROMPTS:
+            raise errors.bad_request(
+                f"prompt: at most {MAX_PROMPTS} prompts per request, got {len(value)}", "prompt"
+            )
+        return tuple(_prompt(v, context_len) for v in value)
     raise errors.bad_request(
-        "prompt: must be a string or a non-empty list of token ids (one prompt per request)",
-        "prompt",
+        "prompt: must be a string, a non-empty list of token ids, or a list of those", "prompt"
+    )
+
+
+def _prompt(value: object, context_len: int) -> str | tuple[int, ...]:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and context_len and len(value) >= context_len:
+        raise errors.bad_request(
+            f"prompt: {len(value)} tokens do not fit the model's context of {context_len} "
+            "tokens (at least one token must be generated)",
+            "prompt",
+            "context_length_exceeded",
+        )
+    if isinstance(value, list) and value and all(_is_int(t) for t in value):
+        return tuple(int(t) for t in value)
+    raise errors.bad_request(
+        "prompt: each prompt must be a string or a non-empty list of token ids", "prompt"
     )
 
 
@@ -240,10 +284,18 @@ def _stop(value: object) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
-        return (value,) if value else ()
-    if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return tuple(s for s in value if s)
-    raise errors.bad_request("stop: must be a string or a list of strings", "stop")
+        value = [value]
+    if not (isinstance(value, list) and all(isinstance(s, str) for s in value)):
+        raise errors.bad_request("stop: must be a string or a list of strings", "stop")
+    if len(value) > MAX_STOPS:
+        raise errors.bad_request(
+            f"stop: at most {MAX_STOPS} stop strings, got {len(value)}", "stop"
+        )
+    if any(len(s) > MAX_STOP_CHARS for s in value):
+        raise errors.bad_request(
+            f"stop: each stop string is at most {MAX_STOP_CHARS} characters", "stop"
+        )
+    return tuple(s for s in value if s)
 
 
 def _reject_unsupported(body: Mapping[str, Any], extra: tuple[str, ...]) -> None:
@@ -278,9 +330,15 @@ def _float(body: Mapping[str, Any], key: str, default: float) -> float:
     v = body.get(key)
     if v is None:
         return default
-    if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+    if not isinstance(v, int | float) or isinstance(v, bool):
         raise errors.bad_request(f"{key}: must be a finite number", key)
-    return float(v)
+    try:
+        f = float(v)  # an int too large for a float overflows
+    except OverflowError:
+        f = math.inf
+    if not math.isfinite(f):
+        raise errors.bad_request(f"{key}: must be a finite number", key)
+    return f
 
 
 def _bool(body: Mapping[str, Any], key: str, default: bool, param: str = "") -> bool:

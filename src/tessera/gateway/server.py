@@ -222,6 +222,7 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
             affinity=kv_affinity.KvAffinity(replica_set, route, gauges, cfg.routing_seed)
             if cfg.kv_dispatch
             else None,
+            timeouts=cfg.limits,
         ),
         replicas=replica_set,
         metrics=gauges,

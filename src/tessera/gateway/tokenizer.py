@@ -2,6 +2,8 @@
 
 Loaded from the checkpoint's `tokenizer.json` by `server.start_gateway`; used by the HTTP
 handlers (prompts, stop strings) and, through `decode`, by `detokenize.py`.
+`max_token_chars` bounds the characters one token can stand for (the longest vocabulary
+entry, at most `MAX_CHARS_PER_TOKEN`): the handlers refuse longer texts before tokenizing.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback
+MAX_CHARS_PER_TOKEN = 32  # the budget's bound even where a vocabulary has longer entries
 
 
 @functools.cache
@@ -35,6 +38,8 @@ class TextCodec:
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tok = tokenizer
+        longest = max((len(p) for p in tokenizer.get_vocab(with_added_tokens=True)), default=1)
+        self.max_token_chars = max(1, min(longest, MAX_CHARS_PER_TOKEN))
 
     @classmethod
     def load(cls, model_path: str | Path) -> TextCodec:

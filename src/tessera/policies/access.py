@@ -7,13 +7,15 @@ agent's authorization interceptor (`tessera_agent.authz`), which applies the dec
 
 Roles follow what each component needs, nothing more:
 - `operator` places blocks (loads, unloads, profiles) and observes agents;
-- `gateway` runs requests (Generate, Cancel) and moves KV between replicas (it already sees
-  every prompt, so reading KV reveals nothing it does not hold);
+- `gateway` runs requests (Generate, Cancel) and moves KV between replicas of its own
+  deployment (it already sees every prompt, so reading KV reveals nothing it does not
+  hold); which deployment is `tessera.policies.tenancy`'s check of its URI SAN;
 - `agent` is a peer: stage streams to the next stage and block copies (FetchTensors,
   PushTensors);
 - `admin` is a person's tool (`tessera profile`, benches): everything.
 Reading weights (FetchTensors) is thus open to agents only, reading KV (ExportKV and the
-pins around it) to gateways only.
+pins around it) to gateways, and ExportKV/ImportKV also to the operator, whose overload
+driver moves a dropped stage's pages.
 """
 
 from __future__ import annotations
@@ -49,12 +51,13 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     "ReservePages": _KV,
     "CommitPrefix": _KV,
     "ReleasePin": _KV,
-    "ExportKV": _KV,
-    "ImportKV": _KV,
+    # the overload driver's page moves (a drop's K/V between stages) are the operator's
+    "ExportKV": _KV | {OPERATOR},
+    "ImportKV": _KV | {OPERATOR},
     "VariantAdapters": frozenset({OPERATOR, ADMIN}),  # issue 14: reads adapter folders
-    # issue 13: an overload drop/restore changes placement like a load; its control loop
-    # runs beside the gateway's router (`overload_loop`), so the gateway may call it too
-    "OverloadShift": frozenset({OPERATOR, GATEWAY, ADMIN}),
+    # issue 13: an overload pause/drop/restore changes placement like a load: the
+    # operator's (its loop runs in `tessera up`'s control process, never in a gateway)
+    "OverloadShift": frozenset({OPERATOR, ADMIN}),
     # issue 15: placing replicated layer runs is the operator's (or a person's) decision;
     # the run itself is served agent to agent (the origin drives its remote holders)
     "ScalingReplicate": frozenset({OPERATOR, ADMIN}),

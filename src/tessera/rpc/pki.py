@@ -4,8 +4,9 @@ Writes folders in the layout `tessera.rpc.transport` reads (`ca.crt`, `tls.crt`,
 `tls.key`, as in a Kubernetes TLS Secret). Called by tests (which make a fresh CA per test,
 and a second, foreign CA to prove it is refused) and by `tessera up --tls` for a local
 deployment with TLS on. In a cluster, cert-manager or the operator's owner issues these
-instead (see docs/security.md); the role goes in the subject's OU, and every certificate
-carries the DNS name clients expect of agents, `transport.AGENT_SERVER_NAME`.
+instead (see docs/security.md); the role goes in the subject's OU, a gateway's deployment
+in a URI SAN (`tessera.policies.tenancy.uri`), and every certificate carries the DNS name
+clients expect of agents, `transport.AGENT_SERVER_NAME`.
 """
 
 from __future__ import annotations
@@ -71,9 +72,16 @@ def make_authority(name: str = "tessera-ca", days: int = 365) -> Authority:
 
 
 def write_leaf(
-    ca: Authority, folder: str | Path, role: str, common_name: str = "", days: int = 90
+    ca: Authority,
+    folder: str | Path,
+    role: str,
+    common_name: str = "",
+    days: int = 90,
+    scope: str = "",
 ) -> Path:
-    """Issue a client-and-server certificate for `role` into `folder`; returns the folder."""
+    """Issue a client-and-server certificate for `role` into `folder`; returns the folder.
+
+    `scope`: the URI SAN binding it to a deployment (`tenancy.uri(namespace, name)`)."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
@@ -82,6 +90,8 @@ def write_leaf(
         x509.DNSName(transport.AGENT_SERVER_NAME),
         x509.DNSName("localhost"),
     ]
+    if scope:
+        sans.append(x509.UniformResourceIdentifier(scope))
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name or f"tessera-{role}", role))

@@ -19,6 +19,7 @@ one DNS name every agent certificate carries (`AGENT_SERVER_NAME`), not the addr
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,23 @@ def tls_from_env() -> TlsFiles | None:
     """The TLS files named by `TESSERA_TLS_DIR`, or None (plaintext) when it is unset."""
     folder = os.environ.get(TLS_DIR_ENV, "")
     return TlsFiles.from_dir(folder) if folder else None
+
+
+# Said by every client that would talk to agents off this host without TLS (the operator,
+# a gateway, `tessera up --agent`): what an unauthenticated agent port gives away.
+PLAINTEXT_WARNING = (
+    f"gRPC to the agents is plaintext ({TLS_DIR_ENV} is unset): anyone who reaches an "
+    "agent's port can load and unload blocks, read every deployment's weights and KV cache, "
+    "and generate. Use it on loopback or an isolated test network only (docs/security.md)."
+)
+
+
+def warn_if_plaintext(log: logging.Logger) -> bool:
+    """Log `PLAINTEXT_WARNING` when this process has no TLS files; True if it did."""
+    if os.environ.get(TLS_DIR_ENV, ""):
+        return False
+    log.warning(PLAINTEXT_WARNING)
+    return True
 
 
 def describe_mode() -> str:

@@ -6,9 +6,10 @@ of the Azure conversation trace, tiled and rate-scaled, on 128 x (tp8) Llama-2-7
 replicas = 1,024 H100s), `kunserve_burst` (8 instances, a 2x burst, P99 TTFT with
 parameter drop vs the KV-centric scheduler), `oserve_table1` / `oserve_table2`
 (`sim/oserve.py`), `cocoserve_load` (`sim/cocoserve.py`), `blockllm_variants`
-(`sim/blockllm.py`), each row labelled "simulation" beside the paper's figure; `--parts`
-picks which run. Omitted keys and why are listed under `omitted`. Registered in
-`tessera.cli.bench`; `--quick` shrinks everything for tests.
+(`sim/blockllm.py`), `blockllm_placement` (`sim/blockllm_placement.py`), each row
+labelled "simulation" beside the paper's figure; `--parts` picks which run. Omitted
+keys and why are listed under `omitted`. Registered in `tessera.cli.bench`; `--quick`
+shrinks everything for tests.
 """
 
 from __future__ import annotations
@@ -209,7 +210,12 @@ def _part(part: str, args: argparse.Namespace) -> dict[str, Any]:
     rows = blockllm.variant_rows(
         profile_of("llama-2-7b"), args.trace, args.quick, args.blockllm_rate
     )
-    return {"blockllm_variants": rows}
+    from tessera.sim import blockllm_placement
+
+    placed = blockllm_placement.placement_rows(
+        profile_of("llama-2-7b"), args.trace, args.quick, args.blockllm_rate
+    )
+    return {"blockllm_variants": rows, "blockllm_placement": placed}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
