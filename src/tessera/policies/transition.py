@@ -37,7 +37,7 @@ from dataclasses import replace
 from typing import Any
 
 from tessera import blocks, observed, routes_doc
-from tessera.policies import actions, transition_model, transition_steps
+from tessera.policies import actions, transition_model, transition_shrink, transition_steps
 
 # the planner's data types, named from here by its callers
 DevKey = transition_model.DevKey
@@ -170,11 +170,14 @@ def plan(world: World, target: Target) -> Transition:
     loads: list[int] = []
     done_new: list[routes_doc.RouteReplica] = []
     for r in (r for r in target.replicas if r.id in missing):
-        blocked = transition_steps.make_room(sim, r, missing[r.id], target_ids, loads, done_new)
+        todo = missing[r.id]
+        blocked = transition_steps.make_room(sim, r, todo, target_ids, loads, done_new)
+        if blocked is not None and world.resize_kv:  # a full device: shrink the old pools
+            todo, blocked = transition_shrink.make_room(sim, r.id, todo, target_ids)
         if blocked is not None:
             break
         prev: list[int] = []
-        for p in sorted(missing[r.id], key=lambda p: -p.block.stage_index):
+        for p in sorted(todo, key=lambda p: -p.block.stage_index):
             got = sim.load(p, prev + regroup.get((r.id, p.block.stage_index), []))
             if isinstance(got, Blocked):
                 blocked = got
@@ -206,14 +209,19 @@ def plan(world: World, target: Target) -> Transition:
         )
 
     # 3. cut the routes over to the target, 4. drain and free what leaves
+    freed: list[int] = []
     if cut_needed:
         leaving = [r.id for r in sim.routed if r.id not in target_ids and sim.ours(r.id)]
         cut = sim.cut_over(list(target.replicas), loads)
         for rid in leaving:
-            sim.retire(rid, [cut])
+            freed += sim.retire(rid, [cut])
+        freed.append(cut)
+    # 5. pools loaded with a cut KV budget grow to the target's once the old are freed
+    transition_shrink.grow(sim, target, freed)
     mode = "converged"
     if sim.steps:
         mode = "freeing-order" if sim.retired else "make-before-break"
+        mode = "shrink-pools" if sim.shrunk else mode
     return Transition(
         target.generation,
         tuple(sim.steps),
