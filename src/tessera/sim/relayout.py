@@ -24,10 +24,11 @@ the simulated cluster with modelled delays, as the operator's executor would:
   on a GPU takes milliseconds, not modelled) and its blocks' KV budgets follow; a new
   replica loaded with a cut KV budget starts with the pages that budget holds.
 
-A `blocked` transition (e.g. even the shrunk pools leave no room) changes nothing: the old layout keeps serving, as in production. Called by
-`oserve.Switcher`. Simplifications: a node's GPUs are one device (tensor-parallel ranks
-are not separate blocks), steps whose dependencies are met run concurrently, and the
-plan is not re-planned between steps (the real executor is level-triggered).
+A `blocked` transition (e.g. even the shrunk pools leave no room) changes nothing: the
+old layout keeps serving, as in production. Called by `oserve.Switcher`.
+Simplifications: a node's GPUs are one device (tensor-parallel ranks are not separate
+blocks), steps whose dependencies are met run concurrently, and the plan is not
+re-planned between steps (the real executor is level-triggered).
 """
 
 from __future__ import annotations
