@@ -7,7 +7,8 @@ finds no room, and the freeing order needs a second complete replica to keep ser
 and `World.resize_kv`) shrinks the KV pools of the old routed replicas with blocks on the
 short devices (`actions.ResizeKV`: the leader's allocator compacts live pages below the
 limit, `kvpages.PageAllocator.compact`), never below the pages their requests hold plus
-`World.kv_headroom`, and gives the new blocks the KV budget that is then free (at least
+`World.kv_headroom`, by what the new blocks' parameters and `ASK_NEW_KV_SHARE` of their KV
+need, and gives the new blocks the KV budget that is then free (at least
 `MIN_NEW_KV_SHARE` of what the target asks). `grow` restores the new replicas' pools to
 the target's budgets after the old replicas are unloaded. When even the floors leave too
 little room, the transition is blocked `WaitingForKV` (the old layout's requests hold the
@@ -26,6 +27,9 @@ from tessera.policies import actions, transition_steps
 from tessera.policies import transition_model as model
 
 MIN_NEW_KV_SHARE = 0.05  # a new block loads with at least this share of its target KV
+# ... and the old pools shrink to give it this share (old and new both serve meanwhile:
+# shrinking the old to its floor would starve it for the whole load)
+ASK_NEW_KV_SHARE = 0.5
 GROW_SLACK = 0.02  # a pool this close to its target is not grown (pages round budgets down)
 
 
@@ -58,10 +62,11 @@ def page_bytes_per_layer(sim: transition_steps.StepBuilder) -> float:
 
 
 def _need(todo: list[model.Placed]) -> dict[model.DevKey, int]:
+    """Bytes to make room for: the parameters and `ASK_NEW_KV_SHARE` of the KV."""
     need: dict[model.DevKey, int] = {}
     for p in todo:
         k = (p.agent, p.block.device)
-        need[k] = need.get(k, 0) + p.block.bytes
+        need[k] = need.get(k, 0) + p.block.param_bytes + int(p.block.kv_bytes * ASK_NEW_KV_SHARE)
     return need
 
 

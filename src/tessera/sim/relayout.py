@@ -40,7 +40,7 @@ from typing import Any
 
 from tessera import blocks, observed, routes_doc
 from tessera.cost.profile import Profile
-from tessera.policies import actions, links, transition
+from tessera.policies import actions, links, placement, transition
 from tessera.sim import engine, setup
 from tessera.sim.replica import SimReplica, adopt
 
@@ -125,6 +125,9 @@ class Executor:
     loaded: set[tuple[str, int]] = field(default_factory=set)
     cut_at_deadline: int = 0
     finished_at: float | None = None
+    # parameter bytes per unit: loads take their parts from several peers by the OServe
+    # switch plan (`World.sourcing == "switch"`, the operator's default); None: one peer
+    model: placement.ModelBytes | None = None
 
     def __post_init__(self) -> None:
         for p in self.old.placed:
@@ -170,6 +173,8 @@ class Executor:
             self.published,
             eng.now,
             links=self.link_model,
+            sourcing="switch" if self.model is not None else "block",
+            model=self.model,
         )
 
     def target(self) -> transition.Target:
@@ -212,10 +217,7 @@ class Executor:
     def _begin(self, eng: engine.Engine, step: actions.Step) -> None:
         a = step.action
         if isinstance(a, actions.LoadBlock):
-            if a.source is not None:
-                secs = self.link_model.copy_seconds(a.source.agent, a.agent, a.block.param_bytes)
-            else:
-                secs = self.link_model.read_seconds(a.agent, a.block.param_bytes)
+            secs = self._load_seconds(a)
             eng.at(
                 eng.now + secs,
                 f"load {a.block.replica_id} stage {a.block.stage_index}",
@@ -235,6 +237,34 @@ class Executor:
             self._finish(eng, step)
         else:  # Rewire and anything else: no time in this model
             self._finish(eng, step)
+
+    def _load_seconds(self, a: actions.LoadBlock) -> float:
+        """A load's time: its parts arrive at once, so the slowest source's bytes over
+        its link (storage for parts no peer holds); else one peer or one read."""
+        if a.parts and self.model is not None:
+            m = self.model
+            by_source: dict[str | None, float] = {}
+            for part in a.parts:
+                u0, u1 = part.units
+                nbytes = sum(
+                    m.embedding_bytes
+                    if u == 0
+                    else m.lm_head_bytes
+                    if u > m.num_layers
+                    else m.layer_bytes
+                    for u in range(u0, u1)
+                )
+                key = part.source.agent if part.source is not None else None
+                by_source[key] = by_source.get(key, 0.0) + nbytes
+            return max(
+                self.link_model.read_seconds(a.agent, int(n))
+                if src is None
+                else self.link_model.copy_seconds(src, a.agent, int(n))
+                for src, n in by_source.items()
+            )
+        if a.source is not None:
+            return self.link_model.copy_seconds(a.source.agent, a.agent, a.block.param_bytes)
+        return self.link_model.read_seconds(a.agent, a.block.param_bytes)
 
     def _loaded(self, eng: engine.Engine, step: actions.Step) -> None:
         a = step.action
