@@ -15,6 +15,7 @@ from tessera.policies import actions, links, switch_sources, transition
 
 PREFIX = "default.demo."
 MODEL = "/m"
+PAGE_LAYER_BYTES = 20971.52  # one KV page of one layer: 16 MiB is 100 pages of 8 layers
 
 
 def rid(name: str, gen: int) -> str:
@@ -65,7 +66,7 @@ class Cluster:
     links: links.LinkModel = field(default_factory=links.LinkModel)
     checkpoint_readable: bool = True
     sourcing: str = "block"  # transition_model.SOURCINGS
-    pages: dict[str, int] = field(default_factory=dict)  # pool per replica (default 100)
+    pages: dict[str, int] = field(default_factory=dict)  # pool per replica (else its blocks')
     used: dict[str, int] = field(default_factory=dict)  # pages its requests hold
     resize_kv: bool = True
 
@@ -81,7 +82,7 @@ class Cluster:
                     tuple(
                         observed.ReplicaLoad(
                             b.replica_id,
-                            self.pages.get(b.replica_id, 100),
+                            self.pages_of(b.replica_id),
                             self.used.get(b.replica_id, 0),
                             self.running.get(b.replica_id, 0),
                         )
@@ -102,6 +103,13 @@ class Cluster:
             sourcing=self.sourcing,
             resize_kv=self.resize_kv,
         )
+
+    def pages_of(self, rid: str) -> int:
+        """The replica's allocator: the smallest of its stages' pools (as agents set it)."""
+        if rid in self.pages:
+            return self.pages[rid]
+        held = [b for a in self.agents.values() for b in a.blocks.values() if b.replica_id == rid]
+        return min(round(b.kv_bytes / (PAGE_LAYER_BYTES * (b.end - b.start))) for b in held)
 
     def ours(self) -> int:
         return sum(b.bytes for a in self.agents.values() for b in a.blocks.values())
@@ -163,8 +171,6 @@ class Cluster:
             assert have.same_layout(st.block)
             assert st.block.kv_bytes - have.kv_bytes <= agent.free, f"{a.describe()}: memory"
             agent.blocks[st.block.key] = replace(have, kv_bytes=st.block.kv_bytes)
-        if a.num_pages:
-            self.pages[a.replica_id] = a.num_pages
         self.peak = max(self.peak, self.ours())
 
     def run(self, target: transition.Target, max_steps: int = 200, one: bool = False) -> int:

@@ -5,9 +5,12 @@ profile's step times). Where that price is wrong, the switching loop switches to
 layout (issue 34). Input: samples `(layout, predicted P99, measured P99, split)`, the
 measurement being a run of that layout at that demand (the simulator driven by the same
 cost profile, or real agents); `split` is "fit" or "eval" (held out: other arrivals, other
-rates). `fit` learns one multiplicative factor per layout (the median of measured /
-predicted over its fit samples) and reports, per layout, the relative error of the
-corrected model on the held-out samples (median and max) beside the raw model's error.
+rates). Each sample may carry a `point` (features of the demand: the class shares and the
+load as a share of the sustainable rate). `fit` keeps, per layout, the ratio measured /
+predicted of every fit sample; the correction at a demand is the inverse-distance
+weighted ratio of the layout's fit samples around its point (the median ratio without
+points). It reports, per layout, the relative error of the corrected model on the
+held-out samples (median and max) beside the raw model's error.
 A layout with no samples keeps the raw price and the largest raw error measured on any
 layout (what the model is known to miss by). The switching decision takes `error(layout)`
 as its hysteresis (`policies.switching.gain_threshold`). Pure; called by the simulator's
@@ -16,6 +19,7 @@ Table 2 (`sim/oserve_table2.py`) and `tessera bench sim`.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +37,7 @@ class Sample:
     measured_s: float
     split: str = "fit"
     note: str = ""  # e.g. the mix and the rate
+    point: tuple[float, ...] = ()  # where in demand space (class shares, load share)
 
     def __post_init__(self) -> None:
         if not (self.predicted_s > 0 and self.measured_s > 0):
@@ -75,11 +80,28 @@ class Calibration:
 
     layouts: Mapping[str, LayoutError] = field(default_factory=dict)
     unseen_error: float = 0.0  # the largest raw error measured on any layout
+    # per layout: (point, measured / predicted) of each fit sample
+    ratios: Mapping[str, tuple[tuple[tuple[float, ...], float], ...]] = field(default_factory=dict)
 
-    def price(self, layout: str, predicted_s: float) -> float:
-        """The model's price of `layout`, corrected by its fitted factor."""
+    def factor(self, layout: str, point: tuple[float, ...] = ()) -> float:
+        """The correction of `layout`'s price at `point` (module docstring)."""
         e = self.layouts.get(layout)
-        return predicted_s * (e.factor if e is not None else 1.0)
+        if e is None:
+            return 1.0
+        near = [(p, r) for p, r in self.ratios.get(layout, ()) if len(p) == len(point) and p]
+        if not point or not near:
+            return e.factor
+        weights = []
+        for p, r in near:
+            d = math.dist(p, point)
+            if d < 1e-9:
+                return r
+            weights.append((1.0 / d**2, r))
+        return sum(w * r for w, r in weights) / sum(w for w, _ in weights)
+
+    def price(self, layout: str, predicted_s: float, point: tuple[float, ...] = ()) -> float:
+        """The model's price of `layout` (at `point`), corrected."""
+        return predicted_s * self.factor(layout, point)
 
     def error(self, layout: str) -> float:
         """The relative error to expect of `price` on `layout` (the held-out max)."""
@@ -108,12 +130,23 @@ def fit(samples: Iterable[Sample]) -> Calibration:
         by.setdefault(s.layout, []).append(s)
     out: dict[str, LayoutError] = {}
     raw_all: list[float] = []
+    ratios = {
+        layout: tuple(
+            (s.point, s.measured_s / s.predicted_s)
+            for s in ss
+            if s.split == "fit" or not any(x.split == "fit" for x in ss)
+        )
+        for layout, ss in by.items()
+    }
     for layout, ss in sorted(by.items()):
         fit_ = [s for s in ss if s.split == "fit"] or ss
         ev = [s for s in ss if s.split == "eval"]
         factor = statistics.median(s.measured_s / s.predicted_s for s in fit_)
         on = ev or fit_
-        err = [_rel(s.predicted_s * factor, s.measured_s) for s in on]
+        partial = Calibration(
+            {layout: LayoutError(layout, factor, 0, 0, 0, 0, 0, 0, False)}, 0.0, ratios
+        )
+        err = [_rel(partial.price(layout, s.predicted_s, s.point), s.measured_s) for s in on]
         raw = [_rel(s.predicted_s, s.measured_s) for s in on]
         raw_all += [_rel(s.predicted_s, s.measured_s) for s in ss]
         out[layout] = LayoutError(
@@ -127,4 +160,4 @@ def fit(samples: Iterable[Sample]) -> Calibration:
             max(raw),
             bool(ev),
         )
-    return Calibration(out, max(raw_all) if raw_all else 0.0)
+    return Calibration(out, max(raw_all) if raw_all else 0.0, ratios)

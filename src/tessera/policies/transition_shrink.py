@@ -19,7 +19,7 @@ pages: it waits until they finish or move, and re-plans) or `InsufficientMemory`
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from tessera import observed
@@ -157,6 +157,11 @@ def make_room(
     return out, None
 
 
+def _pages(stages: Sequence[model.Placed | actions.KVStage], bpl: float) -> int:
+    """The pages a replica's allocator gets from its stages' KV budgets (the smallest)."""
+    return min(round(s.block.kv_bytes / (bpl * (s.block.end - s.block.start))) for s in stages)
+
+
 def grow(sim: transition_steps.StepBuilder, target: model.Target, after: list[int]) -> None:
     """Grow the target replicas' pools to the target's KV budgets where memory is free
     now (a new replica loaded with a cut budget, once the old replicas are unloaded)."""
@@ -170,7 +175,10 @@ def grow(sim: transition_steps.StepBuilder, target: model.Target, after: list[in
             continue
         cur = [h[0] for h in have if h is not None]
         pairs = list(zip(cur, want, strict=True))
-        if all(c.block.kv_bytes >= p.block.kv_bytes * (1 - GROW_SLACK) for c, p in pairs):
+        if bpl > 0:  # the allocator's pages: a stage with fewer layers may hold more
+            if _pages(cur, bpl) >= _pages(want, bpl) * (1 - GROW_SLACK):
+                continue
+        elif all(c.block.kv_bytes >= p.block.kv_bytes * (1 - GROW_SLACK) for c, p in pairs):
             continue
         frac = 1.0
         extra: dict[model.DevKey, int] = {}
@@ -196,12 +204,7 @@ def grow(sim: transition_steps.StepBuilder, target: model.Target, after: list[in
             deps += sim.unloads_on.get(k, [])
             if step is not None:
                 deps.append(step)
-        layers = [s.block.end - s.block.start for s in stages]
-        pages = (
-            min(int(s.block.kv_bytes / (bpl * n)) for s, n in zip(stages, layers, strict=True))
-            if bpl > 0
-            else 0
-        )
+        pages = _pages(stages, bpl) if bpl > 0 else 0
         load = _load(sim.world.observed, rid)
         was = sim.pages.get(rid, load.pages_total if load is not None else 0)
         sim.add(actions.ResizeKV(rid, max(pages, was), was, tuple(stages)), deps)

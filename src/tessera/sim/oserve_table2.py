@@ -89,6 +89,7 @@ class Switcher:
     _gen: int = 0
     _next: float = 0.0
     _cache: dict[tuple[int | float, ...], table1.Choice] | None = None
+    _rates: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.counts, self.decisions = [], []
@@ -142,7 +143,10 @@ class Switcher:
             assert pick is not None and here is not None and at == demand
             rep = here if name == current_name else options[name][1]
             raw = max(rep.p99_latency_s, 1e-9)
-            return self.calibration.price(name, raw) if self.calibration else raw
+            if self.calibration is None:
+                return raw
+            load = sum(demand) / self._sustainable(pick)
+            return self.calibration.price(name, raw, oserve_calibrate.point(demand, load))
 
         def switch_seconds(source: str, dest: str) -> float:
             assert source == current_name
@@ -201,6 +205,13 @@ class Switcher:
             )
             self._cache[key] = table1.choose(problem, table, demand)
         return self._cache[key]
+
+    def _sustainable(self, pick: table1.Choice) -> float:
+        """The forecast mix's sustainable rate (where the demand sits for calibration)."""
+        key = id(pick)
+        if key not in self._rates:
+            self._rates[key] = table1.sustainable_rps(pick.problem, pick.table)
+        return self._rates[key]
 
     def _count(self, eng: engine.Engine, now: float) -> list[float]:
         """Arrivals per class in the span that just ended (the gateway's counters)."""
