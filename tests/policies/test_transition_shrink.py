@@ -151,3 +151,23 @@ def test_floor_keeps_what_requests_hold() -> None:
     assert transition_shrink.floor_pages(load, 0.1) == 45
     assert transition_shrink.floor_pages(observed.ReplicaLoad("x", 100, 0), 0.1) == 1
     assert transition_shrink.floor_pages(observed.ReplicaLoad("x", 10, 40), 0.1) == 10
+
+
+def test_shrinking_comes_before_the_freeing_order() -> None:
+    """Two whole replicas, b short for the new stage beside its old replica: its pool
+    gives up the room, so no replica leaves the routes before the new one serves."""
+    from tests.policies import test_transition as tt
+
+    c = tt.started(32 * MiB, 14 * MiB)
+    c.resize_kv = True
+    target = sim.target_of(tt.WHOLE_AND_PIPE, 2)
+    t = transition.plan(c.world(), target)
+    assert t.blocked is None and t.mode == "shrink-pools"
+    cuts = [s for s in t.steps if isinstance(s.action, actions.CutOver)]
+    assert len(cuts) == 1  # the freeing order would cut r1 out first
+    assert cuts[0].id > max(s.id for s in t.steps if isinstance(s.action, actions.LoadBlock))
+    c.running = {rid("r1", 1): 2}
+    c.run(target)
+    assert c.lost == []
+    c.resize_kv = False
+    assert transition.plan(tt.started(32 * MiB, 14 * MiB).world(), target).mode == "freeing-order"

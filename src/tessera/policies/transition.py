@@ -15,12 +15,15 @@ Order of a transition:
 3. one `CutOver` publishes the target's replica set; the replicas it drops are leaving;
 4. each leaving replica is drained (idle as observed, or its deadline plus a grace has
    passed) and only then unloaded.
-When a device cannot hold the new blocks beside the old (**freeing order**), old
-replicas are retired one at a time before the loads that need their memory: a `CutOver`
-drops the replica while at least one other complete replica keeps serving, then it is
-drained and unloaded. When even that cannot make room, the transition is `blocked` with
-a condition reason and message, and its steps only clean up unrouted leftovers: the old
-layout keeps serving.
+When a device cannot hold the new blocks beside the old, the old replicas' KV pools
+shrink to make room (**shrink-pools**, `transition_shrink`: every replica keeps serving)
+when that suffices; else old replicas are retired one at a time before the loads that
+need their memory (**freeing order**: a `CutOver` drops the replica while at least one
+other complete replica keeps serving, then it is drained and unloaded), and what is
+still short is taken from the pools left. When even that cannot make room, the
+transition is `blocked` with a condition reason and message, and its steps only clean up
+unrouted leftovers: the old layout keeps serving. The new replicas' pools grow to the
+target's budgets once the old are freed.
 
 Level-triggered: the plan depends only on the observation, so re-planning after any
 prefix of the steps (or after an operator restart) continues where things stand, and a
@@ -32,6 +35,7 @@ are the observations the executor and status use. The data types live in
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -171,8 +175,18 @@ def plan(world: World, target: Target) -> Transition:
     done_new: list[routes_doc.RouteReplica] = []
     for r in (r for r in target.replicas if r.id in missing):
         todo = missing[r.id]
-        blocked = transition_steps.make_room(sim, r, todo, target_ids, loads, done_new)
-        if blocked is not None and world.resize_kv:  # a full device: shrink the old pools
+        blocked = None
+        shrunk = False
+        if world.resize_kv and sim.deficit(transition_shrink.full_need(todo)):
+            # short of memory: shrinking the old pools keeps every replica serving, so it
+            # comes before the freeing order (which routes everything to the survivors)
+            trial = copy.deepcopy(sim)
+            got, why = transition_shrink.make_room(trial, r.id, todo, target_ids)
+            if why is None:
+                sim, todo, shrunk = trial, got, True
+        if not shrunk:
+            blocked = transition_steps.make_room(sim, r, todo, target_ids, loads, done_new)
+        if blocked is not None and world.resize_kv:  # still short: shrink what is left
             todo, blocked = transition_shrink.make_room(sim, r.id, todo, target_ids)
         if blocked is not None:
             break

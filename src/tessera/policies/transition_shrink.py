@@ -3,8 +3,9 @@ the new pools once the old are gone (issue 34, OServe switching on a full cluste
 
 Agents give a block's KV pool the memory left after its parameters, so make-before-break
 finds no room, and the freeing order needs a second complete replica to keep serving.
-`make_room` (called by `policies.transition.plan` when the freeing order cannot make room
-and `World.resize_kv`) shrinks the KV pools of the old routed replicas with blocks on the
+`make_room` (called by `policies.transition.plan` when make-before-break has no room and
+`World.resize_kv`: first on its own, since every replica keeps serving, then for what the
+freeing order leaves short) shrinks the KV pools of the old routed replicas with blocks on the
 short devices (`actions.ResizeKV`: the leader's allocator compacts live pages below the
 limit, `kvpages.PageAllocator.compact`), never below the pages their requests hold plus
 `World.kv_headroom`, by what the new blocks' parameters and `ASK_NEW_KV_SHARE` of their KV
@@ -59,6 +60,15 @@ def page_bytes_per_layer(sim: transition_steps.StepBuilder) -> float:
         if load is not None and load.pages_total > 0:
             return p.block.kv_bytes / load.pages_total / (p.block.end - p.block.start)
     return 0.0
+
+
+def full_need(todo: list[model.Placed]) -> dict[model.DevKey, int]:
+    """Bytes the blocks take with their whole KV budgets (make-before-break)."""
+    need: dict[model.DevKey, int] = {}
+    for p in todo:
+        k = (p.agent, p.block.device)
+        need[k] = need.get(k, 0) + p.block.bytes
+    return need
 
 
 def _need(todo: list[model.Placed]) -> dict[model.DevKey, int]:
