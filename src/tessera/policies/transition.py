@@ -181,9 +181,9 @@ def plan(world: World, target: Target) -> Transition:
             # short of memory: shrinking the old pools keeps every replica serving, so it
             # comes before the freeing order (which routes everything to the survivors)
             trial = copy.deepcopy(sim)
-            got, why = transition_shrink.make_room(trial, r.id, todo, target_ids)
+            budgets, why = transition_shrink.make_room(trial, r.id, todo, target_ids)
             if why is None:
-                sim, todo, shrunk = trial, got, True
+                sim, todo, shrunk = trial, budgets, True
         if not shrunk:
             blocked = transition_steps.make_room(sim, r, todo, target_ids, loads, done_new)
         if blocked is not None and world.resize_kv:  # still short: shrink what is left
