@@ -198,16 +198,28 @@ def grow(sim: transition_steps.StepBuilder, target: model.Target, after: list[in
         for k, n in extra.items():
             if n:
                 frac = min(frac, max(0, sim.free.get(k, 0)) / n)
-        if frac <= 0:
+        kvs = [
+            c.block.kv_bytes + int(max(0, p.block.kv_bytes - c.block.kv_bytes) * frac)
+            for c, p in pairs
+        ]
+        grown = [
+            replace(c, block=replace(c.block, kv_bytes=kv))
+            for (c, _), kv in zip(pairs, kvs, strict=True)
+        ]
+        if bpl > 0 and _pages(grown, bpl) <= _pages(cur, bpl):
+            continue  # not one more page for the allocator: nothing to gain
+        if bpl <= 0 and all(
+            kv - c.block.kv_bytes < GROW_SLACK * p.block.kv_bytes
+            for (c, p), kv in zip(pairs, kvs, strict=True)
+        ):
             continue
         stages = []
         deps = list(after)
-        for c, p in pairs:
+        for (c, _), new in zip(pairs, grown, strict=True):
             k = (c.agent, c.block.device)
-            kv = c.block.kv_bytes + int(max(0, p.block.kv_bytes - c.block.kv_bytes) * frac)
+            kv = new.block.kv_bytes
             sim.free[k] = sim.free.get(k, 0) - (kv - c.block.kv_bytes)
             sim.ours_bytes += kv - c.block.kv_bytes
-            new = replace(c, block=replace(c.block, kv_bytes=kv))
             stages.append(actions.KVStage(c.agent, c.address, new.block))
             step = sim.present[(c.agent, c.block.key)][1]
             sim.present[(c.agent, c.block.key)] = (new, step)
