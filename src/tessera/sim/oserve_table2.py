@@ -450,13 +450,22 @@ def table2_rows(
         for key, use_transition, calibrated in MODES:
             if calibrated and cal is None:
                 continue
-            built = build(start, start.hetero, "g0-")
+            # the first layout is a planner decision too: with the calibrated model, the
+            # cheaper of the planner's heterogeneous and best homogeneous layouts
+            begin = start.hetero
+            if calibrated and cal is not None:
+                at = oserve_calibrate.point(first, LOAD * min(rates) / rates[0])
+                begin = min(
+                    (w for w in (start.hetero, start.homo) if w[1].groups),
+                    key=lambda w: cal.price(w[0].label(), w[1].p99_latency_s, at),
+                )
+            built = build(start, begin, "g0-")
             sw = Switcher(
                 profile,
                 base,
                 slo,
                 built,
-                start.hetero[0],
+                begin[0],
                 cfg,
                 use_transition=use_transition,
                 shared_cache=plans,
@@ -472,7 +481,7 @@ def table2_rows(
                 if use_transition
                 else "the switch plan's time, KV handed over",
                 "latency_model": "calibrated" if calibrated else "raw (minGain 10 %)",
-                "start_layout": start.hetero[0].label(),
+                "start_layout": begin[0].label(),
                 **so,
                 "speedup_sim": round(st["p99_latency_s"] / so["p99_latency_s"], 3)
                 if so["p99_latency_s"]
