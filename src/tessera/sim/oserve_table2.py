@@ -451,14 +451,23 @@ def table2_rows(
             if calibrated and cal is None:
                 continue
             # the first layout is a planner decision too: with the calibrated model, the
-            # cheaper of the planner's heterogeneous and best homogeneous layouts
+            # heterogeneous layout only when it beats the best homogeneous one by more than
+            # the model's error on both (the switching rule, homogeneous as the incumbent)
             begin = start.hetero
-            if calibrated and cal is not None:
+            if calibrated and cal is not None and start.homo[1].groups:
                 at = oserve_calibrate.point(first, LOAD * min(rates) / rates[0])
-                begin = min(
-                    (w for w in (start.hetero, start.homo) if w[1].groups),
-                    key=lambda w: cal.price(w[0].label(), w[1].p99_latency_s, at),
+                price = {
+                    w[0].label(): cal.price(w[0].label(), w[1].p99_latency_s, at)
+                    for w in (start.hetero, start.homo)
+                }
+                het, hom = start.hetero[0].label(), start.homo[0].label()
+                need = switching.gain_threshold(
+                    cfg,
+                    switching.DeploymentCost(hom, price[hom], cal.error(hom)),
+                    switching.DeploymentCost(het, price[het], cal.error(het)),
                 )
+                if price[hom] / price[het] - 1.0 <= need:
+                    begin = start.homo
             built = build(start, begin, "g0-")
             sw = Switcher(
                 profile,
