@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.cli import bench_relayout as rl
+from tessera.cli import bench_serve
 
 MiB = 1 << 20
 LARGEST_STAGE_MIB = 18  # the tiny model's [0, 6) stage: 17.4 MiB of float32 parameters
@@ -112,7 +113,7 @@ async def _drive(
 ) -> rl.Run:
     import aiohttp
 
-    rows = rl.bench_serve._load(args)
+    rows = bench_serve._load(args)
     rng = random.Random(args.seed)
     run = rl.Run(
         [rl.Request([rng.randrange(5, 500) for _ in range(n)], out, at) for at, n, out in rows]

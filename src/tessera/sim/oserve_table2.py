@@ -7,7 +7,9 @@ Input: the analytic profile, the quadrant classes and the paper's traces T1-T4 (
 loop as an engine controller: it counts arrivals per span and calls
 `policies.switching_step.step` (forecast, cheapest candidate from the planner's latency
 objective, `policies.switching.decide`); a switch is applied after the switch plan's time
-(or the transition plan's modelled steps) plus the running requests' KV hand-over.
+(or the transition plan's modelled steps) plus the running requests' KV hand-over. With a
+calibration (`table2`: `sim.oserve_calibrate` then `cost.calibration.fit`) the Switcher
+prices layouts with the corrected model and takes the hysteresis from its error.
 Called by `tessera.sim.bench`; split out of `sim/oserve.py` (Table 1 and shared setup).
 """
 
