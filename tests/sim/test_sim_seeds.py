@@ -433,12 +433,13 @@ def _target(pick, label: str):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(
     ("label", "mode"),
-    [("1x[tp1pp1 tp1pp1 tp1pp1 tp1pp1]", "freeing-order"), ("1x[tp2pp2]", "freeing-order")],
+    [("1x[tp1pp1 tp1pp1 tp1pp1 tp1pp1]", "shrink-pools"), ("1x[tp2pp2]", "shrink-pools")],
 )
 def test_switches_go_through_the_transition_planner(small_oserve, label: str, mode: str) -> None:  # type: ignore[no-untyped-def]
-    """Full GPUs leave no room beside the old layout: the planner retires old replicas
-    one at a time while others serve (freeing order; the last one's KV pool shrinks to
-    load one replica over every GPU beside it, issue 34); every request finishes."""
+    """Full GPUs leave no room beside the old layout: the old replicas' KV pools shrink
+    (issue 34; before, the planner retired old replicas one at a time, or blocked a move
+    to one replica over every GPU) and the new layout loads beside them; every request
+    finishes."""
     from tessera.policies import switching
     from tessera.sim import oserve, oserve_table2
 
