@@ -11,6 +11,10 @@ is small and checks its preconditions:
   becomes stage i of the head's replica (its own leader must have no request left);
 * `compact`: the leader moves held pages below `num_pages` (or the pool it would keep
   holding every layer again) and reports the moves; `move_pages` copies them on a stage;
+* `resize` / `unpause` (issue 34, a transition on a full device): the leader (paused)
+  resizes its allocator to `num_pages` (a shrink moves held pages below the limit and
+  reports the moves), every stage copies the moves it is given and shrinks or grows its
+  pool, and the booking follows; `unpause` lets the leader schedule again;
 * `restore`: hold [start, end) again, pulling the missing layers from peers
   (`transfer.block_copy.fetch`, by checkpoint name), with the new identity; a block that
   becomes a whole stage 0 gets a leader again.
@@ -70,12 +74,18 @@ async def apply(hs: hosting.Hosting, req: pb.OverloadShiftRequest) -> pb.Overloa
         moves = dict(zip(req.moves_from, req.moves_to, strict=True))
         await _on_compute(hs, memory_shift.move_pages, h.stage, moves)
         return _reply(h)
+    if op == "resize":
+        return await _resize(hs, h, req)
+    if op == "unpause":
+        _leader(h).unpause()
+        return _reply(h)
     if op == "drop":
         return await _drop(hs, h, req)
     if op == "restore":
         return await _restore(hs, h, req)
     raise errors.InvalidArgumentError(
-        f"op: {op!r} is not one of pause, resume, drop, compact, move_pages, restore"
+        f"op: {op!r} is not one of pause, resume, drop, compact, move_pages, restore, "
+        "resize, unpause"
     )
 
 
@@ -124,6 +134,28 @@ async def _compact(hs: hosting.Hosting, h: hosted.Hosted, limit: int) -> pb.Over
     await _on_compute(hs, memory_shift.move_pages, st, moves)
     held = await eng.pause()
     return _reply(h, held_pages=held, moves_from=list(moves), moves_to=list(moves.values()))
+
+
+async def _resize(
+    hs: hosting.Hosting, h: hosted.Hosted, req: pb.OverloadShiftRequest
+) -> pb.OverloadShiftReply:
+    """Resize this stage's KV pool to `num_pages`; on the leader, its allocator first."""
+    if req.num_pages < 1:
+        raise errors.InvalidArgumentError(f"num_pages: must be >= 1, got {req.num_pages}")
+    moves = dict(zip(req.moves_from, req.moves_to, strict=True))
+    eng = h.leader
+    if eng is not None:
+        if not eng.paused:
+            raise errors.FailedPreconditionError(f"{h.holder}: pause the leader before resizing")
+        alloc = eng.allocator
+        if alloc is not None:
+            try:
+                moves = alloc.resize(req.num_pages)
+            except ValueError as exc:
+                raise errors.ResourceExhaustedError(f"{h.holder}: {exc}") from exc
+    await _on_compute(hs, memory_shift.resize_pool, h.stage, moves, req.num_pages)
+    _book(hs, h)
+    return _reply(h, moves_from=list(moves), moves_to=list(moves.values()))
 
 
 def _identity(h: hosted.Hosted, req: pb.OverloadShiftRequest) -> hosting.Key:

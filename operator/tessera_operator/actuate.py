@@ -3,12 +3,13 @@
 Thin on purpose: block actions are one agent RPC each (`LoadBlock` with the block and an
 optional peer source, `UnloadBlock`, a rewire as a `LoadBlock` that differs only in its
 next-stage address); a `CutOver` calls the shell's `publish` (the operator writes the
-routes ConfigMap, `tessera up` its routes file); a `Drain` is a check of the observation
-(`transition.drained`), never a sleep. Steps run in plan order; a step whose
-dependencies failed or still wait is skipped, so one pass does everything that can be
-done now and the next pass re-plans from what it observes (level-triggered: no step
-counter survives a pass). Results are reported per step so callers raise events and
-conditions. Called by the operator's converge pass, its finalizer and `tessera up`.
+routes ConfigMap, `tessera up` its routes file); a `ResizeKV` is a few `OverloadShift`
+ops (pause the leader, resize each stage's pool, leader first; unpause); a `Drain` is a
+check of the observation (`transition.drained`), never a sleep. Steps run in plan order;
+a step whose dependencies failed or still wait is skipped, so one pass does everything
+that can be done now and the next pass re-plans from what it observes (level-triggered:
+no step counter survives a pass). Results are reported per step so callers raise events
+and conditions. Called by the operator's converge pass, its finalizer and `tessera up`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -81,6 +83,48 @@ async def _block(action: actions.BlockAction, timeout: float) -> Result:
         await channel.close()
 
 
+async def _resize(action: actions.ResizeKV, timeout: float) -> Result:
+    """Pause the leader, resize its allocator and pool (a shrink reports the page moves),
+    resize every other stage with those moves, unpause (issue 34)."""
+    stages = sorted(action.stages, key=lambda s: s.block.stage_index)
+    channels = {s.address: transport.channel(s.address) for s in stages}
+    stubs = {a: pb_grpc.AgentStub(c) for a, c in channels.items()}
+
+    def op(s: actions.KVStage, name: str, **kw: Any) -> Any:
+        req = pb.OverloadShiftRequest(
+            replica_id=s.block.replica_id, stage_index=s.block.stage_index, op=name, **kw
+        )
+        return stubs[s.address].OverloadShift(req, timeout=timeout)
+
+    lead = stages[0]
+    try:
+        paused = await op(lead, "pause")
+        pages = action.num_pages
+        if not pages:  # a grow to the stages' budgets: pages from the leader's page size
+            per_layer = (
+                paused.kv_bytes
+                / max(1, paused.kv_pages)
+                / max(1, paused.layer_end - paused.layer_start)
+            )
+            pages = min(
+                int(s.block.kv_bytes / per_layer / (s.block.end - s.block.start)) for s in stages
+            )
+        try:
+            got = await op(lead, "resize", num_pages=pages)
+            for s in stages[1:]:
+                await op(
+                    s, "resize", num_pages=pages, moves_from=got.moves_from, moves_to=got.moves_to
+                )
+        finally:
+            await op(lead, "unpause")
+        return Result(action, True, message=f"{pages} pages")
+    except grpc.aio.AioRpcError as exc:
+        return Result(action, False, exc.code().name, exc.details() or "")
+    finally:
+        for c in channels.values():
+            await c.close()
+
+
 async def apply(
     block_actions: Sequence[actions.BlockAction],
     progress: Progress | None = None,
@@ -123,6 +167,9 @@ async def execute(
                 result = Result(a, True, step=step.id)
             except Exception as exc:  # a failed write of the routes: retried next pass
                 result = Result(a, False, "PUBLISH_FAILED", str(exc), step=step.id)
+        elif isinstance(a, actions.ResizeKV):
+            done = await _resize(a, timeout)
+            result = Result(a, done.ok, done.code, done.message, step.id)
         elif isinstance(a, actions.MoveKV):
             # requests are the gateway's: it moves the KV of its in-flight requests
             result = Result(

@@ -26,6 +26,7 @@ REASONS = {
     "CutOver": ("RoutesCutOver", "CutOverFailed"),
     "Drain": ("ReplicaDrained", "DrainFailed"),
     "MoveKV": ("KVMoved", "KVMoveFailed"),
+    "ResizeKV": ("KVPoolResized", "KVPoolResizeFailed"),
 }
 
 

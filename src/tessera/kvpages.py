@@ -185,6 +185,23 @@ class PageAllocator:
         self.num_pages = limit
         return moves
 
+    @property
+    def held_pages(self) -> int:
+        """Pages sequences or pins hold: the smallest pool `resize` can shrink to."""
+        return len(self._refs)
+
+    def resize(self, num_pages: int) -> dict[int, int]:
+        """Grow (`add_pages`) or shrink (`compact`) the pool to `num_pages`; the page moves
+        a shrink made, for every stage to copy before releasing the top of its pool
+        (issue 34: a full device makes room for a new layout). ValueError below the held
+        pages, or below one page."""
+        if num_pages < 1:
+            raise ValueError(f"num_pages: must be >= 1, got {num_pages}")
+        if num_pages >= self.num_pages:
+            self.add_pages(num_pages - self.num_pages)
+            return {}
+        return self.compact(num_pages)
+
     def free(self, seq_id: str) -> None:
         """Release the sequence's pages (finish, cancel or preemption); registered pages
         nobody holds any more stay cached, the others return to the free list."""

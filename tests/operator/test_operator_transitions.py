@@ -183,9 +183,10 @@ def test_impossible_transition_keeps_the_old_layout_serving(
     start_operator: Callable[..., Any],
     kube: client.ApiClient,
 ) -> None:
-    # 64 MiB devices: one whole replica (about 41 MB with its 16 MiB KV) fits, but not a
-    # new [0, 6) stage (about 35 MB) beside it, and no other replica could serve meanwhile
-    procs = agents_factory(2, devices="cpu:1x64MiB")
+    # 40 MiB devices: one whole replica (23.5 MiB of parameters, 16 MiB of KV) fits, but
+    # not a new [0, 6) stage's 17.4 MiB of parameters beside it even with the old KV pool
+    # shrunk (issue 34), and no other replica could serve meanwhile
+    procs = agents_factory(2, devices="cpu:1x40MiB")
     start_operator(refs(procs))
     custom(kube).create_namespaced_custom_object(
         GROUP, VERSION, "default", PLURAL, manifest("tight", tiny_llama, [_whole("r0", "agent-0")])

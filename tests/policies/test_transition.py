@@ -40,6 +40,7 @@ SEQUENCE = [(WHOLE_AND_PIPE, 2), (RESPLIT, 3), (BACK, 4)]
 
 def started(capacity_a: int, capacity_b: int) -> sim.Cluster:
     c = sim.Cluster({"a": sim.Agent("a", capacity_a), "b": sim.Agent("b", capacity_b)})
+    c.resize_kv = False  # the freeing order (shrinking pools: test_transition_shrink.py)
     sim.load_state(c, TWO_WHOLE, [rid("r0", 1), rid("r1", 1)], 1)
     return c
 

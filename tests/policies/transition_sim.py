@@ -15,6 +15,7 @@ from tessera.policies import actions, links, switch_sources, transition
 
 PREFIX = "default.demo."
 MODEL = "/m"
+PAGE_LAYER_BYTES = 20971.52  # one KV page of one layer: 16 MiB is 100 pages of 8 layers
 
 
 def rid(name: str, gen: int) -> str:
@@ -65,6 +66,9 @@ class Cluster:
     links: links.LinkModel = field(default_factory=links.LinkModel)
     checkpoint_readable: bool = True
     sourcing: str = "block"  # transition_model.SOURCINGS
+    pages: dict[str, int] = field(default_factory=dict)  # pool per replica (else its blocks')
+    used: dict[str, int] = field(default_factory=dict)  # pages its requests hold
+    resize_kv: bool = True
 
     def world(self) -> transition.World:
         obs = observed.Observed(
@@ -77,7 +81,10 @@ class Cluster:
                     tuple(a.blocks.values()),
                     tuple(
                         observed.ReplicaLoad(
-                            b.replica_id, 100, 0, self.running.get(b.replica_id, 0)
+                            b.replica_id,
+                            self.pages_of(b.replica_id),
+                            self.used.get(b.replica_id, 0),
+                            self.running.get(b.replica_id, 0),
                         )
                         for b in a.blocks.values()
                         if b.stage_index == 0
@@ -94,7 +101,15 @@ class Cluster:
             links=self.links,
             checkpoint_readable=self.checkpoint_readable,
             sourcing=self.sourcing,
+            resize_kv=self.resize_kv,
         )
+
+    def pages_of(self, rid: str) -> int:
+        """The replica's allocator: the smallest of its stages' pools (as agents set it)."""
+        if rid in self.pages:
+            return self.pages[rid]
+        held = [b for a in self.agents.values() for b in a.blocks.values() if b.replica_id == rid]
+        return min(round(b.kv_bytes / (PAGE_LAYER_BYTES * (b.end - b.start))) for b in held)
 
     def ours(self) -> int:
         return sum(b.bytes for a in self.agents.values() for b in a.blocks.values())
@@ -134,6 +149,8 @@ class Cluster:
             if self.running.get(r):
                 self.lost.append(f"{r} unloaded with {self.running[r]} requests")
             del self.agents[a.agent].blocks[a.block.key]
+        elif isinstance(a, actions.ResizeKV):
+            self._resize(a)
         elif isinstance(a, actions.Rewire):
             self.agents[a.agent].blocks[a.block.key] = a.block
         elif isinstance(a, actions.CutOver):
@@ -144,6 +161,17 @@ class Cluster:
             if not transition.drained(self.world(), a.replica_id):
                 return False
         return True
+
+    def _resize(self, a: actions.ResizeKV) -> None:
+        """A pool never shrinks below the pages its requests hold; a grow needs memory."""
+        assert a.num_pages >= self.used.get(a.replica_id, 0), f"{a.describe()}: pages held"
+        for st in a.stages:
+            agent = self.agents[st.agent]
+            have = agent.blocks[st.block.key]
+            assert have.same_layout(st.block)
+            assert st.block.kv_bytes - have.kv_bytes <= agent.free, f"{a.describe()}: memory"
+            agent.blocks[st.block.key] = replace(have, kv_bytes=st.block.kv_bytes)
+        self.peak = max(self.peak, self.ours())
 
     def run(self, target: transition.Target, max_steps: int = 200, one: bool = False) -> int:
         """Plan and apply until converged, re-planning after every change (as a

@@ -433,12 +433,13 @@ def _target(pick, label: str):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(
     ("label", "mode"),
-    [("1x[tp1pp1 tp1pp1 tp1pp1 tp1pp1]", "freeing-order"), ("1x[tp2pp2]", "blocked")],
+    [("1x[tp1pp1 tp1pp1 tp1pp1 tp1pp1]", "shrink-pools"), ("1x[tp2pp2]", "shrink-pools")],
 )
 def test_switches_go_through_the_transition_planner(small_oserve, label: str, mode: str) -> None:  # type: ignore[no-untyped-def]
-    """Full GPUs leave no room beside the old layout: the planner retires old replicas
-    one at a time while others serve (freeing order), or blocks a move to one replica
-    over every GPU; either way every request finishes."""
+    """Full GPUs leave no room beside the old layout: the old replicas' KV pools shrink
+    (issue 34; before, the planner retired old replicas one at a time, or blocked a move
+    to one replica over every GPU) and the new layout loads beside them; every request
+    finishes."""
     from tessera.policies import switching
     from tessera.sim import oserve, oserve_table2
 
@@ -464,6 +465,36 @@ def test_switches_go_through_the_transition_planner(small_oserve, label: str, mo
     if mode != "blocked":
         assert record["steps"] > 0 and record["seconds"] > 0
         assert sw.current is target
+
+
+def test_one_replica_over_every_gpu_switches_by_shrinking_its_pool(small_oserve) -> None:  # type: ignore[no-untyped-def]
+    """The case that used to be blocked (InsufficientMemory): one replica holds every GPU
+    and its KV pool all the memory left; its pool shrinks, the new layout loads beside
+    it, the routes cut over, the old is freed and the new pools grow (issue 34)."""
+    from tessera.policies import switching
+    from tessera.sim import oserve, oserve_table2
+
+    prof, base, slo, (a, _) = small_oserve
+    layout, report = _target(a, "1x[tp2pp2]")
+    if a.hetero[0].label() == layout.label():
+        pytest.skip("the planner picked the one-replica layout")
+    start = oserve.build(a, (layout, report), "g0-")
+    target = oserve.build(a, a.hetero, "g1-")
+    sw = oserve_table2.Switcher(
+        prof, base, slo, start, layout, switching.SwitchingConfig(), nodes=1, gpus=4
+    )
+    sw._gen = 1
+    arr = oserve.mix_arrivals(base, [(60.0, (0.25, 0.25, 0.25, 0.25))], 6.0)
+    eng = engine.Engine(start.replicas, oserve.router(base, start.shares))
+    eng.at(8.0, "switch", lambda: sw._transition(eng, target, a.hetero[0]))
+    res = eng.run(arr, until=60.0)
+    assert len(res.done) == len(arr) and res.unfinished == 0
+    (record,) = sw.transitions
+    assert record["mode"] == "shrink-pools" and not record["blocked"]
+    assert sw.current is target
+    assert set(eng.replicas) == {r.name for r in target.replicas}
+    assert any("shrink the KV pool" in a for _, a in res.actions)
+    assert any("grow the KV pool" in a for _, a in res.actions)
 
 
 def test_the_decisions_never_import_the_simulator_contract() -> None:

@@ -141,6 +141,18 @@ def move_pages(st: stage.Stage, moves: dict[int, int]) -> None:
         t[new.to(t.device)] = t[old.to(t.device)]
 
 
+def resize_pool(st: stage.Stage, moves: dict[int, int], num_pages: int) -> None:
+    """Copy the pages the allocator moved, then shrink or grow the pool to `num_pages`
+    (a transition on a full device, issue 34); the stage's KV budget follows."""
+    move_pages(st, moves)
+    cache = st.runner.cache
+    if num_pages < cache.layout.num_pages:
+        cache.shrink(num_pages)
+    elif num_pages > cache.layout.num_pages:
+        cache.grow(num_pages - cache.layout.num_pages)
+    st.spec = dataclasses.replace(st.spec, kv_bytes=cache.layout.total_bytes)
+
+
 def restore_layers(
     st: stage.Stage, start: int, end: int, tensors: dict[str, torch.Tensor] | None = None
 ) -> Shift:

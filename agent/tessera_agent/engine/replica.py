@@ -268,6 +268,11 @@ class ReplicaEngine:
         self._paused = False
         self._wake.set()
 
+    def unpause(self) -> None:
+        """Run again over the same stages after a pause (a KV pool resize, issue 34)."""
+        self._paused = False
+        self._wake.set()
+
     def set_max_num_seqs(self, n: int) -> int:
         """Cap the sequences per step from the next step on (module scaling's batch cut;
         0 = the loaded limit); returns the previous cap. Running requests are not stopped:

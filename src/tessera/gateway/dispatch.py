@@ -166,6 +166,7 @@ class Dispatcher:
         current = job
         lost: ReplicaLost | None = None
         redirect: str | None = None  # where the cut-over moved the request's KV
+        polled = False  # a cut-over's new replicas are polled at most once for this job
         while True:
             ready = [r for r in self._replicas.ready_ids() if r not in tried]
             if job.allowed is not None:  # a variant's replicas only
@@ -185,6 +186,12 @@ class Dispatcher:
                     current.variant,
                 )
             redirect = None
+            if route is None and not polled and self._replicas.unpolled():
+                # a cut-over just named replicas the poller has not seen yet (a switch of
+                # a one-replica deployment routes only those): poll them, then route
+                polled = True
+                await self._replicas.poll_once()
+                continue
             if route is None:
                 if lost is not None:
                     raise lost

@@ -34,13 +34,16 @@ log = logging.getLogger(__name__)
 CHANNEL_CLOSE_GRACE_S = 600.0  # a retired channel waits this long for its running calls
 
 
+NOT_POLLED = "not polled yet"
+
+
 @dataclass
 class ReplicaState:
     """What the gateway knows about one replica."""
 
     endpoint: config.ReplicaEndpoint
     ready: bool = False
-    detail: str = "not polled yet"  # why it is not ready, or "ok"
+    detail: str = NOT_POLLED  # why it is not ready, or "ok"
     pages_total: int = 0
     pages_used: int = 0
     running: int = 0
@@ -112,6 +115,10 @@ class ReplicaSet:
 
     def ready_ids(self) -> list[str]:
         return [rid for rid, st in self._states.items() if st.ready]
+
+    def unpolled(self) -> bool:
+        """Whether some replica has never been polled (named by a cut-over just now)."""
+        return any(st.detail == NOT_POLLED for st in self._states.values())
 
     def states(self) -> dict[str, ReplicaState]:
         return dict(self._states)

@@ -16,6 +16,9 @@ after it) return them inside `Step`s; the operator's executor
 * `CutOver`: publish a new routes document (`tessera.routes_doc`): the gateway sends new
   requests to its replicas only; replicas of its previous document that it no longer
   names are leaving.
+* `ResizeKV`: shrink or grow a running replica's KV pool to `num_pages` on every stage
+  (shrink: the leader's allocator compacts live pages below the limit first; never below
+  the pages its requests hold), so a full device makes room for a new layout (issue 34).
 
 Later actions (drop or restore layers, replicate a layer, load an adapter) join the
 `Action` union; every action has `kind` (a stable name used in status and events) and
@@ -162,7 +165,37 @@ class CutOver:
         return f"cut routes over to version {self.version}: {ids}{gone}"
 
 
-Action = LoadBlock | UnloadBlock | Rewire | MoveKV | Drain | CutOver
+@dataclass(frozen=True)
+class KVStage:
+    """One stage of a `ResizeKV`: where it is, and the block with its new KV budget."""
+
+    agent: str
+    address: str
+    block: blocks.Block  # kv_bytes: the stage's pool after the resize
+
+
+@dataclass(frozen=True)
+class ResizeKV:
+    """Resize a replica's KV pool to `num_pages` pages on every stage (leader first)."""
+
+    replica_id: str
+    num_pages: int  # the allocator's pool afterwards
+    was_pages: int  # ... before (observed): a shrink when num_pages is smaller
+    stages: tuple[KVStage, ...]
+
+    kind = "ResizeKV"
+
+    @property
+    def shrink(self) -> bool:
+        return self.num_pages < self.was_pages
+
+    def describe(self) -> str:
+        how = "shrink" if self.shrink else "grow"
+        pages = f"{self.num_pages} pages" if self.num_pages else "the stages' budgets"
+        return f"{how} the KV pool of {self.replica_id} from {self.was_pages} to {pages}"
+
+
+Action = LoadBlock | UnloadBlock | Rewire | MoveKV | Drain | CutOver | ResizeKV
 BlockAction = LoadBlock | UnloadBlock | Rewire
 
 

@@ -15,7 +15,11 @@ from the previous span. Units are request-seconds over the coming span:
   candidate's when the current cannot serve).
 
 Rules, in order (the first that applies gives the reason): disabled; the candidate is
-the current deployment; relative gain ``L_current / L_candidate - 1`` below ``minGain``;
+the current deployment; relative gain ``L_current / L_candidate - 1`` below the
+threshold: ``minGain``, or, when both deployments carry the latency model's measured
+relative error ``e`` (`DeploymentCost.model_error`, from `tessera.cost.calibration`), the
+smallest gain the model cannot have invented, ``(1 + e_candidate) / (1 - e_current) - 1``
+(hysteresis from the model's error, issue 34);
 the switch takes a whole span or more; the gain does not pay for the switch; a switch
 happened less than ``cooldown_spans`` ago; the candidate has not won ``hold_spans`` spans
 in a row (hysteresis: a mix flickering between two deployments never switches). When the
@@ -80,10 +84,25 @@ class DeploymentCost:
 
     name: str  # e.g. the layout label; equal names mean the same deployment
     latency_s: float  # modelled per-request latency (P99); inf: cannot serve the forecast
+    # the latency model's measured relative error for this deployment (calibration);
+    # None: not measured, the decision falls back to minGain
+    model_error: float | None = None
 
     def __post_init__(self) -> None:
         if not self.latency_s > 0:
             raise fields.FieldError("latency_s", "must be > 0 (inf when it cannot serve)")
+        if self.model_error is not None and not 0 <= self.model_error < 1:
+            raise fields.FieldError("model_error", "must be in [0, 1)")
+
+
+def gain_threshold(
+    config: SwitchingConfig, current: DeploymentCost, candidate: DeploymentCost
+) -> float:
+    """The relative gain a switch needs: what the model's error on both deployments
+    could explain, or ``minGain`` when either error is unmeasured."""
+    if current.model_error is None or candidate.model_error is None:
+        return config.min_gain
+    return (1.0 + candidate.model_error) / (1.0 - current.model_error) - 1.0
 
 
 @dataclass(frozen=True)
@@ -161,10 +180,14 @@ def decide(
         return out(STAY, "switching is disabled", reset)
     if candidate.name == current.name:
         return out(STAY, "the current deployment is the planner's choice", reset)
-    if rel < config.min_gain:
-        return out(
-            STAY, f"candidate is {rel:+.1%} faster, below minGain {config.min_gain:.0%}", reset
+    need = gain_threshold(config, current, candidate)
+    if rel < need:
+        what = (
+            f"minGain {need:.0%}"
+            if need == config.min_gain
+            else f"the latency model's error on both ({need:.1%})"
         )
+        return out(STAY, f"candidate is {rel:+.1%} faster, below {what}", reset)
     if switch_s >= config.span_s:
         return out(STAY, f"switch takes {switch_s:.1f} s, a whole span or more", reset)
     if not gain > cost:

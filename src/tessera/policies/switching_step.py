@@ -8,7 +8,9 @@ function ``price(name, demand) -> modelled P99 request latency (s)`` at a per-cl
 demand in req/s (``inf`` when the deployment cannot serve it; e.g. the planner's
 latency objective, ``tessera.planner.latency``), a switch-time function
 ``switch_seconds(from, to)`` (e.g. the greedy switch plan's time,
-``tessera.policies.switch_plan``), the decision's config and the hysteresis state.
+``tessera.policies.switch_plan``), the decision's config and the hysteresis state;
+optionally ``model_error(name)``, the latency model's measured relative error for a
+deployment (``tessera.cost.calibration``), which sets the gain a switch needs.
 
 1. **Forecast** (:func:`forecast`): every method (last value, moving average,
    exponential smoothing, seasonal naive; hyperparameters chosen on the spans before the
@@ -162,6 +164,7 @@ def step(
     switch_seconds: SwitchSeconds,
     window: int = DEFAULT_WINDOW,
     methods: Callable[[], dict[str, forecaster.Forecaster]] = default_methods,
+    model_error: Callable[[str], float | None] | None = None,
 ) -> LoopStep:
     """Forecast, plan and decide one span (module docstring)."""
     if not candidates:
@@ -181,11 +184,12 @@ def step(
             raise ValueError(f"price({n!r}) = {v}: a latency must be > 0 (inf: cannot serve)")
     best = min(candidates, key=lambda n: (lat[n], n != current))
     seconds = 0.0 if best == current else float(switch_seconds(current, best))
+    err = model_error or (lambda name: None)
     decision = switching.decide(
         config,
         state,
-        switching.DeploymentCost(current, lat[current]),
-        switching.DeploymentCost(best, lat[best]),
+        switching.DeploymentCost(current, lat[current], err(current)),
+        switching.DeploymentCost(best, lat[best], err(best)),
         sum(demand),
         seconds,
     )

@@ -15,12 +15,15 @@ Order of a transition:
 3. one `CutOver` publishes the target's replica set; the replicas it drops are leaving;
 4. each leaving replica is drained (idle as observed, or its deadline plus a grace has
    passed) and only then unloaded.
-When a device cannot hold the new blocks beside the old (**freeing order**), old
-replicas are retired one at a time before the loads that need their memory: a `CutOver`
-drops the replica while at least one other complete replica keeps serving, then it is
-drained and unloaded. When even that cannot make room, the transition is `blocked` with
-a condition reason and message, and its steps only clean up unrouted leftovers: the old
-layout keeps serving.
+When a device cannot hold the new blocks beside the old, the old replicas' KV pools
+shrink to make room (**shrink-pools**, `transition_shrink`: every replica keeps serving)
+when that suffices; else old replicas are retired one at a time before the loads that
+need their memory (**freeing order**: a `CutOver` drops the replica while at least one
+other complete replica keeps serving, then it is drained and unloaded), and what is
+still short is taken from the pools left. When even that cannot make room, the
+transition is `blocked` with a condition reason and message, and its steps only clean up
+unrouted leftovers: the old layout keeps serving. The new replicas' pools grow to the
+target's budgets once the old are freed.
 
 Level-triggered: the plan depends only on the observation, so re-planning after any
 prefix of the steps (or after an operator restart) continues where things stand, and a
@@ -32,12 +35,13 @@ are the observations the executor and status use. The data types live in
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from tessera import blocks, observed, routes_doc
-from tessera.policies import actions, transition_model, transition_steps
+from tessera.policies import actions, transition_model, transition_shrink, transition_steps
 
 # the planner's data types, named from here by its callers
 DevKey = transition_model.DevKey
@@ -170,11 +174,24 @@ def plan(world: World, target: Target) -> Transition:
     loads: list[int] = []
     done_new: list[routes_doc.RouteReplica] = []
     for r in (r for r in target.replicas if r.id in missing):
-        blocked = transition_steps.make_room(sim, r, missing[r.id], target_ids, loads, done_new)
+        todo = missing[r.id]
+        blocked = None
+        shrunk = False
+        if world.resize_kv and sim.deficit(transition_shrink.full_need(todo)):
+            # short of memory: shrinking the old pools keeps every replica serving, so it
+            # comes before the freeing order (which routes everything to the survivors)
+            trial = copy.deepcopy(sim)
+            budgets, why = transition_shrink.make_room(trial, r.id, todo, target_ids)
+            if why is None:
+                sim, todo, shrunk = trial, budgets, True
+        if not shrunk:
+            blocked = transition_steps.make_room(sim, r, todo, target_ids, loads, done_new)
+        if blocked is not None and world.resize_kv:  # still short: shrink what is left
+            todo, blocked = transition_shrink.make_room(sim, r.id, todo, target_ids)
         if blocked is not None:
             break
         prev: list[int] = []
-        for p in sorted(missing[r.id], key=lambda p: -p.block.stage_index):
+        for p in sorted(todo, key=lambda p: -p.block.stage_index):
             got = sim.load(p, prev + regroup.get((r.id, p.block.stage_index), []))
             if isinstance(got, Blocked):
                 blocked = got
@@ -206,14 +223,19 @@ def plan(world: World, target: Target) -> Transition:
         )
 
     # 3. cut the routes over to the target, 4. drain and free what leaves
+    freed: list[int] = []
     if cut_needed:
         leaving = [r.id for r in sim.routed if r.id not in target_ids and sim.ours(r.id)]
         cut = sim.cut_over(list(target.replicas), loads)
         for rid in leaving:
-            sim.retire(rid, [cut])
+            freed += sim.retire(rid, [cut])
+        freed.append(cut)
+    # 5. pools loaded with a cut KV budget grow to the target's once the old are freed
+    transition_shrink.grow(sim, target, freed)
     mode = "converged"
     if sim.steps:
         mode = "freeing-order" if sim.retired else "make-before-break"
+        mode = "shrink-pools" if sim.shrunk else mode
     return Transition(
         target.generation,
         tuple(sim.steps),

@@ -69,21 +69,29 @@ class World:
     checkpoint_readable: bool = True  # agents can read the weights from storage
     sourcing: str = "block"  # one of SOURCINGS
     model: ModelBytes | None = None  # parameter bytes per unit (switch sourcing); None: even
+    # a full device: shrink the serving replicas' KV pools to load the new layout beside
+    # them (`transition_shrink`), never below the pages their requests hold plus this share
+    resize_kv: bool = True
+    kv_headroom: float = 0.1
 
     def __post_init__(self) -> None:
         if self.sourcing not in SOURCINGS:
             raise ValueError(f"sourcing: must be one of {', '.join(SOURCINGS)}")
+        if self.kv_headroom < 0:
+            raise ValueError(f"kv_headroom: must be >= 0, got {self.kv_headroom}")
 
 
 @dataclass(frozen=True)
 class Blocked:
     """Why a transition cannot be done; `reason` is a condition reason."""
 
-    reason: str  # InsufficientMemory, AgentUnreachable, NoSource
+    # InsufficientMemory, AgentUnreachable, NoSource, or WaitingForKV (the pools could make
+    # room once the requests holding their pages finish or move)
+    reason: str
     message: str
 
 
-MODES = ("converged", "make-before-break", "freeing-order", "blocked")
+MODES = ("converged", "make-before-break", "freeing-order", "shrink-pools", "blocked")
 
 
 @dataclass(frozen=True)

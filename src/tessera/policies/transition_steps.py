@@ -46,6 +46,9 @@ class StepBuilder:
         )
         self.start_bytes = self.peak_bytes = self.ours_bytes
         self.retired = 0
+        self.shrunk = 0  # KV pools shrunk to make room (`transition_shrink`)
+        self.pages: dict[str, int] = {}  # replica -> its pool after a planned resize
+        self.resizes: dict[str, list[int]] = {}  # replica -> its resize steps
         self.parts: dict[model.Where, tuple[actions.SwitchPart, ...]] = {}
         self.switch: switch_sources.Assignment | None = None
 

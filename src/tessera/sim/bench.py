@@ -197,9 +197,7 @@ def _part(part: str, args: argparse.Namespace) -> dict[str, Any]:
         base = table1.quadrant_classes(traces.read_trace(args.trace))
         if part == "oserve_table1":
             return {"oserve_table1": oserve.table1_rows(prof, base, planner_bench.SLO, args.quick)}
-        return {
-            "oserve_table2": oserve_table2.table2_rows(prof, base, planner_bench.SLO, args.quick)
-        }
+        return oserve_table2.table2(prof, base, planner_bench.SLO, args.quick)
     if part == "cocoserve":
         from tessera.sim import cocoserve
 

@@ -7,7 +7,9 @@ Input: the analytic profile, the quadrant classes and the paper's traces T1-T4 (
 loop as an engine controller: it counts arrivals per span and calls
 `policies.switching_step.step` (forecast, cheapest candidate from the planner's latency
 objective, `policies.switching.decide`); a switch is applied after the switch plan's time
-(or the transition plan's modelled steps) plus the running requests' KV hand-over.
+(or the transition plan's modelled steps) plus the running requests' KV hand-over. With a
+calibration (`table2`: `sim.oserve_calibrate` then `cost.calibration.fit`) the Switcher
+prices layouts with the corrected model and takes the hysteresis from its error.
 Called by `tessera.sim.bench`; split out of `sim/oserve.py` (Table 1 and shared setup).
 """
 
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tessera.cost import calibration as calibration_
 from tessera.cost.capacity import RequestClass, Slo
 from tessera.cost.profile import Profile
 from tessera.planner import table1
@@ -36,7 +39,7 @@ from tessera.policies import (
     switching_step,
 )
 from tessera.policies.routing import centroid_class_router
-from tessera.sim import engine, relayout
+from tessera.sim import engine, oserve_calibrate, relayout
 from tessera.sim.oserve import (
     GPUS,
     LOAD,
@@ -76,6 +79,9 @@ class Switcher:
     gpus: int = GPUS
     use_transition: bool = True  # apply switches through the transition planner
     shared_cache: dict[tuple[int | float, ...], table1.Choice] | None = None  # across runs
+    # the latency model calibrated against simulated runs (`sim.oserve_calibrate`):
+    # corrected prices, and the hysteresis from its error; None: the raw model, minGain
+    calibration: calibration_.Calibration | None = None
     executor: relayout.Executor | None = None  # the transition in progress
     transitions: list[dict[str, Any]] = field(default_factory=list)
     state: switching.HysteresisState = field(default_factory=switching.HysteresisState)
@@ -85,6 +91,7 @@ class Switcher:
     _gen: int = 0
     _next: float = 0.0
     _cache: dict[tuple[int | float, ...], table1.Choice] | None = None
+    _rates: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.counts, self.decisions = [], []
@@ -107,14 +114,18 @@ class Switcher:
         demand = tuple(c / self.cfg.span_s for c in switching_step.forecast(self.counts).counts)
         current_name = self.current_layout.label()
         pick = self._choice(demand) if sum(demand) > 0 else None
-        cands: list[str] = []
-        if pick is not None and pick.hetero[1].groups:
-            cands = [pick.hetero[0].label()]
-        elif pick is not None:
-            self.decisions.append(
-                {"time_s": round(now, 1), "action": "stay", "reason": "no layout serves it"}
-            )
-            return
+        # the planner's heterogeneous choice; with a calibrated model also its best
+        # homogeneous layout (the calibrated prices may rank them otherwise)
+        options: dict[str, tuple[Layout, LatencyReport]] = {}
+        if pick is not None:
+            for which in (pick.hetero, pick.homo) if self.calibration else (pick.hetero,):
+                if which[1].groups:
+                    options.setdefault(which[0].label(), which)
+            if not options:
+                self.decisions.append(
+                    {"time_s": round(now, 1), "action": "stay", "reason": "no layout serves it"}
+                )
+                return
         here = (
             LatencyModel(pick.problem, pick.table).best_routing(
                 *_groups(self.current_layout), pick.demand, dedicate=True
@@ -122,43 +133,55 @@ class Switcher:
             if pick is not None
             else None
         )
-        target = build(pick, pick.hetero, f"g{self._gen + 1}-") if pick is not None else None
+        built: dict[str, Built] = {}
+
+        def target_of(name: str) -> Built:
+            assert pick is not None
+            if name not in built:
+                built[name] = build(pick, options[name], f"g{self._gen + 1}-")
+            return built[name]
 
         def price(name: str, at: tuple[float, ...]) -> float:
             assert pick is not None and here is not None and at == demand
-            rep = here if name == current_name else pick.hetero[1]
-            return max(rep.p99_latency_s, 1e-9)
+            rep = here if name == current_name else options[name][1]
+            raw = max(rep.p99_latency_s, 1e-9)
+            if self.calibration is None:
+                return raw
+            load = sum(demand) / self._sustainable(pick)
+            return self.calibration.price(name, raw, oserve_calibrate.point(demand, load))
 
         def switch_seconds(source: str, dest: str) -> float:
-            assert target is not None and source == current_name
-            return self._switch_seconds(target)
+            assert source == current_name
+            return self._switch_seconds(target_of(dest))
 
         step = switching_step.step(
             self.cfg,
             self.state,
             self.counts,
             current_name,
-            cands or [current_name],
+            list(options) or [current_name],
             price,
             switch_seconds,
+            model_error=self.calibration.error if self.calibration else None,
         )
         decision = step.decision
         self.state = decision.state
         self.decisions.append(
             {"time_s": round(now, 1), **decision.to_json(), "current": current_name}
         )
-        if pick is None or here is None or target is None:
+        if pick is None or here is None:
             return
         if decision.action == switching.SWITCH:
+            target, layout = target_of(decision.candidate), options[decision.candidate][0]
             self._gen += 1
             eng.result.actions.append((now, f"switch planned: {current_name} -> {target.label}"))
             if self.use_transition:
-                self._transition(eng, target, pick.hetero[0])
+                self._transition(eng, target, layout)
             else:
                 eng.at(
                     now + decision.switch_s,
                     f"switch: {current_name} -> {target.label}",
-                    functools.partial(self._apply, eng, target, pick.hetero[0]),
+                    functools.partial(self._apply, eng, target, layout),
                 )
         elif math.isfinite(here.p99_latency_s):
             # stay: the current layout re-routed for the forecast (assignment per span)
@@ -184,6 +207,13 @@ class Switcher:
             )
             self._cache[key] = table1.choose(problem, table, demand)
         return self._cache[key]
+
+    def _sustainable(self, pick: table1.Choice) -> float:
+        """The forecast mix's sustainable rate (where the demand sits for calibration)."""
+        key = id(pick)
+        if key not in self._rates:
+            self._rates[key] = table1.sustainable_rps(pick.problem, pick.table)
+        return self._rates[key]
 
     def _count(self, eng: engine.Engine, now: float) -> list[float]:
         """Arrivals per class in the span that just ended (the gateway's counters)."""
@@ -243,6 +273,7 @@ class Switcher:
             link_model,
             _classifier(self.base),
             done,
+            model=placement.model_bytes(self.profile),
         )
         self.executor.start(eng)
 
@@ -323,14 +354,57 @@ def _classifier(classes: Sequence[RequestClass]) -> Any:
     )
 
 
-def table2_rows(
+# how a run applies switches and prices layouts: (row key, through the transition planner,
+# with the calibrated latency model)
+MODES: tuple[tuple[str, bool, bool], ...] = (
+    ("switching", False, True),
+    ("switching_transition", True, True),
+    ("switching_transition_raw", True, False),
+)
+
+
+def table2(
     profile: Profile, base: tuple[RequestClass, ...], slo: Slo, quick: bool
+) -> dict[str, Any]:
+    """The latency model calibrated on Table 1's mixes (`sim.oserve_calibrate`), then
+    Table 2's rows with it: `{"planner_model_error", "oserve_table2"}`."""
+    traces_ = (TRACES[0], TRACES[-1]) if quick else TRACES
+    levels = sorted({lv for _, lvs, _, _ in traces_ for lv in lvs})
+    samples = oserve_calibrate.samples(profile, base, slo, quick, levels)
+    cal = calibration_.fit(samples)
+    return {
+        "planner_model_error": {
+            "label": "simulation: the planner's latency model vs simulated runs of the same "
+            "layouts (fit at LOAD, errors on held-out runs at another rate and seed)",
+            **cal.to_json(),
+            "samples": [
+                {
+                    "layout": x.layout,
+                    "split": x.split,
+                    "at": x.note,
+                    "model_p99_s": round(x.predicted_s, 3),
+                    "sim_p99_s": x.measured_s,
+                }
+                for x in samples
+            ],
+        },
+        "oserve_table2": table2_rows(profile, base, slo, quick, cal),
+    }
+
+
+def table2_rows(
+    profile: Profile,
+    base: tuple[RequestClass, ...],
+    slo: Slo,
+    quick: bool,
+    cal: calibration_.Calibration | None = None,
 ) -> list[dict[str, Any]]:
     """OServe Table 2: each trace's mixes in consecutive phases at one rate (LOAD x the
     lowest sustainable rate among its mixes); static = the best homogeneous layout for
     the trace's mean mix with least-outstanding routing; switching = the planner's
     heterogeneous layout for the first mix, re-routed and re-planned every span
-    through `switching.decide` (active mode)."""
+    through `switching.decide` (active mode), once per `MODES` entry (the calibrated
+    ones only with `cal`)."""
     traces_ = (TRACES[0], TRACES[-1]) if quick else TRACES
     span_s, per_phase = (30.0, 3) if quick else (60.0, 4)
     phase = span_s * per_phase
@@ -375,17 +449,38 @@ def table2_rows(
             "static": {"layout": built_label(static), **st},
         }
         plans: dict[tuple[int | float, ...], table1.Choice] = {}
-        for mode, key in (("switch_plan", "switching"), ("transition", "switching_transition")):
-            built = build(start, start.hetero, "g0-")
+        for key, use_transition, calibrated in MODES:
+            if calibrated and cal is None:
+                continue
+            # the first layout is a planner decision too: with the calibrated model, the
+            # heterogeneous layout only when it beats the best homogeneous one by more than
+            # the model's error on both (the switching rule, homogeneous as the incumbent)
+            begin = start.hetero
+            if calibrated and cal is not None and start.homo[1].groups:
+                at = oserve_calibrate.point(first, LOAD * min(rates) / rates[0])
+                price = {
+                    w[0].label(): cal.price(w[0].label(), w[1].p99_latency_s, at)
+                    for w in (start.hetero, start.homo)
+                }
+                het, hom = start.hetero[0].label(), start.homo[0].label()
+                need = switching.gain_threshold(
+                    cfg,
+                    switching.DeploymentCost(hom, price[hom], cal.error(hom)),
+                    switching.DeploymentCost(het, price[het], cal.error(het)),
+                )
+                if price[hom] / price[het] - 1.0 <= need:
+                    begin = start.homo
+            built = build(start, begin, "g0-")
             sw = Switcher(
                 profile,
                 base,
                 slo,
                 built,
-                start.hetero[0],
+                begin[0],
                 cfg,
-                use_transition=mode == "transition",
+                use_transition=use_transition,
                 shared_cache=plans,
+                calibration=cal if calibrated else None,
             )
             eng = engine.Engine(built.replicas, router(base, built.shares), [sw], 1.0)
             res_sw = eng.run(arr, until=end)
@@ -393,10 +488,11 @@ def table2_rows(
             assert sw.decisions is not None
             switched = [d for d in sw.decisions if d["action"] == switching.SWITCH]
             row[key] = {
-                "applied_by": "the switch plan's time, KV handed over"
-                if mode == "switch_plan"
-                else "policies.transition plan and its steps' modelled delays",
-                "start_layout": start.hetero[0].label(),
+                "applied_by": "policies.transition plan and its steps' modelled delays"
+                if use_transition
+                else "the switch plan's time, KV handed over",
+                "latency_model": "calibrated" if calibrated else "raw (minGain 10 %)",
+                "start_layout": begin[0].label(),
                 **so,
                 "speedup_sim": round(st["p99_latency_s"] / so["p99_latency_s"], 3)
                 if so["p99_latency_s"]
@@ -405,10 +501,20 @@ def table2_rows(
                 "switch_decisions": len(switched),
                 "switch_plan_s": [d["switchSeconds"] for d in switched],
                 "deployments": [a for _, a in res_sw.actions if a.startswith("switch:")],
-                "transitions": sw.transitions if mode == "transition" else [],
+                "transitions": sw.transitions,
+                "switches_blocked": sum(1 for t in sw.transitions if t.get("blocked")),
+                "decisions": sw.decisions,
             }
-        row["speedup_sim"] = row["switching"]["speedup_sim"]
-        row["speedup_transition_sim"] = row["switching_transition"]["speedup_sim"]
+        for key, out in (
+            ("switching", "speedup_sim"),
+            ("switching_transition", "speedup_transition_sim"),
+            ("switching_transition_raw", "speedup_transition_raw_sim"),
+        ):
+            if key in row:
+                row[out] = row[key]["speedup_sim"]
+        tr = row.get("switching_transition") or row["switching_transition_raw"]
+        row["speedup"] = tr["speedup_sim"]
+        row["switches_blocked"] = tr["switches_blocked"]
         rows.append(row)
     return rows
 

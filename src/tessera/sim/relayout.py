@@ -18,13 +18,17 @@ the simulated cluster with modelled delays, as the operator's executor would:
 - `Drain`: `transition.drained` on the world as observed now (idle, or the drain
   deadline plus grace has passed: whatever is still running is then handed to a new
   replica and recomputed, counted in `cut_at_deadline`);
-- `UnloadBlock`: frees the replica's memory (it has left the simulation).
+- `UnloadBlock`: frees the replica's memory (it has left the simulation);
+- `ResizeKV` (a full cluster, issue 34): the replica's page allocator resizes at once
+  (`PageAllocator.resize`: a shrink compacts held pages below the limit; copying pages
+  on a GPU takes milliseconds, not modelled) and its blocks' KV budgets follow; a new
+  replica loaded with a cut KV budget starts with the pages that budget holds.
 
-A `blocked` transition (e.g. one replica over the whole cluster, nowhere to load the new
-one) changes nothing: the old layout keeps serving, as in production. Called by
-`oserve.Switcher`. Simplifications: a node's GPUs are one device (tensor-parallel ranks
-are not separate blocks), steps whose dependencies are met run concurrently, and the
-plan is not re-planned between steps (the real executor is level-triggered).
+A `blocked` transition (e.g. even the shrunk pools leave no room) changes nothing: the
+old layout keeps serving, as in production. Called by `oserve.Switcher`.
+Simplifications: a node's GPUs are one device (tensor-parallel ranks are not separate
+blocks), steps whose dependencies are met run concurrently, and the plan is not
+re-planned between steps (the real executor is level-triggered).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from typing import Any
 
 from tessera import blocks, observed, routes_doc
 from tessera.cost.profile import Profile
-from tessera.policies import actions, links, transition
+from tessera.policies import actions, links, placement, transition
 from tessera.sim import engine, setup
 from tessera.sim.replica import SimReplica, adopt
 
@@ -121,6 +125,9 @@ class Executor:
     loaded: set[tuple[str, int]] = field(default_factory=set)
     cut_at_deadline: int = 0
     finished_at: float | None = None
+    # parameter bytes per unit: loads take their parts from several peers by the OServe
+    # switch plan (`World.sourcing == "switch"`, the operator's default); None: one peer
+    model: placement.ModelBytes | None = None
 
     def __post_init__(self) -> None:
         for p in self.old.placed:
@@ -166,6 +173,8 @@ class Executor:
             self.published,
             eng.now,
             links=self.link_model,
+            sourcing="switch" if self.model is not None else "block",
+            model=self.model,
         )
 
     def target(self) -> transition.Target:
@@ -208,10 +217,7 @@ class Executor:
     def _begin(self, eng: engine.Engine, step: actions.Step) -> None:
         a = step.action
         if isinstance(a, actions.LoadBlock):
-            if a.source is not None:
-                secs = self.link_model.copy_seconds(a.source.agent, a.agent, a.block.param_bytes)
-            else:
-                secs = self.link_model.read_seconds(a.agent, a.block.param_bytes)
+            secs = self._load_seconds(a)
             eng.at(
                 eng.now + secs,
                 f"load {a.block.replica_id} stage {a.block.stage_index}",
@@ -226,14 +232,76 @@ class Executor:
             blocks_ = self.held.get(a.agent, [])
             self.held[a.agent] = [b for b in blocks_ if b.key != a.block.key]
             self._finish(eng, step)
+        elif isinstance(a, actions.ResizeKV):
+            self._resize(eng, a)
+            self._finish(eng, step)
         else:  # Rewire and anything else: no time in this model
             self._finish(eng, step)
+
+    def _load_seconds(self, a: actions.LoadBlock) -> float:
+        """A load's time: its parts arrive at once, so the slowest source's bytes over
+        its link (storage for parts no peer holds); else one peer or one read."""
+        if a.parts and self.model is not None:
+            m = self.model
+            by_source: dict[str | None, float] = {}
+            for part in a.parts:
+                u0, u1 = part.units
+                nbytes = sum(
+                    m.embedding_bytes
+                    if u == 0
+                    else m.lm_head_bytes
+                    if u > m.num_layers
+                    else m.layer_bytes
+                    for u in range(u0, u1)
+                )
+                key = part.source.agent if part.source is not None else None
+                by_source[key] = by_source.get(key, 0.0) + nbytes
+            return max(
+                self.link_model.read_seconds(a.agent, int(n))
+                if src is None
+                else self.link_model.copy_seconds(src, a.agent, int(n))
+                for src, n in by_source.items()
+            )
+        if a.source is not None:
+            return self.link_model.copy_seconds(a.source.agent, a.agent, a.block.param_bytes)
+        return self.link_model.read_seconds(a.agent, a.block.param_bytes)
 
     def _loaded(self, eng: engine.Engine, step: actions.Step) -> None:
         a = step.action
         assert isinstance(a, actions.LoadBlock)
         self.held.setdefault(a.agent, []).append(a.block)
+        rep = self.new.replicas.get(a.block.replica_id)
+        planned = self._planned(a.block)
+        if rep is not None and planned is not None and a.block.kv_bytes < planned.kv_bytes:
+            # loaded with a cut KV budget (shrink-pools): its pool holds that many pages
+            pages = rep.alloc.num_pages * a.block.kv_bytes // planned.kv_bytes
+            rep.alloc.resize(max(1, min(pages, rep.alloc.num_pages)))
         self._finish(eng, step)
+
+    def _planned(self, b: blocks.Block) -> blocks.Block | None:
+        for p in self.new.placed:
+            if p.block.key == b.key:
+                return p.block
+        return None
+
+    def _resize(self, eng: engine.Engine, a: actions.ResizeKV) -> None:
+        rep = self.old.replicas.get(a.replica_id) or self.new.replicas.get(a.replica_id)
+        if rep is None:
+            return
+        pages = a.num_pages
+        for st in a.stages:
+            for node, held in self.held.items():
+                for i, b in enumerate(held):
+                    if b.key == st.block.key and node == st.agent:
+                        if not a.num_pages and b.kv_bytes:  # grow to the stages' budgets
+                            n = rep.alloc.num_pages * st.block.kv_bytes // b.kv_bytes
+                            pages = n if not pages else min(pages, n)
+                        held[i] = st.block
+        pages = max(pages, rep.alloc.held_pages, 1)
+        rep.alloc.resize(pages)
+        eng.result.actions.append((eng.now, f"{a.describe()} (applied: {pages})"))
+        if rep.name in eng.replicas:
+            eng.kick(rep)
 
     def _cut_over(self, eng: engine.Engine, a: actions.CutOver) -> None:
         routed = {r.id for r in a.replicas}

@@ -1,0 +1,163 @@
+"""Calibration of the planner's latency model against measured latencies, per layout.
+
+The planner prices a layout with `planner.latency.LatencyModel` (queueing over the cost
+profile's step times). Where that price is wrong, the switching loop switches to a worse
+layout (issue 34). Input: samples `(layout, predicted P99, measured P99, split)`, the
+measurement being a run of that layout at that demand (the simulator driven by the same
+cost profile, or real agents); `split` is "fit" or "eval" (held out: other arrivals, other
+rates). Each sample may carry a `point` (features of the demand: the class shares and the
+load as a share of the sustainable rate). `fit` keeps, per layout, the ratio measured /
+predicted of every fit sample; the correction at a demand is the inverse-distance
+weighted ratio of the layout's fit samples around its point (the median ratio without
+points). It reports, per layout, the relative error of the corrected model on the
+held-out samples (median and max) beside the raw model's error.
+A layout with no samples keeps the raw price and the largest raw error measured on any
+layout (what the model is known to miss by). The switching decision takes `error(layout)`
+as its hysteresis (`policies.switching.gain_threshold`). Pure; called by the simulator's
+Table 2 (`sim/oserve_table2.py`) and `tessera bench sim`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+SPLITS = ("fit", "eval")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One layout at one demand: the model's P99 and the measured one."""
+
+    layout: str
+    predicted_s: float
+    measured_s: float
+    split: str = "fit"
+    note: str = ""  # e.g. the mix and the rate
+    point: tuple[float, ...] = ()  # where in demand space (class shares, load share)
+
+    def __post_init__(self) -> None:
+        if not (self.predicted_s > 0 and self.measured_s > 0):
+            raise ValueError(f"{self.layout}: latencies must be > 0")
+        if self.split not in SPLITS:
+            raise ValueError(f"split: must be one of {', '.join(SPLITS)}")
+
+
+@dataclass(frozen=True)
+class LayoutError:
+    """The model's error on one layout (relative: |price - measured| / measured)."""
+
+    layout: str
+    factor: float  # measured / predicted, fitted
+    fit_samples: int
+    eval_samples: int
+    median: float  # corrected model, on the held-out samples (fit samples when none)
+    max: float
+    raw_median: float  # the uncorrected model, same samples
+    raw_max: float
+    held_out: bool  # the errors are on eval samples
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "layout": self.layout,
+            "factor": round(self.factor, 4),
+            "fit_samples": self.fit_samples,
+            "eval_samples": self.eval_samples,
+            "error_median": round(self.median, 4),
+            "error_max": round(self.max, 4),
+            "raw_error_median": round(self.raw_median, 4),
+            "raw_error_max": round(self.raw_max, 4),
+            "held_out": self.held_out,
+        }
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per-layout factors and errors; the fallback for a layout never measured."""
+
+    layouts: Mapping[str, LayoutError] = field(default_factory=dict)
+    unseen_error: float = 0.0  # the largest raw error measured on any layout
+    # per layout: (point, measured / predicted) of each fit sample
+    ratios: Mapping[str, tuple[tuple[tuple[float, ...], float], ...]] = field(default_factory=dict)
+
+    def factor(self, layout: str, point: tuple[float, ...] = ()) -> float:
+        """The correction of `layout`'s price at `point` (module docstring)."""
+        e = self.layouts.get(layout)
+        if e is None:
+            return 1.0
+        near = [(p, r) for p, r in self.ratios.get(layout, ()) if len(p) == len(point) and p]
+        if not point or not near:
+            return e.factor
+        weights = []
+        for p, r in near:
+            d = math.dist(p, point)
+            if d < 1e-9:
+                return r
+            weights.append((1.0 / d**2, r))
+        return sum(w * r for w, r in weights) / sum(w for w, _ in weights)
+
+    def price(self, layout: str, predicted_s: float, point: tuple[float, ...] = ()) -> float:
+        """The model's price of `layout` (at `point`), corrected."""
+        return predicted_s * self.factor(layout, point)
+
+    def error(self, layout: str) -> float:
+        """The relative error to expect of `price` on `layout` (the held-out max)."""
+        e = self.layouts.get(layout)
+        return min(0.99, e.max if e is not None else self.unseen_error)
+
+    def to_json(self) -> dict[str, Any]:
+        errs = [e.max for e in self.layouts.values()]
+        meds = [e.median for e in self.layouts.values()]
+        return {
+            "layouts": [e.to_json() for e in self.layouts.values()],
+            "unseen_error": round(self.unseen_error, 4),
+            "error_median_of_medians": round(statistics.median(meds), 4) if meds else None,
+            "error_max": round(max(errs), 4) if errs else None,
+        }
+
+
+def _rel(price: float, measured: float) -> float:
+    return abs(price - measured) / measured
+
+
+def fit(samples: Iterable[Sample]) -> Calibration:
+    """One factor per layout from its fit samples; errors on its eval samples."""
+    by: dict[str, list[Sample]] = {}
+    for s in samples:
+        by.setdefault(s.layout, []).append(s)
+    out: dict[str, LayoutError] = {}
+    raw_all: list[float] = []
+    ratios = {
+        layout: tuple(
+            (s.point, s.measured_s / s.predicted_s)
+            for s in ss
+            if s.split == "fit" or not any(x.split == "fit" for x in ss)
+        )
+        for layout, ss in by.items()
+    }
+    for layout, ss in sorted(by.items()):
+        fit_ = [s for s in ss if s.split == "fit"] or ss
+        ev = [s for s in ss if s.split == "eval"]
+        factor = statistics.median(s.measured_s / s.predicted_s for s in fit_)
+        on = ev or fit_
+        partial = Calibration(
+            {layout: LayoutError(layout, factor, 0, 0, 0, 0, 0, 0, False)}, 0.0, ratios
+        )
+        err = [_rel(partial.price(layout, s.predicted_s, s.point), s.measured_s) for s in on]
+        raw = [_rel(s.predicted_s, s.measured_s) for s in on]
+        raw_all += [_rel(s.predicted_s, s.measured_s) for s in ss]
+        out[layout] = LayoutError(
+            layout,
+            factor,
+            len([s for s in ss if s.split == "fit"]),
+            len(ev),
+            statistics.median(err),
+            max(err),
+            statistics.median(raw),
+            max(raw),
+            bool(ev),
+        )
+    return Calibration(out, max(raw_all) if raw_all else 0.0, ratios)

@@ -1,0 +1,102 @@
+"""Calibrate the planner's latency model on the OServe cluster (simulation, issue 34).
+
+The layouts the planner picks at any of Table 1's mixes S1-S5 (the heterogeneous choice
+and the best homogeneous one, `table1.choose`), each at every mix, are priced by the
+latency model (`LatencyModel.best_routing`, class-dedicated replicas allowed: the price
+the switching loop sees) and simulated with that routing: at two shares of the mix's
+sustainable rate (the *fit* samples: `FIT_LOADS`) and once at `EVAL_LOAD` between them
+with other arrivals (the *held-out* sample). `cost.calibration.fit` turns the samples
+into a correction per layout and demand point, and its error on the held-out runs. The
+measurement is the simulator, driven by the same cost profile as the planner (a measured
+`tessera profile` or the analytic H100 one), so the error is the queueing model's, not
+the step-time model's. Called by `oserve_table2.table2`; every figure is a simulation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tessera.cost import calibration
+from tessera.cost.capacity import RequestClass, Slo
+from tessera.cost.profile import Profile
+from tessera.planner import table1
+from tessera.planner.latency import LatencyModel, LatencyReport
+from tessera.planner.layout import Layout
+from tessera.sim import arrivals, engine
+from tessera.sim.oserve import GPUS, LOAD, NODES, _stats, build, router
+
+# fit at two loads (shares of the mix's sustainable rate), hold out a load between them
+# with other arrivals (another Poisson seed)
+FIT_LOADS, EVAL_LOAD = (0.6, 0.75), 0.67
+FIT_SEED, EVAL_SEED = 11, 111
+LOAD_WEIGHT = 2.0  # a calibration point's load coordinate, against the class shares'
+
+
+def point(shares: Sequence[float], load: float) -> tuple[float, ...]:
+    """Where a demand sits for the calibration: its class shares and its load."""
+    total = sum(shares)
+    return (*(w / total for w in shares), LOAD_WEIGHT * load)
+
+
+def _arrivals(
+    base: Sequence[RequestClass], shares: Sequence[float], rate: float, span: float, seed: int
+) -> list[arrivals.Arrival]:
+    mix = [(w, c.input_tokens, c.output_tokens) for c, w in zip(base, shares, strict=True)]
+    return arrivals.poisson(rate, span, mix, seed=seed)
+
+
+def samples(
+    profile: Profile,
+    base: tuple[RequestClass, ...],
+    slo: Slo,
+    quick: bool,
+    levels: Sequence[str] | None = None,
+) -> list[calibration.Sample]:
+    """Fit and held-out samples of every layout the planner picks at Table 1's mixes."""
+    span, warm = (150.0, 30.0) if quick else (300.0, 60.0)
+    rows = [lv for lv in table1.LEVELS if levels is None or lv[0] in levels]
+    picks = []
+    every: dict[str, Layout] = {}  # the layouts the planner picks at any of the mixes
+    for level, shares, _, _ in rows:
+        problem, table = table1.mix_problem(
+            profile, table1.mixed(base, shares), slo, NODES, GPUS, quick=True
+        )
+        sustainable = table1.sustainable_rps(problem, table)
+        rate = LOAD * sustainable
+        pick = table1.choose(problem, table, tuple(rate * w / sum(shares) for w in shares))
+        for layout, _ in (pick.hetero, pick.homo):
+            every.setdefault(layout.label(), layout)
+        picks.append((level, shares, sustainable, pick))
+    out: list[calibration.Sample] = []
+    for level, shares, sustainable, pick in picks:
+        # every layout at every mix: a layout's error covers the mixes it may serve
+        runs = [("fit", x, FIT_SEED) for x in FIT_LOADS] + [("eval", EVAL_LOAD, EVAL_SEED)]
+        for split, load, seed in runs:
+            r = load * sustainable
+            at = tuple(r * w / sum(shares) for w in shares)
+            arr = _arrivals(base, shares, r, span, seed)
+            for label, layout in every.items():
+                try:
+                    rep = _price(pick, layout, at)
+                except (KeyError, ValueError):  # a shape this mix's table does not keep
+                    continue
+                if not rep.groups or not rep.p99_latency_s < float("inf"):
+                    continue
+                built = build(pick, (layout, rep), "")
+                res = engine.Engine(built.replicas, router(base, built.shares)).run(arr, until=span)
+                measured = _stats(res, (warm, span))["p99_latency_s"]
+                if measured > 0 and rep.p99_latency_s > 0:
+                    note = f"{level} at {r:.2f} req/s"
+                    where = point(shares, load)
+                    out.append(
+                        calibration.Sample(label, rep.p99_latency_s, measured, split, note, where)
+                    )
+    return out
+
+
+def _price(pick: table1.Choice, layout: Layout, demand: tuple[float, ...]) -> LatencyReport:
+    pairs = [(s, n) for s, n in layout.shape_counts() if n > 0]
+    shapes, counts = tuple(s for s, _ in pairs), tuple(n for _, n in pairs)
+    return LatencyModel(pick.problem, pick.table).best_routing(
+        shapes, counts, demand, dedicate=True
+    )
