@@ -172,7 +172,13 @@ def plan(world: World, target: Target) -> Transition:
     sim.plan_switch([p for r in target.replicas for p in missing.get(r.id, [])])
     blocked: Blocked | None = None
     loads: list[int] = []
-    done_new: list[routes_doc.RouteReplica] = []
+    # target replicas complete but not yet routed (an interrupted transition loaded them)
+    # can serve once cut over, so the freeing order may retire an old replica for them
+    done_new: list[routes_doc.RouteReplica] = [
+        r
+        for r in target.replicas
+        if r.id not in missing and r.id not in routed_ids and sim.complete(r.id)
+    ]
     for r in (r for r in target.replicas if r.id in missing):
         todo = missing[r.id]
         blocked = None
