@@ -230,7 +230,7 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
         arrivals=counts,
     )
     application = app.build(service, cfg.max_body_bytes)
-    admin.install(application, switch, counts)
+    admin.install(application, switch, counts, table)
     runner = web.AppRunner(
         application,
         handler_cancellation=True,  # a client disconnect cancels its agent call
