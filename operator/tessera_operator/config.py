@@ -132,6 +132,7 @@ class OperatorConfig:
     # the overload loop (overload_loop.py): timer period; the gateway's admin base URL
     # ("{namespace}", "{name}" filled; "": the gateway Service) and its bearer token
     overload_tick_seconds: float = 0.5
+    scaling_tick_seconds: float = 5.0  # the module-scaling loop (scaling_tick.py)
     gateway_admin_url: str = ""
     gateway_admin_token: str = ""
     # tests: awaited after each step a loop's driver performs (an operator stopped mid-drop)
@@ -147,6 +148,8 @@ class OperatorConfig:
             raise ValueError(f"agent_port: {self.agent_port} is not a TCP port")
         if not self.resync_seconds > 0:
             raise ValueError("resync_seconds: must be > 0")
+        if not self.scaling_tick_seconds > 0:
+            raise ValueError("scaling_tick_seconds: must be > 0")
         if not self.overload_tick_seconds > 0:
             raise ValueError("overload_tick_seconds: must be > 0")
         if not self.switching_tick_seconds > 0:
