@@ -45,6 +45,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src agent operator tests
 	$(BIN)/mypy src/tessera agent/tessera_agent operator/tessera_operator
 	$(BIN)/lint-imports
+	$(BIN)/pytest -q -p no:cacheprovider tests/test_import_cycles.py
 
 test: $(STAMP) lint
 	$(BIN)/pytest -q -p no:cacheprovider

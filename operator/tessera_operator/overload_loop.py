@@ -26,8 +26,8 @@ from typing import Any
 
 import kopf
 
-from tessera import api, fields, overload_driver, routes_doc
-from tessera.control import gateway_load
+from tessera import api, fields, routes_doc
+from tessera.control import gateway_load, overload_driver
 from tessera.control import overload as control
 from tessera.policies import overload_held, overload_steps
 from tessera_operator import agents, config, discovery, gateway_objects, kube, owned, reconciler

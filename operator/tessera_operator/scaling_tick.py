@@ -1,4 +1,4 @@
-"""The module-scaling loop on the cluster: a kopf timer that ticks `tessera.scaling_loop`.
+"""The module-scaling loop on the cluster: a kopf timer that ticks `tessera.control.scaling_loop`.
 
 Registered by `handlers.build_registry` (`register`): a timer every
 `cfg.scaling_tick_seconds` (5 s, as `tessera up --scaling-interval`) per
@@ -26,8 +26,8 @@ from typing import Any
 
 import kopf
 
-from tessera import api, fields, scaling_loop
-from tessera.control import gateway_itl
+from tessera import api, fields
+from tessera.control import gateway_itl, scaling_loop
 from tessera.policies import scaling_signal as sig
 from tessera_operator import config, converge, discovery, overload_loop, reconciler
 

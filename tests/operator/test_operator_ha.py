@@ -17,7 +17,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tessera import crd, local_agents
+from tessera import crd
+from tessera.cli import local_agents
 from tessera_operator import config
 from tessera_operator.testing import background
 from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, wait_for

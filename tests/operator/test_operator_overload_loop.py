@@ -31,7 +31,7 @@ import pytest
 from kubernetes import client
 from tokenizers import Tokenizer
 
-from tessera import local_agents
+from tessera.cli import local_agents
 from tessera.policies import overload_steps
 from tests.conftest import hf_greedy
 from tests.operator.conftest import (

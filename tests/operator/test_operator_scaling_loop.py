@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client
 from tokenizers import Tokenizer
 
-from tessera import local_agents
+from tessera.cli import local_agents
 from tests.conftest import hf_greedy
 from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, events, get_sd, wait_for
 from tests.operator.test_operator_lifecycle import manifest, ready, refs

@@ -9,7 +9,7 @@ overflows the pools. Greedy, streamed over the agents' `Generate`; a least-outst
 router in this process. Two runs of the same replay on fresh agents:
 
 * off: today's engine: a full pool preempts and recomputes (KV-centric);
-* on: the overload loop (`tessera.overload_loop`, every `--tick-ms`) drops duplicated
+* on: the overload loop (`tessera.control.overload_loop`, every `--tick-ms`) drops duplicated
   layers (whole replicas become 2-stage pipelines in place, running requests' KV
   exchanged, pools grown) and restores when demand falls below 50 % of the pre-drop pool.
   Donor replicas leave the router's set during a drop; requests still queued on them (no
@@ -43,8 +43,8 @@ from typing import Any
 
 import grpc
 
-from tessera import local_agents, overload_driver, overload_loop
-from tessera.cli import bench_overload_bubble, bench_serve
+from tessera.cli import bench_overload_bubble, bench_serve, local_agents
+from tessera.control import overload_driver, overload_loop
 from tessera.policies import lookahead, overload, overload_steps
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb

@@ -24,7 +24,8 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tessera import blocks, observed, overload_driver, overload_loop, plan, routes_doc
+from tessera import blocks, observed, plan, routes_doc
+from tessera.control import overload_driver, overload_loop
 from tessera.gateway import routes as gw_routes
 from tessera.gateway import server as gw_server
 from tessera.policies import overload, overload_steps

@@ -22,8 +22,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tessera import blocks, observed, overload_driver, routes_doc
-from tessera.control import gateway_load
+from tessera import blocks, observed, routes_doc
+from tessera.control import gateway_load, overload_driver
 from tessera.policies import drop_plan, overload, overload_held, overload_steps
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tessera import scaling_driver as sd
+from tessera.control import scaling_driver as sd
 from tessera.policies import module_scaling as ms
 from tessera.policies import scaling_signal as sig
 from tessera.policies import speedup as sp

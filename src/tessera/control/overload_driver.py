@@ -2,7 +2,7 @@
 
 Input: the steps `tessera.policies.overload_steps` decided (pure), the agents' gRPC
 addresses in them, and a callback that changes the gateway's routable replica set.
-Caller: `tessera.overload_loop.OverloadLoop` (the control loop `tessera bench overload`
+Caller: `tessera.control.overload_loop.OverloadLoop` (the control loop `tessera bench overload`
 and `tessera up` run beside their in-process gateway), and the acceptance test. Each step
 is one RPC or a short poll; the driver keeps only what the steps hand on: the pages the
 paused head holds (which pages' K/V to exchange), the page moves of a compaction, and
