@@ -140,5 +140,12 @@ async def tick(
         for e in out.events:
             post = kopf.warn if e.kind == "Warning" else kopf.info
             post(body, reason=e.reason, message=e.message)
+        if out.drops or out.restores:
+            kopf.info(
+                body,
+                reason="OverloadShifted",
+                message=f"{out.drops} drops, {out.restores} restores: exchange "
+                f"{out.exchange_s * 1e3:.1f} ms, paused {out.paused_s * 1e3:.1f} ms",
+            )
         if out.acted:
             await reconciler.one_pass(body, patch, ctx)
