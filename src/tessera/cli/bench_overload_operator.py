@@ -166,7 +166,7 @@ async def _replay(
     cfg = op_config.OperatorConfig(
         agents=refs,
         api_server=srv.url,
-        resync_seconds=1.0,
+        resync_seconds=10.0,  # the operator's default
         overload_tick_seconds=tick_s,
         gateway_admin_url=gw.url,
     )
