@@ -10,10 +10,11 @@ deployment's pass lock (a tick finding a pass running skips) and runs one
 line it returns becomes a `ModuleScaling` event; when it acted, a reconcile pass runs at
 once under the same lock, which writes `status.scaling.layerRuns` and the
 `LayerRunAdded` / `LayerRunRemoved` events from what the agents report. Turned off, the
-loop evicts the layer runs it placed. The loop object (its drivers and the last window's
-histogram) lives in kopf's per-object memo: the runs it placed are on the agents, but a
-new operator does not adopt them (they keep serving; the next operator's loop places and
-evicts only its own).
+loop evicts every layer run the agents report for the deployment's replicas (while
+`status.scaling.layerRuns` lists any). The loop object (its drivers and the last window's
+histogram) lives in kopf's per-object memo; a new operator's drivers adopt the runs the
+agents report (`ScalingDriver.adopt`), so a restart neither places them again nor loses
+them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 import kopf
 
-from tessera import api, fields
+from tessera import api, fields, plan
 from tessera.control import gateway_itl, scaling_loop
 from tessera.policies import scaling_signal as sig
 from tessera_operator import config, converge, discovery, overload_loop, reconciler
@@ -56,11 +57,14 @@ def metrics_url(cfg: config.OperatorConfig, dep: api.ServingDeployment) -> str:
     return base + gateway_itl.METRICS_PATH
 
 
-async def _stop(memo: kopf.Memo) -> list[str]:
-    loop = memo.pop(LOOP_KEY, None)
-    if not isinstance(loop, scaling_loop.ScalingLoop):
-        return []
-    return await asyncio.to_thread(loop.release)
+async def _evict(memo: kopf.Memo, refs: list[Any], dep: api.ServingDeployment) -> list[str]:
+    """Evict every layer run the agents report for the deployment's replicas."""
+    memo.pop(LOOP_KEY, None)
+    agents = [scaling_loop.AgentAt(r.name, r.address) for r in refs]
+    loop = scaling_loop.ScalingLoop(
+        dep.spec.policies.scaling, 0.0, agents, 1, lambda: sig.Hist((), (), 0.0, 0.0)
+    )
+    return await asyncio.to_thread(loop.evict_found, plan.replica_prefix(dep.namespace, dep.name))
 
 
 async def tick(
@@ -74,11 +78,16 @@ async def tick(
     policy, target_s = dep.spec.policies.scaling, dep.spec.slo.tpot_p99_ms / 1e3
     lock = reconciler.lock(memo)
     if not policy.enabled or target_s <= 0:
-        if LOOP_KEY in memo:
+        # level-triggered: runs reported in status (an earlier operator's too) are evicted
+        runs = ((body.get("status") or {}).get("scaling") or {}).get("layerRuns")
+        if (LOOP_KEY in memo or runs) and not lock.locked():
             async with lock:
-                for line in await _stop(memo):
+                ctx = reconciler.context(memo)
+                refs = await discovery.agent_refs(cfg, ctx.kube, dep.spec.resources.node_selector)
+                lines = await _evict(memo, refs, dep)
+                for line in lines:
                     kopf.info(body, reason="ModuleScaling", message=line)
-                await reconciler.one_pass(body, patch, reconciler.context(memo))
+                await reconciler.one_pass(body, patch, ctx)
         return
     try:
         hist = await gateway_itl.fetch(metrics_url(cfg, dep))

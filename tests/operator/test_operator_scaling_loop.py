@@ -4,13 +4,15 @@ One whole replica on agent-0, agent-1 idle, `spec.policies.scaling.enabled` with
 target. The operator reads the gateway's inter-token histogram (`GET /metrics` of the
 gateway process, whose routes come from the ConfigMap) and ticks the loop: with an idle
 device beside a serving replica it replicates a layer run there (`LayerRunReplicated`,
-`status.scaling.layerRuns`); turning the policy off evicts it (`LayerRunEvicted`), found
-from what the agents report. Every completion returns transformers' greedy text.
+`status.scaling.layerRuns`); an operator restarted then adopts it (the runs stay as they
+were), and turning the policy off evicts it (`LayerRunEvicted`), found from what the
+agents report. Every completion returns transformers' greedy text.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,7 +64,7 @@ def test_operator_replicates_onto_an_idle_device_and_evicts(
     doc = manifest("sc", tiny_llama, ONE)
     doc["spec"]["policies"] = {"scaling": {"enabled": True}}
     doc["spec"]["slo"] = {"tpotP99Ms": 1000}
-    start_operator(refs(procs), gateway_admin_url=url, scaling_tick_seconds=1.0)
+    first = start_operator(refs(procs), gateway_admin_url=url, scaling_tick_seconds=1.0)
     custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, doc)
     wait_for("Ready=True", lambda: ready(kube, "sc"), timeout=180)
     mirror = Mirror(kube, "sc", routes)
@@ -84,6 +86,12 @@ def test_operator_replicates_onto_an_idle_device_and_evicts(
         except AssertionError:
             raise AssertionError(f"no run; events {events(kube, 'sc')}") from None
         assert "LayerRunReplicated" in dict(events(kube, "sc"))
+        placed = _runs(kube)
+        # a new operator, nothing in memory: it adopts the runs the agents report
+        first.stop(timeout=60)
+        start_operator(refs(procs), gateway_admin_url=url, scaling_tick_seconds=1.0)
+        time.sleep(4.0)  # a few ticks of the new loop
+        assert _runs(kube) == placed  # neither placed again nor lost
         custom(kube).patch_namespaced_custom_object(
             GROUP,
             VERSION,
