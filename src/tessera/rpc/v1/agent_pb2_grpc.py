@@ -389,7 +389,7 @@ class AgentServicer:
 
     def OverloadShift(self, request, context):
         """Overload handling (issue 13, KunServe): change a hosted block in place while its replica's
-        requests stay in the scheduler. One op per call (the driver, tessera.control.overload_driver,
+        requests stay in the scheduler. One op per call (the driver, tessera.overload_driver,
         sequences them): "pause"/"resume" a leader between steps, "drop" layers (the freed bytes
         become KV pages), "compact" a leader's pages below a limit, "move_pages" on a stage,
         "restore" layers from peers; drop and restore may give the block a new identity
