@@ -45,6 +45,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src agent operator tests
 	$(BIN)/mypy src/tessera agent/tessera_agent operator/tessera_operator
 	$(BIN)/lint-imports
+	$(BIN)/pytest -q -p no:cacheprovider tests/test_import_cycles.py
 
 # The suite in two passes (about 11 minutes on 2 cores): the independent tests on two xdist
 # workers, then the `serial` ones (tests/conftest.py says which and why) one at a time.

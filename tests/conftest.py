@@ -102,7 +102,7 @@ def prompts() -> list[list[int]]:
 @pytest.fixture
 def agents_factory() -> Iterator[object]:
     """Start local agent processes: `agents_factory(n, devices=...)`; all stopped at the end."""
-    from tessera import local_agents
+    from tessera.cli import local_agents
 
     started: list[local_agents.AgentProcess] = []
 

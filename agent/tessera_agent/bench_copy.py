@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from tessera import local_agents
+from tessera.cli import local_agents
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc

@@ -5,7 +5,7 @@ leading a whole-model replica of the default tiny checkpoint. Each round takes t
 prompts of `--prompt` tokens and runs them on the source replica (their K/V is then in its
 prefix cache). Then, on the target replica: the first prompt is continued cold (time to
 first token = recomputing the prefill), the second is moved with
-`tessera.kv_move.move_prefix` over the data plane (agent to agent over gloo) and then
+`tessera.control.kv_move.move_prefix` over the data plane (agent to agent over gloo) and then
 continued (move time + time to first token), and the third is moved over the gRPC
 streams (the fallback), interleaved in the same round. Reported: medians over rounds, the
 median of per-round speed-ups (`recompute_vs_move`, `dataplane_vs_grpc_move`), the
@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from tessera import kv_move, local_agents
+from tessera.cli import local_agents
+from tessera.control import kv_move
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import tiny_checkpoint

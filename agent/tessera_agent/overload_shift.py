@@ -1,7 +1,7 @@
 """Apply one overload-shift op to a hosted block (issue 13, KunServe): the agent side.
 
 Called by the servicer's `OverloadShift` (which only translates the proto). The driver
-(`tessera.overload_driver`) sequences the ops over the members of a group; each op here
+(`tessera.control.overload_driver`) sequences the ops over the members of a group; each op here
 is small and checks its preconditions:
 
 * `pause` / `resume`: the leader schedules no step (and waits for the ones in flight) /

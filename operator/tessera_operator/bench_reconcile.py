@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from tessera import local_agents
+from tessera.cli import local_agents
 
 GROUP, VERSION, PLURAL = "serving.tessera.dev", "v1alpha1", "servingdeployments"
 

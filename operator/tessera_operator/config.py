@@ -149,6 +149,14 @@ class OperatorConfig:
     switching_profile: Any = None
     # default candidates: planner layouts priced each span (switching_planner.cap)
     switching_max_candidates: int = 32
+    # the overload loop (overload_loop.py): timer period; the gateway's admin base URL
+    # ("{namespace}", "{name}" filled; "": the gateway Service) and its bearer token
+    overload_tick_seconds: float = 0.5
+    scaling_tick_seconds: float = 5.0  # the module-scaling loop (scaling_tick.py)
+    gateway_admin_url: str = ""
+    gateway_admin_token: str = ""
+    # tests: awaited after each step a loop's driver performs (an operator stopped mid-drop)
+    overload_step_hook: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         names = [a.name for a in self.agents]
@@ -160,6 +168,10 @@ class OperatorConfig:
             raise ValueError(f"agent_port: {self.agent_port} is not a TCP port")
         if not self.resync_seconds > 0:
             raise ValueError("resync_seconds: must be > 0")
+        if not self.scaling_tick_seconds > 0:
+            raise ValueError("scaling_tick_seconds: must be > 0")
+        if not self.overload_tick_seconds > 0:
+            raise ValueError("overload_tick_seconds: must be > 0")
         if not self.switching_tick_seconds > 0:
             raise ValueError("switching_tick_seconds: must be > 0")
         if self.switching_max_candidates < 1:

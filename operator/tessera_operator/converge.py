@@ -28,7 +28,14 @@ from tessera.cost import model_shape
 from tessera.observability import control
 from tessera.planner import auto as planner_auto
 from tessera.policies import actions as step_actions
-from tessera.policies import links, overload_desired, placement, transition, variant_plan
+from tessera.policies import (
+    links,
+    overload_desired,
+    pass_reason,
+    placement,
+    transition,
+    variant_plan,
+)
 from tessera_operator import actuate, agents, gateway_objects
 from tessera_operator import variants as variant_ops
 
@@ -124,14 +131,6 @@ def serving(obs: observed.Observed, prefix: str, routes: routes_doc.RoutesDoc | 
         return []
     done = transition.complete_replicas(obs, prefix)
     return [r for r in routes.replica_ids if r in done]
-
-
-def _failure_reason(code: str) -> str:
-    if code == "RESOURCE_EXHAUSTED":
-        return "InsufficientCapacity"
-    if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
-        return "AgentUnreachable"
-    return "LoadFailed"
 
 
 def switch_model(shape: model_shape.ModelShape) -> placement.ModelBytes:
@@ -276,29 +275,26 @@ async def converge(
     out.serving = serving(obs, prefix, out.routes)
     down = [a for a in obs.agents if not a.reachable]
     step = out.current_step
-    if out.failed:
-        f = out.failed[0]
-        out.reason = _failure_reason(f.code)
-        out.message = f"{f.action.describe()}: {f.code}: {f.message}"
-    elif after.blocked is not None:
-        out.reason, out.message = after.blocked.reason, after.blocked.message
-    elif down:
-        out.reason = "AgentUnreachable"
-        out.message = "; ".join(f"agent {a.name} ({a.address}): {a.error}" for a in down)
-    elif step is not None:
-        out.reason = "Switching" if out.serving else "Loading"
-        out.message = (
-            f"generation {after.generation} ({after.mode}), {len(after.steps)} steps "
-            f"left; next: {step.action.describe()}"
+    first = out.failed[0] if out.failed else None
+    out.reason, out.message = pass_reason.reason(
+        pass_reason.PassFacts(
+            failed=pass_reason.Failed(first.code, first.action.describe(), first.message)
+            if first is not None
+            else None,
+            blocked=(after.blocked.reason, after.blocked.message)
+            if after.blocked is not None
+            else None,
+            down=[pass_reason.Down(a.name, a.address, a.error) for a in down],
+            next_step=step.action.describe() if step is not None else "",
+            generation=after.generation if step is not None else desired.generation,
+            mode=after.mode,
+            steps_left=len(after.steps),
+            serving=bool(out.serving),
+            ready=len(out.ready_replicas),
+            planned=len(desired.replicas),
+            source=desired.source,
         )
-    elif len(out.ready_replicas) < len(desired.replicas):
-        out.reason = "Loading"
-        out.message = f"{len(out.ready_replicas)}/{len(desired.replicas)} replicas loaded"
-    else:
-        out.message = (
-            f"{len(desired.replicas)} replicas serving ({desired.source}, "
-            f"generation {desired.generation})"
-        )
+    )
     return out
 
 

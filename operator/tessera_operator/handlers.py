@@ -4,8 +4,9 @@
 create, spec update and resume run a reconcile pass; a timer every `cfg.resync_seconds`
 re-runs it to repair drift (an agent that restarted or lost a block, one that went
 down or came back); deletion runs the finalizer; `switching_loop` adds its own timer
-(workload-adaptive switching, issue 11). The login handler points kopf at the same API
-server as the operator's own client. Called by `runner.py`.
+(workload-adaptive switching, issue 11), `overload_loop` another (KunServe, every
+0.5 s), `scaling_tick` another (CoCoServe module scaling). The login handler points
+kopf at the same API server as the operator's own client. Called by `runner.py`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from typing import Any
 import kopf
 
 from tessera import api
-from tessera_operator import config, kube, reconciler, switching_loop
+from tessera_operator import (
+    config,
+    kube,
+    overload_loop,
+    reconciler,
+    scaling_tick,
+    switching_loop,
+)
 
 PLURAL = "servingdeployments"
 RESOURCE = (api.API_GROUP, api.API_VERSION, PLURAL)
@@ -53,4 +61,6 @@ def build_registry(cfg: config.OperatorConfig) -> kopf.OperatorRegistry:
         await reconciler.finalize(body, memo, retry)
 
     switching_loop.register(registry, cfg, RESOURCE)
+    overload_loop.register(registry, cfg, RESOURCE)
+    scaling_tick.register(registry, cfg, RESOURCE)
     return registry

@@ -4,7 +4,7 @@ Called by `status.build` (the `status.overload` document and the `Overloaded` co
 and by `reconciler._pass` (events when a group appears or goes). Input: a pass's
 `converge.Outcome` (the plan and what the agents hold). A *dropped group* is a replica
 the plan has whole that the agents hold as a pipeline: the overload loop
-(`tessera.overload_loop`) turned it and donor replicas into one (`docs/overload.md`).
+(`tessera.control.overload_loop`) turned it and donor replicas into one (`docs/overload.md`).
 Each group lists its stages: agent, layers, KV pages. Pure, except `record`.
 """
 

@@ -51,7 +51,8 @@ def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _lock(memo: kopf.Memo) -> asyncio.Lock:
+def lock(memo: kopf.Memo) -> asyncio.Lock:
+    """The deployment's pass lock: reconcile passes and loop ticks never interleave."""
     lock = memo.get("lock")
     if lock is None:
         lock = memo["lock"] = asyncio.Lock()
@@ -59,7 +60,7 @@ def _lock(memo: kopf.Memo) -> asyncio.Lock:
     return lock
 
 
-def _context(memo: kopf.Memo) -> Context:
+def context(memo: kopf.Memo) -> Context:
     ctx = memo["ctx"]
     assert isinstance(ctx, Context)
     return ctx
@@ -69,11 +70,11 @@ async def run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, periodic: boo
     """One pass; `periodic` passes (the resync timer) skip when another pass is running."""
     if body.metadata.get("deletionTimestamp"):
         return  # the finalizer owns the object now
-    lock = _lock(memo)
-    if periodic and lock.locked():
+    held = lock(memo)
+    if periodic and held.locked():
         return
-    async with lock:
-        await _pass(body, patch, _context(memo))
+    async with held:
+        await one_pass(body, patch, context(memo))
 
 
 def _rollout(cfg: config.OperatorConfig) -> converge.Rollout:
@@ -163,7 +164,8 @@ async def _serve(
     return out, gateway_objects.endpoint(dep)
 
 
-async def _pass(body: kopf.Body, patch: kopf.Patch, ctx: Context) -> None:
+async def one_pass(body: kopf.Body, patch: kopf.Patch, ctx: Context) -> None:
+    """One pass; the caller holds `lock` (a loop tick that changed the agents)."""
     raw = copy.deepcopy(dict(body))
     generation = int(body.metadata.get("generation") or 0)
     previous: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
@@ -182,8 +184,8 @@ async def _pass(body: kopf.Body, patch: kopf.Patch, ctx: Context) -> None:
 async def finalize(body: kopf.Body, memo: kopf.Memo, retry: int) -> None:
     """Unload every block of the deployment; retry while agents are down, then give up
     (the blocks left on unreachable agents are reported as orphaned)."""
-    ctx = _context(memo)
-    async with _lock(memo):
+    ctx = context(memo)
+    async with lock(memo):
         meta = body.metadata
         prefix = plan.replica_prefix(meta.namespace or "default", meta.name or "")
         refs = await discovery.agent_refs(ctx.config, ctx.kube, {})

@@ -17,7 +17,8 @@ Registered by `handlers.build_registry` (`register`): a kopf timer every
    at most `cfg.switching_max_candidates`); the current deployment is the candidate whose
    layout equals the spec's, or for a `layout: auto` spec the one placed as the auto
    planner's plan in `status.plan` is (`tessera.policies.switching_current`);
-3. runs the pure step (`tessera.policies.switching_step`): forecast with the method best
+3. runs the pure step (`tessera.policies.switching_decide.decide` over
+   `switching_step`): forecast with the method best
    on the recent window, cheapest candidate at the forecast, gain vs switch cost,
    hysteresis (carried in `status.switching.hysteresis`);
 4. writes `status.switching` (own key; the reconciler keeps it) and, on a recommendation
@@ -43,7 +44,6 @@ import datetime
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -51,12 +51,7 @@ import kopf
 
 from tessera import api, fields
 from tessera.observability import control
-from tessera.policies import (
-    switching,
-    switching_candidates,
-    switching_current,
-    switching_step,
-)
+from tessera.policies import switching_candidates, switching_current, switching_decide
 from tessera_operator import agents, config, converge, discovery, gateway_objects, kube
 
 ARRIVALS_PATH = "/admin/v1/arrivals"
@@ -66,15 +61,9 @@ FETCH_TIMEOUT_S = 5.0
 CANDIDATE_CACHE = switching_candidates.CandidateCache()
 
 
-@dataclass(frozen=True)
-class SwitchingCandidates:
-    """What the loop may switch between, and how it prices them."""
-
-    layouts: Mapping[str, Sequence[Mapping[str, Any]]]  # name -> explicit layout replicas
-    price: switching_step.Price  # (name, demand req/s in the arrivals' class order) -> P99 s
-    switch_seconds: switching_step.SwitchSeconds  # (from, to) -> seconds
-
-
+SwitchingCandidates = switching_decide.SwitchingCandidates
+Outcome = switching_decide.Outcome
+decide = switching_decide.decide
 CandidatesFn = Callable[[api.ServingDeployment, Sequence[str]], SwitchingCandidates | None]
 
 
@@ -155,128 +144,8 @@ def arrivals_url(cfg: config.OperatorConfig, dep: api.ServingDeployment) -> str:
     return gateway_objects.endpoint(dep) + ARRIVALS_PATH
 
 
-def current_name(
-    raw_spec: Mapping[str, Any], dep: api.ServingDeployment, layouts: Mapping[str, Any]
-) -> str | None:
-    """The candidate whose layout is the spec's (compared parsed, so defaults match)."""
-    for name, replicas in layouts.items():
-        doc = copy.deepcopy(dict(raw_spec))
-        doc["layout"] = {**doc.get("layout", {}), "mode": "explicit", "replicas": list(replicas)}
-        try:
-            parsed = api.parse_spec(doc)
-        except fields.FieldError:
-            continue
-        if parsed.layout.replicas == dep.spec.layout.replicas:
-            return name
-    return None
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one step writes: status.switching, an event, and the spec patch (active)."""
-
-    status: dict[str, Any]
-    event: tuple[str, str] | None = None  # (reason, message)
-    layout: dict[str, Any] | None = None  # spec.layout to apply (active switch)
-
-
-def _held(previous: Mapping[str, Any]) -> dict[str, Any]:
-    """The hysteresis carried over a span with no step."""
-    return {"hysteresis": previous["hysteresis"]} if "hysteresis" in previous else {}
-
-
-def _stopped(base: dict[str, Any], reason: str, message: str) -> Outcome:
-    return Outcome({**base, "reason": reason, "message": message})
-
-
-def decide(
-    dep: api.ServingDeployment,
-    raw_spec: Mapping[str, Any],
-    previous: Mapping[str, Any],
-    transition_running: bool,
-    snapshot: Mapping[str, Any],
-    candidates: SwitchingCandidates | None,
-    now: str,
-    placed: Sequence[Mapping[str, Any]] | None = None,
-) -> Outcome:
-    """One step from what was read (pure apart from the candidate callbacks); ``placed``:
-    the auto planner's placement of an `auto` spec (`switching_current.placed_replicas`)."""
-    sw = dep.spec.policies.switching
-    base: dict[str, Any] = {
-        "mode": sw.mode,
-        "spanSeconds": sw.span_seconds,
-        "lastStepTime": now,
-        "specLayout": dep.spec.layout.mode,
-    }
-    if "hysteresis" in previous:
-        base["hysteresis"] = previous["hysteresis"]
-    spans = snapshot.get("spans") or []
-    if not spans:
-        return _stopped(base, "WaitingForArrivals", "the gateway has no complete span yet")
-    if candidates is None or not candidates.layouts:
-        return _stopped(base, "NoCandidates", "no candidate deployments to price")
-    auto = dep.spec.layout.mode == "auto"
-    if auto and placed is None:
-        return _stopped(
-            base, "CurrentNotACandidate", "layout auto: no auto placement in status.plan yet"
-        )
-    if auto:
-        assert placed is not None
-        current = switching_current.current_of(placed, candidates.layouts.items())
-    else:
-        current = current_name(raw_spec, dep, candidates.layouts)
-    if current is None:
-        what = "the auto planner's placement" if auto else "the spec's layout"
-        return _stopped(base, "CurrentNotACandidate", f"{what} is none of the candidate layouts")
-    cfg = switching.config_from_spec(sw)
-    state = switching_step.state_from_json(previous.get("hysteresis"))
-    span_scale = float(snapshot.get("spanSeconds") or sw.span_seconds) / sw.span_seconds
-    history = [[float(c) / span_scale for c in row] for row in spans]  # counts per spec span
-    try:
-        s = switching_step.step(
-            cfg,
-            state,
-            history,
-            current,
-            list(candidates.layouts),
-            candidates.price,
-            candidates.switch_seconds,
-        )
-    except ValueError as exc:
-        return _stopped(base, "StepFailed", str(exc))
-    doc = {**base, **s.to_json(), "classes": list(snapshot.get("classes") or [])}
-    d = s.decision
-    doc["reason"], doc["message"] = d.action.capitalize(), d.reason
-    if d.action == switching.RECOMMEND:
-        doc["recommended"] = {
-            "name": d.candidate,
-            "replicas": list(candidates.layouts[d.candidate]),
-        }
-        msg = f"{current} -> {d.candidate}: {d.reason}"
-        return Outcome(doc, ("SwitchRecommended", msg))
-    if d.action == switching.SWITCH:
-        if transition_running:  # decided nothing: the hysteresis stays as it was
-            doc = {k: v for k, v in doc.items() if k != "hysteresis"} | {
-                k: v for k, v in base.items() if k == "hysteresis"
-            }
-            doc["reason"] = "TransitionRunning"
-            doc["message"] = f"would switch to {d.candidate}; a transition is still running"
-            return Outcome(doc)
-        replicas = [copy.deepcopy(dict(r)) for r in candidates.layouts[d.candidate]]
-        doc["lastSwitch"] = {
-            "from": current,
-            "to": d.candidate,
-            "time": now,
-            "layoutWas": dep.spec.layout.mode,
-        }
-        msg = f"{current} -> {d.candidate}: {d.reason}"
-        if auto:
-            msg += "; spec.layout auto -> explicit: the switching loop now owns spec.layout"
-        return Outcome(doc, ("SwitchApplied", msg), {"mode": "explicit", "replicas": replicas})
-    doc.pop("recommended", None)
-    if "lastSwitch" in previous:
-        doc["lastSwitch"] = previous["lastSwitch"]
-    return Outcome(doc)
+def _stop(base: dict[str, Any], previous: Mapping[str, Any], reason: str, message: str) -> Outcome:
+    return switching_decide.stopped(base | switching_decide.held(previous), reason, message)
 
 
 async def tick(
@@ -319,7 +188,9 @@ async def tick(
     try:
         snapshot = await fetch_arrivals(arrivals_url(cfg, dep))
     except ValueError as exc:
-        out = _stopped(base | _held(previous), "ArrivalsUnavailable", str(exc))
+        out = switching_decide.stopped(
+            base | switching_decide.held(previous), "ArrivalsUnavailable", str(exc)
+        )
     else:
         names = [str(n) for n in snapshot.get("classes") or []]
         try:
@@ -331,7 +202,9 @@ async def tick(
             else:
                 made = None  # decide says WaitingForArrivals
         except ValueError as exc:
-            out = _stopped(base | _held(previous), "NoCandidates", str(exc))
+            out = switching_decide.stopped(
+                base | switching_decide.held(previous), "NoCandidates", str(exc)
+            )
         else:
             # pricing every candidate can take seconds (the planner's latency model):
             # off the event loop, as building them is

@@ -2,7 +2,7 @@
 
 The elastic policies' switches and knobs (switching: docs/switching.md; overload:
 docs/overload.md; scaling: docs/module-scaling.md), parsed from the manifest into the
-policies' own config dataclasses. Called by `tessera.api.parse_spec`; pure.
+policies' config types (`policy_config`). Called by `tessera.api.parse_spec`; pure.
 """
 
 from __future__ import annotations
@@ -10,9 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera import fields
-from tessera.policies import module_scaling
-from tessera.policies import overload as overload_policy
+from tessera import fields, policy_config
 
 SWITCHING_MODES = ("advisory", "active")
 
@@ -30,8 +28,8 @@ class SwitchingSpec:
 @dataclass(frozen=True)
 class PoliciesSpec:
     switching: SwitchingSpec = SwitchingSpec()
-    overload: overload_policy.OverloadConfig = field(default_factory=overload_policy.OverloadConfig)
-    scaling: module_scaling.ScalingConfig = field(default_factory=module_scaling.ScalingConfig)
+    overload: policy_config.OverloadConfig = field(default_factory=policy_config.OverloadConfig)
+    scaling: policy_config.ScalingConfig = field(default_factory=policy_config.ScalingConfig)
 
 
 def parse(doc: Any, path: str) -> PoliciesSpec:
@@ -61,11 +59,11 @@ def _switching(doc: Any, path: str) -> SwitchingSpec:
     )
 
 
-def _overload(doc: Any, path: str) -> overload_policy.OverloadConfig:
+def _overload(doc: Any, path: str) -> policy_config.OverloadConfig:
     """`spec.policies.overload` (KunServe; defaults and meaning in docs/overload.md)."""
     o = fields.mapping(doc, path)
     fields.known_only(o, ("enabled", "dropThreshold", "restoreThreshold"), path)
-    d = overload_policy.OverloadConfig()
+    d = policy_config.OverloadConfig()
     drop = fields.number(
         fields.optional(o, "dropThreshold", d.drop_threshold), f"{path}.dropThreshold"
     )
@@ -79,17 +77,17 @@ def _overload(doc: Any, path: str) -> overload_policy.OverloadConfig:
             f"{path}.restoreThreshold",
             f"must be > 0 and below dropThreshold ({drop}), got {restore}",
         )
-    return overload_policy.OverloadConfig(
+    return policy_config.OverloadConfig(
         fields.boolean(fields.optional(o, "enabled", False), f"{path}.enabled"), drop, restore
     )
 
 
-def _scaling(doc: Any, path: str) -> module_scaling.ScalingConfig:
+def _scaling(doc: Any, path: str) -> policy_config.ScalingConfig:
     """`spec.policies.scaling` (CoCoServe; defaults and meaning in docs/module-scaling.md)."""
     keys = ("enabled", "upIdleFraction", "downViolationRate", "batchStep", "maxMigrations")
     sc = fields.mapping(doc, path)
     fields.known_only(sc, keys, path)
-    d = module_scaling.ScalingConfig()
+    d = policy_config.ScalingConfig()
     fractions = {}
     for key, default in (
         ("upIdleFraction", d.up_idle_fraction),
@@ -99,7 +97,7 @@ def _scaling(doc: Any, path: str) -> module_scaling.ScalingConfig:
         if v >= 1.0:
             raise fields.FieldError(f"{path}.{key}", f"must be a fraction in [0, 1), got {v}")
         fractions[key] = v
-    return module_scaling.ScalingConfig(
+    return policy_config.ScalingConfig(
         fields.boolean(fields.optional(sc, "enabled", False), f"{path}.enabled"),
         fractions["upIdleFraction"],
         fractions["downViolationRate"],

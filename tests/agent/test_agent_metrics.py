@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera import local_agents
+from tessera.cli import local_agents
 from tessera.rpc.v1 import agent_pb2 as pb
 from tests.agent.test_agent_rpc import _stub, generate
 

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tessera import local_agents
+from tessera.cli import local_agents
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent.engine import config
 from tests.agent.test_agent_rpc import _code, _stub, generate, load_replica

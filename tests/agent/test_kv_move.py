@@ -18,7 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tessera import kv_move, local_agents
+from tessera.cli import local_agents
+from tessera.control import kv_move
 from tessera.rpc.v1 import agent_pb2 as pb
 from tests.agent.test_agent_rpc import _code, _stub, generate, load_replica
 from tests.conftest import hf_greedy

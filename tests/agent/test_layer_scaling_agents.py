@@ -17,8 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tessera import local_agents
-from tessera.cli import scaling_status
+from tessera.cli import local_agents, scaling_status
 from tessera.rpc.v1 import agent_pb2 as pb
 from tests.agent.test_agent_rpc import _code, _stub, generate, load_replica
 from tests.conftest import hf_greedy

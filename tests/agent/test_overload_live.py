@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tessera import local_agents, overload_driver
+from tessera.cli import local_agents
+from tessera.control import overload_driver
 from tessera.policies import drop_plan, overload_steps
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb

@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tessera import local_agents
+from tessera.cli import local_agents
 from tessera.rpc.v1 import agent_pb2 as pb
 from tests.agent.test_agent_rpc import _code, generate, load_replica
 from tests.agent.test_block_copy import _copy

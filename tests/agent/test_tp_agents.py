@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tessera import local_agents
+from tessera.cli import local_agents
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tessera import scaling_driver as sd
+from tessera.control import scaling_driver as sd
 from tessera.policies import module_scaling as ms
 from tessera.rpc.v1 import agent_pb2 as pb
 
@@ -181,3 +181,33 @@ def test_scale_down_evicts_another_replicas_layers_from_the_violating_device() -
     assert [o.op for o in ops] == ["evict"] and origin.calls == []
     assert owner.state.degrees == (1,) * 8  # r1 no longer counts a replica on a0
     assert owner.hosted_on("a0/cpu:0", 0.08, 8)[0] == []
+
+
+def test_adopt_takes_the_runs_the_origin_reports() -> None:
+    """A new driver (a restarted operator's) starts from the runs on the agents."""
+    reply = pb.DescribeReply(
+        scaling_runs=[
+            pb.ScalingRunInfo(
+                replica_id="r0",
+                stage_index=0,
+                layer_start=0,
+                layer_end=2,
+                holders=[
+                    pb.ScalingHolderInfo(name="a0/cpu:0", home=True),
+                    pb.ScalingHolderInfo(name="a1/cpu:0"),
+                ],
+            ),
+            pb.ScalingRunInfo(replica_id="other", layer_start=0, layer_end=8),
+        ]
+    )
+    d = sd.ScalingDriver(
+        origin=sd.Peer("a0", "a0:1"),
+        replica_id="r0",
+        num_layers=4,
+        hidden=256,
+        peers=[sd.Peer("a1", "a1:1")],
+        cfg=ms.ScalingConfig(enabled=True),
+        replica_bytes=1 << 20,
+    )
+    assert d.adopt(reply) == 2
+    assert d.state.replicas == (("a1/cpu:0",), ("a1/cpu:0",), (), ())

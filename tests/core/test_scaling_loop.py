@@ -1,4 +1,4 @@
-"""The periodic module-scaling loop (`tessera.scaling_loop`) drives the scaling driver.
+"""The periodic module-scaling loop (`tessera.control.scaling_loop`) drives the scaling driver.
 
 Fake agents (those of `test_scaling_driver`) record the operations. The gateway's
 inter-token histogram is fed by hand: a window over the TPOT target with no idle peer
@@ -16,7 +16,8 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
-from tessera import api, scaling_loop
+from tessera import api
+from tessera.control import scaling_loop
 from tessera.policies import module_scaling as ms
 from tessera.policies import scaling_signal as sig
 from tessera.rpc.v1 import agent_pb2 as pb

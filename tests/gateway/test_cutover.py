@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from tokenizers import Tokenizer
 
-from tessera import local_agents
+from tessera.cli import local_agents
 from tessera.gateway import config, routes, server
 from tessera.rpc.v1 import agent_pb2 as pb
 from tests.agent.test_agent_rpc import _stub, load_replica

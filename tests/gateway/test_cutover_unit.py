@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tessera import kv_move
+from tessera.control import kv_move
 from tessera.gateway import config, cutover, inflight, metrics, replicas, routes, stage_chain
 
 

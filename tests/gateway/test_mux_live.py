@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from tokenizers import Tokenizer
 
-from tessera import local_agents
+from tessera.cli import local_agents
 from tessera.gateway import config
 from tests.agent.test_agent_rpc import load_replica
 from tests.conftest import hf_greedy

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from tokenizers import Tokenizer
 
-from tessera import local_agents
+from tessera.cli import local_agents
 from tessera.gateway import chat_template, config, model_info, server
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 from tokenizers import Tokenizer
 
-from tessera import local_agents
+from tessera.cli import local_agents
 from tessera.gateway import config
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb

@@ -28,8 +28,7 @@ from typing import Any
 
 import pytest
 
-from tessera import local_agents
-from tessera.cli import bench_relayout
+from tessera.cli import bench_relayout, local_agents
 from tessera.observability import control, dashboards
 from tests.observability import promql
 

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tessera import local_agents
+from tessera.cli import local_agents
 from tessera.gateway import config
 from tessera.observability import control, tracing
 from tests.gateway import helpers

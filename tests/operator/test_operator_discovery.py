@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tessera import local_agents
+from tessera.cli import local_agents
 from tessera_operator import discovery
 from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, wait_for
 from tests.operator.test_operator_lifecycle import blocks, manifest, ready

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tessera import local_agents
+from tessera.cli import local_agents
 from tests.operator.conftest import (
     GROUP,
     PLURAL,

@@ -17,7 +17,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tessera import crd, local_agents
+from tessera import crd
+from tessera.cli import local_agents
 from tessera.policies import admission
 from tessera_operator import config
 from tessera_operator.testing import background

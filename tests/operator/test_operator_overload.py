@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tessera import local_agents, overload_driver, routes_doc
+from tessera import routes_doc
+from tessera.cli import local_agents
+from tessera.control import overload_driver
 from tessera.policies import drop_plan, overload_steps
 from tessera_operator import gateway_objects
 from tests.operator.conftest import (

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tessera import api, local_agents
+from tessera import api
+from tessera.cli import local_agents
 from tessera.cost import analytic
 from tessera.policies import switching_candidates
 from tessera_operator import converge, switching_loop

@@ -1,6 +1,6 @@
 """Algorithm 1 with a measured gamma: the link term the scaling driver derives from it.
 
-The driver (`tessera/scaling_driver.py`) turns a measured gamma into Eq. 2's bandwidth
+The driver (`tessera/control/scaling_driver.py`) turns a measured gamma into Eq. 2's bandwidth
 B = C / (d * gamma); these check that Algorithm 1 then replicates when the round trip
 is cheap and refuses when it costs more than the compute it saves (the 2-core case).
 """

@@ -17,7 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tessera import kv_move, local_agents
+from tessera.cli import local_agents
+from tessera.control import kv_move
 from tessera.policies import access
 from tessera.rpc import pki, transport
 from tessera.rpc.v1 import agent_pb2 as pb

@@ -16,7 +16,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tessera import blocks, local_agents
+from tessera import blocks
+from tessera.cli import local_agents
 from tessera.policies import access, tenancy
 from tessera.rpc import pki, transport
 from tessera.rpc.v1 import agent_pb2 as pb

@@ -222,7 +222,9 @@ def test_cocoserve_rows_run_both_directions() -> None:
     2 every period (its decisions recorded); nothing is lost."""
     prof = _prof("llama-2-13b")
     trace = str(ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv")
-    rows = cocoserve.load_rows(prof, trace, quick=True, rates=(12.0,), span=40.0, warm=10.0)
+    from tessera.sim import cocoserve_load
+
+    rows = cocoserve_load.load_rows(prof, trace, quick=True, rates=(12.0,), span=40.0, warm=10.0)
     by = {r["mode"]: r for r in rows}
     assert set(by) == set(cocoserve.MODES)
     rep = by["layer_replication"]

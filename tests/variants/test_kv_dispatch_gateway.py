@@ -20,7 +20,8 @@ import aiohttp
 import pytest
 from tokenizers import Tokenizer
 
-from tessera import blocks, local_agents, variant_routes
+from tessera import blocks, variant_routes
+from tessera.cli import local_agents
 from tessera.gateway import config, routes, server
 from tessera.rpc import blocks as rpc_blocks
 from tessera.rpc import transport

@@ -22,7 +22,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from tessera import local_agents, variant_routes
+from tessera import variant_routes
+from tessera.cli import local_agents
 from tessera.gateway import config, routes
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb

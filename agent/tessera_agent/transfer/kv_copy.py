@@ -1,6 +1,6 @@
 """KV move over the data plane: one stage's K/V pages sent to a peer through a 2-rank group.
 
-The client of a KV move (`tessera.kv_move.move_prefix`) asks, for each run of layers, the
+The client of a KV move (`tessera.control.kv_move.move_prefix`) asks, for each run of layers, the
 importing stage's agent (`ImportKV` whose header has a `data_plane`) and the exporting
 stage's agent (`ExportKV` with the same `data_plane`) to meet in a fresh 2-rank group on the
 importer's rendezvous store: the exporter is rank 0 (`push`), the importer rank 1

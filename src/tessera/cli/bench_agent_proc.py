@@ -18,7 +18,7 @@ class AgentProc:
     def __init__(
         self, name: str, capacity: int, zoo: bool, cobatch: bool = True, linger_ms: float = -1.0
     ) -> None:
-        from tessera import local_agents
+        from tessera.cli import local_agents
         from tessera.rpc import transport
         from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
@@ -101,7 +101,7 @@ class AgentProc:
         return out
 
     async def close(self) -> None:
-        from tessera import local_agents
+        from tessera.cli import local_agents
 
         await self.channel.close()
         local_agents.stop_agent(self.proc)

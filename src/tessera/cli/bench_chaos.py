@@ -79,7 +79,7 @@ class _Deployment:
         self.passes = 0
 
     async def start(self) -> None:
-        from tessera import local_agents
+        from tessera.cli import local_agents
         from tessera.gateway import config as gw_config
         from tessera.gateway import server as gw_server
         from tessera_operator import agents, converge
@@ -144,7 +144,7 @@ class _Deployment:
         return len(self.gateway.ready_replicas()) == 2
 
     async def close(self) -> None:
-        from tessera import local_agents
+        from tessera.cli import local_agents
 
         self.stop.set()
         if self.loop_task is not None:

@@ -225,7 +225,8 @@ def _hits(address: str) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from tessera import blocks, local_agents
+    from tessera import blocks
+    from tessera.cli import local_agents
     from tessera.rpc import blocks as rpc_blocks
     from tessera.rpc import transport
     from tessera.rpc.v1 import agent_pb2 as pb

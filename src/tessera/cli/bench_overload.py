@@ -9,7 +9,7 @@ overflows the pools. Greedy, streamed over the agents' `Generate`; a least-outst
 router in this process. Two runs of the same replay on fresh agents:
 
 * off: today's engine: a full pool preempts and recomputes (KV-centric);
-* on: the overload loop (`tessera.overload_loop`, every `--tick-ms`) drops duplicated
+* on: the overload loop (`tessera.control.overload_loop`, every `--tick-ms`) drops duplicated
   layers (whole replicas become 2-stage pipelines in place, running requests' KV
   exchanged, pools grown) and restores when demand falls below 50 % of the pre-drop pool.
   Donor replicas leave the router's set during a drop; requests still queued on them (no
@@ -43,8 +43,8 @@ from typing import Any
 
 import grpc
 
-from tessera import local_agents, overload_driver, overload_loop
-from tessera.cli import bench_overload_bubble, bench_serve
+from tessera.cli import bench_overload_bubble, bench_serve, local_agents
+from tessera.control import overload_driver, overload_loop
 from tessera.policies import lookahead, overload, overload_steps
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
@@ -73,6 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-input", type=int, default=48)
     parser.add_argument("--max-output", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--via",
+        choices=("replay", "operator"),
+        default="replay",
+        help="replay: this process routes and runs the loop (as `tessera up`); operator: "
+        "the operator runs it against the test API server, requests go through a gateway",
+    )
     parser.add_argument("--check-tokens", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--bubble-rounds", type=int, default=3, help="live bubble runs per split")
     parser.add_argument("--bubble-requests", type=int, default=24)
@@ -350,6 +357,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 **bub,
             }
+        if args.via == "operator":
+            return _via_operator(model, reqs, prompts, args, per_page, bub)
         off, _ = _run_once(model, reqs, prompts, args, per_page, layer_bytes, False)
         on, cost = _run_once(model, reqs, prompts, args, per_page, layer_bytes, True)
         match = None
@@ -396,4 +405,64 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"({len(on['queue_at_drop'])} prompts) in {mbs} microbatches on 2 stages"
         ),
         "events": [f"{e.reason}: {e.message}" for e in stats.events][:8],
+    }
+
+
+def _via_operator(
+    model: Path,
+    reqs: list[tuple[float, int, int]],
+    prompts: list[list[int]],
+    args: argparse.Namespace,
+    per_page: int,
+    bub: dict[str, Any],
+) -> dict[str, Any]:
+    """Both runs through the operator and a gateway (`bench_overload_operator`); the keys
+    of the replay path, the bubble model's left out (no queue is seen from here)."""
+    from tokenizers import Tokenizer
+
+    from tessera.cli import bench_overload_operator as via
+
+    kv = args.pool_pages * per_page
+    off = via.run_once(model, reqs, prompts, kv, False, args.tick_ms / 1e3)
+    on = via.run_once(model, reqs, prompts, kv, True, args.tick_ms / 1e3)
+    match = None
+    if args.check_tokens:
+        tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+        want = _reference(model, prompts, [o for _, _, o in reqs])
+        texts = [tok.decode(w, skip_special_tokens=True) for w in want]
+        match = all(
+            "".join(r.text) == w
+            for res in (off, on)
+            for r, w in zip(res["requests"], texts, strict=True)
+            if r.done
+        )
+    return {
+        "bench": "overload",
+        "via": "operator",
+        "machine": f"{platform.node()} ({os.cpu_count()} cpus)",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "requests": len(reqs),
+        "replicas": 4,
+        "pool_pages": args.pool_pages,
+        "page_size": PAGE,
+        "p99_ttft_on_ms": round(on["p99_ttft_ms"], 1),
+        "p99_ttft_off_ms": round(off["p99_ttft_ms"], 1),
+        "p99_ttft_ratio": round(off["p99_ttft_ms"] / on["p99_ttft_ms"], 2),
+        "p50_ttft_on_ms": round(on["p50_ttft_ms"], 1),
+        "p50_ttft_off_ms": round(off["p50_ttft_ms"], 1),
+        "p50_tpot_on_vs_off": round(on["p50_tpot_ms"] / off["p50_tpot_ms"], 2),
+        "drops": on["drops"],
+        "restores": on["restores"],
+        "fallbacks": on["fallbacks"],
+        "lost": on["lost"] + off["lost"],
+        "exchange_ms": round(on["exchange_ms"], 1),
+        "paused_ms": round(on["paused_ms"], 1),
+        "tokens_match": match,
+        "wall_on_s": round(on["wall_s"], 1),
+        "wall_off_s": round(off["wall_s"], 1),
+        **bub,
+        "bubble_fraction_lookahead_model": None,
+        "bubble_fraction_token_count_model": None,
+        "bubble_model_basis": "not computed via the operator (no queue is seen here)",
+        "events": on["events"][:8],
     }

@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tessera import local_agents, scaling_driver
+from tessera.cli import local_agents
+from tessera.control import scaling_driver
 from tessera.policies import module_scaling as ms
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb

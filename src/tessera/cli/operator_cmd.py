@@ -65,6 +65,24 @@ def register(sub: Any) -> None:
         help="seconds between drift-repair passes per deployment (env TESSERA_RESYNC_SECONDS)",
     )
     p.add_argument(
+        "--overload-tick",
+        type=float,
+        default=float(_env("TESSERA_OVERLOAD_TICK_SECONDS", "0.5")),
+        help="seconds between overload-loop ticks per deployment (policy on)",
+    )
+    p.add_argument(
+        "--scaling-tick",
+        type=float,
+        default=float(_env("TESSERA_SCALING_TICK_SECONDS", "5")),
+        help="seconds between module-scaling ticks per deployment (policy on)",
+    )
+    p.add_argument(
+        "--gateway-admin-url",
+        default=_env("TESSERA_GATEWAY_ADMIN_URL"),
+        help="base URL of a deployment's gateway for the loops' signals, {namespace} and "
+        "{name} filled (default: the gateway Service)",
+    )
+    p.add_argument(
         "--model-root",
         default=_env("TESSERA_MODEL_ROOT", "/models"),
         help="where PVC checkpoints are mounted (env TESSERA_MODEL_ROOT)",
@@ -142,6 +160,9 @@ def build_config(args: argparse.Namespace) -> Any:
         agent_port=args.agent_port,
         namespaces=tuple(n.strip() for n in namespaces),
         resync_seconds=args.resync,
+        overload_tick_seconds=args.overload_tick,
+        scaling_tick_seconds=args.scaling_tick,
+        gateway_admin_url=args.gateway_admin_url,
         model_root=args.model_root,
         admission=admission.Limits(
             tuple(r.strip() for r in args.allowed_model_root) or (args.model_root,),

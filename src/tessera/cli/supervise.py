@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tessera import local_agents
+from tessera.cli import local_agents
 from tessera.policies import restart
 
 log = logging.getLogger(__name__)

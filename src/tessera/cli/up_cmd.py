@@ -166,8 +166,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from tessera import gc_heap, local_agents, reconcile, routes_doc, scaling_loop
-    from tessera.cli import supervise, up_overload, up_policies, up_watch
+    from tessera import gc_heap, reconcile, routes_doc
+    from tessera.cli import local_agents, supervise, up_overload, up_policies, up_watch
+    from tessera.control import scaling_loop
     from tessera.gateway import config as gw_config
     from tessera.gateway import routes as gw_routes
     from tessera.gateway import server as gw_server

@@ -1,36 +1,32 @@
 """The overload loop inside `tessera up` (issue 13): beside the in-process gateway.
 
 Where it runs: `tessera up` supervises the agents and the gateway in one process, so
-when `spec.policies.overload.enabled` it also runs `overload_loop.OverloadLoop` there
-(the operator does not: in a cluster the gateway is its own Deployment, and the loop
-needs the gateway's in-flight requests and its routes; the operator's reconcile keeps
-a drop as desired and reports it, `docs/overload.md`). Inputs: the converged plan's
-whole replicas (members: replica id, leader address), `dropThreshold` /
-`restoreThreshold` from the spec, parameter bytes per layer from the plan, bytes per
-whole-model KV page from the agents' blocks. Queued requests' KV needs come from the
-gateway's in-flight table (requests on a replica with no token yet, prompt + max
-tokens, the bench's approximation: a request still in prefill counts as queued). The
-loop's routes steps apply the last published routes document less the donors (same
-version: the gateway drains them). A tick and a reconcile pass never overlap (`lock`):
-between a drop's routes step and the donors' renaming a pass would see the donors as
-whole replicas to route again. Caller: `up_cmd._serve`.
+when `spec.policies.overload.enabled` it also ticks the level-triggered loop the
+operator ticks on a cluster (`tessera.control.overload`, issue 30): each tick observes
+the agents (`tessera_operator.agents.observe`), reads the in-process gateway's calls per
+replica (its in-flight table, ordered as `GET /admin/v1/load` orders them) and runs one
+`OverloadLoop.tick` over the converged plan's whole replicas with `dropThreshold` /
+`restoreThreshold` from the spec. The loop's routes steps apply the last published routes
+document less the donors (same version: the gateway drains them). A tick and a
+reconcile pass never overlap (`lock`): between a drop's routes step and the donors'
+renaming a pass would see the donors as whole replicas to route again. Caller:
+`up_cmd._serve`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tessera import blocks, observed, overload_driver, overload_loop, plan, routes_doc
+from tessera import observed, plan, routes_doc
+from tessera.control import gateway_load, overload_driver
+from tessera.control import overload as control
 from tessera.gateway import routes as gw_routes
 from tessera.gateway import server as gw_server
-from tessera.policies import overload, overload_steps
-from tessera.rpc import transport
-from tessera.rpc.v1 import agent_pb2 as pb
-from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+from tessera.policies import overload, overload_held, overload_steps
+from tessera_operator import agents as op_agents
 
 Published = Callable[[], routes_doc.RoutesDoc]
 Print = Callable[[str], None]
@@ -55,14 +51,7 @@ def routes_change(
     members: dict[str, overload_steps.Member],
 ) -> routes_doc.RoutesDoc:
     """`doc` less the replicas `change` removes, plus those it adds (at their leader)."""
-    keep = [r for r in doc.replicas if r.id not in change.remove]
-    have = {r.id for r in keep}
-    keep += [
-        routes_doc.RouteReplica(rid, members[rid].address)
-        for rid in change.add
-        if rid not in have and rid in members
-    ]
-    return dataclasses.replace(doc, replicas=tuple(keep))
+    return control.routes_change(doc, change, {r: m.address for r, m in members.items()})
 
 
 class UpOverload:
@@ -78,27 +67,16 @@ class UpOverload:
         published: Published,
         say: Print,
     ) -> None:
-        whole = _whole(p)
         addr = {a.name: a.address for a in obs.agents}
-        self.members = {
-            r.replica_id: overload_steps.Member(r.replica_id, addr.get(r.stages[0].agent, ""))
-            for r in whole
-        }
-        per_layer = p.param_bytes.get((whole[0].replica_id, 0), 0) // max(1, num_layers)
-        self.page_bytes = page_bytes(obs, whole[0].replica_id)
-        self.page_size = blocks.DEFAULT_PAGE_SIZE
+        self.held = [
+            overload_held.Member(r.replica_id, r.stages[0].agent, addr.get(r.stages[0].agent, ""))
+            for r in _whole(p)
+        ]
+        self.members = dict(overload_held.step_members(self.held))
+        self.refs = [op_agents.AgentRef(a.name, a.address) for a in obs.agents]
+        self.cfg, self.num_layers = cfg, num_layers
         self.gateway, self.published, self.say = gateway, published, say
-        self.channels: dict[str, Any] = {}
-        self.loop = overload_loop.OverloadLoop(
-            self.members,
-            cfg,
-            (per_layer,) * num_layers,
-            self.page_bytes,
-            self.queued_bytes,
-            overload_driver.Driver(self.set_routes, chunk_pages=4),
-            self.describe,
-            self.on_event,
-        )
+        self.loop = control.OverloadLoop(overload_driver.Driver(self.set_routes, chunk_pages=4))
 
     @staticmethod
     def usable(p: plan.Plan, obs: observed.Observed) -> str:
@@ -110,43 +88,46 @@ class UpOverload:
             return "overload: the agents report no KV pages; the loop is off"
         return ""
 
-    def queued_bytes(self, replica_id: str) -> list[int]:
-        return [
-            overload.request_kv_bytes(
-                len(a.prompt_ids), a.max_tokens, self.page_size, self.page_bytes
+    def calls(self) -> dict[str, tuple[gateway_load.Call, ...]]:
+        """The gateway's calls per member, most likely waiting first (as `/admin/v1/load`)."""
+        out = {}
+        for m in self.held:
+            on = sorted(
+                self.gateway.in_flight(m.replica_id),
+                key=lambda a: (a.first_token_at is not None, a.last_token_at or a.started),
             )
-            for a in self.gateway.in_flight(replica_id)
-            if a.first_token_at is None
-        ]
-
-    async def describe(self, address: str) -> pb.DescribeReply:
-        ch = self.channels.get(address)
-        if ch is None:
-            ch = self.channels[address] = transport.channel(address)
-        reply: pb.DescribeReply = await pb_grpc.AgentStub(ch).Describe(
-            pb.DescribeRequest(), timeout=10
-        )
-        return reply
+            out[m.replica_id] = tuple(
+                gateway_load.Call(len(a.prompt_ids), a.max_tokens, a.first_token_at is not None)
+                for a in on
+            )
+        return out
 
     async def set_routes(self, change: overload_steps.Routes) -> None:
         doc = routes_change(self.published(), change, self.members)
         self.gateway.apply_routes(gw_routes.from_doc(doc))
 
-    def on_event(self, kind: str, reason: str, message: str) -> None:
-        self.say(f"overload {kind} {reason}: {message}")
+    async def tick(self) -> control.Tick:
+        obs = await op_agents.observe(self.refs)
+        out = await self.loop.tick(self.held, self.cfg, self.num_layers, obs, self.calls())
+        for e in out.events:
+            self.say(f"overload {e.kind} {e.reason}: {e.message}")
+        if out.drops or out.restores:
+            self.say(
+                f"overload: {out.drops} drops, {out.restores} restores (exchange "
+                f"{out.exchange_s * 1e3:.1f} ms, paused {out.paused_s * 1e3:.1f} ms)"
+            )
+        return out
 
     async def run(self, stop: asyncio.Event, lock: asyncio.Lock, interval_s: float) -> None:
-        """Tick every `interval_s` under `lock` until `stop`; restore before returning."""
+        """Tick every `interval_s` under `lock` until `stop`."""
         try:
             while not stop.is_set():
                 async with lock:
-                    await self.loop.tick()
+                    await self.tick()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), interval_s)
         finally:
-            await self.loop.driver.close()
-            for ch in self.channels.values():
-                await ch.close()
+            await self.loop.close()
 
 
 def guarded(

@@ -22,7 +22,7 @@ import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from tessera import scaling_loop
+from tessera.control import scaling_loop
 
 Say = Callable[[str], None]
 Make = Callable[[Any], "scaling_loop.ScalingLoop | None"]

@@ -28,7 +28,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from tessera import kv_move, routes_doc
+from tessera import routes_doc
+from tessera.control import kv_move
 from tessera.gateway import config, inflight, metrics, replicas, routes, stage_chain
 from tessera.observability import tracing
 from tessera.policies import drain

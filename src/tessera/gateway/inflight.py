@@ -76,6 +76,9 @@ class InFlightTable:
         if not group:
             del self._by_replica[attempt.replica_id]
 
+    def replica_ids(self) -> list[str]:
+        return sorted(self._by_replica)
+
     def on(self, replica_id: str) -> list[Attempt]:
         return sorted(self._by_replica.get(replica_id, ()), key=lambda a: a.request_id)
 

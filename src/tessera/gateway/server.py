@@ -232,7 +232,7 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
         arrivals=counts,
     )
     application = app.build(service, cfg.max_body_bytes)
-    admin.install(application, switch, counts)
+    admin.install(application, switch, counts, table)
     status_page.install(application, service, switch, lambda: route.class_shares)
     runner = web.AppRunner(
         application,

@@ -1,6 +1,6 @@
 """Where a replica's stages live: walks its leader's `next_stage_address` chain.
 
-A KV move (`tessera.kv_move.move_prefix`) needs every stage of the source and target
+A KV move (`tessera.control.kv_move.move_prefix`) needs every stage of the source and target
 replicas (agent address, stage index, global layers) and the KV page size; the routes
 document only names each replica's leader. `resolve` asks the leader's `Describe` for the
 replica's stage 0, then each next stage's agent, until the last stage. Replica ids are
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from tessera import kv_move
+from tessera.control import kv_move
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc

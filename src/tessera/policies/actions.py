@@ -10,7 +10,7 @@ after it) return them inside `Step`s; the operator's executor
 * `UnloadBlock`: free a block (parameters and KV pool).
 * `Rewire`: point a loaded stage at a new downstream (next stage's agent address).
 * `MoveKV`: move a request's computed prefix (KV pages) from one replica to another; the
-  gateway applies it to long in-flight requests of a leaving replica (`tessera.kv_move`).
+  gateway applies it to long in-flight requests of a leaving replica (`tessera.control.kv_move`).
 * `Drain`: wait until a replica that no route names any more has no request running or
   waiting (observed), or its drain deadline has passed.
 * `CutOver`: publish a new routes document (`tessera.routes_doc`): the gateway sends new

@@ -4,7 +4,7 @@ Input: a replica's `speedup.Placement` (which layers are replicated where), the 
 (`speedup.Device`: capacity, link, free memory, idle share), the workload shape, and a
 `ScalingConfig` from `spec.policies.scaling`. Output: plans of typed actions
 (`Replicate`, `Migrate`, `Evict`, `ReduceBatch`) plus the modelled result. Called by the
-`tessera/scaling_driver.py` (applied through `run_plan.py`) and `tessera bench scaling`.
+`tessera/control/scaling_driver.py` (applied through `run_plan.py`) and `tessera bench scaling`.
 
 Scale up (Algorithm 1): devices whose idle share exceeds `up_idle_fraction` are
 eligible, most idle first; each may take free_bytes // replica_bytes replicas; candidate
@@ -34,34 +34,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from tessera.policies import speedup as sp
-
-DEFAULT_UP_IDLE_FRACTION = 0.5
-DEFAULT_DOWN_VIOLATION_RATE = 0.05
-DEFAULT_BATCH_STEP = 5
-DEFAULT_MAX_MIGRATIONS = 4
-
-
-@dataclass(frozen=True)
-class ScalingConfig:
-    """`spec.policies.scaling`, validated."""
-
-    enabled: bool = False
-    up_idle_fraction: float = DEFAULT_UP_IDLE_FRACTION
-    down_violation_rate: float = DEFAULT_DOWN_VIOLATION_RATE
-    batch_step: int = DEFAULT_BATCH_STEP
-    max_migrations: int = DEFAULT_MAX_MIGRATIONS
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.up_idle_fraction < 1.0:
-            raise ValueError(f"up_idle_fraction: must be in [0, 1), got {self.up_idle_fraction}")
-        if not 0.0 <= self.down_violation_rate < 1.0:
-            raise ValueError(
-                f"down_violation_rate: must be in [0, 1), got {self.down_violation_rate}"
-            )
-        if self.batch_step < 1:
-            raise ValueError("batch_step: must be >= 1")
-        if self.max_migrations < 0:
-            raise ValueError("max_migrations: must be >= 0")
+from tessera.policy_config import DEFAULT_BATCH_STEP as DEFAULT_BATCH_STEP
+from tessera.policy_config import DEFAULT_DOWN_VIOLATION_RATE as DEFAULT_DOWN_VIOLATION_RATE
+from tessera.policy_config import DEFAULT_MAX_MIGRATIONS as DEFAULT_MAX_MIGRATIONS
+from tessera.policy_config import DEFAULT_UP_IDLE_FRACTION as DEFAULT_UP_IDLE_FRACTION
+from tessera.policy_config import ScalingConfig as ScalingConfig
 
 
 @dataclass(frozen=True)

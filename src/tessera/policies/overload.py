@@ -32,34 +32,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-DEFAULT_DROP_THRESHOLD = 0.9
-DEFAULT_RESTORE_THRESHOLD = 0.5
+from tessera.policy_config import DEFAULT_DROP_THRESHOLD as DEFAULT_DROP_THRESHOLD
+from tessera.policy_config import DEFAULT_RESTORE_THRESHOLD as DEFAULT_RESTORE_THRESHOLD
+from tessera.policy_config import OverloadConfig as OverloadConfig
 
 REASON_OVERLOAD = "KVOverload"
 REASON_OK = "KVWithinPool"
 REASON_RESTORE = "DemandFell"
 REASON_HOLD = "DemandHigh"
-
-
-@dataclass(frozen=True)
-class OverloadConfig:
-    """`spec.policies.overload`, validated."""
-
-    enabled: bool = False
-    drop_threshold: float = DEFAULT_DROP_THRESHOLD  # fraction of the pool (0, 1]
-    restore_threshold: float = DEFAULT_RESTORE_THRESHOLD  # fraction of the pre-drop pool
-    head_of_line: int = 0  # queued requests counted in the demand; 0 = the whole queue
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.drop_threshold <= 1.0:
-            raise ValueError(f"drop_threshold: must be in (0, 1], got {self.drop_threshold}")
-        if not 0.0 < self.restore_threshold < self.drop_threshold:
-            raise ValueError(
-                f"restore_threshold: must be in (0, drop_threshold={self.drop_threshold}), "
-                f"got {self.restore_threshold}"
-            )
-        if self.head_of_line < 0:
-            raise ValueError("head_of_line: must be >= 0")
 
 
 @dataclass(frozen=True)

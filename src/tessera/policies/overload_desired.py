@@ -1,6 +1,6 @@
 """What reconcile should consider desired while an overload drop is active (issue 13).
 
-The overload loop (`tessera.overload_loop`) turns a whole replica (the *head*) and one
+The overload loop (`tessera.control.overload_loop`) turns a whole replica (the *head*) and one
 or more *donor* replicas into one pipeline: the head's block keeps layers [0, k) as
 stage 0 of n, each donor's block is renamed to the head's replica as a later stage, and
 the donors leave the routes. A level-triggered reconcile comparing that with the plan

@@ -72,6 +72,7 @@ class Pause:
 class Resume:
     block: BlockRef
     grow_to: tuple[BlockRef, ...] = ()  # raise the allocator to the smallest of these pools
+    num_pages: int = 0  # or to this many pages (the pools as observed, not shifted now)
 
 
 @dataclass(frozen=True)

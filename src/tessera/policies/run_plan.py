@@ -6,7 +6,7 @@ over runs of consecutive layers, which is what an agent replicates, migrates or 
 (`ScalingReplicate` / `ScalingMigrate` / `ScalingEvict`): one op per maximal run per
 device, cut so that any two runs are equal or disjoint (the engine splits the batch once
 per run, so partially overlapping runs cannot both exist). Called by the scaling driver
-(`tessera/scaling_driver.py`) and `tessera bench scaling`; pure.
+(`tessera/control/scaling_driver.py`) and `tessera bench scaling`; pure.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Inputs: the gateway's inter-token latency histogram (cumulative bucket counts, as
 Prometheus keeps them: `tessera_gateway_inter_token_latency_seconds`) at the previous
 tick and now, the deployment's TPOT target (`spec.slo.tpotP99Ms`) and
-`spec.policies.scaling`. Caller: `tessera.scaling_loop.ScalingLoop` (run by `tessera up`).
+`spec.policies.scaling`. Caller: `tessera.control.scaling_loop.ScalingLoop` (run by `tessera up`).
 
 The window's SLO-violation rate is the share of its inter-token gaps above the target
 (the gateway observes gaps, not whole requests: a per-token proxy for the paper's

@@ -199,10 +199,10 @@ def _part(part: str, args: argparse.Namespace) -> dict[str, Any]:
             return {"oserve_table1": oserve.table1_rows(prof, base, planner_bench.SLO, args.quick)}
         return oserve_table2.table2(prof, base, planner_bench.SLO, args.quick)
     if part == "cocoserve":
-        from tessera.sim import cocoserve
+        from tessera.sim import cocoserve_load
 
-        rows = cocoserve.load_rows(profile_of("llama-2-13b"), args.trace, args.quick)
-        return {"cocoserve_load": rows, "cocoserve_summary": cocoserve.summary(rows)}
+        rows = cocoserve_load.load_rows(profile_of("llama-2-13b"), args.trace, args.quick)
+        return {"cocoserve_load": rows, "cocoserve_summary": cocoserve_load.summary(rows)}
     from tessera.sim import blockllm
 
     rows = blockllm.variant_rows(

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tessera import scaling_driver as sd
+from tessera.control import scaling_driver as sd
 from tessera.policies import module_scaling as ms
 from tessera.policies import scaling_signal as sig
 from tessera.policies import speedup as sp
@@ -87,7 +87,9 @@ class ScalingLoop:
             stub = self._stubs[address] = pb_grpc.AgentStub(transport.sync_channel(address))
         return stub
 
-    def _driver(self, a: AgentAt, block: pb.BlockInfo) -> sd.ScalingDriver:
+    def _driver(
+        self, a: AgentAt, block: pb.BlockInfo, desc: pb.DescribeReply | None = None
+    ) -> sd.ScalingDriver:
         d = self.drivers.get(block.replica_id)
         if d is None:
             n = block.layer_end - block.layer_start
@@ -102,6 +104,8 @@ class ScalingLoop:
                 replica_bytes=layer,
             )
             d._stub = self._stub  # type: ignore[method-assign]
+            if desc is not None:
+                d.adopt(desc)  # the runs already on the agents (an earlier loop's)
             self.drivers[block.replica_id] = d
         return d
 
@@ -121,6 +125,22 @@ class ScalingLoop:
                 out.append(f"module scaling off: {rid}: {d.evict_all()} layer replicas evicted")
             except Exception as exc:  # an agent gone: its replicas went with it
                 out.append(f"module scaling off: {rid}: evicting failed: {exc!r}")
+        self.drivers = {}
+        return out
+
+    def evict_found(self, prefix: str) -> list[str]:
+        """Evict every layer replica the agents report for replicas whose id starts with
+        `prefix` (the policy is off: level-triggered, so runs an earlier loop placed go
+        too); one line per replica that had any."""
+        out = []
+        for a in self.agents:
+            desc = self._stub(a.address).Describe(pb.DescribeRequest(), timeout=10.0)
+            for b in desc.blocks:
+                if not b.replica_id.startswith(prefix) or b.stage_index or b.layer_start:
+                    continue
+                n = self._driver(a, b, desc).evict_all()
+                if n:
+                    out.append(f"module scaling off: {b.replica_id}: {n} layer replicas evicted")
         self.drivers = {}
         return out
 
@@ -145,7 +165,7 @@ class ScalingLoop:
                         continue
                     seen.add(b.replica_id)
                     kv = next((k for k in desc.kv if k.replica_id == b.replica_id), None)
-                    out += self._act(decision, w, self._driver(a, b), b, kv)
+                    out += self._act(decision, w, self._driver(a, b, desc), b, kv)
             except Exception as exc:  # one agent's failure must not stop the loop
                 answered = False
                 out.append(f"module scaling on {a.agent} failed: {exc!r}")

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tessera import overload_driver
+from tessera.control import overload_driver
 from tessera.observability import control
 from tessera.policies import drop_plan, overload, overload_steps
 from tessera.rpc.v1 import agent_pb2 as pb

@@ -141,6 +141,24 @@ class ScalingDriver:
         self.state = plan.state
         return plan
 
+    def adopt(self, d: pb.DescribeReply) -> int:
+        """Take the runs the origin reports for this replica as this driver's placement
+        (a new loop, e.g. a restarted operator, finds the runs an earlier one placed):
+        level-triggered, so it neither replicates them again nor forgets to evict them.
+        Returns the layer replicas adopted."""
+        state = sp.Placement.initial(self.origin.name, self.num_layers)
+        for run in d.scaling_runs:
+            if run.replica_id != self.replica_id or run.stage_index != self.stage_index:
+                continue
+            for h in run.holders:
+                if h.home or h.name == self.origin.name:
+                    continue
+                for layer in range(run.layer_start, min(run.layer_end, self.num_layers)):
+                    if h.name not in state.replicas[layer]:
+                        state = state.add(layer, h.name)
+        self.state = state
+        return sum(len(r) for r in state.replicas)
+
     def evict_all(self) -> int:
         """Evict every replica the driver added (scale-down's phase 2, all of it)."""
         n = 0

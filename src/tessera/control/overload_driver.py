@@ -2,7 +2,7 @@
 
 Input: the steps `tessera.policies.overload_steps` decided (pure), the agents' gRPC
 addresses in them, and a callback that changes the gateway's routable replica set.
-Caller: `tessera.overload_loop.OverloadLoop` (the control loop `tessera bench overload`
+Caller: `tessera.control.overload_loop.OverloadLoop` (the control loop `tessera bench overload`
 and `tessera up` run beside their in-process gateway), and the acceptance test. Each step
 is one RPC or a short poll; the driver keeps only what the steps hand on: the pages the
 paused head holds (which pages' K/V to exchange), the page moves of a compaction, and
@@ -28,6 +28,7 @@ from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
 SetRoutes = Callable[[steps_mod.Routes], Awaitable[None]]
+AfterStep = Callable[[steps_mod.Step], Awaitable[None]]
 
 
 class DriveError(Exception):
@@ -57,8 +58,10 @@ class Driver:
         chunk_pages: int = 4,
         timeout_s: float = 120.0,
         drain_poll_s: float = 0.05,
+        after_step: AfterStep | None = None,
     ) -> None:
         self.set_routes, self.chunk_pages = set_routes, max(1, chunk_pages)
+        self.after_step = after_step  # tests: stop the operator between two steps
         self.timeout_s, self.drain_poll_s = timeout_s, drain_poll_s
         self._channels: dict[str, grpc.aio.Channel] = {}
 
@@ -102,11 +105,13 @@ class Driver:
                     await self._exchange(st, held, rep)
                     rep.exchange_s += time.monotonic() - t0
                 elif isinstance(st, steps_mod.Resume):
-                    pages = min((rep.pools[b] for b in st.grow_to), default=0)
+                    pages = st.num_pages or min((rep.pools[b] for b in st.grow_to), default=0)
                     await self._shift(st.block, "resume", num_pages=pages)
                     rep.paused_s += time.monotonic() - paused_at
             except grpc.aio.AioRpcError as exc:
                 raise DriveError(f"{st}: {exc.code().name}: {exc.details()}") from exc
+            if self.after_step is not None:
+                await self.after_step(st)
         return rep
 
     async def _shift(

@@ -1,0 +1,151 @@
+"""The overload loop on the cluster: a kopf timer that ticks `tessera.control.overload`.
+
+Registered by `handlers.build_registry` (`register`): a timer every
+`cfg.overload_tick_seconds` (0.5 s, as `tessera up`) per ServingDeployment; a tick does
+nothing unless `spec.policies.overload.enabled` and `status.plan` names at least two
+whole replicas. A tick takes the deployment's pass lock (`reconciler.lock`; a tick that
+finds a pass running skips, so a tick and a reconcile pass never interleave), observes
+the agents once (`agents.observe`), reads the gateway's calls per replica
+(`GET /admin/v1/load` of the gateway Service, or `cfg.gateway_admin_url`), and runs the
+loop. Its routes steps rewrite the routes ConfigMap the reconcile publishes (the same
+versioned document, the same version: the gateway drains the donors). When the agents
+changed, a reconcile pass runs at once under the same lock: it writes
+`status.overload`, the `Overloaded` condition and the `OverloadDropped` /
+`OverloadRestored` events from what the agents now hold. The loop's own events
+(fallback, failures, a shift cut short and converged) are posted here. The loop object
+(channels, and whether it took over the groups it found) lives in kopf's per-object memo;
+nothing else is remembered, so a new operator converges from the agents.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from tessera import api, fields, routes_doc
+from tessera.control import gateway_load, overload_driver
+from tessera.control import overload as control
+from tessera.policies import overload_held, overload_steps
+from tessera_operator import agents, config, discovery, gateway_objects, kube, owned, reconciler
+
+log = logging.getLogger(__name__)
+LOOP_KEY = "overload_loop"
+WARNED_KEY = "overload_load_warned"
+
+
+def register(
+    registry: kopf.OperatorRegistry, cfg: config.OperatorConfig, resource: tuple[str, str, str]
+) -> None:
+    """Add the loop's timer to `registry` (called by `handlers.build_registry`)."""
+
+    @kopf.timer(
+        *resource,
+        interval=cfg.overload_tick_seconds,
+        initial_delay=cfg.overload_tick_seconds,
+        registry=registry,
+    )
+    async def overload_tick(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kw: Any) -> None:
+        if not kw["stopped"] and not body.metadata.get("deletionTimestamp"):
+            await tick(body, patch, memo, cfg)
+
+
+def members(plan_status: Mapping[str, Any] | None) -> tuple[list[tuple[str, str]], int]:
+    """(replica id, agent) of the whole replicas `status.plan` names, and the layer count."""
+    out, num_layers = [], 0
+    for r in (plan_status or {}).get("replicas") or []:
+        stages = r.get("stages") or []
+        for s in stages:
+            num_layers = max(num_layers, int((s.get("layers") or [0, 0])[1]))
+        if len(stages) == 1 and int(stages[0].get("tp") or 1) == 1 and r.get("replicaId"):
+            out.append((str(r["replicaId"]), str(stages[0].get("agent") or "")))
+    return out, num_layers
+
+
+def load_url(cfg: config.OperatorConfig, dep: api.ServingDeployment) -> str:
+    if cfg.gateway_admin_url:
+        base = cfg.gateway_admin_url.format(namespace=dep.namespace, name=dep.name)
+    else:
+        base = gateway_objects.endpoint(dep)
+    return base.rstrip("/") + gateway_load.LOAD_PATH
+
+
+def _routes_writer(
+    ctx: reconciler.Context,
+    body: kopf.Body,
+    dep: api.ServingDeployment,
+    addresses: Mapping[str, str],
+) -> overload_driver.SetRoutes:
+    owner = gateway_objects.owner_reference(dict(body))
+
+    async def set_routes(change: overload_steps.Routes) -> None:
+        path = kube.path("v1", "configmaps", dep.namespace, gateway_objects.routes_name(dep))
+        cm = await ctx.kube.get(path)
+        doc = gateway_objects.published(cm) or routes_doc.RoutesDoc(())
+        new = control.routes_change(doc, change, addresses)
+        await owned.apply(ctx.kube, gateway_objects.config_map(dep, owner, new.to_json()), cm)
+
+    return set_routes
+
+
+async def tick(
+    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, cfg: config.OperatorConfig
+) -> None:
+    """One tick (module docstring)."""
+    try:
+        dep = api.parse(copy.deepcopy(dict(body)))
+    except fields.FieldError:
+        return  # the reconciler reports the invalid spec
+    policy = dep.spec.policies.overload
+    loop = memo.get(LOOP_KEY)
+    if not policy.enabled:
+        if isinstance(loop, control.OverloadLoop):
+            await loop.close()
+            memo.pop(LOOP_KEY, None)
+        return
+    whole, num_layers = members((body.get("status") or {}).get("plan"))
+    if len(whole) < 2 or not num_layers:
+        return
+    lock = reconciler.lock(memo)
+    if lock.locked():
+        return  # a pass (or the previous tick) runs; the next tick observes after it
+    async with lock:
+        ctx = reconciler.context(memo)
+        try:
+            calls = await gateway_load.fetch(load_url(cfg, dep), cfg.gateway_admin_token)
+        except ValueError as exc:
+            if not memo.get(WARNED_KEY):
+                kopf.warn(body, reason="GatewayLoadUnavailable", message=str(exc))
+                memo[WARNED_KEY] = True
+            return
+        memo.pop(WARNED_KEY, None)
+        refs = await discovery.agent_refs(cfg, ctx.kube, dep.spec.resources.node_selector)
+        address = {r.name: r.address for r in refs}
+        held = [overload_held.Member(rid, a, address.get(a, "")) for rid, a in whole]
+        if any(not m.address for m in held):
+            return  # an agent of the plan is not discovered: the reconcile reports it
+        obs = await agents.observe(refs)
+        if not isinstance(loop, control.OverloadLoop):
+            loop = memo[LOOP_KEY] = control.OverloadLoop(
+                overload_driver.Driver(chunk_pages=4, after_step=cfg.overload_step_hook)
+            )
+        loop.driver.set_routes = _routes_writer(
+            ctx, body, dep, {m.replica_id: m.address for m in held}
+        )
+        out = await loop.tick(held, policy, num_layers, obs, calls)
+        log.debug("overload tick %s/%s: %s -> %s", dep.namespace, dep.name, calls, out)
+        for e in out.events:
+            post = kopf.warn if e.kind == "Warning" else kopf.info
+            post(body, reason=e.reason, message=e.message)
+        if out.drops or out.restores:
+            kopf.info(
+                body,
+                reason="OverloadShifted",
+                message=f"{out.drops} drops, {out.restores} restores: exchange "
+                f"{out.exchange_s * 1e3:.1f} ms, paused {out.paused_s * 1e3:.1f} ms",
+            )
+        if out.acted:
+            await reconciler.one_pass(body, patch, ctx)

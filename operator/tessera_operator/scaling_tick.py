@@ -1,0 +1,129 @@
+"""The module-scaling loop on the cluster: a kopf timer that ticks `tessera.control.scaling_loop`.
+
+Registered by `handlers.build_registry` (`register`): a timer every
+`cfg.scaling_tick_seconds` (5 s, as `tessera up --scaling-interval`) per
+ServingDeployment; a tick does nothing unless `spec.policies.scaling.enabled` and
+`spec.slo.tpotP99Ms` is set. A tick reads the gateway's inter-token histogram
+(`GET /metrics` of the gateway Service, or `cfg.gateway_admin_url`), takes the
+deployment's pass lock (a tick finding a pass running skips) and runs one
+`ScalingLoop.tick` (in a thread: its gRPC calls block) over the discovered agents. Each
+line it returns becomes a `ModuleScaling` event; when it acted, a reconcile pass runs at
+once under the same lock, which writes `status.scaling.layerRuns` and the
+`LayerRunAdded` / `LayerRunRemoved` events from what the agents report. Turned off, the
+loop evicts every layer run the agents report for the deployment's replicas (while
+`status.scaling.layerRuns` lists any). The loop object (its drivers and the last window's
+histogram) lives in kopf's per-object memo; a new operator's drivers adopt the runs the
+agents report (`ScalingDriver.adopt`), so a restart neither places them again nor loses
+them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from tessera import api, fields, plan
+from tessera.control import gateway_itl, scaling_loop
+from tessera.policies import scaling_signal as sig
+from tessera_operator import config, converge, discovery, overload_loop, reconciler
+
+LOOP_KEY = "scaling_loop"
+WARNED_KEY = "scaling_itl_warned"
+
+
+def register(
+    registry: kopf.OperatorRegistry, cfg: config.OperatorConfig, resource: tuple[str, str, str]
+) -> None:
+    """Add the loop's timer to `registry` (called by `handlers.build_registry`)."""
+
+    @kopf.timer(
+        *resource,
+        interval=cfg.scaling_tick_seconds,
+        initial_delay=cfg.scaling_tick_seconds,
+        registry=registry,
+    )
+    async def scaling_tick(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kw: Any) -> None:
+        if not kw["stopped"] and not body.metadata.get("deletionTimestamp"):
+            await tick(body, patch, memo, cfg)
+
+
+def metrics_url(cfg: config.OperatorConfig, dep: api.ServingDeployment) -> str:
+    base = overload_loop.load_url(cfg, dep).removesuffix("/admin/v1/load")
+    return base + gateway_itl.METRICS_PATH
+
+
+async def _evict(memo: kopf.Memo, refs: list[Any], dep: api.ServingDeployment) -> list[str]:
+    """Evict every layer run the agents report for the deployment's replicas."""
+    memo.pop(LOOP_KEY, None)
+    agents = [scaling_loop.AgentAt(r.name, r.address) for r in refs]
+    loop = scaling_loop.ScalingLoop(
+        dep.spec.policies.scaling, 0.0, agents, 1, lambda: sig.Hist((), (), 0.0, 0.0)
+    )
+    return await asyncio.to_thread(loop.evict_found, plan.replica_prefix(dep.namespace, dep.name))
+
+
+async def tick(
+    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, cfg: config.OperatorConfig
+) -> None:
+    """One tick (module docstring)."""
+    try:
+        dep = api.parse(copy.deepcopy(dict(body)))
+    except fields.FieldError:
+        return
+    policy, target_s = dep.spec.policies.scaling, dep.spec.slo.tpot_p99_ms / 1e3
+    lock = reconciler.lock(memo)
+    if not policy.enabled or target_s <= 0:
+        # level-triggered: runs reported in status (an earlier operator's too) are evicted
+        runs = ((body.get("status") or {}).get("scaling") or {}).get("layerRuns")
+        if (LOOP_KEY in memo or runs) and not lock.locked():
+            async with lock:
+                ctx = reconciler.context(memo)
+                refs = await discovery.agent_refs(cfg, ctx.kube, dep.spec.resources.node_selector)
+                lines = await _evict(memo, refs, dep)
+                for line in lines:
+                    kopf.info(body, reason="ModuleScaling", message=line)
+                await reconciler.one_pass(body, patch, ctx)
+        return
+    try:
+        hist = await gateway_itl.fetch(metrics_url(cfg, dep))
+    except ValueError as exc:
+        if not memo.get(WARNED_KEY):
+            kopf.warn(body, reason="GatewayMetricsUnavailable", message=str(exc))
+            memo[WARNED_KEY] = True
+        return
+    memo.pop(WARNED_KEY, None)
+    if lock.locked():
+        return
+    async with lock:
+        ctx = reconciler.context(memo)
+        refs = await discovery.agent_refs(cfg, ctx.kube, dep.spec.resources.node_selector)
+        loop = memo.get(LOOP_KEY)
+        if not isinstance(loop, scaling_loop.ScalingLoop):
+            model_path = converge.resolve_model_path(dep.spec, None, cfg.model_root)
+            try:
+                hidden = int(
+                    json.loads((Path(model_path) / "config.json").read_text())["hidden_size"]
+                )
+            except (OSError, ValueError, KeyError):
+                return  # the reconcile reports an unreadable model
+            agents = [scaling_loop.AgentAt(r.name, r.address) for r in refs]
+            loop = scaling_loop.ScalingLoop(policy, target_s, agents, hidden, lambda: hist)
+            memo[LOOP_KEY] = loop
+        else:
+            loop.reconfigure(policy, target_s)
+            loop.agents = [scaling_loop.AgentAt(r.name, r.address) for r in refs]
+
+        def itl(h: sig.Hist = hist) -> sig.Hist:
+            return h
+
+        loop.itl = itl
+        lines = await asyncio.to_thread(loop.tick)
+        for line in lines:
+            kopf.info(body, reason="ModuleScaling", message=line)
+        if lines:
+            await reconciler.one_pass(body, patch, ctx)

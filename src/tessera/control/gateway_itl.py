@@ -1,0 +1,58 @@
+"""Read the gateway's inter-token latency histogram: `GET /metrics`, as Prometheus scrapes it.
+
+The module-scaling loop's SLO signal is the gateway's
+`tessera_gateway_inter_token_latency_seconds` histogram (cumulative buckets); the loop
+takes the window between two reads (`policies.scaling_signal.window`). Pulled each tick,
+as the overload loop pulls `/admin/v1/load` (`gateway_load` says why). Input: the URL.
+Output: `scaling_signal.Hist`. Caller: `tessera_operator.scaling_tick`.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from tessera.policies import scaling_signal as sig
+
+METRICS_PATH = "/metrics"
+ITL = "tessera_gateway_inter_token_latency_seconds"
+TIMEOUT_S = 2.0
+
+
+def parse(text: str) -> sig.Hist:
+    """The histogram in a Prometheus text document; ValueError when absent."""
+    bounds: list[float] = []
+    counts: list[float] = []
+    total = sum_s = 0.0
+    found = False
+    for family in text_string_to_metric_families(text):
+        if family.name != ITL:
+            continue
+        found = True
+        for s in family.samples:
+            if s.name.endswith("_bucket"):
+                bounds.append(float(s.labels["le"]))
+                counts.append(float(s.value))
+            elif s.name.endswith("_count"):
+                total = float(s.value)
+            elif s.name.endswith("_sum"):
+                sum_s = float(s.value)
+    if not found:
+        raise ValueError(f"no {ITL} histogram")
+    return sig.Hist(tuple(bounds), tuple(counts), total, sum_s)
+
+
+async def fetch(url: str) -> sig.Hist:
+    """GET and parse; ValueError saying why it could not be read."""
+    try:
+        timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url) as r:
+            if r.status != 200:
+                raise ValueError(f"GET {url}: HTTP {r.status}")
+            text = await r.text()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise ValueError(f"GET {url}: {exc!r}") from exc
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise ValueError(f"GET {url}: {exc}") from exc

@@ -1,0 +1,75 @@
+"""Read what only the gateway sees of each replica's load: `GET /admin/v1/load`.
+
+The overload loop needs the KV the requests waiting on each replica will need (prompt
+tokens and budget), which no agent reports: an agent counts its waiting requests
+(`ReplicaKV.waiting`, preempted ones included) but not their sizes, and knows nothing of
+a call not admitted yet. The gateway lists its calls per replica, most likely waiting
+first; `queued` takes as many as the agent says wait (at least those with no token).
+The loop pulls the gateway's admin document every tick rather than the gateway pushing
+it: the loop owns the timing (a tick reads one fresh snapshot, never a stale push), the
+gateway needs no address of its controller, and the same pull reads `/arrivals` for the
+switching loop. Input: the URL; an optional bearer token (the admin endpoints' own, not a
+user's API key). Output: replica id -> the calls, `Call`s in that order. Caller:
+`tessera_operator.overload_loop`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+LOAD_PATH = "/admin/v1/load"
+TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class Call:
+    prompt_tokens: int
+    max_tokens: int
+    started: bool  # it had a token
+
+
+Calls = Mapping[str, Sequence[Call]]
+
+
+def parse(doc: object) -> dict[str, tuple[Call, ...]]:
+    """The load document -> the calls per replica, in its order; ValueError if bad."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("replicas"), dict):
+        raise ValueError("not a load document")
+    out: dict[str, tuple[Call, ...]] = {}
+    for rid, entry in doc["replicas"].items():
+        calls = entry.get("calls") if isinstance(entry, dict) else None
+        if not isinstance(calls, list):
+            raise ValueError(f"replica {rid}: no calls list")
+        out[str(rid)] = tuple(Call(int(p), int(m), bool(s)) for p, m, s in calls)
+    return out
+
+
+def queued(calls: Sequence[Call], waiting: int) -> list[Call]:
+    """The calls that wait: the first `waiting` (the agent's count), at least every call
+    with no token yet."""
+    fresh = sum(1 for c in calls if not c.started)
+    return list(calls[: max(waiting, fresh)])
+
+
+async def fetch(url: str, token: str = "") -> dict[str, tuple[Call, ...]]:
+    """GET the document; ValueError saying why it could not be read."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as s,
+            s.get(url, headers=headers) as r,
+        ):
+            if r.status != 200:
+                raise ValueError(f"GET {url}: HTTP {r.status}")
+            doc = await r.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
+        raise ValueError(f"GET {url}: {exc!r}") from exc
+    try:
+        return parse(doc)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"GET {url}: {exc}") from exc

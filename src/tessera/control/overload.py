@@ -1,0 +1,206 @@
+"""The overload loop (KunServe, issue 13), level-triggered: observe, decide, actuate, report.
+
+One `tick` per period for a deployment whose spec enables `spec.policies.overload`.
+Nothing is carried between ticks but gRPC channels and whether this loop has taken over
+the groups it found: an operator restarted mid-drop or mid-restore converges from what
+the agents report. Inputs of a tick: the planned whole replicas (`overload_held.Member`),
+the agents' report of this pass (`observed.Observed`), the calls on each replica as
+the gateway sees them (`gateway_load.Calls`; those the agent says wait are queued), the
+policy. Decision, pure: `overload_held.read` (groups, shifts cut short), then
+`overload.assess_restore` per group, `overload.assess` + `drop_plan.plan_drop` over the
+whole replicas, `overload_steps` for the steps. Actuation: `overload_driver.Driver`; its
+routes steps call `set_routes` (the operator writes the routes document it publishes).
+Report: a `Tick` with Warning/Normal events and whether the agents changed (the operator
+then runs a reconcile pass at once: `status.overload`, the `Overloaded` condition and the
+`OverloadDropped` / `OverloadRestored` events come from there, from observation).
+Caller: `tessera_operator.overload_loop` (a kopf timer, every 0.5 s as in `tessera up`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tessera import blocks, observed, routes_doc
+from tessera.control import gateway_load, overload_driver
+from tessera.policies import drop_plan, overload, overload_held, overload_steps
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Tick:
+    """What one tick did."""
+
+    acted: bool = False  # the agents' blocks changed (a drop, a restore, a convergence)
+    events: list[Event] = field(default_factory=list)
+    drops: int = 0
+    restores: int = 0
+    converged: int = 0
+    exchange_s: float = 0.0
+    paused_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Bytes of the model as the agents report them: one whole-model KV page, one layer."""
+
+    page_bytes: int
+    layer_bytes: int
+
+
+def sizes(held: overload_held.Held, obs: observed.Observed, num_layers: int) -> Sizes | None:
+    """From any block of a member (whole or a group's stage); None when none reports."""
+    want = set(held.whole) | {g.head for g in held.groups}
+    for a in obs.agents:
+        for b in a.blocks:
+            if b.replica_id in want and b.kv_pages and b.end > b.start:
+                span = b.end - b.start
+                page = b.kv_bytes // b.kv_pages * num_layers // span
+                return Sizes(page, b.param_bytes // span)
+    return None
+
+
+def _load(obs: observed.Observed) -> dict[str, observed.ReplicaLoad]:
+    return {k.replica_id: k for a in obs.agents for k in a.kv}
+
+
+class OverloadLoop:
+    """The loop of one deployment; `tick` once per period."""
+
+    def __init__(self, driver: overload_driver.Driver) -> None:
+        self.driver = driver
+        self.taken_over = False
+
+    async def close(self) -> None:
+        await self.driver.close()
+
+    async def _run(self, steps: Sequence[overload_steps.Step]) -> overload_driver.Report:
+        return await self.driver.run(steps)
+
+    async def tick(
+        self,
+        members: Sequence[overload_held.Member],
+        cfg: overload.OverloadConfig,
+        num_layers: int,
+        obs: observed.Observed,
+        calls: gateway_load.Calls,
+    ) -> Tick:
+        out = Tick()
+        held = overload_held.read(members, obs, num_layers)
+        # 1. a drop or a restore cut short: whole replicas again first
+        for stray in held.strays:
+            try:
+                await self._run(overload_held.stray_steps(stray, num_layers))
+            except overload_driver.DriveError as exc:
+                out.events.append(
+                    Event("Warning", "OverloadConvergeFailed", f"{stray.head}: {exc}")
+                )
+                continue
+            out.acted, out.converged = True, out.converged + 1
+            donors = ", ".join(s.member for s in stray.stages)
+            out.events.append(
+                Event(
+                    "Normal",
+                    "OverloadConverged",
+                    f"{stray.head}: a drop or restore was cut short; {donors} whole again",
+                )
+            )
+        if held.strays:
+            return out  # decide from the next observation
+        # 2. a new loop takes over the groups it finds: their heads may be paused
+        if not self.taken_over:
+            try:
+                await self._run(overload_held.takeover_steps(held, members))
+            except overload_driver.DriveError as exc:
+                out.events.append(Event("Warning", "OverloadTakeoverFailed", str(exc)))
+                return out
+            self.taken_over = True
+        size = sizes(held, obs, num_layers)
+        if size is None or not size.page_bytes:
+            return out
+        load = _load(obs)
+        steps_members = overload_held.step_members(members)
+
+        def kv(rid: str, pre: int = 0) -> overload.ReplicaKV:
+            k = load.get(rid)
+            total, used = (k.pages_total, k.pages_used) if k is not None else (0, 0)
+            waiting = gateway_load.queued(calls.get(rid, ()), k.waiting if k is not None else 0)
+            q = tuple(
+                overload.request_kv_bytes(
+                    c.prompt_tokens, c.max_tokens, blocks.DEFAULT_PAGE_SIZE, size.page_bytes
+                )
+                for c in waiting
+            )
+            return overload.ReplicaKV(rid, total * size.page_bytes, used * size.page_bytes, q, pre)
+
+        # 3. restore the groups whose demand fell
+        for g in held.groups:
+            if g.head not in load:
+                continue
+            back = overload.assess_restore([kv(g.head, g.pre_drop_kv_bytes)], cfg)
+            if not back.restore:
+                continue
+            try:
+                rep = await self._run(
+                    overload_steps.restore_steps(g.group, steps_members, num_layers)
+                )
+            except overload_driver.DriveError as exc:
+                out.events.append(Event("Warning", "OverloadRestoreFailed", f"{g.head}: {exc}"))
+                continue
+            out.acted, out.restores = True, out.restores + 1
+            out.paused_s += rep.paused_s
+            out.exchange_s += rep.exchange_s
+        # 4. drop over the whole replicas when one fires
+        whole = [r for r in held.whole if r in load]
+        dec = overload.assess([kv(r) for r in whole], cfg)
+        if not dec.fire:
+            return out
+        firing = {v.name for v in dec.replicas if v.fires}
+        whole.sort(key=lambda n: (n not in firing, n))  # firing replicas merge first
+        plan = drop_plan.plan_drop(
+            drop_plan.DropInput(
+                tuple(drop_plan.Replica(n, frozenset(range(num_layers))) for n in whole),
+                (size.layer_bytes,) * num_layers,
+                dec.required_bytes,
+            )
+        )
+        if plan.fallback:
+            out.events.append(Event("Warning", plan.reason, plan.message))
+            return out
+        for group in plan.groups:
+            if not group.changed:
+                continue
+            try:
+                rep = await self._run(overload_steps.drop_steps(group, steps_members))
+            except overload_driver.DriveError as exc:
+                out.events.append(Event("Warning", "OverloadDropFailed", f"{group.members}: {exc}"))
+                out.acted = True  # some steps may have run: the next tick converges
+                continue
+            out.acted, out.drops = True, out.drops + 1
+            out.paused_s += rep.paused_s
+            out.exchange_s += rep.exchange_s
+        return out
+
+
+def routes_change(
+    doc: routes_doc.RoutesDoc,
+    change: overload_steps.Routes,
+    addresses: Mapping[str, str],
+) -> routes_doc.RoutesDoc:
+    """`doc` less the replicas `change` removes, plus those it adds at their leader
+    (`addresses`: replica id -> leader address), same version: the gateway drains them."""
+    keep = [r for r in doc.replicas if r.id not in change.remove]
+    have = {r.id for r in keep}
+    keep += [
+        routes_doc.RouteReplica(rid, addresses[rid])
+        for rid in change.add
+        if rid not in have and addresses.get(rid)
+    ]
+    return dataclasses.replace(doc, replicas=tuple(keep))

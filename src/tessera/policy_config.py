@@ -1,0 +1,62 @@
+"""The elastic policies' configuration types: `spec.policies.overload` and `.scaling`.
+
+Types, not decisions: `api_policies` parses the manifest into them and the policies that
+decide with them (`policies.overload`, `policies.module_scaling`, which re-export them)
+import them from here, so the types layer (`api`) never imports a decision (the layers
+contract in pyproject.toml). Validated in `__post_init__`; pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_DROP_THRESHOLD = 0.9
+DEFAULT_RESTORE_THRESHOLD = 0.5
+DEFAULT_UP_IDLE_FRACTION = 0.5
+DEFAULT_DOWN_VIOLATION_RATE = 0.05
+DEFAULT_BATCH_STEP = 5
+DEFAULT_MAX_MIGRATIONS = 4
+
+
+@dataclass(frozen=True)
+class OverloadConfig:
+    """`spec.policies.overload`, validated."""
+
+    enabled: bool = False
+    drop_threshold: float = DEFAULT_DROP_THRESHOLD  # fraction of the pool (0, 1]
+    restore_threshold: float = DEFAULT_RESTORE_THRESHOLD  # fraction of the pre-drop pool
+    head_of_line: int = 0  # queued requests counted in the demand; 0 = the whole queue
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.drop_threshold <= 1.0:
+            raise ValueError(f"drop_threshold: must be in (0, 1], got {self.drop_threshold}")
+        if not 0.0 < self.restore_threshold < self.drop_threshold:
+            raise ValueError(
+                f"restore_threshold: must be in (0, drop_threshold={self.drop_threshold}), "
+                f"got {self.restore_threshold}"
+            )
+        if self.head_of_line < 0:
+            raise ValueError("head_of_line: must be >= 0")
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    """`spec.policies.scaling`, validated."""
+
+    enabled: bool = False
+    up_idle_fraction: float = DEFAULT_UP_IDLE_FRACTION
+    down_violation_rate: float = DEFAULT_DOWN_VIOLATION_RATE
+    batch_step: int = DEFAULT_BATCH_STEP
+    max_migrations: int = DEFAULT_MAX_MIGRATIONS
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.up_idle_fraction < 1.0:
+            raise ValueError(f"up_idle_fraction: must be in [0, 1), got {self.up_idle_fraction}")
+        if not 0.0 <= self.down_violation_rate < 1.0:
+            raise ValueError(
+                f"down_violation_rate: must be in [0, 1), got {self.down_violation_rate}"
+            )
+        if self.batch_step < 1:
+            raise ValueError("batch_step: must be >= 1")
+        if self.max_migrations < 0:
+            raise ValueError("max_migrations: must be >= 0")

@@ -1,0 +1,116 @@
+"""Which groups the agents hold, and how a shift cut short converges (pure; issue 30)."""
+
+from __future__ import annotations
+
+from tessera import blocks, observed, routes_doc
+from tessera.control import gateway_load
+from tessera.control import overload as control
+from tessera.policies import overload_held, overload_steps
+
+A0, A1 = "127.0.0.1:1", "127.0.0.1:2"
+MEMBERS = [
+    overload_held.Member("r0", "agent-0", A0),
+    overload_held.Member("r1", "agent-1", A1),
+]
+
+
+def _block(rid: str, idx: int, start: int, end: int, stages: int) -> blocks.Block:
+    span = end - start
+    return blocks.Block(
+        "/m",
+        start,
+        end,
+        replica_id=rid,
+        stage_index=idx,
+        num_stages=stages,
+        kv_bytes=(1 << 20) + (8 - span) * 1000,
+        kv_pages=8,
+        param_bytes=span * 1000,
+    )
+
+
+def _obs(b0: list[blocks.Block], b1: list[blocks.Block]) -> observed.Observed:
+    return observed.Observed(
+        (
+            observed.AgentInfo("agent-0", A0, blocks=tuple(b0)),
+            observed.AgentInfo("agent-1", A1, blocks=tuple(b1)),
+        )
+    )
+
+
+def test_whole_replicas() -> None:
+    held = overload_held.read(
+        MEMBERS, _obs([_block("r0", 0, 0, 8, 1)], [_block("r1", 0, 0, 8, 1)]), 8
+    )
+    assert held == overload_held.Held(whole=("r0", "r1"))
+    steps = overload_held.takeover_steps(held, MEMBERS)
+    assert steps == (
+        overload_steps.Resume(overload_steps.BlockRef(A0, "r0", 0)),
+        overload_steps.Resume(overload_steps.BlockRef(A1, "r1", 0)),
+    )
+
+
+def test_a_dropped_group_names_its_donor_and_pre_drop_pool() -> None:
+    obs = _obs([_block("r0", 0, 0, 4, 2)], [_block("r0", 1, 4, 8, 2)])
+    held = overload_held.read(MEMBERS, obs, 8)
+    (g,) = held.groups
+    assert (held.whole, held.strays, held.unknown) == ((), (), ())
+    assert g.group.members == ("r0", "r1")
+    assert [(s.replica, s.start, s.end) for s in g.group.stages] == [("r0", 0, 4), ("r1", 4, 8)]
+    # two pools grown by the 4 layers each dropped, less one copy of the model
+    assert g.pre_drop_kv_bytes == 2 * ((1 << 20) + 4000) - 8000
+    pause, resume = overload_held.takeover_steps(held, MEMBERS)
+    assert pause == overload_steps.Pause(overload_steps.BlockRef(A0, "r0", 0))
+    assert resume == overload_steps.Resume(overload_steps.BlockRef(A0, "r0", 0), num_pages=8)
+
+
+def test_a_drop_cut_short_gives_the_stage_back_and_resumes_the_head() -> None:
+    # the donor shifted; the head did not (it holds [0, 8) still, paused)
+    obs = _obs([_block("r0", 0, 0, 8, 1)], [_block("r0", 1, 4, 8, 2)])
+    held = overload_held.read(MEMBERS, obs, 8)
+    (stray,) = held.strays
+    assert held.groups == () and held.whole == ()
+    h = overload_steps.BlockRef(A0, "r0", 0)
+    assert overload_held.stray_steps(stray, 8) == (
+        overload_steps.Resume(h),
+        overload_steps.Shift(
+            "restore",
+            overload_steps.BlockRef(A1, "r0", 1),
+            0,
+            8,
+            overload_steps.BlockRef(A1, "r1", 0),
+            1,
+            "",
+            ((h, 0, 8),),
+        ),
+        overload_steps.Routes(add=("r1",)),
+    )
+
+
+def test_a_stage_with_no_donor_on_its_agent_is_left_alone() -> None:
+    obs = _obs([_block("r0", 0, 0, 4, 2), _block("r0", 1, 4, 8, 2)], [_block("r1", 0, 0, 8, 1)])
+    held = overload_held.read(MEMBERS, obs, 8)
+    assert held.groups == () and held.strays == () and held.unknown == ("r0",)
+    assert held.whole == ("r1",)
+
+
+def test_queued_calls_are_those_the_agent_says_wait() -> None:
+    calls = [
+        gateway_load.Call(10, 5, False),
+        gateway_load.Call(20, 5, True),
+        gateway_load.Call(30, 5, True),
+    ]
+    assert gateway_load.queued(calls, 0) == calls[:1]
+    assert gateway_load.queued(calls, 2) == calls[:2]
+    doc = {"replicas": {"r0": {"inFlight": 3, "calls": [[10, 5, 0], [20, 5, 1]]}}}
+    assert gateway_load.parse(doc) == {"r0": tuple(calls[:2])}
+
+
+def test_routes_change_keeps_the_version() -> None:
+    doc = routes_doc.RoutesDoc(
+        (routes_doc.RouteReplica("r0", A0), routes_doc.RouteReplica("r1", A1)), version=3
+    )
+    out = control.routes_change(doc, overload_steps.Routes(remove=("r1",)), {})
+    assert out.replica_ids == ("r0",) and out.version == 3
+    back = control.routes_change(out, overload_steps.Routes(add=("r1",)), {"r1": A1})
+    assert back == doc
