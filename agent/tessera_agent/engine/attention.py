@@ -307,6 +307,10 @@ def _decode_fused(
     # The scaled queries as a buffer of their own: left a pointwise expression, Inductor
     # inlines their RoPE into the score loop and recomputes it for every context token.
     qs = (qd * scale).reshape(b, 1, nkv, g, hd).contiguous()
+    # The op is registered by Inductor's module: imported here, so an eager call (a test, or
+    # a process where nothing compiled yet) finds it too.
+    import torch._inductor.inductor_prims
+
     qs = torch.ops.prims.inductor_force_stride_order(qs, qs.stride())
     s = (qs * kg.unsqueeze(3)).sum(-1) + md.decode_mask.view(b, lmax, 1, 1)
     p = torch.softmax(s, dim=1)  # [B, L, nkv, g]
