@@ -228,7 +228,7 @@ class Hosting:
                 cfg,
                 spec.start,
                 spec.end,
-                stage.torch_dtype(spec.dtype),
+                stage.dtype_of(spec, cfg),
                 spec.tp_size,
                 dev.torch_device(),
                 dev.free_bytes - planned[1],

@@ -189,17 +189,21 @@ class StageModel(nn.Module):
         """cos and `signed_sin` of each position: [T, head_dim] each."""
         # cos/sin of every position are computed once (the same float ops per element as
         # computing them per step) and indexed per step: one gather instead of five ops.
+        # Computed in float32 and rounded to the parameter dtype once, as transformers
+        # does: q and k stay in the KV pool's dtype.
         cache = self._rope_cache
         if (
             cache is None
             or cache[0].device != positions.device
+            or cache[0].dtype != self.dtype_
             or cache[0].shape[0] <= max_position
         ):
             size = max(self.cfg.max_positions, max_position + 1)
             pos = torch.arange(size, device=positions.device)
-            freqs = pos.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
+            freqs = pos.float()[:, None] * self.inv_freq.float().to(positions.device)[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
-            cache = self._rope_cache = (emb.cos(), signed_sin(emb.sin()))
+            cos, sin = emb.cos().to(self.dtype_), signed_sin(emb.sin()).to(self.dtype_)
+            cache = self._rope_cache = (cos, sin)
         cos, sin = cache
         return cos.index_select(0, positions), sin.index_select(0, positions)
 

@@ -23,12 +23,13 @@ from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import tensor_transfer
+from tessera_agent.engine import dtypes
 from tessera_agent.transfer import group
 from tessera_agent.transfer import grpc as grpc_transport
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPES = dtypes.TORCH
 
 
 def push(tensors: list[tuple[str, torch.Tensor]], spec: group.GroupSpec) -> int:

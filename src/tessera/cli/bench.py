@@ -44,6 +44,7 @@ BENCHES: dict[str, str] = {
     "kvdispatch": "tessera.cli.bench_kv_dispatch",
     "prefill": "tessera_agent.bench_prefill",
     "decode-attn": "tessera_agent.bench_decode_attn",
+    "gpu": "tessera_agent.bench_gpu",
 }
 
 
