@@ -34,7 +34,15 @@ from typing import Any
 import torch
 
 from tessera_agent import random_checkpoint
-from tessera_agent.engine import config, logprob_oracle, replica, sampling, scheduler, stage
+from tessera_agent.engine import (
+    config,
+    cuda_graphs,
+    logprob_oracle,
+    replica,
+    sampling,
+    scheduler,
+    stage,
+)
 
 Tokens = list[list[int]]
 
@@ -108,7 +116,9 @@ class Engine:
     """One whole-model stage on `device`, driven in this process like an agent's leader
     (one compute thread, `ReplicaEngine`), timing every token."""
 
-    def __init__(self, path: Path, device: torch.device, dtype: str, kv_bytes: int) -> None:
+    def __init__(
+        self, path: Path, device: torch.device, dtype: str, kv_bytes: int, fake_graphs: bool = False
+    ) -> None:
         budget = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 1 << 40
         layers = config.ModelConfig.from_path(path).num_layers
         self.spec = stage.BlockSpec(
@@ -117,6 +127,13 @@ class Engine:
         self.stage = stage.load_stage(self.spec, device, budget)
         self.pool = concurrent.futures.ThreadPoolExecutor(1)
         self.counter = 0
+        r = self.stage.runner
+        if device.type == "cpu" and fake_graphs:  # the graph logic, replayed eagerly
+            r.graphs = cuda_graphs.DecodeGraphs(
+                r.model, device, 256, 1024, r.page_size, api=cuda_graphs.FakeGraphs()
+            )
+        # CUDA graphs captured at load, on the thread that runs the steps.
+        self.capture_s = self.pool.submit(self.stage.runner.capture_graphs).result()
 
     def generate(
         self, prompts: Tokens, new: int, logprobs: int | None = None
@@ -177,15 +194,20 @@ def shape_figures(
     out: dict[str, Any] = {"prompt_tokens": prompt, "new_tokens": new}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    kv = (64 << 20) if tiny else (12 << 30)
-    eng = Engine(path, device, "auto", kv)  # "auto": the checkpoint's bfloat16
+    # KV for the largest batch plus the 2048-token prompt, with a quarter to spare
+    per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * 2
+    kv = int(1.25 * per_token * (max(batches) * (prompt + new) + 4096))
+    eng = Engine(path, device, "auto", kv, fake_graphs=tiny)  # "auto": the checkpoint's
     try:
         out["dtype"] = str(eng.stage.dtype).removeprefix("torch.")
         out["param_bytes"] = eng.stage.param_bytes
         out["kv_pages"] = eng.stage.num_pages
-        # No CUDA graphs are captured yet: decode runs eagerly (docs/gpu.md).
-        out["graph_capture_s"] = None
-        out["decode_path"] = "eager" if eng.stage.runner.decode_graph is None else "compiled"
+        graphs = eng.stage.runner.graphs
+        out["graph_capture_s"] = eng.capture_s
+        out["graph_buckets"] = None if graphs is None else len(graphs.buckets)
+        if graphs is not None and graphs.error:
+            parts.errors["graph_capture_s"] = graphs.error
+        out["decode_path"] = "cuda graphs" if graphs is not None and graphs.ready else "eager"
         eng.generate(_prompts(2, prompt, shape.vocab, 0), 4)  # warm-up
 
         def b1() -> float:
@@ -194,6 +216,12 @@ def shape_figures(
             return 1e3 * (t[-1] - t[0]) / (len(t) - 1)
 
         out["ms_per_step_b1"] = parts.run("ms_per_step_b1", b1)
+        if graphs is not None:  # the same, eager
+            eng.stage.runner.graphs = None
+            try:
+                out["ms_per_step_b1_eager"] = parts.run("ms_per_step_b1_eager", b1)
+            finally:
+                eng.stage.runner.graphs = graphs
         if bw is not None and out["ms_per_step_b1"] is not None:
             roof = 1e3 * eng.stage.param_bytes / bw["measured_copy_bytes_s"]
             out["roofline_ms_b1"] = roof
@@ -235,14 +263,14 @@ def shape_figures(
                 "hf_half_mad": cmp_.hf_half_mad,
             }
 
-        got = parts.run("logprob_ratio_vs_hf", ratio)
-        out["logprob_ratio_vs_hf"] = None if got is None else got["ratio"]
-        out["logprob_detail"] = got
-        if device.type == "cuda":
+        if device.type == "cuda":  # the engine's peak, before transformers loads below
             out["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         else:
             out["peak_gib"] = None
             parts.errors["peak_gib"] = "not measured on CPU"
+        got = parts.run("logprob_ratio_vs_hf", ratio)
+        out["logprob_ratio_vs_hf"] = None if got is None else got["ratio"]
+        out["logprob_detail"] = got
     finally:
         eng.close()
     if parts.errors:

@@ -254,6 +254,11 @@ class Hosting:
                 loaded.runner.decode_graph, graph_bytes, loaded.runner.cache.layers()
             )
             self._settle_when_warm(loaded.runner.decode_graph, h.holder)
+            if loaded.runner.graphs is not None:  # CUDA graphs: captured before ready
+                await loop.run_in_executor(self.compute, loaded.runner.capture_graphs)
+                if loaded.runner.graphs.pool_bytes:
+                    graphs_holder = f"{h.holder}/cuda-graphs"
+                    self.memory.book(dev.id, graphs_holder, loaded.runner.graphs.pool_bytes)
             if loaded.pieces is not None:  # each new piece is booked once, for every user
                 for piece in loaded.pieces.adopted.new:
                     self.memory.book(dev.id, piece.holder, self.zoo.nbytes(piece))
@@ -386,6 +391,7 @@ class Hosting:
                 del d.used[k]
         self.memory.release(h.stage.spec.device, h.holder)
         self.memory.release(h.stage.spec.device, f"{h.holder}/decode-graph")
+        self.memory.release(h.stage.spec.device, f"{h.holder}/cuda-graphs")
         if h.stage.pieces is not None:  # pieces no other block uses are freed
             for piece in h.stage.pieces.release():
                 self.memory.release(h.stage.spec.device, piece.holder)
