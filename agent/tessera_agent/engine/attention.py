@@ -108,6 +108,18 @@ class AttentionMetadata:
     decode_fused: bool = False
 
 
+def configure(device: torch.device) -> None:
+    """Per-process attention settings for a stage on `device`. On CUDA, SDPA's cuDNN
+    backend is turned off: it builds an execution plan for every new shape, and eager
+    steps change shape every step (a decode's context grows by one). Measured on an H200
+    (torch 2.11, docs/gpu.md): eager decode steps of a 4-layer 1B-shape stage took about
+    40 ms at batch 1 and mixed steps up to 1 s with it; a step whose shapes had been seen
+    before took 5.6 ms, under the profiler. Flash, memory-efficient or math kernels take
+    any shape without a plan."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def fused_decode_enabled() -> bool:
     """Whether compiled decode graphs attend with `_decode_fused` (default) or with the
     gather + SDPA of eager steps: `TESSERA_DECODE_ATTN=gather` turns it off (A/B)."""

@@ -77,6 +77,7 @@ class StageRunner:
         """`compile_decode`: run pure-decode steps through `decode_graph` once it has
         warmed up (None: as `compile_policy.mode_from_env` says; "wait" warms up here)."""
         self.model, self.cache, self.device = model, cache, device
+        attention.configure(device)
         mode = compile_policy.mode_from_env(device)
         if compile_decode is not None:
             mode = "on" if compile_decode else "off"
