@@ -47,8 +47,14 @@ with tempfile.TemporaryDirectory() as tmp:
             out = orig(inp)
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        steps.append((len(inp.chunks), (g.replays if g else 0) > before,
-                      1e3 * (time.perf_counter() - t), inp.num_tokens))
+        steps.append(
+            (
+                len(inp.chunks),
+                (g.replays if g else 0) > before,
+                1e3 * (time.perf_counter() - t),
+                inp.num_tokens,
+            )
+        )
         return out
 
     r.execute = timed  # type: ignore[method-assign]
@@ -59,8 +65,10 @@ with tempfile.TemporaryDirectory() as tmp:
         _, _, _, wall = eng.generate(p(b, 128, shape.vocab, b), 32)
         g = [s[2] for s in steps if s[1]]
         e = [(s[0], s[3], round(s[2], 2)) for s in steps if not s[1]]
-        print(f"b{b}: wall {wall:.3f}s steps {len(steps)} graphed {len(g)} "
-              f"mean {sum(g)/max(1,len(g)):.2f}ms; eager (seqs, tokens, ms): {e[:12]}")
+        print(
+            f"b{b}: wall {wall:.3f}s steps {len(steps)} graphed {len(g)} "
+            f"mean {sum(g) / max(1, len(g)):.2f}ms; eager (seqs, tokens, ms): {e[:12]}"
+        )
     graphs = r.graphs
     r.graphs = None
     steps.clear()
@@ -71,7 +79,11 @@ with tempfile.TemporaryDirectory() as tmp:
     prof_on[0] = False
     key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
     last = profs[-1]
-    print(last.key_averages().table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=45))
+    print(
+        last.key_averages().table(
+            sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=45
+        )
+    )
     print(last.key_averages().table(sort_by=key, row_limit=10, max_name_column_width=45))
     print("threads", torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))
     r.graphs = graphs
