@@ -205,6 +205,7 @@ def shape_figures(
         graphs = eng.stage.runner.graphs
         out["graph_capture_s"] = eng.capture_s
         out["graph_buckets"] = None if graphs is None else len(graphs.buckets)
+        out["graph_buckets_past_budget"] = None if graphs is None else graphs.skipped
         if graphs is not None and graphs.error:
             parts.errors["graph_capture_s"] = graphs.error
         out["decode_path"] = "cuda graphs" if graphs is not None and graphs.ready else "eager"

@@ -255,7 +255,16 @@ class Hosting:
             )
             self._settle_when_warm(loaded.runner.decode_graph, h.holder)
             if loaded.runner.graphs is not None:  # CUDA graphs: captured before ready
-                await loop.run_in_executor(self.compute, loaded.runner.capture_graphs)
+                took = await loop.run_in_executor(self.compute, loaded.runner.capture_graphs)
+                g = loaded.runner.graphs
+                log.info(
+                    "%s: %d CUDA graphs captured in %s s (%d past the budget; error: %s)",
+                    h.holder,
+                    len(g.buckets),
+                    "-" if took is None else f"{took:.1f}",
+                    g.skipped,
+                    g.error,
+                )
                 if loaded.runner.graphs.pool_bytes:
                     graphs_holder = f"{h.holder}/cuda-graphs"
                     self.memory.book(dev.id, graphs_holder, loaded.runner.graphs.pool_bytes)

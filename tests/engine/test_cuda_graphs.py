@@ -92,3 +92,17 @@ def test_a_failed_capture_leaves_eager_steps(tiny_llama: Path, prompts: list[lis
     assert r.graphs.error is not None and "no graphs here" in r.graphs.error
     out, _ = helpers.run([st], prompts[:2], GREEDY)
     assert out == [hf_greedy(tiny_llama, p, NEW) for p in prompts[:2]]
+
+
+def test_capture_stops_at_its_budget(tiny_llama: Path, prompts: list[list[int]]) -> None:
+    """Past the capture budget the remaining buckets are skipped; their steps run eagerly."""
+    (st,) = helpers.load(tiny_llama, [(0, 8)])
+    r = st.runner
+    fake = cuda_graphs.FakeGraphs()
+    r.graphs = cuda_graphs.DecodeGraphs(r.model, r.device, 4, 512, r.page_size, api=fake)
+    r.graphs.budget_s = 0.0  # spent before the first bucket
+    assert r.capture_graphs() is not None
+    assert len(r.graphs.buckets) == 0 and r.graphs.skipped == 6
+    out, _ = helpers.run([st], prompts[:2], GREEDY)
+    assert out == [hf_greedy(tiny_llama, p, NEW) for p in prompts[:2]]
+    assert r.graphs.replays == 0 and fake.captured == 0
