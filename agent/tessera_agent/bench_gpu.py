@@ -24,7 +24,6 @@ import gc
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from typing import Any
 
 import torch
 
-from tessera_agent import random_checkpoint
+from tessera_agent import bench_gpu_serve, random_checkpoint
 from tessera_agent.engine import (
     config,
     cuda_graphs,
@@ -305,78 +304,6 @@ def tokens_match_fp32(path: Path, device: torch.device, tiny: bool) -> dict[str,
     return {"match": toks == want, "sequences_equal": same, "sequences": len(prompts)}
 
 
-def served(path: Path, device: torch.device, tiny: bool, tmp: Path) -> dict[str, Any]:
-    """`tessera up` on the checkpoint (one agent, one whole-model replica), 64 concurrent
-    streaming requests of the same prompt / new-token lengths as `tok_s_b64`."""
-    import signal
-    import subprocess
-
-    from tessera.cli import bench_serve
-
-    prompt, new = (16, 16) if tiny else (128, 128)
-    layers = random_checkpoint.SHAPES["tiny" if tiny else "1b"].layers
-    dev = "cpu:0" if device.type == "cpu" else "cuda:0"
-    kv = (64 << 20) if tiny else (8 << 30)
-    manifest = f"""apiVersion: serving.tessera.dev/v1alpha1
-kind: ServingDeployment
-metadata: {{name: gpu-check}}
-spec:
-  model: {{name: check, path: {path}, dtype: bfloat16}}
-  layout:
-    mode: explicit
-    kvCacheBytes: {kv}
-    replicas:
-      - name: r0
-        stages:
-          - {{agent: agent-0, device: {dev}, layers: [0, {layers}]}}
-  gateway: {{port: 8000}}
-"""
-    (tmp / "m.yaml").write_text(manifest)
-    devices = "cpu:1x2GiB" if device.type == "cpu" else "cuda"
-    exe = [sys.executable, "-m", "tessera.cli.main"]
-    cmd = [*exe, "up", "-f", str(tmp / "m.yaml"), "--port", "0", "--devices", devices]
-    cmd += ["--agents", "1", "--state-file", str(tmp / "state.json")]
-    env = {**os.environ, "TESSERA_COMPILE_DECODE": "0"}
-    t0 = time.perf_counter()
-    up = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env=env,
-    )
-    log: list[str] = []
-    url = ""
-    assert up.stdout is not None
-    try:
-        for line in up.stdout:
-            log.append(line.rstrip())
-            m = bench_serve._URL_RE.search(line)
-            if m and "serving" in line:
-                url = m.group(1)
-                break
-        if not url:
-            raise RuntimeError("`tessera up` failed: " + " | ".join(log[-8:]))
-        ready_s = time.perf_counter() - t0
-        reqs = [(0.0, prompt, new)] * 64
-        res = asyncio.run(bench_serve._replay(url, "check", reqs, seed=5))
-    finally:
-        os.killpg(up.pid, signal.SIGTERM)
-        try:
-            up.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-    if res["failed"]:
-        raise RuntimeError(f"{res['failed']} requests failed: {res['failures']}")
-    return {
-        "tok_s": res["throughput_tok_s"],
-        "ready_s": ready_s,
-        "ttft_p50_ms": res["ttft_p50_ms"],
-        "itl_p50_ms": res["itl_p50_ms"],
-    }
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     parts = Parts(args.budget_s)
     out: dict[str, Any] = {
@@ -439,7 +366,10 @@ def _run(args: argparse.Namespace, parts: Parts, out: dict[str, Any]) -> None:
         out["tokens_match_detail"] = match
         srv = None
         if first is not None and not args.skip_serve:
-            srv = parts.run("served_tok_s_c64", lambda: served(first, device, args.tiny, Path(tmp)))
+            srv = parts.run(
+                "served_tok_s_c64",
+                lambda: bench_gpu_serve.served(first, device, args.tiny, Path(tmp)),
+            )
         out["served_tok_s_c64"] = None if srv is None else srv["tok_s"]
         out["served_detail"] = srv
         inproc = out.get(shapes[0], {}).get("tok_s_b64") if shapes else None
