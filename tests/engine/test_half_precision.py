@@ -232,3 +232,13 @@ def test_half_replicated_layer_run(half_ckpts: dict[str, Path], prompts: list[li
     (run,) = st.runner.runs
     _check(_ratio([st], path, torch.float16, prompts[:4]))
     assert run.placed.get("a0/cpu:1", 0) >= 1
+
+
+def test_half_stage_loads_with_the_compiled_decode_asked(
+    half_ckpts: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU's compiled decode is float32-only: a half stage asked to compile at load
+    (`wait`) loads and runs eagerly instead of failing in Inductor."""
+    monkeypatch.setenv("TESSERA_COMPILE_DECODE", "wait")
+    (st,) = helpers.load(half_ckpts["bfloat16"], [(0, 8)])
+    assert st.dtype == torch.bfloat16 and st.runner.decode_graph is None

@@ -83,7 +83,10 @@ class StageRunner:
             mode = "on" if compile_decode else "off"
         self.decode_graph = (
             decode_graph.CompiledDecode(model, device, cache.layout.page_size)
-            if mode != "off" and model.shard.size == 1
+            # float32 only: Inductor fails to lower the fused decode in bfloat16 on CPU
+            # (`LoweringException: NotImplementedError: Pointwise`, torch 2.13), so half
+            # precision stages run eagerly (docs/gpu.md)
+            if mode != "off" and model.shard.size == 1 and model.dtype_ == torch.float32
             else None
         )
         self.split_min_decodes = split_min_decodes()
