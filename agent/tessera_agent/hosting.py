@@ -228,7 +228,7 @@ class Hosting:
                 cfg,
                 spec.start,
                 spec.end,
-                stage.torch_dtype(spec.dtype),
+                stage.dtype_of(spec, cfg),
                 spec.tp_size,
                 dev.torch_device(),
                 dev.free_bytes - planned[1],
@@ -254,6 +254,20 @@ class Hosting:
                 loaded.runner.decode_graph, graph_bytes, loaded.runner.cache.layers()
             )
             self._settle_when_warm(loaded.runner.decode_graph, h.holder)
+            if loaded.runner.graphs is not None:  # CUDA graphs: captured before ready
+                took = await loop.run_in_executor(self.compute, loaded.runner.capture_graphs)
+                g = loaded.runner.graphs
+                log.info(
+                    "%s: %d CUDA graphs captured in %s s (%d past the budget; error: %s)",
+                    h.holder,
+                    len(g.buckets),
+                    "-" if took is None else f"{took:.1f}",
+                    g.skipped,
+                    g.error,
+                )
+                if loaded.runner.graphs.pool_bytes:
+                    graphs_holder = f"{h.holder}/cuda-graphs"
+                    self.memory.book(dev.id, graphs_holder, loaded.runner.graphs.pool_bytes)
             if loaded.pieces is not None:  # each new piece is booked once, for every user
                 for piece in loaded.pieces.adopted.new:
                     self.memory.book(dev.id, piece.holder, self.zoo.nbytes(piece))
@@ -386,6 +400,7 @@ class Hosting:
                 del d.used[k]
         self.memory.release(h.stage.spec.device, h.holder)
         self.memory.release(h.stage.spec.device, f"{h.holder}/decode-graph")
+        self.memory.release(h.stage.spec.device, f"{h.holder}/cuda-graphs")
         if h.stage.pieces is not None:  # pieces no other block uses are freed
             for piece in h.stage.pieces.release():
                 self.memory.release(h.stage.spec.device, piece.holder)

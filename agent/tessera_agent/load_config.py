@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tessera import blocks
+from tessera import blocks, dtypes
 from tessera.policies import microbatch
 from tessera_agent.engine import scheduler
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = dtypes.CHOICES
 
 
 @dataclass(frozen=True)
 class LoadDefaults:
-    dtype: str = "float32"  # parameter and KV dtype
+    dtype: str = dtypes.AUTO  # parameter and KV dtype ("auto": the checkpoint's)
     page_size: int = blocks.DEFAULT_PAGE_SIZE  # tokens per KV page
     # leader scheduler limits: sequences running at once, tokens per step
     max_num_seqs: int = scheduler.SchedulerConfig.max_num_seqs

@@ -21,7 +21,7 @@ import torch
 
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import booking, convert
-from tessera_agent.engine import config, errors, loader, run_holders, stage
+from tessera_agent.engine import config, dtypes, errors, loader, run_holders
 from tessera_agent.transfer import block_copy, group
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class RunHost:
                 )
             if req.num_pages < 1 or req.page_size < 1:
                 raise errors.InvalidArgumentError("num_pages and page_size: must be >= 1")
-            dtype = stage.torch_dtype(req.dtype or "float32")
+            dtype = dtypes.of_spec(req.dtype or "auto", cfg)
             names = [
                 n for n in loader.checkpoint_names(cfg, start, end) if n.startswith("model.layers.")
             ]

@@ -25,7 +25,7 @@ from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import convert, stage_link
-from tessera_agent.engine import errors, step
+from tessera_agent.engine import dtypes, errors, step
 
 
 class RemoteDownstream:
@@ -92,7 +92,7 @@ class RemoteDownstream:
                 if link is not None and link.ready and inp.hidden is not None:
                     msg = convert.step_to_proto(dataclasses.replace(inp, hidden=None))
                     msg.step.hidden_on_link = True
-                    msg.step.hidden_dtype = str(inp.hidden.dtype).removeprefix("torch.")
+                    msg.step.hidden_dtype = dtypes.name_of(inp.hidden.dtype)
                     await self._call.write(msg)
                     sent = link.send(inp.hidden, inp.step_id)  # in stream order
                 else:

@@ -22,7 +22,7 @@ import torch
 from tessera.observability import tracing
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import convert, grpc_status, hosted, stage_client
-from tessera_agent.engine import cobatch, errors, step
+from tessera_agent.engine import cobatch, dtypes, errors, step
 
 Hosting = Mapping[tuple[str, int], hosted.Hosted]
 
@@ -73,7 +73,7 @@ async def _traced_step(
         if link is None or not link.ready:
             raise errors.UnavailableError("the stage link the previous stage used is gone")
         n = sum(c.num_tokens for c in inp.chunks)
-        dtype = getattr(torch, msg.step.hidden_dtype or "float32")
+        dtype = dtypes.torch_dtype(msg.step.hidden_dtype or "float32")
         inp.hidden = await link.receive((n, h.stage.cfg.hidden_size), dtype, inp.step_id)
     out = await cobatch.run_step(compute, h.stage.runner, inp)
     if downstream is not None:

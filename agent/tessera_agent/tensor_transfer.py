@@ -17,10 +17,10 @@ import torch
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
-from tessera_agent.engine import errors, stage
+from tessera_agent.engine import dtypes, errors, stage
 
 DEFAULT_CHUNK_BYTES = 4 << 20
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = dtypes.TORCH
 
 
 def held(st: stage.Stage, names: Sequence[str]) -> list[tuple[str, torch.Tensor]]:

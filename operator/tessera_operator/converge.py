@@ -23,7 +23,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tessera import api, api_semantics, fields, observed, plan, reconcile, routes_doc, variant_spec
+from tessera import (
+    api,
+    api_semantics,
+    dtypes,
+    fields,
+    observed,
+    plan,
+    reconcile,
+    routes_doc,
+    variant_spec,
+)
 from tessera.cost import model_shape
 from tessera.observability import control
 from tessera.planner import auto as planner_auto
@@ -39,7 +49,7 @@ from tessera.policies import (
 from tessera_operator import actuate, agents, gateway_objects
 from tessera_operator import variants as variant_ops
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = dtypes.BYTES
 
 Publish = Callable[[routes_doc.RoutesDoc, plan.Plan], Awaitable[None]]
 Transition = transition.Transition
@@ -97,7 +107,8 @@ def model_facts(model_path: str, dtype: str) -> model_shape.ModelShape | None:
         shape = model_shape.from_hf_config(cfg, Path(model_path).name)
     except (OSError, ValueError):
         return None
-    return dataclasses.replace(shape, dtype_bytes=DTYPE_BYTES[dtype])
+    # "auto" resolves to the checkpoint's torch_dtype, as the agent will resolve it
+    return dataclasses.replace(shape, dtype_bytes=DTYPE_BYTES[dtypes.resolve(dtype, cfg)])
 
 
 def resolve_model_path(

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera import api_policies, fields, variant_spec
+from tessera import api_policies, dtypes, fields, variant_spec
 
 # re-exported: `spec.policies` types are part of the manifest API
 from tessera.api_policies import SWITCHING_MODES as SWITCHING_MODES
@@ -24,7 +24,7 @@ from tessera.api_policies import SwitchingSpec as SwitchingSpec
 API_GROUP = "serving.tessera.dev"
 API_VERSION = "v1alpha1"
 KIND = "ServingDeployment"
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = dtypes.CHOICES
 LAYOUT_MODES = ("auto", "explicit")
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -36,7 +36,7 @@ class ModelSpec:
     path: str = ""  # local path (or path inside the PVC when `pvc` is set)
     pvc: str = ""  # PersistentVolumeClaim holding the checkpoint
     sub_path: str = ""  # sub-path inside the PVC
-    dtype: str = "float32"
+    dtype: str = dtypes.AUTO  # "auto": the checkpoint's torch_dtype
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def _model(doc: Any, path: str) -> ModelSpec:
         pvc=str(fields.optional(m, "pvc", "")),
         sub_path=str(fields.optional(m, "subPath", "")),
         dtype=fields.string(
-            fields.optional(m, "dtype", "float32"), f"{path}.dtype", choices=DTYPES
+            fields.optional(m, "dtype", dtypes.AUTO), f"{path}.dtype", choices=DTYPES
         ),
     )
     if not spec.path and not spec.pvc:

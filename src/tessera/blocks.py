@@ -62,7 +62,7 @@ class Block:
     replica_id: str = "r0"
     stage_index: int = 0
     device: str = "cpu:0"
-    dtype: str = "float32"
+    dtype: str = "auto"  # tessera.dtypes: "auto" is the checkpoint's torch_dtype
     kv_bytes: int = 0
     page_size: int = DEFAULT_PAGE_SIZE
     num_stages: int = 1

@@ -130,7 +130,7 @@ def test_block_proto_round_trip() -> None:
     assert rpc_blocks.from_load_request(req) == dataclasses.replace(b, param_bytes=0)
     # an old client's request (no generation, no tp fields) reads as generation 0, tp 1/0
     bare = rpc_blocks.from_load_request(pb.LoadBlockRequest(model_path="/m", layer_end=8))
-    assert (bare.generation, bare.tp_size, bare.tp_rank, bare.dtype) == (0, 1, 0, "float32")
+    assert (bare.generation, bare.tp_size, bare.tp_rank, bare.dtype) == (0, 1, 0, "auto")
     assert blocks.parse_replica_id("ns.d.r1.g3") == blocks.ReplicaName("ns.d", "r1", 3)
     assert blocks.parse_replica_id("r0") == blocks.ReplicaName("", "r0", 0)
     with pytest.raises(ValueError, match="tp"):

@@ -73,3 +73,21 @@ def test_pure_decode_step_uses_leading_rows() -> None:
     assert md.decode_leading and not md.fresh and not md.prefill
     assert md.positions.tolist() == [2, 6, 4] and md.max_position == 6
     assert md.slot_mapping.tolist() == [0 * PS + 2, 4 * PS + 2, 5 * PS + 0]
+
+
+def test_grouped_decode_equals_gqa_decode() -> None:
+    """`decode_grouped` (CUDA's decode path) computes the GQA attention of one query."""
+    g = torch.Generator().manual_seed(0)
+    b, nh, nkv, hd, length = 3, 8, 2, 16, 37
+    q = torch.randn(b, nh, hd, generator=g)
+    k = torch.randn(b, nkv, length, hd, generator=g)
+    v = torch.randn(b, nkv, length, hd, generator=g)
+    lens = torch.tensor([37, 5, 20])
+    mask = torch.zeros(b, 1, 1, length).masked_fill_(
+        (torch.arange(length)[None, :] >= lens[:, None])[:, None, None, :], float("-inf")
+    )
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.unsqueeze(2), k, v, attn_mask=mask, scale=0.25, enable_gqa=True
+    ).squeeze(2)
+    got = attention.decode_grouped(q, k, v, mask, 0.25)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -171,7 +171,7 @@ def test_schema_errors_name_the_field() -> None:
     assert errs == [
         "spec.gateway.port: 70000 is greater than the maximum of 65535",
         "spec.layout.replicas[0].stages[0].layers: [0] is too short",
-        "spec.model.dtype: 'int4' is not one of ['float32', 'bfloat16', 'float16']",
+        "spec.model.dtype: 'int4' is not one of ['auto', 'float32', 'bfloat16', 'float16']",
     ]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tessera import routes_doc
+from tessera import dtypes, routes_doc
 from tessera.policies import actions, generation, overload_desired, transition
 from tests.policies import transition_sim as sim
 from tests.policies.transition_sim import block, placed, rid, with_next
@@ -116,7 +116,9 @@ def test_generation_view_shows_a_drop_as_the_whole_replicas_it_was() -> None:
     )
     assert shown == [("a", rid("r0", 1), 0, 1, 0, 8), ("b", rid("r1", 1), 0, 1, 0, 8)]
     layouts = [("r0", [("a", "cpu:0", 0, 8)]), ("r1", [("b", "cpu:0", 0, 8)])]
-    gens = generation.assign("default.demo", layouts, view, (sim.MODEL, "float32"), 1)
+    gens = generation.assign("default.demo", layouts, view, (sim.MODEL, dtypes.AUTO), 1)
     assert dict(gens.per_replica) == {"r0": 1, "r1": 1} and gens.plan == 1
-    raw = generation.assign("default.demo", layouts, c.world().observed, (sim.MODEL, "float32"), 1)
+    raw = generation.assign(
+        "default.demo", layouts, c.world().observed, (sim.MODEL, dtypes.AUTO), 1
+    )
     assert raw.plan == 2  # what the drop looked like without the view: a new layout

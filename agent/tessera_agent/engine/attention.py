@@ -108,6 +108,18 @@ class AttentionMetadata:
     decode_fused: bool = False
 
 
+def configure(device: torch.device) -> None:
+    """Per-process attention settings for a stage on `device`. On CUDA, SDPA's cuDNN
+    backend is turned off: it builds an execution plan for every new shape, and eager
+    steps change shape every step (a decode's context grows by one). Measured on an H200
+    (torch 2.11, docs/gpu.md): eager decode steps of a 4-layer 1B-shape stage took about
+    40 ms at batch 1 and mixed steps up to 1 s with it; a step whose shapes had been seen
+    before took 5.6 ms, under the profiler. Flash, memory-efficient or math kernels take
+    any shape without a plan."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def fused_decode_enabled() -> bool:
     """Whether compiled decode graphs attend with `_decode_fused` (default) or with the
     gather + SDPA of eager steps: `TESSERA_DECODE_ATTN=gather` turns it off (A/B)."""
@@ -279,10 +291,28 @@ def _decode(
         kg, vg = k_cache.index_select(0, flat), v_cache.index_select(0, flat)
     kd = kg.view(b, lmax, nkv, hd).transpose(1, 2)
     vd = vg.view(b, lmax, nkv, hd).transpose(1, 2)
+    if qd.is_cuda:
+        return decode_grouped(qd, kd, vd, md.decode_mask, scale)
     od = F.scaled_dot_product_attention(
         qd.unsqueeze(2), kd, vd, attn_mask=md.decode_mask, scale=scale, enable_gqa=True
     )
     return od.squeeze(2)
+
+
+def decode_grouped(
+    qd: torch.Tensor, kd: torch.Tensor, vd: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """One decode query per sequence, the query heads sharing a KV head taken as that
+    head's query rows: [B, nkv, g, hd] against [B, nkv, L, hd]. The same attention as
+    GQA with one query, as a plain multi-head call: CUDA's memory-efficient kernel takes
+    it with the mask in one launch, where `enable_gqa` with a mask runs the math path
+    (K/V repeated per query head, five kernels more). CUDA only: the CPU keeps the path
+    its float32 tokens were proven on."""
+    b, nh, hd = qd.shape
+    nkv = kd.shape[1]
+    qg = qd.view(b, nkv, nh // nkv, hd)
+    og = F.scaled_dot_product_attention(qg, kd, vd, attn_mask=mask, scale=scale)
+    return og.reshape(b, nh, hd)
 
 
 def _decode_fused(

@@ -126,6 +126,8 @@ def load_reserve(
     eager rows' packs, or the whole path, off, saying why)."""
     if tp_size > 1 or device.type != "cpu" or not enabled_from_env(device):
         return 0
+    if dtype != torch.float32:  # the compiled decode serves float32 stages only (runner.py)
+        return 0
     for packs in (True, False):
         need = planned_packed_bytes(cfg, start, end, dtype, packs)
         if left_after_params - (kv_bytes or need) - need >= 0:

@@ -58,6 +58,7 @@ class ModelConfig:
     rope: RopeConfig = field(default_factory=RopeConfig)
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    torch_dtype: str = ""  # config.json's torch_dtype ("" when it names none)
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_TYPES:
@@ -93,6 +94,7 @@ class ModelConfig:
                 rope=rope,
                 eos_token_ids=tuple(int(e) for e in eos_ids),
                 bos_token_id=cfg.get("bos_token_id"),
+                torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or ""),
             )
         except KeyError as exc:
             raise ConfigError(f"config.json: missing field {exc.args[0]!r}") from exc

@@ -55,7 +55,7 @@ def drop_layers(st: stage.Stage, start: int, end: int) -> Shift:
             f"drop_layers: [{start}, {end}) is not within the block's [{old_start}, {old_end})"
         )
     r, cfg = st.runner, st.cfg
-    dtype = stage.torch_dtype(st.spec.dtype)
+    dtype = st.dtype
     pages_before, kv_before = r.cache.layout.num_pages, r.cache.layout.total_bytes
     freed = block_tensors.nbytes(cfg, old_start, old_end, dtype) - block_tensors.nbytes(
         cfg, start, end, dtype
@@ -122,7 +122,7 @@ def allocator_target(stages: list[stage.Stage]) -> int:
 def restored_pages(st: stage.Stage, start: int, end: int) -> int:
     """KV pages the block keeps once it holds [start, end) again, in the same budget
     (its parameters plus its KV budget). Compact the allocator to at most this first."""
-    dtype = stage.torch_dtype(st.spec.dtype)
+    dtype = st.dtype
     budget = st.param_bytes + kv_budget(st) - block_tensors.nbytes(st.cfg, start, end, dtype)
     layout = st.runner.cache.layout
     return kv_cache.pages_for_budget(
@@ -172,7 +172,7 @@ def restore_layers(
     if pages < 1:
         raise ValueError(f"restore_layers: no KV page would be left for [{start}, {end})")
     r.cache.shrink(min(pages, pages_before))
-    dtype = stage.torch_dtype(st.spec.dtype)
+    dtype = st.dtype
     path = Path(st.spec.model_path)
     model = r.model
     pre = (

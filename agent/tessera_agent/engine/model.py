@@ -38,9 +38,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+        if x.is_cuda or (x.dtype == torch.float32 and self.weight.dtype == torch.float32):
             # One fused kernel instead of seven; bitwise the same as the formula below in
-            # float32 (tests/engine/test_fused_ops.py).
+            # float32 (tests/engine/test_fused_ops.py). In half precision on CUDA it rounds
+            # once where transformers rounds twice (within the half-precision oracle,
+            # `logprob_oracle.py`); the CPU keeps transformers' formula there.
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -189,17 +191,21 @@ class StageModel(nn.Module):
         """cos and `signed_sin` of each position: [T, head_dim] each."""
         # cos/sin of every position are computed once (the same float ops per element as
         # computing them per step) and indexed per step: one gather instead of five ops.
+        # Computed in float32 and rounded to the parameter dtype once, as transformers
+        # does: q and k stay in the KV pool's dtype.
         cache = self._rope_cache
         if (
             cache is None
             or cache[0].device != positions.device
+            or cache[0].dtype != self.dtype_
             or cache[0].shape[0] <= max_position
         ):
             size = max(self.cfg.max_positions, max_position + 1)
             pos = torch.arange(size, device=positions.device)
-            freqs = pos.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
+            freqs = pos.float()[:, None] * self.inv_freq.float().to(positions.device)[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
-            cache = self._rope_cache = (emb.cos(), signed_sin(emb.sin()))
+            cos, sin = emb.cos().to(self.dtype_), signed_sin(emb.sin()).to(self.dtype_)
+            cache = self._rope_cache = (cos, sin)
         cos, sin = cache
         return cos.index_select(0, positions), sin.index_select(0, positions)
 

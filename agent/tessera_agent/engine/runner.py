@@ -7,6 +7,7 @@ decides what to schedule.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -14,6 +15,7 @@ import torch
 from tessera_agent.engine import (
     attention,
     compile_policy,
+    cuda_graphs,
     decode_graph,
     errors,
     layer_run,
@@ -25,12 +27,15 @@ from tessera_agent.engine import (
 from tessera_agent.engine import kv_cache as kv_mod
 from tessera_agent.engine import model as model_mod
 
+log = logging.getLogger(__name__)
+
 # Decode rows a mixed step needs before they run compiled apart from its prefill chunks:
 # measured on the default tiny model (docs/benchmarks.md, issue 16 engine), 16 and 24
 # decodes beside 64-token prompts ran 2-6 % slower split, 32 ran 6 % and 64 ran 38-40 %
 # faster.
 SPLIT_MIN_DECODES = 32
 SPLIT_ENV = "TESSERA_SPLIT_MIN_DECODES"  # overrides it; 0 turns the split off
+MAX_GRAPH_BATCH = 256  # largest decode batch replayed from a CUDA graph (the scheduler's)
 
 
 def split_min_decodes() -> int:
@@ -72,18 +77,31 @@ class StageRunner:
         """`compile_decode`: run pure-decode steps through `decode_graph` once it has
         warmed up (None: as `compile_policy.mode_from_env` says; "wait" warms up here)."""
         self.model, self.cache, self.device = model, cache, device
+        attention.configure(device)
         mode = compile_policy.mode_from_env(device)
         if compile_decode is not None:
             mode = "on" if compile_decode else "off"
         self.decode_graph = (
             decode_graph.CompiledDecode(model, device, cache.layout.page_size)
-            if mode != "off" and model.shard.size == 1
+            # float32 only: Inductor fails to lower the fused decode in bfloat16 on CPU
+            # (`LoweringException: NotImplementedError: Pointwise`, torch 2.13), so half
+            # precision stages run eagerly (docs/gpu.md)
+            if mode != "off" and model.shard.size == 1 and model.dtype_ == torch.float32
             else None
         )
         self.split_min_decodes = split_min_decodes()
         self.split_steps = 0  # mixed steps run as compiled decode rows + eager prefill
         if self.decode_graph is not None and mode == "wait":
             self.decode_graph.warm_up(cache.layers())
+        # Pure-decode steps replayed from CUDA graphs (`cuda_graphs.py`); captured on the
+        # thread that runs the steps: `capture_graphs`, or the first pure-decode step.
+        self.graphs = (
+            cuda_graphs.DecodeGraphs(
+                model, device, MAX_GRAPH_BATCH, model.cfg.max_positions, cache.layout.page_size
+            )
+            if cuda_graphs.enabled(device) and model.shard.size == 1
+            else None
+        )
         self.sampler = sampling.Sampler() if model.is_last else None
         self.block_tables: dict[str, tuple[int, ...]] = {}  # last seen, for KV export
         # LoRA variants attached to this stage (see lora.attach): context and name -> slot.
@@ -169,12 +187,48 @@ class StageRunner:
             out.logprobs = {ids[i]: lp for i, lp in zip(asked, lps, strict=True)}
         return out
 
+    def capture_graphs(self) -> float | None:
+        """Capture the stage's decode graphs now (on the calling thread, which must be
+        the one that runs the steps); seconds taken, None when off or failed (the
+        reason in `graphs.error`; steps then run eagerly)."""
+        g = self.graphs
+        if g is None or g.error is not None:
+            return None
+        if g.capture_s is None:
+            try:
+                g.capture(self.cache.layers())
+            except Exception as exc:  # eager steps still serve
+                g.error = f"{type(exc).__name__}: {exc}"
+                g.buckets.clear()
+                log.warning("CUDA graph capture failed, decode runs eagerly: %s", g.error)
+                return None
+        return g.capture_s
+
+    def _graphed(self, x: torch.Tensor, md: attention.AttentionMetadata) -> torch.Tensor | None:
+        """A pure-decode step's output replayed from its CUDA graph, or None."""
+        g = self.graphs
+        if g is None or self.runs or self.lora is not None or not decode_graph.is_pure_decode(md):
+            return None
+        if g.capture_s is None and self.capture_graphs() is None:
+            return None
+        return g.run(x, md)
+
     @torch.inference_mode()
     def execute(self, inp: step.StepInput) -> step.StepOutput:
         self.forget_finished(inp.finished)
         if not inp.chunks:
             return step.StepOutput(step_id=inp.step_id)
         md, x = self.step_input(inp)
+        graphed = self._graphed(x, md)
+        if graphed is not None:
+            if not self.model.is_last:
+                return step.StepOutput(step_id=inp.step_id, hidden=graphed)
+            rows, ids, params = sample_rows(inp.chunks)
+            if not rows:
+                return step.StepOutput(step_id=inp.step_id)
+            if len(rows) != graphed.shape[0]:
+                graphed = graphed[torch.tensor(rows, device=self.device)]
+            return self.sampled(inp.step_id, graphed.float(), ids, params)
         compiled = None if self.runs else self._compiled(x, md, inp.chunks)
         if compiled is not None:
             hidden = compiled
@@ -238,4 +292,7 @@ class StageRunner:
     def _metadata(self, chunks: list[step.SeqChunk]) -> attention.AttentionMetadata:
         for c in chunks:
             self.block_tables[c.seq_id] = c.block_table
-        return attention.build_metadata(chunks, self.page_size, self.device)
+        md = attention.build_metadata(chunks, self.page_size, self.device)
+        if md.decode_mask.dtype != self.model.dtype_:  # SDPA's fused kernels want q's dtype
+            md.decode_mask = md.decode_mask.to(self.model.dtype_)
+        return md

@@ -21,6 +21,7 @@ from tessera import blocks
 from tessera_agent.engine import (
     block_tensors,
     block_zoo,
+    dtypes,
     errors,
     kv_cache,
     loader,
@@ -44,11 +45,12 @@ def shard(spec: BlockSpec) -> tp.TPShard:
     return tp.TPShard(spec.tp_size, spec.tp_rank)
 
 
-def torch_dtype(name: str) -> torch.dtype:
-    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if name not in table:
-        raise errors.InvalidArgumentError(f"dtype: {name!r} is not one of {sorted(table)}")
-    return table[name]
+torch_dtype = dtypes.torch_dtype  # a served dtype name's torch dtype
+
+
+def dtype_of(spec: BlockSpec, cfg: config_mod.ModelConfig) -> torch.dtype:
+    """The dtype the block is served in: the spec's, "auto" being the checkpoint's."""
+    return dtypes.of_spec(spec.dtype, cfg)
 
 
 class Stage:
@@ -76,6 +78,11 @@ class Stage:
             return self.param_bytes
         pieces = self.pieces
         return max(0, self.param_bytes - sum(pieces.zoo.nbytes(k) for k in pieces.adopted.keys))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The parameter and KV dtype it is served in (the spec's "auto" resolved)."""
+        return self.runner.model.dtype_
 
     @property
     def kv_bytes(self) -> int:
@@ -122,7 +129,7 @@ def plan_bytes(spec: BlockSpec, weights: bool = True) -> tuple[config_mod.ModelC
     why = tp.check(cfg, spec.tp_size)
     if why is not None:
         raise errors.InvalidArgumentError(f"tp_size: {why}")
-    dtype = torch_dtype(spec.dtype)
+    dtype = dtype_of(spec, cfg)
     if not weights or spec.tp_size > 1:  # a shard's bytes follow from the shapes
         return cfg, block_tensors.nbytes(cfg, spec.start, spec.end, dtype, shard(spec))
     return cfg, loader.block_bytes(path, cfg, spec.start, spec.end, dtype)
@@ -142,7 +149,7 @@ def kv_pages(spec: BlockSpec, cfg: config_mod.ModelConfig, pbytes: int, budget_b
             f"block [{spec.start}, {spec.end}) needs {pbytes} bytes of parameters plus "
             f"{kv_budget} of KV cache but device {spec.device} has {budget_bytes} bytes free"
         )
-    dtype = torch_dtype(spec.dtype)
+    dtype = dtype_of(spec, cfg)
     n_layers = spec.end - spec.start
     kv_heads = tp.local_sizes(cfg, shard(spec))[1]  # each rank stores its KV heads only
     pages = kv_cache.pages_for_budget(
@@ -170,7 +177,7 @@ def load_stage(
     With a `zoo` (an unsharded block), pieces whose content the agent already holds are
     shared, not loaded again: only the new ones count against the budget."""
     cfg, pbytes = planned or plan_bytes(spec, weights=tensors is None)  # validated by callers
-    dtype = torch_dtype(spec.dtype)
+    dtype = dtype_of(spec, cfg)
     if tensors is not None:
         block_tensors.check(cfg, spec.start, spec.end, tensors, shard(spec))
     keys: list[block_zoo.PieceKey] = []
@@ -179,7 +186,9 @@ def load_stage(
         if tensors is None:
             names = loader.checkpoint_names(cfg, spec.start, spec.end)
             tensors = loader.read_tensors(Path(spec.model_path), names)
-        keys = block_zoo.keys(cfg, spec.start, spec.end, tensors, spec.dtype, str(device))
+        keys = block_zoo.keys(
+            cfg, spec.start, spec.end, tensors, dtypes.name_of(dtype), str(device)
+        )
         new_bytes = pbytes - zoo.held_bytes(keys)
     pages = kv_pages(spec, cfg, new_bytes, budget_bytes)
     model = loader.load_stage(

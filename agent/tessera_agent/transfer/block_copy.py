@@ -24,12 +24,13 @@ from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import tensor_transfer
+from tessera_agent.engine import dtypes
 from tessera_agent.transfer import group
 from tessera_agent.transfer import grpc as grpc_transport
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPES = dtypes.TORCH
 MAX_COPY_BYTES = 1 << 40  # one copy's tensors together (a source cannot make us allocate more)
 
 

@@ -18,11 +18,11 @@ import torch
 
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import kv_transfer
-from tessera_agent.engine import errors, stage
+from tessera_agent.engine import dtypes, errors, stage
 from tessera_agent.transfer import group
 
 EXPORTER, IMPORTER = 0, 1
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPES = dtypes.TORCH
 
 
 def pair_spec(dp: pb.DataPlane, rank: int, own_store: str = "") -> group.GroupSpec:

@@ -47,6 +47,7 @@ BENCHES: dict[str, str] = {
     "speculate": "tessera_agent.bench_speculate",
     "stitch": "tessera_agent.bench_stitch",
     "abuse": "tessera.cli.bench_abuse",
+    "gpu": "tessera_agent.bench_gpu",
 }
 
 

@@ -12,16 +12,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tessera import fields
+from tessera import dtypes, fields
 
 # torch_dtype strings in config.json -> bytes per parameter / per KV element.
-_DTYPE_BYTES: tuple[tuple[str, int], ...] = (
-    ("float32", 4),
-    ("float16", 2),
-    ("bfloat16", 2),
-    ("float8_e4m3fn", 1),
-    ("float8_e5m2", 1),
-)
+_DTYPE_BYTES: tuple[tuple[str, int], ...] = tuple(dtypes.STORED_BYTES.items())
 
 
 @dataclass(frozen=True)

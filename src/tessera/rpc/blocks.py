@@ -8,7 +8,7 @@ executor, and the local launchers; nowhere else marshals a block by hand.
 
 from __future__ import annotations
 
-from tessera import blocks
+from tessera import blocks, dtypes
 from tessera.policies import actions
 from tessera.rpc.v1 import agent_pb2 as pb
 
@@ -56,7 +56,7 @@ def from_proto(m: pb.BlockInfo) -> blocks.Block:
         replica_id=m.replica_id,
         stage_index=m.stage_index,
         device=m.device,
-        dtype=m.dtype or "float32",
+        dtype=m.dtype or dtypes.AUTO,
         kv_bytes=m.kv_bytes,
         page_size=m.page_size or blocks.DEFAULT_PAGE_SIZE,
         num_stages=m.num_stages or 1,
@@ -136,7 +136,7 @@ def block_source(source: actions.PeerSource) -> pb.BlockSource:
 
 def from_load_request(
     req: pb.LoadBlockRequest,
-    dtype: str = "float32",
+    dtype: str = dtypes.AUTO,
     page_size: int = blocks.DEFAULT_PAGE_SIZE,
 ) -> blocks.Block:
     """The block a request asks for, `dtype` and `page_size` filling what it leaves unset

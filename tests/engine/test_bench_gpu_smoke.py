@@ -1,0 +1,42 @@
+"""`tessera bench gpu --device cpu --tiny` runs every part and prints one JSON object (CI
+runs the GPU check's logic on CPU; the CUDA graphs replay through the fake graph API)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tessera.cli import main as cli
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_gpu_tiny_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "gpu", "--json", "--device", "cpu", "--tiny"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["errors"] == {}, out["errors"]
+    tiny = out["tiny"]
+    assert tiny["dtype"] == "bfloat16"  # the checkpoint's torch_dtype, by default
+    for key in (
+        "ms_per_step_b1",
+        "roofline_ms_b1",
+        "b1_vs_roofline",
+        "tok_s_b16",
+        "tok_s_b64",
+        "tok_s_b256",
+        "ttft_ms_prompt2048",
+        "graph_capture_s",
+    ):
+        assert tiny[key] > 0, key
+    assert tiny["decode_path"] == "cuda graphs" and tiny["graph_buckets"] > 0
+    assert tiny["logprob_ratio_vs_hf"] <= 1.5
+    assert tiny["errors"] == {"peak_gib": "not measured on CPU"}
+    assert out["tokens_match_fp32"] is True
+    assert out["served_tok_s_c64"] > 0
+
+
+def test_bench_gpu_failures_are_recorded_not_raised(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "gpu", "--json", "--device", "cpu", "--shapes", "7b"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "7b" in out["errors"]["run"]
