@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 from typing import Any
 
 
@@ -98,7 +99,29 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_run)
 
 
+# Set by the process that started this agent (cli/local_agents.py): its pid. The agent asks
+# Linux to SIGTERM it when that parent dies, even by SIGKILL, so no agent outlives `tessera up`
+# or a test. Done here, after exec, rather than in a `preexec_fn`: a preexec_fn forces a full
+# fork, whose gRPC fork handlers can crash the child before it execs ("epoll_wait error: Bad
+# file descriptor", grpc/grpc#43055) when the parent already runs gRPC.
+PARENT_PID_ENV = "TESSERA_PARENT_PID"
+
+
+def _die_with_parent() -> None:
+    want = os.environ.get(PARENT_PID_ENV, "")
+    if not want.isdigit() or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(want):  # the parent died before the prctl took effect
+        raise SystemExit(f"tessera agent: parent {want} is gone")
+
+
 def _run(args: argparse.Namespace) -> int:
+    _die_with_parent()
     from tessera_agent import server
 
     cfg = server.AgentConfig(

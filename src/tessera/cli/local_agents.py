@@ -33,15 +33,6 @@ class AgentProcess:
     output: list[str] = field(default_factory=list)
 
 
-def _die_with_parent() -> None:
-    """In the child: ask Linux to SIGTERM it if the parent dies, even by SIGKILL."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def start_agent(
     agent_id: str,
     devices: str = "cpu:1x2GiB",
@@ -77,9 +68,15 @@ def start_agent(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        # the agent arranges to die with this process itself (agent_cmd.PARENT_PID_ENV): no
+        # preexec_fn, so the child is spawned without running gRPC's fork handlers
+        env={
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "TESSERA_PARENT_PID": str(os.getpid()),
+            **(env or {}),
+        },
         start_new_session=True,
-        preexec_fn=_die_with_parent,
     )
     agent = AgentProcess(agent_id, proc)
     ready = threading.Event()
