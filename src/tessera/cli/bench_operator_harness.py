@@ -3,7 +3,8 @@
 `Cluster` starts the gateway (`tessera.gateway.server`, in the caller's event loop,
 reading a routes file), the test API server (KMock, a dev dependency) and the operator
 (in threads; `OperatorConfig` from the agents given and the caller's extra fields, the
-gateway's admin URL filled in), creates one ServingDeployment, waits for it Ready, mirrors
+gateway's admin URL filled in, the checkpoint's folder the allowed model root, hostPath
+allowed), creates one ServingDeployment, waits for it Ready, mirrors
 its routes ConfigMap into the gateway's routes file (the kubelet's part) and waits for the
 gateway to route its replicas. Then the caller streams greedy requests to the gateway
 (`stream`, one `Req` each), patches the deployment (`patch`), reads it (`deployment`) and
@@ -19,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
@@ -115,6 +116,13 @@ def pct(values: list[float], q: float) -> float:
     return bench_serve._pct(values, q)
 
 
+class Event(NamedTuple):
+    name: str
+    reason: str
+    message: str
+    time: str  # RFC 3339
+
+
 class Cluster:
     """`async with Cluster(...) as c:` (module docstring); `c.s` is the HTTP session,
     `c.gateway` the gateway's URL."""
@@ -136,6 +144,7 @@ class Cluster:
     async def __aenter__(self) -> Cluster:
         from tessera.gateway import config as gw_config
         from tessera.gateway import server as gw_server
+        from tessera.policies import admission
         from tessera_operator import agents as op_agents
         from tessera_operator import config as op_config
         from tessera_operator.testing import background
@@ -155,11 +164,13 @@ class Cluster:
         self._srv = background.ApiServerThread().start()
         self.api: str = self._srv.url
         refs = tuple(op_agents.AgentRef(f"agent-{i}", a.address) for i, a in enumerate(self.agents))
+        # the checkpoint lies in a temporary folder (the model root), mounted as a hostPath
+        roots = admission.Limits((str(self.model.parent.resolve()),), allow_host_path=True)
         cfg = op_config.OperatorConfig(
             agents=refs,
             api_server=self.api,
             gateway_admin_url=self.gateway,
-            **self.operator,
+            **({"admission": roots} | self.operator),
         )
         self._op = await asyncio.to_thread(lambda: background.OperatorThread(cfg).start())
         self.s = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900))
@@ -208,11 +219,18 @@ class Cluster:
         async with self.s.patch(self.url, data=json.dumps(doc), headers=headers) as r:
             r.raise_for_status()
 
-    async def events(self) -> list[tuple[str, str]]:
-        """(reason, message) of the deployment's events, oldest first."""
+    async def events(self) -> list[Event]:
+        """The deployment's events, oldest first (by time, to the second: the API server
+        lists them in no set order; tell new ones by `name`)."""
         found = await get(self.s, f"{self.api}/api/v1/namespaces/default/events") or {}
-        return [
-            (e.get("reason", ""), e.get("message", ""))
+        out = [
+            Event(
+                (e.get("metadata") or {}).get("name", ""),
+                e.get("reason", ""),
+                e.get("message", ""),
+                e.get("lastTimestamp") or e.get("eventTime") or e.get("firstTimestamp") or "",
+            )
             for e in found.get("items") or []
             if (e.get("involvedObject") or {}).get("name") == self.name
         ]
+        return sorted(out, key=lambda e: e.time)

@@ -81,7 +81,7 @@ async def _replay(
             return not (status.get("overload") or {}).get("groups")
 
         await h.wait("whole replicas again", whole, timeout=120)
-        items = await c.events()
+        items = [(e.reason, e.message) for e in await c.events()]
     ttft = [r.first - r.sent for r in rs if r.first is not None]
     tpot = [
         (r.last - r.first) / (r.max_tokens - 1)

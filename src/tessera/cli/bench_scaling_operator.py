@@ -104,6 +104,13 @@ async def _traffic(c: h.Cluster) -> AsyncIterator[None]:
         await t
 
 
+async def _lines(c: h.Cluster, seen: set[str]) -> list[str]:
+    """The loop's `ModuleScaling` lines not in `seen` (event names), oldest first."""
+    return [
+        e.message for e in await c.events() if e.reason == "ModuleScaling" and e.name not in seen
+    ]
+
+
 async def _load(
     c: h.Cluster, load: float, n: int, tokens: int, seed: int
 ) -> tuple[list[h.Req], float]:
@@ -160,14 +167,14 @@ async def _bench(
         for load in loads:
             res: dict[str, dict[str, float]] = {}
             for policy in ("off", "on"):
-                seen = len(await c.events())
+                seen = {e.name for e in await c.events()}
                 if policy == "on":
                     await _set(c, True, runs=True)
                 rs, wall = await _load(c, load, args.requests, args.tokens, args.seed)
                 lost += sum(not r.done for r in rs)
                 lat = sorted(r.last - r.sent for r in rs if r.last is not None)
                 p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
-                lines = [m for reason, m in (await c.events())[seen:] if reason == "ModuleScaling"]
+                lines = await _lines(c, seen)
                 ops = [o for o in map(scaling_loop.parse_op_line, lines) if o is not None]
                 gammas = [float(m.group(1)) for m in map(GAMMA.search, lines) if m]
                 done_tokens = sum(len(r.text) for r in rs)
@@ -196,7 +203,7 @@ async def _bench(
             out["p99_ratio_by_load"][key] = round(res["on"]["p99_s"] / res["off"]["p99_s"], 3)
         migrated, out["migrate_reason"] = await _migrate(c, args)
         await asyncio.sleep(2 * args.tick_s)  # the loop's last lines (evictions) land
-        lines = [m for reason, m in await c.events() if reason == "ModuleScaling"]
+        lines = await _lines(c, set())
     out["op_table"] = [_row(o) for o in map(scaling_loop.parse_op_line, lines) if o is not None]
     if not migrated:  # the up path's rows of this op: null, with the reason beside
         out["op_table"].append(dict.fromkeys(_row(_NONE), None) | {"op": "migrate"})
@@ -210,14 +217,14 @@ async def _migrate(c: h.Cluster, args: argparse.Namespace) -> tuple[bool, str]:
     The policy is turned on with the 1 ms target while requests run and no layer run is
     placed, so agent-1 is idle (a device holding a run is not a migration target) and
     the new loop's first window (the histogram since the gateway started) violates."""
-    seen = len(await c.events())
+    seen = {e.name for e in await c.events()}
     lines: list[str] = []
     async with _traffic(c):
         await asyncio.sleep(1.0)
         await _set(c, True, runs=None, tpot_ms=1)
         deadline = time.monotonic() + args.migrate_wait_s
         while time.monotonic() < deadline:
-            lines = [m for reason, m in (await c.events())[seen:] if reason == "ModuleScaling"]
+            lines = await _lines(c, seen)
             if any((scaling_loop.parse_op_line(m) or {}).get("op") == "migrate" for m in lines):
                 break
             await asyncio.sleep(0.5)
