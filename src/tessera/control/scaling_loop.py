@@ -3,10 +3,9 @@
 Where it runs: in `tessera up` (beside the agents it supervises and the in-process
 gateway whose inter-token latencies are the SLO signal), every `--scaling-interval`
 seconds, when the manifest's `spec.policies.scaling.enabled` (`for_up`; a manifest edit
-that changes the policy re-tunes, starts or stops the loop: `cli/up_policies.py`).
-The operator does not run it: it has no
-latency signal of the gateway, and it already reports what the loop did from the agents'
-`Describe` (`status.scaling.layerRuns`, events).
+that changes the policy re-tunes, starts or stops the loop: `cli/up_policies.py`), and
+in the operator (`tessera_operator/scaling_tick.py`: the gateway's histogram pulled over
+`GET /metrics`, the lines written as `ModuleScaling` events).
 
 Each `tick`: read the gateway's histogram (`itl`), take the window since the last tick
 (`policies.scaling_signal.window`) and decide (`scaling_signal.decide`); then, for each
