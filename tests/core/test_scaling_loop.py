@@ -175,3 +175,21 @@ def test_up_policy_follows_manifest_edits_on_retune_off() -> None:
         stop.set()
 
     asyncio.run(go())
+
+
+def test_each_applied_operation_is_reported_once_as_a_line_that_parses_back() -> None:
+    origin, peer = _agents(peer_busy=False)
+    loop = _loop(origin, peer, [sig.Hist(BOUNDS, (0, 0, 0, 0), 0, 0.0)] * 2)
+    lines = loop.tick()
+    ops = [o for o in map(scaling_loop.parse_op_line, lines) if o is not None]
+    assert [o["op"] for o in ops] == [k for k, _ in origin.calls] == ["replicate"]
+    assert ops[0]["start"] == 0 and ops[0]["end"] >= 1
+    assert loop.tick() == []  # nothing new applied: nothing reported again
+    reply = pb.ScalingOpReply(
+        op="migrate", layer_start=2, layer_end=4, source="a0/cpu:0", target="a1/cpu:0",
+        seconds=0.25, pause_s=0.0015, param_bytes=10, kv_bytes=20, kv_pages=3, requests=2,
+    )  # fmt: skip
+    got = scaling_loop.parse_op_line(scaling_loop.op_line("r0", reply))
+    assert got is not None and (got["op"], got["start"], got["end"]) == ("migrate", 2, 4)
+    assert (got["pause_ms"], got["kv_pages"], got["requests"]) == (1.5, 3, 2)
+    assert scaling_loop.parse_op_line("r0: replicated 1 layers") is None

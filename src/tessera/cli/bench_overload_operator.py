@@ -5,7 +5,8 @@ dependency) and the operator in threads of this process, a ServingDeployment of 
 replicas (`kvCacheBytes` = the bench's pool) with `spec.policies.overload.enabled` as
 asked, the gateway (`tessera.gateway.server`, in this process's event loop) reading the
 routes ConfigMap mirrored into a file (the kubelet's part), and the replay sent to the
-gateway's `/v1/completions` (streamed, greedy, token ids as the prompt). The operator
+gateway's `/v1/completions` (streamed, greedy, token ids as the prompt); the cluster is
+`bench_operator_harness.Cluster`. The operator
 ticks the overload loop every `--tick-ms` and reads the gateway's calls over
 `GET /admin/v1/load`. Drops and restores are counted from the deployment's events
 (`OverloadDropped` / `OverloadRestored`); exchange and pause times from the loop's
@@ -16,34 +17,17 @@ request's text instead of its tokens. Caller: `bench_overload.run`.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
+from tessera.cli import bench_operator_harness as h
 from tessera.cli import local_agents
 
-GROUP, VERSION, PLURAL = "serving.tessera.dev", "v1alpha1", "servingdeployments"
+Req = h.Req  # the request record `bench_overload` reads back
 NAME = "ovl"
-
-
-@dataclass
-class Req:
-    i: int
-    prompt: list[int]
-    max_tokens: int
-    sent: float = 0.0
-    first: float | None = None
-    last: float | None = None
-    text: list[str] = field(default_factory=list)
-    chunks: int = 0
-    done: bool = False
 
 
 def manifest(model: Path, kv_bytes: int, policy: bool) -> dict[str, Any]:
@@ -52,7 +36,7 @@ def manifest(model: Path, kv_bytes: int, policy: bool) -> dict[str, Any]:
         for i in range(4)
     ]
     return {
-        "apiVersion": f"{GROUP}/{VERSION}",
+        "apiVersion": f"{h.GROUP}/{h.VERSION}",
         "kind": "ServingDeployment",
         "metadata": {"name": NAME, "namespace": "default"},
         "spec": {
@@ -61,77 +45,6 @@ def manifest(model: Path, kv_bytes: int, policy: bool) -> dict[str, Any]:
             "policies": {"overload": {"enabled": policy}},
         },
     }
-
-
-async def _get(s: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
-    async with s.get(url) as r:
-        if r.status == 404:
-            return None
-        r.raise_for_status()
-        doc: dict[str, Any] = await r.json()
-        return doc
-
-
-async def _wait(what: str, check: Any, timeout: float = 180.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = await check()
-        if got:
-            return got
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"timed out waiting for {what}")
-
-
-async def _mirror(s: aiohttp.ClientSession, api: str, path: Path, stop: asyncio.Event) -> None:
-    url = f"{api}/api/v1/namespaces/default/configmaps/{NAME}-gateway-routes"
-    seen = ""
-    while not stop.is_set():
-        cm = await _get(s, url)
-        text = ((cm or {}).get("data") or {}).get("routes.json", "")
-        if text and text != seen:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
-            seen = text
-        try:
-            await asyncio.wait_for(stop.wait(), 0.1)
-        except TimeoutError:
-            pass
-
-
-async def _stream(s: aiohttp.ClientSession, url: str, r: Req) -> None:
-    body = {
-        "model": "tiny-llama",
-        "prompt": r.prompt,
-        "max_tokens": r.max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    r.sent = time.perf_counter()
-    async with s.post(url + "/v1/completions", json=body) as resp:
-        if resp.status != 200:
-            return
-        async for line in resp.content:
-            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                continue
-            ev = json.loads(line[len(b"data: ") :])
-            if "error" in ev:
-                return
-            now = time.perf_counter()
-            for ch in ev.get("choices") or []:
-                if ch.get("text"):
-                    r.first = r.first or now
-                    r.last = now
-                    r.text.append(ch["text"])
-                if ch.get("finish_reason") == "length":
-                    r.done = True
-
-
-def _pct(values: list[float], q: float) -> float:
-    from tessera.cli import bench_serve
-
-    return bench_serve._pct(values, q)
 
 
 async def _replay(
@@ -144,83 +57,31 @@ async def _replay(
     tick_s: float,
     work: Path,
 ) -> dict[str, Any]:
-    from tessera.gateway import config as gw_config
-    from tessera.gateway import server as gw_server
-    from tessera_operator import agents as op_agents
-    from tessera_operator import config as op_config
-    from tessera_operator.testing import background
-
-    routes = work / "routes.json"
-    routes.write_text('{"replicas": []}')
-    gw = await gw_server.start_gateway(
-        gw_config.GatewayConfig(
-            model_name="tiny-llama",
-            model_path=str(model),
-            port=0,
-            routes_file=str(routes),
-            poll_interval_s=0.2,
-        )
-    )
-    srv = background.ApiServerThread().start()
-    refs = tuple(op_agents.AgentRef(f"agent-{i}", a.address) for i, a in enumerate(agents))
-    cfg = op_config.OperatorConfig(
-        agents=refs,
-        api_server=srv.url,
+    async with h.Cluster(
+        agents,
+        model,
+        manifest(model, kv_bytes, policy),
+        work,
+        replicas=4,
         resync_seconds=10.0,  # the operator's default
         overload_tick_seconds=tick_s,
-        gateway_admin_url=gw.url,
-    )
-    op = await asyncio.to_thread(lambda: background.OperatorThread(cfg).start())
-    stop = asyncio.Event()
-    timeout = aiohttp.ClientTimeout(total=900)
-    try:
-        async with aiohttp.ClientSession(timeout=timeout) as s:
-            base = f"{srv.url}/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}"
-            async with s.post(base, json=manifest(model, kv_bytes, policy)) as r:
-                r.raise_for_status()
+    ) as c:
+        rs = [h.Req(i, prompts[i], out) for i, (_, _, out) in enumerate(reqs)]
+        start = time.perf_counter()
 
-            async def ready() -> bool:
-                obj = await _get(s, f"{base}/{NAME}") or {}
-                conds = (obj.get("status") or {}).get("conditions") or []
-                return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+        async def one(r: h.Req) -> None:
+            await asyncio.sleep(max(0.0, reqs[r.i][0] - (time.perf_counter() - start)))
+            await h.stream(c.s, c.gateway, r)
 
-            await _wait("the deployment Ready", ready)
-            mirror = asyncio.create_task(_mirror(s, srv.url, routes, stop))
+        await asyncio.gather(*(one(r) for r in rs))
+        wall = time.perf_counter() - start
 
-            async def serving() -> bool:
-                admin = await _get(s, gw.url + "/admin/v1/routes") or {}
-                return len(admin.get("replicas") or []) == 4
+        async def whole() -> bool:  # the loop restores once the burst is served
+            status = (await c.deployment()).get("status") or {}
+            return not (status.get("overload") or {}).get("groups")
 
-            await _wait("the gateway routing 4 replicas", serving)
-            rs = [Req(i, prompts[i], out) for i, (_, _, out) in enumerate(reqs)]
-            start = time.perf_counter()
-
-            async def one(r: Req) -> None:
-                await asyncio.sleep(max(0.0, reqs[r.i][0] - (time.perf_counter() - start)))
-                await _stream(s, gw.url, r)
-
-            await asyncio.gather(*(one(r) for r in rs))
-            wall = time.perf_counter() - start
-
-            async def whole() -> bool:  # the loop restores once the burst is served
-                obj = await _get(s, f"{base}/{NAME}") or {}
-                return not ((obj.get("status") or {}).get("overload") or {}).get("groups")
-
-            await _wait("whole replicas again", whole, timeout=120)
-            url = f"{srv.url}/api/v1/namespaces/default/events"
-            found = await _get(s, url) or {}
-            items = [
-                (e.get("reason", ""), e.get("message", ""))
-                for e in found.get("items") or []
-                if (e.get("involvedObject") or {}).get("name") == NAME
-            ]
-            stop.set()
-            await mirror
-    finally:
-        stop.set()
-        await asyncio.to_thread(op.stop, 60)
-        srv.stop()
-        await gw.stop()
+        await h.wait("whole replicas again", whole, timeout=120)
+        items = [(e.reason, e.message) for e in await c.events()]
     ttft = [r.first - r.sent for r in rs if r.first is not None]
     tpot = [
         (r.last - r.first) / (r.max_tokens - 1)
@@ -231,9 +92,9 @@ async def _replay(
     return {
         "requests": rs,
         "wall_s": wall,
-        "p99_ttft_ms": _pct(ttft, 99) * 1e3,
-        "p50_ttft_ms": _pct(ttft, 50) * 1e3,
-        "p50_tpot_ms": _pct(tpot, 50) * 1e3,
+        "p99_ttft_ms": h.pct(ttft, 99) * 1e3,
+        "p50_ttft_ms": h.pct(ttft, 50) * 1e3,
+        "p50_tpot_ms": h.pct(tpot, 50) * 1e3,
         "lost": sum(not r.done for r in rs),
         "drops": sum(reason == "OverloadDropped" for reason, _ in items),
         "restores": sum(reason == "OverloadRestored" for reason, _ in items),

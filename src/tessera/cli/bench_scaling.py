@@ -15,6 +15,9 @@ agent-1 idle. Two parts:
   `throughput_ratio_by_load` (output tokens/s, on / off) and `p99_ratio_by_load`
   (request latency, on / off).
 
+`--via operator` (`bench_scaling_operator`): the same keys, but the operator's loop acts
+(test API server, a gateway in front; the op table is what the loop applied).
+
 What a 2-core machine can show: the operations (correct tokens, time, bytes, pause) and
 the split working end to end. What it cannot: a speedup. The two agents share the same
 two cores with each other (and, on this project's machine, with other engineers' work),
@@ -51,6 +54,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=24, help="output tokens per request")
     p.add_argument("--sizes", default="1,2,4,8", help="layers per operation in op_table")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--via",
+        choices=("up", "operator"),
+        default="up",
+        help="up: this process drives the agents (as `tessera up`); operator: the operator's "
+        "loop does, against the test API server, requests go through a gateway",
+    )
+    p.add_argument("--tick-s", type=float, default=1.0, help="--via operator: the loop's tick")
+    p.add_argument("--tpot-ms", type=float, default=1000.0, help="--via operator: the TPOT SLO")
+    p.add_argument(
+        "--migrate-wait-s", type=float, default=20.0, help="--via operator: wait for a migrate"
+    )
 
 
 def _stub(address: str) -> pb_grpc.AgentStub:
@@ -249,17 +264,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             check=True,
             stdout=subprocess.DEVNULL,
         )
-        a = local_agents.start_agent("agent-0", "cpu:1x2GiB", 1)
-        b = local_agents.start_agent("agent-1", "cpu:1x2GiB", 1)
-        try:
-            _load(a, model)
-            table = _op_table(a, b, model, sizes)
-            sweep = _sweep(a, b, loads, args.requests, args.tokens, args.seed)
-        finally:
-            local_agents.stop_agent(a)
-            local_agents.stop_agent(b)
+        if args.via == "operator":
+            from tessera.cli import bench_scaling_operator
+
+            sweep = bench_scaling_operator.run(model, loads, args)
+            table = sweep.pop("op_table")
+        else:
+            a = local_agents.start_agent("agent-0", "cpu:1x2GiB", 1)
+            b = local_agents.start_agent("agent-1", "cpu:1x2GiB", 1)
+            try:
+                _load(a, model)
+                table = _op_table(a, b, model, sizes)
+                sweep = _sweep(a, b, loads, args.requests, args.tokens, args.seed)
+            finally:
+                local_agents.stop_agent(a)
+                local_agents.stop_agent(b)
     return {
         "bench": "scaling",
+        "via": args.via,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "cpus": _cpus(),
         "model": f"tiny llama, {LAYERS} layers, hidden 256 (random weights)",

@@ -3,10 +3,9 @@
 Where it runs: in `tessera up` (beside the agents it supervises and the in-process
 gateway whose inter-token latencies are the SLO signal), every `--scaling-interval`
 seconds, when the manifest's `spec.policies.scaling.enabled` (`for_up`; a manifest edit
-that changes the policy re-tunes, starts or stops the loop: `cli/up_policies.py`).
-The operator does not run it: it has no
-latency signal of the gateway, and it already reports what the loop did from the agents'
-`Describe` (`status.scaling.layerRuns`, events).
+that changes the policy re-tunes, starts or stops the loop: `cli/up_policies.py`), and
+in the operator (`tessera_operator/scaling_tick.py`: the gateway's histogram pulled over
+`GET /metrics`, the lines written as `ModuleScaling` events).
 
 Each `tick`: read the gateway's histogram (`itl`), take the window since the last tick
 (`policies.scaling_signal.window`) and decide (`scaling_signal.decide`); then, for each
@@ -17,12 +16,16 @@ the other agents as peers; one layer's bytes from the leader's block) runs
 time, the TPOT target its budget, the batch the replica's running requests up to its cap),
 `restore_batch`, or `measure_gamma` then `tick_up` (Algorithm 1). A failing replica is
 reported and the loop goes on. Returns one line per action; `run` calls it in a thread.
+Every agent operation a tick (or an eviction) applied adds one `op_line` (its
+`ScalingOpReply`: seconds, pause, bytes), which `parse_op_line` reads back (the operator
+writes the lines as events; `tessera bench scaling --via operator` tables them).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +59,36 @@ def hist_of(histogram: object) -> sig.Hist:
     return sig.Hist(tuple(bounds), tuple(counts), total, sum_s)
 
 
+OP_LINE = re.compile(
+    r"^(?P<rid>\S+): op (?P<op>\w+) layers (?P<start>\d+)-(?P<end>\d+) "
+    r"(?P<source>\S*) -> (?P<target>\S*): (?P<seconds>[0-9.e+-]+) s, "
+    r"pause (?P<pause_ms>[0-9.e+-]+) ms, (?P<param_bytes>\d+) param bytes, "
+    r"(?P<kv_bytes>\d+) kv bytes, (?P<kv_pages>\d+) kv pages, (?P<requests>\d+) requests moved$"
+)
+
+
+def op_line(rid: str, r: pb.ScalingOpReply) -> str:
+    """One applied agent operation as a report line (`parse_op_line` reads it back)."""
+    return (
+        f"{rid}: op {r.op} layers {r.layer_start}-{r.layer_end} {r.source} -> {r.target}: "
+        f"{r.seconds:.4f} s, pause {r.pause_s * 1e3:.3f} ms, {r.param_bytes} param bytes, "
+        f"{r.kv_bytes} kv bytes, {r.kv_pages} kv pages, {r.requests} requests moved"
+    )
+
+
+def parse_op_line(line: str) -> dict[str, Any] | None:
+    """The fields of an `op_line` (numbers as numbers), or None for any other line."""
+    m = OP_LINE.match(line)
+    if m is None:
+        return None
+    out: dict[str, Any] = m.groupdict()
+    for k in ("start", "end", "param_bytes", "kv_bytes", "kv_pages", "requests"):
+        out[k] = int(out[k])
+    for k in ("seconds", "pause_ms"):
+        out[k] = float(out[k])
+    return out
+
+
 @dataclass(frozen=True)
 class AgentAt:
     agent: str
@@ -77,7 +110,17 @@ class ScalingLoop:
         self.drivers: dict[str, sd.ScalingDriver] = {}
         self._stubs: dict[str, pb_grpc.AgentStub] = {}
         self._prev: sig.Hist | None = None
+        self._reported: dict[str, int] = {}  # replica -> its driver's ops already reported
         self.ticks = 0
+
+    def _op_lines(self) -> list[str]:
+        """One `op_line` per agent operation applied since the last call."""
+        out = []
+        for rid, d in sorted(self.drivers.items()):
+            seen = self._reported.get(rid, 0)
+            out += [op_line(rid, reply) for _, reply in d.applied[seen:]]
+            self._reported[rid] = len(d.applied)
+        return out
 
     def _stub(self, address: str) -> pb_grpc.AgentStub:
         """One channel per agent for the loop's life, shared with its drivers: a tick
@@ -107,6 +150,7 @@ class ScalingLoop:
             if desc is not None:
                 d.adopt(desc)  # the runs already on the agents (an earlier loop's)
             self.drivers[block.replica_id] = d
+            self._reported[block.replica_id] = 0
         return d
 
     def reconfigure(self, cfg: ms.ScalingConfig, tpot_target_s: float) -> None:
@@ -125,6 +169,7 @@ class ScalingLoop:
                 out.append(f"module scaling off: {rid}: {d.evict_all()} layer replicas evicted")
             except Exception as exc:  # an agent gone: its replicas went with it
                 out.append(f"module scaling off: {rid}: evicting failed: {exc!r}")
+        out += self._op_lines()
         self.drivers = {}
         return out
 
@@ -141,6 +186,7 @@ class ScalingLoop:
                 n = self._driver(a, b, desc).evict_all()
                 if n:
                     out.append(f"module scaling off: {b.replica_id}: {n} layer replicas evicted")
+        out += self._op_lines()
         self.drivers = {}
         return out
 
@@ -169,6 +215,7 @@ class ScalingLoop:
             except Exception as exc:  # one agent's failure must not stop the loop
                 answered = False
                 out.append(f"module scaling on {a.agent} failed: {exc!r}")
+        out += self._op_lines()
         if answered:  # replicas a transition removed: forget their drivers (and cuts)
             self.drivers = {r: d for r, d in self.drivers.items() if r in seen}
         return out
