@@ -152,7 +152,10 @@ def test_two_replicas_and_prefix_cache_pages_follow(
     ps = [shared + p[1:6] for p in prompts[:6]]
     ops = [(1, _replicate(1, 3, "a0/cpu:1")), (1, _replicate(1, 3, "a1/cpu:0"))]
     delays = [0.0, 0.1, 0.15, 0.2, 0.25, 0.3]
-    out, _ = asyncio.run(_drive(st, ps, delays, ops))
+    # the others arrive after both replicas exist (step 1: the first prompt's first chunk,
+    # whose pages the cache holds), however slow the machine: no race with its prefill
+    after_op = {j: 1 for j in range(1, len(ps))}
+    out, _ = asyncio.run(_drive(st, ps, delays, ops, after_op=after_op))
     assert out == _expected(tiny_llama, ps)
     run = st.runner.runs[0]
     assert len(run.holders) == 3
