@@ -162,7 +162,8 @@ class Hosting:
         once its graphs exist (`compile_policy.warm_before_ready`): ready means warm."""
         loaded = await self._load(spec, source, max_num_seqs, max_batched_tokens, data_plane, parts)
         graph = loaded.hosted.stage.runner.decode_graph
-        if loaded.how == "loaded" and graph is not None and graph.state == "warming":
+        # "already loaded" too: a retried load (its first call timed out) waits as well
+        if graph is not None and graph.state == "warming":
             if compile_policy.warm_before_ready(graph.device):  # outside the load lock
                 await asyncio.get_running_loop().run_in_executor(None, graph.wait)
                 log.info(

@@ -87,7 +87,18 @@ def test_load_answers_once_warm_and_reports_it(one_layer: Path, cache: Path) -> 
     hs, dev = _hosting()
 
     async def run() -> None:
-        loaded = await hs.load(blocks.Block(str(one_layer), 0, 1, replica_id="r0"))
+        spec = blocks.Block(str(one_layer), 0, 1, replica_id="r0")
+
+        # A retried load (its first call timed out) must not answer before the warm-up
+        # either: "already loaded" waits for it too.
+        async def load() -> tuple[hosting.Loaded, str]:
+            got = await hs.load(spec)  # the compile state at the moment it answered:
+            g = got.hosted.stage.runner.decode_graph
+            return got, "none" if g is None else g.status
+
+        (loaded, said), (again, said_again) = await asyncio.gather(load(), load())
+        assert {loaded.how, again.how} == {"loaded", "already loaded"}
+        assert said == said_again == "warm"
         g = loaded.hosted.stage.runner.decode_graph
         assert g is not None and g.state == "ready" and g.warmed and g.compiles >= 2
         assert g.warmup_s > 0 and g.status == "warm"
