@@ -31,6 +31,16 @@ class Hosted:
                 link.close()
 
     @property
+    def compile_status(self) -> str:
+        """The stage's compiled or captured decode: "warm" (built at this load), "cached"
+        (from the compile cache, `engine/compile_cache.py`), "compiling" (steps eager until
+        it is over) or "eager" (off, failed, or none on this stage)."""
+        r = self.stage.runner
+        if r.graphs is not None:  # CUDA graphs, captured before the load answered
+            return "warm" if r.graphs.ready else "eager"
+        return r.decode_graph.status if r.decode_graph is not None else "eager"
+
+    @property
     def num_stages(self) -> int:
         return self.stage.spec.num_stages
 

@@ -145,6 +145,7 @@ class Hosting:
             results=""
             if h.stage.spec.stage_index or h.stage.spec.tp_rank or h.stage.spec.is_last
             else ("gloo" if h.result_in is not None and h.result_in.ready else "grpc"),
+            compile=h.compile_status,
         )
 
     # -- changes ------------------------------------------------------------------------
@@ -156,6 +157,31 @@ class Hosting:
         max_batched_tokens: int = 0,
         data_plane: pb.DataPlane | None = None,
         parts: Sequence[pb.SwitchSource] = (),
+    ) -> Loaded:
+        """Load the block; with the compiled decode on (an agent's default) answer only
+        once its graphs exist (`compile_policy.warm_before_ready`): ready means warm."""
+        loaded = await self._load(spec, source, max_num_seqs, max_batched_tokens, data_plane, parts)
+        graph = loaded.hosted.stage.runner.decode_graph
+        # "already loaded" too: a retried load (its first call timed out) waits as well
+        if graph is not None and graph.state == "warming":
+            if compile_policy.warm_before_ready(graph.device):  # outside the load lock
+                await asyncio.get_running_loop().run_in_executor(None, graph.wait)
+                log.info(
+                    "%s: ready after its warm-up (compile: %s, %.1f s)",
+                    loaded.hosted.holder,
+                    graph.status,
+                    graph.warmup_s,
+                )
+        return loaded
+
+    async def _load(
+        self,
+        spec: blocks.Block,
+        source: pb.BlockSource | None,
+        max_num_seqs: int,
+        max_batched_tokens: int,
+        data_plane: pb.DataPlane | None,
+        parts: Sequence[pb.SwitchSource],
     ) -> Loaded:
         load_check.check_request(spec)
         async with self._lock:

@@ -104,8 +104,22 @@ class _StateCollector(Collector):
             "recompile on a request's step, also logged)",
             labels=["replica", "stage"],
         )
+        compile_state = GaugeMetricFamily(
+            "tessera_agent_stage_compile",
+            "1 for a stage's compiled or captured decode state (compile: warm = built at "
+            "load, cached = from the compile cache, compiling = steps eager until done, "
+            "eager = none)",
+            labels=["replica", "stage", "compile"],
+        )
+        warmup = GaugeMetricFamily(
+            "tessera_agent_decode_graph_warmup_seconds",
+            "Wall time of a stage's last compiled-decode warm-up (before its load answered, "
+            "by default)",
+            labels=["replica", "stage"],
+        )
         for (rid, idx), h in list(self.state.hosted.items()):
             params.add_metric([rid, str(idx)], h.stage.param_bytes)
+            compile_state.add_metric([rid, str(idx), h.compile_status], 1.0)
             g = h.stage.runner.decode_graph
             if g is not None:
                 graph.add_metric([rid, str(idx), g.state], 1.0 if g.state == "ready" else 0.0)
@@ -113,6 +127,7 @@ class _StateCollector(Collector):
                 graph_steps.add_metric([rid, str(idx), "decode"], g.calls - split)
                 graph_steps.add_metric([rid, str(idx), "split"], split)
                 graph_compiles.add_metric([rid, str(idx)], g.compiles)
+                warmup.add_metric([rid, str(idx)], g.warmup_s)
             kvb.add_metric([rid, str(idx)], h.stage.kv_bytes)
             if h.leader is not None:
                 s = h.leader.stats()
@@ -141,6 +156,8 @@ class _StateCollector(Collector):
             graph,
             graph_steps,
             graph_compiles,
+            compile_state,
+            warmup,
         )
 
 

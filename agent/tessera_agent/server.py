@@ -26,7 +26,13 @@ from tessera.policies import block_batching, microbatch
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import authz, devices, load_config, servicer
-from tessera_agent.engine import compile_policy, decode_graph, host_malloc, omp_teams
+from tessera_agent.engine import (
+    compile_cache,
+    compile_policy,
+    decode_graph,
+    host_malloc,
+    omp_teams,
+)
 from tessera_agent.transfer import store
 
 VERSION = "0.1.0"
@@ -52,6 +58,7 @@ class AgentConfig:
     cobatch_rows: int = 0  # rows per pass of a shared block instance; 0 = the default
     cobatch_linger_s: float = -1.0  # wait for a co-step's chains to resubmit; < 0 = default
     compile_decode: bool = True  # CPU decode steps compiled (engine/decode_graph.py; issue 16)
+    compile_cache: str = ""  # compiled graphs cached across restarts; "" = the default folder
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -93,6 +100,8 @@ async def serve(cfg: AgentConfig) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     compile_policy.set_default(cfg.compile_decode)  # $TESSERA_COMPILE_DECODE still overrides
+    if compile_policy.enabled_from_env():  # before anything compiles
+        compile_cache.configure(cfg.compile_cache or None)
     host_malloc.tune()  # step temporaries stay in the heap ($TESSERA_MALLOC_TUNE=0: not)
     # Work handed to the loop's default executor (reads, copies) must not leave an OpenMP
     # team behind: the compute thread's team would stop spinning (see omp_teams).

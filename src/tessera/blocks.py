@@ -78,6 +78,10 @@ class Block:
     activations: str = ""  # how hidden states reach the next stage: "gloo" (link) or "grpc"
     kv_pages: int = 0  # observed only: pages in the block's KV pool (grows on an overload drop)
     results: str = ""  # leader: how sampled tokens come back: "gloo" (link) or "grpc"
+    # Observed only: the stage's compiled or captured decode, "warm" (built at load), "cached"
+    # (from the agent's compile cache), "compiling" (steps eager until it is over) or
+    # "eager" (off, failed or none).
+    compile: str = ""
     # Issue 14: a full fine-tune opted in to serving layers equivalent to the foundation's
     # from the foundation's weights (`shareEquivalent`): the foundation's checkpoint, and
     # the logit-lens threshold (0 = off: only bit-identical layers are shared).

@@ -1,8 +1,10 @@
 """When the compiled decode (`decode_graph.py`) is on, and what it costs an agent's memory.
 
 `mode_from_env` reads `TESSERA_COMPILE_DECODE` over the process default (`set_default`,
-called by `tessera agent`); `packed_bytes` / `planned_packed_bytes` size the packed weight
-copy of a frozen graph; `load_reserve` decides, before a block's KV pool is sized, whether
+called by `tessera agent`), and `warm_before_ready` says whether a load answers only once
+the warm-up is over (the default: ready means warm); `freeze` whether the decode graph is
+compiled frozen; `packed_bytes` / `planned_packed_bytes` size the packed weight copy of a
+frozen graph; `load_reserve` decides, before a block's KV pool is sized, whether
 an agent holds that copy's bytes back, and `begin` then starts the warm-up or turns the
 path off with the reason. Called by `runner.py`, `hosting.py` and `server.py`.
 """
@@ -31,9 +33,13 @@ ENV = "TESSERA_COMPILE_DECODE"
 # The eager rows' prepacked projections (`packed_linear.py`), on with the compiled decode;
 # "0" turns them off (A/B).
 PACK_ENV = "TESSERA_PACK_PROMPTS"
+# The decode graph compiled with Inductor's `freezing` (weights prepacked as constants);
+# "0" compiles it unfrozen: slower steps, but a graph Inductor's caches keep across
+# restarts (a frozen one bypasses them: its prepacked weights cannot be pickled).
+FREEZE_ENV = "TESSERA_COMPILE_FREEZE"
 # The compiled row-wise layer parts over those packs (`prompt_graph.py`); "0" turns them off.
 PROMPT_ENV = "TESSERA_COMPILE_PROMPTS"
-_OFF, _ON, _WAIT = "off", "on", "wait"
+_OFF, _ON, _BACKGROUND, _WAIT = "off", "on", "background", "wait"
 _default = False  # an agent process sets it (`set_default`); in-process engines leave it
 
 
@@ -44,16 +50,22 @@ def set_default(on: bool) -> None:
 
 
 def mode_from_env(device: torch.device | None = None) -> str:
-    """ "off", "on" (warm up in the background) or "wait" (warm up when built)."""
+    """ "off"; "on" (an agent's load answers once the warm-up is over: ready means warm);
+    "background" (the load answers at once, steps run eagerly until the warm-up is over);
+    or "wait" (warm up when the runner is built, for in-process engines)."""
     raw = os.environ.get(ENV, "").strip().lower()
     if raw in ("1", "true", "yes", "on"):
         return _ON
+    if raw == _BACKGROUND:
+        return _BACKGROUND
     if raw in ("wait", "sync"):
         return _WAIT
     if raw in ("0", "false", "no", "off"):
         return _OFF
     if raw:
-        log.warning("%s=%r is not one of 0, 1, wait: compiled decode stays off", ENV, raw)
+        log.warning(
+            "%s=%r is not one of 0, 1, background, wait: compiled decode stays off", ENV, raw
+        )
         return _OFF
     on = _default and (device is None or device.type == "cpu")  # CUDA: only when asked
     return _ON if on else _OFF
@@ -62,6 +74,18 @@ def mode_from_env(device: torch.device | None = None) -> str:
 def enabled_from_env(device: torch.device | None = None) -> bool:
     """Whether the compiled decode path is on (environment, else the process default)."""
     return mode_from_env(device) != _OFF
+
+
+def warm_before_ready(device: torch.device | None = None) -> bool:
+    """Whether an agent's load waits for the stage's warm-up before it answers (the
+    default where the path is on; `TESSERA_COMPILE_DECODE=background` does not)."""
+    return mode_from_env(device) == _ON
+
+
+def freeze(device: torch.device | None = None) -> bool:
+    """Whether a CPU stage's decode graph is compiled frozen: on unless
+    `TESSERA_COMPILE_FREEZE=0` (`compile_cache.py` says what each costs a restart)."""
+    return env_flags.on(FREEZE_ENV) and (device is None or device.type == "cpu")
 
 
 def pack_prompts(device: torch.device | None = None) -> bool:

@@ -61,7 +61,13 @@ import torch
 import torch._inductor.config as inductor_config
 
 from tessera.policies import batching
-from tessera_agent.engine import attention, compile_policy, packed_linear, prompt_graph
+from tessera_agent.engine import (
+    attention,
+    compile_cache,
+    compile_policy,
+    packed_linear,
+    prompt_graph,
+)
 from tessera_agent.engine import model as model_mod
 
 log = logging.getLogger(__name__)
@@ -140,6 +146,8 @@ class CompiledDecode:
         self.compiles = 0  # graphs Inductor built (warm-up: 3-4 measured; more is logged)
         self.warmup_s = 0.0  # wall time of the last warm-up (mostly compiling)
         self.state = "cold"  # cold -> warming -> ready | failed | off
+        self.warmed = False  # the last warm-up is over (decode and prompt rows' graphs)
+        self.cached = False  # and its graphs all came from the compile cache
         self.reason = ""  # why failed/off
         self._gen = 0  # bumped by every rebuild; a stale warm-up does not publish
         self._lock = threading.Lock()
@@ -174,7 +182,8 @@ class CompiledDecode:
         # `torch.compile(options=...)` it did not take effect here).
         if self.device.type == "cuda":
             return contextlib.nullcontext()
-        patched: contextlib.AbstractContextManager[Any] = inductor_config.patch(freezing=True)
+        freeze = compile_policy.freeze(self.device)
+        patched: contextlib.AbstractContextManager[Any] = inductor_config.patch(freezing=freeze)
         return patched
 
     @staticmethod
@@ -245,32 +254,55 @@ class CompiledDecode:
         seconds it took. Raises what compiling raises."""
         with self._lock:
             gen = self._gen
-            self.state = "warming"
+            self.state, self.warmed = "warming", False
         t0 = time.perf_counter()
-        on = self.with_packs and compile_policy.pack_prompts(self.device)
-        if on and packed_linear.packable(self.model):
-            packs = packed_linear.StagePacks(self.model)
-            packs.warm(self.model, batching.BatchLimits.max_batched_tokens)
+        with compile_cache.Probe() as probe:
+            on = self.with_packs and compile_policy.pack_prompts(self.device)
+            if on and packed_linear.packable(self.model):
+                packs = packed_linear.StagePacks(self.model)
+                packs.warm(self.model, batching.BatchLimits.max_batched_tokens)
+                with self._lock:
+                    if gen == self._gen and self.with_packs:
+                        self.packs = packs
+            b, ctx, slots = self._shapes(kv_like)
+            with torch.inference_mode():
+                self._run_synthetic(kv_like, 1, ctx, slots)
+                self._run_synthetic(kv_like, b, ctx, slots)
+            took = time.perf_counter() - t0
             with self._lock:
-                if gen == self._gen and self.with_packs:
-                    self.packs = packs
-        b, ctx, slots = self._shapes(kv_like)
-        with torch.inference_mode():
-            self._run_synthetic(kv_like, 1, ctx, slots)
-            self._run_synthetic(kv_like, b, ctx, slots)
-        took = time.perf_counter() - t0
+                if gen == self._gen:
+                    self.state, self.warmup_s = "ready", took
+            log.info(
+                "compiled decode ready for layers [%d, %d) in %.1f s (%d graphs, %d packed bytes)",
+                *self._range(),
+                took,
+                self.compiles,
+                self.packed_bytes,
+            )
+            self._warm_prompts(gen)
         with self._lock:
-            if gen == self._gen:
-                self.state, self.warmup_s = "ready", took
+            if gen == self._gen:  # the prompt rows' graphs exist too: the warm-up is over
+                self.warmed, self.cached = True, probe.outcome == "cached"
         log.info(
-            "compiled decode ready for layers [%d, %d) in %.1f s (%d graphs, %d packed bytes)",
+            "compiled graphs of layers [%d, %d) %s in %.1f s (%d cache hits, %d misses)",
             *self._range(),
-            took,
-            self.compiles,
-            self.packed_bytes,
+            "came from the compile cache" if probe.outcome == "cached" else "compiled",
+            time.perf_counter() - t0,
+            probe.hits,
+            probe.misses,
         )
-        self._warm_prompts(gen)
         return took
+
+    @property
+    def status(self) -> str:
+        """What the stage's agent reports (`compile`): "compiling" (steps run eagerly until
+        it is done), "warm" (compiled at this load), "cached" (its graphs came from the
+        compile cache) or "eager" (off or failed; `reason` says why)."""
+        if self.state == "ready" and self.warmed:
+            return "cached" if self.cached else "warm"
+        if self.state in ("cold", "warming", "ready"):
+            return "compiling"
+        return "eager"
 
     def _warm_prompts(self, gen: int) -> None:
         """Compile the packs' many-row layer parts (`prompt_graph.py`); a failure leaves

@@ -94,7 +94,15 @@ def register(sub: Any) -> None:
         dest="compile_decode",
         action="store_false",
         help="run decode steps eagerly (default on CPU: compiled with torch.compile, warmed "
-        "up in the background after each load; TESSERA_COMPILE_DECODE=0 also turns it off)",
+        "up after each load before the load answers; TESSERA_COMPILE_DECODE=0 also turns it "
+        "off, =background answers at once and warms up behind)",
+    )
+    p.add_argument(
+        "--compile-cache",
+        default="",
+        metavar="DIR",
+        help="folder of the compiled graphs cached across restarts, one subfolder per torch "
+        "version (default: $TESSERA_COMPILE_CACHE, else $XDG_CACHE_HOME/tessera/compile)",
     )
     p.set_defaults(func=_run)
 
@@ -141,6 +149,7 @@ def _run(args: argparse.Namespace) -> int:
         pipeline_microbatches=args.pipeline_microbatches,
         storage_bytes_per_s=args.storage_bandwidth,
         cost_profile=args.cost_profile,
+        compile_cache=args.compile_cache,
         compile_decode=args.compile_decode,
     )
     return server.run(cfg)

@@ -94,6 +94,7 @@ def status(args: argparse.Namespace) -> int:
         "KV MiB",
         "KV pages",
         "data plane",
+        "compile",
         "variants (adapters)",
     ):
         replicas.add_column(col)
@@ -117,6 +118,7 @@ def status(args: argparse.Namespace) -> int:
             f"{b.kv_bytes / 2**20:.1f}",
             str(b.kv_pages),
             plane,
+            b.compile or "-",
             ", ".join(extra[0].get((name, rid, idx), ())) or "-",
         )
     console.print(replicas)

@@ -37,6 +37,7 @@ def to_proto(b: blocks.Block, kv_pages: int = 0, num_tensors: int = 0) -> pb.Blo
         group_reason=b.group_reason,
         activations=b.activations,
         results=b.results,
+        compile=b.compile,
         share=share(b),
     )
 
@@ -71,6 +72,7 @@ def from_proto(m: pb.BlockInfo) -> blocks.Block:
         activations=m.activations,
         kv_pages=m.kv_pages,
         results=m.results,
+        compile=m.compile,
         share_from=m.share.foundation_path,
         share_threshold=m.share.threshold if m.share.foundation_path else 0.0,
     )

@@ -167,7 +167,7 @@ class PushTensorsReply(_message.Message):
     def __init__(self, bytes: _Optional[int] = ...) -> None: ...
 
 class BlockInfo(_message.Message):
-    __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason", "activations", "variants", "shared_param_bytes", "share", "equivalence", "results")
+    __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason", "activations", "compile", "variants", "shared_param_bytes", "share", "equivalence", "results")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +189,7 @@ class BlockInfo(_message.Message):
     GROUP_STATE_FIELD_NUMBER: _ClassVar[int]
     GROUP_REASON_FIELD_NUMBER: _ClassVar[int]
     ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_FIELD_NUMBER: _ClassVar[int]
     VARIANTS_FIELD_NUMBER: _ClassVar[int]
     SHARED_PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
@@ -215,12 +216,13 @@ class BlockInfo(_message.Message):
     group_state: str
     group_reason: str
     activations: str
+    compile: str
     variants: _containers.RepeatedScalarFieldContainer[str]
     shared_param_bytes: int
     share: VariantShare
     equivalence: VariantEquivalence
     results: str
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., dtype: _Optional[str] = ..., num_tensors: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., transport: _Optional[str] = ..., group_state: _Optional[str] = ..., group_reason: _Optional[str] = ..., activations: _Optional[str] = ..., variants: _Optional[_Iterable[str]] = ..., shared_param_bytes: _Optional[int] = ..., share: _Optional[_Union[VariantShare, _Mapping]] = ..., equivalence: _Optional[_Union[VariantEquivalence, _Mapping]] = ..., results: _Optional[str] = ...) -> None: ...
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., dtype: _Optional[str] = ..., num_tensors: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., transport: _Optional[str] = ..., group_state: _Optional[str] = ..., group_reason: _Optional[str] = ..., activations: _Optional[str] = ..., compile: _Optional[str] = ..., variants: _Optional[_Iterable[str]] = ..., shared_param_bytes: _Optional[int] = ..., share: _Optional[_Union[VariantShare, _Mapping]] = ..., equivalence: _Optional[_Union[VariantEquivalence, _Mapping]] = ..., results: _Optional[str] = ...) -> None: ...
 
 class LoadBlockReply(_message.Message):
     __slots__ = ("block", "already_loaded")
