@@ -150,10 +150,11 @@ def test_two_replicas_and_prefix_cache_pages_follow(
     st = helpers.load(tiny_llama, [(0, 8)])[0]
     shared = prompts[5][:40]
     ps = [shared + p[1:6] for p in prompts[:6]]
-    ops = [(1, _replicate(1, 3, "a0/cpu:1")), (1, _replicate(1, 3, "a1/cpu:0"))]
+    # both replicas are made at step 3, once the first prompt's prefill (two chunks) has put
+    # its prefix pages in the cache; the others arrive after that, however slow the machine
+    # (on wall-clock delays alone they could arrive mid-prefill and find nothing cached)
+    ops = [(3, _replicate(1, 3, "a0/cpu:1")), (3, _replicate(1, 3, "a1/cpu:0"))]
     delays = [0.0, 0.1, 0.15, 0.2, 0.25, 0.3]
-    # the others arrive after both replicas exist (step 1: the first prompt's first chunk,
-    # whose pages the cache holds), however slow the machine: no race with its prefill
     after_op = {j: 1 for j in range(1, len(ps))}
     out, _ = asyncio.run(_drive(st, ps, delays, ops, after_op=after_op))
     assert out == _expected(tiny_llama, ps)
