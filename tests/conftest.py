@@ -135,6 +135,8 @@ SERIAL = (
     "tests/gateway/test_cutover.py",
     "tests/engine/test_bench_smoke.py",
     "tests/engine/test_layer_run_vs_hf.py",  # requests arrive on a wall-clock schedule
+    # 8 requests must overlap to exhaust 9 KV pages and preempt
+    "tests/agent/test_agent_rpc.py::test_kv_exhaustion_through_agent_finishes_all",
 )
 
 
