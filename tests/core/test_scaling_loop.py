@@ -16,6 +16,8 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from tessera import api
 from tessera.control import scaling_loop
 from tessera.policies import module_scaling as ms
@@ -193,3 +195,22 @@ def test_each_applied_operation_is_reported_once_as_a_line_that_parses_back() ->
     assert got is not None and (got["op"], got["start"], got["end"]) == ("migrate", 2, 4)
     assert (got["pause_ms"], got["kv_pages"], got["requests"]) == (1.5, 3, 2)
     assert scaling_loop.parse_op_line("r0: replicated 1 layers") is None
+
+
+def test_the_scraped_and_the_collected_histogram_read_the_same() -> None:
+    """The gateway's ITL histogram read from `/metrics` text and from the live object give one
+    `Hist` (one conversion, `scaling_signal.from_samples`); a scrape without it says so."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from tessera.control import gateway_itl
+    from tessera.control import scaling_loop as sl
+
+    reg = CollectorRegistry()
+    h = Histogram(gateway_itl.ITL, "itl", registry=reg, buckets=(0.01, 0.1, 1.0))
+    for v in (0.005, 0.05, 0.5, 2.0):
+        h.observe(v)
+    scraped = gateway_itl.parse(generate_latest(reg).decode())
+    assert scraped == sl.hist_of(h)
+    assert scraped.counts == (1.0, 2.0, 3.0, 4.0) and scraped.total == 4.0
+    with pytest.raises(ValueError, match="no tessera_gateway_inter_token_latency_seconds"):
+        gateway_itl.parse("")

@@ -21,25 +21,10 @@ TIMEOUT_S = 2.0
 
 def parse(text: str) -> sig.Hist:
     """The histogram in a Prometheus text document; ValueError when absent."""
-    bounds: list[float] = []
-    counts: list[float] = []
-    total = sum_s = 0.0
-    found = False
     for family in text_string_to_metric_families(text):
-        if family.name != ITL:
-            continue
-        found = True
-        for s in family.samples:
-            if s.name.endswith("_bucket"):
-                bounds.append(float(s.labels["le"]))
-                counts.append(float(s.value))
-            elif s.name.endswith("_count"):
-                total = float(s.value)
-            elif s.name.endswith("_sum"):
-                sum_s = float(s.value)
-    if not found:
-        raise ValueError(f"no {ITL} histogram")
-    return sig.Hist(tuple(bounds), tuple(counts), total, sum_s)
+        if family.name == ITL:
+            return sig.from_samples(family.samples)
+    raise ValueError(f"no {ITL} histogram")
 
 
 async def fetch(url: str) -> sig.Hist:

@@ -43,20 +43,8 @@ Report = Callable[[str], None]
 
 def hist_of(histogram: object) -> sig.Hist:
     """A `prometheus_client.Histogram` (no labels) as a cumulative `Hist`."""
-    bounds: list[float] = []
-    counts: list[float] = []
-    total = sum_s = 0.0
     collect: Callable[[], Any] = getattr(histogram, "collect")  # noqa: B009
-    for metric in collect():
-        for s in metric.samples:
-            if s.name.endswith("_bucket"):
-                bounds.append(float(s.labels["le"]))
-                counts.append(float(s.value))
-            elif s.name.endswith("_count"):
-                total = float(s.value)
-            elif s.name.endswith("_sum"):
-                sum_s = float(s.value)
-    return sig.Hist(tuple(bounds), tuple(counts), total, sum_s)
+    return sig.from_samples(s for metric in collect() for s in metric.samples)
 
 
 OP_LINE = re.compile(

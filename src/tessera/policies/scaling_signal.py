@@ -20,7 +20,9 @@ window right after it); else "up" (Algorithm 1, which itself acts only on idle d
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from tessera.policies import module_scaling as ms
 
@@ -49,6 +51,23 @@ class Window:
     @property
     def violation_rate(self) -> float:
         return self.late / self.gaps if self.gaps > 0 else 0.0
+
+
+def from_samples(samples: Iterable[Any]) -> Hist:
+    """A cumulative `Hist` from one Prometheus histogram's samples (objects with `name`,
+    `labels` and `value`, as `prometheus_client` gives them, collected or parsed)."""
+    bounds: list[float] = []
+    counts: list[float] = []
+    total = sum_s = 0.0
+    for s in samples:
+        if s.name.endswith("_bucket"):
+            bounds.append(float(s.labels["le"]))
+            counts.append(float(s.value))
+        elif s.name.endswith("_count"):
+            total = float(s.value)
+        elif s.name.endswith("_sum"):
+            sum_s = float(s.value)
+    return Hist(tuple(bounds), tuple(counts), total, sum_s)
 
 
 def _on_time(h: Hist, target_s: float) -> float:
