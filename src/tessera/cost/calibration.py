@@ -5,12 +5,16 @@ profile's step times). Where that price is wrong, the switching loop switches to
 layout (issue 34). Input: samples `(layout, predicted P99, measured P99, split)`, the
 measurement being a run of that layout at that demand (the simulator driven by the same
 cost profile, or real agents); `split` is "fit" or "eval" (held out: other arrivals, other
-rates). Each sample may carry a `point` (features of the demand: the class shares and the
-load as a share of the sustainable rate). `fit` keeps, per layout, the ratio measured /
-predicted of every fit sample; the correction at a demand is the inverse-distance
-weighted ratio of the layout's fit samples around its point (the median ratio without
-points). It reports, per layout, the relative error of the corrected model on the
-held-out samples (median and max) beside the raw model's error.
+rates). Each sample may carry a `point` (features of the demand: the class shares, then
+the load as a share of the sustainable rate, last). `fit` keeps, per layout, the ratio
+measured / predicted of every fit sample; the correction at a demand is local: the fit
+samples of the calibrated mix nearest the demand's shares, linearly interpolated in the
+load between the two loads around it (the end's ratio outside them). Between mixes the
+ratio is not smooth (the routing the model picks changes with the mix), so a mix's own
+samples are the only ones that say how the model misses it: an inverse-distance average
+over every mix let a neighbour's ratio outweigh the mix's own at another load (samples
+without points: the median ratio). It reports, per layout, the relative error of the
+corrected model on the held-out samples (median and max) beside the raw model's error.
 A layout with no samples keeps the raw price and the largest raw error measured on any
 layout (what the model is known to miss by). The switching decision takes `error(layout)`
 as its hysteresis (`policies.switching.gain_threshold`). Pure; called by the simulator's
@@ -91,13 +95,11 @@ class Calibration:
         near = [(p, r) for p, r in self.ratios.get(layout, ()) if len(p) == len(point) and p]
         if not point or not near:
             return e.factor
-        weights = []
+        mixes: dict[tuple[float, ...], list[tuple[float, float]]] = {}
         for p, r in near:
-            d = math.dist(p, point)
-            if d < 1e-9:
-                return r
-            weights.append((1.0 / d**2, r))
-        return sum(w * r for w, r in weights) / sum(w for w, _ in weights)
+            mixes.setdefault(p[:-1], []).append((p[-1], r))
+        mix = min(mixes, key=lambda m: (math.dist(m, point[:-1]), m))
+        return _interpolate(sorted(mixes[mix]), point[-1])
 
     def price(self, layout: str, predicted_s: float, point: tuple[float, ...] = ()) -> float:
         """The model's price of `layout` (at `point`), corrected."""
@@ -117,6 +119,16 @@ class Calibration:
             "error_median_of_medians": round(statistics.median(meds), 4) if meds else None,
             "error_max": round(max(errs), 4) if errs else None,
         }
+
+
+def _interpolate(xs: list[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear through (x, y) sorted by x; the end values outside."""
+    if x <= xs[0][0]:
+        return xs[0][1]
+    for (x0, y0), (x1, y1) in zip(xs, xs[1:], strict=False):
+        if x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return xs[-1][1]
 
 
 def _rel(price: float, measured: float) -> float:
