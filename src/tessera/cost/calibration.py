@@ -17,12 +17,15 @@ without points: the median ratio). It reports, per layout, the relative error of
 corrected model on the held-out samples (median and max) beside the raw model's error.
 A layout with no samples keeps the raw price and the largest raw error measured on any
 layout (what the model is known to miss by). The switching decision takes `error(layout)`
-as its hysteresis (`policies.switching.gain_threshold`). Pure; called by the simulator's
-Table 2 (`sim/oserve_table2.py`) and `tessera bench sim`.
+as its hysteresis (`policies.switching.gain_threshold`). `dump` / `load` write and read
+a calibration as JSON (the operator's `--switching-calibration FILE`). Pure; called by
+the simulator's Table 2 (`sim/oserve_table2.py`), `tessera bench sim`, `tessera
+calibrate` and the operator's switching loop.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Iterable, Mapping
@@ -125,7 +128,7 @@ def _interpolate(xs: list[tuple[float, float]], x: float) -> float:
     """Piecewise-linear through (x, y) sorted by x; the end values outside."""
     if x <= xs[0][0]:
         return xs[0][1]
-    for (x0, y0), (x1, y1) in zip(xs, xs[1:], strict=False):
+    for (x0, y0), (x1, y1) in itertools.pairwise(xs):
         if x <= x1:
             return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
     return xs[-1][1]
@@ -173,3 +176,53 @@ def fit(samples: Iterable[Sample]) -> Calibration:
             bool(ev),
         )
     return Calibration(out, max(raw_all) if raw_all else 0.0, ratios)
+
+
+def dump(c: Calibration) -> dict[str, Any]:
+    """The calibration as JSON, every field `load` needs (ratios included)."""
+    exact = [
+        {
+            **e.to_json(),
+            "error_median": e.median,
+            "error_max": e.max,
+            "raw_error_median": e.raw_median,
+            "raw_error_max": e.raw_max,
+        }
+        for e in c.layouts.values()
+    ]
+    return {
+        **c.to_json(),
+        "layouts": exact,  # unrounded: the error is the switching threshold
+        "unseen_error": c.unseen_error,
+        "factors": {k: e.factor for k, e in c.layouts.items()},
+        "ratios": {
+            k: [{"point": list(p), "ratio": r} for p, r in rs] for k, rs in c.ratios.items()
+        },
+    }
+
+
+def load(doc: Mapping[str, Any]) -> Calibration:
+    """A calibration from `dump`'s JSON (ValueError when it is not one)."""
+    try:
+        factors = {str(k): float(v) for k, v in doc["factors"].items()}
+        layouts = {}
+        for e in doc["layouts"]:
+            name = str(e["layout"])
+            layouts[name] = LayoutError(
+                name,
+                factors.get(name, float(e["factor"])),
+                int(e["fit_samples"]),
+                int(e["eval_samples"]),
+                float(e["error_median"]),
+                float(e["error_max"]),
+                float(e["raw_error_median"]),
+                float(e["raw_error_max"]),
+                bool(e["held_out"]),
+            )
+        ratios = {
+            str(k): tuple((tuple(float(x) for x in r["point"]), float(r["ratio"])) for r in rs)
+            for k, rs in (doc.get("ratios") or {}).items()
+        }
+        return Calibration(layouts, float(doc["unseen_error"]), ratios)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not a calibration document: {exc!r}") from exc
