@@ -33,7 +33,7 @@ from tessera.sim import engine
 from tessera.sim.oserve import GPUS, NODES, _stats, build, mix_arrivals, router
 
 LOADS = (0.7, 0.9)  # of the best homogeneous layout's sustainable rate at each mix
-LEVELS = ("S1", "S3", "S5")  # of Table 1's five (each row is minutes of simulation)
+QUICK_LEVELS = ("S1", "S3", "S5")  # --quick: three of Table 1's five mixes
 # the paper's vLLM deployments at its spans P1 (DP=8, TP=2) and P6 (DP=2, TP=8)
 STATIC = (("static_dp8_tp2", Shape(2, 1, 1)), ("static_dp2_tp8", Shape(8, 1, 1)))
 
@@ -41,13 +41,14 @@ STATIC = (("static_dp8_tp2", Shape(2, 1, 1)), ("static_dp2_tp8", Shape(8, 1, 1))
 def sensitivity(
     profile: Profile, base: tuple[RequestClass, ...], slo: Slo, quick: bool
 ) -> list[dict[str, Any]]:
-    """S1-S5 at each load of `LOADS`: P99 of the heterogeneous layout and of both
-    baselines, and the speedups over each (module docstring)."""
+    """S1-S5 (quick: S1, S3, S5, shorter runs) at each load of `LOADS`: P99 of the
+    heterogeneous layout and of the baselines, and the speedups over each (module
+    docstring)."""
     span, warm = (150.0, 30.0) if quick else (420.0, 60.0)
     rows = []
     for load in LOADS:
         for level, shares, paper_cv, paper_speedup in table1.LEVELS:
-            if level not in LEVELS:
+            if quick and level not in QUICK_LEVELS:
                 continue
             problem, table = table1.mix_problem(
                 profile, table1.mixed(base, shares), slo, NODES, GPUS, quick=True
