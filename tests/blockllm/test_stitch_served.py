@@ -160,3 +160,21 @@ def test_up_serves_a_stitched_chain_with_the_in_process_chains_tokens(
         up.send_signal(signal.SIGTERM)
         up.wait(60)
         reader.join(5)
+
+
+def test_bench_stitch_serves_the_chain_through_an_agent(zoo_family: Path, tmp_path: Path) -> None:
+    import argparse
+
+    from tessera.cli import bench_stitch
+
+    parser = argparse.ArgumentParser()
+    bench_stitch.add_arguments(parser)
+    args = parser.parse_args(
+        ["--quick", "--family", str(zoo_family), "--zoo", str(tmp_path / "zoo")]
+    )
+    out = bench_stitch.run(args)
+    served = out["served"]
+    assert served["tokens_equal"] is True  # served = the same chain run in-process
+    assert out["tpot_ratio"] == served["tpot_ratio"] > 0
+    assert "inprocess_tpot_ratio" in out and out["cosine"] == served["stitch"]["cosine"]
+    assert served["tail_shared_param_bytes"] == served["tail_param_bytes"] > 0
