@@ -65,6 +65,7 @@ class SpeculativeStages:
         surrogate: Surrogate,
         tolerance: speculation.Tolerance | None = None,
         delay_s: Mapping[int, float] | None = None,
+        enabled: bool = True,
     ) -> None:
         if not 0 <= bottleneck < len(runners) - 1:
             raise ValueError(
@@ -73,6 +74,7 @@ class SpeculativeStages:
         self.runners, self.bottleneck, self.surrogate = list(runners), bottleneck, surrogate
         self.tolerance = tolerance or speculation.Tolerance()
         self.delay_s = dict(delay_s or {})
+        self.enabled = enabled  # off: every step runs the stages in turn (the baseline)
         self.num_pages = min(r.cache.layout.num_pages for r in self.runners)
         self._pools = [concurrent.futures.ThreadPoolExecutor(1) for _ in self.runners]
         self._guess = concurrent.futures.ThreadPoolExecutor(1)
@@ -85,7 +87,7 @@ class SpeculativeStages:
         for i in range(b):
             out = await self._run(i, cur)
             cur = step.next_stage_input(inp, out)
-        if cur.hidden is None or not cur.chunks or not _greedy(cur.chunks):
+        if not self.enabled or cur.hidden is None or not cur.chunks or not _greedy(cur.chunks):
             self.stats.plain_steps += 1
             return await self._tail(b, cur)
         self.stats.speculated_steps += 1
