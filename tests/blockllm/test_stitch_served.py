@@ -178,3 +178,24 @@ def test_bench_stitch_serves_the_chain_through_an_agent(zoo_family: Path, tmp_pa
     assert out["tpot_ratio"] == served["tpot_ratio"] > 0
     assert "inprocess_tpot_ratio" in out and out["cosine"] == served["stitch"]["cosine"]
     assert served["tail_shared_param_bytes"] == served["tail_param_bytes"] > 0
+
+
+def test_validation_refuses_a_stitch_the_zoo_does_not_hold(zoo_family: Path) -> None:
+    from types import SimpleNamespace
+
+    from tessera import variant_spec
+    from tessera.cli import variant_check
+
+    small, large, zoo = zoo_family / "small", zoo_family / "large", zoo_family / "zoo"
+
+    def errs(point: tuple[int, int], zoo_dir: Path, small_dir: Path = small) -> list[str]:
+        v = variant_spec.VariantSpec(
+            "fast", "stitch", str(small_dir), point=point, zoo=str(zoo_dir)
+        )
+        return variant_check.check(SimpleNamespace(spec=SimpleNamespace(variants=(v,))), str(large))
+
+    assert errs((2, 3), zoo) == []
+    assert "was not measured" in errs((2, 4), zoo)[0]
+    assert "no stitch" in errs((2, 3), zoo_family)[0]
+    assert "needs i below" in errs((4, 3), zoo)[0]
+    assert errs((2, 3), zoo, large)[0].startswith("spec.variants[0].stitch: no stitch")
