@@ -192,3 +192,38 @@ def test_routes_status_and_the_proto_round_trip() -> None:
     )
     assert rpc_blocks.from_load_request(rpc_blocks.load_request(b)).same_layout(b)
     assert rpc_blocks.from_proto(rpc_blocks.to_proto(b)).same_layout(b)
+
+
+def test_the_converge_shell_reads_each_agents_room_from_what_it_observes() -> None:
+    from tessera import observed
+    from tessera_operator import stitch_ops
+
+    (v,) = _spec()
+    v = dataclasses.replace(v, path="/m/small", zoo="/m/zoo")
+    facts = {"/m/large": LARGE, "/m/small": SMALL}.get
+
+    def obs(cap0: float, cap1: float, held: tuple[blocks.Block, ...] = ()) -> observed.Observed:
+        def dev(cap: float) -> tuple[observed.DeviceInfo, ...]:
+            return (observed.DeviceInfo("cpu:0", "cpu", int(cap), int(cap)),)
+
+        return observed.Observed(
+            (
+                observed.AgentInfo("agent-0", "a0:1", devices=dev(cap0)),
+                observed.AgentInfo("agent-1", "a1:1", devices=dev(cap1), blocks=held),
+            )
+        )
+
+    def where(o: observed.Observed) -> tuple[str, str]:
+        p = stitch_ops.place(_target(), [v], "/m/large", facts, o, "default.fam.")
+        return _where(p)
+
+    foundation = LARGE.total_bytes + 8 * MB  # its parameters and KV pool on agent-0
+    front_bytes = SMALL.embedding_bytes + 2 * SMALL.layer_bytes + KV
+    assert where(obs(foundation + front_bytes + KV, 1000 * MB)) == ("agent-0", "agent-0")
+    assert where(obs(foundation + KV, front_bytes)) == ("agent-1", "agent-0")  # spread
+    # loaded on agent-1 already: it stays, whatever agent-0 has now
+    loaded = tuple(
+        blocks.Block(path, a, b, replica_id=CHAIN, stage_index=i, num_stages=2)
+        for i, (path, a, b) in enumerate((("/m/small", 0, 2), ("/m/large", 3, 6)))
+    )
+    assert where(obs(1000 * MB, 1000 * MB, loaded)) == ("agent-1", "agent-1")
