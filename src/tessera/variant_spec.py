@@ -140,11 +140,7 @@ def _share(m: Any, where: str, kind: str) -> tuple[bool, float]:
 def _stitch(name: str, doc: Any, where: str) -> VariantSpec:
     """A stitched chain's entry: `{small, point: [i, j], zoo}`."""
     m = fields.mapping(doc, where)
-    extra = sorted(set(m) - set(STITCH_FIELDS))
-    if extra:
-        raise fields.FieldError(
-            f"{where}.{extra[0]}", f"unknown field (allowed: {', '.join(STITCH_FIELDS)})"
-        )
+    fields.known_only(m, STITCH_FIELDS, where)
     small = fields.string(fields.require(m, "small", where), f"{where}.small")
     zoo = fields.string(fields.require(m, "zoo", where), f"{where}.zoo")
     point = fields.require(m, "point", where)
