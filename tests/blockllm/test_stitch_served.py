@@ -8,6 +8,7 @@ large model). The foundation (the large model) still gives `transformers`' token
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -156,6 +157,15 @@ def test_up_serves_a_stitched_chain_with_the_in_process_chains_tokens(
         )
         # the tail's layers are the large model's pieces, held once in the zoo
         assert tail.shared_param_bytes == tail.param_bytes > 0
+        shown = subprocess.run(
+            [sys.executable, "-m", "tessera.cli.main", "status", "--state-file", str(state)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "300"},
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert f"stitch -> large from layer 3 (cosine {q.cosine:.4f}" in shown.stdout
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(60)
