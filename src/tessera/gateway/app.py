@@ -33,6 +33,7 @@ from tessera.gateway import (
     choices,
     dispatch,
     errors,
+    hold,
     limits,
     logprobs,
     metrics,
@@ -70,6 +71,7 @@ class Service:
     api_keys: auth.ApiKeys | None = None  # None: no authentication
     arrivals: arrivals.ArrivalRecorder | None = None  # per-class arrivals (switching loop)
     variants: gw_variants.VariantTable | None = None  # served names (issue 14); built if None
+    holding: hold.Holding | None = None  # holds requests while no replica is awake (issue 32)
 
     def __post_init__(self) -> None:
         if self.variants is None:
@@ -85,6 +87,7 @@ def build(service: Service, max_body_bytes: int) -> web.Application:
     admission = limits.Admission(service.limits, lambda: len(service.replicas.ready_ids()))
     guards = [auth.middleware(service.api_keys)] if service.api_keys else []
     lim = service.limits
+    holds = [service.holding.middleware] if service.holding is not None else []
     reader = body.middleware(
         limits.GUARDED,
         lim.body_timeout_s,
@@ -94,7 +97,7 @@ def build(service: Service, max_body_bytes: int) -> web.Application:
     )
     app = web.Application(
         client_max_size=max_body_bytes,
-        middlewares=[_error_middleware, *guards, reader, admission.middleware],
+        middlewares=[_error_middleware, *guards, reader, admission.middleware, *holds],
     )
     h = _Handlers(service)
     app.router.add_post("/v1/completions", h.completions)

@@ -21,7 +21,7 @@ class Device(_message.Message):
     def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ...) -> None: ...
 
 class ReplicaKV(_message.Message):
-    __slots__ = ("replica_id", "pages_total", "pages_used", "running", "waiting", "preemptions", "prefix_hit_tokens", "cached_pages", "max_num_seqs")
+    __slots__ = ("replica_id", "pages_total", "pages_used", "running", "waiting", "preemptions", "prefix_hit_tokens", "cached_pages", "max_num_seqs", "sleeping")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PAGES_USED_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class ReplicaKV(_message.Message):
     PREFIX_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_PAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    SLEEPING_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     pages_total: int
     pages_used: int
@@ -40,7 +41,8 @@ class ReplicaKV(_message.Message):
     prefix_hit_tokens: int
     cached_pages: int
     max_num_seqs: int
-    def __init__(self, replica_id: _Optional[str] = ..., pages_total: _Optional[int] = ..., pages_used: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., preemptions: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., cached_pages: _Optional[int] = ..., max_num_seqs: _Optional[int] = ...) -> None: ...
+    sleeping: bool
+    def __init__(self, replica_id: _Optional[str] = ..., pages_total: _Optional[int] = ..., pages_used: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., preemptions: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., cached_pages: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., sleeping: _Optional[bool] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
     __slots__ = ()
@@ -1008,3 +1010,37 @@ class OverloadShiftReply(_message.Message):
     running: int
     waiting: int
     def __init__(self, layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., restored_pages: _Optional[int] = ..., held_pages: _Optional[_Iterable[int]] = ..., moves_from: _Optional[_Iterable[int]] = ..., moves_to: _Optional[_Iterable[int]] = ..., allocator_pages: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
+
+class SleepReplicaRequest(_message.Message):
+    __slots__ = ("replica_id",)
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
+
+class SleepReplicaReply(_message.Message):
+    __slots__ = ("sleeping", "offloaded_bytes", "released_kv_bytes", "seconds")
+    SLEEPING_FIELD_NUMBER: _ClassVar[int]
+    OFFLOADED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    sleeping: bool
+    offloaded_bytes: int
+    released_kv_bytes: int
+    seconds: float
+    def __init__(self, sleeping: _Optional[bool] = ..., offloaded_bytes: _Optional[int] = ..., released_kv_bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class WakeReplicaRequest(_message.Message):
+    __slots__ = ("replica_id",)
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
+
+class WakeReplicaReply(_message.Message):
+    __slots__ = ("awake", "restored_bytes", "seconds")
+    AWAKE_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    awake: bool
+    restored_bytes: int
+    seconds: float
+    def __init__(self, awake: _Optional[bool] = ..., restored_bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
