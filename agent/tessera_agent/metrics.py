@@ -140,6 +140,9 @@ class _StateCollector(Collector):
                 cached.add_metric([rid], s.cached_pages)
                 steps.add_metric([rid], h.leader.steps)
         yield from _cobatch(getattr(self.state.compute, "stats", None))
+        hosting = getattr(self.state, "hosting", None)
+        if hosting is not None:
+            yield from _host_cache(hosting.host_cache.stats(), self.state.hosted)
         yield from (
             cap,
             free,
@@ -200,6 +203,45 @@ def _cobatch(stats: Any) -> Iterator[CounterMetricFamily]:
     )
     busy.add_metric([], stats.busy_s)
     yield from (steps, passes, deferred, waits, wait_s, busy)
+
+
+def _host_cache(stats: Any, hosted: dict[tuple[str, int], Any]) -> Iterator[Any]:
+    """The host block cache (`host_cache`) and where each loaded block's bytes came from."""
+    looks = CounterMetricFamily(
+        "tessera_agent_host_cache_lookups",
+        "Pieces loads looked for in the host block cache, by result",
+        labels=["result"],
+    )
+    looks.add_metric(["hit"], stats.hits)
+    looks.add_metric(["miss"], stats.misses)
+    hit_bytes = CounterMetricFamily(
+        "tessera_agent_host_cache_hit_bytes", "Bytes loads took from the host block cache"
+    )
+    hit_bytes.add_metric([], stats.hit_bytes)
+    evicted = CounterMetricFamily(
+        "tessera_agent_host_cache_evictions", "Pieces the host block cache dropped for room"
+    )
+    evicted.add_metric([], stats.evicted)
+    size = GaugeMetricFamily(
+        "tessera_agent_host_cache_bytes", "Host block cache bytes", labels=["kind"]
+    )
+    size.add_metric(["used"], stats.used_bytes)
+    size.add_metric(["budget"], stats.budget_bytes)
+    src = GaugeMetricFamily(
+        "tessera_agent_block_load_bytes",
+        "Bytes of a loaded block by where they came from (peer, host cache, storage)",
+        labels=["replica", "stage", "source"],
+    )
+    ready = GaugeMetricFamily(
+        "tessera_agent_block_ready_seconds",
+        "Seconds from a block's load request to ready (warm-up included)",
+        labels=["replica", "stage"],
+    )
+    for (rid, idx), h in list(hosted.items()):
+        for name in ("peer", "host", "storage"):
+            src.add_metric([rid, str(idx), name], getattr(h.sources, name))
+        ready.add_metric([rid, str(idx)], h.sources.seconds)
+    yield from (looks, hit_bytes, evicted, size, src, ready)
 
 
 class AgentMetrics:

@@ -31,7 +31,9 @@ from tessera_agent import (
     grpc_status,
     hosting,
     kv_transfer,
+    link_probe,
     load_config,
+    load_sources,
     metrics,
     overload_shift,
     scaling_control,
@@ -88,9 +90,18 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
     # -- inventory ----------------------------------------------------------------------
     def _blocks(self) -> list[pb.BlockInfo]:
         return [
-            variants.annotate(rpc_blocks.to_proto(b, st.num_pages, len(st.tensor_names())), st)
+            self._with_load(
+                variants.annotate(rpc_blocks.to_proto(b, st.num_pages, len(st.tensor_names())), st)
+            )
             for b, st in self.hosting.held()
         ]
+
+    def _with_load(self, info: pb.BlockInfo) -> pb.BlockInfo:
+        """Where the block's bytes came from and its time to ready (issue 32)."""
+        h = self.hosting.hosted.get((info.replica_id, info.stage_index))
+        if h is not None and h.stage.spec.tp_rank == info.tp_rank:
+            info.load.CopyFrom(h.sources.to_proto())
+        return info
 
     async def Describe(
         self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -111,6 +122,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
             zoo=variants.zoo_to_proto(self.hosting.zoo),
             scaling_runs=self.scaling.describe(),
             scaling_hosted=self.run_host.describe(),
+            host_cache=load_sources.cache_to_proto(self.hosting.host_cache),
         )
 
     async def ListBlocks(
@@ -142,8 +154,10 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         st = done.hosted.stage
         held = self.hosting.observed(done.hosted)
         return pb.LoadBlockReply(
-            block=variants.annotate(
-                rpc_blocks.to_proto(held, st.num_pages, len(st.tensor_names())), st
+            block=self._with_load(
+                variants.annotate(
+                    rpc_blocks.to_proto(held, st.num_pages, len(st.tensor_names())), st
+                )
             ),
             already_loaded=done.how != "loaded",
         )
@@ -198,6 +212,18 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
                 yield chunk
         except errors.EngineError as exc:
             await grpc_status.abort(context, exc)
+
+    # -- link probes (issue 32) --------------------------------------------------------------
+    async def ProbeLinks(
+        self, request: pb.ProbeLinksRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ProbeLinksReply:
+        return await link_probe.probe(request, self.defaults.storage_bytes_per_s)
+
+    async def ProbeSend(
+        self, request: pb.ProbeSendRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.TensorChunk]:
+        for chunk in link_probe.filler(min(request.nbytes, 1 << 30), request.chunk_bytes):
+            yield chunk
 
     # -- KV movement --------------------------------------------------------------------
     def _leader(self, replica_id: str) -> replica.ReplicaEngine:

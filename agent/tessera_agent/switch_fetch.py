@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -26,6 +26,7 @@ from tessera_agent.engine import errors, loader, stage
 from tessera_agent.transfer import block_copy
 
 LOCAL = "local"
+HOST = "host"  # this agent's host block cache (`host_cache`)
 
 Lookup = Callable[[str, int], stage.Stage]  # (replica id, stage) -> a block hosted here
 
@@ -74,17 +75,21 @@ async def gather(
     device: torch.device,
     backend: str,
     read: Callable[[list[str]], dict[str, torch.Tensor]],
+    have: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], str]:
     """(tensors by checkpoint name for layers [start, end), how they were moved). `read`
-    reads names from storage (on the loader thread: the caller's `read_checkpoint`)."""
+    reads names from storage (on the loader thread: the caller's `read_checkpoint`);
+    `have`: tensors already at hand (the host cache's), fetched from nowhere. A part
+    with transport `host` names this agent's host cache: what it no longer holds is read
+    from storage."""
     needed = loader.checkpoint_names(cfg, start, end)
-    want = set(needed)
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {x: t for x, t in (have or {}).items() if x in set(needed)}
+    want = set(needed) - set(out)
     remote: list[tuple[pb.BlockSource, list[str]]] = []
-    how: list[str] = []
+    how: list[str] = [f"{len(out)} tensors from the host cache"] if out else []
     for part in parts:
-        if not part.source.address:
-            continue  # storage: read below with everything no peer part covers
+        if not part.source.address or part.source.transport == HOST:
+            continue  # storage (or the host cache): read below with what no part covers
         names = [x for x in unit_names(cfg, part.unit_start, part.unit_end) if x in want]
         if not names:
             continue

@@ -100,10 +100,13 @@ def keys(
     tensors: Mapping[str, torch.Tensor],
     dtype: str,
     device: str,
+    known: Mapping[str, str] | None = None,
 ) -> list[PieceKey]:
-    """The addresses of the range's pieces, from its checkpoint tensors."""
+    """The addresses of the range's pieces, from its checkpoint tensors; `known` digests
+    (`{piece: digest}`, e.g. of pieces taken from the host cache) are not computed again."""
+    known = known or {}
     return [
-        PieceKey(piece, digest(tensors, names), dtype, device)
+        PieceKey(piece, known.get(piece) or digest(tensors, names), dtype, device)
         for piece, names in piece_names(cfg, start, end)
     ]
 

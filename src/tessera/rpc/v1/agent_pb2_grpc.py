@@ -184,6 +184,16 @@ class AgentStub:
                 request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.WakeReplicaRequest.SerializeToString,
                 response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.WakeReplicaReply.FromString,
                 _registered_method=True)
+        self.ProbeLinks = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/ProbeLinks',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeLinksRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeLinksReply.FromString,
+                _registered_method=True)
+        self.ProbeSend = channel.unary_stream(
+                '/tessera.rpc.v1.Agent/ProbeSend',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeSendRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.TensorChunk.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -424,6 +434,21 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProbeLinks(self, request, context):
+        """Issue 32 (docs/scaling.md): measure this agent's links. The agent pulls `nbytes` from
+        each peer's ProbeSend over gRPC and reads a layer of `model_path` through its
+        checkpoint reader (its declared storage bandwidth included); returns the rates.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProbeSend(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -576,6 +601,16 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.WakeReplica,
                     request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.WakeReplicaRequest.FromString,
                     response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.WakeReplicaReply.SerializeToString,
+            ),
+            'ProbeLinks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProbeLinks,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeLinksRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeLinksReply.SerializeToString,
+            ),
+            'ProbeSend': grpc.unary_stream_rpc_method_handler(
+                    servicer.ProbeSend,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeSendRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.TensorChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1388,6 +1423,60 @@ class Agent:
             '/tessera.rpc.v1.Agent/WakeReplica',
             tessera_dot_rpc_dot_v1_dot_agent__pb2.WakeReplicaRequest.SerializeToString,
             tessera_dot_rpc_dot_v1_dot_agent__pb2.WakeReplicaReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProbeLinks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/ProbeLinks',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeLinksRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeLinksReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProbeSend(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/ProbeSend',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeSendRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.TensorChunk.FromString,
             options,
             channel_credentials,
             insecure,
