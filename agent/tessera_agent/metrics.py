@@ -265,7 +265,24 @@ class AgentMetrics:
             ["replica"],
             registry=self.registry,
         )
+        self.sleep_wake = Counter(
+            "tessera_agent_replica_sleep_wake",
+            "Replicas put to sleep or woken (issue 32), by replica and what",
+            ["replica", "what"],
+            registry=self.registry,
+        )
+        self.sleep_wake_seconds = Counter(
+            "tessera_agent_replica_sleep_wake_seconds",
+            "Seconds spent putting replicas to sleep and waking them, by what",
+            ["replica", "what"],
+            registry=self.registry,
+        )
         self.registry.register(_StateCollector(state))
+
+    def slept_or_woke(self, replica_id: str, what: str, seconds: float) -> None:
+        """`sleep.Sleepers`' callback: one sleep or wake of `replica_id`."""
+        self.sleep_wake.labels(replica_id, what).inc()
+        self.sleep_wake_seconds.labels(replica_id, what).inc(seconds)
 
     def serve(self, host: str, port: int) -> None:
         """Serve /metrics over HTTP on a daemon thread."""
