@@ -167,7 +167,14 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from rich.progress import BarColumn, Progress, TextColumn
 
     from tessera import gc_heap, reconcile, routes_doc
-    from tessera.cli import local_agents, supervise, up_overload, up_policies, up_watch
+    from tessera.cli import (
+        local_agents,
+        supervise,
+        up_autoscale,
+        up_overload,
+        up_policies,
+        up_watch,
+    )
     from tessera.control import scaling_loop
     from tessera.gateway import config as gw_config
     from tessera.gateway import routes as gw_routes
@@ -211,6 +218,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     gateway = None
     scaling: up_policies.ScalingPolicy | None = None
     overload_task: asyncio.Task[None] | None = None
+    autoscale_task: asyncio.Task[None] | None = None
     refs: list[agents.AgentRef] = []
     try:
         if args.agent:
@@ -270,6 +278,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 host=args.host,
                 port=port,
                 arrival_span_s=args.arrival_span,
+                hold=up_autoscale.hold_config(dep.spec),
             )
         )
         gateway.apply_routes(gw_routes.from_doc(outcome.routes))  # with the class shares
@@ -342,6 +351,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
         lock = asyncio.Lock()  # a reconcile pass and an overload tick never overlap
         overload_task = _start_overload(dep, outcome, gateway, lambda: published, stop, lock)
+        autoscale_task = up_autoscale.start(  # replica autoscaling, sleep, zero (issue 32)
+            dep, _members(outcome), gateway, stop, lock, console.print
+        )
         await up_watch.run_loop(
             stop,
             watcher,
@@ -360,6 +372,10 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             await scaling.stop()
         if overload_task is not None and not overload_task.done():
             overload_task.cancel()
+        if autoscale_task is not None and not autoscale_task.done():
+            autoscale_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await autoscale_task
         await supervise.stop(supervisor)
         if gateway is not None:
             await gateway.stop()
@@ -425,6 +441,17 @@ def _leaders(outcome: Any) -> list[tuple[str, str]]:
         agent = obs.agent(r.stages[0].agent) if obs else None
         if agent is not None and r.replica_id in outcome.ready_replicas:
             out.append((r.replica_id, agent.address))
+    return out
+
+
+def _members(outcome: Any) -> dict[str, str]:
+    """Every planned replica's leader address (the autoscaler's members)."""
+    obs = outcome.observed
+    out = {}
+    for r in outcome.plan.replicas:
+        agent = obs.agent(r.stages[0].agent) if obs else None
+        if agent is not None:
+            out[r.replica_id] = agent.address
     return out
 
 

@@ -52,10 +52,18 @@ class Tick:
     slept: list[str] = field(default_factory=list)
     wake_s: list[float] = field(default_factory=list)  # per woken replica, the agent's time
     unreachable: list[str] = field(default_factory=list)
+    signals: autoscale.Signals | None = None  # as observed at the tick's start
 
     @property
     def acted(self) -> bool:
         return bool(self.woke or self.slept)
+
+    def sleeping(self) -> list[str]:
+        """The replicas asleep after the tick."""
+        was = (
+            {r.replica_id for r in self.signals.replicas if not r.awake} if self.signals else set()
+        )
+        return sorted((was - set(self.woke)) | set(self.slept))
 
 
 class Leaders:
@@ -166,7 +174,7 @@ class AutoscaleLoop:
         cfg: autoscale.AutoscaleConfig,
     ) -> Tick:
         signals, down = await self.observe(members, demand)
-        out = Tick(unreachable=down)
+        out = Tick(unreachable=down, signals=signals)
         dec = autoscale.decide(signals, cfg, self.memory)
         self.memory = dec.memory
         out.decision = dec
