@@ -96,7 +96,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
                 variants.annotate(rpc_blocks.to_proto(b, st.num_pages, len(st.tensor_names())), st)
             )
             for b, st in self.hosting.held()
-        ] + [rpc_blocks.to_proto(b, 0, 0) for b in self.sleepers.blocks()]  # asleep (issue 32)
+        ] + [rpc_blocks.to_proto(b, n, 0) for b, n in self.sleepers.blocks()]  # asleep (issue 32)
 
     def _with_load(self, info: pb.BlockInfo) -> pb.BlockInfo:
         """Where the block's bytes came from and its time to ready (issue 32)."""

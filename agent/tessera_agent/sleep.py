@@ -42,9 +42,11 @@ class Slept:
     spec: blocks.Block
     param_bytes: int
     kv_bytes: int
+    kv_pages: int  # the pool it had: reported unchanged, so a reconcile sees no drift
 
     def observed(self) -> blocks.Block:
-        return dataclasses.replace(self.spec, param_bytes=self.param_bytes, kv_bytes=0)
+        """As Describe reports it: as held before the sleep (it comes back the same)."""
+        return dataclasses.replace(self.spec, param_bytes=self.param_bytes, kv_bytes=self.kv_bytes)
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,9 @@ class Sleepers:
             if replica_id in self.asleep:
                 return Outcome(False, 0, 0, 0.0)
             held = self._held(replica_id)
+            pages = {
+                k: h.stage.num_pages for k, h in self.host.hosted.items() if k[0] == replica_id
+            }
             if not held:
                 raise errors.NotFoundError(f"replica {replica_id!r} has no block on this agent")
             lead = self.host.hosted.get((replica_id, 0))
@@ -106,8 +111,9 @@ class Sleepers:
             t0 = time.perf_counter()
             specs = await self.host.offload(replica_id)
             by_key = {(b.replica_id, b.stage_index): b for b in held}
-            self.asleep[replica_id] = [_slept(s, by_key.get((s.replica_id, s.stage_index)))
-                                       for s in specs]  # fmt: skip
+            self.asleep[replica_id] = [
+                _slept(s, by_key.get(s.key[:2]), pages.get(s.key[:2], 0)) for s in specs
+            ]
             for address in self._peers(specs):
                 await _call(address, "SleepReplica", pb.SleepReplicaRequest(replica_id=replica_id))
             seconds = time.perf_counter() - t0
@@ -151,9 +157,9 @@ class Sleepers:
             del self.asleep[replica_id]
         return True
 
-    def blocks(self) -> list[blocks.Block]:
-        """The sleeping blocks as Describe reports them (held, no KV pool)."""
-        return [b.observed() for slept in self.asleep.values() for b in slept]
+    def blocks(self) -> list[tuple[blocks.Block, int]]:
+        """The sleeping blocks as Describe reports them, with their KV pages."""
+        return [(b.observed(), b.kv_pages) for slept in self.asleep.values() for b in slept]
 
     def leading(self) -> list[str]:
         """Sleeping replicas whose stage 0 is here (Describe lists them as sleeping)."""
@@ -165,8 +171,8 @@ class Sleepers:
             self._on_change(replica_id, what, seconds)
 
 
-def _slept(spec: blocks.Block, held: blocks.Block | None) -> Slept:
-    return Slept(spec, held.param_bytes if held else 0, held.kv_bytes if held else 0)
+def _slept(spec: blocks.Block, held: blocks.Block | None, pages: int) -> Slept:
+    return Slept(spec, held.param_bytes if held else 0, held.kv_bytes if held else 0, pages)
 
 
 async def _call(address: str, method: str, request: Any) -> None:
