@@ -181,7 +181,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from tessera.gateway import server as gw_server
     from tessera.policies import cpu_share, transition
     from tessera.rpc import transport
-    from tessera_operator import actuate, agents, converge
+    from tessera_operator import actuate, agents, converge, link_probe
 
     console = Console(stderr=True)
     model_path = converge.resolve_model_path(dep.spec, args.file.resolve().parent)
@@ -206,7 +206,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
     gc_heap.install()  # this process owns its heap (see gc_heap)
     rollout = converge.Rollout(
-        drain=transition.DrainPolicy(deadline_s=args.drain_deadline), sourcing=args.sourcing
+        drain=transition.DrainPolicy(deadline_s=args.drain_deadline),
+        sourcing=args.sourcing,
+        probe=link_probe.LinkProbe(),  # measured links for every new replica's sources
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
