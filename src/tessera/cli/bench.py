@@ -48,6 +48,8 @@ BENCHES: dict[str, str] = {
     "stitch": "tessera_agent.bench_stitch",
     "abuse": "tessera.cli.bench_abuse",
     "gpu": "tessera_agent.bench_gpu",
+    "wake": "tessera.cli.bench_wake",
+    "autoscale": "tessera.cli.bench_autoscale",
 }
 
 
