@@ -84,6 +84,9 @@ async def test_woken_by_the_gateway_starts_idle_afresh_and_a_refusal_is_quiet() 
     leaders.asleep.clear()  # the gateway's hold woke it
     out = await loop.tick({"r0": "a:1"}, gateway_demand.Demand(), CFG)
     assert not out.acted  # idle since it woke, not since the start
+    assert [(e.reason, e.message) for e in out.events] == [
+        ("ReplicaWoke", "r0: woken by a request")
+    ]
     clock.t = 111.0
     leaders.busy.add("r0")  # a request came between the observation and the sleep
     loop.last_busy["r0"] = 0.0

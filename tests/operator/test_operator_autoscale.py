@@ -117,6 +117,10 @@ def test_scale_to_zero_and_back_twice_and_no_request_lost(
             got = asyncio.run(_burst(url, 4))  # arrives while no replica is awake
             assert got == [(200, want)] * 4, got  # every held request served
             assert len(_sleeping(procs[0]) + _sleeping(procs[1])) < 2  # woken by a request
+            wait_for(
+                "a wake event",
+                lambda: [m for r, m in events(kube, "zero") if r == "ReplicaWoke"],
+            )
         st = wait_for(
             "status.autoscaling",
             lambda: (get_sd(kube, "zero") or {}).get("status", {}).get("autoscaling"),

@@ -119,6 +119,7 @@ class AutoscaleLoop:
         self.started = clock()
         self._ttft: sig.Hist | None = None
         self._asleep: set[str] = set()  # asleep at the last observation
+        self.woken_elsewhere: list[str] = []  # woken since, not by this loop (a request)
 
     async def observe(
         self, members: Mapping[str, str], demand: gateway_demand.Demand
@@ -143,6 +144,8 @@ class AutoscaleLoop:
                 continue  # not loaded yet, or its leader is down: not the loop's to scale
             busy = k.running or k.waiting or rid in demand.busy
             woke = rid in self._asleep and not k.sleeping  # woken since (the gateway's hold)
+            if woke:
+                self.woken_elsewhere.append(rid)
             if busy or woke or rid not in self.last_busy:
                 self.last_busy[rid] = now if busy or woke else self.started
             self._asleep.discard(rid)
@@ -173,8 +176,11 @@ class AutoscaleLoop:
         demand: gateway_demand.Demand,
         cfg: autoscale.AutoscaleConfig,
     ) -> Tick:
+        self.woken_elsewhere = []
         signals, down = await self.observe(members, demand)
         out = Tick(unreachable=down, signals=signals)
+        for rid in self.woken_elsewhere:  # the gateway's hold woke it for a request
+            out.events.append(Event("Normal", "ReplicaWoke", f"{rid}: woken by a request"))
         dec = autoscale.decide(signals, cfg, self.memory)
         self.memory = dec.memory
         out.decision = dec
@@ -197,6 +203,7 @@ class AutoscaleLoop:
                                     f"{exc.details()}"))  # fmt: skip
             return
         self.last_busy[rid] = self.clock()  # a woken replica starts its idle time afresh
+        self._asleep.discard(rid)  # this loop woke it: no "woken by a request" event
         out.woke.append(rid)
         out.wake_s.append(reply.seconds)
         out.events.append(
@@ -218,6 +225,7 @@ class AutoscaleLoop:
                                     f"{exc.details()}"))  # fmt: skip
             return
         out.slept.append(rid)
+        self._asleep.add(rid)
         out.events.append(
             Event(
                 "Normal",
