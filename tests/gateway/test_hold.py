@@ -136,9 +136,10 @@ async def test_holding_unit_ready_at_once_off_and_deadline() -> None:
     await h.wait()  # ready: no hold at all
     assert h.counts.released == 0
     off = hold.Holding(hold.HoldConfig(max_held=0), lambda: False, refresh)
-    with pytest.raises(errors.ApiError) as exc:
-        await off.wait()
-    assert exc.value.status == 503 and exc.value.code == "no_replica_ready"
+    await off.wait()  # no holding: the dispatcher answers (503) as before
+    down = hold.Holding(hold.HoldConfig(), lambda: False, refresh, waking=lambda: False)
+    await down.wait()  # nothing asleep, replicas routed: no wake to wait for
+    assert off.held == down.held == 0
     await h.close()
 
 
@@ -155,6 +156,26 @@ async def test_a_cancelled_hold_is_counted_and_frees_its_place() -> None:
         await task
     assert h.held == 0 and h.counts.cancelled == 1
     await h.close()
+
+
+async def test_a_down_replica_that_does_not_sleep_fails_at_once_and_bad_requests_are_not_held(
+    tiny_llama: Path, session: aiohttp.ClientSession
+) -> None:
+    gw = await helpers.start(
+        str(tiny_llama), config.ReplicaEndpoint("gone", helpers.dead_address()),
+        hold=hold.HoldConfig(deadline_s=30),
+    )  # fmt: skip
+    try:
+        status, body, _ = await _post(session, gw.url)
+        assert status == 503 and body["error"]["code"] == "no_replica_ready"
+        empty = await helpers.start(str(tiny_llama), hold=hold.HoldConfig(deadline_s=30))
+        try:
+            async with session.post(empty.url + C, json={**BODY, "prompt": [7] * 5000}) as r:
+                assert r.status == 400  # validated before any hold
+        finally:
+            await empty.stop()
+    finally:
+        await gw.stop()
 
 
 def test_hold_config_is_validated() -> None:

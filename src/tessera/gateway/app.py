@@ -87,7 +87,6 @@ def build(service: Service, max_body_bytes: int) -> web.Application:
     admission = limits.Admission(service.limits, lambda: len(service.replicas.ready_ids()))
     guards = [auth.middleware(service.api_keys)] if service.api_keys else []
     lim = service.limits
-    holds = [service.holding.middleware] if service.holding is not None else []
     reader = body.middleware(
         limits.GUARDED,
         lim.body_timeout_s,
@@ -97,7 +96,7 @@ def build(service: Service, max_body_bytes: int) -> web.Application:
     )
     app = web.Application(
         client_max_size=max_body_bytes,
-        middlewares=[_error_middleware, *guards, reader, admission.middleware, *holds],
+        middlewares=[_error_middleware, *guards, reader, admission.middleware],
     )
     h = _Handlers(service)
     app.router.add_post("/v1/completions", h.completions)
@@ -212,6 +211,8 @@ class _Handlers:
             for _ in gens
         ]
         prompt_tokens = sum(len(p) for p in prompts)
+        if self.s.holding is not None:  # valid, and no replica awake: wait for one to wake
+            await self.s.holding.wait()
         if stream:
             return await _stream(
                 request, gens, meta, include_usage, shapes, prompt_tokens, lim.write_timeout_s

@@ -1,17 +1,19 @@
 """Hold requests while the deployment has no replica awake, instead of failing them.
 
 A deployment scaled to zero, or whose replicas all sleep (`spec.scaling.idle`), has no
-ready replica. A generation request that arrives then waits here (a bounded queue, at
-most `HoldConfig.max_held` requests, each at most `deadline_s`) until a replica is
-ready, and then proceeds as usual; past its deadline it gets 503 with `Retry-After`
-(code `wake_timeout`), and one over the bound 503 at once (code `hold_queue_full`).
+ready replica. A valid generation request that arrives then (and while a wake can be
+expected: some replica sleeps, or none is routed at all; replicas that are merely down
+still fail at once, as before) waits here (a bounded queue, at most
+`HoldConfig.max_held` requests, each at most `deadline_s`) until a replica is ready, and
+then proceeds as usual; past its deadline it gets 503 with `Retry-After` (code
+`wake_timeout`), and one over the bound 503 at once (code `hold_queue_full`).
 While anything is held the holding wakes the sleeping replicas (`wake`, the agents'
 `WakeReplica`, once per hold episode) and refreshes readiness every `poll_s` (the
 gateway's Describe poll), and it counts the held requests: the demand the autoscaler
 reads (`held`, in `GET /admin/v1/load` and `tessera_gateway_held_requests`) to scale
 from zero. `max_held = 0` turns holding off (a 503 at once, as before).
-Installed by `app.build` as the innermost middleware on the generation paths; built by
-`server.start_gateway`.
+Called by the handlers (`app.py`) once a request is parsed and validated, before it is
+dispatched; built by `server.start_gateway`.
 """
 
 from __future__ import annotations
@@ -23,14 +25,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from tessera.gateway import errors
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-GUARDED = ("/v1/completions", "/v1/chat/completions")
 OUTCOMES = ("released", "expired", "full", "cancelled")
 
 
@@ -75,9 +73,11 @@ class Holding:
         wake: Callable[[], Awaitable[None]] | None = None,
         on_change: Callable[[int, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        waking: Callable[[], bool] = lambda: True,
     ) -> None:
         self.cfg = cfg
         self._ready, self._refresh, self._wake = ready, refresh, wake
+        self._waking = waking  # whether a replica can be expected to wake (else: no hold)
         self._on_change = on_change  # (held now, outcome) -> metrics
         self._clock = clock
         self._event = asyncio.Event()
@@ -99,13 +99,14 @@ class Holding:
         )
 
     async def wait(self) -> None:
-        """Return once a replica is ready (at once when one is); ApiError(503) when the
-        queue is full or the deadline passes first."""
-        if self._ready():
+        """Return once a replica is ready (at once when one is, or when none can be
+        expected to wake: the dispatcher answers then); ApiError(503) when the queue is
+        full or the deadline passes first."""
+        if self._ready() or not self._waking():
             return
         cfg = self.cfg
         if cfg.max_held == 0:
-            raise self._refused("no replica is ready to serve this model", "no_replica_ready")
+            return  # no holding: the dispatcher's 503, as before
         if self.counts.held >= cfg.max_held:
             self._count("full")
             raise self._refused(
@@ -172,9 +173,3 @@ class Holding:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
             self._watch = None
-
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method == "POST" and request.path in GUARDED:
-            await self.wait()
-        return await handler(request)

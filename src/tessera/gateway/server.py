@@ -223,6 +223,7 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
         refresh,
         replica_set.wake_sleeping,
         gauges.hold_changed,
+        waking=lambda: bool(replica_set.sleeping_ids()) or not replica_set.endpoints,
     )
     service = app.Service(
         model_name=name,
