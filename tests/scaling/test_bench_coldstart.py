@@ -29,7 +29,7 @@ def test_tiny_coldstart_reports_every_key_and_matching_tokens() -> None:
     total = out["checkpoint_bytes"]
     (storage,), (peer,), (host,) = (out["runs"][k] for k in ("storage", "peer", "host_cache"))
     assert storage["sources"]["storage"] > 0.99 * total - 4096 and storage["sources"]["peer"] == 0
-    assert peer["sources"]["peer"] == storage["sources"]["storage"]
+    assert peer["sources"]["peer"] == storage["sources"]["storage"]  # the data plane's part
     assert peer["sources"]["storage"] == 0
     assert host["sources"]["host"] == storage["sources"]["storage"]
     assert host["sources"]["peer"] == host["sources"]["storage"] == 0
