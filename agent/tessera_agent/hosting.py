@@ -248,6 +248,15 @@ class Hosting:
                     cfg,
                     dev.torch_device(),
                 )
+            copied = [(p.source, p.unit_start, p.unit_end) for p in parts]
+            if source is not None:  # the whole block from one peer
+                copied = [(source, 0, cfg.num_layers + 2)]
+            if self.defaults.block_zoo and copied:  # the holders' digests: no hashing again
+                known.update(
+                    await load_sources.peer_digests(
+                        copied, cfg.num_layers, lambda rid, i: self.get(rid, i).stage
+                    )
+                )
             if parts:  # a switch plan's parts (issue 11)
                 stage.kv_pages(spec, cfg, planned[1], dev.free_bytes)
                 tensors, moved_by = await switch_fetch.gather(

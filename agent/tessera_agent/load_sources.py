@@ -4,21 +4,25 @@
 (`host_cache`), before any peer or storage is asked; `counting` wraps the storage reader
 so the bytes it read are known; `Sources` is what a loaded block reports (`Describe`'s
 `BlockInfo.load`: peer, host and storage bytes and the seconds the load took, ready
-included). `keep` is the unload side: the pieces of a block being unloaded go into the
-cache (those no other block still holds). Called by `hosting.Hosting` on its loader
-thread.
+included); `peer_digests` gets the content digests of pieces copied from other blocks
+from their holders (no hashing again). `keep` is the unload side: the pieces of a block
+being unloaded go into the cache (those no other block still holds). Called by
+`hosting.Hosting` (on its loader thread, but for the async `peer_digests`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import grpc
 import torch
 
+from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
-from tessera_agent import host_cache
-from tessera_agent.engine import block_zoo, dtypes, stage
+from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+from tessera_agent import host_cache, switch_fetch
+from tessera_agent.engine import block_zoo, dtypes, errors, stage
 from tessera_agent.engine import config as config_mod
 
 Read = Callable[[list[str]], dict[str, torch.Tensor]]
@@ -61,6 +65,56 @@ class Counting:
 
 def counting(read: Read) -> Counting:
     return Counting(read)
+
+
+def digests_of(st: stage.Stage) -> dict[str, str]:
+    """`{piece: digest}` of a loaded block's pieces in the zoo ({} without the zoo)."""
+    return {} if st.pieces is None else {k.piece: k.digest for k in st.pieces.adopted.keys}
+
+
+def _piece(unit: int, num_layers: int) -> str:
+    return "embed" if unit == 0 else "final" if unit == num_layers + 1 else f"layer.{unit - 1}"
+
+
+async def peer_digests(
+    parts: Sequence[tuple[pb.BlockSource, int, int]],
+    num_layers: int,
+    lookup: Callable[[str, int], stage.Stage],
+) -> dict[str, str]:
+    """Digests of the pieces a load copies from other blocks, as their holders know them
+    (`{piece: digest}`), so the copy is not hashed again: from the block itself on this
+    agent (`local`), else from its agent's `ListBlocks`. `parts`: (source, unit range).
+    A holder that does not answer or has no zoo gives none (the load hashes them)."""
+    out: dict[str, str] = {}
+    listed: dict[str, dict[tuple[str, int], dict[str, str]]] = {}
+    for src, u0, u1 in parts:
+        if not src.address or src.transport == switch_fetch.HOST:
+            continue
+        if src.transport == switch_fetch.LOCAL:
+            try:
+                have = digests_of(lookup(src.replica_id, src.stage_index))
+            except errors.NotFoundError:
+                continue
+        else:
+            if src.address not in listed:
+                listed[src.address] = await _list_digests(src.address)
+            have = listed[src.address].get((src.replica_id, src.stage_index), {})
+        for u in range(u0, u1):
+            piece = _piece(u, num_layers)
+            if piece in have:
+                out[piece] = have[piece]
+    return out
+
+
+async def _list_digests(address: str) -> dict[tuple[str, int], dict[str, str]]:
+    channel = transport.channel(address)
+    try:
+        reply = await pb_grpc.AgentStub(channel).ListBlocks(pb.ListBlocksRequest(), timeout=10.0)
+    except grpc.aio.AioRpcError:
+        return {}
+    finally:
+        await channel.close()
+    return {(b.replica_id, b.stage_index): dict(b.piece_digests) for b in reply.blocks}
 
 
 def served_dtype(spec: stage.BlockSpec, cfg: config_mod.ModelConfig) -> str:

@@ -103,6 +103,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         h = self.hosting.hosted.get((info.replica_id, info.stage_index))
         if h is not None and h.stage.spec.tp_rank == info.tp_rank:
             info.load.CopyFrom(h.sources.to_proto())
+            info.piece_digests.update(load_sources.digests_of(h.stage))
         return info
 
     async def Describe(

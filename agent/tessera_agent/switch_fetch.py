@@ -5,7 +5,8 @@ names, per unit range (0 the embedding, 1..L the decoder layers, L+1 the final n
 lm_head), the hosted block to copy it from. `gather` fetches every part at once: a part on
 this agent (`transport == "local"`) is taken from the hosted block in memory; a remote one
 goes over the data plane when the plan says both ends have it (gRPC when the group cannot
-form) or over gRPC; whatever no part names is read from the checkpoint. `read_checkpoint`
+form) or over gRPC; whatever no part names is read from the checkpoint meanwhile (storage
+and peers in parallel: the plan splits a block between them by their rates). `read_checkpoint`
 is the one storage reader of a load: when the agent declares a storage bandwidth
 (`--storage-bandwidth`, e.g. a cluster's network volume, which a local page cache would
 otherwise beat by far) it takes at least bytes / bandwidth. Called by `hosting.Hosting.load`.
@@ -99,15 +100,18 @@ async def gather(
             how.append(f"units {part.unit_start}-{part.unit_end} local")
         else:
             remote.append((part.source, names))
+    # storage reads what no part covers, at the same time as the peers send theirs
+    coming = {x for _, names in remote for x in names}
+    rest = [x for x in needed if x not in out and x not in coming]
+    loop = asyncio.get_running_loop()
+    stored = loop.run_in_executor(None, read, rest) if rest else None
     fetched = await asyncio.gather(
         *(block_copy.fetch(src, names, store_address, device, backend) for src, names in remote)
     )
     for (src, _), (tensors, moved_by) in zip(remote, fetched, strict=True):
         out.update(tensors)
         how.append(f"{len(tensors)} tensors from {src.address} over {moved_by}")
-    rest = [x for x in needed if x not in out]
-    if rest:
-        loop = asyncio.get_running_loop()
-        out.update(await loop.run_in_executor(None, read, rest))
+    if stored is not None:
+        out.update(await stored)
         how.append(f"{len(rest)} tensors from storage")
     return {x: out[x] for x in needed}, "; ".join(how)

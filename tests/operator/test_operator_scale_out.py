@@ -4,7 +4,7 @@ KMock API server, two real agent processes, the tiny checkpoint; the agents read
 at a declared 50 MB/s (a network volume: the page cache would beat any peer link, and the
 measured links would then rightly choose storage). One replica serves on agent-0 (read
 from storage); a spec change adds a second on agent-1: its load copies every byte from
-agent-0's block (the switch plan's parts over the measured links), none from storage;
+agent-0's block (the switch plan's parts), none from storage;
 `status.replicaSources` says so for both replicas, a `ReplicaReady` event is recorded per
 new replica, and the new replica answers with the first one's tokens.
 """
@@ -87,8 +87,11 @@ def test_scale_out_sources_the_new_replica_from_a_peer(
     obj = wait_for("two replicas ready", scaled)
     by_id = {d["replicaId"]: d for d in obj["status"]["replicaSources"]}
     new = next(d for rid, d in by_id.items() if ".r1." in rid)
-    assert new["source"]["storage"] == 0 and new["source"]["host"] == 0
-    assert new["source"]["peer"] == first["source"]["storage"]  # every byte from agent-0
+    # every byte from agent-0 over the data plane (docs/scaling.md: a data-plane part keeps
+    # the plan's choice; the probe's gRPC rate is only a floor for it)
+    src = new["source"]
+    assert src["host"] == 0 and src["storage"] == 0
+    assert src["peer"] == first["source"]["storage"]
     reasons = wait_for(
         "ReplicaReady events",
         lambda: [m for r, m in events(kube, "grow") if r == "ReplicaReady"][1:],

@@ -2,9 +2,12 @@
 scale-out, refined by the target agent's host cache and the measured links.
 
 A deployment serving one whole replica on agent `a` scales out to a second on agent `b`:
-the load's parts come from `a` (a peer); units `b`'s host cache holds come from there; a
-measured pair link slower than `b`'s measured storage makes those parts storage; links
-not measured keep the plan's choice. `links.measured` builds the model from the probes.
+the load's parts come from `a` (a peer); units `b`'s host cache holds come from there.
+Over gRPC (the transport the probe measures), a measured pair link slower than `b`'s
+measured storage makes those parts storage, and with both measured storage takes the
+share of the units that makes it finish with the peer (they run in parallel); links not
+measured, and data-plane parts (at least as fast as the probe says), keep the plan's
+choice. `links.measured` builds the model from the probes.
 """
 
 from __future__ import annotations
@@ -17,14 +20,16 @@ from tests.policies import transition_sim as sim
 def _world(
     cache: tuple[observed.CachedPiece, ...] = (),
     link_model: links.LinkModel | None = None,
+    store: str = "s",
 ) -> tuple[transition.World, transition.Target, blocks.Block]:
+    """`a` serves r0, r1 goes to `b`; with `store` "", neither has a data plane (gRPC)."""
     r0 = sim.block("r0", 1, 0, 1, (0, 8), 80)
     r1 = sim.block("r1", 1, 0, 1, (0, 8), 80)
     dev = (observed.DeviceInfo("cpu:0", "cpu", 1000, 900),)
     obs = observed.Observed(
         (
-            observed.AgentInfo("a", "a:1", True, dev, (r0,), store_address="sa"),
-            observed.AgentInfo("b", "b:1", True, dev, (), store_address="sb", host_cache=cache),
+            observed.AgentInfo("a", "a:1", True, dev, (r0,), store_address=store),
+            observed.AgentInfo("b", "b:1", True, dev, (), store_address=store, host_cache=cache),
         )
     )
     pub = routes_doc.RoutesDoc((routes_doc.RouteReplica(r0.replica_id, "a:1"),), 1)
@@ -83,12 +88,16 @@ def test_cache_of_another_model_or_dtype() -> None:
 
 def test_measured_slow_link_reads_storage_and_unmeasured_keeps_the_plan() -> None:
     slow = links.measured(links.LinkModel(), {("a", "b"): 50e6}, {"b": 200e6})
-    world, target, _ = _world(link_model=slow)
+    world, target, _ = _world(link_model=slow, store="")
     assert _parts(world, target) == [((0, 10), "storage")]
+    world, target, _ = _world(link_model=slow)  # the data plane: the probe's rate is a floor
+    assert _parts(world, target) == [((0, 10), "a/")]
     fast = links.measured(links.LinkModel(), {("a", "b"): 900e6}, {"b": 200e6})
-    assert _parts(_world(link_model=fast)[0], target) == [((0, 10), "a/")]
+    # both measured: storage takes the share that finishes with the peer (10 equal units)
+    world, target, _ = _world(link_model=fast, store="")
+    assert _parts(world, target) == [((0, 9), "a/grpc"), ((9, 10), "storage")]
     only_storage = links.measured(links.LinkModel(), {}, {"b": 200e6})
-    assert _parts(_world(link_model=only_storage)[0], target) == [((0, 10), "a/")]
+    assert _parts(_world(link_model=only_storage, store="")[0], target) == [((0, 10), "a/grpc")]
 
 
 def test_measured_model_uses_medians_and_drops_failed_probes() -> None:
@@ -100,3 +109,17 @@ def test_measured_model_uses_medians_and_drops_failed_probes() -> None:
     assert m.network_bytes_per_s == 2e9 and m.storage_bytes_per_s == 3e8
     assert ("c", "a") not in m.pairs
     assert links.measured(links.LinkModel(), {}, {}) == links.LinkModel()
+
+
+def test_equal_rates_split_the_block_between_peer_and_storage() -> None:
+    even = links.measured(links.LinkModel(), {("a", "b"): 200e6}, {"b": 200e6})
+    world, target, _ = _world(link_model=even, store="")
+    assert _parts(world, target) == [((0, 5), "a/grpc"), ((5, 10), "storage")]
+    cache = (observed.CachedPiece(sim.MODEL, "layer.0", "float32", 10),)
+    world, target, _ = _world(cache, even, store="")  # the host's unit counts for neither
+    assert _parts(world, target) == [
+        ((0, 1), "a/grpc"),
+        ((1, 2), "b/host"),
+        ((2, 6), "a/grpc"),
+        ((6, 10), "storage"),
+    ]

@@ -74,7 +74,8 @@ def digest(tensors: Mapping[str, torch.Tensor], names: list[str]) -> str:
         t = tensors[name]
         h.update(_LAYER.sub(r"\1*\3", name).encode())
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.detach().contiguous().view(-1).view(dtype=torch.uint8).cpu().numpy().tobytes())
+        flat = t.detach().contiguous().view(-1).view(dtype=torch.uint8).cpu()
+        h.update(flat.numpy().data)  # the bytes in place: no copy of a large tensor
     return h.hexdigest()
 
 

@@ -31,6 +31,7 @@ BENCHES: dict[str, str] = {
     "serve": "tessera.cli.bench_serve",
     "relayout": "tessera.cli.bench_relayout",
     "switch": "tessera.cli.bench_switch",
+    "coldstart": "tessera.cli.bench_coldstart",
     "adaptive": "tessera.cli.bench_adaptive",
     "planner": "tessera.planner.bench",
     "predictor": "tessera.workload.bench",

@@ -7,9 +7,16 @@ then applies what only the agents know:
 1. units the target agent's host block cache holds (`observed.AgentInfo.host_cache`)
    come from there: a `host` part (the fastest source: host memory to the device, no
    network, no storage);
-2. a part from a peer on another agent whose measured link (`links.LinkModel.pairs`) is
-   slower than the target agent's measured storage read (`LinkModel.storage`) is read
-   from storage instead (links not measured keep the plan's choice).
+2. a part from a peer over gRPC whose measured link (`links.LinkModel.pairs`) is slower
+   than the target agent's measured storage read (`LinkModel.storage`) is read from
+   storage instead;
+3. storage and the peers run in parallel (the agent fetches every part at once): while it
+   shortens the block's load, the last unit of the gRPC peer part that would finish last
+   moves to storage (`balance`), so a peer link and the target's storage both carry a
+   share in proportion to their measured rates.
+Steps 2 and 3 need both rates measured, and act on gRPC parts only: the probe
+(`ProbeLinks`) measures gRPC, and a data-plane copy (gloo/NCCL) is at least as fast, so
+a data-plane part keeps the plan's choice rather than being judged by a lower bound.
 A block with no parts from the plan gets parts when its agent's cache holds any of its
 units (the rest: storage). Tensor-parallel blocks keep the planner's own rule.
 
@@ -25,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from tessera import blocks, dtypes, observed
 from tessera.policies import actions, links, switch_sources
+from tessera.policies.placement import ModelBytes
 
 HOST = "host"  # the part's source is the target agent's own host block cache
 
@@ -70,11 +78,12 @@ def refine(
     wanted: Sequence[switch_sources.Wanted],
     cache: Mapping[str, Sequence[observed.CachedPiece]],
     link_model: links.LinkModel,
-    num_layers: int,
+    model: ModelBytes,
 ) -> dict[Where, tuple[actions.SwitchPart, ...]]:
     """The parts of every block to load (module docstring); blocks absent from the
     result load as the planner decides without parts."""
     out = dict(parts)
+    num_layers = model.num_layers
     for w in wanted:
         if w.block.tp_size != 1:
             continue
@@ -89,14 +98,55 @@ def refine(
             src = part.source
             if (
                 src is not None
-                and src.transport != switch_sources.LOCAL
+                and src.transport == switch_sources.GRPC
                 and _slower_than_storage(link_model, src.agent, w.agent)
             ):
                 src = None
             for u in range(*part.units):
                 per_unit.append((u, _host(w) if u in have else src))
+        per_unit = balance(per_unit, w.agent, link_model, model)
         out[where] = tuple(_merged(per_unit))
     return out
+
+
+def balance(
+    per_unit: list[tuple[int, actions.PeerSource | None]],
+    target: str,
+    link_model: links.LinkModel,
+    model: ModelBytes,
+) -> list[tuple[int, actions.PeerSource | None]]:
+    """Move units from the peer that finishes last to storage while that shortens the
+    load (step 3 of the module docstring); unchanged unless the target's storage rate
+    and the peers' links are measured."""
+    store = link_model.storage.get(target)
+    if store is None:
+        return per_unit
+    units = dict(per_unit)
+
+    def finish() -> dict[str, float]:
+        t: dict[str, float] = {"": 0.0}  # "" = storage
+        for u, src in units.items():
+            if src is None:
+                t[""] += model.unit_bytes(u) / store
+            elif src.transport == switch_sources.GRPC:
+                rate = link_model.pairs.get((src.agent, target))
+                if rate is None:
+                    return {}  # a link not measured: the plan stands
+                t[src.agent] = t.get(src.agent, 0.0) + model.unit_bytes(u) / rate
+        return t
+
+    while True:
+        t = finish()
+        peers = {a: x for a, x in t.items() if a}
+        if not peers:
+            return sorted(units.items())
+        slowest = max(peers, key=lambda a: peers[a])
+        last = max(u for u, src in units.items() if src is not None and src.agent == slowest)
+        was = units[last]
+        units[last] = None
+        if max(finish().values()) >= max(t.values()):
+            units[last] = was  # no shorter: keep it
+            return sorted(units.items())
 
 
 def _host(w: switch_sources.Wanted) -> actions.PeerSource:

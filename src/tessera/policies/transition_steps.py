@@ -125,7 +125,7 @@ class StepBuilder:
         model = self.model_bytes(loads)
         cache = {a.name: a.host_cache for a in self.reachable.values() if a.host_cache}
         self.parts = replica_sources.refine(
-            self.switch.parts, wanted, cache, self.world.links, model.num_layers
+            self.switch.parts, wanted, cache, self.world.links, model
         )
 
     def model_bytes(self, loads: list[model.Placed]) -> ModelBytes:
