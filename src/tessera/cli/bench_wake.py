@@ -94,7 +94,7 @@ async def measure(
         port=0,
         replicas=(gw_config.ReplicaEndpoint(replica_id, address),),
         poll_interval_s=0.5,
-        hold=hold.HoldConfig(max_held=max(requests, 1), deadline_s=300.0, poll_s=0.01),
+        hold=hold.HoldConfig(max_held=max(requests, 1), deadline_s=300.0),
     )
     gateway = await gw_server.start_gateway(cfg)
     channel = transport.channel(address)
