@@ -157,6 +157,7 @@ class OperatorConfig:
     # ("{namespace}", "{name}" filled; "": the gateway Service) and its bearer token
     overload_tick_seconds: float = 0.5
     scaling_tick_seconds: float = 5.0  # the module-scaling loop (scaling_tick.py)
+    autoscale_tick_seconds: float = 1.0  # the replica autoscaler (autoscale_tick.py)
     gateway_admin_url: str = ""
     gateway_admin_token: str = ""
     # tests: awaited after each step a loop's driver performs (an operator stopped mid-drop)
@@ -174,6 +175,8 @@ class OperatorConfig:
             raise ValueError("resync_seconds: must be > 0")
         if not self.scaling_tick_seconds > 0:
             raise ValueError("scaling_tick_seconds: must be > 0")
+        if not self.autoscale_tick_seconds > 0:
+            raise ValueError("autoscale_tick_seconds: must be > 0")
         if not self.overload_tick_seconds > 0:
             raise ValueError("overload_tick_seconds: must be > 0")
         if not self.switching_tick_seconds > 0:

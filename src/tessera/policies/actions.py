@@ -44,7 +44,8 @@ class PeerSource:
     address: str
     replica_id: str
     stage_index: int
-    # "local" (same agent), "" (data-plane group, gRPC as the fallback) or "grpc"
+    # "local" (same agent), "" (data-plane group, gRPC as the fallback), "grpc", or "host"
+    # (the target agent's own host block cache; issue 32)
     transport: str = ""
 
 
@@ -81,7 +82,14 @@ class LoadBlock:
     def describe(self) -> str:
         how = f" (copy from {self.source.agent})" if self.source is not None else ""
         if self.parts:
-            peers = sorted({p.source.agent for p in self.parts if p.source is not None})
+            peers = sorted(
+                {p.source.agent for p in self.parts if p.source and p.source.transport != "host"}
+            )
+            peers += (
+                ["host cache"]
+                if any(p.source and p.source.transport == "host" for p in self.parts)
+                else []
+            )
             stored = any(p.source is None for p in self.parts)
             how = f" (copy from {', '.join(peers) or 'storage'}" + (
                 ", storage)" if stored and peers else ")"
