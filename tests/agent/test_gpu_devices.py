@@ -130,3 +130,45 @@ def test_agent_and_up_carry_the_utilization() -> None:
     )
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         server.AgentConfig(gpu_memory_utilization=0.0)
+
+
+def test_hosting_keeps_the_reserve_out_of_the_kv_pool_and_books_it(
+    tiny_llama, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The load path as on a GPU, with the reserve a CUDA device would get forced onto a
+    CPU load: a block that takes all the rest gets budget - weights - reserve of KV, the
+    reserve is booked under `<holder>/reserve` and released with the block."""
+    import asyncio
+    import concurrent.futures
+
+    from tessera import blocks
+    from tessera_agent import booking, hosting, load_config
+
+    reserve = gpu_memory.LoadReserve(
+        activation_bytes=24 << 20, graph_bytes=0, workspace_bytes=8 << 20
+    )
+    seen: list[tuple[int, int]] = []
+
+    def fake_reserve(cfg, start, end, dtype, tp, tokens, seqs, device):  # type: ignore[no-untyped-def]
+        seen.append((tokens, seqs))
+        return reserve
+
+    monkeypatch.setattr(gpu_devices, "load_reserve", fake_reserve)
+    monkeypatch.setenv("TESSERA_COMPILE_DECODE", "0")
+
+    async def run() -> None:
+        dev = devices.Device("cpu:0", "cpu", "virtual CPU device", 256 << 20)
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        h = hosting.Hosting("a0", booking.Booking("a0", [dev]), load_config.LoadDefaults(), pool)
+        await h.load(blocks.Block(str(tiny_llama), 0, 8, replica_id="r"), max_batched_tokens=512)
+        st = h.get("r", 0).stage
+        assert dev.used["r/0/reserve"] == reserve.total_bytes
+        assert st.kv_bytes <= (256 << 20) - st.param_bytes - reserve.total_bytes
+        per_page = st.runner.cache.layout.bytes_per_page
+        assert st.kv_bytes > (256 << 20) - st.param_bytes - reserve.total_bytes - per_page
+        assert seen == [(512, load_config.LoadDefaults().max_num_seqs)]
+        await h.unload("r", 0)
+        assert dev.used == {} and dev.free_bytes == 256 << 20
+        await h.close()
+
+    asyncio.run(run())
