@@ -172,3 +172,36 @@ def test_hosting_keeps_the_reserve_out_of_the_kv_pool_and_books_it(
         await h.close()
 
     asyncio.run(run())
+
+
+@pytest.mark.slow
+def test_up_with_cuda_and_no_gpu_fails_with_the_agents_reason(tiny_llama, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():  # pragma: no cover - on a GPU node it serves
+        pytest.skip("this machine has a GPU")
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(
+        f"""apiVersion: serving.tessera.dev/v1alpha1
+kind: ServingDeployment
+metadata: {{name: t}}
+spec:
+  model: {{name: tiny, path: {tiny_llama}}}
+  layout:
+    mode: explicit
+    replicas:
+      - name: r0
+        stages:
+          - {{agent: agent-0, device: cuda:0, layers: [0, 8]}}
+  gateway: {{port: 8000}}
+"""
+    )
+    cmd = [sys.executable, "-m", "tessera.cli.main", "up", "-f", str(manifest), "--port", "0"]
+    cmd += ["--devices", "cuda", "--agents", "1", "--state-file", str(tmp_path / "s.json")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "tessera up: agent agent-0 exited: tessera agent: --devices cuda: no NVIDIA GPU" in (
+        done.stderr + done.stdout
+    )
+    assert "Traceback" not in done.stderr

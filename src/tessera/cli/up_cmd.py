@@ -245,11 +245,14 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             threads = cpu_share.agent_threads(os.cpu_count() or 1, n, args.threads)
             with console.status(f"starting {n} local agents"):
                 for i in range(n):  # main thread: children die with this process
-                    procs.append(
-                        local_agents.start_agent(
-                            f"agent-{i}", args.devices, threads, extra_args=agent_args
+                    try:
+                        procs.append(
+                            local_agents.start_agent(
+                                f"agent-{i}", args.devices, threads, extra_args=agent_args
+                            )
                         )
-                    )
+                    except RuntimeError as exc:  # e.g. --devices cuda without a GPU
+                        return _fail(str(exc))
             refs = [agents.AgentRef(p.agent_id, p.address) for p in procs]
             console.print(transport.describe_mode())
             console.print(f"agents load checkpoints under {agent_args[1]} only")
