@@ -38,7 +38,17 @@ def register(sub: Any) -> None:
         default=0,
         help="local agents to start (default: as many as the layout names, or 2)",
     )
-    p.add_argument("--devices", default="cpu:1x2GiB", help="devices of each local agent")
+    p.add_argument(
+        "--devices",
+        default="cpu:1x2GiB",
+        help="devices of each local agent (cpu:1x2GiB, cuda, cuda:N; see `tessera agent`)",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="fraction of each GPU's memory a local agent may use (its flag of that name)",
+    )
     p.add_argument(
         "--threads",
         type=int,
@@ -121,9 +131,11 @@ def _up(args: argparse.Namespace) -> int:
     except (fields.FieldError, yaml.YAMLError) as exc:
         return _fail(f"{args.file}: {exc}")
     from tessera.gateway import config as gw_config
+    from tessera.policies import gpu_memory
 
     try:  # the gateway's settings from the environment, checked before anything loads
         gw_config.generate_mux_default()
+        gpu_memory.check_utilization(args.gpu_memory_utilization)
     except ValueError as exc:
         return _fail(str(exc))
     from tessera import event_loop
@@ -155,6 +167,17 @@ def _outside_root(dep: Any, model_path: str, root: str) -> list[str]:
                 "(restart `tessera up`, or start it with a wider --model-root)"
             )
     return problems
+
+
+def _agent_args(args: argparse.Namespace, model_root: str) -> tuple[str, ...]:
+    """The flags every local agent gets beside its id, devices and threads (the model
+    root first: callers print `[1]`)."""
+    return (
+        "--model-root",
+        model_root,
+        "--gpu-memory-utilization",
+        str(args.gpu_memory_utilization),
+    )
 
 
 def _local_agent_count(args: argparse.Namespace, dep: Any) -> int:
@@ -197,7 +220,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     bad = variant_check.check(dep, model_path)
     if bad:
         return _fail("; ".join(bad))
-    agent_args = ("--model-root", str(args.model_root or _model_root(dep, model_path)))
+    agent_args = _agent_args(args, str(args.model_root or _model_root(dep, model_path)))
     auto = None
     if args.profile is not None:
         from tessera.cost import profile as profile_mod
@@ -234,11 +257,14 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             threads = cpu_share.agent_threads(os.cpu_count() or 1, n, args.threads)
             with console.status(f"starting {n} local agents"):
                 for i in range(n):  # main thread: children die with this process
-                    procs.append(
-                        local_agents.start_agent(
-                            f"agent-{i}", args.devices, threads, extra_args=agent_args
+                    try:
+                        procs.append(
+                            local_agents.start_agent(
+                                f"agent-{i}", args.devices, threads, extra_args=agent_args
+                            )
                         )
-                    )
+                    except RuntimeError as exc:  # e.g. --devices cuda without a GPU
+                        return _fail(str(exc))
             refs = [agents.AgentRef(p.agent_id, p.address) for p in procs]
             console.print(transport.describe_mode())
             console.print(f"agents load checkpoints under {agent_args[1]} only")
