@@ -2,7 +2,10 @@
 
 Each benchmark lives next to the code it measures, in a module exposing
 ``add_arguments(parser)`` and ``run(args) -> dict``. This module only dispatches and
-prints; it never times anything itself. A benchmark's module is imported only when its
+prints; it never times anything itself. To every JSON it adds `provenance` (machine,
+commit, date, the machine's load: `tessera.bench.harness.provenance`) and warns on stderr
+when the machine was not quiet. `$TESSERA_TRACE` replaces the default `--trace` of the
+benches that replay the shared trace. A benchmark's module is imported only when its
 command line is parsed (`tessera bench NAME ...`): most import torch, which the
 control-plane image does not have, and `tessera --help` stays light. The listing of
 `tessera bench --help` reads each module's docstring from its source, without importing it.
@@ -20,6 +23,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from tessera.bench import harness
 
 # bench name -> module implementing add_arguments(parser) and run(args) -> dict
 BENCHES: dict[str, str] = {
@@ -90,6 +95,9 @@ class _BenchParser(argparse.ArgumentParser):
             module = importlib.import_module(self._module_name)
             self.add_argument("--json", action="store_true", help="print only the JSON object")
             module.add_arguments(self)
+            trace = os.environ.get("TESSERA_TRACE")
+            if trace and any(a.dest == "trace" for a in self._actions):
+                self.set_defaults(trace=Path(trace))
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -109,6 +117,12 @@ def _runner(module_name: str) -> Any:
         os.environ.setdefault("TESSERA_COMPILE_DECODE", "0")
         module = importlib.import_module(module_name)
         result: dict[str, Any] = module.run(args)
+        result["provenance"] = harness.provenance()
+        if not result["provenance"]["quiet"]:
+            sys.stderr.write(
+                f"tessera bench {args.bench}: the machine was busy (load "
+                f"{result['provenance']['load_per_cpu']} per cpu): compare ratios only\n"
+            )
         if args.json:
             sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
         else:
