@@ -88,7 +88,9 @@ def _run(args: argparse.Namespace) -> int:
             api_keys_file=args.api_keys_file,
             kv_dispatch=not args.no_kv_dispatch,
             generate_mux=(
-                config.generate_mux_default() if args.generate_mux is None else args.generate_mux
+                config.generate_mux_from(os.environ)
+                if args.generate_mux is None
+                else args.generate_mux
             ),
             limits=limits.Limits(
                 max_prompt_tokens=args.max_prompt_tokens,

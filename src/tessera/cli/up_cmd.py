@@ -123,7 +123,7 @@ def _up(args: argparse.Namespace) -> int:
     from tessera.gateway import config as gw_config
 
     try:  # the gateway's settings from the environment, checked before anything loads
-        gw_config.generate_mux_default()
+        args.generate_mux = gw_config.generate_mux_from(os.environ)
     except ValueError as exc:
         return _fail(str(exc))
     from tessera import event_loop
@@ -270,6 +270,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 host=args.host,
                 port=port,
                 arrival_span_s=args.arrival_span,
+                generate_mux=args.generate_mux,
             )
         )
         gateway.apply_routes(gw_routes.from_doc(outcome.routes))  # with the class shares
