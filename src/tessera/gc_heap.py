@@ -6,7 +6,7 @@ while holding the GIL: 280-480 ms measured on the 2-core VM, idle. CPython start
 whenever enough new objects have survived, so while serving, the agent's compute thread and
 event loop, and the gateway, stopped for 0.1-1.2 s at unpredictable moments (seen inside
 the anchor's measured runs: a 649 ms pass in the agent and a 367 ms one in `tessera up`
-during one 3.8 s saturated run; docs/benchmarks.md, "Issue 16 (seventh stop)").
+during one 3.8 s saturated run; docs/benchmarks-log.md, "Issue 16 (seventh stop)").
 
 `settle` collects once and then freezes every survivor (`gc.freeze`), so later passes only
 walk what was made since: it runs at moments that already pause (after a block is loaded

@@ -5,7 +5,7 @@ A many-row eager step allocates multi-MB temporaries per layer (a 2048-row step:
 gate/up output alone is 11.5 MB). glibc serves blocks above its mmap threshold with fresh
 `mmap`s and trims the heap top above its trim threshold, both adapting at run time; either
 way, the pages come back zeroed and faulted on the next step: 25-180 k minor faults per
-128-prompt prefill run on the default tiny model, 7-20 % of its CPU (docs/benchmarks.md,
+128-prompt prefill run on the default tiny model, 7-20 % of its CPU (docs/benchmarks-log.md,
 "Issue 16 (prefill path)"). vLLM's CPU docs preload tcmalloc for the same reason. `tune`
 fixes the mmap threshold at glibc's 64-bit ceiling (32 MB: larger blocks, the KV pool and
 weights, stay mmap'd) and the trim threshold at `TRIM_BYTES`, which is the most free heap

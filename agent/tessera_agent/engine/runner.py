@@ -30,7 +30,7 @@ from tessera_agent.engine import model as model_mod
 log = logging.getLogger(__name__)
 
 # Decode rows a mixed step needs before they run compiled apart from its prefill chunks:
-# measured on the default tiny model (docs/benchmarks.md, issue 16 engine), 16 and 24
+# measured on the default tiny model (docs/benchmarks-log.md, issue 16 engine), 16 and 24
 # decodes beside 64-token prompts ran 2-6 % slower split, 32 ran 6 % and 64 ran 38-40 %
 # faster.
 SPLIT_MIN_DECODES = 32

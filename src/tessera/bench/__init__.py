@@ -11,7 +11,7 @@ scenario; what two of them would otherwise copy lives here, one concept a module
 - `local_up`: a tiny checkpoint and a `tessera up` process to drive;
 - `oracle`: greedy `transformers` texts, the correctness check of served tokens.
 
-Where benchmarks live (`docs/benchmarks-howto.md` lists them): serving scenarios under
+Where benchmarks live (also in `docs/benchmarks.md`): serving scenarios under
 `tessera.cli.bench_*`; engine and data-plane ones in the agent (`tessera_agent.bench_*`,
 they need torch and the engine; they use `harness` and `client`, which import nothing of
 the CLI); pure ones beside what they measure (`tessera.planner.bench`,
