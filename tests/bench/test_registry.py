@@ -29,7 +29,7 @@ SERVE_KEYS = {
 
 
 def test_every_bench_name_is_still_there_and_has_a_module() -> None:
-    assert set(bench.BENCHES) == NAMES
+    assert NAMES <= set(bench.BENCHES)  # new benches may come; none of these may go
     for name, module in bench.BENCHES.items():
         assert importlib.util.find_spec(module) is not None, name
 
