@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TREES = ("src", "agent", "operator")
 
 ENTRY_POINTS = {
-    "src/tessera/cli/agent_cmd.py",  # `tessera agent`: flags default to $TESSERA_*
+    "src/tessera/cli/agent_cmd.py",  # `tessera agent`: flags, EngineOptions from $TESSERA_*
     "src/tessera/cli/gateway_cmd.py",  # `tessera gateway`
     "src/tessera/cli/operator_cmd.py",  # `tessera operator`
     "src/tessera/cli/up_cmd.py",  # `tessera up`: $TESSERA_GENERATE_MUX for its gateway
@@ -30,10 +30,8 @@ ENTRY_POINTS = {
 }
 NOT_YET_MOVED = {
     "agent/tessera_agent/engine/attention.py",  # TESSERA_DECODE_ATTN
-    "agent/tessera_agent/engine/runner.py",  # TESSERA_SPLIT_MIN_DECODES
     "agent/tessera_agent/engine/compile_policy.py",  # TESSERA_COMPILE_* (and a module global)
     "agent/tessera_agent/engine/compile_cache.py",  # TESSERA_COMPILE_CACHE, XDG_CACHE_HOME
-    "agent/tessera_agent/engine/cuda_graphs.py",  # TESSERA_CUDA_GRAPHS
     "agent/tessera_agent/engine/host_malloc.py",  # TESSERA_MALLOC_TUNE
     "agent/tessera_agent/engine/omp_teams.py",  # TESSERA_OMP_RELEASE
     "agent/tessera_agent/bench_decode_attn.py",  # sets TESSERA_DECODE_ATTN for its A/B

@@ -269,6 +269,7 @@ class Hosting:
                 planned,
                 tensors,
                 self.zoo if self.defaults.block_zoo else None,
+                self.defaults.engine,
             )
             loaded.equivalence = report
             omp_teams.release()  # the loop thread's team, if it ever built one (see omp_teams)

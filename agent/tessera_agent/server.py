@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,6 +32,7 @@ from tessera_agent.engine import (
     decode_graph,
     host_malloc,
     omp_teams,
+    options,
 )
 from tessera_agent.transfer import store
 
@@ -59,6 +60,8 @@ class AgentConfig:
     cobatch_linger_s: float = -1.0  # wait for a co-step's chains to resubmit; < 0 = default
     compile_decode: bool = True  # CPU decode steps compiled (engine/decode_graph.py; issue 16)
     compile_cache: str = ""  # compiled graphs cached across restarts; "" = the default folder
+    # engine switches from the entry point's environment (`EngineOptions.from_env`)
+    engine: options.EngineOptions = field(default_factory=options.EngineOptions)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -118,6 +121,7 @@ async def serve(cfg: AgentConfig) -> None:
         storage_bytes_per_s=cfg.storage_bytes_per_s,
         microbatch_split=split_config(cfg.cost_profile),
         block_zoo=cfg.block_zoo,
+        engine=cfg.engine,
     )
     rendezvous = store.serve(cfg.host)  # data-plane groups of replicas hosted here meet on it
     svc = servicer.AgentServicer(

@@ -131,7 +131,13 @@ def _die_with_parent() -> None:
 def _run(args: argparse.Namespace) -> int:
     _die_with_parent()
     from tessera_agent import server
+    from tessera_agent.engine import options
 
+    try:
+        engine = options.EngineOptions.from_env(os.environ)
+    except ValueError as exc:
+        sys.stderr.write(f"tessera agent: {exc}\n")
+        return 2
     cfg = server.AgentConfig(
         agent_id=args.agent_id,
         host=args.host,
@@ -151,5 +157,6 @@ def _run(args: argparse.Namespace) -> int:
         cost_profile=args.cost_profile,
         compile_cache=args.compile_cache,
         compile_decode=args.compile_decode,
+        engine=engine,
     )
     return server.run(cfg)
