@@ -32,10 +32,8 @@ NOT_YET_MOVED = {
     "agent/tessera_agent/engine/attention.py",  # TESSERA_DECODE_ATTN
     "agent/tessera_agent/engine/compile_policy.py",  # TESSERA_COMPILE_* (and a module global)
     "agent/tessera_agent/engine/compile_cache.py",  # TESSERA_COMPILE_CACHE, XDG_CACHE_HOME
-    "agent/tessera_agent/engine/host_malloc.py",  # TESSERA_MALLOC_TUNE
     "agent/tessera_agent/engine/omp_teams.py",  # TESSERA_OMP_RELEASE
     "agent/tessera_agent/bench_decode_attn.py",  # sets TESSERA_DECODE_ATTN for its A/B
-    "src/tessera/gc_heap.py",  # TESSERA_GC_FREEZE
     "src/tessera/observability/tracing.py",  # TESSERA_TRACING, OTEL_SERVICE_NAME
     "src/tessera/rpc/transport.py",  # TESSERA_TLS_DIR
     "src/tessera/cli/bench_overload.py",  # TESSERA_TRACE (moves with the overload benches)

@@ -2,8 +2,9 @@
 
 `EngineOptions` holds the engine switches a deployment may turn: the decode rows a mixed
 step needs before they run compiled apart from its prefill chunks (`split_min_decodes`),
-and whether CUDA stages replay decode steps from CUDA graphs. `tessera agent` builds it
-with `from_env` (`$TESSERA_SPLIT_MIN_DECODES`, `$TESSERA_CUDA_GRAPHS`) into its
+whether CUDA stages replay decode steps from CUDA graphs, and whether the agent fixes
+glibc's malloc thresholds. `tessera agent` builds it with `from_env`
+(`$TESSERA_SPLIT_MIN_DECODES`, `$TESSERA_CUDA_GRAPHS`, `$TESSERA_MALLOC_TUNE`) into its
 `AgentConfig`; it reaches each `StageRunner` through `load_config.LoadDefaults`,
 `hosting` and `stage.load_stage`. In-process engines (tests, benches, `tessera
 generate`) get the defaults unless they pass their own.
@@ -23,6 +24,7 @@ from tessera import env_flags
 SPLIT_MIN_DECODES = 32
 SPLIT_ENV = "TESSERA_SPLIT_MIN_DECODES"  # overrides it; 0 turns the split off
 CUDA_GRAPHS_ENV = "TESSERA_CUDA_GRAPHS"  # "0": CUDA stages decode eagerly
+MALLOC_ENV = "TESSERA_MALLOC_TUNE"  # "0": glibc's malloc thresholds as they are (host_malloc)
 NEVER = 1 << 62  # a split threshold no step reaches
 
 
@@ -30,6 +32,7 @@ NEVER = 1 << 62  # a split threshold no step reaches
 class EngineOptions:
     split_min_decodes: int = SPLIT_MIN_DECODES  # NEVER: mixed steps are never split
     cuda_graphs: bool = True  # CUDA stages replay pure-decode steps from CUDA graphs
+    malloc_tune: bool = True  # an agent fixes glibc's malloc thresholds (host_malloc.tune)
 
     def __post_init__(self) -> None:
         if self.split_min_decodes < 1:
@@ -43,5 +46,12 @@ class EngineOptions:
             n = int(raw) if raw else SPLIT_MIN_DECODES
         except ValueError:
             raise ValueError(f"{SPLIT_ENV}={raw!r} is not an integer") from None
-        graphs = environ.get(CUDA_GRAPHS_ENV, "").strip().lower() not in env_flags.OFF
-        return cls(split_min_decodes=n if n > 0 else NEVER, cuda_graphs=graphs)
+
+        def on(name: str) -> bool:
+            return environ.get(name, "").strip().lower() not in env_flags.OFF
+
+        return cls(
+            split_min_decodes=n if n > 0 else NEVER,
+            cuda_graphs=on(CUDA_GRAPHS_ENV),
+            malloc_tune=on(MALLOC_ENV),
+        )

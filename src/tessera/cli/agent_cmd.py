@@ -130,6 +130,7 @@ def _die_with_parent() -> None:
 
 def _run(args: argparse.Namespace) -> int:
     _die_with_parent()
+    from tessera import gc_heap
     from tessera_agent import server
     from tessera_agent.engine import options
 
@@ -158,5 +159,6 @@ def _run(args: argparse.Namespace) -> int:
         compile_cache=args.compile_cache,
         compile_decode=args.compile_decode,
         engine=engine,
+        gc_freeze=gc_heap.wanted(os.environ),
     )
     return server.run(cfg)

@@ -197,7 +197,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         auto = auto_mod.default_auto_planner(
             profile_mod.profile_from_json(json.loads(args.profile.read_text()))
         )
-    gc_heap.install()  # this process owns its heap (see gc_heap)
+    gc_heap.install(gc_heap.wanted(os.environ))  # this process owns its heap (see gc_heap)
     rollout = converge.Rollout(
         drain=transition.DrainPolicy(deadline_s=args.drain_deadline), sourcing=args.sourcing
     )
