@@ -147,6 +147,10 @@ class OperatorConfig:
     # default candidates (no switching_candidates): a measured cost profile
     # (tessera.cost.profile.Profile) for agents whose GPUs have no analytic one (e.g. CPU)
     switching_profile: Any = None
+    # the latency model's calibration (tessera.cost.calibration.Calibration, e.g. from
+    # `tessera calibrate`): candidates are priced with its correction and the switching
+    # threshold comes from its per-layout error (None: the raw model and minGain)
+    switching_calibration: Any = None
     # default candidates: planner layouts priced each span (switching_planner.cap)
     switching_max_candidates: int = 32
     # the overload loop (overload_loop.py): timer period; the gateway's admin base URL

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tessera import blocks
 from tessera.bench import client, harness, local_up, oracle, trace
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -206,10 +207,13 @@ async def transition(
     rng: random.Random | None = None,
     poll_s: float = 0.1,
     what: str = "relayout",
+    names: set[str] | None = None,
 ) -> Window:
     """Start `longs` long requests, wait until they decode, `write()` the new manifest and
-    wait until the gateway routes only new replicas, none leaving, and the agents hold
-    just those; then, unless `settle_s` is None, wait `settle_s` and account the bytes."""
+    wait until the gateway routes only new replicas (named `names`, when given: a
+    drop-style switch passes through a pipeline of the old replicas), none leaving, and
+    the agents hold just those; then, unless `settle_s` is None, wait `settle_s` and
+    account the bytes."""
     before = set((await _admin(session, url))["replicas"])
     rng = rng or random.Random(0)
     started = [
@@ -230,7 +234,8 @@ async def transition(
         if now != before and not w.cut:
             w.cut = time.perf_counter()
         held = run.samples[-1][2] if run.samples and run.samples[-1][0] > w.start else None
-        if now != before and not snap["leaving"] and held is not None and held == now:
+        named = names is None or {blocks.parse_replica_id(r).name for r in now} == names
+        if now != before and named and not snap["leaving"] and held is not None and held == now:
             break
         if time.perf_counter() > w.start + timeout_s:
             raise SystemExit(f"tessera bench {what}: transition to {w.name} timed out: {snap}")

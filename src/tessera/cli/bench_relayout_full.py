@@ -11,6 +11,13 @@ used to end this `InsufficientMemory`. Now the serving replica's KV pool shrinks
 old is drained and freed and the new pool grows; then back. Reported as
 `bench_relayout.run` reports (lost, tokens_match, transition_s, extra_bytes_peak), plus
 `incoming_param_bytes` (the new layouts' parameters: the bound on extra_bytes_peak).
+Scenario `drop` (`--scenario drop`, issue 34's drop-style transition): two whole replicas,
+one per agent, each agent's memory (default 34 MiB) holding 23.5 MiB of parameters and a
+10 MiB pool, switched to one replica 0-4 | 4-8 with its stages on the other agent than
+the drop's: 11.8 MiB of parameters beside a whole replica leave no KV even with the pool
+empty, and the freeing order keeps only one whole replica (`InsufficientMemory` before
+drops). The two whole replicas drop replicated layers into one pipeline, whose grown
+pools then shrink for the new replica.
 Called by `tests/e2e/test_relayout_full.py`.
 """
 
@@ -20,7 +27,9 @@ import argparse
 import asyncio
 import copy
 import random
+import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,48 +66,106 @@ LAYOUTS: list[tuple[str, list[dict[str, Any]]]] = [
 ]
 SEQUENCE = [0, 1, 0]
 PARAM_BYTES = {0: 2 * 11.76 * MiB, 1: (17.39 + 6.13) * MiB}  # per layout (tiny, float32)
+WHOLE_MIB = 24  # the tiny model's whole replica: 23.5 MiB of float32 parameters
+
+
+def _whole(name: str, agent: str) -> dict[str, Any]:
+    return {"name": name, "stages": [{"agent": agent, "device": "cpu:0", "layers": [0, 8]}]}
+
+
+DROP_LAYOUTS: list[tuple[str, list[dict[str, Any]]]] = [
+    ("2 whole replicas", [_whole("w0", "agent-0"), _whole("w1", "agent-1")]),
+    (
+        "1 replica 0-4|4-8 (stage 0 on agent-1)",
+        [
+            {
+                "name": "p",
+                "stages": [
+                    {"agent": "agent-1", "device": "cpu:0", "layers": [0, 4]},
+                    {"agent": "agent-0", "device": "cpu:0", "layers": [4, 8]},
+                ],
+            }
+        ],
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    layouts: list[tuple[str, list[dict[str, Any]]]]
+    sequence: list[int]
+    param_bytes: dict[int, float]  # the incoming parameters of each layout
+    reserved_mib: int  # of each agent's memory, what the largest block's parameters take
+    capacity_mib: int  # default memory per agent
+
+
+SCENARIOS = {
+    "full": Scenario(LAYOUTS, SEQUENCE, PARAM_BYTES, LARGEST_STAGE_MIB, 96),
+    "drop": Scenario(DROP_LAYOUTS, [0, 1], {0: 2 * 23.52 * MiB, 1: 2 * 11.76 * MiB}, WHOLE_MIB, 34),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     rl.add_arguments(parser)
-    parser.add_argument("--capacity-mib", type=int, default=96)
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="full")
+    parser.add_argument("--capacity-mib", type=int, default=0, help="0: the scenario's")
 
 
-def manifest(model: Path, layout: int, kv_bytes: int) -> dict[str, Any]:
+def manifest(
+    model: Path, layout: int, kv_bytes: int, sc: Scenario = SCENARIOS["full"]
+) -> dict[str, Any]:
     doc = rl.manifest(model, 0)
-    doc["spec"]["layout"]["replicas"] = copy.deepcopy(LAYOUTS[layout][1])
+    doc["spec"]["layout"]["replicas"] = copy.deepcopy(sc.layouts[layout][1])
     doc["spec"]["layout"]["kvCacheBytes"] = kv_bytes
     return doc
 
 
-def write_manifest(path: Path, model: Path, layout: int, kv_bytes: int) -> None:
-    local_up.write_yaml(path, manifest(model, layout, kv_bytes))
+def write_manifest(
+    path: Path, model: Path, layout: int, kv_bytes: int, sc: Scenario = SCENARIOS["full"]
+) -> None:
+    local_up.write_yaml(path, manifest(model, layout, kv_bytes, sc))
+
+
+MODE_RE = re.compile(r"Switching: generation \d+ \(([a-z-]+)\)")
+
+
+def _modes(log: list[str]) -> list[str]:
+    """The transition modes `tessera up` reported, in the order first seen."""
+    seen: list[str] = []
+    for line in log:
+        for m in MODE_RE.finditer(line):
+            if m.group(1) not in seen:
+                seen.append(m.group(1))
+    return seen
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    kv = (args.capacity_mib - LARGEST_STAGE_MIB) * MiB
+    sc = SCENARIOS[args.scenario]
+    capacity_mib = args.capacity_mib or sc.capacity_mib
+    kv = (capacity_mib - sc.reserved_mib) * MiB
     with tempfile.TemporaryDirectory(prefix="tessera-relayout-full-") as tmp:
         model = local_up.make_tiny(Path(tmp) / "tiny-llama")
         path = Path(tmp) / "m.yaml"
-        write_manifest(path, model, SEQUENCE[0], kv)
+        write_manifest(path, model, sc.sequence[0], kv, sc)
         flags = ["--drain-deadline", str(args.drain_deadline), "--watch-interval", "0.2"]
-        flags += ["--devices", f"cpu:1x{args.capacity_mib}MiB"]
+        flags += ["--devices", f"cpu:1x{capacity_mib}MiB"]
 
         async def step(session: Any, run: rl.Run, layout: int) -> rl.Window:
             return await rl.transition(
                 session,
                 up.url,
                 run,
-                LAYOUTS[layout][0],
-                lambda: write_manifest(path, model, layout, kv),
+                sc.layouts[layout][0],
+                lambda: write_manifest(path, model, layout, kv, sc),
                 timeout_s=args.transition_timeout,
                 settle_s=1.0,  # the new pool grows after the old is freed
                 what="relayout-full",
+                names={r["name"] for r in sc.layouts[layout][1]},
             )
 
         with local_up.Up(path, *flags, what="relayout-full") as up:
             rng = random.Random(args.seed)
-            result = asyncio.run(rl.drive(args, up.url, up.agents(), SEQUENCE, step, rng))
+            result = asyncio.run(rl.drive(args, up.url, up.agents(), sc.sequence, step, rng))
         completed = [r for r in result.requests if r.ok]
         matches = oracle.matches(model, completed)
     windows = result.windows
@@ -110,9 +177,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "bytes_before_after": [(w.bytes_before, w.bytes_after) for w in windows],
         "extra_bytes_peak": max(extra, default=0),
         "extra_bytes_per_transition": extra,
-        "incoming_param_bytes": [int(PARAM_BYTES[i]) for i in SEQUENCE[1:]],
-        "capacity_bytes_per_agent": args.capacity_mib * MiB,
+        "incoming_param_bytes": [int(sc.param_bytes[i]) for i in sc.sequence[1:]],
+        "capacity_bytes_per_agent": capacity_mib * MiB,
         "kv_cache_bytes": kv,
-        "setup": f"tessera up, 2 local agents (cpu:1x{args.capacity_mib}MiB, full), tiny "
-        "llama; one replica: " + " -> ".join(LAYOUTS[i][0] for i in SEQUENCE),
+        "transition_modes": _modes(up.log),
+        "setup": f"tessera up, 2 local agents (cpu:1x{capacity_mib}MiB, full), tiny "
+        "llama: " + " -> ".join(sc.layouts[i][0] for i in sc.sequence),
     }
