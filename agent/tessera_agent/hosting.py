@@ -35,6 +35,7 @@ from tessera_agent import (
     load_check,
     load_config,
     stage_link,
+    stitch_serve,
     switch_fetch,
     tp_member,
 )
@@ -250,6 +251,16 @@ class Hosting:
                 report, tensors = await loop.run_in_executor(
                     self.loader, equivalence_share.prepare, self.shares, spec, cfg, tensors
                 )
+            stitch = None
+            if spec.stitch_zoo:  # issue 35: a stitched chain's front; refused before loading
+                stitch = await loop.run_in_executor(
+                    self.loader,
+                    stitch_serve.prepare,
+                    spec,
+                    cfg,
+                    dev.torch_device(),
+                    stage.dtype_of(spec, cfg),
+                )
             graph_bytes = compile_policy.load_reserve(  # compiled decode's packed weights
                 cfg,
                 spec.start,
@@ -272,6 +283,7 @@ class Hosting:
                 self.defaults.engine,
             )
             loaded.equivalence = report
+            loaded.stitch = stitch
             omp_teams.release()  # the loop thread's team, if it ever built one (see omp_teams)
             h = hosted.Hosted(loaded)
             self.memory.book(dev.id, h.holder, loaded.own_param_bytes + loaded.kv_bytes)

@@ -136,7 +136,9 @@ def _model_root(dep: Any, model_path: str) -> str:
     from tessera_operator import variants as variant_ops
 
     paths = [os.path.realpath(model_path)]
-    paths += [os.path.realpath(v.path) for v in variant_ops.resolve(dep.spec.variants, model_path)]
+    resolved = variant_ops.resolve(dep.spec.variants, model_path)
+    paths += [os.path.realpath(v.path) for v in resolved]
+    paths += [os.path.realpath(v.zoo) for v in resolved if v.zoo]  # stitched chains' zoo
     return os.path.commonpath(paths)
 
 

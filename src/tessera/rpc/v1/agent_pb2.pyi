@@ -71,7 +71,7 @@ class DescribeReply(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nvml_status: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[ReplicaKV, _Mapping]]] = ..., version: _Optional[str] = ..., store_address: _Optional[str] = ..., zoo: _Optional[_Union[VariantZoo, _Mapping]] = ..., scaling_runs: _Optional[_Iterable[_Union[ScalingRunInfo, _Mapping]]] = ..., scaling_hosted: _Optional[_Iterable[_Union[ScalingHostedRun, _Mapping]]] = ...) -> None: ...
 
 class LoadBlockRequest(_message.Message):
-    __slots__ = ("model_path", "layer_start", "layer_end", "device", "replica_id", "stage_index", "num_stages", "next_stage_address", "dtype", "kv_bytes", "page_size", "max_num_seqs", "max_batched_tokens", "source", "generation", "tp_size", "tp_rank", "data_plane", "switch_sources", "share")
+    __slots__ = ("model_path", "layer_start", "layer_end", "device", "replica_id", "stage_index", "num_stages", "next_stage_address", "dtype", "kv_bytes", "page_size", "max_num_seqs", "max_batched_tokens", "source", "generation", "tp_size", "tp_rank", "data_plane", "switch_sources", "share", "stitch")
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class LoadBlockRequest(_message.Message):
     DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
     SWITCH_SOURCES_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
+    STITCH_FIELD_NUMBER: _ClassVar[int]
     model_path: str
     layer_start: int
     layer_end: int
@@ -112,7 +113,8 @@ class LoadBlockRequest(_message.Message):
     data_plane: DataPlane
     switch_sources: _containers.RepeatedCompositeFieldContainer[SwitchSource]
     share: VariantShare
-    def __init__(self, model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_bytes: _Optional[int] = ..., page_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., source: _Optional[_Union[BlockSource, _Mapping]] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., switch_sources: _Optional[_Iterable[_Union[SwitchSource, _Mapping]]] = ..., share: _Optional[_Union[VariantShare, _Mapping]] = ...) -> None: ...
+    stitch: BlockStitch
+    def __init__(self, model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_bytes: _Optional[int] = ..., page_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., source: _Optional[_Union[BlockSource, _Mapping]] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., switch_sources: _Optional[_Iterable[_Union[SwitchSource, _Mapping]]] = ..., share: _Optional[_Union[VariantShare, _Mapping]] = ..., stitch: _Optional[_Union[BlockStitch, _Mapping]] = ...) -> None: ...
 
 class SwitchSource(_message.Message):
     __slots__ = ("source", "unit_start", "unit_end")
@@ -167,7 +169,7 @@ class PushTensorsReply(_message.Message):
     def __init__(self, bytes: _Optional[int] = ...) -> None: ...
 
 class BlockInfo(_message.Message):
-    __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason", "activations", "compile", "variants", "shared_param_bytes", "share", "equivalence", "results")
+    __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason", "activations", "compile", "variants", "shared_param_bytes", "share", "equivalence", "stitch", "results")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +196,7 @@ class BlockInfo(_message.Message):
     SHARED_PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
     EQUIVALENCE_FIELD_NUMBER: _ClassVar[int]
+    STITCH_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     stage_index: int
@@ -221,8 +224,9 @@ class BlockInfo(_message.Message):
     shared_param_bytes: int
     share: VariantShare
     equivalence: VariantEquivalence
+    stitch: BlockStitch
     results: str
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., dtype: _Optional[str] = ..., num_tensors: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., transport: _Optional[str] = ..., group_state: _Optional[str] = ..., group_reason: _Optional[str] = ..., activations: _Optional[str] = ..., compile: _Optional[str] = ..., variants: _Optional[_Iterable[str]] = ..., shared_param_bytes: _Optional[int] = ..., share: _Optional[_Union[VariantShare, _Mapping]] = ..., equivalence: _Optional[_Union[VariantEquivalence, _Mapping]] = ..., results: _Optional[str] = ...) -> None: ...
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., dtype: _Optional[str] = ..., num_tensors: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., transport: _Optional[str] = ..., group_state: _Optional[str] = ..., group_reason: _Optional[str] = ..., activations: _Optional[str] = ..., compile: _Optional[str] = ..., variants: _Optional[_Iterable[str]] = ..., shared_param_bytes: _Optional[int] = ..., share: _Optional[_Union[VariantShare, _Mapping]] = ..., equivalence: _Optional[_Union[VariantEquivalence, _Mapping]] = ..., stitch: _Optional[_Union[BlockStitch, _Mapping]] = ..., results: _Optional[str] = ...) -> None: ...
 
 class LoadBlockReply(_message.Message):
     __slots__ = ("block", "already_loaded")
@@ -704,6 +708,24 @@ class VariantShare(_message.Message):
     foundation_path: str
     threshold: float
     def __init__(self, foundation_path: _Optional[str] = ..., threshold: _Optional[float] = ...) -> None: ...
+
+class BlockStitch(_message.Message):
+    __slots__ = ("zoo", "next_model_path", "next_layer_start", "cosine", "top1_agreement", "param_bytes", "folder")
+    ZOO_FIELD_NUMBER: _ClassVar[int]
+    NEXT_MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    NEXT_LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    COSINE_FIELD_NUMBER: _ClassVar[int]
+    TOP1_AGREEMENT_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FOLDER_FIELD_NUMBER: _ClassVar[int]
+    zoo: str
+    next_model_path: str
+    next_layer_start: int
+    cosine: float
+    top1_agreement: float
+    param_bytes: int
+    folder: str
+    def __init__(self, zoo: _Optional[str] = ..., next_model_path: _Optional[str] = ..., next_layer_start: _Optional[int] = ..., cosine: _Optional[float] = ..., top1_agreement: _Optional[float] = ..., param_bytes: _Optional[int] = ..., folder: _Optional[str] = ...) -> None: ...
 
 class VariantEquivalenceLayer(_message.Message):
     __slots__ = ("layer", "cosine", "identical", "shared")
