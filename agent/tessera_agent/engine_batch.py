@@ -4,8 +4,10 @@
 (the engine batches them step by step), collects each request's tokens and closes the
 engine. Inputs: the runner, the executor that runs the engine's steps, the longest
 sequence, the prompts, sampling parameters and a source of request ids. `add_arguments`
-declares the knobs the decode benches share; `tiny` makes the default tiny checkpoint.
-Called by `bench_engine`, `bench_tp`, `bench_prefill`, `bench_prefix` and `bench_kvmove`.
+declares the knobs the decode benches share; `tiny` makes the default tiny checkpoint;
+`greedy_parts` decodes greedily through a chain of block parts, timing each step. Called
+by `bench_engine`, `bench_tp`, `bench_prefill`, `bench_prefix`, `bench_kvmove`,
+`bench_stitch` and `bench_speculate`.
 """
 
 from __future__ import annotations
@@ -13,8 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from tessera_agent import tiny_checkpoint
 from tessera_agent.engine import config, replica, runner, sampling, scheduler
@@ -59,3 +66,25 @@ async def generate(
         return list(await asyncio.gather(*(one(p) for p in prompts)))
     finally:
         await eng.close()
+
+
+def greedy_parts(
+    parts: Sequence[Any], prompt: list[int], new: int, inference: bool = False
+) -> tuple[list[int], list[float]]:
+    """`new` greedy tokens through `parts` (each reset first, then called in turn on the
+    hidden states; the last gives logits), and the seconds of each step."""
+    for p in parts:
+        p.reset()
+    x = torch.tensor([prompt])
+    out: list[int] = []
+    times: list[float] = []
+    for _ in range(new):
+        began = time.perf_counter()
+        with torch.inference_mode() if inference else contextlib.nullcontext():
+            for p in parts:
+                x = p(x)
+        tok = int(x[0, -1].argmax())
+        times.append(time.perf_counter() - began)
+        out.append(tok)
+        x = torch.tensor([[tok]])
+    return out, times
