@@ -292,6 +292,40 @@ async def drive(
     return run
 
 
+def replay(
+    args: argparse.Namespace,
+    up: local_up.Up,
+    sequence: list[int],
+    name_of: Callable[[int], str],
+    write_of: Callable[[int], None],
+    rng: random.Random,
+    *,
+    with_longs: bool = True,
+    names_of: Callable[[int], set[str]] | None = None,
+    **kw: Any,
+) -> Run:
+    """`drive` against a running `up`: each step a `transition` to the layout named
+    `name_of(layout)`, written by `write_of(layout)`, with `args`' long requests
+    (`with_longs`) and timeout; `kw` goes to `transition` as it is."""
+
+    async def step(session: Any, run: Run, layout: int) -> Window:
+        return await transition(
+            session,
+            up.url,
+            run,
+            name_of(layout),
+            lambda: write_of(layout),
+            timeout_s=args.transition_timeout,
+            longs=args.long_requests if with_longs and args.long_tokens else 0,
+            long_tokens=args.long_tokens,
+            rng=rng,
+            names=names_of(layout) if names_of else None,
+            **kw,
+        )
+
+    return asyncio.run(drive(args, up.url, up.agents(), sequence, step, rng))
+
+
 def _cutover_counts(text: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in text.splitlines():
@@ -309,22 +343,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rng = random.Random(args.seed)
         flags = ["--drain-deadline", str(args.drain_deadline), "--watch-interval", "0.2"]
 
-        async def step(session: Any, run: Run, layout: int) -> Window:
-            return await transition(
-                session,
-                up.url,
-                run,
-                LAYOUTS[layout][0],
-                lambda: write_manifest(path, model, layout),
-                timeout_s=args.transition_timeout,
-                longs=args.long_requests if args.long_tokens else 0,
-                long_tokens=args.long_tokens,
-                rng=rng,
-            )
-
         with local_up.Up(path, *flags, what="relayout") as up:
             harness.note("relayout", f"serving at {up.url}")
-            result = asyncio.run(drive(args, up.url, up.agents(), SEQUENCE, step, rng))
+            result = replay(
+                args,
+                up,
+                SEQUENCE,
+                lambda k: LAYOUTS[k][0],
+                lambda k: write_manifest(path, model, k),
+                rng,
+            )
         completed = [r for r in result.requests if r.ok]
         harness.note("relayout", f"replay done: {len(completed)}/{len(result.requests)} completed")
         matches = oracle.matches(model, completed)

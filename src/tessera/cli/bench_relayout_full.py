@@ -24,7 +24,6 @@ Called by `tests/e2e/test_relayout_full.py`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import copy
 import random
 import re
@@ -150,22 +149,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         flags = ["--drain-deadline", str(args.drain_deadline), "--watch-interval", "0.2"]
         flags += ["--devices", f"cpu:1x{capacity_mib}MiB"]
 
-        async def step(session: Any, run: rl.Run, layout: int) -> rl.Window:
-            return await rl.transition(
-                session,
-                up.url,
-                run,
-                sc.layouts[layout][0],
-                lambda: write_manifest(path, model, layout, kv, sc),
-                timeout_s=args.transition_timeout,
+        with local_up.Up(path, *flags, what="relayout-full") as up:
+            result = rl.replay(
+                args,
+                up,
+                sc.sequence,
+                lambda k: sc.layouts[k][0],
+                lambda k: write_manifest(path, model, k, kv, sc),
+                random.Random(args.seed),
+                with_longs=False,
+                names_of=lambda k: {r["name"] for r in sc.layouts[k][1]},
                 settle_s=1.0,  # the new pool grows after the old is freed
                 what="relayout-full",
-                names={r["name"] for r in sc.layouts[layout][1]},
             )
-
-        with local_up.Up(path, *flags, what="relayout-full") as up:
-            rng = random.Random(args.seed)
-            result = asyncio.run(rl.drive(args, up.url, up.agents(), sc.sequence, step, rng))
         completed = [r for r in result.requests if r.ok]
         matches = oracle.matches(model, completed)
     windows = result.windows

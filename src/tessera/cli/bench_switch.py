@@ -35,7 +35,6 @@ its LP lower bound; *model output*, default link figures), `p99_ttft_during_vs_s
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import random
 import tempfile
@@ -75,27 +74,19 @@ def _one_run(
     }
     flags = ["--drain-deadline", str(args.drain_deadline), "--watch-interval", "0.2"]
     flags += ["--sourcing", MODES[mode]]
-    rng = random.Random(args.seed)
-
-    async def step(session: Any, run: rl.Run, layout: int) -> rl.Window:
-        return await rl.transition(
-            session,
-            up.url,
-            run,
-            rl.LAYOUTS[layout][0],
-            lambda: rl.write_manifest(path, model, layout),
-            timeout_s=args.transition_timeout,
+    with local_up.Up(path, *flags, env=env, what="switch") as up:
+        harness.note("switch", f"{mode}: serving at {up.url}")
+        run = rl.replay(
+            args,
+            up,
+            SEQUENCE,
+            lambda k: rl.LAYOUTS[k][0],
+            lambda k: rl.write_manifest(path, model, k),
+            random.Random(args.seed),
             settle_s=None,
-            longs=args.long_requests if args.long_tokens else 0,
-            long_tokens=args.long_tokens,
-            rng=rng,
             poll_s=0.05,
             what="switch",
         )
-
-    with local_up.Up(path, *flags, env=env, what="switch") as up:
-        harness.note("switch", f"{mode}: serving at {up.url}")
-        run = asyncio.run(rl.drive(args, up.url, up.agents(), SEQUENCE, step, rng))
     return run, up.log
 
 
