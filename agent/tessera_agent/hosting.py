@@ -339,6 +339,7 @@ class Hosting:
                 tensors,
                 self.zoo if self.defaults.block_zoo else None,
                 known,
+                self.defaults.engine,
             )
             loaded.equivalence = report
             loaded.stitch = stitch

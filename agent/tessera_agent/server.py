@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,6 +32,7 @@ from tessera_agent.engine import (
     decode_graph,
     host_malloc,
     omp_teams,
+    options,
 )
 from tessera_agent.transfer import store
 
@@ -61,6 +62,9 @@ class AgentConfig:
     cobatch_linger_s: float = -1.0  # wait for a co-step's chains to resubmit; < 0 = default
     compile_decode: bool = True  # CPU decode steps compiled (engine/decode_graph.py; issue 16)
     compile_cache: str = ""  # compiled graphs cached across restarts; "" = the default folder
+    # engine switches from the entry point's environment (`EngineOptions.from_env`)
+    engine: options.EngineOptions = field(default_factory=options.EngineOptions)
+    gc_freeze: bool = True  # settle the cycle collector at loads (gc_heap; $TESSERA_GC_FREEZE)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -105,12 +109,12 @@ async def serve(cfg: AgentConfig) -> None:
     compile_policy.set_default(cfg.compile_decode)  # $TESSERA_COMPILE_DECODE still overrides
     if compile_policy.enabled_from_env():  # before anything compiles
         compile_cache.configure(cfg.compile_cache or None)
-    host_malloc.tune()  # step temporaries stay in the heap ($TESSERA_MALLOC_TUNE=0: not)
+    host_malloc.tune(cfg.engine.malloc_tune)  # step temporaries stay in the heap
     # Work handed to the loop's default executor (reads, copies) must not leave an OpenMP
     # team behind: the compute thread's team would stop spinning (see omp_teams).
     asyncio.get_running_loop().set_default_executor(omp_teams.ReleasingPool())
     omp_teams.release()  # a team this thread may have built while starting up
-    gc_heap.install()  # this process owns its heap: freeze it at loads (see gc_heap)
+    gc_heap.install(cfg.gc_freeze)  # this process owns its heap: freeze it at loads
     tls = transport.tls_from_env()
     server = transport.server(
         (authz.Authorizer(tls=tls is not None, model_root=cfg.model_root or None),)
@@ -122,6 +126,7 @@ async def serve(cfg: AgentConfig) -> None:
         host_cache_bytes=cfg.host_cache_bytes,
         microbatch_split=split_config(cfg.cost_profile),
         block_zoo=cfg.block_zoo,
+        engine=cfg.engine,
     )
     rendezvous = store.serve(cfg.host)  # data-plane groups of replicas hosted here meet on it
     svc = servicer.AgentServicer(

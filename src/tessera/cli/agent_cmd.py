@@ -152,8 +152,15 @@ def _host_cache_bytes(text: str) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     _die_with_parent()
+    from tessera import gc_heap
     from tessera_agent import server
+    from tessera_agent.engine import options
 
+    try:
+        engine = options.EngineOptions.from_env(os.environ)
+    except ValueError as exc:
+        sys.stderr.write(f"tessera agent: {exc}\n")
+        return 2
     cfg = server.AgentConfig(
         agent_id=args.agent_id,
         host=args.host,
@@ -175,5 +182,7 @@ def _run(args: argparse.Namespace) -> int:
         cost_profile=args.cost_profile,
         compile_cache=args.compile_cache,
         compile_decode=args.compile_decode,
+        engine=engine,
+        gc_freeze=gc_heap.wanted(os.environ),
     )
     return server.run(cfg)

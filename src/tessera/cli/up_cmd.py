@@ -134,7 +134,7 @@ def _up(args: argparse.Namespace) -> int:
     from tessera.policies import gpu_memory
 
     try:  # the gateway's settings from the environment, checked before anything loads
-        gw_config.generate_mux_default()
+        args.generate_mux = gw_config.generate_mux_from(os.environ)
         gpu_memory.check_utilization(args.gpu_memory_utilization)
     except ValueError as exc:
         return _fail(str(exc))
@@ -229,7 +229,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         auto = auto_mod.default_auto_planner(
             profile_mod.profile_from_json(json.loads(args.profile.read_text()))
         )
-    gc_heap.install()  # this process owns its heap (see gc_heap)
+    gc_heap.install(gc_heap.wanted(os.environ))  # this process owns its heap (see gc_heap)
     rollout = converge.Rollout(
         drain=transition.DrainPolicy(deadline_s=args.drain_deadline),
         sourcing=args.sourcing,
@@ -309,6 +309,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 port=port,
                 arrival_span_s=args.arrival_span,
                 hold=up_autoscale.hold_config(dep.spec),
+                generate_mux=args.generate_mux,
             )
         )
         gateway.apply_routes(gw_routes.from_doc(outcome.routes))  # with the class shares
