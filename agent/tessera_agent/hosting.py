@@ -203,6 +203,7 @@ class Hosting:
     ) -> Loaded:
         load_check.check_request(spec)
         async with self._lock:
+            began = time.monotonic()
             key = (spec.replica_id, spec.stage_index)
             same = {h.stage.spec.tp_rank: h for h in self.ranks_of(*key)}
             if spec.tp_rank in same or (same and spec.tp_size == 1):
@@ -296,6 +297,7 @@ class Hosting:
                 report, tensors = await loop.run_in_executor(
                     self.loader, equivalence_share.prepare, self.shares, spec, cfg, tensors
                 )
+            fetched_at = time.monotonic()
             graph_bytes = compile_policy.load_reserve(  # compiled decode's packed weights
                 cfg,
                 spec.start,
@@ -318,6 +320,7 @@ class Hosting:
                 known,
             )
             loaded.equivalence = report
+            built_s = time.monotonic() - fetched_at
             omp_teams.release()  # the loop thread's team, if it ever built one (see omp_teams)
             h = hosted.Hosted(loaded)
             h.sources = _sources(tensors, cached, read.bytes_read, planned[1])
@@ -381,15 +384,16 @@ class Hosting:
                 f"copied from {source.address} over {moved_by}"
                 if source is not None
                 else moved_by or "from the checkpoint"
-            )
+            ) + f" in {fetched_at - began:.2f} s"
             log.info(
-                "loaded %s layers [%d, %d) on %s (generation %d), %s",
+                "loaded %s layers [%d, %d) on %s (generation %d), %s (built in %.2f s)",
                 h.holder,
                 spec.start,
                 spec.end,
                 dev.id,
                 spec.generation,
                 how,
+                built_s,
             )
             return Loaded(h, "loaded")
 
