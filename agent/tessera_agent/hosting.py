@@ -39,6 +39,7 @@ from tessera_agent import (
     convert,
     devices,
     equivalence_share,
+    gpu_devices,
     host_cache,
     hosted,
     leader,
@@ -46,6 +47,7 @@ from tessera_agent import (
     load_config,
     load_sources,
     stage_link,
+    stitch_serve,
     switch_fetch,
     tp_member,
 )
@@ -298,6 +300,27 @@ class Hosting:
                     self.loader, equivalence_share.prepare, self.shares, spec, cfg, tensors
                 )
             fetched_at = time.monotonic()
+            reserve = gpu_devices.load_reserve(  # CUDA: activations and graph pool
+                cfg,
+                spec.start,
+                spec.end,
+                stage.dtype_of(spec, cfg),
+                spec.tp_size,
+                max_batched_tokens or self.defaults.max_batched_tokens,
+                max_num_seqs or self.defaults.max_num_seqs,
+                dev.torch_device(),
+            )
+            reserve_bytes = 0 if reserve is None else reserve.total_bytes
+            stitch = None
+            if spec.stitch_zoo:  # issue 35: a stitched chain's front; refused before loading
+                stitch = await loop.run_in_executor(
+                    self.loader,
+                    stitch_serve.prepare,
+                    spec,
+                    cfg,
+                    dev.torch_device(),
+                    stage.dtype_of(spec, cfg),
+                )
             graph_bytes = compile_policy.load_reserve(  # compiled decode's packed weights
                 cfg,
                 spec.start,
@@ -305,7 +328,7 @@ class Hosting:
                 stage.dtype_of(spec, cfg),
                 spec.tp_size,
                 dev.torch_device(),
-                dev.free_bytes - planned[1],
+                dev.free_bytes - planned[1] - reserve_bytes,
                 spec.kv_bytes,
             )
             loaded = await loop.run_in_executor(
@@ -313,13 +336,14 @@ class Hosting:
                 stage.load_stage,
                 spec,
                 dev.torch_device(),
-                dev.free_bytes - graph_bytes,
+                dev.free_bytes - graph_bytes - reserve_bytes,
                 planned,
                 tensors,
                 self.zoo if self.defaults.block_zoo else None,
                 known,
             )
             loaded.equivalence = report
+            loaded.stitch = stitch
             built_s = time.monotonic() - fetched_at
             omp_teams.release()  # the loop thread's team, if it ever built one (see omp_teams)
             h = hosted.Hosted(loaded)
@@ -327,6 +351,8 @@ class Hosting:
             self.memory.book(dev.id, h.holder, loaded.own_param_bytes + loaded.kv_bytes)
             if graph_bytes:
                 self.memory.book(dev.id, f"{h.holder}/decode-graph", graph_bytes)
+            if reserve is not None:  # the graph part is replaced by the measured pool below
+                self.memory.book(dev.id, f"{h.holder}/reserve", reserve.total_bytes)
             compile_policy.begin(
                 loaded.runner.decode_graph, graph_bytes, loaded.runner.cache.layers()
             )
@@ -345,6 +371,9 @@ class Hosting:
                 if loaded.runner.graphs.pool_bytes:
                     graphs_holder = f"{h.holder}/cuda-graphs"
                     self.memory.book(dev.id, graphs_holder, loaded.runner.graphs.pool_bytes)
+                if reserve is not None and g.capture_s is not None:
+                    left = reserve.total_bytes - reserve.graph_bytes
+                    self.memory.book(dev.id, f"{h.holder}/reserve", left)
             if loaded.pieces is not None:  # each new piece is booked once, for every user
                 for piece in loaded.pieces.adopted.new:
                     self.memory.book(dev.id, piece.holder, self.zoo.nbytes(piece))
@@ -496,6 +525,7 @@ class Hosting:
         self.memory.release(h.stage.spec.device, h.holder)
         self.memory.release(h.stage.spec.device, f"{h.holder}/decode-graph")
         self.memory.release(h.stage.spec.device, f"{h.holder}/cuda-graphs")
+        self.memory.release(h.stage.spec.device, f"{h.holder}/reserve")
         freed: list[block_zoo.PieceKey] | None = None
         if h.stage.pieces is not None:  # pieces no other block uses are freed
             freed = h.stage.pieces.release()

@@ -39,6 +39,7 @@ from tessera_agent import (
     scaling_control,
     scaling_host,
     scaling_rpc,
+    sleep,
     stage_server,
     tensor_transfer,
     variants,
@@ -82,6 +83,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         )
         self.run_host = scaling_host.RunHost(agent_id, self.memory, self.compute, store_address)
         self.metrics = metrics.AgentMetrics(self)
+        self.sleepers = sleep.Sleepers(self.hosting, on_change=self.metrics.slept_or_woke)
 
     async def close(self) -> None:
         await self.hosting.close()
@@ -94,7 +96,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
                 variants.annotate(rpc_blocks.to_proto(b, st.num_pages, len(st.tensor_names())), st)
             )
             for b, st in self.hosting.held()
-        ]
+        ] + [rpc_blocks.to_proto(b, n, 0) for b, n in self.sleepers.blocks()]  # asleep (issue 32)
 
     def _with_load(self, info: pb.BlockInfo) -> pb.BlockInfo:
         """Where the block's bytes came from and its time to ready (issue 32)."""
@@ -111,7 +113,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
             convert.replica_kv(rid, h.leader.stats())
             for (rid, _), h in sorted(self.hosted.items())
             if h.leader is not None
-        ]
+        ] + [pb.ReplicaKV(replica_id=rid, sleeping=True) for rid in self.sleepers.leading()]
         return pb.DescribeReply(
             agent_id=self.agent_id,
             nvml_status=self.nvml_status,
@@ -168,7 +170,8 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
     ) -> pb.UnloadBlockReply:
         try:
             rank = request.tp_rank if request.HasField("tp_rank") else None
-            await self.hosting.unload(request.replica_id, request.stage_index, rank)
+            if not self.sleepers.forget(request.replica_id, request.stage_index):
+                await self.hosting.unload(request.replica_id, request.stage_index, rank)
         except errors.EngineError as exc:
             await grpc_status.abort(context, exc)
         return pb.UnloadBlockReply(unloaded=True)
@@ -377,6 +380,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.GenerateChunk]:
         try:
+            await self.sleepers.awake(request.replica_id)  # a request wakes a sleeper
             async for chunk in generate_mux.chunks(
                 self.hosted, self.agent_id, self.metrics, request
             ):
@@ -390,9 +394,33 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.GenerateMuxReply]:
         async for reply in generate_mux.serve(
-            self.hosted, self.agent_id, self.metrics, request_iterator
+            self.hosted, self.agent_id, self.metrics, request_iterator, self.sleepers.awake
         ):
             yield reply
+
+    # -- sleep and wake (issue 32) ------------------------------------------------------
+    async def SleepReplica(
+        self, request: pb.SleepReplicaRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.SleepReplicaReply:
+        try:
+            out = await self.sleepers.sleep(request.replica_id)
+        except errors.EngineError as exc:
+            await grpc_status.abort(context, exc)
+        return pb.SleepReplicaReply(
+            sleeping=True,
+            offloaded_bytes=out.param_bytes,
+            released_kv_bytes=out.kv_bytes,
+            seconds=out.seconds,
+        )
+
+    async def WakeReplica(
+        self, request: pb.WakeReplicaRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.WakeReplicaReply:
+        try:
+            out = await self.sleepers.wake(request.replica_id)
+        except errors.EngineError as exc:
+            await grpc_status.abort(context, exc)
+        return pb.WakeReplicaReply(awake=True, restored_bytes=out.param_bytes, seconds=out.seconds)
 
     async def VariantAdapters(
         self, request: pb.VariantAdaptersRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -46,7 +46,7 @@ from tessera.policies import (
     transition,
     variant_plan,
 )
-from tessera_operator import actuate, agents, gateway_objects, link_probe
+from tessera_operator import actuate, agents, gateway_objects, link_probe, stitch_ops
 from tessera_operator import variants as variant_ops
 
 DTYPE_BYTES = dtypes.BYTES
@@ -232,7 +232,13 @@ async def converge(
         full = variant_plan.with_full_chains(  # full fine-tunes
             held.target, chosen, sharing=sharing, model=switch_model(shape)
         )
-        return held, full
+        # stitched chains (issue 35), placed by the locality-aware policy
+        stitched = stitch_ops.place(full, chosen, model_path, bytes_of, o, prefix)
+        return held, stitched.target
+
+    def bytes_of(path: str) -> placement.ModelBytes | None:
+        found = model_facts(path, dep.spec.model.dtype)
+        return switch_model(found) if found is not None else None
 
     held, target = wanted(obs)
     foundation = [r.id for r in held.target.replicas]
@@ -354,4 +360,12 @@ async def _variants(
             ],
             {rid: name for name, rids in per.items() for rid in rids},
         )
-        out.variants = variant_plan.status(chosen, applied.held, per, complete, applied.errors, eq)
+        of = {rid: name for name, rids in per.items() for rid in rids}
+        st = await stitch_ops.observe(target, of)
+        for v in chosen:
+            if v.kind == "stitch":
+                where = stitch_ops.lines(target, v.name, per[v.name])
+                st[v.name] = {**st.get(v.name, {"point": list(v.point)}), "placement": where}
+        out.variants = variant_plan.status(
+            chosen, applied.held, per, complete, applied.errors, eq, st
+        )

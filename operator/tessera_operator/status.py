@@ -145,7 +145,15 @@ def build(
     plan and replica counts stay: the blocks it loaded keep serving."""
     status: dict[str, Any] = {
         key: previous[key]
-        for key in ("plan", "replicas", "readyReplicas", "lastPlanTime", "endpoint", "switching")
+        for key in (
+            "plan",
+            "replicas",
+            "readyReplicas",
+            "lastPlanTime",
+            "endpoint",
+            "switching",
+            "autoscaling",  # the autoscale loop writes it (autoscale_tick.py)
+        )
         if key in previous
     }
     if out.plan is not None:

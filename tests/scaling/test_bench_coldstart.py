@@ -24,7 +24,8 @@ def test_tiny_coldstart_reports_every_key_and_matching_tokens() -> None:
     for key in ("ready_s_storage", "ready_s_peer", "ready_s_host_cache"):
         assert out[key] > 0, key
     assert out["tokens_match"] is True and out["tokens_match_transformers"] is True
-    assert out["first_token_s_from_zero"] is None and out["wake_s"] is None
+    assert out["first_token_s_from_zero"] > 0 and out["wake_s"] > 0  # sleep and wake
+    assert out["lost"] == 0 and out["from_zero"]["requests_from_zero"] == 4
     assert "200 MB/s" in out["storage_throttle"]
     total = out["checkpoint_bytes"]
     (storage,), (peer,), (host,) = (out["runs"][k] for k in ("storage", "peer", "host_cache"))

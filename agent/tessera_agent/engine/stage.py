@@ -33,7 +33,7 @@ from tessera_agent.engine import (
 from tessera_agent.engine import config as config_mod
 
 if TYPE_CHECKING:
-    from tessera_agent import equivalence
+    from tessera_agent import equivalence, stitch_serve
 
 DEFAULT_PAGE_SIZE = blocks.DEFAULT_PAGE_SIZE
 # What to load: the one block identity (`tessera.blocks.Block`), built positionally as
@@ -70,6 +70,8 @@ class Stage:
         self.pieces = pieces
         # Issue 14: the equivalence report of an opted-in fine-tune (`equivalence_share`).
         self.equivalence: equivalence.ShareReport | None = None
+        # Issue 35: a stitched chain's front hands its hidden states on through this stitch.
+        self.stitch: stitch_serve.StitchHook | None = None
 
     @property
     def own_param_bytes(self) -> int:

@@ -20,6 +20,14 @@ def register(sub: Any) -> None:
         help="cpu:2x4GiB (declared CPU virtual devices), cuda (all GPUs), cuda:N, "
         "or auto (GPUs via NVML, else one 4GiB CPU device)",
     )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="fraction of each GPU's memory this agent may use (as vLLM's): blocks book "
+        "against fraction x total less what is in use at start; a block's KV pool is what "
+        "its parameters and activation / CUDA-graph reserve leave (default 0.9)",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
     p.add_argument(
         "--metrics-port",
@@ -151,6 +159,7 @@ def _run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         devices=args.devices,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         threads=args.threads,
         metrics_port=args.metrics_port,
         prefix_caching=args.prefix_caching,

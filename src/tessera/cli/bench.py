@@ -46,9 +46,11 @@ BENCHES: dict[str, str] = {
     "prefill": "tessera_agent.bench_prefill",
     "decode-attn": "tessera_agent.bench_decode_attn",
     "speculate": "tessera_agent.bench_speculate",
-    "stitch": "tessera_agent.bench_stitch",
+    "stitch": "tessera.cli.bench_stitch",
     "abuse": "tessera.cli.bench_abuse",
     "gpu": "tessera_agent.bench_gpu",
+    "wake": "tessera.cli.bench_wake",
+    "autoscale": "tessera.cli.bench_autoscale",
 }
 
 

@@ -20,8 +20,12 @@ greedy tokens are equal, and equal to transformers' greedy in float32 (the corre
 oracle; `--no-hf` skips it). Each replica's bytes by source (as its agent reports them)
 and the measured links are reported. Decode runs
 eagerly (benches set `TESSERA_COMPILE_DECODE=0`: a compile warm-up would dominate every
-figure). `first_token_s_from_zero`, `wake_s` and `lost` are sleep/wake figures (the
-`warmsleep` branch): null here.
+figure). Then sleep and wake (`bench_wake.measure`, after the rounds): r2 on agent-2 (the
+host cache) behind an in-process gateway is put to sleep `--rounds` times and a burst of
+`--zero-requests` requests arrives while no replica is awake (the gateway holds them and
+wakes it): `first_token_s_from_zero` (the first request's TTFT at the client, median over
+the rounds), `lost` (requests that did not complete with the awake replica's text),
+`wake_s` (a `WakeReplica` call's wall time; target <= 0.2 x `ready_s_storage`).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-hf", dest="hf", action="store_false")
+    parser.add_argument("--zero-requests", type=int, default=4, help="per scale-from-zero burst")
 
 
 def _layout(model: Path, replicas: list[tuple[str, str]], layers: int) -> dict[str, Any]:
@@ -235,6 +240,7 @@ async def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             await run.converge([r0])  # r2 leaves: its pieces stay in agent-2's host cache
             runs["host_cache"].append(await _timed(run, [r0, r2], "r2", n))
             await run.delete()
+        zero = await _from_zero(run, model, r2, args, procs[2].address)
     finally:
         for p in procs:
             await asyncio.to_thread(local_agents.stop_agent, p)
@@ -258,17 +264,38 @@ async def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "ready_s_host_cache": ready["host_cache"],
         "peer_vs_storage": round(ready["peer"] / ready["storage"], 3),
         "host_cache_vs_storage": round(ready["host_cache"] / ready["storage"], 3),
-        "tokens_match": same and (hf is None or hf == every[0]),
+        "tokens_match": same and (hf is None or hf == every[0]) and zero["tokens_match"],
         "tokens_match_transformers": None if hf is None else hf == every[0],
         "runs": runs,
-        "first_token_s_from_zero": None,
-        "wake_s": None,
-        "lost": None,
-        "note": "first_token_s_from_zero, wake_s and lost come with sleep/wake (warmsleep)",
+        "first_token_s_from_zero": zero["median_first_token_s_from_zero"],
+        "wake_s": zero["wake_s"],
+        "lost": zero["lost"],
+        "wake_vs_storage": round(zero["wake_s"] / ready["storage"], 3),
+        "from_zero": zero,
         "ready": "spec change to the new replica's first token (converge, then one request)",
         "decode": "eager (TESSERA_COMPILE_DECODE=0)",
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
     }
+
+
+async def _from_zero(
+    run: _Run, model: Path, at: tuple[str, str], args: argparse.Namespace, address: str
+) -> dict[str, Any]:
+    """Sleep/wake and scale-from-zero figures of replica `at` (module docstring)."""
+    from tessera.cli import bench_wake
+
+    out = await run.converge([at])
+    rid = next(r.replica_id for r in out.plan.replicas if r.name == at[0])
+    try:
+        got = await bench_wake.measure(
+            str(model), address, rid, args.rounds, args.zero_requests, args.tokens
+        )
+    finally:
+        await run.delete()
+    got["median_first_token_s_from_zero"] = round(
+        statistics.median(got["first_token_s_from_zero_rounds"]), 4
+    )
+    return got
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
