@@ -347,7 +347,7 @@ class Hosting:
             built_s = time.monotonic() - fetched_at
             omp_teams.release()  # the loop thread's team, if it ever built one (see omp_teams)
             h = hosted.Hosted(loaded)
-            h.sources = _sources(tensors, cached, read.bytes_read, planned[1])
+            h.sources = load_sources.tally(tensors, cached, read.bytes_read, planned[1])
             self.memory.book(dev.id, h.holder, loaded.own_param_bytes + loaded.kv_bytes)
             if graph_bytes:
                 self.memory.book(dev.id, f"{h.holder}/decode-graph", graph_bytes)
@@ -536,20 +536,3 @@ class Hosting:
                 self.loader, load_sources.keep, self.host_cache, h.stage, freed, self._host_copy
             )
         log.info("unloaded %s rank %d", h.holder, h.stage.spec.tp_rank)
-
-
-def _sources(
-    tensors: dict[str, torch.Tensor] | None,
-    cached: dict[str, torch.Tensor],
-    storage_bytes: int,
-    param_bytes: int,
-) -> load_sources.Sources:
-    """A load's bytes by source: what the cache gave, what storage read, peers the rest
-    (no tensors handed over: the loader read all of it from storage)."""
-    if tensors is None:
-        return load_sources.Sources(storage=param_bytes)
-    host = load_sources.nbytes(cached.values())
-    total = load_sources.nbytes(tensors.values())
-    return load_sources.Sources(
-        peer=max(0, total - host - storage_bytes), host=host, storage=storage_bytes
-    )
