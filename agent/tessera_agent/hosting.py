@@ -205,6 +205,7 @@ class Hosting:
     ) -> Loaded:
         load_check.check_request(spec)
         async with self._lock:
+            began = time.monotonic()
             key = (spec.replica_id, spec.stage_index)
             same = {h.stage.spec.tp_rank: h for h in self.ranks_of(*key)}
             if spec.tp_rank in same or (same and spec.tp_size == 1):
@@ -298,6 +299,7 @@ class Hosting:
                 report, tensors = await loop.run_in_executor(
                     self.loader, equivalence_share.prepare, self.shares, spec, cfg, tensors
                 )
+            fetched_at = time.monotonic()
             reserve = gpu_devices.load_reserve(  # CUDA: activations and graph pool
                 cfg,
                 spec.start,
@@ -343,9 +345,10 @@ class Hosting:
             )
             loaded.equivalence = report
             loaded.stitch = stitch
+            built_s = time.monotonic() - fetched_at
             omp_teams.release()  # the loop thread's team, if it ever built one (see omp_teams)
             h = hosted.Hosted(loaded)
-            h.sources = _sources(tensors, cached, read.bytes_read, planned[1])
+            h.sources = load_sources.tally(tensors, cached, read.bytes_read, planned[1])
             self.memory.book(dev.id, h.holder, loaded.own_param_bytes + loaded.kv_bytes)
             if graph_bytes:
                 self.memory.book(dev.id, f"{h.holder}/decode-graph", graph_bytes)
@@ -411,15 +414,16 @@ class Hosting:
                 f"copied from {source.address} over {moved_by}"
                 if source is not None
                 else moved_by or "from the checkpoint"
-            )
+            ) + f" in {fetched_at - began:.2f} s"
             log.info(
-                "loaded %s layers [%d, %d) on %s (generation %d), %s",
+                "loaded %s layers [%d, %d) on %s (generation %d), %s (built in %.2f s)",
                 h.holder,
                 spec.start,
                 spec.end,
                 dev.id,
                 spec.generation,
                 how,
+                built_s,
             )
             return Loaded(h, "loaded")
 
@@ -533,20 +537,3 @@ class Hosting:
                 self.loader, load_sources.keep, self.host_cache, h.stage, freed, self._host_copy
             )
         log.info("unloaded %s rank %d", h.holder, h.stage.spec.tp_rank)
-
-
-def _sources(
-    tensors: dict[str, torch.Tensor] | None,
-    cached: dict[str, torch.Tensor],
-    storage_bytes: int,
-    param_bytes: int,
-) -> load_sources.Sources:
-    """A load's bytes by source: what the cache gave, what storage read, peers the rest
-    (no tensors handed over: the loader read all of it from storage)."""
-    if tensors is None:
-        return load_sources.Sources(storage=param_bytes)
-    host = load_sources.nbytes(cached.values())
-    total = load_sources.nbytes(tensors.values())
-    return load_sources.Sources(
-        peer=max(0, total - host - storage_bytes), host=host, storage=storage_bytes
-    )
