@@ -65,6 +65,11 @@ class ScalingDriver:
         self.state = sp.Placement.initial(self.origin.name, self.num_layers)
         self._migrated: set[int] = set()  # layers whose origin copy migrated away
 
+    @property
+    def replicated(self) -> bool:
+        """Some layer of the replica has a replica placed (as the driver last saw it)."""
+        return any(self.state.replicas)
+
     def measure_gamma(self) -> float | None:
         """gamma from the runs' measured speeds: a replica's seconds per token at a run
         minus the origin's (same compute, so the rest is the hidden states' round trip),
