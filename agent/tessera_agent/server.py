@@ -53,6 +53,7 @@ class AgentConfig:
     block_zoo: bool = True  # share identical parameter pieces between blocks (issue 14)
     pipeline_microbatches: int = 0  # in flight per pipelined replica led here; 0 = its stages
     storage_bytes_per_s: float = 0.0  # declared checkpoint read speed (issue 11); 0 = as is
+    run_load_delay_s: float = 0.0  # tests: a layer-run replica's load answers no sooner
     cost_profile: str = ""  # `tessera profile --out` JSON: lookahead's Eq. 1 (issue 13)
     cobatch: bool = True  # co-batch steps of chains sharing blocks (issue 14, cobatch.py)
     cobatch_rows: int = 0  # rows per pass of a shared block instance; 0 = the default
@@ -116,6 +117,7 @@ async def serve(cfg: AgentConfig) -> None:
         prefix_caching=cfg.prefix_caching,
         pipeline_microbatches=cfg.pipeline_microbatches,
         storage_bytes_per_s=cfg.storage_bytes_per_s,
+        run_load_delay_s=cfg.run_load_delay_s,
         microbatch_split=split_config(cfg.cost_profile),
         block_zoo=cfg.block_zoo,
     )

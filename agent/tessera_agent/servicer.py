@@ -78,7 +78,9 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         self.scaling = scaling_control.ScalingControl(
             agent_id, self.hosting, self.memory, self.compute
         )
-        self.run_host = scaling_host.RunHost(agent_id, self.memory, self.compute, store_address)
+        self.run_host = scaling_host.RunHost(
+            agent_id, self.memory, self.compute, store_address, defaults.run_load_delay_s
+        )
         self.metrics = metrics.AgentMetrics(self)
 
     async def close(self) -> None:
@@ -111,6 +113,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
             zoo=variants.zoo_to_proto(self.hosting.zoo),
             scaling_runs=self.scaling.describe(),
             scaling_hosted=self.run_host.describe(),
+            scaling_pending=self.scaling.describe_pending(),
         )
 
     async def ListBlocks(
