@@ -99,6 +99,11 @@ async def test_the_operators_pulls_send_the_token(
         assert isinstance(await gateway_load.fetch(load, TOKEN), dict)
         assert "spans" in await switching_loop.fetch_arrivals(arrivals, TOKEN)
         assert (await gateway_itl.fetch(gw.url + gateway_itl.METRICS_PATH, TOKEN)).bounds
+        # a drop waits until the gateway routes none of its donors (here: r0 stays routed)
+        routes = gw.url + gateway_load.ROUTES_PATH
+        assert await gateway_load.wait_unrouted(routes, ["r9"], TOKEN) is not None
+        assert await gateway_load.wait_unrouted(routes, ["r0"], TOKEN, timeout_s=0.3) is None
+        assert await gateway_load.wait_unrouted(routes, ["r9"], "", timeout_s=0.3) is None
         with pytest.raises(ValueError, match="HTTP 401"):
             await gateway_load.fetch(load)
         with pytest.raises(ValueError, match="HTTP 401"):
