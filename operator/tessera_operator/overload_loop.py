@@ -141,11 +141,13 @@ async def tick(
         held = [overload_held.Member(rid, a, address.get(a, "")) for rid, a in whole]
         if any(not m.address for m in held):
             return  # an agent of the plan is not discovered: the reconcile reports it
-        obs = await agents.observe(refs)
         if not isinstance(loop, control.OverloadLoop):
             loop = memo[LOOP_KEY] = control.OverloadLoop(
                 overload_driver.Driver(chunk_pages=4, after_step=cfg.overload_step_hook)
             )
+        # over the loop's own channels: a tick every 0.5 s (or 50 ms) opening a channel
+        # per agent cost each agent a connection per tick
+        obs = await agents.observe(refs, stub_for=loop.driver.stub)
         loop.driver.set_routes = _routes_writer(
             ctx, body, dep, {m.replica_id: m.address for m in held}, cfg
         )
