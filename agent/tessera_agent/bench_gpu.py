@@ -372,6 +372,7 @@ def _run(args: argparse.Namespace, parts: Parts, out: dict[str, Any]) -> None:
             )
         out["served_tok_s_c64"] = None if srv is None else srv["tok_s"]
         out["served_detail"] = srv
+        out["served_kv_pool_gib"] = None if srv is None else srv["memory"]["kv_pool_gib"]
         inproc = out.get(shapes[0], {}).get("tok_s_b64") if shapes else None
         if srv is not None and inproc:
             out["served_vs_inprocess_c64"] = srv["tok_s"] / inproc

@@ -31,6 +31,8 @@ class LoadDefaults:
     # tests: a layer-run replica loaded here answers no sooner than this (seconds), so an
     # operator can be killed while a replication is in flight
     run_load_delay_s: float = 0.0
+    # host memory kept for unloaded blocks' pieces (`host_cache`); 0 = no host cache
+    host_cache_bytes: int = 0
     # how a pipelined leader cuts microbatches (lookahead while dropped and deep; issue 13)
     microbatch_split: microbatch.SplitConfig = field(default_factory=microbatch.SplitConfig)
 
@@ -41,6 +43,8 @@ class LoadDefaults:
             raise ValueError("storage_bytes_per_s: must be >= 0")
         if self.run_load_delay_s < 0:
             raise ValueError("run_load_delay_s: must be >= 0")
+        if self.host_cache_bytes < 0:
+            raise ValueError("host_cache_bytes: must be >= 0")
         for name in ("page_size", "max_num_seqs", "max_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1")

@@ -22,7 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tessera import event_loop, gc_heap
 from tessera.cost import profile as profile_mod
-from tessera.policies import block_batching, microbatch
+from tessera.policies import block_batching, gpu_memory, microbatch
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import authz, devices, load_config, servicer
@@ -45,6 +45,7 @@ class AgentConfig:
     host: str = "127.0.0.1"
     port: int = 50051  # 0 = pick a free port
     devices: str = "cpu:1x4GiB"
+    gpu_memory_utilization: float = gpu_memory.DEFAULT_UTILIZATION  # of each GPU's total
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     metrics_port: int = 0  # Prometheus /metrics port; 0 = off
     prefix_caching: bool = True  # replicas led here reuse KV pages of computed prefixes
@@ -54,6 +55,7 @@ class AgentConfig:
     pipeline_microbatches: int = 0  # in flight per pipelined replica led here; 0 = its stages
     storage_bytes_per_s: float = 0.0  # declared checkpoint read speed (issue 11); 0 = as is
     run_load_delay_s: float = 0.0  # tests: a layer-run replica's load answers no sooner
+    host_cache_bytes: int = 0  # host block cache budget (issue 32); 0 = none
     cost_profile: str = ""  # `tessera profile --out` JSON: lookahead's Eq. 1 (issue 13)
     cobatch: bool = True  # co-batch steps of chains sharing blocks (issue 14, cobatch.py)
     cobatch_rows: int = 0  # rows per pass of a shared block instance; 0 = the default
@@ -72,6 +74,7 @@ class AgentConfig:
             raise ValueError("threads: must be >= 0")
         if self.cobatch_rows < 0:
             raise ValueError("cobatch_rows: must be >= 0")
+        gpu_memory.check_utilization(self.gpu_memory_utilization)
 
 
 def split_config(cost_profile: str) -> microbatch.SplitConfig:
@@ -97,7 +100,7 @@ def cobatch_limits(cfg: AgentConfig) -> block_batching.BatchLimits | None:
 
 
 async def serve(cfg: AgentConfig) -> None:
-    devs, nvml_status = devices.parse_devices(cfg.devices)
+    devs, nvml_status = devices.parse_devices(cfg.devices, cfg.gpu_memory_utilization)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     compile_policy.set_default(cfg.compile_decode)  # $TESSERA_COMPILE_DECODE still overrides
@@ -118,6 +121,7 @@ async def serve(cfg: AgentConfig) -> None:
         pipeline_microbatches=cfg.pipeline_microbatches,
         storage_bytes_per_s=cfg.storage_bytes_per_s,
         run_load_delay_s=cfg.run_load_delay_s,
+        host_cache_bytes=cfg.host_cache_bytes,
         microbatch_split=split_config(cfg.cost_profile),
         block_zoo=cfg.block_zoo,
     )

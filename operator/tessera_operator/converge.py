@@ -46,7 +46,7 @@ from tessera.policies import (
     transition,
     variant_plan,
 )
-from tessera_operator import actuate, agents, gateway_objects
+from tessera_operator import actuate, agents, gateway_objects, link_probe, stitch_ops
 from tessera_operator import variants as variant_ops
 
 DTYPE_BYTES = dtypes.BYTES
@@ -167,6 +167,8 @@ class Rollout:
     clock: Callable[[], float] = time.time
     # where loads copy from (`transition_model.SOURCINGS`): "switch" the OServe switch plan
     sourcing: str = "switch"
+    # measures the agents' links once per pair (issue 32); None: `links` as given
+    probe: link_probe.LinkProbe | None = None
 
 
 @control.reconcile_pass  # counted, timed and traced (docs/observability.md)
@@ -205,6 +207,9 @@ async def converge(
     assert shape is not None
     prefix = plan.owner_prefix(dep)
     obs = await agents.observe(refs)
+    link_model = rollout.links
+    if rollout.probe is not None and apply:  # measured per agent pair, cached by the probe
+        link_model = await rollout.probe.links(rollout.links, obs, model_path)
     auto = auto_planner or planner_auto.default_auto_planner()
     floor = published.version if published is not None else 0
     try:
@@ -227,7 +232,13 @@ async def converge(
         full = variant_plan.with_full_chains(  # full fine-tunes
             held.target, chosen, sharing=sharing, model=switch_model(shape)
         )
-        return held, full
+        # stitched chains (issue 35), placed by the locality-aware policy
+        stitched = stitch_ops.place(full, chosen, model_path, bytes_of, o, prefix)
+        return held, stitched.target
+
+    def bytes_of(path: str) -> placement.ModelBytes | None:
+        found = model_facts(path, dep.spec.model.dtype)
+        return switch_model(found) if found is not None else None
 
     held, target = wanted(obs)
     foundation = [r.id for r in held.target.replicas]
@@ -243,7 +254,7 @@ async def converge(
             prefix,
             routes,
             rollout.clock(),
-            links=rollout.links,
+            links=link_model,
             drain=drain,
             sourcing=rollout.sourcing,
             model=switch_model(shape),
@@ -349,4 +360,12 @@ async def _variants(
             ],
             {rid: name for name, rids in per.items() for rid in rids},
         )
-        out.variants = variant_plan.status(chosen, applied.held, per, complete, applied.errors, eq)
+        of = {rid: name for name, rids in per.items() for rid in rids}
+        st = await stitch_ops.observe(target, of)
+        for v in chosen:
+            if v.kind == "stitch":
+                where = stitch_ops.lines(target, v.name, per[v.name])
+                st[v.name] = {**st.get(v.name, {"point": list(v.point)}), "placement": where}
+        out.variants = variant_plan.status(
+            chosen, applied.held, per, complete, applied.errors, eq, st
+        )

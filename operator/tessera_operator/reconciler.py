@@ -16,7 +16,7 @@ import asyncio
 import copy
 import datetime
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -33,8 +33,10 @@ from tessera_operator import (
     gateway_certificate,
     gateway_objects,
     kube,
+    link_probe,
     overload_status,
     owned,
+    replica_status,
     status,
 )
 
@@ -45,6 +47,8 @@ class Context:
 
     config: config.OperatorConfig
     kube: kube.Kube
+    # the agents' measured links, probed once per pair (issue 32; docs/scaling.md)
+    probe: link_probe.LinkProbe = field(default_factory=link_probe.LinkProbe)
 
 
 def _now() -> str:
@@ -77,11 +81,13 @@ async def run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, periodic: boo
         await one_pass(body, patch, context(memo))
 
 
-def _rollout(cfg: config.OperatorConfig) -> converge.Rollout:
+def _rollout(ctx: Context) -> converge.Rollout:
+    cfg = ctx.config
     return converge.Rollout(
         drain=transition.DrainPolicy(
             cfg.drain_deadline_seconds, cfg.drain_grace_seconds, cfg.drain_settle_seconds
         ),
+        probe=ctx.probe,
     )
 
 
@@ -155,7 +161,7 @@ async def _serve(
         progress=functools.partial(events.action, body),
         published=published,
         publish=_routes_writer(ctx, body, dep, owner),
-        rollout=_rollout(ctx.config),
+        rollout=_rollout(ctx),
     )
     if out.plan is None:
         return out, ""
@@ -176,6 +182,9 @@ async def one_pass(body: kopf.Body, patch: kopf.Patch, ctx: Context) -> None:
         body, status.condition(previous, "Progressing"), status.condition(new, "Progressing")
     )
     events.layer_runs(body, previous.get("scaling"), new.get("scaling"))
+    replica_status.ready_events(
+        body, previous.get("replicaSources") or [], new.get("replicaSources") or []
+    )
     overload_status.record(body, previous.get("overload") or {}, new.get("overload") or {})
     for key, value in status.merge_patch(previous, new).items():
         patch.status[key] = value

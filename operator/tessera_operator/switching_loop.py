@@ -116,7 +116,15 @@ async def default_candidates(
         cache=CANDIDATE_CACHE,
         max_candidates=cfg.switching_max_candidates,
     )
-    return SwitchingCandidates(made.layouts, made.planned.price, made.planned.switch_seconds)
+    cal = cfg.switching_calibration
+    if cal is None:
+        return SwitchingCandidates(made.layouts, made.planned.price, made.planned.switch_seconds)
+    raw = made.planned.price
+
+    def price(name: str, demand: tuple[float, ...]) -> float:
+        return float(cal.price(name, raw(name, demand)))
+
+    return SwitchingCandidates(made.layouts, price, made.planned.switch_seconds, cal.error)
 
 
 def _now() -> str:

@@ -12,6 +12,19 @@ foundation's (the agents' block zoo). Requests choose one by the OpenAI `model` 
         checkpoint: finetunes/med        # full fine-tune, same architecture
         shareEquivalent: true            # opt-in: share layers equivalent to the model's
         threshold: 0.98                  # logit-lens cosine they must reach (default 0.98)
+      - name: fast
+        stitch:                          # the model's requests through a smaller model's
+          small: family/small            #   front blocks and a trained stitching block
+          point: [2, 3]                  #   small layers [0, 2) -> stitch -> layers [3, L)
+          zoo: zoo                       #   the folder `tessera model stitch --zoo` wrote
+      - name: quick
+        speculate:                       # the model itself, its bottleneck block speculated
+          layers: [2, 3]                 #   the bottleneck block: the model's layers [2, 3)
+          zoo: zoo                       #   the folder holding its surrogate (surrogate.save)
+
+A `speculate` entry (issue 35) serves the model's own tokens; it is parsed and checked
+(the zoo holds a surrogate for these layers of this checkpoint), then refused: speculation
+across agents is not supported yet (`refusals`, docs/variants.md).
 
 Relative paths resolve like `spec.model.path`. Why here and not a resource of their own:
 variants share the deployment's replicas, lifecycle and memory budget, and the reconcile
@@ -28,7 +41,16 @@ from typing import Any
 
 from tessera import fields
 
-FIELDS = ("name", "adapter", "checkpoint", "shareEquivalent", "threshold")
+FIELDS = ("name", "adapter", "checkpoint", "shareEquivalent", "threshold", "stitch", "speculate")
+STITCH_FIELDS = ("small", "point", "zoo")
+SPECULATE_FIELDS = ("layers", "zoo")
+KINDS = ("adapter", "checkpoint", "stitch", "speculate")  # exactly one per entry
+NOT_SERVED = (
+    "speculation across agents is not supported yet: the stage stream carries neither the "
+    "surrogate's guess sent ahead nor a recompute message when the bottleneck block's real "
+    "output disagrees, and served stages do not run the surrogate (issue 35); speculation "
+    "runs only inside one process (tessera bench speculate)"
+)
 THRESHOLD = 0.98  # BlockLLM's equivalence threshold (§6)
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123: part of replica ids
 
@@ -36,15 +58,30 @@ NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123: part of 
 @dataclass(frozen=True)
 class VariantSpec:
     name: str
-    kind: str  # "lora" or "full"
-    path: str  # adapter directory or checkpoint directory
+    kind: str  # "lora", "full", "stitch" or "speculate"
+    # adapter directory, checkpoint directory, (stitch) the small checkpoint, (speculate) ""
+    path: str
     # Full fine-tunes only: serve layers whose logit-lens cosine against the foundation's
     # reaches `threshold` from the foundation's weights (docs/variants.md). Off by default:
     # then only bit-identical layers are shared.
     share_equivalent: bool = False
     threshold: float = THRESHOLD
+    # Stitched chains only (issue 35): the small model's layers [0, i) answer, through the
+    # stitching block the zoo holds for (small, model), then the model's layers [j, L).
+    point: tuple[int, int] = (0, 0)  # (i, j)
+    zoo: str = ""  # folder holding `stitch/<digests>/` (relative paths as for `path`)
+    # Speculated models only (issue 35): the bottleneck block, the model's layers [a, b),
+    # whose surrogate the zoo folder holds (`surrogate/<digest>-<a>-<b>/`).
+    layers: tuple[int, int] = (0, 0)
 
     def to_json(self) -> dict[str, object]:
+        if self.kind == "speculate":
+            return {"name": self.name, "speculate": {"layers": list(self.layers), "zoo": self.zoo}}
+        if self.kind == "stitch":
+            return {
+                "name": self.name,
+                "stitch": {"small": self.path, "point": list(self.point), "zoo": self.zoo},
+            }
         out: dict[str, object] = {
             "name": self.name,
             "adapter" if self.kind == "lora" else "checkpoint": self.path,
@@ -80,9 +117,19 @@ def parse(doc: Any, foundation: str, path: str = "spec.variants") -> tuple[Varia
                 f"{where}.name", f"{name!r} is already served (the model or another variant)"
             )
         seen.add(name)
-        has = [k for k in ("adapter", "checkpoint") if m.get(k) not in (None, "")]
+        has = [k for k in KINDS if m.get(k) not in (None, "")]
         if len(has) != 1:
-            raise fields.FieldError(where, "give exactly one of adapter (LoRA) or checkpoint")
+            raise fields.FieldError(
+                where, "give exactly one of adapter (LoRA), checkpoint, stitch or speculate"
+            )
+        if has[0] in ("stitch", "speculate"):
+            if "shareEquivalent" in m or "threshold" in m:
+                raise fields.FieldError(
+                    f"{where}.shareEquivalent", "applies to full fine-tunes (checkpoint) only"
+                )
+            parse_one = _stitch if has[0] == "stitch" else _speculate
+            out.append(parse_one(name, m[has[0]], f"{where}.{has[0]}"))
+            continue
         kind = "lora" if has[0] == "adapter" else "full"
         share, threshold = _share(m, where, kind)
         out.append(
@@ -111,3 +158,67 @@ def _share(m: Any, where: str, kind: str) -> tuple[bool, float]:
             "foundation's weights already",
         )
     return share, threshold
+
+
+def _stitch(name: str, doc: Any, where: str) -> VariantSpec:
+    """A stitched chain's entry: `{small, point: [i, j], zoo}`."""
+    m = fields.mapping(doc, where)
+    fields.known_only(m, STITCH_FIELDS, where)
+    small = fields.string(fields.require(m, "small", where), f"{where}.small")
+    zoo = fields.string(fields.require(m, "zoo", where), f"{where}.zoo")
+    point = fields.require(m, "point", where)
+    if (
+        not isinstance(point, list)
+        or len(point) != 2
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in point)
+        or point[0] < 1
+        or point[1] < 1
+    ):
+        raise fields.FieldError(
+            f"{where}.point",
+            "must be [i, j]: the small model's first i layers, then the model's from j (both >= 1)",
+        )
+    return VariantSpec(name, "stitch", small, point=(point[0], point[1]), zoo=zoo)
+
+
+def _speculate(name: str, doc: Any, where: str) -> VariantSpec:
+    """A speculated model's entry: `{layers: [a, b], zoo}` (the bottleneck block)."""
+    m = fields.mapping(doc, where)
+    fields.known_only(m, SPECULATE_FIELDS, where)
+    zoo = fields.string(fields.require(m, "zoo", where), f"{where}.zoo")
+    layers = fields.require(m, "layers", where)
+    if (
+        not isinstance(layers, list)
+        or len(layers) != 2
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers)
+        or not 0 <= layers[0] < layers[1]
+    ):
+        raise fields.FieldError(
+            f"{where}.layers", "must be [a, b] with 0 <= a < b: the bottleneck block's layers"
+        )
+    return VariantSpec(name, "speculate", "", zoo=zoo, layers=(layers[0], layers[1]))
+
+
+def refusal(v: VariantSpec, num_layers: int) -> tuple[str, str]:
+    """Why a `speculate` entry cannot be served on a model of `num_layers` layers, as (the
+    field under `.speculate`, or "" for the entry, the reason): the block must have hidden
+    states in and a block after it (`[a, b)` with a >= 1, b < L); then `NOT_SERVED`."""
+    a, b = v.layers
+    if a < 1 or b >= num_layers:
+        return "layers", (
+            f"[{a}, {b}] must lie inside the model's {num_layers} layers with a block before "
+            "it (a >= 1: a surrogate guesses from hidden states) and one after it "
+            f"(b < {num_layers}: the last block's output cannot be corrected)"
+        )
+    return "", NOT_SERVED
+
+
+def refusals(variants: tuple[VariantSpec, ...], num_layers: int) -> list[fields.FieldError]:
+    """`refusal` of every `speculate` entry, by field (`api_semantics.check_semantics`)."""
+    out = []
+    for i, v in enumerate(variants):
+        if v.kind == "speculate":
+            field, why = refusal(v, num_layers)
+            where = f"spec.variants[{i}].speculate"
+            out.append(fields.FieldError(f"{where}.{field}" if field else where, why))
+    return out

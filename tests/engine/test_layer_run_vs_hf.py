@@ -152,9 +152,13 @@ def test_two_replicas_and_prefix_cache_pages_follow(
     ps = [shared + p[1:6] for p in prompts[:6]]
     # both replicas are made at step 3, once the first prompt's prefill (two chunks) has put
     # its prefix pages in the cache; the others arrive after that, however slow the machine
-    # (on wall-clock delays alone they could arrive mid-prefill and find nothing cached)
+    # (on wall-clock delays alone they could arrive mid-prefill and find nothing cached).
+    # They arrive together: a joiner goes to the holder furthest below its share of the
+    # running requests, so one arriving alone after the others finished (a fast machine, a
+    # decode graph already compiled in the process) lands on the origin, which has every
+    # page, and nothing is copied. Five at once always spread over the three holders.
     ops = [(3, _replicate(1, 3, "a0/cpu:1")), (3, _replicate(1, 3, "a1/cpu:0"))]
-    delays = [0.0, 0.1, 0.15, 0.2, 0.25, 0.3]
+    delays = [0.0] * 6
     after_op = {j: 1 for j in range(1, len(ps))}
     out, _ = asyncio.run(_drive(st, ps, delays, ops, after_op=after_op))
     assert out == _expected(tiny_llama, ps)

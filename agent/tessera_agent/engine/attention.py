@@ -23,13 +23,11 @@ import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-
-if TYPE_CHECKING:
-    from tessera_agent.engine.packed_linear import StagePacks
+from torch import nn
 
 
 class Chunk(Protocol):
@@ -43,6 +41,31 @@ class Chunk(Protocol):
 
     @property
     def block_table(self) -> tuple[int, ...]: ...
+
+
+class PackedRows(Protocol):
+    """What a step carries of its stage's prepacked projections (`packed_linear.StagePacks`
+    has it): declared here, where the metadata carries them, so that attention imports
+    none of the modules above it (`tests/test_import_cycles.py`)."""
+
+    @property
+    def graph(self) -> PromptRows | None: ...
+
+    def get(self, mod: nn.Module) -> torch.Tensor | None: ...
+
+
+class PromptRows(Protocol):
+    """The compiled many-row layer parts the packs carry (`prompt_graph.PromptGraph`).
+    `layers` are the stage's `model.DecoderLayer`s (`Any`: this module imports no model)."""
+
+    def forward(
+        self,
+        layers: list[Any],
+        x: torch.Tensor,
+        md: AttentionMetadata,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        packs: PackedRows,
+    ) -> torch.Tensor | None: ...
 
 
 @dataclass(frozen=True)
@@ -101,7 +124,7 @@ class AttentionMetadata:
     gather_out: tuple[torch.Tensor, torch.Tensor] | None = None
     # The stage's prepacked projection weights for an eager step's many rows
     # (`packed_linear.py`; set by the runner, None in the compiled graph and by default).
-    packed: StagePacks | None = None
+    packed: PackedRows | None = None
     # Decode attention as slot-indexed reductions (`_decode_fused`) instead of gather +
     # SDPA: set by the compiled decode graph only (`fused_decode_enabled`), where Inductor
     # fuses the indexed loads into its kernel; eager, it would materialise the gather.

@@ -15,7 +15,7 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -23,9 +23,6 @@ from tessera import env_flags
 from tessera_agent.engine import block_tensors
 from tessera_agent.engine import config as config_mod
 from tessera_agent.engine import model as model_mod
-
-if TYPE_CHECKING:
-    from tessera_agent.engine.decode_graph import KV, CompiledDecode
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +156,32 @@ def load_reserve(
     return 0
 
 
-def begin(runner_graph: CompiledDecode | None, reserved: int, kv: KV) -> None:
+class DecodeGraph(Protocol):
+    """What `begin` drives of a stage's compiled decode (`decode_graph.CompiledDecode` has
+    it; declared here because `decode_graph.py` calls this module)."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def model(self) -> model_mod.StageModel: ...
+
+    @property
+    def with_packs(self) -> bool: ...
+
+    @property
+    def packed_bytes(self) -> int: ...
+
+    def drop_packs(self, reason: str) -> None: ...
+
+    def disable(self, reason: str) -> None: ...
+
+    def start(self, kv_like: list[tuple[torch.Tensor, torch.Tensor]]) -> None: ...
+
+
+def begin(
+    runner_graph: DecodeGraph | None, reserved: int, kv: list[tuple[torch.Tensor, torch.Tensor]]
+) -> None:
     """After an agent loaded a block: warm the graph up in the background when its
     copies were reserved (`load_reserve`); the graph's alone: without the eager rows'
     packs; else turn it off. Reasons go to the log."""

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tessera_agent.engine import attention, packed_linear
+from tessera_agent.engine import attention, fused_norm, packed_linear
 from tessera_agent.engine import config as config_mod
 from tessera_agent.engine import tp as tp_mod
 
@@ -123,9 +123,7 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.ffn, bias=False)
         self.down_proj = nn.Linear(self.ffn, cfg.hidden_size, bias=False)
 
-    def forward(
-        self, x: torch.Tensor, packed: packed_linear.StagePacks | None = None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, packed: attention.PackedRows | None = None) -> torch.Tensor:
         gate, up = torch.split(packed_linear.linear(self.gate_up_proj, x, packed), self.ffn, -1)
         d = packed_linear.linear(self.down_proj, F.silu(gate) * up, packed)
         return d if self.all_reduce is None else self.all_reduce(d)
@@ -145,8 +143,12 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, md: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), md, k_cache, v_cache)
-        return x + self.mlp(self.post_attention_layernorm(x), md.packed)  # type: ignore[no-any-return]
+        x, normed = fused_norm.add_rms_norm(
+            x,
+            self.self_attn(self.input_layernorm(x), md, k_cache, v_cache),
+            self.post_attention_layernorm,
+        )
+        return x + self.mlp(normed, md.packed)  # type: ignore[no-any-return]
 
 
 class StageModel(nn.Module):
@@ -242,7 +244,7 @@ class StageModel(nn.Module):
         the stage's packs carry them (`prompt_graph.py`), else layer by layer eagerly."""
         packs = md.packed
         if packs is not None and packs.graph is not None and x.shape[0] >= packed_linear.MIN_ROWS:
-            out = packs.graph.forward(layers, x, md, kv, packs)  # type: ignore[arg-type]
+            out = packs.graph.forward(layers, x, md, kv, packs)
             if out is not None:
                 return out
         for layer, (k_cache, v_cache) in zip(layers, kv, strict=True):

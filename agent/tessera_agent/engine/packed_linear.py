@@ -28,15 +28,13 @@ zoo) simply runs `F.linear`. Called by `model.py` (every projection of an eager 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-if TYPE_CHECKING:
-    from tessera_agent.engine import model as model_mod
-    from tessera_agent.engine.prompt_graph import PromptGraph
+from tessera_agent.engine import attention
 
 MIN_ROWS = 64  # fewer rows: F.linear (measured no faster packed at 4-32 rows)
 # Rows are padded to a multiple of this: oneDNN builds (JIT-compiles) a kernel per row
@@ -48,14 +46,24 @@ _HINT_ROWS = 256  # the batch size oneDNN picks its blocking for (a step's promp
 WARM_FLOPS = 200e9  # GEMM work `StagePacks.warm` may spend building kernels ahead
 
 
-def packable(model: model_mod.StageModel) -> bool:
+class Stage(Protocol):
+    """What packing needs of a stage (`model.StageModel` has it; declared here so that
+    this module, which `model.py` calls, imports no model)."""
+
+    dtype_: torch.dtype
+
+    @property
+    def layers(self) -> nn.ModuleList: ...
+
+
+def packable(model: Stage) -> bool:
     """Stages whose projections this packs: float32 weights on a CPU device."""
     return model.dtype_ == torch.float32 and all(
         p.device.type == "cpu" for p in model.layers.parameters()
     )
 
 
-def projections(model: model_mod.StageModel) -> list[nn.Linear]:
+def projections(model: Stage) -> list[nn.Linear]:
     """Every projection of the stage's layers (what the packs and the graph's copy hold)."""
     return [m for layer in model.layers for m in layer.modules() if isinstance(m, nn.Linear)]
 
@@ -63,7 +71,7 @@ def projections(model: model_mod.StageModel) -> list[nn.Linear]:
 class StagePacks:
     """Packed copies of one stage's projection weights, by module."""
 
-    def __init__(self, model: model_mod.StageModel) -> None:
+    def __init__(self, model: Stage) -> None:
         self._packs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (weight, pack)
         with torch.inference_mode():
             for mod in projections(model):
@@ -71,9 +79,9 @@ class StagePacks:
                 self._packs[id(mod)] = (mod.weight, _reorder(w))
         self.nbytes = sum(w.nbytes for w, _ in self._packs.values())
         # The compiled row-wise layer parts over these packs (`prompt_graph.py`), once warm.
-        self.graph: PromptGraph | None = None
+        self.graph: attention.PromptRows | None = None
 
-    def warm(self, model: model_mod.StageModel, max_rows: int) -> float:
+    def warm(self, model: Stage, max_rows: int) -> float:
         """Run each distinct projection shape once per row bucket up to `max_rows`, so that
         oneDNN builds its per-shape kernels here (JIT, ~1-3 ms a shape) rather than on the
         first served steps of each size. Smallest buckets first, within `WARM_FLOPS` of
@@ -110,7 +118,7 @@ def _reorder(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w, _HINT_ROWS)  # type: ignore[no-any-return]
 
 
-def linear(mod: nn.Module, x: torch.Tensor, packs: StagePacks | None) -> torch.Tensor:
+def linear(mod: nn.Module, x: torch.Tensor, packs: attention.PackedRows | None) -> torch.Tensor:
     """`mod(x)`, through the packed weight when there is one and `x` has enough rows."""
     t = x.shape[0]
     if packs is not None and t >= MIN_ROWS:

@@ -115,7 +115,7 @@ LayerArgs = tuple[
 ]
 
 
-def layer_args(layer: model_mod.DecoderLayer, packs: packed_linear.StagePacks) -> LayerArgs | None:
+def layer_args(layer: model_mod.DecoderLayer, packs: attention.PackedRows) -> LayerArgs | None:
     """What `_pre`/`_post` take of one layer, or None when it must run eagerly (a
     projection not packed, e.g. swapped or LoRA-wrapped; a TP all-reduce)."""
     a, m = layer.self_attn, layer.mlp
@@ -223,7 +223,7 @@ class PromptGraph:
         x: torch.Tensor,
         md: attention.AttentionMetadata,
         kv: KV,
-        packs: packed_linear.StagePacks,
+        packs: attention.PackedRows,
     ) -> torch.Tensor | None:
         """Hidden states through `layers` (`kv`: their pools), or None: run them eagerly
         (not warmed up, a layer not packed)."""

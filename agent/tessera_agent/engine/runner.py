@@ -175,16 +175,10 @@ class StageRunner:
         tokens, and log-probabilities where asked (`execute`, and co-steps)."""
         out = step.StepOutput(step_id=step_id)
         assert self.sampler is not None
-        tokens = self.sampler.sample(logits, ids, params)
+        tokens, lps = self.sampler.sample_step(logits, ids, params)  # one host copy
         out.sampled = dict(zip(ids, tokens, strict=True))
-        asked = [i for i, p in enumerate(params) if p.logprobs is not None]
-        if asked:
-            lps = sampling.token_logprobs(
-                logits[torch.tensor(asked, device=self.device)],
-                [tokens[i] for i in asked],
-                [params[i].logprobs or 0 for i in asked],
-            )
-            out.logprobs = {ids[i]: lp for i, lp in zip(asked, lps, strict=True)}
+        if lps:
+            out.logprobs = {ids[i]: lp for i, lp in lps.items()}
         return out
 
     def capture_graphs(self) -> float | None:

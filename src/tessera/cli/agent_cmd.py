@@ -20,6 +20,14 @@ def register(sub: Any) -> None:
         help="cpu:2x4GiB (declared CPU virtual devices), cuda (all GPUs), cuda:N, "
         "or auto (GPUs via NVML, else one 4GiB CPU device)",
     )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="fraction of each GPU's memory this agent may use (as vLLM's): blocks book "
+        "against fraction x total less what is in use at start; a block's KV pool is what "
+        "its parameters and activation / CUDA-graph reserve leave (default 0.9)",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
     p.add_argument(
         "--metrics-port",
@@ -86,6 +94,14 @@ def register(sub: Any) -> None:
         "--run-load-delay", type=float, default=0.0, help=argparse.SUPPRESS
     )
     p.add_argument(
+        "--host-cache",
+        default=os.environ.get("TESSERA_HOST_CACHE", "0"),
+        metavar="BYTES",
+        help="host memory kept for the pieces of unloaded blocks, e.g. 8GiB: a reload or a "
+        "variant sharing them takes them from there (pinned on GPUs; default: "
+        "$TESSERA_HOST_CACHE; 0: no host cache). docs/scaling.md",
+    )
+    p.add_argument(
         "--cost-profile",
         default=os.environ.get("TESSERA_COST_PROFILE", ""),
         help="a `tessera profile --out` JSON: the cost model of lookahead microbatching on "
@@ -131,6 +147,12 @@ def _die_with_parent() -> None:
         raise SystemExit(f"tessera agent: parent {want} is gone")
 
 
+def _host_cache_bytes(text: str) -> int:
+    from tessera_agent import devices
+
+    return 0 if text.strip() in ("", "0") else devices.parse_bytes(text)
+
+
 def _run(args: argparse.Namespace) -> int:
     _die_with_parent()
     from tessera_agent import server
@@ -140,6 +162,7 @@ def _run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         devices=args.devices,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         threads=args.threads,
         metrics_port=args.metrics_port,
         prefix_caching=args.prefix_caching,
@@ -152,6 +175,7 @@ def _run(args: argparse.Namespace) -> int:
         pipeline_microbatches=args.pipeline_microbatches,
         storage_bytes_per_s=args.storage_bandwidth,
         run_load_delay_s=args.run_load_delay,
+        host_cache_bytes=_host_cache_bytes(args.host_cache),
         cost_profile=args.cost_profile,
         compile_cache=args.compile_cache,
         compile_decode=args.compile_decode,

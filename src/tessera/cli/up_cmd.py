@@ -38,7 +38,17 @@ def register(sub: Any) -> None:
         default=0,
         help="local agents to start (default: as many as the layout names, or 2)",
     )
-    p.add_argument("--devices", default="cpu:1x2GiB", help="devices of each local agent")
+    p.add_argument(
+        "--devices",
+        default="cpu:1x2GiB",
+        help="devices of each local agent (cpu:1x2GiB, cuda, cuda:N; see `tessera agent`)",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="fraction of each GPU's memory a local agent may use (its flag of that name)",
+    )
     p.add_argument(
         "--threads",
         type=int,
@@ -121,9 +131,11 @@ def _up(args: argparse.Namespace) -> int:
     except (fields.FieldError, yaml.YAMLError) as exc:
         return _fail(f"{args.file}: {exc}")
     from tessera.gateway import config as gw_config
+    from tessera.policies import gpu_memory
 
     try:  # the gateway's settings from the environment, checked before anything loads
         gw_config.generate_mux_default()
+        gpu_memory.check_utilization(args.gpu_memory_utilization)
     except ValueError as exc:
         return _fail(str(exc))
     from tessera import event_loop
@@ -136,7 +148,9 @@ def _model_root(dep: Any, model_path: str) -> str:
     from tessera_operator import variants as variant_ops
 
     paths = [os.path.realpath(model_path)]
-    paths += [os.path.realpath(v.path) for v in variant_ops.resolve(dep.spec.variants, model_path)]
+    resolved = variant_ops.resolve(dep.spec.variants, model_path)
+    paths += [os.path.realpath(v.path) for v in resolved]
+    paths += [os.path.realpath(v.zoo) for v in resolved if v.zoo]  # stitched chains' zoo
     return os.path.commonpath(paths)
 
 
@@ -155,6 +169,17 @@ def _outside_root(dep: Any, model_path: str, root: str) -> list[str]:
     return problems
 
 
+def _agent_args(args: argparse.Namespace, model_root: str) -> tuple[str, ...]:
+    """The flags every local agent gets beside its id, devices and threads (the model
+    root first: callers print `[1]`)."""
+    return (
+        "--model-root",
+        model_root,
+        "--gpu-memory-utilization",
+        str(args.gpu_memory_utilization),
+    )
+
+
 def _local_agent_count(args: argparse.Namespace, dep: Any) -> int:
     if args.agents:
         return int(args.agents)
@@ -167,14 +192,21 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from rich.progress import BarColumn, Progress, TextColumn
 
     from tessera import gc_heap, reconcile, routes_doc
-    from tessera.cli import local_agents, supervise, up_overload, up_policies, up_watch
+    from tessera.cli import (
+        local_agents,
+        supervise,
+        up_autoscale,
+        up_overload,
+        up_policies,
+        up_watch,
+    )
     from tessera.control import scaling_loop
     from tessera.gateway import config as gw_config
     from tessera.gateway import routes as gw_routes
     from tessera.gateway import server as gw_server
     from tessera.policies import cpu_share, transition
     from tessera.rpc import transport
-    from tessera_operator import actuate, agents, converge
+    from tessera_operator import actuate, agents, converge, link_probe
 
     console = Console(stderr=True)
     model_path = converge.resolve_model_path(dep.spec, args.file.resolve().parent)
@@ -188,7 +220,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     bad = variant_check.check(dep, model_path)
     if bad:
         return _fail("; ".join(bad))
-    agent_args = ("--model-root", str(args.model_root or _model_root(dep, model_path)))
+    agent_args = _agent_args(args, str(args.model_root or _model_root(dep, model_path)))
     auto = None
     if args.profile is not None:
         from tessera.cost import profile as profile_mod
@@ -199,7 +231,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
     gc_heap.install()  # this process owns its heap (see gc_heap)
     rollout = converge.Rollout(
-        drain=transition.DrainPolicy(deadline_s=args.drain_deadline), sourcing=args.sourcing
+        drain=transition.DrainPolicy(deadline_s=args.drain_deadline),
+        sourcing=args.sourcing,
+        probe=link_probe.LinkProbe(),  # measured links for every new replica's sources
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -211,6 +245,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     gateway = None
     scaling: up_policies.ScalingPolicy | None = None
     overload_task: asyncio.Task[None] | None = None
+    autoscale_task: asyncio.Task[None] | None = None
     refs: list[agents.AgentRef] = []
     try:
         if args.agent:
@@ -222,11 +257,14 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             threads = cpu_share.agent_threads(os.cpu_count() or 1, n, args.threads)
             with console.status(f"starting {n} local agents"):
                 for i in range(n):  # main thread: children die with this process
-                    procs.append(
-                        local_agents.start_agent(
-                            f"agent-{i}", args.devices, threads, extra_args=agent_args
+                    try:
+                        procs.append(
+                            local_agents.start_agent(
+                                f"agent-{i}", args.devices, threads, extra_args=agent_args
+                            )
                         )
-                    )
+                    except RuntimeError as exc:  # e.g. --devices cuda without a GPU
+                        return _fail(str(exc))
             refs = [agents.AgentRef(p.agent_id, p.address) for p in procs]
             console.print(transport.describe_mode())
             console.print(f"agents load checkpoints under {agent_args[1]} only")
@@ -270,6 +308,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 host=args.host,
                 port=port,
                 arrival_span_s=args.arrival_span,
+                hold=up_autoscale.hold_config(dep.spec),
             )
         )
         gateway.apply_routes(gw_routes.from_doc(outcome.routes))  # with the class shares
@@ -342,6 +381,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
         lock = asyncio.Lock()  # a reconcile pass and an overload tick never overlap
         overload_task = _start_overload(dep, outcome, gateway, lambda: published, stop, lock)
+        autoscale_task = up_autoscale.start(  # replica autoscaling, sleep, zero (issue 32)
+            dep, _members(outcome), gateway, stop, lock, console.print
+        )
         await up_watch.run_loop(
             stop,
             watcher,
@@ -360,6 +402,10 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             await scaling.stop()
         if overload_task is not None and not overload_task.done():
             overload_task.cancel()
+        if autoscale_task is not None and not autoscale_task.done():
+            autoscale_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await autoscale_task
         await supervise.stop(supervisor)
         if gateway is not None:
             await gateway.stop()
@@ -425,6 +471,17 @@ def _leaders(outcome: Any) -> list[tuple[str, str]]:
         agent = obs.agent(r.stages[0].agent) if obs else None
         if agent is not None and r.replica_id in outcome.ready_replicas:
             out.append((r.replica_id, agent.address))
+    return out
+
+
+def _members(outcome: Any) -> dict[str, str]:
+    """Every planned replica's leader address (the autoscaler's members)."""
+    obs = outcome.observed
+    out = {}
+    for r in outcome.plan.replicas:
+        agent = obs.agent(r.stages[0].agent) if obs else None
+        if agent is not None:
+            out[r.replica_id] = agent.address
     return out
 
 

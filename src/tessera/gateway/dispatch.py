@@ -22,6 +22,9 @@ A cut-over (`cutover.py`) may *redirect* a running attempt: after copying its KV
 to a surviving replica it cancels the call, and the request continues there the same
 way, without counting a failure (the attempts are registered in `inflight.InFlightTable`).
 
+Which error means what (reject, retry with or without marking the replica failed, the
+error a request ends with) is decided by `tessera.policies.retry`; this module applies it.
+
 Time limits (`limits.Limits`): a replica that sends no chunk within
 `first_token_timeout_s` of the request starting there, or within `token_timeout_s` of its
 previous chunk, is treated as crashed (marked failed; the request continues elsewhere);
@@ -46,6 +49,7 @@ import grpc
 
 from tessera.gateway import errors, inflight, kv_affinity, limits, metrics, replicas, router
 from tessera.observability import tracing
+from tessera.policies import retry
 from tessera.rpc.v1 import agent_pb2 as pb
 
 
@@ -160,7 +164,7 @@ class Dispatcher:
     ) -> AsyncGenerator[Chunk, None]:
         """Yield the job's token chunks; raises ApiError or ReplicaLost (module docstring)."""
         tried = set(exclude)
-        failures: list[tuple[str, str, str]] = []  # (replica, code, message)
+        failures: list[retry.Failure] = []
         attempt = 0
         generated: list[int] = []  # tokens already yielded (they survive a lost replica)
         current = job
@@ -195,7 +199,7 @@ class Dispatcher:
             if route is None:
                 if lost is not None:
                     raise lost
-                raise _no_replica(failures)
+                raise _api_error(retry.give_up(failures))
             rid = route.replica_id
             tried.add(rid)
             self._metrics.routed.labels(rid, route.policy).inc()
@@ -212,7 +216,7 @@ class Dispatcher:
                 tried.discard(rid)  # not a failure: it may serve the request again
                 current = _continuation(job, generated)
             except _AttemptFailed as exc:
-                failures.append((rid, exc.code, str(exc)))
+                failures.append(retry.Failure(rid, exc.code, str(exc)))
                 self._metrics.retries.labels(rid, exc.code).inc()
                 if generated:
                     lost = ReplicaLost(rid, str(exc))
@@ -230,6 +234,13 @@ class Dispatcher:
         if gap and gap < left:
             return gap, False
         return max(left, 0.0), True
+
+    def _failed(self, rid: str, code: str, details: str, variant: str, note: str) -> _AttemptFailed:
+        """The retry of a failed attempt, the replica marked failed (`note`) when the
+        policy says so."""
+        if retry.on_error(code, details, variant).mark_failed:
+            self._replicas.mark_failed(rid, note)
+        return _AttemptFailed(code, details)
 
     async def _attempt(
         self, job: Job, rid: str, attempt: int, resumed: bool = False
@@ -264,15 +275,23 @@ class Dispatcher:
                         raise errors.ApiError(
                             504, f"the request did not finish within {limit:g}s", code="timeout"
                         ) from None
-                    self._replicas.mark_failed(rid, f"no token for {wait:g}s")
-                    raise _AttemptFailed(
-                        "DEADLINE_EXCEEDED", f"the replica sent no token for {wait:g}s"
+                    raise self._failed(
+                        rid,
+                        retry.DEADLINE_EXCEEDED,
+                        f"the replica sent no token for {wait:g}s",
+                        job.variant,
+                        f"no token for {wait:g}s",
                     ) from None
                 ids = tuple(msg.token_ids)
                 reason = msg.finish_reason or None
                 if reason not in (None, "stop", "length"):
-                    self._replicas.mark_failed(rid, f"finish_reason {reason}")
-                    raise _AttemptFailed("ABORTED", f"the replica ended the request: {reason}")
+                    raise self._failed(
+                        rid,
+                        retry.ABORTED,
+                        f"the replica ended the request: {reason}",
+                        job.variant,
+                        f"finish_reason {reason}",
+                    )
                 if ids:
                     now = self._clock()
                     if first:
@@ -296,8 +315,13 @@ class Dispatcher:
                 yield Chunk(ids, reason, rid, lps)
                 if reason is not None:
                     return
-            self._replicas.mark_failed(rid, "stream ended without a finish reason")
-            raise _AttemptFailed("ABORTED", "the replica ended the stream without finishing")
+            raise self._failed(
+                rid,
+                retry.ABORTED,
+                "the replica ended the stream without finishing",
+                job.variant,
+                "stream ended without a finish reason",
+            )
         except asyncio.CancelledError:
             task = asyncio.current_task()
             target = record.target if record is not None else None
@@ -305,15 +329,10 @@ class Dispatcher:
                 raise _Redirected(target) from None  # the cut-over cancelled the call
             raise
         except grpc.aio.AioRpcError as exc:
-            code, details = exc.code(), exc.details() or ""
-            if code == grpc.StatusCode.INVALID_ARGUMENT:
+            code, details = exc.code().name, exc.details() or ""
+            if not retry.on_error(code, details, job.variant).retry:
                 raise errors.bad_request(details) from exc
-            if code == grpc.StatusCode.NOT_FOUND and job.variant and details.startswith("variant"):
-                # the replica is fine; it does not serve this variant (any more): try others
-                raise _AttemptFailed(code.name, details) from exc
-            if code != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                self._replicas.mark_failed(rid, f"{code.name}: {details}")
-            raise _AttemptFailed(code.name, details) from exc
+            raise self._failed(rid, code, details, job.variant, f"{code}: {details}") from exc
         finally:
             if record is not None:
                 self.inflight.remove(record)
@@ -341,18 +360,5 @@ def _continuation(job: Job, generated: list[int]) -> Job:
     )
 
 
-def _no_replica(failures: list[tuple[str, str, str]]) -> errors.ApiError:
-    if not failures:
-        return errors.unavailable("no replica is ready to serve this model")
-    if all(code == "RESOURCE_EXHAUSTED" for _, code, _ in failures):
-        return errors.bad_request(
-            f"the request does not fit any replica's KV cache ({failures[0][2]})",
-            "max_tokens",
-            "request_too_large",
-        )
-    if all(code == "NOT_FOUND" and msg.startswith("variant") for _, code, msg in failures):
-        return errors.ApiError(404, failures[0][2], param="model", code="model_not_found")
-    summary = "; ".join(f"{rid}: {code} {msg}" for rid, code, msg in failures)
-    return errors.unavailable(
-        f"every replica tried failed ({summary})", code="replicas_unavailable"
-    )
+def _api_error(end: retry.GiveUp) -> errors.ApiError:
+    return errors.ApiError(end.status, end.message, param=end.param, code=end.code)
