@@ -101,16 +101,17 @@ API_KEY, ADMIN_TOKEN = "sk-loops", "adm-loops"  # a user's key; the operator's t
 
 @pytest.fixture
 def gateway_process() -> Iterator[Callable[..., str]]:
-    """`start(routes_file, model_path)`: a `tessera gateway` process with API keys on
-    (`API_KEY`) and the operator's `ADMIN_TOKEN`; returns its URL."""
+    """`start(routes_file, model_path, keys=False)`: a `tessera gateway` process (with
+    `keys`: API keys on, `API_KEY`, and the operator's `ADMIN_TOKEN`); returns its URL."""
     procs: list[subprocess.Popen[str]] = []
 
-    def start(routes: Path, model: Path) -> str:
-        (routes.parent / "api-keys").write_text(f"loops {API_KEY}\n")
-        (routes.parent / "admin-token").write_text(f"{ADMIN_TOKEN}\n")
+    def start(routes: Path, model: Path, keys: bool = False) -> str:
         cmd = [sys.executable, "-m", "tessera.cli.main", "gateway", "--routes", str(routes)]
-        cmd += ["--api-keys-file", str(routes.parent / "api-keys")]
-        cmd += ["--admin-token-file", str(routes.parent / "admin-token")]
+        if keys:
+            (routes.parent / "api-keys").write_text(f"loops {API_KEY}\n")
+            (routes.parent / "admin-token").write_text(f"{ADMIN_TOKEN}\n")
+            cmd += ["--api-keys-file", str(routes.parent / "api-keys")]
+            cmd += ["--admin-token-file", str(routes.parent / "admin-token")]
         cmd += ["--model-name", "tiny-llama", "--model-path", str(model)]
         cmd += ["--port", "0", "--poll-interval", "0.2"]
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -196,7 +197,7 @@ def test_operator_drops_and_restores_and_survives_a_restart_mid_drop(
     procs = agents_factory(2)
     routes = tmp_path / "routes.json"
     routes.write_text('{"replicas": []}')
-    url = gateway_process(routes, tiny_llama)
+    url = gateway_process(routes, tiny_llama, keys=True)
     doc = manifest("ovl", tiny_llama, WHOLE)
     doc["spec"]["layout"]["kvCacheBytes"] = 1 << 20  # 8 pages of 16 tokens per replica
     doc["spec"]["policies"] = {"overload": {"enabled": True}}

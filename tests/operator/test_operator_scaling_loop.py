@@ -80,7 +80,7 @@ def test_operator_replicates_onto_an_idle_device_and_evicts(
     procs = agents_factory(2)
     routes = tmp_path / "routes.json"
     routes.write_text('{"replicas": []}')
-    url = gateway_process(routes, tiny_llama)
+    url = gateway_process(routes, tiny_llama, keys=True)
     with pytest.raises(urllib.error.HTTPError, match="401"):  # keys on: admin is closed
         urllib.request.urlopen(url + "/admin/v1/load", timeout=10)
     doc = manifest("sc", tiny_llama, ONE)
@@ -181,7 +181,7 @@ def test_operator_killed_mid_replication_converges_from_the_agents(
     ]
     routes = tmp_path / "routes.json"
     routes.write_text('{"replicas": []}')
-    url = gateway_process(routes, tiny_llama)
+    url = gateway_process(routes, tiny_llama, keys=True)
     doc = manifest("sc", tiny_llama, ONE)
     doc["spec"]["policies"] = {"scaling": {"enabled": True, "evictAfterSeconds": 600}}
     doc["spec"]["slo"] = {"tpotP99Ms": 1}
