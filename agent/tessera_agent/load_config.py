@@ -29,6 +29,9 @@ class LoadDefaults:
     pipeline_microbatches: int = 0
     # checkpoint reads take at least bytes / this (a declared storage speed); 0 = unthrottled
     storage_bytes_per_s: float = 0.0
+    # tests: a layer-run replica loaded here answers no sooner than this (seconds), so an
+    # operator can be killed while a replication is in flight
+    run_load_delay_s: float = 0.0
     # host memory kept for unloaded blocks' pieces (`host_cache`); 0 = no host cache
     host_cache_bytes: int = 0
     # how a pipelined leader cuts microbatches (lookahead while dropped and deep; issue 13)
@@ -41,6 +44,8 @@ class LoadDefaults:
             raise ValueError(f"dtype: {self.dtype!r} is not one of {list(DTYPES)}")
         if self.storage_bytes_per_s < 0:
             raise ValueError("storage_bytes_per_s: must be >= 0")
+        if self.run_load_delay_s < 0:
+            raise ValueError("run_load_delay_s: must be >= 0")
         if self.host_cache_bytes < 0:
             raise ValueError("host_cache_bytes: must be >= 0")
         for name in ("page_size", "max_num_seqs", "max_batched_tokens"):

@@ -6,8 +6,10 @@ the new holder is a `LocalHolder` on another device of this agent (no target add
 or a `run_client.RemoteHolder` loaded on the target agent, its weights copied from this
 stage (or read from the checkpoint when the stage's copy migrated away). The replica
 leader's page allocator tells a move which pages are live. Memory: a local replica is
-booked on its device; a migration away releases the stage's share of the run. Called by
-the servicer; the agent's compute executor orders every change between two steps.
+booked on its device; a migration away releases the stage's share of the run. A
+replication runs to its end even when its caller goes away, and is reported in flight
+(`describe_pending`) until then. Called by the servicer; the agent's compute executor
+orders every change between two steps.
 """
 
 from __future__ import annotations
@@ -15,10 +17,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import uuid
+from dataclasses import dataclass
 
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import booking, hosted, hosting, run_client
 from tessera_agent.engine import errors, run_holders, scaling_ops
+
+
+@dataclass(frozen=True, order=True)
+class Pending:
+    """A replication in flight: what it will place."""
+
+    replica_id: str
+    stage_index: int
+    start: int
+    end: int
+    target_address: str
+    target_device: str
 
 
 class ScalingControl:
@@ -35,6 +50,9 @@ class ScalingControl:
             memory,
             compute,
         )
+        # replications accepted and not finished, by what they place (Describe reports
+        # them, so a new operator neither repeats one nor takes its target for idle)
+        self.pending: dict[Pending, asyncio.Task[pb.ScalingOpReply]] = {}
 
     def _origin(self, h: hosted.Hosted) -> str:
         return scaling_ops.origin_name(self.agent_id, h.stage.spec.device)
@@ -93,12 +111,47 @@ class ScalingControl:
         return remote
 
     async def replicate(self, req: pb.ScalingOpRequest) -> pb.ScalingOpReply:
+        """Add the replica; it runs to its end (the run present and serving, or, failing,
+        absent) even when the caller goes away meanwhile: an operator killed in the middle
+        leaves no half-made run, and finds the replication in `describe_pending` until then.
+        The same replication asked again while in flight is refused."""
         h = self.hosting.get(req.replica_id, req.stage_index)
-        res = await scaling_ops.replicate(
-            h.stage.runner, self.compute, self._origin(h), req.layer_start, req.layer_end,
-            self._factory(h, req), h.leader.live_pages if h.leader is not None else None,
+        key = Pending(
+            req.replica_id, req.stage_index, req.layer_start, req.layer_end,
+            req.target_address, req.target_device,
         )  # fmt: skip
-        return _reply(res)
+        if key in self.pending:
+            raise errors.FailedPreconditionError(
+                f"layers [{req.layer_start}, {req.layer_end}) of {req.replica_id} are already "
+                f"being replicated onto {req.target_address or self.agent_id}"
+            )
+
+        async def run() -> pb.ScalingOpReply:
+            try:
+                res = await scaling_ops.replicate(
+                    h.stage.runner, self.compute, self._origin(h), req.layer_start,
+                    req.layer_end, self._factory(h, req),
+                    h.leader.live_pages if h.leader is not None else None,
+                )  # fmt: skip
+                return _reply(res)
+            finally:
+                self.pending.pop(key, None)
+
+        task = self.pending[key] = asyncio.create_task(run())
+        return await asyncio.shield(task)
+
+    def describe_pending(self) -> list[pb.ScalingPending]:
+        return [
+            pb.ScalingPending(
+                replica_id=k.replica_id,
+                stage_index=k.stage_index,
+                layer_start=k.start,
+                layer_end=k.end,
+                target_address=k.target_address,
+                target_device=k.target_device,
+            )
+            for k in sorted(self.pending)
+        ]
 
     async def migrate(self, req: pb.ScalingOpRequest) -> pb.ScalingOpReply:
         h = self.hosting.get(req.replica_id, req.stage_index)

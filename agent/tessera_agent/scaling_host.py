@@ -41,9 +41,10 @@ class RunHost:
         memory: booking.Booking,
         compute: concurrent.futures.Executor,
         store_address: str = "",
+        load_delay_s: float = 0.0,
     ) -> None:
         self.agent_id, self.memory, self.compute = agent_id, memory, compute
-        self.store_address = store_address
+        self.store_address, self.load_delay_s = store_address, load_delay_s
         self.runs: dict[str, HostedRun] = {}
         self._lock = asyncio.Lock()
 
@@ -90,6 +91,8 @@ class RunHost:
                     req.page_size,
                 ),
             )  # fmt: skip
+            if self.load_delay_s:  # tests (load_config.LoadDefaults.run_load_delay_s)
+                await asyncio.sleep(self.load_delay_s)
             need = rm.param_bytes + rm.kv_bytes
             if need > dev.free_bytes:
                 raise errors.ResourceExhaustedError(

@@ -81,7 +81,9 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         self.scaling = scaling_control.ScalingControl(
             agent_id, self.hosting, self.memory, self.compute
         )
-        self.run_host = scaling_host.RunHost(agent_id, self.memory, self.compute, store_address)
+        self.run_host = scaling_host.RunHost(
+            agent_id, self.memory, self.compute, store_address, defaults.run_load_delay_s
+        )
         self.metrics = metrics.AgentMetrics(self)
         self.sleepers = sleep.Sleepers(self.hosting, on_change=self.metrics.slept_or_woke)
 
@@ -125,6 +127,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
             zoo=variants.zoo_to_proto(self.hosting.zoo),
             scaling_runs=self.scaling.describe(),
             scaling_hosted=self.run_host.describe(),
+            scaling_pending=self.scaling.describe_pending(),
             host_cache=load_sources.cache_to_proto(self.hosting.host_cache),
         )
 

@@ -8,7 +8,7 @@ reason, never dropped silently. Called by the operator's handlers and by `tesser
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -84,19 +84,30 @@ def from_describe(ref: AgentRef, d: pb.DescribeReply) -> observed.AgentInfo:
     )
 
 
-async def describe(ref: AgentRef, timeout: float = 5.0) -> observed.AgentInfo:
-    channel = transport.channel(ref.address)
+StubFor = Callable[[str], pb_grpc.AgentStub]  # address -> a stub over a kept channel
+
+
+async def describe(
+    ref: AgentRef, timeout: float = 5.0, stub_for: StubFor | None = None
+) -> observed.AgentInfo:
+    """`Describe` of one agent, over `stub_for`'s channel when given (a loop ticking many
+    times a second keeps its channels), else a channel opened for this call."""
+    channel = transport.channel(ref.address) if stub_for is None else None
+    stub = pb_grpc.AgentStub(channel) if stub_for is None else stub_for(ref.address)
     try:
-        reply = await pb_grpc.AgentStub(channel).Describe(pb.DescribeRequest(), timeout=timeout)
+        reply = await stub.Describe(pb.DescribeRequest(), timeout=timeout)
         return from_describe(ref, reply)
     except grpc.aio.AioRpcError as exc:
         return observed.AgentInfo(
             ref.name, ref.address, reachable=False, error=f"{exc.code().name}: {exc.details()}"
         )
     finally:
-        await channel.close()
+        if channel is not None:
+            await channel.close()
 
 
-async def observe(refs: Sequence[AgentRef], timeout: float = 5.0) -> observed.Observed:
-    infos = await asyncio.gather(*(describe(r, timeout) for r in refs))
+async def observe(
+    refs: Sequence[AgentRef], timeout: float = 5.0, stub_for: StubFor | None = None
+) -> observed.Observed:
+    infos = await asyncio.gather(*(describe(r, timeout, stub_for) for r in refs))
     return observed.Observed(tuple(infos))

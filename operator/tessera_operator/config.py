@@ -36,6 +36,7 @@ _TEMPLATE_KEYS = {
     "serviceAnnotations": "service_annotations",
     "tlsSecretName": "tls_secret_name",
     "apiKeysSecretName": "api_keys_secret_name",
+    "adminTokenSecretName": "admin_token_secret_name",
     "certificate": "certificate",
     "extraArgs": "extra_args",
 }
@@ -67,6 +68,9 @@ class GatewayTemplate:
     # a Secret per deployment); "": plaintext (docs/security.md)
     tls_secret_name: str = ""
     api_keys_secret_name: str = ""  # Secret with key `keys` (gateway/auth.py); "": no keys
+    # Secret with key `token`: the operator's token on the gateway's /admin/ (admin_auth.py;
+    # the operator reads the same token from --gateway-admin-token-file)
+    admin_token_secret_name: str = ""
     # issue 31: {"issuerRef": {"kind", "name"}, "duration", "renewBefore"}: the operator asks
     # cert-manager for a certificate bound to each deployment (gateway_certificate.py), which
     # its gateway mounts instead of `tls_secret_name`; {}: none

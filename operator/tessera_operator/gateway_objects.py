@@ -22,6 +22,7 @@ ROUTES_DIR = "/etc/tessera"
 ROUTES_KEY = "routes.json"
 TLS_DIR = "/var/run/tessera/tls"  # the gateway's client certificate (TESSERA_TLS_DIR)
 API_KEYS_DIR = "/var/run/tessera/api-keys"
+ADMIN_TOKEN_DIR = "/var/run/tessera/admin-token"
 LABEL_DEPLOYMENT = f"{api.API_GROUP}/deployment"
 
 
@@ -190,8 +191,13 @@ def deployment(
     for volume, folder, variable, value in (
         ("tls", TLS_DIR, "TESSERA_TLS_DIR", TLS_DIR),
         ("api-keys", API_KEYS_DIR, "TESSERA_API_KEYS_FILE", f"{API_KEYS_DIR}/keys"),
+        ("admin-token", ADMIN_TOKEN_DIR, "TESSERA_ADMIN_TOKEN_FILE", f"{ADMIN_TOKEN_DIR}/token"),
     ):
-        secret = tmpl.tls_secret_name if volume == "tls" else tmpl.api_keys_secret_name
+        secret = {
+            "tls": tmpl.tls_secret_name,
+            "api-keys": tmpl.api_keys_secret_name,
+            "admin-token": tmpl.admin_token_secret_name,
+        }[volume]
         # "{name}": one Secret per ServingDeployment, e.g. a certificate bound to it by its
         # URI SAN (tessera.policies.tenancy) rather than to its whole namespace
         secret = secret.replace("{name}", dep.name)

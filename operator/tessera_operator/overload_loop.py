@@ -8,7 +8,10 @@ finds a pass running skips, so a tick and a reconcile pass never interleave), ob
 the agents once (`agents.observe`), reads the gateway's calls per replica
 (`GET /admin/v1/load` of the gateway Service, or `cfg.gateway_admin_url`), and runs the
 loop. Its routes steps rewrite the routes ConfigMap the reconcile publishes (the same
-versioned document, the same version: the gateway drains the donors). When the agents
+versioned document, the same version: the gateway drains the donors); a step that takes
+replicas out waits until the gateway routes none of them (`GET /admin/v1/routes`; the
+ConfigMap reaches the gateway's file some time later), so the drain that follows sees
+every request the donors will get. When the agents
 changed, a reconcile pass runs at once under the same lock: it writes
 `status.overload`, the `Overloaded` condition and the `OverloadDropped` /
 `OverloadRestored` events from what the agents now hold. The loop's own events
@@ -73,11 +76,16 @@ def load_url(cfg: config.OperatorConfig, dep: api.ServingDeployment) -> str:
     return base.rstrip("/") + gateway_load.LOAD_PATH
 
 
+def routes_url(cfg: config.OperatorConfig, dep: api.ServingDeployment) -> str:
+    return load_url(cfg, dep).removesuffix(gateway_load.LOAD_PATH) + gateway_load.ROUTES_PATH
+
+
 def _routes_writer(
     ctx: reconciler.Context,
     body: kopf.Body,
     dep: api.ServingDeployment,
     addresses: Mapping[str, str],
+    cfg: config.OperatorConfig,
 ) -> overload_driver.SetRoutes:
     owner = gateway_objects.owner_reference(dict(body))
 
@@ -87,6 +95,12 @@ def _routes_writer(
         doc = gateway_objects.published(cm) or routes_doc.RoutesDoc(())
         new = control.routes_change(doc, change, addresses)
         await owned.apply(ctx.kube, gateway_objects.config_map(dep, owner, new.to_json()), cm)
+        if change.remove:  # the next step drains them: only once the gateway sends none
+            took = await gateway_load.wait_unrouted(
+                routes_url(cfg, dep), change.remove, cfg.gateway_admin_token
+            )
+            if took is None:
+                log.warning("the gateway still routes %s; draining anyway", change.remove)
 
     return set_routes
 
@@ -127,13 +141,15 @@ async def tick(
         held = [overload_held.Member(rid, a, address.get(a, "")) for rid, a in whole]
         if any(not m.address for m in held):
             return  # an agent of the plan is not discovered: the reconcile reports it
-        obs = await agents.observe(refs)
         if not isinstance(loop, control.OverloadLoop):
             loop = memo[LOOP_KEY] = control.OverloadLoop(
                 overload_driver.Driver(chunk_pages=4, after_step=cfg.overload_step_hook)
             )
+        # over the loop's own channels: a tick every 0.5 s (or 50 ms) opening a channel
+        # per agent cost each agent a connection per tick
+        obs = await agents.observe(refs, stub_for=loop.driver.stub)
         loop.driver.set_routes = _routes_writer(
-            ctx, body, dep, {m.replica_id: m.address for m in held}
+            ctx, body, dep, {m.replica_id: m.address for m in held}, cfg
         )
         out = await loop.tick(held, policy, num_layers, obs, calls)
         log.debug("overload tick %s/%s: %s -> %s", dep.namespace, dep.name, calls, out)

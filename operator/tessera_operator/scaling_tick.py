@@ -90,7 +90,7 @@ async def tick(
                 await reconciler.one_pass(body, patch, ctx)
         return
     try:
-        hist = await gateway_itl.fetch(metrics_url(cfg, dep))
+        hist = await gateway_itl.fetch(metrics_url(cfg, dep), cfg.gateway_admin_token)
     except ValueError as exc:
         if not memo.get(WARNED_KEY):
             kopf.warn(body, reason="GatewayMetricsUnavailable", message=str(exc))

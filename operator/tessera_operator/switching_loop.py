@@ -131,11 +131,13 @@ def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def fetch_arrivals(url: str) -> dict[str, Any]:
-    """The gateway's arrivals snapshot; ValueError saying why it could not be read."""
+async def fetch_arrivals(url: str, token: str = "") -> dict[str, Any]:
+    """The gateway's arrivals snapshot (`token`: its admin token, sent when set);
+    ValueError saying why it could not be read."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url) as r:
+        async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url, headers=headers) as r:
             if r.status != 200:
                 raise ValueError(f"GET {url}: HTTP {r.status}")
             doc = await r.json(content_type=None)
@@ -194,7 +196,7 @@ async def tick(
         else None
     )
     try:
-        snapshot = await fetch_arrivals(arrivals_url(cfg, dep))
+        snapshot = await fetch_arrivals(arrivals_url(cfg, dep), cfg.gateway_admin_token)
     except ValueError as exc:
         out = switching_decide.stopped(
             base | switching_decide.held(previous), "ArrivalsUnavailable", str(exc)

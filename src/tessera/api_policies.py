@@ -84,7 +84,10 @@ def _overload(doc: Any, path: str) -> policy_config.OverloadConfig:
 
 def _scaling(doc: Any, path: str) -> policy_config.ScalingConfig:
     """`spec.policies.scaling` (CoCoServe; defaults and meaning in docs/module-scaling.md)."""
-    keys = ("enabled", "upIdleFraction", "downViolationRate", "batchStep", "maxMigrations")
+    keys = (
+        "enabled", "upIdleFraction", "downViolationRate", "batchStep", "maxMigrations",
+        "evictAfterSeconds",
+    )  # fmt: skip
     sc = fields.mapping(doc, path)
     fields.known_only(sc, keys, path)
     d = policy_config.ScalingConfig()
@@ -108,5 +111,10 @@ def _scaling(doc: Any, path: str) -> policy_config.ScalingConfig:
             fields.optional(sc, "maxMigrations", d.max_migrations),
             f"{path}.maxMigrations",
             minimum=0,
+        ),
+        fields.number(
+            fields.optional(sc, "evictAfterSeconds", d.evict_after_seconds),
+            f"{path}.evictAfterSeconds",
+            positive=True,
         ),
     )

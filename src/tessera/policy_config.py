@@ -17,6 +17,7 @@ DEFAULT_UP_IDLE_FRACTION = 0.5
 DEFAULT_DOWN_VIOLATION_RATE = 0.05
 DEFAULT_BATCH_STEP = 5
 DEFAULT_MAX_MIGRATIONS = 4
+DEFAULT_EVICT_AFTER_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class ScalingConfig:
     down_violation_rate: float = DEFAULT_DOWN_VIOLATION_RATE
     batch_step: int = DEFAULT_BATCH_STEP
     max_migrations: int = DEFAULT_MAX_MIGRATIONS
+    # layer replicas are evicted once no window violated the TPOT target for this long
+    evict_after_seconds: float = DEFAULT_EVICT_AFTER_S
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.up_idle_fraction < 1.0:
@@ -61,6 +64,8 @@ class ScalingConfig:
             raise ValueError("batch_step: must be >= 1")
         if self.max_migrations < 0:
             raise ValueError("max_migrations: must be >= 0")
+        if not self.evict_after_seconds > 0:
+            raise ValueError(f"evict_after_seconds: must be > 0, got {self.evict_after_seconds}")
 
 
 @dataclass(frozen=True)

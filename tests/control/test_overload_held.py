@@ -114,3 +114,47 @@ def test_routes_change_keeps_the_version() -> None:
     assert out.replica_ids == ("r0",) and out.version == 3
     back = control.routes_change(out, overload_steps.Routes(add=("r1",)), {"r1": A1})
     assert back == doc
+
+
+def test_a_failed_restore_leaves_no_head_paused() -> None:
+    """A restore whose steps fail after pausing the head (e.g. Compact: more pages held
+    than the whole pool) must not leave it paused: the next tick takes the group over
+    again, which resumes the head."""
+    import asyncio
+
+    from tessera.control import overload_driver
+    from tessera.policies import overload
+
+    ran: list[tuple[overload_steps.Step, ...]] = []
+
+    class Driver(overload_driver.Driver):
+        async def run(self, steps: object) -> overload_driver.Report:
+            got = tuple(steps)  # type: ignore[call-overload]
+            ran.append(got)
+            if any(isinstance(s, overload_steps.Compact) for s in got):
+                raise overload_driver.DriveError("Compact: RESOURCE_EXHAUSTED")
+            return overload_driver.Report()
+
+    obs = _obs([_block("r0", 0, 0, 4, 2)], [_block("r0", 1, 4, 8, 2)])
+    obs = observed.Observed(
+        (
+            observed.AgentInfo(
+                "agent-0", A0, blocks=obs.agents[0].blocks, kv=(observed.ReplicaLoad("r0", 8, 0),)
+            ),
+            obs.agents[1],
+        )
+    )
+    loop = control.OverloadLoop(Driver())
+    cfg = overload.OverloadConfig(enabled=True)
+
+    async def ticks() -> None:
+        first = await loop.tick(MEMBERS, cfg, 8, obs, {})
+        assert [e.reason for e in first.events] == ["OverloadRestoreFailed"]
+        assert not loop.taken_over
+        await loop.tick(MEMBERS, cfg, 8, obs, {})
+
+    asyncio.run(ticks())
+    takeovers = [s for s in ran if any(isinstance(x, overload_steps.Resume) for x in s)]
+    assert len(takeovers) >= 2  # the first tick's takeover, then again after the failure
+    head = overload_steps.BlockRef(A0, "r0", 0)
+    assert overload_steps.Resume(head, num_pages=8) in ran[2]

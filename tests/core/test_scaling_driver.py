@@ -211,3 +211,19 @@ def test_adopt_takes_the_runs_the_origin_reports() -> None:
     )
     assert d.adopt(reply) == 2
     assert d.state.replicas == (("a1/cpu:0",), ("a1/cpu:0",), (), ())
+
+
+def test_a_replication_in_flight_is_adopted_and_its_target_is_not_idle() -> None:
+    """An operator killed mid-replication: the origin reports it in `scaling_pending`; a
+    new driver takes its layers as placed and the target as busy, so it repeats nothing."""
+    d, origin, _ = _driver()
+    origin.describe.scaling_pending.add(
+        replica_id="r0", layer_start=0, layer_end=8, target_address="a1:1", target_device=""
+    )
+    origin.describe.scaling_pending.add(replica_id="other", layer_end=8, target_address="a1:1")
+    assert d.adopt(origin.describe) == 8 and d.replicated
+    assert d.observe()["a1/cpu:0"].idle_fraction == 0.0
+    assert d.tick_up(batch=4).actions == () and origin.calls == []
+    del origin.describe.scaling_pending[:]  # it failed: nothing placed, the peer idle again
+    assert d.adopt(origin.describe) == 0 and not d.replicated
+    assert d.observe()["a1/cpu:0"].idle_fraction == 1.0

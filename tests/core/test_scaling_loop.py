@@ -2,10 +2,11 @@
 
 Fake agents (those of `test_scaling_driver`) record the operations. The gateway's
 inter-token histogram is fed by hand: a window over the TPOT target with no idle peer
-cuts the leader's batch; a quiet window lifts the cut; once the peer is idle the loop
-replicates onto it; a replica that is gone loses its driver. `run` fires ticks
-periodically until stopped. `for_up` is None when the spec's policy is off and reads the
-model's hidden size otherwise.
+cuts the leader's batch; a quiet window lifts the cut; once the peer is idle a violating
+window replicates onto it (a calm one does not); a sustained calm evicts the replica once
+and nothing is replicated again while it lasts; a replica that is gone loses its driver.
+`run` fires ticks periodically until stopped. `for_up` is None when the spec's policy is
+off and reads the model's hidden size otherwise.
 """
 
 from __future__ import annotations
@@ -26,6 +27,15 @@ from tessera.rpc.v1 import agent_pb2 as pb
 from tests.core.test_scaling_driver import FakeAgent, _dev
 
 BOUNDS = (0.01, 0.05, 0.1, math.inf)
+
+
+def _slow(k: int) -> sig.Hist:
+    """The cumulative histogram after k windows of 100 gaps, 80 of each over 50 ms."""
+    return sig.Hist(BOUNDS, (0, 10 * k, 20 * k, 100 * k), 100 * k, 8.0 * k)
+
+
+def _rising() -> list[sig.Hist]:
+    return [_slow(k) for k in range(1, 1000)]
 
 
 def _agents(peer_busy: bool) -> tuple[FakeAgent, FakeAgent]:
@@ -53,14 +63,49 @@ def _agents(peer_busy: bool) -> tuple[FakeAgent, FakeAgent]:
     return origin, peer
 
 
-def _loop(origin: FakeAgent, peer: FakeAgent, hists: list[sig.Hist]) -> scaling_loop.ScalingLoop:
+def _reporting(origin: FakeAgent, peer: FakeAgent) -> None:
+    """Make the fake agents report what the loop applied, as real ones do: a replicated
+    run on the origin (held by the peer), gone again once evicted."""
+    replicate, evict = origin.ScalingReplicate, origin.ScalingEvict
+
+    def rep(req: pb.ScalingOpRequest, timeout: float = 0) -> pb.ScalingOpReply:
+        origin.describe.scaling_runs.add(
+            replica_id=req.replica_id,
+            layer_start=req.layer_start,
+            layer_end=req.layer_end,
+            holders=[
+                pb.ScalingHolderInfo(name="a0/cpu:0", home=True),
+                pb.ScalingHolderInfo(name="a1/cpu:0"),
+            ],
+        )
+        peer.describe.scaling_hosted.add(layer_start=req.layer_start, layer_end=req.layer_end)
+        return replicate(req, timeout)
+
+    def ev(req: pb.ScalingOpRequest, timeout: float = 0) -> pb.ScalingOpReply:
+        del origin.describe.scaling_runs[:]
+        del peer.describe.scaling_hosted[:]
+        return evict(req, timeout)
+
+    origin.ScalingReplicate = rep  # type: ignore[method-assign]
+    origin.ScalingEvict = ev  # type: ignore[method-assign]
+
+
+def _loop(
+    origin: FakeAgent,
+    peer: FakeAgent,
+    hists: list[sig.Hist],
+    cfg: ms.ScalingConfig | None = None,
+    clock: list[float] | None = None,
+) -> scaling_loop.ScalingLoop:
     feed = iter(hists)
+    now = clock if clock is not None else [0.0]
     loop = scaling_loop.ScalingLoop(
-        ms.ScalingConfig(enabled=True),
+        cfg or ms.ScalingConfig(enabled=True),
         tpot_target_s=0.05,
         agents=[scaling_loop.AgentAt("a0", "a0:1"), scaling_loop.AgentAt("a1", "a1:1")],
         hidden=256,
         itl=lambda: next(feed),
+        clock=lambda: now[0],
     )
     stubs = {"a0:1": origin, "a1:1": peer}
     loop._stub = lambda address: stubs[address]  # type: ignore[method-assign, assignment, return-value]
@@ -69,16 +114,17 @@ def _loop(origin: FakeAgent, peer: FakeAgent, hists: list[sig.Hist]) -> scaling_
 
 def test_tick_cuts_the_batch_under_violations_lifts_it_then_replicates() -> None:
     origin, peer = _agents(peer_busy=True)
-    slow = sig.Hist(BOUNDS, (0, 10, 20, 100), 100, 8.0)  # 80 of 100 gaps over 50 ms
-    loop = _loop(origin, peer, [slow] * 4)
+    slow = _slow(1)  # 80 of 100 gaps over 50 ms
+    loop = _loop(origin, peer, [slow, slow, slow, _slow(2), _slow(2)])
     lines = loop.tick()
     assert [k for k, _ in origin.calls] == ["batch"]
     assert 1 <= origin.calls[0][1].max_num_seqs < 20  # the running 20, cut
     assert any("batch cut 20 ->" in line for line in lines)
     assert loop.tick() == ["r0: batch cut lifted (violation rate 0.0%: lift the batch cut)"]
     assert origin.calls[-1] == ("batch", pb.ScalingBatchLimitRequest(replica_id="r0"))
-    peer.describe.kv[0].running = 0  # the peer went idle: Algorithm 1 replicates onto it
-    lines = loop.tick()
+    peer.describe.kv[0].running = 0  # the peer went idle: a calm window does not replicate
+    assert loop.tick() == [] and len(origin.calls) == 2
+    lines = loop.tick()  # a violating one does (Algorithm 1)
     assert [k for k, _ in origin.calls[2:]] == ["replicate"]
     assert origin.calls[2][1].target_address == "a1:1" and lines[0].startswith("r0: replicated")
     del origin.describe.blocks[:]  # a transition removed the replica: its driver goes
@@ -88,8 +134,8 @@ def test_tick_cuts_the_batch_under_violations_lifts_it_then_replicates() -> None
 
 def test_run_fires_the_driver_periodically_until_stopped() -> None:
     origin, peer = _agents(peer_busy=False)
-    empty = sig.Hist(BOUNDS, (0, 0, 0, 0), 0, 0.0)
-    loop = _loop(origin, peer, [empty] * 1000)
+    _reporting(origin, peer)
+    loop = _loop(origin, peer, _rising())
     said: list[str] = []
 
     async def go() -> None:
@@ -104,8 +150,33 @@ def test_run_fires_the_driver_periodically_until_stopped() -> None:
 
     asyncio.run(go())
     assert loop.ticks >= 3
-    assert [k for k, _ in origin.calls] == ["replicate"]  # then the peer holds the run
+    # the peer holds the run from then on; the violation goes on, so Algorithm 2 cuts
+    kinds = [k for k, _ in origin.calls]
+    assert kinds[0] == "replicate" and set(kinds[1:]) <= {"batch"}
     assert said and said[0].startswith("r0: replicated")
+
+
+def test_a_sustained_calm_evicts_the_replicas_once_and_nothing_replicates_again() -> None:
+    origin, peer = _agents(peer_busy=False)
+    clock = [0.0]
+    cfg = ms.ScalingConfig(enabled=True, evict_after_seconds=10.0)
+    _reporting(origin, peer)
+    loop = _loop(origin, peer, [_slow(1)] * 20, cfg=cfg, clock=clock)
+    assert loop.tick()[0].startswith("r0: replicated")
+    assert origin.describe.scaling_runs and peer.describe.scaling_hosted
+    said: list[str] = []
+    for _ in range(6):  # calm windows (no new gap) 3 s apart: evicted once 10 s are calm
+        clock[0] += 3.0
+        said += loop.tick()
+        if any("evicted" in x for x in said):
+            break
+    assert [k for k, _ in origin.calls] == ["replicate", "evict"], said
+    assert loop.calm_s >= 10.0 and "evictAfterSeconds 10" in said[0]
+    assert not origin.describe.scaling_runs
+    for _ in range(5):  # calm goes on: the idle peer is not replicated onto again
+        clock[0] += 3.0
+        assert loop.tick() == []
+    assert [k for k, _ in origin.calls] == ["replicate", "evict"]
 
 
 def test_for_up_reads_the_spec(tmp_path: Path) -> None:
@@ -127,12 +198,11 @@ def test_up_policy_follows_manifest_edits_on_retune_off() -> None:
     from tessera.cli import up_policies
 
     origin, peer = _agents(peer_busy=False)
-    empty = sig.Hist(BOUNDS, (0, 0, 0, 0), 0, 0.0)
     made: list[scaling_loop.ScalingLoop] = []
     said: list[str] = []
 
     def make(spec: object) -> scaling_loop.ScalingLoop:
-        loop = _loop(origin, peer, [empty] * 1000)
+        loop = _loop(origin, peer, _rising())
         loop.reconfigure(spec.policies.scaling, spec.slo.tpot_p99_ms / 1e3)  # type: ignore[attr-defined]
         made.append(loop)
         return loop
@@ -181,7 +251,7 @@ def test_up_policy_follows_manifest_edits_on_retune_off() -> None:
 
 def test_each_applied_operation_is_reported_once_as_a_line_that_parses_back() -> None:
     origin, peer = _agents(peer_busy=False)
-    loop = _loop(origin, peer, [sig.Hist(BOUNDS, (0, 0, 0, 0), 0, 0.0)] * 2)
+    loop = _loop(origin, peer, [_slow(1), _slow(1)])
     lines = loop.tick()
     ops = [o for o in map(scaling_loop.parse_op_line, lines) if o is not None]
     assert [o["op"] for o in ops] == [k for k, _ in origin.calls] == ["replicate"]

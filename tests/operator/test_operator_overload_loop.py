@@ -12,6 +12,10 @@ The first operator is stopped in the middle of a drop (after the donor shifted, 
 the head did: the head whole and paused, a stage of its replica on the donor's agent);
 a new operator, with nothing in memory, converges from what the agents report
 (`OverloadConverged`), and every request of that burst still completes.
+
+The gateway runs with API keys on and an admin token (`gateway_process`): the requests
+carry a user's key, the operator's pulls of `/admin/v1/load` carry its admin token
+(`gateway_admin_token`), without which the gateway answers 401.
 """
 
 from __future__ import annotations
@@ -92,13 +96,22 @@ class Mirror:
         self._thread.join(5)
 
 
+API_KEY, ADMIN_TOKEN = "sk-loops", "adm-loops"  # a user's key; the operator's token
+
+
 @pytest.fixture
 def gateway_process() -> Iterator[Callable[..., str]]:
-    """`start(routes_file, model_path)`: a `tessera gateway` process; returns its URL."""
+    """`start(routes_file, model_path, keys=False)`: a `tessera gateway` process (with
+    `keys`: API keys on, `API_KEY`, and the operator's `ADMIN_TOKEN`); returns its URL."""
     procs: list[subprocess.Popen[str]] = []
 
-    def start(routes: Path, model: Path) -> str:
+    def start(routes: Path, model: Path, keys: bool = False) -> str:
         cmd = [sys.executable, "-m", "tessera.cli.main", "gateway", "--routes", str(routes)]
+        if keys:
+            (routes.parent / "api-keys").write_text(f"loops {API_KEY}\n")
+            (routes.parent / "admin-token").write_text(f"{ADMIN_TOKEN}\n")
+            cmd += ["--api-keys-file", str(routes.parent / "api-keys")]
+            cmd += ["--admin-token-file", str(routes.parent / "admin-token")]
         cmd += ["--model-name", "tiny-llama", "--model-path", str(model)]
         cmd += ["--port", "0", "--poll-interval", "0.2"]
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -132,7 +145,8 @@ async def _burst(url: str, n: int, new: int = NEW, strict: bool = True) -> list[
             "temperature": 0,
             "ignore_eos": True,
         }
-        async with session.post(url + "/v1/completions", json=body) as r:
+        auth = {"Authorization": f"Bearer {API_KEY}"}
+        async with session.post(url + "/v1/completions", json=body, headers=auth) as r:
             if not strict and r.status != 200:
                 return ""
             assert r.status == 200, await r.text()
@@ -183,7 +197,7 @@ def test_operator_drops_and_restores_and_survives_a_restart_mid_drop(
     procs = agents_factory(2)
     routes = tmp_path / "routes.json"
     routes.write_text('{"replicas": []}')
-    url = gateway_process(routes, tiny_llama)
+    url = gateway_process(routes, tiny_llama, keys=True)
     doc = manifest("ovl", tiny_llama, WHOLE)
     doc["spec"]["layout"]["kvCacheBytes"] = 1 << 20  # 8 pages of 16 tokens per replica
     doc["spec"]["policies"] = {"overload": {"enabled": True}}
@@ -198,7 +212,12 @@ def test_operator_drops_and_restores_and_survives_a_restart_mid_drop(
                 await asyncio.sleep(0.05)
             raise RuntimeError("operator stopped mid-drop")
 
-    first = start_operator(refs(procs), overload_step_hook=crash_mid_drop, gateway_admin_url=url)
+    first = start_operator(
+        refs(procs),
+        overload_step_hook=crash_mid_drop,
+        gateway_admin_url=url,
+        gateway_admin_token=ADMIN_TOKEN,
+    )
     custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, doc)
     wait_for("Ready=True", lambda: ready(kube, "ovl"), timeout=180)
     mirror = Mirror(kube, "ovl", routes)
@@ -222,7 +241,8 @@ def test_operator_drops_and_restores_and_survives_a_restart_mid_drop(
         held = blocks(procs[0]) + blocks(procs[1])
         later = [b for b in held if b[1] == 1]  # the donor shifted, the head did not
         assert len(later) == 1 and (later[0][0], 0, 0, 8) in held and later[0][2:] == (4, 8), held
-        start_operator(refs(procs), gateway_admin_url=url)  # nothing in memory
+        # nothing in memory
+        start_operator(refs(procs), gateway_admin_url=url, gateway_admin_token=ADMIN_TOKEN)
         t1.join(300)
         assert got1 and got1[0] == [want[i % 3] for i in range(8)]
         wait_for("converged", lambda: "OverloadConverged" in dict(events(kube, "ovl")), 60)

@@ -181,6 +181,7 @@ def test_gateway_mounts_its_certificate_and_api_keys() -> None:
         {
             "tlsSecretName": "tessera-gateway-tls",
             "apiKeysSecretName": "keys",
+            "adminTokenSecretName": "admin",
             "extraArgs": ["--max-n", "4"],
         }
     )
@@ -192,9 +193,10 @@ def test_gateway_mounts_its_certificate_and_api_keys() -> None:
     assert {e["name"]: e["value"] for e in c["env"]} == {
         "TESSERA_TLS_DIR": "/var/run/tessera/tls",
         "TESSERA_API_KEYS_FILE": "/var/run/tessera/api-keys/keys",
+        "TESSERA_ADMIN_TOKEN_FILE": "/var/run/tessera/admin-token/token",
     }
     secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
-    assert secrets == {"tls": "tessera-gateway-tls", "api-keys": "keys"}
+    assert secrets == {"tls": "tessera-gateway-tls", "api-keys": "keys", "admin-token": "admin"}
     plain = gateway_objects.deployment(
         DEP, owner, config.GatewayTemplate(), "/models/tiny", "/models"
     )

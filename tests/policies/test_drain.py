@@ -68,6 +68,18 @@ def test_less_loaded_survivor_wins_ties_by_id() -> None:
     assert drain.decide([req], twins, _cfg(0.0)).moves[0].target == "y"
 
 
+def test_a_request_with_no_token_yet_moves_at_once_with_nothing_copied() -> None:
+    """Queued on a leaving replica (an overload drop's donor): it would wait for the
+    replica's whole queue; it goes to the least loaded survivor even with no free page."""
+    queued = drain.InFlight("q", "donor", tokens=40, remaining=24, started=False)
+    short = drain.InFlight("s", "donor", tokens=40, remaining=2, tokens_per_s=50.0)
+    full = [drain.Survivor("head", 0, 16, in_flight=3), drain.Survivor("other", 0, 16, 1)]
+    d = drain.decide([queued, short], full, _cfg())
+    assert d.moves == (drain.Move("q", "donor", "other", 0),) and d.drain == ("s",)
+    # no survivor at all: it waits where it is
+    assert drain.decide([queued], [], _cfg()).drain == ("q",)
+
+
 def test_bad_inputs_are_rejected_with_the_field() -> None:
     with pytest.raises(ValueError, match="deadline_s"):
         drain.DrainConfig(deadline_s=-1, elapsed_s=0)

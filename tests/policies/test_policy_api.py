@@ -51,6 +51,7 @@ def test_policies_parse_with_values_and_defaults() -> None:
         ({"scaling": {"upIdleFraction": 1.0}}, "spec.policies.scaling.upIdleFraction", "[0, 1)"),
         ({"scaling": {"downViolationRate": -0.1}}, "spec.policies.scaling.downViolationRate", ""),
         ({"scaling": {"batchStep": 0}}, "spec.policies.scaling.batchStep", ""),
+        ({"scaling": {"evictAfterSeconds": 0}}, "spec.policies.scaling.evictAfterSeconds", "> 0"),
     ],
 )
 def test_bad_policy_fields_name_field_and_reason(
@@ -73,6 +74,7 @@ def test_crd_defaults_match_the_dataclasses() -> None:
             "downViolationRate": "down_violation_rate",
             "batchStep": "batch_step",
             "maxMigrations": "max_migrations",
+            "evictAfterSeconds": "evict_after_seconds",
         },
     }
     for section, keys in names.items():

@@ -90,6 +90,9 @@ def register(sub: Any) -> None:
         help="checkpoint reads take at least bytes / this many bytes per second, as from a "
         "cluster's network storage (default: $TESSERA_STORAGE_BYTES_PER_S; 0: unthrottled)",
     )
+    p.add_argument(  # tests: an operator killed while a replication is in flight
+        "--run-load-delay", type=float, default=0.0, help=argparse.SUPPRESS
+    )
     p.add_argument(
         "--host-cache",
         default=os.environ.get("TESSERA_HOST_CACHE", "0"),
@@ -178,6 +181,7 @@ def _run(args: argparse.Namespace) -> int:
         cobatch_linger_s=args.cobatch_linger_ms / 1000 if args.cobatch_linger_ms >= 0 else -1.0,
         pipeline_microbatches=args.pipeline_microbatches,
         storage_bytes_per_s=args.storage_bandwidth,
+        run_load_delay_s=args.run_load_delay,
         host_cache_bytes=_host_cache_bytes(args.host_cache),
         cost_profile=args.cost_profile,
         compile_cache=args.compile_cache,

@@ -1,9 +1,9 @@
 """The cluster a `tessera bench ... --via operator` run serves through, in one process.
 
-`Cluster` starts the gateway (`tessera.gateway.server`, in the caller's event loop,
+`Cluster` starts, each as its own process as on a cluster, the gateway (`tessera gateway`,
 reading a routes file), the test API server (KMock, a dev dependency) and the operator
-(in threads; `OperatorConfig` from the agents given and the caller's extra fields, the
-gateway's admin URL filled in, the checkpoint's folder the allowed model root, hostPath
+(`tessera operator` against it: the agents given, the caller's tick and resync periods,
+the gateway's admin URL, the checkpoint's folder the allowed model root, hostPath
 allowed), creates one ServingDeployment, waits for it Ready, mirrors
 its routes ConfigMap into the gateway's routes file (the kubelet's part) and waits for the
 gateway to route its replicas. Then the caller streams greedy requests to the gateway
@@ -16,6 +16,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -123,6 +127,43 @@ class Event(NamedTuple):
     time: str  # RFC 3339
 
 
+def _spawn(cmd: list[str], pattern: str, what: str) -> tuple[subprocess.Popen[str], str]:
+    """Start `cmd` (its stdin a pipe: closing it, or this process dying, ends the API
+    server's child) and return it with the URL its output names (`pattern`'s group 1);
+    its output is drained in a thread from then on."""
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    seen: list[str] = []
+    out = proc.stdout
+    for line in out:
+        seen.append(line)
+        m = re.search(pattern, line)
+        if m:
+            threading.Thread(target=lambda: sum(1 for _ in out), daemon=True).start()
+            return proc, m.group(1)
+    raise RuntimeError(f"{what} exited: " + "".join(seen[-20:]))
+
+
+# the test API server (KMock) as its own process, until its stdin closes
+_API = (
+    "import sys; from tessera_operator.testing import background as b; "
+    "s = b.ApiServerThread().start(); print('api server at', s.url, flush=True); "
+    "sys.stdin.read(); s.stop()"
+)
+_FLAGS = {
+    "resync_seconds": "--resync",
+    "overload_tick_seconds": "--overload-tick",
+    "scaling_tick_seconds": "--scaling-tick",
+}
+
+
 class Cluster:
     """`async with Cluster(...) as c:` (module docstring); `c.s` is the HTTP session,
     `c.gateway` the gateway's URL."""
@@ -134,48 +175,47 @@ class Cluster:
         manifest: dict[str, Any],
         work: Path,
         replicas: int,
-        **operator: Any,
+        **operator: float,
     ) -> None:
+        unknown = set(operator) - set(_FLAGS)
+        if unknown:
+            raise ValueError(f"operator settings not passed on: {sorted(unknown)}")
         self.agents, self.model, self.manifest, self.work = agents, model, manifest, work
         self.replicas, self.operator = replicas, operator
         self.name: str = manifest["metadata"]["name"]
         self._stop = asyncio.Event()
+        self._procs: list[subprocess.Popen[str]] = []
 
     async def __aenter__(self) -> Cluster:
-        from tessera.gateway import config as gw_config
-        from tessera.gateway import server as gw_server
-        from tessera.policies import admission
-        from tessera_operator import agents as op_agents
-        from tessera_operator import config as op_config
-        from tessera_operator.testing import background
-
         routes = self.work / "routes.json"
         routes.write_text('{"replicas": []}')
-        self._gw = await gw_server.start_gateway(
-            gw_config.GatewayConfig(
-                model_name="tiny-llama",
-                model_path=str(self.model),
-                port=0,
-                routes_file=str(routes),
-                poll_interval_s=0.2,
-            )
-        )
-        self.gateway: str = self._gw.url
-        self._srv = background.ApiServerThread().start()
-        self.api: str = self._srv.url
-        refs = tuple(op_agents.AgentRef(f"agent-{i}", a.address) for i, a in enumerate(self.agents))
-        # the checkpoint lies in a temporary folder (the model root), mounted as a hostPath
-        roots = admission.Limits((str(self.model.parent.resolve()),), allow_host_path=True)
-        cfg = op_config.OperatorConfig(
-            agents=refs,
-            api_server=self.api,
-            gateway_admin_url=self.gateway,
-            **({"admission": roots} | self.operator),
-        )
-        self._op = await asyncio.to_thread(lambda: background.OperatorThread(cfg).start())
-        self.s = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900))
-        self.url = f"{self.api}/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}/{self.name}"
+        main = [sys.executable, "-m", "tessera.cli.main"]
         try:
+            gw_cmd = [*main, "gateway", "--routes", str(routes), "--model-name", "tiny-llama"]
+            gw_cmd += ["--model-path", str(self.model), "--port", "0", "--poll-interval", "0.2"]
+            gw, self.gateway = await asyncio.to_thread(
+                _spawn, gw_cmd, r"gateway listening on (http://\S+)", "the gateway"
+            )
+            self._procs.append(gw)
+            api, self.api = await asyncio.to_thread(
+                _spawn, [sys.executable, "-c", _API], r"api server at (\S+)", "the API server"
+            )
+            self._procs.append(api)
+            # the checkpoint lies in a temporary folder (the model root), mounted as a hostPath
+            cmd = [*main, "operator", "--api-server", self.api, "-n", "default", "--quiet"]
+            cmd += ["--gateway-admin-url", self.gateway, "--allow-host-path"]
+            cmd += ["--allowed-model-root", str(self.model.parent.resolve())]
+            for i, a in enumerate(self.agents):
+                cmd += ["--agent", f"agent-{i}={a.address}"]
+            for key, value in self.operator.items():
+                cmd += [_FLAGS[key], str(value)]
+            self._procs.append(
+                subprocess.Popen(
+                    cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, text=True
+                )
+            )
+            self.s = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900))
+            self.url = f"{self.api}/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}/{self.name}"
             async with self.s.post(self.url.rsplit("/", 1)[0], json=self.manifest) as r:
                 r.raise_for_status()
 
@@ -205,10 +245,17 @@ class Cluster:
         self._stop.set()
         if hasattr(self, "_mirror"):
             await self._mirror
-        await self.s.close()
-        await asyncio.to_thread(self._op.stop, 60)
-        self._srv.stop()
-        await self._gw.stop()
+        if hasattr(self, "s"):
+            await self.s.close()
+        for p in reversed(self._procs):  # the operator first, the gateway last
+            if p.stdin is not None:
+                p.stdin.close()
+            p.terminate()
+        for p in self._procs:
+            try:
+                await asyncio.to_thread(p.wait, 60)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
     async def deployment(self) -> dict[str, Any]:
         return await get(self.s, self.url) or {}

@@ -7,15 +7,19 @@ gateway, to which every request is streamed (greedy, token ids as the prompt).
 
 - load sweep: at each offered load (Poisson arrivals, req/s) the same requests with
   `spec.policies.scaling.enabled` false (no layer run), then true (the operator's loop
-  replicates onto the idle agent: the bench keeps 4 requests running, as Algorithm 1
-  gains nothing for a batch of one, until `status.scaling.layerRuns` lists a run); turned
-  off again, the loop evicts the runs. Request latency is the gateway's, sent to last token.
+  replicates onto the idle agent, which it does only under a TPOT violation: the bench
+  sets `tpotP99Ms` 1 ms and keeps 4 requests running, as Algorithm 1 gains nothing for a
+  batch of one, until `status.scaling.layerRuns` lists a run, then sets `--tpot-ms`
+  again; `evictAfterSeconds` is an hour, so the run stays while the load is measured);
+  turned off again, the loop evicts the runs. Request latency is the gateway's, sent to
+  last token.
 - op table: every agent operation the operator's loop applied, read back from its
   `ModuleScaling` events (`scaling_loop.op_line`: the agent's own `ScalingOpReply`).
   The loop chooses the sizes, not the bench. Migration is Algorithm 2's first phase: with
-  no run placed and requests running, the bench turns the policy on with
-  `spec.slo.tpotP99Ms` 1 ms (every gap violates) and waits `--migrate-wait-s` for the
-  loop to migrate; when it does not, the reason (the loop's own line) is reported.
+  no run placed and one request at a time running (Algorithm 1, which the loop tries
+  first under a violation, gains nothing for a batch of one), the bench turns the policy
+  on with `spec.slo.tpotP99Ms` 1 ms (every gap violates) and waits `--migrate-wait-s` for
+  the loop to migrate; when it does not, the reason (the loop's own line) is reported.
 
 Output: the parts `bench_scaling.run` reports. Caller: `bench_scaling.run`.
 """
@@ -55,7 +59,8 @@ def manifest(model: Path, tpot_ms: float) -> dict[str, Any]:
                 "replicas": [{"name": "r0", "stages": stages}],
             },
             "slo": {"tpotP99Ms": tpot_ms},
-            "policies": {"scaling": {"enabled": False}},
+            # the runs stay while a load is measured; turning the policy off evicts them
+            "policies": {"scaling": {"enabled": False, "evictAfterSeconds": 3600}},
         },
     }
 
@@ -70,10 +75,11 @@ async def _set(
 ) -> None:
     """Turn the policy on or off and, unless `runs` is None, wait (with requests running:
     Algorithm 1 replicates only for a batch of more than one) until layer runs are (or
-    are not) reported."""
+    are not) reported. The loop replicates only under a TPOT violation: runs are placed
+    under `tpotP99Ms` 1 ms (every gap misses it), then the target goes back to `tpot_ms`."""
     spec: dict[str, Any] = {"policies": {"scaling": {"enabled": enabled}}}
-    if tpot_ms is not None:
-        spec["slo"] = {"tpotP99Ms": tpot_ms}
+    if tpot_ms is not None or runs:
+        spec["slo"] = {"tpotP99Ms": 1 if runs else tpot_ms}
     await c.patch({"spec": spec})
     if runs is None:
         return
@@ -83,18 +89,20 @@ async def _set(
 
     async with _traffic(c):
         await h.wait("layer runs placed" if runs else "layer runs evicted", settled, timeout=120)
+    if runs and tpot_ms is not None:
+        await c.patch({"spec": {"slo": {"tpotP99Ms": tpot_ms}}})
 
 
 @contextlib.asynccontextmanager
-async def _traffic(c: h.Cluster) -> AsyncIterator[None]:
-    """Requests kept running on the replica (4 at a time) while the body runs."""
+async def _traffic(c: h.Cluster, n: int = 4) -> AsyncIterator[None]:
+    """Requests kept running on the replica (`n` at a time) while the body runs."""
     stop = asyncio.Event()
 
     async def loop() -> None:
         seed = 1000
         while not stop.is_set():
             seed += 1
-            await _load(c, 50.0, 4, 32, seed)
+            await _load(c, 50.0, n, 32, seed)
 
     t = asyncio.create_task(loop())
     try:
@@ -169,7 +177,7 @@ async def _bench(
             for policy in ("off", "on"):
                 seen = {e.name for e in await c.events()}
                 if policy == "on":
-                    await _set(c, True, runs=True)
+                    await _set(c, True, runs=True, tpot_ms=args.tpot_ms)
                 rs, wall = await _load(c, load, args.requests, args.tokens, args.seed)
                 lost += sum(not r.done for r in rs)
                 lat = sorted(r.last - r.sent for r in rs if r.last is not None)
@@ -219,7 +227,7 @@ async def _migrate(c: h.Cluster, args: argparse.Namespace) -> tuple[bool, str]:
     the new loop's first window (the histogram since the gateway started) violates."""
     seen = {e.name for e in await c.events()}
     lines: list[str] = []
-    async with _traffic(c):
+    async with _traffic(c, n=1):  # a batch of one: Algorithm 1 gains nothing, Algorithm 2 acts
         await asyncio.sleep(1.0)
         await _set(c, True, runs=None, tpot_ms=1)
         deadline = time.monotonic() + args.migrate_wait_s

@@ -45,6 +45,12 @@ def register(sub: Any) -> None:
         default=os.environ.get("TESSERA_API_KEYS_FILE", ""),
         help="accepted API keys, one per line (KEY or NAME KEY); unset: no authentication",
     )
+    p.add_argument(
+        "--admin-token-file",
+        default=os.environ.get("TESSERA_ADMIN_TOKEN_FILE", ""),
+        help="the operator's token for /admin/ (its first line); with API keys on and none "
+        "given, /admin/ answers 403",
+    )
     p.add_argument("--max-body-bytes", type=int, default=2 << 20)
     p.add_argument("--max-prompt-tokens", type=int, default=0, help="0: the model's context")
     p.add_argument("--max-tokens-limit", type=int, default=0, help="largest max_tokens (0: any)")
@@ -98,6 +104,7 @@ def _run(args: argparse.Namespace) -> int:
             poll_interval_s=args.poll_interval,
             max_body_bytes=args.max_body_bytes,
             api_keys_file=args.api_keys_file,
+            admin_token_file=args.admin_token_file,
             kv_dispatch=not args.no_kv_dispatch,
             generate_mux=(
                 config.generate_mux_from(os.environ)

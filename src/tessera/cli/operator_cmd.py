@@ -83,6 +83,12 @@ def register(sub: Any) -> None:
         "{name} filled (default: the gateway Service)",
     )
     p.add_argument(
+        "--gateway-admin-token-file",
+        default=_env("TESSERA_GATEWAY_ADMIN_TOKEN_FILE"),
+        help="the gateways' admin token (first line), sent on every pull of /admin/ and "
+        "/metrics (the gateway's --admin-token-file; env TESSERA_GATEWAY_ADMIN_TOKEN_FILE)",
+    )
+    p.add_argument(
         "--model-root",
         default=_env("TESSERA_MODEL_ROOT", "/models"),
         help="where PVC checkpoints are mounted (env TESSERA_MODEL_ROOT)",
@@ -145,6 +151,14 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_run)
 
 
+def _token(path: str) -> str:
+    """The first non-empty line of `path` ("" when no path); OSError if unreadable."""
+    if not path:
+        return ""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return next((x.strip() for x in lines if x.strip()), "")
+
+
 def build_config(args: argparse.Namespace) -> Any:
     """The validated `OperatorConfig` of the parsed flags."""
     import yaml
@@ -178,6 +192,7 @@ def build_config(args: argparse.Namespace) -> Any:
         overload_tick_seconds=args.overload_tick,
         scaling_tick_seconds=args.scaling_tick,
         gateway_admin_url=args.gateway_admin_url,
+        gateway_admin_token=_token(args.gateway_admin_token_file),
         model_root=args.model_root,
         admission=admission.Limits(
             tuple(r.strip() for r in args.allowed_model_root) or (args.model_root,),

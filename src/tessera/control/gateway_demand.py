@@ -76,7 +76,7 @@ async def fetch(base_url: str, token: str = "") -> Demand:
                 if r.status != 200:
                     raise ValueError(f"GET {url}{gateway_load.LOAD_PATH}: HTTP {r.status}")
                 doc = await r.json(content_type=None)
-            async with s.get(url + "/metrics") as r:
+            async with s.get(url + "/metrics", headers=headers) as r:
                 text = await r.text() if r.status == 200 else ""
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise ValueError(f"GET {url}: {exc!r}") from exc

@@ -3,7 +3,9 @@
 The module-scaling loop's SLO signal is the gateway's
 `tessera_gateway_inter_token_latency_seconds` histogram (cumulative buckets); the loop
 takes the window between two reads (`policies.scaling_signal.window`). Pulled each tick,
-as the overload loop pulls `/admin/v1/load` (`gateway_load` says why). Input: the URL.
+as the overload loop pulls `/admin/v1/load` (`gateway_load` says why). Input: the URL
+and the admin token (`/metrics` is open to Prometheus, but the pull carries the token
+as every pull of the operator does).
 Output: `scaling_signal.Hist`. Caller: `tessera_operator.scaling_tick`.
 """
 
@@ -27,11 +29,13 @@ def parse(text: str) -> sig.Hist:
     raise ValueError(f"no {ITL} histogram")
 
 
-async def fetch(url: str) -> sig.Hist:
-    """GET and parse; ValueError saying why it could not be read."""
+async def fetch(url: str, token: str = "") -> sig.Hist:
+    """GET and parse; ValueError saying why it could not be read. `token`: the gateway's
+    admin token (sent as a bearer token when set)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url) as r:
+        async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url, headers=headers) as r:
             if r.status != 200:
                 raise ValueError(f"GET {url}: HTTP {r.status}")
             text = await r.text()

@@ -10,11 +10,13 @@ it: the loop owns the timing (a tick reads one fresh snapshot, never a stale pus
 gateway needs no address of its controller, and the same pull reads `/arrivals` for the
 switching loop. Input: the URL; an optional bearer token (the admin endpoints' own, not a
 user's API key). Output: replica id -> the calls, `Call`s in that order. Caller:
-`tessera_operator.overload_loop`.
+`tessera_operator.overload_loop`, which also waits with `wait_unrouted` (`GET
+/admin/v1/routes`) until the gateway routes none of a drop's donors before draining them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +24,9 @@ from dataclasses import dataclass
 import aiohttp
 
 LOAD_PATH = "/admin/v1/load"
+ROUTES_PATH = "/admin/v1/routes"
 TIMEOUT_S = 2.0
+ROUTES_WAIT_S = 10.0  # how long a drop waits for the gateway to stop routing its donors
 
 
 @dataclass(frozen=True)
@@ -73,3 +77,27 @@ async def fetch(url: str, token: str = "") -> dict[str, tuple[Call, ...]]:
         return parse(doc)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"GET {url}: {exc}") from exc
+
+
+async def wait_unrouted(
+    url: str, replicas: Sequence[str], token: str = "", timeout_s: float = ROUTES_WAIT_S
+) -> float | None:
+    """Poll the gateway's `GET /admin/v1/routes` (`url`) until it routes none of
+    `replicas`; the seconds that took, or None when it still did after `timeout_s` (or
+    could not be read)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=timeout) as s:
+        while loop.time() - start < timeout_s:
+            try:
+                async with s.get(url, headers=headers) as r:
+                    doc = await r.json(content_type=None) if r.status == 200 else {}
+            except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
+                doc = {}
+            routed = doc.get("replicas") if isinstance(doc, dict) else None
+            if isinstance(routed, list) and not set(replicas) & set(map(str, routed)):
+                return loop.time() - start
+            await asyncio.sleep(0.05)
+    return None

@@ -153,6 +153,7 @@ class OverloadLoop:
                 )
             except overload_driver.DriveError as exc:
                 out.events.append(Event("Warning", "OverloadRestoreFailed", f"{g.head}: {exc}"))
+                self.taken_over = False  # the head may be left paused: the next tick resumes it
                 continue
             out.acted, out.restores = True, out.restores + 1
             out.paused_s += rep.paused_s
@@ -182,6 +183,7 @@ class OverloadLoop:
             except overload_driver.DriveError as exc:
                 out.events.append(Event("Warning", "OverloadDropFailed", f"{group.members}: {exc}"))
                 out.acted = True  # some steps may have run: the next tick converges
+                self.taken_over = False  # and resumes a head left paused
                 continue
             out.acted, out.drops = True, out.drops + 1
             out.paused_s += rep.paused_s

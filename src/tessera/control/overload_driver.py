@@ -65,6 +65,10 @@ class Driver:
         self.timeout_s, self.drain_poll_s = timeout_s, drain_poll_s
         self._channels: dict[str, grpc.aio.Channel] = {}
 
+    def stub(self, address: str) -> pb_grpc.AgentStub:
+        """The agent at `address` over the driver's one channel to it (kept until `close`)."""
+        return self._stub(address)
+
     def _stub(self, address: str) -> pb_grpc.AgentStub:
         if address not in self._channels:
             self._channels[address] = transport.channel(address)

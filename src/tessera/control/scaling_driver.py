@@ -1,17 +1,19 @@
 """A thin driver of module-level scaling for one replica stage: observe, decide, apply.
 
 Observes the agents (`Describe`): a device's idle share is 1 when nothing runs on its
-agent (no running request on a replica it leads, no layer run held for another) and 0
-otherwise — the only idle signal a CPU agent reports today; free memory comes from the
-device's booking; gamma (Eq. 4) is measured from the runs it made (`measure_gamma`:
-a replica's seconds per token at a run against the origin's) and, until a peer's link
-is given, sets the link term of the next decisions. Decides with the pure policy
-(`module_scaling.scale_up` / `scale_down`, turned into layer-run operations by
-`run_plan`), and applies the operations with the origin agent's `ScalingReplicate` /
-`ScalingMigrate` / `ScalingEvict`, and Algorithm 2's batch cut with the leader's
-`ScalingBatchLimit` (`restore_batch` lifts it). Keeps the modelled placement it applied.
-Used by `tessera bench scaling` and by the periodic loop of `tessera up`
-(`scaling_loop.ScalingLoop`, which decides when to call `tick_up` / `tick_down`).
+agent (no running request on a replica it leads, no layer run held for another, none
+being replicated onto it: the origin's `scaling_pending`) and 0 otherwise — the only
+idle signal a CPU agent reports today; free memory comes from the device's booking;
+gamma (Eq. 4) is measured from the runs it made (`measure_gamma`: a replica's seconds
+per token at a run against the origin's) and, until a peer's link is given, sets the
+link term of the next decisions. Decides with the pure policy (`module_scaling.scale_up`
+/ `scale_down`, turned into layer-run operations by `run_plan`), and applies the
+operations with the origin agent's `ScalingReplicate` / `ScalingMigrate` /
+`ScalingEvict`, and Algorithm 2's batch cut with the leader's `ScalingBatchLimit`
+(`restore_batch` lifts it). Keeps the modelled placement it applied, which `adopt`
+resets to what the agents report (runs placed and replications in flight). Used by
+`tessera bench scaling` and by the periodic loop (`scaling_loop.ScalingLoop`, which
+decides when to call `tick_up` / `tick_down`).
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ class ScalingDriver:
         self.state = sp.Placement.initial(self.origin.name, self.num_layers)
         self._migrated: set[int] = set()  # layers whose origin copy migrated away
 
+    @property
+    def replicated(self) -> bool:
+        """Some layer of the replica has a replica placed (as the driver last saw it)."""
+        return any(self.state.replicas)
+
     def measure_gamma(self) -> float | None:
         """gamma from the runs' measured speeds: a replica's seconds per token at a run
         minus the origin's (same compute, so the rest is the hidden states' round trip),
@@ -99,11 +106,34 @@ class ScalingDriver:
             stub = self._stubs[address] = pb_grpc.AgentStub(transport.sync_channel(address))
         return stub
 
+    def _pending(self, d: pb.DescribeReply) -> list[tuple[pb.ScalingPending, str]]:
+        """This stage's replications in flight that the origin reports (`d`), each with
+        its target's device name (a target that is none of the peers is skipped)."""
+        out = []
+        for p in d.scaling_pending:
+            if p.replica_id != self.replica_id or p.stage_index != self.stage_index:
+                continue
+            peer = next(
+                (
+                    x
+                    for x in self.peers
+                    if x.address == p.target_address
+                    and (not p.target_device or x.device == p.target_device)
+                ),
+                None,
+            )
+            if peer is not None:
+                out.append((p, peer.name))
+        return out
+
     def observe(self) -> dict[str, sp.Device]:
         out: dict[str, sp.Device] = {}
+        loading: set[str] = set()  # targets of replications in flight: not idle
         for p in (self.origin, *self.peers):
             d = self._stub(p.address).Describe(pb.DescribeRequest(), timeout=10.0)
-            busy = any(k.running for k in d.kv) or bool(d.scaling_hosted)
+            if p is self.origin:
+                loading = {name for _, name in self._pending(d)}
+            busy = any(k.running for k in d.kv) or bool(d.scaling_hosted) or p.name in loading
             free = next((x.free_bytes for x in d.devices if x.id == p.device), 0)
             idle = 0.0 if busy else 1.0
             out[p.name] = sp.Device(p.name, p.capacity, self._bandwidth(p), free, idle)
@@ -143,8 +173,9 @@ class ScalingDriver:
 
     def adopt(self, d: pb.DescribeReply) -> int:
         """Take the runs the origin reports for this replica as this driver's placement
-        (a new loop, e.g. a restarted operator, finds the runs an earlier one placed):
-        level-triggered, so it neither replicates them again nor forgets to evict them.
+        (a new loop, e.g. a restarted operator, finds the runs an earlier one placed), and
+        its replications in flight (`scaling_pending`: an operator killed in the middle of
+        one): level-triggered, so it neither replicates them again nor forgets to evict them.
         Returns the layer replicas adopted."""
         state = sp.Placement.initial(self.origin.name, self.num_layers)
         for run in d.scaling_runs:
@@ -156,6 +187,10 @@ class ScalingDriver:
                 for layer in range(run.layer_start, min(run.layer_end, self.num_layers)):
                     if h.name not in state.replicas[layer]:
                         state = state.add(layer, h.name)
+        for p, name in self._pending(d):  # in flight: placed, as far as deciding goes
+            for layer in range(p.layer_start, min(p.layer_end, self.num_layers)):
+                if name not in state.replicas[layer] and name != self.origin.name:
+                    state = state.add(layer, name)
         self.state = state
         return sum(len(r) for r in state.replicas)
 

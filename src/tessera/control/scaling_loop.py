@@ -8,13 +8,16 @@ in the operator (`tessera_operator/scaling_tick.py`: the gateway's histogram pul
 `GET /metrics`, the lines written as `ModuleScaling` events).
 
 Each `tick`: read the gateway's histogram (`itl`), take the window since the last tick
-(`policies.scaling_signal.window`) and decide (`scaling_signal.decide`); then, for each
-replica whose single stage an agent leads (the driver's runs are of one stage: pipelined
-and tensor-parallel replicas are skipped), its `scaling_driver.ScalingDriver` (made once,
-the other agents as peers; one layer's bytes from the leader's block) runs
-`tick_down` (Algorithm 2: migrate, evict, cut the batch; the window's mean gap is the step
-time, the TPOT target its budget, the batch the replica's running requests up to its cap),
-`restore_batch`, or `measure_gamma` then `tick_up` (Algorithm 1). A failing replica is
+(`policies.scaling_signal.window`) and how long no window has violated (`calm_for`);
+observe once (one `Describe` per agent: each replica whose single stage an agent leads
+gets its `scaling_driver.ScalingDriver`, made once with the other agents as peers and
+re-adopting every tick the runs its leader reports; pipelined and tensor-parallel
+replicas are skipped, the driver's runs being of one stage); decide
+(`scaling_signal.decide`); then per replica: "up" runs `measure_gamma` and `tick_up`
+(Algorithm 1) and, when that places nothing, `tick_down` (Algorithm 2: migrate, evict,
+cut the batch; the window's mean gap is the step time, the TPOT target its budget, the
+batch the replica's running requests up to its cap); "restore" lifts a batch cut;
+"evict" evicts the replica's layer replicas (`evict_all`). A failing replica is
 reported and the loop goes on. Returns one line per action; `run` calls it in a thread.
 Every agent operation a tick (or an eviction) applied adds one `op_line` (its
 `ScalingOpReply`: seconds, pause, bytes), which `parse_op_line` reads back (the operator
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -92,12 +96,15 @@ class ScalingLoop:
         hidden: int,
         itl: Callable[[], sig.Hist],
         min_gaps: int = 8,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cfg, self.target_s, self.agents = cfg, tpot_target_s, list(agents)
-        self.hidden, self.itl, self.min_gaps = hidden, itl, min_gaps
+        self.hidden, self.itl, self.min_gaps, self.clock = hidden, itl, min_gaps, clock
         self.drivers: dict[str, sd.ScalingDriver] = {}
         self._stubs: dict[str, pb_grpc.AgentStub] = {}
         self._prev: sig.Hist | None = None
+        self._last_t: float | None = None
+        self.calm_s = 0.0  # seconds no window violated (`scaling_signal.calm_for`)
         self._reported: dict[str, int] = {}  # replica -> its driver's ops already reported
         self.ticks = 0
 
@@ -180,33 +187,56 @@ class ScalingLoop:
 
     def tick(self) -> list[str]:
         """One pass (module docstring); the lines say what was done."""
-        now = self.itl()
+        now, t = self.itl(), self.clock()
         w = sig.window(self._prev, now, self.target_s)
-        self._prev = now
+        elapsed = t - self._last_t if self._last_t is not None else 0.0
+        self._prev, self._last_t = now, t
+        self.calm_s = sig.calm_for(self.calm_s, w, self.cfg, elapsed)
         self.ticks += 1
-        capped = any(d.batch_cap is not None for d in self.drivers.values())
-        decision = sig.decide(w, self.cfg, self.target_s, capped, self.min_gaps)
-        if decision.kind == "none":
+        if not self.cfg.enabled:
             return []
         out: list[str] = []
+        found = self._observe(out)
+        capped = any(d.batch_cap is not None for d in self.drivers.values())
+        replicated = any(d.replicated for d in self.drivers.values())
+        decision = sig.decide(
+            w, self.cfg, self.target_s, capped, self.min_gaps, self.calm_s, replicated
+        )
+        for d, b, kv in found:
+            try:
+                out += self._act(decision, w, d, b, kv)
+            except Exception as exc:  # one replica's failure must not stop the loop
+                out.append(f"module scaling of {b.replica_id} failed: {exc!r}")
+        return out + self._op_lines()
+
+    def _observe(
+        self, out: list[str]
+    ) -> list[tuple[sd.ScalingDriver, pb.BlockInfo, pb.ReplicaKV | None]]:
+        """One `Describe` per agent: each replica the loop drives, its driver having
+        adopted the runs its leader reports (level-triggered: a run an earlier loop
+        placed, or one that finished after an operator died, is known; one evicted by
+        anybody is forgotten). Drivers of replicas no agent reports any more are dropped."""
+        found = []
         seen: set[str] = set()
         answered = True
         for a in self.agents:
             try:
                 desc = self._stub(a.address).Describe(pb.DescribeRequest(), timeout=10.0)
-                for b in desc.blocks:
-                    if b.stage_index != 0 or b.num_stages > 1 or b.tp_size > 1 or b.layer_start:
-                        continue
-                    seen.add(b.replica_id)
-                    kv = next((k for k in desc.kv if k.replica_id == b.replica_id), None)
-                    out += self._act(decision, w, self._driver(a, b, desc), b, kv)
             except Exception as exc:  # one agent's failure must not stop the loop
                 answered = False
                 out.append(f"module scaling on {a.agent} failed: {exc!r}")
-        out += self._op_lines()
+                continue
+            for b in desc.blocks:
+                if b.stage_index != 0 or b.num_stages > 1 or b.tp_size > 1 or b.layer_start:
+                    continue
+                seen.add(b.replica_id)
+                kv = next((k for k in desc.kv if k.replica_id == b.replica_id), None)
+                d = self._driver(a, b)
+                d.adopt(desc)
+                found.append((d, b, kv))
         if answered:  # replicas a transition removed: forget their drivers (and cuts)
             self.drivers = {r: d for r, d in self.drivers.items() if r in seen}
-        return out
+        return found
 
     def _act(
         self,
@@ -217,45 +247,61 @@ class ScalingLoop:
         kv: pb.ReplicaKV | None,
     ) -> list[str]:
         running = kv.running if kv is not None else 0
-        cap = kv.max_num_seqs if kv is not None and kv.max_num_seqs else running
         rid = b.replica_id
-        if decision.kind == "down":
-            batch = max(1, min(running, cap))
-            layer = d.replica_bytes
-            hosted: list[ms.Hosted] = []
-            owners: dict[str, tuple[sp.Placement, sp.Workload]] = {}
-            for o in self.drivers.values():  # other replicas' layer replicas on this device
-                if o is not d:
-                    mine, owners[o.replica_id] = o.hosted_on(d.origin.name, w.mean_s, batch)
-                    hosted += mine
-
-            def evict(a: ms.Evict) -> bool:
-                owner = self.drivers.get(a.owner)
-                return owner is not None and owner.evict_on(a.layer, a.device)
-
-            plan, ops = d.tick_down(
-                w.violation_rate, w.mean_s, self.target_s, layer, batch, hosted, owners, evict
-            )
-            lines = [f"{rid}: scale down ({decision.reason}): {plan.reason}"]
-            lines += [
-                f"{rid}: migrated layers {o.start}-{o.end} to {o.target}"
-                if o.op == "migrate"
-                else f"{rid}: evicted another replica's layer {o.start} from {o.holder}"
-                for o in ops
-            ]
-            if plan.batch_size < batch:
-                lines.append(f"{rid}: batch cut {batch} -> {plan.batch_size} sequences per step")
-            return lines
         if decision.kind == "restore":
             return [f"{rid}: batch cut lifted ({decision.reason})"] if d.restore_batch() else []
+        if decision.kind == "evict":
+            if not d.replicated:
+                return []
+            return [f"{rid}: evicted {d.evict_all()} layer replicas ({decision.reason})"]
+        if decision.kind != "up":
+            return []
         d.measure_gamma()
         plan_up = d.tick_up(batch=max(1, running))
-        if not plan_up.actions:
-            return []
-        return [
-            f"{rid}: replicated {len(plan_up.actions)} layers, modelled speedup "
-            f"{plan_up.speedup_before:.2f} -> {plan_up.speedup_after:.2f} (gamma {d.gamma:.2f})"
+        if plan_up.actions:
+            return [
+                f"{rid}: replicated {len(plan_up.actions)} layers ({decision.reason}), "
+                f"modelled speedup {plan_up.speedup_before:.2f} -> "
+                f"{plan_up.speedup_after:.2f} (gamma {d.gamma:.2f})"
+            ]
+        return self._down(decision, w, d, rid, kv)
+
+    def _down(
+        self,
+        decision: sig.Decision,
+        w: sig.Window,
+        d: sd.ScalingDriver,
+        rid: str,
+        kv: pb.ReplicaKV | None,
+    ) -> list[str]:
+        """Algorithm 2 for a violating replica that Algorithm 1 could not help."""
+        running = kv.running if kv is not None else 0
+        cap = kv.max_num_seqs if kv is not None and kv.max_num_seqs else running
+        batch = max(1, min(running, cap))
+        hosted: list[ms.Hosted] = []
+        owners: dict[str, tuple[sp.Placement, sp.Workload]] = {}
+        for o in self.drivers.values():  # other replicas' layer replicas on this device
+            if o is not d:
+                mine, owners[o.replica_id] = o.hosted_on(d.origin.name, w.mean_s, batch)
+                hosted += mine
+
+        def evict(a: ms.Evict) -> bool:
+            owner = self.drivers.get(a.owner)
+            return owner is not None and owner.evict_on(a.layer, a.device)
+
+        plan, ops = d.tick_down(
+            w.violation_rate, w.mean_s, self.target_s, d.replica_bytes, batch, hosted, owners, evict
+        )
+        lines = [f"{rid}: scale down ({decision.reason}): {plan.reason}"]
+        lines += [
+            f"{rid}: migrated layers {o.start}-{o.end} to {o.target}"
+            if o.op == "migrate"
+            else f"{rid}: evicted another replica's layer {o.start} from {o.holder}"
+            for o in ops
         ]
+        if plan.batch_size < batch:
+            lines.append(f"{rid}: batch cut {batch} -> {plan.batch_size} sequences per step")
+        return lines
 
 
 def for_up(

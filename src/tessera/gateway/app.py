@@ -26,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from tessera.gateway import (
+    admin_auth,
     arrivals,
     auth,
     body,
@@ -69,6 +70,7 @@ class Service:
     created: int  # unix time the gateway started (/v1/models)
     limits: limits.Limits = dataclasses.field(default_factory=limits.Limits)
     api_keys: auth.ApiKeys | None = None  # None: no authentication
+    admin_token: admin_auth.AdminToken | None = None  # the operator's, on /admin/
     arrivals: arrivals.ArrivalRecorder | None = None  # per-class arrivals (switching loop)
     variants: gw_variants.VariantTable | None = None  # served names (issue 14); built if None
     holding: hold.Holding | None = None  # holds requests while no replica is awake (issue 32)
@@ -85,7 +87,7 @@ class Service:
 
 def build(service: Service, max_body_bytes: int) -> web.Application:
     admission = limits.Admission(service.limits, lambda: len(service.replicas.ready_ids()))
-    guards = [auth.middleware(service.api_keys)] if service.api_keys else []
+    guards = admin_auth.guards(service.api_keys, service.admin_token)
     lim = service.limits
     reader = body.middleware(
         limits.GUARDED,

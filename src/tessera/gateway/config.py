@@ -72,6 +72,7 @@ class GatewayConfig:
     max_body_bytes: int = 2 << 20  # largest accepted HTTP request body (413 above)
     routing_seed: int = 0  # seeds the weighted per-class choice
     api_keys_file: str = ""  # accepted API keys (auth.py); "" = no authentication
+    admin_token_file: str = ""  # the operator's token for /admin/ (admin_auth.py)
     limits: limits_mod.Limits = field(default_factory=limits_mod.Limits)
     arrival_span_s: float = 10.0  # span of the per-class arrival counts (arrivals.py)
     live_classes_file: str = ""  # live classifier JSON (workload.live_classes.to_json)

@@ -37,6 +37,8 @@ from tessera.policies import drain
 log = logging.getLogger(__name__)
 
 TICK_S = 0.1
+
+
 Resolve = Callable[[str, str], Awaitable[stage_chain.Layout]]
 MovePrefix = Callable[
     [tuple[int, ...], tuple[kv_move.StageRef, ...], tuple[kv_move.StageRef, ...]],
@@ -175,7 +177,14 @@ class Cutover:
             cfg = drain.DrainConfig(leaving.deadline_s, now - leaving.since)
             decision = drain.decide(
                 [
-                    drain.InFlight(a.request_id, rid, len(a.tokens), a.remaining, a.tokens_per_s())
+                    drain.InFlight(
+                        a.request_id,
+                        rid,
+                        len(a.tokens),
+                        a.remaining,
+                        a.tokens_per_s(),
+                        started=bool(a.generated),
+                    )
                     for a in waiting
                 ],
                 list(survivors.values()),
@@ -191,7 +200,7 @@ class Cutover:
                     s.replica_id, max(0, s.free_pages - need), s.page_size, s.in_flight + 1
                 )
                 task = asyncio.get_running_loop().create_task(
-                    self._move(attempt, leaving.endpoint, m.target)
+                    self._move(attempt, leaving.endpoint, m.target, copy=m.tokens > 0)
                 )
                 self._moves.add(task)
                 task.add_done_callback(self._moves.discard)
@@ -218,8 +227,33 @@ class Cutover:
         return self._layouts[rid]
 
     async def _move(
-        self, attempt: inflight.Attempt, source: config.ReplicaEndpoint, target: str
+        self,
+        attempt: inflight.Attempt,
+        source: config.ReplicaEndpoint,
+        target: str,
+        copy: bool = True,
     ) -> None:
+        """Copy the attempt's KV prefix (unless `copy` is off: nothing computed to keep)
+        to `target` and redirect the attempt there."""
+        tokens = attempt.tokens
+        outcome = await self._copy(attempt, source, target) if copy else "requeued"
+        if attempt.redirect(target):
+            self._metrics.cutover_requests.labels(outcome).inc()
+            log.info(
+                "cut-over: %s moved %s -> %s (%s, %d tokens)",
+                attempt.request_id,
+                source.replica_id,
+                target,
+                outcome,
+                len(tokens),
+            )
+        else:  # it finished while its KV was copied
+            self._metrics.cutover_requests.labels("drained").inc()
+
+    async def _copy(
+        self, attempt: inflight.Attempt, source: config.ReplicaEndpoint, target: str
+    ) -> str:
+        """Copy the attempt's KV prefix to `target`: "moved", or "recomputed" when none was."""
         outcome = "recomputed"
         tokens = attempt.tokens
         try:
@@ -238,18 +272,7 @@ class Cutover:
                     outcome = "moved"
         except kv_move.MoveError as exc:
             log.warning("cut-over: move of %s failed, recomputing: %s", attempt.request_id, exc)
-        if attempt.redirect(target):
-            self._metrics.cutover_requests.labels(outcome).inc()
-            log.info(
-                "cut-over: %s moved %s -> %s (%s, %d tokens)",
-                attempt.request_id,
-                source.replica_id,
-                target,
-                outcome,
-                len(tokens),
-            )
-        else:  # it finished while its KV was copied
-            self._metrics.cutover_requests.labels("drained").inc()
+        return outcome
 
     async def close(self) -> None:
         tasks = [t for t in (self._task, *self._moves) if t is not None]

@@ -132,7 +132,8 @@ class GatewayMetrics:
         self.cutover_requests = Counter(
             "tessera_gateway_cutover_requests",
             "Requests on leaving replicas by outcome: drained (finished there), moved (KV "
-            "copied, continued elsewhere), recomputed (continued elsewhere without the KV)",
+            "copied, continued elsewhere), recomputed (continued elsewhere without the KV), "
+            "requeued (no token yet: sent to another replica at once)",
             ["outcome"],
             registry=r,
         )

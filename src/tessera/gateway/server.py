@@ -21,6 +21,7 @@ from aiohttp import web
 
 from tessera.gateway import (
     admin,
+    admin_auth,
     app,
     arrivals,
     auth,
@@ -245,6 +246,7 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
         created=int(time.time()),
         limits=cfg.limits,
         api_keys=auth.ApiKeys(cfg.api_keys_file) if cfg.api_keys_file else None,
+        admin_token=admin_auth.AdminToken(cfg.admin_token_file) if cfg.admin_token_file else None,
         arrivals=counts,
         holding=holding,
     )

@@ -10,6 +10,11 @@ controller (`tessera.gateway.cutover`) applies every tick while any replica is l
 * a longer one **moves**: its computed KV prefix is copied to a surviving replica
   (`kv_move.move_prefix`) and the request continues there (the gateway's mid-stream
   continuation path), so its client's stream goes on where it stopped;
+* a request that has no token yet (queued on its replica, or in its prefill) **moves at
+  once**, with nothing copied, to the least loaded survivor whatever its free pages: it
+  waits there as it waited on its replica, but for a replica that stays (a leaving
+  replica under an overload drop would otherwise serve its whole queue before it can
+  leave; `tessera bench overload --via operator` measured it);
 * once the deadline has passed, every request still on a leaving replica moves;
 * a request moves only to a survivor whose free KV pages can hold its whole sequence
   (prompt, generated and remaining tokens); among those, the least loaded after the moves
@@ -39,6 +44,7 @@ class InFlight:
     tokens: int  # prompt + tokens generated so far (the prefix a move would copy)
     remaining: int  # tokens it may still generate (max_tokens left)
     tokens_per_s: float = 0.0  # its observed decode rate; 0: not known yet
+    started: bool = True  # it has produced a token (False: queued or in its prefill)
 
     def __post_init__(self) -> None:
         if self.tokens < 0 or self.remaining < 0 or self.tokens_per_s < 0:
@@ -111,8 +117,11 @@ def decide(
     left = cfg.left_s
     drain: list[str] = []
     must_move: list[InFlight] = []
+    queued: list[InFlight] = []
     for req in requests:
-        if left > 0 and expected_s(req, cfg) * cfg.safety <= left:
+        if not req.started:
+            queued.append(req)
+        elif left > 0 and expected_s(req, cfg) * cfg.safety <= left:
             drain.append(req.request_id)
         else:
             must_move.append(req)
@@ -121,6 +130,13 @@ def decide(
     page = {s.replica_id: s.page_size for s in survivors}
     moves: list[Move] = []
     stranded: list[str] = []
+    for req in sorted(queued, key=lambda r: r.request_id):
+        if not load:  # no survivor: it waits where it is
+            drain.append(req.request_id)
+            continue
+        target = min(load, key=lambda rid: ((load[rid] + 1) / (free[rid] + 1), rid))
+        load[target] += 1
+        moves.append(Move(req.request_id, req.replica_id, target, 0))
     # longest first: they gain most from a move and are the hardest to place
     for req in sorted(must_move, key=lambda r: (-(r.tokens + r.remaining), r.request_id)):
         need = {rid: math.ceil((req.tokens + req.remaining) / page[rid]) for rid in free}

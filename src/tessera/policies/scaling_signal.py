@@ -11,10 +11,14 @@ per-request rate). A target inside a bucket is interpolated linearly, as Prometh
 `histogram_quantile` does; gaps above the largest finite bound count as late. The
 window's mean gap is the observed per-step seconds Algorithm 2 compares with the target.
 
-`decide`: "down" (Algorithm 2) when a target is set, the window has at least `min_gaps`
-gaps and the rate exceeds `downViolationRate`; else "restore" while a batch cut is in
-force and the rate is at most half the threshold (hysteresis: a cut is not lifted by the
-window right after it); else "up" (Algorithm 1, which itself acts only on idle devices).
+`decide`: "up" when a target is set, the window has at least `min_gaps` gaps and the
+rate exceeds `downViolationRate` (the loop replicates onto idle devices, Algorithm 1,
+and when that places nothing relieves the device, Algorithm 2); else, in a calm window
+(rate at most half the threshold: the band in between is hysteresis), "restore" while a
+batch cut is in force, then "evict" once layer replicas are placed and the violation has
+been absent for `evictAfterSeconds` in a row (`calm_for`); else "hold". A replica is
+placed only under a violation and evicted only after a sustained calm, so a calm window
+never replicates and a violating one never evicts: the loop does not flap.
 """
 
 from __future__ import annotations
@@ -96,25 +100,50 @@ def window(prev: Hist | None, now: Hist, target_s: float) -> Window:
     return Window(gaps, max(0.0, gaps - on_time), mean)
 
 
+def calm(w: Window, cfg: ms.ScalingConfig) -> bool:
+    """The window shows no violation: at most half `downViolationRate` of its gaps late
+    (no gaps at all: no load, so nothing is late). Between half the threshold and the
+    threshold a window is neither calm nor violating (hysteresis)."""
+    return w.violation_rate <= cfg.down_violation_rate / 2
+
+
+def calm_for(prev_s: float, w: Window, cfg: ms.ScalingConfig, elapsed_s: float) -> float:
+    """Seconds the violation has been absent after a window of `elapsed_s` seconds:
+    `prev_s` grown by the window when it is calm, 0 when it is not."""
+    return prev_s + max(0.0, elapsed_s) if calm(w, cfg) else 0.0
+
+
 @dataclass(frozen=True)
 class Decision:
-    kind: str  # "none" | "up" | "down" | "restore"
+    kind: str  # "none" | "up" | "restore" | "evict" | "hold"
     reason: str
 
 
 def decide(
-    w: Window, cfg: ms.ScalingConfig, target_s: float, batch_capped: bool, min_gaps: int = 8
+    w: Window,
+    cfg: ms.ScalingConfig,
+    target_s: float,
+    batch_capped: bool,
+    min_gaps: int = 8,
+    calm_s: float = 0.0,
+    replicated: bool = False,
 ) -> Decision:
-    """What the loop does this tick (module docstring)."""
+    """What the loop does this tick (module docstring). `calm_s`: seconds the violation
+    has been absent (`calm_for`); `replicated`: some layer replica is placed."""
     if not cfg.enabled:
         return Decision("none", "spec.policies.scaling.enabled is false")
     rate = w.violation_rate
     if target_s > 0 and w.gaps >= min_gaps and rate > cfg.down_violation_rate:
         return Decision(
-            "down",
+            "up",
             f"{rate:.1%} of {w.gaps:.0f} inter-token gaps over {target_s * 1e3:.0f} ms "
             f"> downViolationRate {cfg.down_violation_rate:.1%}",
         )
-    if batch_capped and rate <= cfg.down_violation_rate / 2:
+    if batch_capped and calm(w, cfg):
         return Decision("restore", f"violation rate {rate:.1%}: lift the batch cut")
-    return Decision("up", f"violation rate {rate:.1%}: replicate onto idle devices")
+    if replicated and calm(w, cfg) and calm_s >= cfg.evict_after_seconds:
+        return Decision(
+            "evict",
+            f"no violation for {calm_s:.0f} s >= evictAfterSeconds {cfg.evict_after_seconds:g}",
+        )
+    return Decision("hold", f"violation rate {rate:.1%}: nothing to change")

@@ -49,7 +49,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeReply(_message.Message):
-    __slots__ = ("agent_id", "devices", "nvml_status", "blocks", "kv", "version", "store_address", "zoo", "scaling_runs", "scaling_hosted", "host_cache")
+    __slots__ = ("agent_id", "devices", "nvml_status", "blocks", "kv", "version", "store_address", "zoo", "scaling_runs", "scaling_hosted", "scaling_pending", "host_cache")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     NVML_STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class DescribeReply(_message.Message):
     ZOO_FIELD_NUMBER: _ClassVar[int]
     SCALING_RUNS_FIELD_NUMBER: _ClassVar[int]
     SCALING_HOSTED_FIELD_NUMBER: _ClassVar[int]
+    SCALING_PENDING_FIELD_NUMBER: _ClassVar[int]
     HOST_CACHE_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
@@ -71,8 +72,9 @@ class DescribeReply(_message.Message):
     zoo: VariantZoo
     scaling_runs: _containers.RepeatedCompositeFieldContainer[ScalingRunInfo]
     scaling_hosted: _containers.RepeatedCompositeFieldContainer[ScalingHostedRun]
+    scaling_pending: _containers.RepeatedCompositeFieldContainer[ScalingPending]
     host_cache: HostCache
-    def __init__(self, agent_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nvml_status: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[ReplicaKV, _Mapping]]] = ..., version: _Optional[str] = ..., store_address: _Optional[str] = ..., zoo: _Optional[_Union[VariantZoo, _Mapping]] = ..., scaling_runs: _Optional[_Iterable[_Union[ScalingRunInfo, _Mapping]]] = ..., scaling_hosted: _Optional[_Iterable[_Union[ScalingHostedRun, _Mapping]]] = ..., host_cache: _Optional[_Union[HostCache, _Mapping]] = ...) -> None: ...
+    def __init__(self, agent_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nvml_status: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[ReplicaKV, _Mapping]]] = ..., version: _Optional[str] = ..., store_address: _Optional[str] = ..., zoo: _Optional[_Union[VariantZoo, _Mapping]] = ..., scaling_runs: _Optional[_Iterable[_Union[ScalingRunInfo, _Mapping]]] = ..., scaling_hosted: _Optional[_Iterable[_Union[ScalingHostedRun, _Mapping]]] = ..., scaling_pending: _Optional[_Iterable[_Union[ScalingPending, _Mapping]]] = ..., host_cache: _Optional[_Union[HostCache, _Mapping]] = ...) -> None: ...
 
 class HostCache(_message.Message):
     __slots__ = ("budget_bytes", "used_bytes", "pieces", "hits", "misses", "hit_bytes", "evicted")
@@ -1039,6 +1041,22 @@ class ScalingBatchLimitReply(_message.Message):
     loaded: int
     running: int
     def __init__(self, previous: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., loaded: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
+
+class ScalingPending(_message.Message):
+    __slots__ = ("replica_id", "stage_index", "layer_start", "layer_end", "target_address", "target_device")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    stage_index: int
+    layer_start: int
+    layer_end: int
+    target_address: str
+    target_device: str
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., target_address: _Optional[str] = ..., target_device: _Optional[str] = ...) -> None: ...
 
 class ScalingHostedRun(_message.Message):
     __slots__ = ("run_id", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes")

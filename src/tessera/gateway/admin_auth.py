@@ -1,0 +1,103 @@
+"""The gateway's admin API belongs to the operator: `/admin/` needs its token when keys are on.
+
+`/admin/v1/routes`, `/arrivals` and `/load` tell who is served, how much and by which
+replica, and the loops act on them; so once the gateway authenticates anything
+(API keys, `GatewayConfig.api_keys_file`) or has an admin token
+(`GatewayConfig.admin_token_file`, mounted from the Secret the operator also reads),
+every `/admin/` request must carry `Authorization: Bearer <admin token>`. A user's API
+key is not an admin token. Answers (OpenAI-shaped, by the app's error middleware): 401
+`missing_admin_token` without a bearer token, 403 `invalid_admin_token` with another
+one, 403 `admin_token_not_configured` when API keys are on but no admin token is set
+(the admin API stays closed rather than open to every key holder). `/health`,
+`/metrics` (Prometheus scrapes it) and `/v1/` are not this module's (`auth.py` guards
+`/v1/`), nor is `/admin/v1/status`, the status page's JSON, which a user reads with an
+API key (`status_page.py` guards it). The token file is re-read when it changes; only
+its digest is kept and compared in constant time. Built by `server.start_gateway`;
+`guards` is what `app.build` installs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+
+from aiohttp import typedefs, web
+
+from tessera.gateway import auth, errors
+
+PREFIX = "/admin/"
+OWN_GUARD = frozenset({"/admin/v1/status"})  # guarded by status_page (a user's API key)
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+class AdminToken:
+    """The admin token in `path` (its first non-empty line), re-read when the file changes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp = -1.0
+        self._digest = b""
+        self._reload()
+        if not self._digest:
+            raise ValueError(f"admin token file {path}: empty")
+
+    def _reload(self) -> None:
+        try:
+            stamp = os.stat(self.path).st_mtime
+            if stamp == self._stamp:
+                return
+            with open(self.path, encoding="utf-8") as f:
+                token = next((x.strip() for x in f if x.strip()), "")
+        except OSError as exc:
+            if not self._digest:
+                raise ValueError(f"admin token file {self.path}: {exc}") from exc
+            return  # keep the token read before
+        if token:
+            self._stamp, self._digest = stamp, _digest(token)
+
+    def accepts(self, presented: str) -> bool:
+        self._reload()
+        return hmac.compare_digest(_digest(presented), self._digest)
+
+
+def middleware(token: AdminToken | None) -> typedefs.Middleware:
+    """401/403 on `/admin/` without the admin token (module docstring)."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: auth.Handler) -> web.StreamResponse:
+        if request.path.startswith(PREFIX) and request.path not in OWN_GUARD:
+            if token is None:
+                raise errors.ApiError(
+                    403,
+                    "The admin API is closed: API keys are on and the gateway has no admin "
+                    "token (--admin-token-file, the operator's --gateway-admin-token-file).",
+                    code="admin_token_not_configured",
+                )
+            presented = auth.bearer(request)
+            if not presented:
+                raise errors.ApiError(
+                    401,
+                    "The admin API needs the operator's admin token: send it as "
+                    "'Authorization: Bearer TOKEN'.",
+                    code="missing_admin_token",
+                )
+            if not token.accepts(presented):
+                raise errors.ApiError(
+                    403, "Incorrect admin token provided.", code="invalid_admin_token"
+                )
+        return await handler(request)
+
+    return check
+
+
+def guards(keys: auth.ApiKeys | None, token: AdminToken | None) -> list[typedefs.Middleware]:
+    """The authentication middlewares `app.build` installs: API keys on `/v1/` when set,
+    the admin token on `/admin/` when either is set; none when neither is."""
+    out = [auth.middleware(keys)] if keys is not None else []
+    if keys is not None or token is not None:
+        out.append(middleware(token))
+    return out
