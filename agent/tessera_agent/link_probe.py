@@ -31,7 +31,7 @@ CHUNK_BYTES = 1 << 20
 
 def filler(nbytes: int, chunk_bytes: int) -> Iterator[pb.TensorChunk]:
     """`nbytes` of zeros in chunks (what `ProbeSend` streams)."""
-    chunk = max(1, min(chunk_bytes or CHUNK_BYTES, 4 << 20))
+    chunk = max(64 << 10, min(chunk_bytes or CHUNK_BYTES, 4 << 20))  # a peer sets no tiny chunks
     data = bytes(chunk)
     sent = 0
     while sent < nbytes:

@@ -36,7 +36,7 @@ def test_owner_is_read_from_ids_the_operator_builds() -> None:
 def test_a_gateway_is_held_to_its_deployment() -> None:
     gw, chat = access.GATEWAY, tenancy.Scope("team-a", "chat")
     for method in ("Generate", "GenerateMux", "ExportKV", "ImportKV", "ReservePages",
-                   "CommitPrefix", "PinPrefix", "ReleasePin", "Cancel"):  # fmt: skip
+                   "CommitPrefix", "PinPrefix", "ReleasePin", "Cancel", "WakeReplica"):  # fmt: skip
         assert tenancy.check_replica(method, gw, chat, A).allowed
         refused = tenancy.check_replica(method, gw, chat, B)
         assert not refused.allowed

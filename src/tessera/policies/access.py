@@ -69,6 +69,14 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     "ScalingRunExportKV": frozenset({AGENT, ADMIN}),
     "ScalingRunImportKV": frozenset({AGENT, ADMIN}),
     "ScalingRunUnload": frozenset({AGENT, ADMIN}),
+    # issue 32: sleeping is the autoscaler's (the operator's) decision; a held request's
+    # gateway wakes its own deployment's sleeping replica (tenancy checks the replica)
+    "SleepReplica": frozenset({OPERATOR, ADMIN}),
+    "WakeReplica": frozenset({OPERATOR, GATEWAY, ADMIN}),
+    # issue 32: the operator asks an agent to measure its links; that agent pulls filler
+    # from its peers' ProbeSend (agent to agent, as block copies are)
+    "ProbeLinks": frozenset({OPERATOR, ADMIN}),
+    "ProbeSend": frozenset({AGENT, ADMIN}),
 }
 
 # Requests whose `model_path` field names a checkpoint folder the agent will read.

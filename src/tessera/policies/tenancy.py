@@ -43,6 +43,8 @@ REPLICA_METHODS = frozenset(
         "ScalingMigrate",
         "ScalingEvict",
         "VariantAdapters",
+        "SleepReplica",
+        "WakeReplica",
     }
 )
 # Roles whose certificates are bound to a deployment; the operator and agents are the
