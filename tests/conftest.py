@@ -137,6 +137,11 @@ SERIAL = (
     "tests/engine/test_layer_run_vs_hf.py",  # requests arrive on a wall-clock schedule
     # 8 requests must overlap to exhaust 9 KV pages and preempt
     "tests/agent/test_agent_rpc.py::test_kv_exhaustion_through_agent_finishes_all",
+    # mTLS agent: under the parallel pass a first call's TLS handshake failed twice with
+    # "Handshake read failed (Endpoint closing)" (UNAVAILABLE, not the refusal under test);
+    # never alone. Cause not found (the certificate callback runs in Python on gRPC's
+    # handshake thread, a suspect under load).
+    "tests/security/test_tenancy_binding.py",
 )
 
 
