@@ -22,12 +22,10 @@ from typing import Any
 import kopf
 
 from tessera import api, fields, plan, reconcile, routes_doc
+from tessera.control import actuate, agents, converge
 from tessera.policies import admission, transition
 from tessera_operator import (
-    actuate,
-    agents,
     config,
-    converge,
     discovery,
     events,
     gateway_certificate,

@@ -50,9 +50,10 @@ import aiohttp
 import kopf
 
 from tessera import api, fields
+from tessera.control import agents, converge
 from tessera.observability import control
 from tessera.policies import switching_candidates, switching_current, switching_decide
-from tessera_operator import agents, config, converge, discovery, gateway_objects, kube
+from tessera_operator import config, discovery, gateway_objects, kube
 
 ARRIVALS_PATH = "/admin/v1/arrivals"
 DUE_KEY = "switching_due"

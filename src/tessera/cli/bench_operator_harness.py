@@ -142,10 +142,10 @@ class Cluster:
         self._stop = asyncio.Event()
 
     async def __aenter__(self) -> Cluster:
+        from tessera.control import agents as op_agents
         from tessera.gateway import config as gw_config
         from tessera.gateway import server as gw_server
         from tessera.policies import admission
-        from tessera_operator import agents as op_agents
         from tessera_operator import config as op_config
         from tessera_operator.testing import background
 

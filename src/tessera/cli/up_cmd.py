@@ -133,7 +133,7 @@ def _up(args: argparse.Namespace) -> int:
 
 def _model_root(dep: Any, model_path: str) -> str:
     """The folder holding the checkpoint and every variant's folder (the agents' root)."""
-    from tessera_operator import variants as variant_ops
+    from tessera.control import variants as variant_ops
 
     paths = [os.path.realpath(model_path)]
     paths += [os.path.realpath(v.path) for v in variant_ops.resolve(dep.spec.variants, model_path)]
@@ -142,8 +142,8 @@ def _model_root(dep: Any, model_path: str) -> str:
 
 def _outside_root(dep: Any, model_path: str, root: str) -> list[str]:
     """Why an edited manifest's variants cannot load: folders the agents may not read."""
+    from tessera.control import variants as variant_ops
     from tessera.policies import access
-    from tessera_operator import variants as variant_ops
 
     problems = []
     for i, v in enumerate(variant_ops.resolve(dep.spec.variants, model_path)):
@@ -168,13 +168,12 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
 
     from tessera import gc_heap, reconcile, routes_doc
     from tessera.cli import local_agents, supervise, up_overload, up_policies, up_watch
-    from tessera.control import scaling_loop
+    from tessera.control import actuate, agents, converge, scaling_loop
     from tessera.gateway import config as gw_config
     from tessera.gateway import routes as gw_routes
     from tessera.gateway import server as gw_server
     from tessera.policies import cpu_share, transition
     from tessera.rpc import transport
-    from tessera_operator import actuate, agents, converge
 
     console = Console(stderr=True)
     model_path = converge.resolve_model_path(dep.spec, args.file.resolve().parent)
@@ -382,7 +381,7 @@ def _start_overload(
     from rich.console import Console
 
     from tessera.cli import up_overload
-    from tessera_operator import converge
+    from tessera.control import converge
 
     cfg = dep.spec.policies.overload
     if not cfg.enabled:

@@ -3,7 +3,7 @@
 Where it runs: `tessera up` supervises the agents and the gateway in one process, so
 when `spec.policies.overload.enabled` it also ticks the level-triggered loop the
 operator ticks on a cluster (`tessera.control.overload`, issue 30): each tick observes
-the agents (`tessera_operator.agents.observe`), reads the in-process gateway's calls per
+the agents (`tessera.control.agents.observe`), reads the in-process gateway's calls per
 replica (its in-flight table, ordered as `GET /admin/v1/load` orders them) and runs one
 `OverloadLoop.tick` over the converged plan's whole replicas with `dropThreshold` /
 `restoreThreshold` from the spec. The loop's routes steps apply the last published routes
@@ -21,12 +21,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tessera import observed, plan, routes_doc
+from tessera.control import agents as op_agents
 from tessera.control import gateway_load, overload_driver
 from tessera.control import overload as control
 from tessera.gateway import routes as gw_routes
 from tessera.gateway import server as gw_server
 from tessera.policies import overload, overload_held, overload_steps
-from tessera_operator import agents as op_agents
 
 Published = Callable[[], routes_doc.RoutesDoc]
 Print = Callable[[str], None]

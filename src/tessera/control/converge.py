@@ -34,6 +34,8 @@ from tessera import (
     routes_doc,
     variant_spec,
 )
+from tessera.control import actuate, agents
+from tessera.control import variants as variant_ops
 from tessera.cost import model_shape
 from tessera.observability import control
 from tessera.planner import auto as planner_auto
@@ -46,8 +48,6 @@ from tessera.policies import (
     transition,
     variant_plan,
 )
-from tessera_operator import actuate, agents, gateway_objects
-from tessera_operator import variants as variant_ops
 
 DTYPE_BYTES = dtypes.BYTES
 
@@ -142,6 +142,29 @@ def serving(obs: observed.Observed, prefix: str, routes: routes_doc.RoutesDoc | 
         return []
     done = transition.complete_replicas(obs, prefix)
     return [r for r in routes.replica_ids if r in done]
+
+
+def filled(
+    dep: api.ServingDeployment, p: plan.Plan | None, model_path: str, doc: routes_doc.RoutesDoc
+) -> routes_doc.RoutesDoc:
+    """The replica set, version, drain deadline and cut-over time of `doc` (what the
+    transition published), with the model, the workload classes and the plan's class
+    shares of the routed replicas. The gateway checks readiness itself."""
+    routed = set(doc.replica_ids)
+    shares = {
+        c: {r: v for r, v in per.items() if r in routed}
+        for c, per in (p.class_shares if p is not None else {}).items()
+    }
+    return dataclasses.replace(
+        doc,
+        model=dep.spec.model.name,
+        model_path=model_path,
+        class_shares={c: per for c, per in shares.items() if per},
+        classes=tuple(
+            routes_doc.ClassCentroid(c.name, c.input_tokens, c.output_tokens)
+            for c in dep.spec.workload
+        ),
+    )
 
 
 def switch_model(shape: model_shape.ModelShape) -> placement.ModelBytes:
@@ -255,7 +278,7 @@ async def converge(
         on_steps(t)  # e.g. size a progress bar before anything is applied
 
     async def cut_over(cut: step_actions.CutOver) -> None:
-        doc = gateway_objects.filled(
+        doc = filled(
             dep,
             desired,
             model_path,
