@@ -2,13 +2,15 @@
 
 `converge()` is what the operator's handlers and timer call and what `tessera up` runs:
 1. semantic checks of the spec against the model's config.json and the known agents;
-2. observe the agents (`Describe`);
+2. observe the agents (`Describe`; through the pass's shared `observation.Observation`
+   when the shell gives one, so the loops ticked in the same pass reuse it);
 3. plan (`tessera.plan.make_plan`), the generation floored at the routes version
    already published;
 4. plan the transition from what the agents hold and the routes published
    (`tessera.policies.transition.plan`);
 5. execute the steps that can be done now (`actuate.execute`; a cut-over calls the
-   shell's `publish`), observe again and re-plan to say where things stand.
+   shell's `publish`), observe again (the agents changed) and re-plan to say where
+   things stand.
 It returns everything the caller needs to write status, conditions and events; it never
 raises for a bad spec or an unreachable agent — those become a `reason`. Nothing of a
 transition is remembered between passes: the next pass re-plans from observation.
@@ -34,7 +36,7 @@ from tessera import (
     routes_doc,
     variant_spec,
 )
-from tessera.control import actuate, agents
+from tessera.control import actuate, agents, observation
 from tessera.control import variants as variant_ops
 from tessera.cost import model_shape
 from tessera.observability import control
@@ -204,11 +206,14 @@ async def converge(
     published: routes_doc.RoutesDoc | None = None,
     publish: Publish | None = None,
     rollout: Rollout | None = None,
+    shared: observation.Observation | None = None,
 ) -> Outcome:
     """One pass. `published` is the routes document the gateway was last given (None:
     none yet); `publish(doc, plan)` writes a new one (a cut-over: the replica set,
     version, deadline and time, filled with the model, classes and class shares of
-    `plan`, the plan being moved to)."""
+    `plan`, the plan being moved to). `shared` is the pass's observation of `refs`, shared
+    with the loops ticked in the same pass (an observation made already is used, and the
+    one this pass ends with is left there); None: the pass observes on its own."""
     rollout = rollout or Rollout()
     shape = model_facts(model_path, dep.spec.model.dtype)
     facts = (
@@ -227,7 +232,8 @@ async def converge(
         )
     assert shape is not None
     prefix = plan.owner_prefix(dep)
-    obs = await agents.observe(refs)
+    seen = shared if shared is not None else observation.Observation(refs)
+    obs = await seen.get()
     auto = auto_planner or planner_auto.default_auto_planner()
     floor = published.version if published is not None else 0
     try:
@@ -296,7 +302,8 @@ async def converge(
     if apply and t.steps:
         with control.action("transition", t.mode, deployment=prefix, steps=len(t.steps)):
             out.results = await actuate.execute(t, world(obs, published), cut_over, progress)
-        obs = await agents.observe(refs)
+        seen.acted()
+        obs = await seen.get()
         out.observed = obs
     if chosen or (published is not None and published.variants):
         await _variants(out, chosen, target, foundation, chains, prefix, apply, publish, desired)
