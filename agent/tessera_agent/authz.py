@@ -120,6 +120,8 @@ class Authorizer(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     break
         if decision.allowed and method == "LoadBlock" and request is not None:
             decision = self._share(request)
+        if decision.allowed and method == "LoadBlock" and request is not None:
+            decision = self._stitch(request)
         if not decision.allowed:
             await self.deny(method, decision.reason, context)
 
@@ -143,6 +145,19 @@ class Authorizer(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return access.Decision(
             False, decision.reason.replace("model_path", "share.foundation_path", 1)
         )
+
+    def _stitch(self, request: Any) -> access.Decision:
+        """A stitched front's zoo folder and next model lie under the model root too."""
+        if not request.HasField("stitch"):
+            return access.ALLOW
+        for field in ("zoo", "next_model_path"):
+            path = str(getattr(request.stitch, field))
+            decision = access.check_model_path(path, os.path.realpath(path), self.model_root)
+            if not decision.allowed:
+                return access.Decision(
+                    False, decision.reason.replace("model_path", f"stitch.{field}", 1)
+                )
+        return access.ALLOW
 
     async def intercept_service(
         self,

@@ -13,6 +13,9 @@ its delay, right every step / every other step). Reported per run: `hit_rate`,
 (tpot on / off), `tokens_equal` (against `off`, and `off` against `transformers`) and
 `paper_rule_share` (the guesses the paper's cosine >= 0.95 rule would have kept, which
 this tolerance does not).
+The top-level `runs`, `hit_rate` and `latency_ratio` are the engine path's
+(`bench_speculate_engine`: the replica engine, continuous batching and paged KV, every
+prompt at once); the parts' chain's figures are under `parts_path`.
 Measured on this machine's CPU.
 """
 
@@ -89,10 +92,7 @@ def _block_seconds(parts: list[Any], prompt: list[int]) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM
-
-    from tessera.policies import speculation
-    from tessera_agent import block_parts, speculate, surrogate, tiny_checkpoint
+    from tessera_agent import tiny_checkpoint
 
     torch.manual_seed(0)
     torch.set_num_threads(1)  # a shared 2-core machine: intra-op threads only contend
@@ -100,8 +100,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         path = Path(args.model) if args.model else Path(tmp) / "tiny"
         if not args.model:
             tiny_checkpoint.make_tiny(path, tiny_checkpoint.TinySpec())
-        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        model.eval()
+        return _run(args, path)
+
+
+def _run(args: argparse.Namespace, path: Path) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    from tessera.policies import speculation
+    from tessera_agent import bench_speculate_engine, block_parts, speculate, surrogate
+
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.eval()
     layers = model.config.num_hidden_layers
     if layers < 4:
         raise SystemExit(f"--model: {layers} layers do not cut into 4 blocks")
@@ -183,8 +192,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if chain.stats.cosine
             else None,
         }
+    engine, pipelined = (
+        bench_speculate_engine.run(
+            path,
+            bounds,
+            fit.surrogate,
+            prompts,
+            new,
+            1 if args.quick else args.rounds,
+            args.bottleneck_ms,
+            args.hop_ms,
+            oracle,
+            inflight,
+        )
+        if inflight == 1 or not args.quick
+        else {}
+        for inflight in (1, 2)
+    )
     return {
-        "label": "measured, this machine's CPU (float32); delays made on purpose",
+        "label": "measured, this machine's CPU (float32); delays made on purpose; the "
+        "top-level runs are the engine path's, `parts_path` the transformers parts' chain",
         "model": str(args.model or "tiny (TinySpec defaults, random weights)"),
         "blocks": bounds,
         "bottleneck_ms": args.bottleneck_ms,
@@ -196,9 +223,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "lowrank_heldout_max_abs_diff": round(fit.max_abs_diff, 4),
         "surrogate_ms": round(sur_s * 1000, 3),
         "tolerance_rtol": speculation.Tolerance().rtol,
-        "hit_rate": runs["lowrank"]["hit_rate"],
-        "latency_ratio": runs["lowrank"]["latency_ratio"],
-        "runs": runs,
+        "hit_rate": engine["runs"]["lowrank"]["hit_rate"],
+        "latency_ratio": engine["runs"]["lowrank"]["latency_ratio"],
+        "runs": engine["runs"],
+        "engine": {k: v for k, v in engine.items() if k != "runs"},
+        "engine_pipelined": pipelined,
+        "parts_path": {
+            "label": "transformers parts in a row (`speculate.SpeculativeChain`), batch 1",
+            "hit_rate": runs["lowrank"]["hit_rate"],
+            "latency_ratio": runs["lowrank"]["latency_ratio"],
+            "runs": runs,
+        },
         "paper": "BlockLLM §7.3 (paper): 192 of 231 speculations accurate (83 %, cosine "
         ">= 0.95); without speculation median / P95 latency +11.3 % / +31.6 %; pseudo "
         "surrogates (always right, 1/50 of the block's time): P95 87.3 %, throughput 112.8 %",

@@ -9,6 +9,7 @@ absent. Asking for a GPU on a machine without one is an error, never a silent fa
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -54,6 +55,21 @@ class Device:
 
     def torch_device(self) -> torch.device:
         return torch.device("cpu") if self.kind == "cpu" else torch.device(self.id)
+
+
+def host_copy(kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How a device of `kind` keeps a tensor in host memory (the host block cache): in
+    pinned (page-locked) memory for CUDA, so copies back run at full PCIe speed and
+    asynchronously; a CPU device's tensor already is in host memory and is kept as is."""
+    if kind == "cuda":
+
+        def pinned(t: torch.Tensor) -> torch.Tensor:
+            out = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+            out.copy_(t.detach())
+            return out
+
+        return pinned
+    return lambda t: t.detach().cpu()
 
 
 def probe_nvml() -> tuple[list[Device], str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import grpc
 
@@ -34,6 +34,9 @@ from tessera_agent.engine import errors
 log = logging.getLogger(__name__)
 
 Hosting = Mapping[tuple[str, int], hosted.Hosted]
+
+
+Wake = Callable[[str], Awaitable[None]]  # wakes a sleeping replica (sleep.Sleepers.awake)
 
 
 async def chunks(
@@ -86,8 +89,11 @@ async def chunks(
 class _Stream:
     """One GenerateMux stream: its running requests and the news not sent yet."""
 
-    def __init__(self, blocks: Hosting, agent_id: str, gauges: metrics.AgentMetrics) -> None:
+    def __init__(
+        self, blocks: Hosting, agent_id: str, gauges: metrics.AgentMetrics, wake: Wake | None
+    ) -> None:
         self._blocks, self._agent_id, self._gauges = blocks, agent_id, gauges
+        self._wake = wake
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.pending: list[pb.GenerateMuxEntry] = []
         self.news = asyncio.Event()
@@ -125,6 +131,8 @@ class _Stream:
 
     async def _run(self, rid: str, request: pb.GenerateRequest) -> None:
         try:
+            if self._wake is not None:
+                await self._wake(request.replica_id)
             async for chunk in chunks(self._blocks, self._agent_id, self._gauges, request):
                 self.post(pb.GenerateMuxEntry(request_id=rid, chunk=chunk))
         except errors.EngineError as exc:
@@ -150,9 +158,11 @@ async def serve(
     agent_id: str,
     gauges: metrics.AgentMetrics,
     requests: AsyncIterator[pb.GenerateMuxRequest],
+    wake: Wake | None = None,
 ) -> AsyncIterator[pb.GenerateMuxReply]:
-    """The GenerateMux stream (module docstring): one reply per batch of news."""
-    stream = _Stream(blocks, agent_id, gauges)
+    """The GenerateMux stream (module docstring): one reply per batch of news; `wake`
+    first wakes a request's replica when it sleeps."""
+    stream = _Stream(blocks, agent_id, gauges, wake)
     reader = asyncio.create_task(stream.read(requests))
     try:
         while True:

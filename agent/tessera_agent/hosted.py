@@ -7,9 +7,9 @@ next-stage address; a rewire replaces the spec with the new address.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from tessera_agent import stage_link, tp_member
+from tessera_agent import load_sources, stage_link, tp_member
 from tessera_agent.engine import replica, stage
 
 
@@ -24,6 +24,8 @@ class Hosted:
     link_up: stage_link.StageLink | None = None  # hidden states from the previous stage
     result_in: stage_link.StageLink | None = None  # leader: sampled tokens from the last stage
     result_out: stage_link.StageLink | None = None  # last stage: sampled tokens to the leader
+    # where its bytes came from and its time to ready (issue 32)
+    sources: load_sources.Sources = field(default_factory=load_sources.Sources)
 
     def close_links(self) -> None:
         for link in (self.link_down, self.link_up, self.result_in, self.result_out):

@@ -12,6 +12,11 @@ with the lowest rank held here (rank 0 when held: Generate, stage streams, KV an
 metrics go to it) and `more_ranks` holds the others, keyed by (replica, stage, rank).
 A load of a block already held with the same layout is answered as already loaded; one
 that differs only in its next-stage address rewires the stage.
+Every load takes what the agent's host block cache holds first (`host_cache`,
+`load_sources`), then its peers' parts or source, then storage, and records the bytes
+from each and its time to ready; every unload leaves its pieces in that cache.
+`offload` and `restore` are the sleep/wake pair built on it (a replica's blocks to the
+cache and back).
 """
 
 from __future__ import annotations
@@ -21,20 +26,27 @@ import concurrent.futures
 import dataclasses
 import functools
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
+
+import torch
 
 from tessera import blocks, gc_heap
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import (
     booking,
     convert,
+    devices,
     equivalence_share,
+    host_cache,
     hosted,
     leader,
     load_check,
     load_config,
+    load_sources,
     stage_link,
+    stitch_serve,
     switch_fetch,
     tp_member,
 )
@@ -82,6 +94,10 @@ class Hosting:
         self.hosted: dict[Key, hosted.Hosted] = {}  # the lowest rank of a stage held here
         self.more_ranks: dict[RankKey, hosted.Hosted] = {}  # its other ranks held here
         self.zoo = block_zoo.BlockZoo()  # identical pieces of every block, held once
+        # unloaded pieces kept in host memory, LRU within its budget (0: no cache)
+        self.host_cache = host_cache.HostCache(defaults.host_cache_bytes, memory)
+        kinds = {d.kind for d in memory.devices.values()}
+        self._host_copy = devices.host_copy("cuda" if "cuda" in kinds else "cpu")
         self.shares = equivalence_share.ReportCache()  # opted-in fine-tunes' reports
         self.loader = omp_teams.ReleasingPool(1, thread_name_prefix="loader")
         self._lock = asyncio.Lock()
@@ -160,6 +176,7 @@ class Hosting:
     ) -> Loaded:
         """Load the block; with the compiled decode on (an agent's default) answer only
         once its graphs exist (`compile_policy.warm_before_ready`): ready means warm."""
+        began = time.monotonic()
         loaded = await self._load(spec, source, max_num_seqs, max_batched_tokens, data_plane, parts)
         graph = loaded.hosted.stage.runner.decode_graph
         # "already loaded" too: a retried load (its first call timed out) waits as well
@@ -172,6 +189,8 @@ class Hosting:
                     graph.status,
                     graph.warmup_s,
                 )
+        if loaded.how == "loaded":
+            loaded.hosted.sources.seconds = time.monotonic() - began
         return loaded
 
     async def _load(
@@ -212,11 +231,33 @@ class Hosting:
             group_spec = convert.group_from_proto(data_plane, spec, dev.kind)
             tensors, moved_by = None, ""
             throttled = self.defaults.storage_bytes_per_s > 0
-            read = functools.partial(
-                switch_fetch.read_checkpoint,
-                Path(spec.model_path),
-                bytes_per_s=self.defaults.storage_bytes_per_s,
+            read = load_sources.counting(
+                functools.partial(
+                    switch_fetch.read_checkpoint,
+                    Path(spec.model_path),
+                    bytes_per_s=self.defaults.storage_bytes_per_s,
+                )
             )
+            cached: dict[str, torch.Tensor] = {}
+            known: dict[str, str] = {}
+            if source is None:  # the host cache first, whatever else the load names
+                cached, known = await loop.run_in_executor(
+                    self.loader,
+                    load_sources.from_cache,
+                    self.host_cache,
+                    spec,
+                    cfg,
+                    dev.torch_device(),
+                )
+            copied = [(p.source, p.unit_start, p.unit_end) for p in parts]
+            if source is not None:  # the whole block from one peer
+                copied = [(source, 0, cfg.num_layers + 2)]
+            if self.defaults.block_zoo and copied:  # the holders' digests: no hashing again
+                known.update(
+                    await load_sources.peer_digests(
+                        copied, cfg.num_layers, lambda rid, i: self.get(rid, i).stage
+                    )
+                )
             if parts:  # a switch plan's parts (issue 11)
                 stage.kv_pages(spec, cfg, planned[1], dev.free_bytes)
                 tensors, moved_by = await switch_fetch.gather(
@@ -230,11 +271,17 @@ class Hosting:
                     dev.torch_device(),
                     group.choose([dev.kind]),
                     read,
+                    cached,
                 )
                 source = None
-            elif source is None and throttled:  # storage at its declared bandwidth
+            elif source is None and (throttled or cached):  # cache, storage at its bandwidth
                 names = loader.checkpoint_names(cfg, spec.start, spec.end)
-                tensors = await loop.run_in_executor(self.loader, read, names)
+                rest = [n for n in names if n not in cached]
+                tensors = dict(cached)
+                if rest:
+                    tensors.update(await loop.run_in_executor(self.loader, read, rest))
+                tensors = {n: tensors[n] for n in names}
+                moved_by = f"{len(cached)} tensors from the host cache" if cached else ""
             if source is not None:  # refuse before transferring anything when it cannot fit
                 stage.kv_pages(spec, cfg, planned[1], dev.free_bytes)
                 names = loader.checkpoint_names(cfg, spec.start, spec.end)
@@ -249,6 +296,16 @@ class Hosting:
             if spec.share_from:  # issue 14: equivalent layers from the foundation's weights
                 report, tensors = await loop.run_in_executor(
                     self.loader, equivalence_share.prepare, self.shares, spec, cfg, tensors
+                )
+            stitch = None
+            if spec.stitch_zoo:  # issue 35: a stitched chain's front; refused before loading
+                stitch = await loop.run_in_executor(
+                    self.loader,
+                    stitch_serve.prepare,
+                    spec,
+                    cfg,
+                    dev.torch_device(),
+                    stage.dtype_of(spec, cfg),
                 )
             graph_bytes = compile_policy.load_reserve(  # compiled decode's packed weights
                 cfg,
@@ -269,10 +326,13 @@ class Hosting:
                 planned,
                 tensors,
                 self.zoo if self.defaults.block_zoo else None,
+                known,
             )
             loaded.equivalence = report
+            loaded.stitch = stitch
             omp_teams.release()  # the loop thread's team, if it ever built one (see omp_teams)
             h = hosted.Hosted(loaded)
+            h.sources = _sources(tensors, cached, read.bytes_read, planned[1])
             self.memory.book(dev.id, h.holder, loaded.own_param_bytes + loaded.kv_bytes)
             if graph_bytes:
                 self.memory.book(dev.id, f"{h.holder}/decode-graph", graph_bytes)
@@ -344,6 +404,23 @@ class Hosting:
                 how,
             )
             return Loaded(h, "loaded")
+
+    # -- sleep and wake (issue 32: the agent side of them) ---------------------------------
+    async def offload(self, replica_id: str) -> list[blocks.Block]:
+        """Unload every block of `replica_id` held here, leaving their pieces in the host
+        cache and releasing their KV pools; returns the blocks, for `restore`."""
+        specs = sorted(
+            {h.stage.spec for k, h in self.hosted.items() if k[0] == replica_id},
+            key=lambda b: -b.stage_index,
+        )
+        for b in specs:
+            await self.unload(b.replica_id, b.stage_index)
+        return specs
+
+    async def restore(self, specs: Sequence[blocks.Block]) -> list[Loaded]:
+        """Load blocks again (as `offload` returned them), from the host cache as far as
+        it still holds them, storage for the rest; last stage first."""
+        return [await self.load(b) for b in sorted(specs, key=lambda b: -b.stage_index)]
 
     def _again(self, h: hosted.Hosted, spec: blocks.Block) -> Loaded:
         have = h.stage.spec
@@ -427,7 +504,30 @@ class Hosting:
         self.memory.release(h.stage.spec.device, h.holder)
         self.memory.release(h.stage.spec.device, f"{h.holder}/decode-graph")
         self.memory.release(h.stage.spec.device, f"{h.holder}/cuda-graphs")
+        freed: list[block_zoo.PieceKey] | None = None
         if h.stage.pieces is not None:  # pieces no other block uses are freed
-            for piece in h.stage.pieces.release():
+            freed = h.stage.pieces.release()
+            for piece in freed:
                 self.memory.release(h.stage.spec.device, piece.holder)
+        if self.host_cache.budget_bytes > 0:  # ... and kept in host memory while room lasts
+            await asyncio.get_running_loop().run_in_executor(
+                self.loader, load_sources.keep, self.host_cache, h.stage, freed, self._host_copy
+            )
         log.info("unloaded %s rank %d", h.holder, h.stage.spec.tp_rank)
+
+
+def _sources(
+    tensors: dict[str, torch.Tensor] | None,
+    cached: dict[str, torch.Tensor],
+    storage_bytes: int,
+    param_bytes: int,
+) -> load_sources.Sources:
+    """A load's bytes by source: what the cache gave, what storage read, peers the rest
+    (no tensors handed over: the loader read all of it from storage)."""
+    if tensors is None:
+        return load_sources.Sources(storage=param_bytes)
+    host = load_sources.nbytes(cached.values())
+    total = load_sources.nbytes(tensors.values())
+    return load_sources.Sources(
+        peer=max(0, total - host - storage_bytes), host=host, storage=storage_bytes
+    )

@@ -12,7 +12,7 @@ import concurrent.futures
 
 from tessera.policies import microbatch
 from tessera.rpc.v1 import agent_pb2 as pb
-from tessera_agent import hosted, load_config, stage_client
+from tessera_agent import hosted, load_config, stage_client, stitch_serve
 from tessera_agent.engine import replica, scheduler
 
 
@@ -52,17 +52,15 @@ def connector(h: hosted.Hosted) -> replica.DownstreamFactory | None:
     st = h.stage
     connect = None
     if h.num_stages > 1:
-        hello = pb.StageHello(
-            replica_id=st.spec.replica_id,
-            stage_index=1,
-            layer_start=st.spec.end,
-            model_path=st.spec.model_path,
-        )
+        # a stitched chain's front (issue 35) greets the large model's stage after the stitch
+        hello: pb.StageHello = stitch_serve.hello(st.spec, st.stitch)
 
         async def connect() -> replica.Downstream:
             ds = await stage_client.RemoteDownstream.connect(h.next_address, hello)
             ds.link = h.link_down  # hidden states over the data plane once it is formed
             ds.result_link = h.result_in  # and the sampled tokens back from the last stage
+            if st.stitch is not None and h.leader is not None:
+                return stitch_serve.Stitched(ds, st.stitch, h.leader.executor)
             return ds
 
     return connect

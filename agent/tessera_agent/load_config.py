@@ -28,6 +28,8 @@ class LoadDefaults:
     pipeline_microbatches: int = 0
     # checkpoint reads take at least bytes / this (a declared storage speed); 0 = unthrottled
     storage_bytes_per_s: float = 0.0
+    # host memory kept for unloaded blocks' pieces (`host_cache`); 0 = no host cache
+    host_cache_bytes: int = 0
     # how a pipelined leader cuts microbatches (lookahead while dropped and deep; issue 13)
     microbatch_split: microbatch.SplitConfig = field(default_factory=microbatch.SplitConfig)
 
@@ -36,6 +38,8 @@ class LoadDefaults:
             raise ValueError(f"dtype: {self.dtype!r} is not one of {list(DTYPES)}")
         if self.storage_bytes_per_s < 0:
             raise ValueError("storage_bytes_per_s: must be >= 0")
+        if self.host_cache_bytes < 0:
+            raise ValueError("host_cache_bytes: must be >= 0")
         for name in ("page_size", "max_num_seqs", "max_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1")

@@ -140,6 +140,9 @@ class _StateCollector(Collector):
                 cached.add_metric([rid], s.cached_pages)
                 steps.add_metric([rid], h.leader.steps)
         yield from _cobatch(getattr(self.state.compute, "stats", None))
+        hosting = getattr(self.state, "hosting", None)
+        if hosting is not None:
+            yield from _host_cache(hosting.host_cache.stats(), self.state.hosted)
         yield from (
             cap,
             free,
@@ -202,6 +205,45 @@ def _cobatch(stats: Any) -> Iterator[CounterMetricFamily]:
     yield from (steps, passes, deferred, waits, wait_s, busy)
 
 
+def _host_cache(stats: Any, hosted: dict[tuple[str, int], Any]) -> Iterator[Any]:
+    """The host block cache (`host_cache`) and where each loaded block's bytes came from."""
+    looks = CounterMetricFamily(
+        "tessera_agent_host_cache_lookups",
+        "Pieces loads looked for in the host block cache, by result",
+        labels=["result"],
+    )
+    looks.add_metric(["hit"], stats.hits)
+    looks.add_metric(["miss"], stats.misses)
+    hit_bytes = CounterMetricFamily(
+        "tessera_agent_host_cache_hit_bytes", "Bytes loads took from the host block cache"
+    )
+    hit_bytes.add_metric([], stats.hit_bytes)
+    evicted = CounterMetricFamily(
+        "tessera_agent_host_cache_evictions", "Pieces the host block cache dropped for room"
+    )
+    evicted.add_metric([], stats.evicted)
+    size = GaugeMetricFamily(
+        "tessera_agent_host_cache_bytes", "Host block cache bytes", labels=["kind"]
+    )
+    size.add_metric(["used"], stats.used_bytes)
+    size.add_metric(["budget"], stats.budget_bytes)
+    src = GaugeMetricFamily(
+        "tessera_agent_block_load_bytes",
+        "Bytes of a loaded block by where they came from (peer, host cache, storage)",
+        labels=["replica", "stage", "source"],
+    )
+    ready = GaugeMetricFamily(
+        "tessera_agent_block_ready_seconds",
+        "Seconds from a block's load request to ready (warm-up included)",
+        labels=["replica", "stage"],
+    )
+    for (rid, idx), h in list(hosted.items()):
+        for name in ("peer", "host", "storage"):
+            src.add_metric([rid, str(idx), name], getattr(h.sources, name))
+        ready.add_metric([rid, str(idx)], h.sources.seconds)
+    yield from (looks, hit_bytes, evicted, size, src, ready)
+
+
 class AgentMetrics:
     def __init__(self, state: AgentState) -> None:
         self.registry = CollectorRegistry()
@@ -223,7 +265,24 @@ class AgentMetrics:
             ["replica"],
             registry=self.registry,
         )
+        self.sleep_wake = Counter(
+            "tessera_agent_replica_sleep_wake",
+            "Replicas put to sleep or woken (issue 32), by replica and what",
+            ["replica", "what"],
+            registry=self.registry,
+        )
+        self.sleep_wake_seconds = Counter(
+            "tessera_agent_replica_sleep_wake_seconds",
+            "Seconds spent putting replicas to sleep and waking them, by what",
+            ["replica", "what"],
+            registry=self.registry,
+        )
         self.registry.register(_StateCollector(state))
+
+    def slept_or_woke(self, replica_id: str, what: str, seconds: float) -> None:
+        """`sleep.Sleepers`' callback: one sleep or wake of `replica_id`."""
+        self.sleep_wake.labels(replica_id, what).inc()
+        self.sleep_wake_seconds.labels(replica_id, what).inc(seconds)
 
     def serve(self, host: str, port: int) -> None:
         """Serve /metrics over HTTP on a daemon thread."""

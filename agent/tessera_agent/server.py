@@ -53,6 +53,7 @@ class AgentConfig:
     block_zoo: bool = True  # share identical parameter pieces between blocks (issue 14)
     pipeline_microbatches: int = 0  # in flight per pipelined replica led here; 0 = its stages
     storage_bytes_per_s: float = 0.0  # declared checkpoint read speed (issue 11); 0 = as is
+    host_cache_bytes: int = 0  # host block cache budget (issue 32); 0 = none
     cost_profile: str = ""  # `tessera profile --out` JSON: lookahead's Eq. 1 (issue 13)
     cobatch: bool = True  # co-batch steps of chains sharing blocks (issue 14, cobatch.py)
     cobatch_rows: int = 0  # rows per pass of a shared block instance; 0 = the default
@@ -116,6 +117,7 @@ async def serve(cfg: AgentConfig) -> None:
         prefix_caching=cfg.prefix_caching,
         pipeline_microbatches=cfg.pipeline_microbatches,
         storage_bytes_per_s=cfg.storage_bytes_per_s,
+        host_cache_bytes=cfg.host_cache_bytes,
         microbatch_split=split_config(cfg.cost_profile),
         block_zoo=cfg.block_zoo,
     )

@@ -31,12 +31,15 @@ from tessera_agent import (
     grpc_status,
     hosting,
     kv_transfer,
+    link_probe,
     load_config,
+    load_sources,
     metrics,
     overload_shift,
     scaling_control,
     scaling_host,
     scaling_rpc,
+    sleep,
     stage_server,
     tensor_transfer,
     variants,
@@ -80,6 +83,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         )
         self.run_host = scaling_host.RunHost(agent_id, self.memory, self.compute, store_address)
         self.metrics = metrics.AgentMetrics(self)
+        self.sleepers = sleep.Sleepers(self.hosting, on_change=self.metrics.slept_or_woke)
 
     async def close(self) -> None:
         await self.hosting.close()
@@ -88,9 +92,19 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
     # -- inventory ----------------------------------------------------------------------
     def _blocks(self) -> list[pb.BlockInfo]:
         return [
-            variants.annotate(rpc_blocks.to_proto(b, st.num_pages, len(st.tensor_names())), st)
+            self._with_load(
+                variants.annotate(rpc_blocks.to_proto(b, st.num_pages, len(st.tensor_names())), st)
+            )
             for b, st in self.hosting.held()
-        ]
+        ] + [rpc_blocks.to_proto(b, n, 0) for b, n in self.sleepers.blocks()]  # asleep (issue 32)
+
+    def _with_load(self, info: pb.BlockInfo) -> pb.BlockInfo:
+        """Where the block's bytes came from and its time to ready (issue 32)."""
+        h = self.hosting.hosted.get((info.replica_id, info.stage_index))
+        if h is not None and h.stage.spec.tp_rank == info.tp_rank:
+            info.load.CopyFrom(h.sources.to_proto())
+            info.piece_digests.update(load_sources.digests_of(h.stage))
+        return info
 
     async def Describe(
         self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -99,7 +113,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
             convert.replica_kv(rid, h.leader.stats())
             for (rid, _), h in sorted(self.hosted.items())
             if h.leader is not None
-        ]
+        ] + [pb.ReplicaKV(replica_id=rid, sleeping=True) for rid in self.sleepers.leading()]
         return pb.DescribeReply(
             agent_id=self.agent_id,
             nvml_status=self.nvml_status,
@@ -111,6 +125,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
             zoo=variants.zoo_to_proto(self.hosting.zoo),
             scaling_runs=self.scaling.describe(),
             scaling_hosted=self.run_host.describe(),
+            host_cache=load_sources.cache_to_proto(self.hosting.host_cache),
         )
 
     async def ListBlocks(
@@ -142,8 +157,10 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         st = done.hosted.stage
         held = self.hosting.observed(done.hosted)
         return pb.LoadBlockReply(
-            block=variants.annotate(
-                rpc_blocks.to_proto(held, st.num_pages, len(st.tensor_names())), st
+            block=self._with_load(
+                variants.annotate(
+                    rpc_blocks.to_proto(held, st.num_pages, len(st.tensor_names())), st
+                )
             ),
             already_loaded=done.how != "loaded",
         )
@@ -153,7 +170,8 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
     ) -> pb.UnloadBlockReply:
         try:
             rank = request.tp_rank if request.HasField("tp_rank") else None
-            await self.hosting.unload(request.replica_id, request.stage_index, rank)
+            if not self.sleepers.forget(request.replica_id, request.stage_index):
+                await self.hosting.unload(request.replica_id, request.stage_index, rank)
         except errors.EngineError as exc:
             await grpc_status.abort(context, exc)
         return pb.UnloadBlockReply(unloaded=True)
@@ -198,6 +216,18 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
                 yield chunk
         except errors.EngineError as exc:
             await grpc_status.abort(context, exc)
+
+    # -- link probes (issue 32) --------------------------------------------------------------
+    async def ProbeLinks(
+        self, request: pb.ProbeLinksRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ProbeLinksReply:
+        return await link_probe.probe(request, self.defaults.storage_bytes_per_s)
+
+    async def ProbeSend(
+        self, request: pb.ProbeSendRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.TensorChunk]:
+        for chunk in link_probe.filler(min(request.nbytes, 1 << 30), request.chunk_bytes):
+            yield chunk
 
     # -- KV movement --------------------------------------------------------------------
     def _leader(self, replica_id: str) -> replica.ReplicaEngine:
@@ -350,6 +380,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.GenerateChunk]:
         try:
+            await self.sleepers.awake(request.replica_id)  # a request wakes a sleeper
             async for chunk in generate_mux.chunks(
                 self.hosted, self.agent_id, self.metrics, request
             ):
@@ -363,9 +394,33 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.GenerateMuxReply]:
         async for reply in generate_mux.serve(
-            self.hosted, self.agent_id, self.metrics, request_iterator
+            self.hosted, self.agent_id, self.metrics, request_iterator, self.sleepers.awake
         ):
             yield reply
+
+    # -- sleep and wake (issue 32) ------------------------------------------------------
+    async def SleepReplica(
+        self, request: pb.SleepReplicaRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.SleepReplicaReply:
+        try:
+            out = await self.sleepers.sleep(request.replica_id)
+        except errors.EngineError as exc:
+            await grpc_status.abort(context, exc)
+        return pb.SleepReplicaReply(
+            sleeping=True,
+            offloaded_bytes=out.param_bytes,
+            released_kv_bytes=out.kv_bytes,
+            seconds=out.seconds,
+        )
+
+    async def WakeReplica(
+        self, request: pb.WakeReplicaRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.WakeReplicaReply:
+        try:
+            out = await self.sleepers.wake(request.replica_id)
+        except errors.EngineError as exc:
+            await grpc_status.abort(context, exc)
+        return pb.WakeReplicaReply(awake=True, restored_bytes=out.param_bytes, seconds=out.seconds)
 
     async def VariantAdapters(
         self, request: pb.VariantAdaptersRequest, context: grpc.aio.ServicerContext[Any, Any]

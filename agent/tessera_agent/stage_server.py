@@ -21,8 +21,8 @@ import torch
 
 from tessera.observability import tracing
 from tessera.rpc.v1 import agent_pb2 as pb
-from tessera_agent import convert, grpc_status, hosted, stage_client
-from tessera_agent.engine import cobatch, dtypes, errors, step
+from tessera_agent import convert, grpc_status, hosted, stage_client, stitch_serve
+from tessera_agent.engine import cobatch, dtypes, errors, replica, step
 
 Hosting = Mapping[tuple[str, int], hosted.Hosted]
 
@@ -53,7 +53,7 @@ async def _step(
     compute: concurrent.futures.Executor,
     h: hosted.Hosted,
     msg: pb.StageMessage,
-    downstream: stage_client.RemoteDownstream | None,
+    downstream: replica.Downstream | None,
 ) -> pb.StageResult:
     with tracing.step(msg.step, h.stage.spec.replica_id, h.stage.spec.stage_index):
         return await _traced_step(compute, h, msg, downstream)
@@ -63,7 +63,7 @@ async def _traced_step(
     compute: concurrent.futures.Executor,
     h: hosted.Hosted,
     msg: pb.StageMessage,
-    downstream: stage_client.RemoteDownstream | None,
+    downstream: replica.Downstream | None,
 ) -> pb.StageResult:
     inp = convert.step_from_proto(msg.step)
     if msg.step.hidden_on_link:  # posted first: receives are issued in stream order
@@ -116,20 +116,17 @@ async def serve(
     hello = first.hello
     try:
         h = check_hello(blocks, agent_id, hello)
-        downstream = None
+        downstream: replica.Downstream | None = None
         pages = h.stage.num_pages
         if h.stage.spec.stage_index < h.num_stages - 1:
-            downstream = await stage_client.RemoteDownstream.connect(
-                h.next_address,
-                pb.StageHello(
-                    replica_id=hello.replica_id,
-                    stage_index=hello.stage_index + 1,
-                    layer_start=h.stage.spec.end,
-                    model_path=h.stage.spec.model_path,
-                ),
+            remote = await stage_client.RemoteDownstream.connect(
+                h.next_address, stitch_serve.hello(h.stage.spec, h.stage.stitch)
             )
-            pages = min(pages, downstream.num_pages)
-            downstream.link = h.link_down
+            pages = min(pages, remote.num_pages)
+            remote.link = h.link_down
+            downstream = remote
+            if h.stage.stitch is not None:  # a stitched chain's front ends here (issue 35)
+                downstream = stitch_serve.Stitched(remote, h.stage.stitch, compute)
     except errors.EngineError as exc:
         await grpc_status.abort(context, exc)
     yield pb.StageResult(

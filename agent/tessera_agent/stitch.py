@@ -215,6 +215,27 @@ def load(folder: Path) -> tuple[Stitch, dict[str, Any]]:
     return st, meta
 
 
+def open_zoo(
+    zoo: Path, small_path: Path, large_path: Path, point: Point
+) -> tuple[Stitch, Quality, Path]:
+    """The stitch the zoo holds for these two checkpoints, its quality at `point` and its
+    folder: LookupError when none was trained for them, ValueError when the record names
+    another checkpoint's digest or the point was not measured. Used by the in-process chain
+    and by the agents (`stitch_serve.prepare`)."""
+    folder = zoo_path(zoo, small_path, large_path)
+    if not (folder / "stitch.json").exists():
+        raise LookupError(f"no stitch in {zoo} for {small_path} -> {large_path}")
+    st, meta = load(folder)
+    for role, path in (("small", small_path), ("large", large_path)):
+        if meta[role]["sha256"] != checkpoint_digest(path):
+            raise ValueError(f"{folder}: the stitch was trained for another {role} model")
+    measured = {tuple(q["point"]): q for q in meta["quality"]}
+    if tuple(point) not in measured:
+        raise ValueError(f"point {list(point)} was not measured; known: {sorted(measured)}")
+    q = measured[tuple(point)]
+    return st, Quality((point[0], point[1]), q["cosine"], q["top1_agreement"]), folder
+
+
 class StitchedChain:
     """Small front `[0, i)` -> stitch -> large tail `[j, L)`, each part with its KV cache."""
 
@@ -228,26 +249,15 @@ class StitchedChain:
 
     @classmethod
     def from_zoo(cls, zoo: Path, small_path: Path, large_path: Path, point: Point) -> StitchedChain:
-        """The chain opted in to the stitch the zoo holds for these two checkpoints: refused
-        when none was trained for them (the record names both digests) or the point was
-        not measured; the chain carries the measured quality, to be shown with it."""
+        """The chain opted in to the stitch the zoo holds for these two checkpoints (refused
+        as `open_zoo` says); the chain carries the measured quality, to be shown with it."""
         from transformers import AutoModelForCausalLM
 
-        folder = zoo_path(zoo, small_path, large_path)
-        if not (folder / "stitch.json").exists():
-            raise LookupError(f"no stitch in {zoo} for {small_path} -> {large_path}")
-        st, meta = load(folder)
-        for role, path in (("small", small_path), ("large", large_path)):
-            if meta[role]["sha256"] != checkpoint_digest(path):
-                raise ValueError(f"{folder}: the stitch was trained for another {role} model")
-        measured = {tuple(q["point"]): q for q in meta["quality"]}
-        if tuple(point) not in measured:
-            raise ValueError(f"point {list(point)} was not measured; known: {sorted(measured)}")
-        q = measured[tuple(point)]
+        st, quality, _ = open_zoo(zoo, small_path, large_path, point)
         auto: Any = AutoModelForCausalLM
         small = auto.from_pretrained(small_path, dtype=torch.float32).eval()
         large = auto.from_pretrained(large_path, dtype=torch.float32).eval()
-        return cls(small, large, st, point, Quality(point, q["cosine"], q["top1_agreement"]))
+        return cls(small, large, st, point, quality)
 
     def generate(self, prompt: Sequence[int], max_new: int) -> tuple[list[int], list[float]]:
         """Greedy tokens and the seconds each took."""

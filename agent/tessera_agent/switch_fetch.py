@@ -5,7 +5,8 @@ names, per unit range (0 the embedding, 1..L the decoder layers, L+1 the final n
 lm_head), the hosted block to copy it from. `gather` fetches every part at once: a part on
 this agent (`transport == "local"`) is taken from the hosted block in memory; a remote one
 goes over the data plane when the plan says both ends have it (gRPC when the group cannot
-form) or over gRPC; whatever no part names is read from the checkpoint. `read_checkpoint`
+form) or over gRPC; whatever no part names is read from the checkpoint meanwhile (storage
+and peers in parallel: the plan splits a block between them by their rates). `read_checkpoint`
 is the one storage reader of a load: when the agent declares a storage bandwidth
 (`--storage-bandwidth`, e.g. a cluster's network volume, which a local page cache would
 otherwise beat by far) it takes at least bytes / bandwidth. Called by `hosting.Hosting.load`.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -26,6 +27,7 @@ from tessera_agent.engine import errors, loader, stage
 from tessera_agent.transfer import block_copy
 
 LOCAL = "local"
+HOST = "host"  # this agent's host block cache (`host_cache`)
 
 Lookup = Callable[[str, int], stage.Stage]  # (replica id, stage) -> a block hosted here
 
@@ -74,17 +76,21 @@ async def gather(
     device: torch.device,
     backend: str,
     read: Callable[[list[str]], dict[str, torch.Tensor]],
+    have: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], str]:
     """(tensors by checkpoint name for layers [start, end), how they were moved). `read`
-    reads names from storage (on the loader thread: the caller's `read_checkpoint`)."""
+    reads names from storage (on the loader thread: the caller's `read_checkpoint`);
+    `have`: tensors already at hand (the host cache's), fetched from nowhere. A part
+    with transport `host` names this agent's host cache: what it no longer holds is read
+    from storage."""
     needed = loader.checkpoint_names(cfg, start, end)
-    want = set(needed)
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {x: t for x, t in (have or {}).items() if x in set(needed)}
+    want = set(needed) - set(out)
     remote: list[tuple[pb.BlockSource, list[str]]] = []
-    how: list[str] = []
+    how: list[str] = [f"{len(out)} tensors from the host cache"] if out else []
     for part in parts:
-        if not part.source.address:
-            continue  # storage: read below with everything no peer part covers
+        if not part.source.address or part.source.transport == HOST:
+            continue  # storage (or the host cache): read below with what no part covers
         names = [x for x in unit_names(cfg, part.unit_start, part.unit_end) if x in want]
         if not names:
             continue
@@ -94,15 +100,18 @@ async def gather(
             how.append(f"units {part.unit_start}-{part.unit_end} local")
         else:
             remote.append((part.source, names))
+    # storage reads what no part covers, at the same time as the peers send theirs
+    coming = {x for _, names in remote for x in names}
+    rest = [x for x in needed if x not in out and x not in coming]
+    loop = asyncio.get_running_loop()
+    stored = loop.run_in_executor(None, read, rest) if rest else None
     fetched = await asyncio.gather(
         *(block_copy.fetch(src, names, store_address, device, backend) for src, names in remote)
     )
     for (src, _), (tensors, moved_by) in zip(remote, fetched, strict=True):
         out.update(tensors)
         how.append(f"{len(tensors)} tensors from {src.address} over {moved_by}")
-    rest = [x for x in needed if x not in out]
-    if rest:
-        loop = asyncio.get_running_loop()
-        out.update(await loop.run_in_executor(None, read, rest))
+    if stored is not None:
+        out.update(await stored)
         how.append(f"{len(rest)} tensors from storage")
     return {x: out[x] for x in needed}, "; ".join(how)

@@ -147,12 +147,17 @@ class OperatorConfig:
     # default candidates (no switching_candidates): a measured cost profile
     # (tessera.cost.profile.Profile) for agents whose GPUs have no analytic one (e.g. CPU)
     switching_profile: Any = None
+    # the latency model's calibration (tessera.cost.calibration.Calibration, e.g. from
+    # `tessera calibrate`): candidates are priced with its correction and the switching
+    # threshold comes from its per-layout error (None: the raw model and minGain)
+    switching_calibration: Any = None
     # default candidates: planner layouts priced each span (switching_planner.cap)
     switching_max_candidates: int = 32
     # the overload loop (overload_loop.py): timer period; the gateway's admin base URL
     # ("{namespace}", "{name}" filled; "": the gateway Service) and its bearer token
     overload_tick_seconds: float = 0.5
     scaling_tick_seconds: float = 5.0  # the module-scaling loop (scaling_tick.py)
+    autoscale_tick_seconds: float = 1.0  # the replica autoscaler (autoscale_tick.py)
     gateway_admin_url: str = ""
     gateway_admin_token: str = ""
     # tests: awaited after each step a loop's driver performs (an operator stopped mid-drop)
@@ -170,6 +175,8 @@ class OperatorConfig:
             raise ValueError("resync_seconds: must be > 0")
         if not self.scaling_tick_seconds > 0:
             raise ValueError("scaling_tick_seconds: must be > 0")
+        if not self.autoscale_tick_seconds > 0:
+            raise ValueError("autoscale_tick_seconds: must be > 0")
         if not self.overload_tick_seconds > 0:
             raise ValueError("overload_tick_seconds: must be > 0")
         if not self.switching_tick_seconds > 0:

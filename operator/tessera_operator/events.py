@@ -28,6 +28,7 @@ REASONS = {
     "Drain": ("ReplicaDrained", "DrainFailed"),
     "MoveKV": ("KVMoved", "KVMoveFailed"),
     "ResizeKV": ("KVPoolResized", "KVPoolResizeFailed"),
+    "DropLayers": ("LayersDropped", "LayersDropFailed"),
 }
 
 

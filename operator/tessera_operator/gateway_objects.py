@@ -145,7 +145,11 @@ def deployment(
         ],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": {
-            "httpGet": {"path": "/health", "port": "http"},
+            # scaled to zero the gateway must stay in the Service to hold and wake (issue 32)
+            "httpGet": {
+                "path": "/metrics" if dep.spec.scaling.enabled else "/health",
+                "port": "http",
+            },
             "periodSeconds": 5,
         },
         "volumeMounts": [
@@ -153,6 +157,10 @@ def deployment(
             model_mount,
         ],
     }
+    if dep.spec.scaling.enabled:  # the hold queue of spec.scaling.hold (issue 32)
+        h = dep.spec.scaling.hold
+        container["args"] += ["--hold-max", str(h.max_requests)]
+        container["args"] += ["--hold-deadline", f"{h.deadline_seconds:g}"]
     container["args"] += list(tmpl.extra_args)
     volumes = [{"name": "routes", "configMap": {"name": routes_name(dep)}}, model_volume]
     env: list[dict[str, Any]] = []

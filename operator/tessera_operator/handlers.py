@@ -5,7 +5,8 @@ create, spec update and resume run a reconcile pass; a timer every `cfg.resync_s
 re-runs it to repair drift (an agent that restarted or lost a block, one that went
 down or came back); deletion runs the finalizer; `switching_loop` adds its own timer
 (workload-adaptive switching, issue 11), `overload_loop` another (KunServe, every
-0.5 s), `scaling_tick` another (CoCoServe module scaling). The login handler points
+0.5 s), `scaling_tick` another (CoCoServe module scaling), `autoscale_tick` another
+(replica autoscaling, sleep and scale to zero). The login handler points
 kopf at the same API server as the operator's own client. Called by `runner.py`.
 """
 
@@ -17,6 +18,7 @@ import kopf
 
 from tessera import api
 from tessera_operator import (
+    autoscale_tick,
     config,
     kube,
     overload_loop,
@@ -63,4 +65,5 @@ def build_registry(cfg: config.OperatorConfig) -> kopf.OperatorRegistry:
     switching_loop.register(registry, cfg, RESOURCE)
     overload_loop.register(registry, cfg, RESOURCE)
     scaling_tick.register(registry, cfg, RESOURCE)
+    autoscale_tick.register(registry, cfg, RESOURCE)  # replica autoscaling (issue 32)
     return registry

@@ -16,13 +16,13 @@ import asyncio
 import copy
 import datetime
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
 from tessera import api, fields, plan, reconcile, routes_doc
-from tessera.control import actuate, agents, converge
+from tessera.control import actuate, agents, converge, link_probe
 from tessera.policies import admission, transition
 from tessera_operator import (
     config,
@@ -33,6 +33,7 @@ from tessera_operator import (
     kube,
     overload_status,
     owned,
+    replica_status,
     status,
 )
 
@@ -43,6 +44,8 @@ class Context:
 
     config: config.OperatorConfig
     kube: kube.Kube
+    # the agents' measured links, probed once per pair (issue 32; docs/scaling.md)
+    probe: link_probe.LinkProbe = field(default_factory=link_probe.LinkProbe)
 
 
 def _now() -> str:
@@ -75,11 +78,13 @@ async def run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, periodic: boo
         await one_pass(body, patch, context(memo))
 
 
-def _rollout(cfg: config.OperatorConfig) -> converge.Rollout:
+def _rollout(ctx: Context) -> converge.Rollout:
+    cfg = ctx.config
     return converge.Rollout(
         drain=transition.DrainPolicy(
             cfg.drain_deadline_seconds, cfg.drain_grace_seconds, cfg.drain_settle_seconds
         ),
+        probe=ctx.probe,
     )
 
 
@@ -153,7 +158,7 @@ async def _serve(
         progress=functools.partial(events.action, body),
         published=published,
         publish=_routes_writer(ctx, body, dep, owner),
-        rollout=_rollout(ctx.config),
+        rollout=_rollout(ctx),
     )
     if out.plan is None:
         return out, ""
@@ -174,6 +179,9 @@ async def one_pass(body: kopf.Body, patch: kopf.Patch, ctx: Context) -> None:
         body, status.condition(previous, "Progressing"), status.condition(new, "Progressing")
     )
     events.layer_runs(body, previous.get("scaling"), new.get("scaling"))
+    replica_status.ready_events(
+        body, previous.get("replicaSources") or [], new.get("replicaSources") or []
+    )
     overload_status.record(body, previous.get("overload") or {}, new.get("overload") or {})
     for key, value in status.merge_patch(previous, new).items():
         patch.status[key] = value

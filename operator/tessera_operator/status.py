@@ -28,7 +28,7 @@ from typing import Any
 
 from tessera.control import converge
 from tessera.policies import admission
-from tessera_operator import overload_status, scaling
+from tessera_operator import overload_status, replica_status, scaling
 
 CONDITIONS = ("Ready", "Progressing", "Degraded", "PlanValid", "Reconciling", "Stalled")
 WORKING = ("Loading", "Switching")  # work under way
@@ -146,7 +146,15 @@ def build(
     plan and replica counts stay: the blocks it loaded keep serving."""
     status: dict[str, Any] = {
         key: previous[key]
-        for key in ("plan", "replicas", "readyReplicas", "lastPlanTime", "endpoint", "switching")
+        for key in (
+            "plan",
+            "replicas",
+            "readyReplicas",
+            "lastPlanTime",
+            "endpoint",
+            "switching",
+            "autoscaling",  # the autoscale loop writes it (autoscale_tick.py)
+        )
         if key in previous
     }
     if out.plan is not None:
@@ -170,6 +178,11 @@ def build(
     moving = transition_status(out)
     if moving is not None:
         status["transition"] = moving
+    loaded = replica_status.sources(out)  # issue 32: bytes by source, time to ready
+    if loaded:
+        status["replicaSources"] = loaded
+    elif out.plan is None and "replicaSources" in previous:  # no plan: the blocks stay
+        status["replicaSources"] = previous["replicaSources"]
     if out.variants:  # issue 14: each variant loaded where, ready or why not
         status["variants"] = [v.to_json() for v in out.variants]
     dropped = overload_status.groups(out)

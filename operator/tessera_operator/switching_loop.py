@@ -93,6 +93,7 @@ async def default_candidates(
         placed,
         CANDIDATE_CACHE,
         cfg.switching_max_candidates,
+        cfg.switching_calibration,
     )
 
 

@@ -5,7 +5,8 @@ The one typed message between users and Tessera: `tessera up -f`, `tessera valid
 `crds/` describes exactly these fields (a test keeps the two in agreement).
 `parse()` checks structure and reports the first bad field by path;
 `tessera.api_semantics.check_semantics()` checks a parsed spec against the model and the
-agents; `spec.policies` lives in `tessera.api_policies`.
+agents; `spec.policies` lives in `tessera.api_policies`, `spec.scaling` in
+`tessera.api_scaling`.
 Pure: no I/O besides what callers pass in.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera import api_policies, dtypes, fields, variant_spec
+from tessera import api_policies, api_scaling, dtypes, fields, variant_spec
 
 # re-exported: `spec.policies` types are part of the manifest API
 from tessera.api_policies import SWITCHING_MODES as SWITCHING_MODES
@@ -117,6 +118,7 @@ class DeploymentSpec:
     policies: PoliciesSpec = field(default_factory=PoliciesSpec)
     gateway: GatewaySpec = GatewaySpec()
     variants: tuple[variant_spec.VariantSpec, ...] = ()  # issue 14: tessera.variant_spec
+    scaling: api_scaling.ScalingSpec = field(default_factory=api_scaling.ScalingSpec)  # issue 32
 
 
 @dataclass(frozen=True)
@@ -302,7 +304,17 @@ def parse_spec(doc: Any, path: str = "spec") -> DeploymentSpec:
     s = fields.mapping(doc, path)
     fields.known_only(
         s,
-        ("model", "resources", "layout", "workload", "slo", "policies", "gateway", "variants"),
+        (
+            "model",
+            "resources",
+            "layout",
+            "workload",
+            "slo",
+            "policies",
+            "gateway",
+            "variants",
+            "scaling",
+        ),
         path,
     )
     model = _model(fields.require(s, "model", path), f"{path}.model")
@@ -315,6 +327,7 @@ def parse_spec(doc: Any, path: str = "spec") -> DeploymentSpec:
         policies=api_policies.parse(fields.optional(s, "policies", {}), f"{path}.policies"),
         gateway=_gateway(fields.optional(s, "gateway", {}), f"{path}.gateway"),
         variants=_variants(fields.optional(s, "variants", []), model.name, f"{path}.variants"),
+        scaling=api_scaling.parse(fields.optional(s, "scaling", {}), f"{path}.scaling"),
     )
 
 

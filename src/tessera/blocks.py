@@ -87,6 +87,12 @@ class Block:
     # the logit-lens threshold (0 = off: only bit-identical layers are shared).
     share_from: str = ""
     share_threshold: float = 0.0
+    # Issue 35: the last block of a small model's front in a stitched chain hands its hidden
+    # states through the stitching block the zoo folder `stitch_zoo` holds for (this
+    # model, `stitch_to`) to the next stage, layers [`stitch_at`, L) of `stitch_to`.
+    stitch_zoo: str = ""
+    stitch_to: str = ""
+    stitch_at: int = 0
 
     def __post_init__(self) -> None:
         if self.tp_size < 1 or not 0 <= self.tp_rank < self.tp_size:
@@ -130,6 +136,9 @@ class Block:
             self.tp_rank,
             self.share_from,
             self.share_threshold,
+            self.stitch_zoo,
+            self.stitch_to,
+            self.stitch_at,
         )
 
     def holds(self, other: Block) -> bool:

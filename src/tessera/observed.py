@@ -58,6 +58,29 @@ class LayerRun:
 
 
 @dataclass(frozen=True)
+class CachedPiece:
+    """A piece in an agent's host block cache (issue 32)."""
+
+    model_path: str
+    piece: str  # "embed", "layer.<i>" or "final"
+    dtype: str
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class BlockLoad:
+    """Where a held block's bytes came from and its seconds to ready (issue 32)."""
+
+    replica_id: str
+    stage_index: int
+    tp_rank: int = 0
+    peer_bytes: int = 0
+    host_bytes: int = 0
+    storage_bytes: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
 class AgentInfo:
     name: str
     address: str
@@ -68,6 +91,8 @@ class AgentInfo:
     error: str = ""  # why it is unreachable
     store_address: str = ""  # its rendezvous store, where data-plane groups meet
     layer_runs: tuple[LayerRun, ...] = ()  # replicated/migrated runs of stages it hosts
+    host_cache: tuple[CachedPiece, ...] = ()  # its host block cache's pieces
+    loads: tuple[BlockLoad, ...] = ()  # per held block: bytes by source, seconds to ready
 
 
 @dataclass(frozen=True)

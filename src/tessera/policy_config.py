@@ -1,4 +1,5 @@
-"""The elastic policies' configuration types: `spec.policies.overload` and `.scaling`.
+"""The elastic policies' configuration types: `spec.policies.overload`, `.scaling` and
+`spec.scaling` (replica autoscaling, sleep and scale to zero: `AutoscaleConfig`).
 
 Types, not decisions: `api_policies` parses the manifest into them and the policies that
 decide with them (`policies.overload`, `policies.module_scaling`, which re-export them)
@@ -60,3 +61,38 @@ class ScalingConfig:
             raise ValueError("batch_step: must be >= 1")
         if self.max_migrations < 0:
             raise ValueError("max_migrations: must be >= 0")
+
+
+@dataclass(frozen=True)
+class AutoscaleConfig:
+    """`spec.scaling` (docs/scaling.md), validated: how many replicas are awake."""
+
+    enabled: bool = False
+    min_replicas: int = 1  # 0 allows scale to zero
+    max_replicas: int = 0  # 0: every planned replica
+    sleep_after_s: float = 0.0  # an awake replica idle this long sleeps; 0: never
+    queue_per_replica: float = 4.0  # waiting requests (held included) one replica absorbs
+    kv_high: float = 0.85  # mean KV use above this: one replica more
+    kv_low: float = 0.3  # below this with no queue for `scale_down_after_s`: one fewer
+    ttft_slo_s: float = 0.0  # observed p99 TTFT above this: one replica more (0: no SLO)
+    scale_down_after_s: float = 30.0  # calm this long before scaling in (hysteresis)
+    up_cooldown_s: float = 5.0  # between two scale-outs (from zero is never held back)
+    hold_max_requests: int = 256  # the gateway's hold queue (gateway/hold.py)
+    hold_deadline_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.min_replicas < 0 or self.max_replicas < 0:
+            raise ValueError("min_replicas, max_replicas: must be >= 0")
+        if self.max_replicas and self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"max_replicas: {self.max_replicas} is below min_replicas {self.min_replicas}"
+            )
+        if self.queue_per_replica <= 0:
+            raise ValueError("queue_per_replica: must be > 0")
+        if not 0.0 < self.kv_low < self.kv_high <= 1.0:
+            raise ValueError(f"kv_low < kv_high in (0, 1]: got {self.kv_low}, {self.kv_high}")
+        for name in ("sleep_after_s", "ttft_slo_s", "scale_down_after_s", "up_cooldown_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0")
+        if self.hold_max_requests < 0 or self.hold_deadline_s <= 0:
+            raise ValueError("hold_max_requests >= 0 and hold_deadline_s > 0")

@@ -12,6 +12,11 @@ foundation's (the agents' block zoo). Requests choose one by the OpenAI `model` 
         checkpoint: finetunes/med        # full fine-tune, same architecture
         shareEquivalent: true            # opt-in: share layers equivalent to the model's
         threshold: 0.98                  # logit-lens cosine they must reach (default 0.98)
+      - name: fast
+        stitch:                          # the model's requests through a smaller model's
+          small: family/small            #   front blocks and a trained stitching block
+          point: [2, 3]                  #   small layers [0, 2) -> stitch -> layers [3, L)
+          zoo: zoo                       #   the folder `tessera model stitch --zoo` wrote
 
 Relative paths resolve like `spec.model.path`. Why here and not a resource of their own:
 variants share the deployment's replicas, lifecycle and memory budget, and the reconcile
@@ -28,7 +33,8 @@ from typing import Any
 
 from tessera import fields
 
-FIELDS = ("name", "adapter", "checkpoint", "shareEquivalent", "threshold")
+FIELDS = ("name", "adapter", "checkpoint", "shareEquivalent", "threshold", "stitch")
+STITCH_FIELDS = ("small", "point", "zoo")
 THRESHOLD = 0.98  # BlockLLM's equivalence threshold (§6)
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123: part of replica ids
 
@@ -36,15 +42,24 @@ NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123: part of 
 @dataclass(frozen=True)
 class VariantSpec:
     name: str
-    kind: str  # "lora" or "full"
-    path: str  # adapter directory or checkpoint directory
+    kind: str  # "lora", "full" or "stitch"
+    path: str  # adapter directory, checkpoint directory, or (stitch) the small checkpoint
     # Full fine-tunes only: serve layers whose logit-lens cosine against the foundation's
     # reaches `threshold` from the foundation's weights (docs/variants.md). Off by default:
     # then only bit-identical layers are shared.
     share_equivalent: bool = False
     threshold: float = THRESHOLD
+    # Stitched chains only (issue 35): the small model's layers [0, i) answer, through the
+    # stitching block the zoo holds for (small, model), then the model's layers [j, L).
+    point: tuple[int, int] = (0, 0)  # (i, j)
+    zoo: str = ""  # folder holding `stitch/<digests>/` (relative paths as for `path`)
 
     def to_json(self) -> dict[str, object]:
+        if self.kind == "stitch":
+            return {
+                "name": self.name,
+                "stitch": {"small": self.path, "point": list(self.point), "zoo": self.zoo},
+            }
         out: dict[str, object] = {
             "name": self.name,
             "adapter" if self.kind == "lora" else "checkpoint": self.path,
@@ -80,9 +95,18 @@ def parse(doc: Any, foundation: str, path: str = "spec.variants") -> tuple[Varia
                 f"{where}.name", f"{name!r} is already served (the model or another variant)"
             )
         seen.add(name)
-        has = [k for k in ("adapter", "checkpoint") if m.get(k) not in (None, "")]
+        has = [k for k in ("adapter", "checkpoint", "stitch") if m.get(k) not in (None, "")]
         if len(has) != 1:
-            raise fields.FieldError(where, "give exactly one of adapter (LoRA) or checkpoint")
+            raise fields.FieldError(
+                where, "give exactly one of adapter (LoRA), checkpoint or stitch"
+            )
+        if has[0] == "stitch":
+            if "shareEquivalent" in m or "threshold" in m:
+                raise fields.FieldError(
+                    f"{where}.shareEquivalent", "applies to full fine-tunes (checkpoint) only"
+                )
+            out.append(_stitch(name, m["stitch"], f"{where}.stitch"))
+            continue
         kind = "lora" if has[0] == "adapter" else "full"
         share, threshold = _share(m, where, kind)
         out.append(
@@ -111,3 +135,24 @@ def _share(m: Any, where: str, kind: str) -> tuple[bool, float]:
             "foundation's weights already",
         )
     return share, threshold
+
+
+def _stitch(name: str, doc: Any, where: str) -> VariantSpec:
+    """A stitched chain's entry: `{small, point: [i, j], zoo}`."""
+    m = fields.mapping(doc, where)
+    fields.known_only(m, STITCH_FIELDS, where)
+    small = fields.string(fields.require(m, "small", where), f"{where}.small")
+    zoo = fields.string(fields.require(m, "zoo", where), f"{where}.zoo")
+    point = fields.require(m, "point", where)
+    if (
+        not isinstance(point, list)
+        or len(point) != 2
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in point)
+        or point[0] < 1
+        or point[1] < 1
+    ):
+        raise fields.FieldError(
+            f"{where}.point",
+            "must be [i, j]: the small model's first i layers, then the model's from j (both >= 1)",
+        )
+    return VariantSpec(name, "stitch", small, point=(point[0], point[1]), zoo=zoo)

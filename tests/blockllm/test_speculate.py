@@ -132,9 +132,12 @@ def test_bench_speculate_quick_reports_hit_rate_and_ratio() -> None:
     args = parser.parse_args(["--quick", "--bottleneck-ms", "10", "--hop-ms", "1"])
     out = bench_speculate.run(args)
     assert out["speculated_blocks"] == [1]
-    assert out["runs"]["off"]["tokens_equal_transformers"]
+    assert out["runs"]["off"]["tokens_equal_oracle"]  # the engine path's runs
+    parts = out["parts_path"]["runs"]
+    assert parts["off"]["tokens_equal_transformers"]
     for name in ("lowrank", "pseudo", "pseudo_half"):
         assert out["runs"][name]["tokens_equal"], name
-    assert out["runs"]["pseudo"]["hit_rate"] == 1.0
-    assert out["runs"]["pseudo_half"]["hit_rate"] == 0.5
+        assert parts[name]["tokens_equal"], name
+    assert out["runs"]["pseudo"]["hit_rate"] == parts["pseudo"]["hit_rate"] == 1.0
+    assert out["runs"]["pseudo_half"]["hit_rate"] == parts["pseudo_half"]["hit_rate"] == 0.5
     assert 0.0 <= out["hit_rate"] <= 1.0 and out["latency_ratio"] > 0

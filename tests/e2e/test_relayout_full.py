@@ -34,3 +34,32 @@ def test_full_memory_switch_completes_under_load() -> None:
         out["extra_bytes_per_transition"], out["incoming_param_bytes"], strict=True
     ):
         assert extra <= incoming, out
+
+
+def test_drop_style_switch_completes_under_load() -> None:
+    """Two whole replicas at full memory switch to one replica whose stages do not fit
+    beside a whole replica even with its pool empty (InsufficientMemory before drops):
+    the whole replicas drop replicated layers into one pipeline, its grown pools shrink,
+    the new replica loads, nothing is lost and the text equals transformers'."""
+    parser = argparse.ArgumentParser()
+    bench_relayout_full.add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--scenario",
+            "drop",
+            "--requests",
+            "16",
+            "--time-scale",
+            "2",
+            "--max-output",
+            "16",
+            "--drain-deadline",
+            "2",
+        ]
+    )
+    out = bench_relayout_full.run(args)
+    assert out["lost"] == 0, out["lost_examples"]
+    assert out["requests_completed"] == out["requests_sent"] == 16
+    assert out["tokens_match"] and out["tokens_compared"] == 16
+    assert out["transition_modes"][:2] == ["drop-layers", "shrink-pools"], out
+    assert out["extra_bytes_peak"] <= out["incoming_param_bytes"][0], out

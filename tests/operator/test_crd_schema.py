@@ -54,6 +54,8 @@ def full_manifest() -> dict[str, Any]:
     spec["resources"]["maxGpus"] = spec["resources"]["gpus"] = 2
     # a variant is an adapter or a checkpoint; shareEquivalent applies to checkpoints
     del spec["variants"][0]["adapter"]
+    # a stitched chain (issue 35) is a variant of its own
+    spec["variants"].append({"name": "b2", "stitch": spec["variants"][0].pop("stitch")})
     return {
         "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
         "kind": api.KIND,

@@ -155,6 +155,7 @@ def test_create_update_delete(
         "replicas",
         "endpoint",
         "lastPlanTime",
+        "replicaSources",
     }  # no "transition": none is under way
     assert blocks(procs[0]) == [("default.tiny.r0.g1", 0, 0, 8), ("default.tiny.r1.g1", 0, 0, 4)]
     assert blocks(procs[1]) == [("default.tiny.r1.g1", 1, 4, 8)]

@@ -160,3 +160,52 @@ def test_an_auto_spec_without_its_placement_waits() -> None:
     out = switching_loop.decide(dep, spec, HELD, False, SNAP, _cands(), "t", other)
     assert out.status["reason"] == "CurrentNotACandidate" and out.layout is None
     assert "auto planner" in out.status["message"]
+
+
+def test_the_models_error_sets_the_hysteresis() -> None:
+    """A 15 % gain passes minGain (10 %) but not the threshold two 10 %-wrong prices set
+    ((1.1 / 0.9) - 1 = 22 %, issue 34); a 2 % error on both lets it through."""
+    dep, spec = _dep("active")
+    gain15 = 3.0 / 1.15
+
+    def cands(err: float | None) -> switching_loop.SwitchingCandidates:
+        c = _cands(gain15)
+        return switching_loop.SwitchingCandidates(
+            c.layouts, c.price, c.switch_seconds, None if err is None else (lambda n: err)
+        )
+
+    out = switching_loop.decide(dep, spec, HELD, False, SNAP, cands(None), "t")
+    assert out.layout is not None
+    out = switching_loop.decide(dep, spec, HELD, False, SNAP, cands(0.10), "t")
+    assert out.layout is None and out.status["reason"] == "Stay"
+    assert "22" in out.status["message"], out.status["message"]
+    out = switching_loop.decide(dep, spec, HELD, False, SNAP, cands(0.02), "t")
+    assert out.layout is not None
+
+
+def test_a_calibration_file_round_trips_and_reaches_the_operator(tmp_path: Any) -> None:
+    import json
+
+    from tessera.cli import calibrate_cmd, main
+    from tessera.cost import calibration
+
+    samples = [
+        {"layout": "A", "predicted_s": 10.0, "measured_s": 12.0, "split": "fit"},
+        {"layout": "A", "predicted_s": 10.0, "measured_s": 11.0, "split": "eval"},
+        {"layout": "B", "predicted_s": 10.0, "measured_s": 9.0, "split": "fit"},
+        {"layout": "B", "predicted_s": 10.0, "measured_s": 10.0, "split": "eval"},
+    ]
+    src, out = tmp_path / "s.json", tmp_path / "cal.json"
+    src.write_text(json.dumps(samples))
+    args = main.build_parser().parse_args(["calibrate", "--samples", str(src), "--out", str(out)])
+    assert args.func(args) == 0
+    cal = calibration.load(json.loads(out.read_text()))
+    assert cal.price("A", 10.0) == pytest.approx(12.0)
+    assert cal.error("A") == pytest.approx(1 / 11)
+    assert cal.error("B") == pytest.approx(0.1)
+    assert calibrate_cmd.samples_from_json(samples)[0].layout == "A"
+    op = main.build_parser().parse_args(["operator", "--switching-calibration", str(out)])
+    from tessera.cli import operator_cmd
+
+    cfg = operator_cmd.build_config(op)
+    assert cfg.switching_calibration.error("B") == pytest.approx(0.1)

@@ -151,6 +151,8 @@ class Cluster:
             del self.agents[a.agent].blocks[a.block.key]
         elif isinstance(a, actions.ResizeKV):
             self._resize(a)
+        elif isinstance(a, actions.DropLayers):
+            self._drop(a)
         elif isinstance(a, actions.Rewire):
             self.agents[a.agent].blocks[a.block.key] = a.block
         elif isinstance(a, actions.CutOver):
@@ -172,6 +174,40 @@ class Cluster:
             assert st.block.kv_bytes - have.kv_bytes <= agent.free, f"{a.describe()}: memory"
             agent.blocks[st.block.key] = replace(have, kv_bytes=st.block.kv_bytes)
         self.peak = max(self.peak, self.ours())
+
+    def _drop(self, a: actions.DropLayers) -> None:
+        """KunServe's drop as the agents do it: each member keeps its stage's layers and
+        becomes stage i of the head's replica; freed parameter bytes become KV in place.
+        A donor still routed or with requests would lose them."""
+        for d in a.donors:
+            if self.published is not None and d in self.published.replica_ids:
+                self.lost.append(f"{d} dropped while routed")
+            if self.running.get(d):
+                self.lost.append(f"{d} dropped with {self.running[d]} requests")
+        k = len(a.stages)
+        head = next(
+            b for b in self.agents[a.stages[0].agent].blocks.values() if b.replica_id == a.head
+        )
+        for i, st in enumerate(a.stages):
+            agent = self.agents[st.agent]
+            old = agent.blocks.pop((st.replica_id, 0, 0))
+            assert old.num_stages == 1 and old.start <= st.start and st.end <= old.end
+            kept = old.param_bytes * (st.end - st.start) // (old.end - old.start)
+            nxt = a.stages[i + 1].address if i + 1 < k else ""
+            new = replace(
+                old,
+                start=st.start,
+                end=st.end,
+                replica_id=a.head,
+                stage_index=i,
+                num_stages=k,
+                next_address=nxt,
+                generation=head.generation,
+                param_bytes=kept,
+                kv_bytes=old.kv_bytes + old.param_bytes - kept,
+            )
+            agent.blocks[new.key] = new
+        self.pages.pop(a.head, None)  # the allocator rises to the smallest grown pool
 
     def run(self, target: transition.Target, max_steps: int = 200, one: bool = False) -> int:
         """Plan and apply until converged, re-planning after every change (as a

@@ -37,3 +37,20 @@ def test_samples_are_validated() -> None:
         cal.Sample("A", 0.0, 1.0)
     with pytest.raises(ValueError):
         cal.Sample("A", 1.0, 1.0, "test")
+
+
+def test_correction_is_the_nearest_mix_interpolated_in_load() -> None:
+    """A mix's own samples set its correction (linear in the load between them); a
+    neighbouring mix with another ratio does not pull it (issue 34: the inverse-distance
+    average over every mix did, and missed held-out runs by up to 19 %)."""
+    s = [
+        cal.Sample("A", 10.0, 9.0, "fit", point=(0.2, 0.8, 1.2)),
+        cal.Sample("A", 10.0, 9.4, "fit", point=(0.2, 0.8, 1.5)),
+        cal.Sample("A", 10.0, 13.0, "fit", point=(0.25, 0.75, 1.2)),
+        cal.Sample("A", 10.0, 13.0, "fit", point=(0.25, 0.75, 1.5)),
+    ]
+    c = cal.fit(s)
+    assert c.factor("A", (0.2, 0.8, 1.35)) == pytest.approx(0.92)
+    assert c.factor("A", (0.21, 0.79, 1.0)) == pytest.approx(0.9)  # below the loads: the end
+    assert c.factor("A", (0.24, 0.76, 1.6)) == pytest.approx(1.3)
+    assert c.factor("A", ()) == pytest.approx(1.12)  # no point: the median ratio

@@ -74,7 +74,8 @@ def digest(tensors: Mapping[str, torch.Tensor], names: list[str]) -> str:
         t = tensors[name]
         h.update(_LAYER.sub(r"\1*\3", name).encode())
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.detach().contiguous().view(-1).view(dtype=torch.uint8).cpu().numpy().tobytes())
+        flat = t.detach().contiguous().view(-1).view(dtype=torch.uint8).cpu()
+        h.update(flat.numpy().data)  # the bytes in place: no copy of a large tensor
     return h.hexdigest()
 
 
@@ -100,10 +101,13 @@ def keys(
     tensors: Mapping[str, torch.Tensor],
     dtype: str,
     device: str,
+    known: Mapping[str, str] | None = None,
 ) -> list[PieceKey]:
-    """The addresses of the range's pieces, from its checkpoint tensors."""
+    """The addresses of the range's pieces, from its checkpoint tensors; `known` digests
+    (`{piece: digest}`, e.g. of pieces taken from the host cache) are not computed again."""
+    known = known or {}
     return [
-        PieceKey(piece, digest(tensors, names), dtype, device)
+        PieceKey(piece, known.get(piece) or digest(tensors, names), dtype, device)
         for piece, names in piece_names(cfg, start, end)
     ]
 

@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import functools
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,7 +33,7 @@ from tessera_agent.engine import (
 from tessera_agent.engine import config as config_mod
 
 if TYPE_CHECKING:
-    from tessera_agent import equivalence
+    from tessera_agent import equivalence, stitch_serve
 
 DEFAULT_PAGE_SIZE = blocks.DEFAULT_PAGE_SIZE
 # What to load: the one block identity (`tessera.blocks.Block`), built positionally as
@@ -69,6 +70,8 @@ class Stage:
         self.pieces = pieces
         # Issue 14: the equivalence report of an opted-in fine-tune (`equivalence_share`).
         self.equivalence: equivalence.ShareReport | None = None
+        # Issue 35: a stitched chain's front hands its hidden states on through this stitch.
+        self.stitch: stitch_serve.StitchHook | None = None
 
     @property
     def own_param_bytes(self) -> int:
@@ -170,12 +173,14 @@ def load_stage(
     planned: tuple[config_mod.ModelConfig, int] | None = None,
     tensors: dict[str, torch.Tensor] | None = None,
     zoo: block_zoo.BlockZoo | None = None,
+    known: Mapping[str, str] | None = None,
 ) -> Stage:
     """Load the block within `budget_bytes` of device memory (parameters plus KV pool),
     from the checkpoint or from `tensors` (by checkpoint name, copied from a peer).
 
     With a `zoo` (an unsharded block), pieces whose content the agent already holds are
-    shared, not loaded again: only the new ones count against the budget."""
+    shared, not loaded again: only the new ones count against the budget. `known`:
+    digests of pieces already known (taken from the host cache), not hashed again."""
     cfg, pbytes = planned or plan_bytes(spec, weights=tensors is None)  # validated by callers
     dtype = dtype_of(spec, cfg)
     if tensors is not None:
@@ -187,7 +192,7 @@ def load_stage(
             names = loader.checkpoint_names(cfg, spec.start, spec.end)
             tensors = loader.read_tensors(Path(spec.model_path), names)
         keys = block_zoo.keys(
-            cfg, spec.start, spec.end, tensors, dtypes.name_of(dtype), str(device)
+            cfg, spec.start, spec.end, tensors, dtypes.name_of(dtype), str(device), known
         )
         new_bytes = pbytes - zoo.held_bytes(keys)
     pages = kv_pages(spec, cfg, new_bytes, budget_bytes)

@@ -83,6 +83,14 @@ def register(sub: Any) -> None:
         "cluster's network storage (default: $TESSERA_STORAGE_BYTES_PER_S; 0: unthrottled)",
     )
     p.add_argument(
+        "--host-cache",
+        default=os.environ.get("TESSERA_HOST_CACHE", "0"),
+        metavar="BYTES",
+        help="host memory kept for the pieces of unloaded blocks, e.g. 8GiB: a reload or a "
+        "variant sharing them takes them from there (pinned on GPUs; default: "
+        "$TESSERA_HOST_CACHE; 0: no host cache). docs/scaling.md",
+    )
+    p.add_argument(
         "--cost-profile",
         default=os.environ.get("TESSERA_COST_PROFILE", ""),
         help="a `tessera profile --out` JSON: the cost model of lookahead microbatching on "
@@ -128,6 +136,12 @@ def _die_with_parent() -> None:
         raise SystemExit(f"tessera agent: parent {want} is gone")
 
 
+def _host_cache_bytes(text: str) -> int:
+    from tessera_agent import devices
+
+    return 0 if text.strip() in ("", "0") else devices.parse_bytes(text)
+
+
 def _run(args: argparse.Namespace) -> int:
     _die_with_parent()
     from tessera_agent import server
@@ -148,6 +162,7 @@ def _run(args: argparse.Namespace) -> int:
         cobatch_linger_s=args.cobatch_linger_ms / 1000 if args.cobatch_linger_ms >= 0 else -1.0,
         pipeline_microbatches=args.pipeline_microbatches,
         storage_bytes_per_s=args.storage_bandwidth,
+        host_cache_bytes=_host_cache_bytes(args.host_cache),
         cost_profile=args.cost_profile,
         compile_cache=args.compile_cache,
         compile_decode=args.compile_decode,

@@ -31,6 +31,7 @@ BENCHES: dict[str, str] = {
     "serve": "tessera.cli.bench_serve",
     "relayout": "tessera.cli.bench_relayout",
     "switch": "tessera.cli.bench_switch",
+    "coldstart": "tessera.cli.bench_coldstart",
     "adaptive": "tessera.cli.bench_adaptive",
     "planner": "tessera.planner.bench",
     "predictor": "tessera.workload.bench",
@@ -45,9 +46,11 @@ BENCHES: dict[str, str] = {
     "prefill": "tessera_agent.bench_prefill",
     "decode-attn": "tessera_agent.bench_decode_attn",
     "speculate": "tessera_agent.bench_speculate",
-    "stitch": "tessera_agent.bench_stitch",
+    "stitch": "tessera.cli.bench_stitch",
     "abuse": "tessera.cli.bench_abuse",
     "gpu": "tessera_agent.bench_gpu",
+    "wake": "tessera.cli.bench_wake",
+    "autoscale": "tessera.cli.bench_autoscale",
 }
 
 

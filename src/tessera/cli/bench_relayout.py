@@ -326,8 +326,12 @@ def _wait_for_url(up: subprocess.Popen[str], log: list[str]) -> str:
         log.append(line.rstrip())
         m = bench_serve._URL_RE.search(line)
         if m and "serving" in line:
-            # keep draining its output, so `up` never blocks on a full pipe
-            threading.Thread(target=lambda: [None for _ in up.stdout or ()], daemon=True).start()
+            # keep draining its output (into `log`), so `up` never blocks on a full pipe
+            def drain() -> None:
+                for rest in up.stdout or ():
+                    log.append(rest.rstrip())
+
+            threading.Thread(target=drain, daemon=True).start()
             return m.group(1)
     raise SystemExit("tessera bench relayout: `tessera up` failed:\n" + "\n".join(log))
 

@@ -11,6 +11,13 @@ used to end this `InsufficientMemory`. Now the serving replica's KV pool shrinks
 old is drained and freed and the new pool grows; then back. Reported as
 `bench_relayout.run` reports (lost, tokens_match, transition_s, extra_bytes_peak), plus
 `incoming_param_bytes` (the new layouts' parameters: the bound on extra_bytes_peak).
+Scenario `drop` (`--scenario drop`, issue 34's drop-style transition): two whole replicas,
+one per agent, each agent's memory (default 34 MiB) holding 23.5 MiB of parameters and a
+10 MiB pool, switched to one replica 0-4 | 4-8 with its stages on the other agent than
+the drop's: 11.8 MiB of parameters beside a whole replica leave no KV even with the pool
+empty, and the freeing order keeps only one whole replica (`InsufficientMemory` before
+drops). The two whole replicas drop replicated layers into one pipeline, whose grown
+pools then shrink for the new replica.
 Called by `tests/e2e/test_relayout_full.py`.
 """
 
@@ -22,14 +29,17 @@ import copy
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tessera import blocks
 from tessera.cli import bench_relayout as rl
 from tessera.cli import bench_serve
 
@@ -63,40 +73,94 @@ LAYOUTS: list[tuple[str, list[dict[str, Any]]]] = [
 ]
 SEQUENCE = [0, 1, 0]
 PARAM_BYTES = {0: 2 * 11.76 * MiB, 1: (17.39 + 6.13) * MiB}  # per layout (tiny, float32)
+WHOLE_MIB = 24  # the tiny model's whole replica: 23.5 MiB of float32 parameters
+
+
+def _whole(name: str, agent: str) -> dict[str, Any]:
+    return {"name": name, "stages": [{"agent": agent, "device": "cpu:0", "layers": [0, 8]}]}
+
+
+DROP_LAYOUTS: list[tuple[str, list[dict[str, Any]]]] = [
+    ("2 whole replicas", [_whole("w0", "agent-0"), _whole("w1", "agent-1")]),
+    (
+        "1 replica 0-4|4-8 (stage 0 on agent-1)",
+        [
+            {
+                "name": "p",
+                "stages": [
+                    {"agent": "agent-1", "device": "cpu:0", "layers": [0, 4]},
+                    {"agent": "agent-0", "device": "cpu:0", "layers": [4, 8]},
+                ],
+            }
+        ],
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    layouts: list[tuple[str, list[dict[str, Any]]]]
+    sequence: list[int]
+    param_bytes: dict[int, float]  # the incoming parameters of each layout
+    reserved_mib: int  # of each agent's memory, what the largest block's parameters take
+    capacity_mib: int  # default memory per agent
+
+
+SCENARIOS = {
+    "full": Scenario(LAYOUTS, SEQUENCE, PARAM_BYTES, LARGEST_STAGE_MIB, 96),
+    "drop": Scenario(DROP_LAYOUTS, [0, 1], {0: 2 * 23.52 * MiB, 1: 2 * 11.76 * MiB}, WHOLE_MIB, 34),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     rl.add_arguments(parser)
-    parser.add_argument("--capacity-mib", type=int, default=96)
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="full")
+    parser.add_argument("--capacity-mib", type=int, default=0, help="0: the scenario's")
 
 
-def manifest(model: Path, layout: int, kv_bytes: int) -> dict[str, Any]:
+def manifest(
+    model: Path, layout: int, kv_bytes: int, sc: Scenario = SCENARIOS["full"]
+) -> dict[str, Any]:
     doc = rl.manifest(model, 0)
-    doc["spec"]["layout"]["replicas"] = copy.deepcopy(LAYOUTS[layout][1])
+    doc["spec"]["layout"]["replicas"] = copy.deepcopy(sc.layouts[layout][1])
     doc["spec"]["layout"]["kvCacheBytes"] = kv_bytes
     return doc
 
 
-def write_manifest(path: Path, model: Path, layout: int, kv_bytes: int) -> None:
+def write_manifest(
+    path: Path, model: Path, layout: int, kv_bytes: int, sc: Scenario = SCENARIOS["full"]
+) -> None:
     import yaml
 
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(manifest(model, layout, kv_bytes), sort_keys=False))
+    tmp.write_text(yaml.safe_dump(manifest(model, layout, kv_bytes, sc), sort_keys=False))
     os.replace(tmp, path)
 
 
 async def _transition(
-    session: Any, url: str, path: Path, model: Path, layout: int, kv: int, run: rl.Run, t: float
+    session: Any,
+    url: str,
+    path: Path,
+    model: Path,
+    layout: int,
+    kv: int,
+    run: rl.Run,
+    t: float,
+    sc: Scenario,
 ) -> rl.Window:
     before = set((await rl._admin(session, url))["replicas"])
-    w = rl.Window(LAYOUTS[layout][0], time.perf_counter())
+    names = {r["name"] for r in sc.layouts[layout][1]}
+    w = rl.Window(sc.layouts[layout][0], time.perf_counter())
     w.bytes_before = run.samples[-1][1] if run.samples else 0
-    write_manifest(path, model, layout, kv)
+    write_manifest(path, model, layout, kv, sc)
     while True:
         snap = await rl._admin(session, url)
         now = set(snap["replicas"])
         held = run.samples[-1][2] if run.samples and run.samples[-1][0] > w.start else None
-        if now != before and not snap["leaving"] and held is not None and held == now:
+        # a drop-style switch passes through a pipeline of the old replicas: wait for
+        # the new layout's replicas by name
+        named = {blocks.parse_replica_id(r).name for r in now} == names
+        if now != before and named and not snap["leaving"] and held is not None and held == now:
             break
         if time.perf_counter() > w.start + t:
             raise SystemExit(f"bench relayout-full: transition to {w.name} timed out: {snap}")
@@ -109,7 +173,13 @@ async def _transition(
 
 
 async def _drive(
-    args: argparse.Namespace, url: str, agents: list[str], path: Path, model: Path, kv: int
+    args: argparse.Namespace,
+    url: str,
+    agents: list[str],
+    path: Path,
+    model: Path,
+    kv: int,
+    sc: Scenario,
 ) -> rl.Run:
     import aiohttp
 
@@ -127,10 +197,11 @@ async def _drive(
         loop = asyncio.get_running_loop()
         replay = [loop.create_task(rl._one(session, url, r, run)) for r in run.requests]
         span = rows[-1][0]
-        for k, layout in enumerate(SEQUENCE[1:], start=1):
-            await asyncio.sleep(max(0.0, run.t0 + span * k / len(SEQUENCE) - time.perf_counter()))
+        for k, layout in enumerate(sc.sequence[1:], start=1):
+            at = run.t0 + span * k / len(sc.sequence)
+            await asyncio.sleep(max(0.0, at - time.perf_counter()))
             w = await _transition(
-                session, url, path, model, layout, kv, run, args.transition_timeout
+                session, url, path, model, layout, kv, run, args.transition_timeout, sc
             )
             run.windows.append(w)
         await asyncio.gather(*replay)
@@ -139,16 +210,31 @@ async def _drive(
     return run
 
 
+MODE_RE = re.compile(r"Switching: generation \d+ \(([a-z-]+)\)")
+
+
+def _modes(log: list[str]) -> list[str]:
+    """The transition modes `tessera up` reported, in the order first seen."""
+    seen: list[str] = []
+    for line in log:
+        for m in MODE_RE.finditer(line):
+            if m.group(1) not in seen:
+                seen.append(m.group(1))
+    return seen
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     exe = [sys.executable, "-m", "tessera.cli.main"]
-    kv = (args.capacity_mib - LARGEST_STAGE_MIB) * MiB
+    sc = SCENARIOS[args.scenario]
+    capacity_mib = args.capacity_mib or sc.capacity_mib
+    kv = (capacity_mib - sc.reserved_mib) * MiB
     with tempfile.TemporaryDirectory(prefix="tessera-relayout-full-") as tmp:
         model = Path(tmp) / "tiny-llama"
         subprocess.run(
             [*exe, "model", "make-tiny", str(model)], check=True, stdout=subprocess.DEVNULL
         )
         path = Path(tmp) / "m.yaml"
-        write_manifest(path, model, SEQUENCE[0], kv)
+        write_manifest(path, model, sc.sequence[0], kv, sc)
         state = Path(tmp) / "state.json"
         up = subprocess.Popen(
             [
@@ -165,7 +251,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "--watch-interval",
                 "0.2",
                 "--devices",
-                f"cpu:1x{args.capacity_mib}MiB",
+                f"cpu:1x{capacity_mib}MiB",
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -176,7 +262,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             url = rl._wait_for_url(up, log)
             agents = [a["address"] for a in json.loads(state.read_text())["agents"]]
-            result = asyncio.run(_drive(args, url, agents, path, model, kv))
+            result = asyncio.run(_drive(args, url, agents, path, model, kv, sc))
         finally:
             os.killpg(up.pid, signal.SIGTERM)
             up.wait(30)
@@ -197,9 +283,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "bytes_before_after": [(w.bytes_before, w.bytes_after) for w in windows],
         "extra_bytes_peak": max(extra, default=0),
         "extra_bytes_per_transition": extra,
-        "incoming_param_bytes": [int(PARAM_BYTES[i]) for i in SEQUENCE[1:]],
-        "capacity_bytes_per_agent": args.capacity_mib * MiB,
+        "incoming_param_bytes": [int(sc.param_bytes[i]) for i in sc.sequence[1:]],
+        "capacity_bytes_per_agent": capacity_mib * MiB,
         "kv_cache_bytes": kv,
-        "setup": f"tessera up, 2 local agents (cpu:1x{args.capacity_mib}MiB, full), tiny "
-        "llama; one replica: " + " -> ".join(LAYOUTS[i][0] for i in SEQUENCE),
+        "transition_modes": _modes(log),
+        "setup": f"tessera up, 2 local agents (cpu:1x{capacity_mib}MiB, full), tiny "
+        "llama: " + " -> ".join(sc.layouts[i][0] for i in sc.sequence),
     }

@@ -68,11 +68,23 @@ def register(sub: Any) -> None:
         help="one multiplexed GenerateMux stream per replica instead of one Generate call per "
         "request (default: on, unless TESSERA_GENERATE_MUX=0; docs/gateway.md)",
     )
+    p.add_argument(
+        "--hold-max",
+        type=int,
+        default=256,
+        help="requests held while no replica is awake (503 beyond; 0: no holding)",
+    )
+    p.add_argument(
+        "--hold-deadline",
+        type=float,
+        default=60.0,
+        help="seconds a request is held for a replica to wake (then 503 + Retry-After)",
+    )
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tessera.gateway import config, limits
+    from tessera.gateway import config, hold, limits
 
     try:
         cfg = config.GatewayConfig(
@@ -90,6 +102,7 @@ def _run(args: argparse.Namespace) -> int:
             generate_mux=(
                 config.generate_mux_default() if args.generate_mux is None else args.generate_mux
             ),
+            hold=hold.HoldConfig(max_held=args.hold_max, deadline_s=args.hold_deadline),
             limits=limits.Limits(
                 max_prompt_tokens=args.max_prompt_tokens,
                 max_tokens=args.max_tokens_limit,

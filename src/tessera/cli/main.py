@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "tessera.cli.operator_cmd",
     "tessera.cli.plan_cmd",
     "tessera.cli.profile_cmd",
+    "tessera.cli.calibrate_cmd",
     "tessera.cli.sim_cmd",
     "tessera.cli.workload_cmd",
     "tessera.cli.bench",

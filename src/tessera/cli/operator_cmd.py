@@ -130,6 +130,15 @@ def register(sub: Any) -> None:
         default=int(_env("TESSERA_OPERATOR_METRICS_PORT", "0")),
         help="serve the control loops' Prometheus /metrics on this port (0: off)",
     )
+    p.add_argument(
+        "--switching-calibration",
+        type=Path,
+        default=Path(_env("TESSERA_SWITCHING_CALIBRATION"))
+        if _env("TESSERA_SWITCHING_CALIBRATION")
+        else None,
+        help="the latency model's calibration (`tessera calibrate --out`): corrected prices "
+        "and per-layout errors as the switching hysteresis (env TESSERA_SWITCHING_CALIBRATION)",
+    )
     p.add_argument("--verbose", action="store_true", help="debug logging")
     p.add_argument("--debug", action="store_true", help="debug logging (as --verbose)")
     p.add_argument("--quiet", action="store_true", help="warnings only")
@@ -151,6 +160,12 @@ def build_config(args: argparse.Namespace) -> Any:
             raise ValueError(f"{args.gateway_config}: expected a mapping")
     if args.gateway_image:
         tmpl["image"] = args.gateway_image
+    from tessera.cost import calibration
+
+    cal = None
+    path = getattr(args, "switching_calibration", None)
+    if path is not None:
+        cal = calibration.load(json.loads(path.read_text(encoding="utf-8")))
     namespaces = list(args.namespace)
     if not namespaces and not args.all_namespaces:
         namespaces = [n for n in _env("TESSERA_NAMESPACES").split(",") if n.strip()]
@@ -175,6 +190,7 @@ def build_config(args: argparse.Namespace) -> Any:
         peering=args.peering,
         priority=args.priority,
         liveness=args.liveness,
+        switching_calibration=cal,
     )
 
 

@@ -20,7 +20,8 @@ from tessera import blocks
 def _variant_facts(
     obs: Any,
 ) -> tuple[dict[tuple[str, str, int], tuple[str, ...]], dict[str, str]]:
-    """Per (agent, replica, stage) the adapters attached, per agent its block zoo (issue 14)."""
+    """Per (agent, replica, stage) the adapters attached (and a stitched front's stitch,
+    issue 35), per agent its block zoo (issue 14)."""
     import grpc
 
     from tessera.rpc import transport
@@ -40,10 +41,22 @@ def _variant_facts(
         finally:
             channel.close()
         for b in d.blocks:
-            adapters[(a.name, b.replica_id, b.stage_index)] = tuple(b.variants)
+            adapters[(a.name, b.replica_id, b.stage_index)] = tuple(b.variants) + _stitch(b)
         z = d.zoo
         zoo[a.name] = f"{z.param_bytes / 2**20:.1f} ({z.pieces}, {z.shared_pieces})"
     return adapters, zoo
+
+
+def _stitch(b: Any) -> tuple[str, ...]:
+    """A stitched chain's front (issue 35): where its stitch leads, the quality measured."""
+    if not b.HasField("stitch"):
+        return ()
+    s = b.stitch
+    to = s.next_model_path.rstrip("/").rsplit("/", 1)[-1]
+    return (
+        f"stitch -> {to} from layer {s.next_layer_start} (cosine {s.cosine:.4f}, "
+        f"top-1 {s.top1_agreement:.4f})",
+    )
 
 
 def overload_groups(rows: list[tuple[str, int, int, str, blocks.Block]]) -> list[str]:

@@ -136,7 +136,9 @@ def _model_root(dep: Any, model_path: str) -> str:
     from tessera.control import variants as variant_ops
 
     paths = [os.path.realpath(model_path)]
-    paths += [os.path.realpath(v.path) for v in variant_ops.resolve(dep.spec.variants, model_path)]
+    resolved = variant_ops.resolve(dep.spec.variants, model_path)
+    paths += [os.path.realpath(v.path) for v in resolved]
+    paths += [os.path.realpath(v.zoo) for v in resolved if v.zoo]  # stitched chains' zoo
     return os.path.commonpath(paths)
 
 
@@ -167,8 +169,15 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from rich.progress import BarColumn, Progress, TextColumn
 
     from tessera import gc_heap, reconcile, routes_doc
-    from tessera.cli import local_agents, supervise, up_overload, up_policies, up_watch
-    from tessera.control import actuate, agents, converge, observation, scaling_loop
+    from tessera.cli import (
+        local_agents,
+        supervise,
+        up_autoscale,
+        up_overload,
+        up_policies,
+        up_watch,
+    )
+    from tessera.control import actuate, agents, converge, link_probe, observation, scaling_loop
     from tessera.gateway import config as gw_config
     from tessera.gateway import routes as gw_routes
     from tessera.gateway import server as gw_server
@@ -198,7 +207,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
     gc_heap.install()  # this process owns its heap (see gc_heap)
     rollout = converge.Rollout(
-        drain=transition.DrainPolicy(deadline_s=args.drain_deadline), sourcing=args.sourcing
+        drain=transition.DrainPolicy(deadline_s=args.drain_deadline),
+        sourcing=args.sourcing,
+        probe=link_probe.LinkProbe(),  # measured links for every new replica's sources
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -211,6 +222,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     scaling: up_policies.ScalingPolicy | None = None
     overload: up_overload.UpOverload | None = None
     overload_task: asyncio.Task[None] | None = None
+    autoscale_task: asyncio.Task[None] | None = None
     refs: list[agents.AgentRef] = []
     try:
         if args.agent:
@@ -270,6 +282,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 host=args.host,
                 port=port,
                 arrival_span_s=args.arrival_span,
+                hold=up_autoscale.hold_config(dep.spec),
             )
         )
         gateway.apply_routes(gw_routes.from_doc(outcome.routes))  # with the class shares
@@ -352,6 +365,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         overload = _overload(dep, outcome, gateway, lambda: published)
         if overload is not None:
             overload_task = loop.create_task(overload.run(stop, deployment, OVERLOAD_TICK_S))
+        autoscale_task = up_autoscale.start(  # replica autoscaling, sleep, zero (issue 32)
+            dep, _members(outcome), gateway, stop, deployment.lock, console.print
+        )
         await up_watch.run_loop(
             stop,
             watcher,
@@ -370,6 +386,10 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             await scaling.stop()
         if overload_task is not None and not overload_task.done():
             overload_task.cancel()
+        if autoscale_task is not None and not autoscale_task.done():
+            autoscale_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await autoscale_task
         await supervise.stop(supervisor)
         if gateway is not None:
             await gateway.stop()
@@ -434,6 +454,17 @@ def _leaders(outcome: Any) -> list[tuple[str, str]]:
         agent = obs.agent(r.stages[0].agent) if obs else None
         if agent is not None and r.replica_id in outcome.ready_replicas:
             out.append((r.replica_id, agent.address))
+    return out
+
+
+def _members(outcome: Any) -> dict[str, str]:
+    """Every planned replica's leader address (the autoscaler's members)."""
+    obs = outcome.observed
+    out = {}
+    for r in outcome.plan.replicas:
+        agent = obs.agent(r.stages[0].agent) if obs else None
+        if agent is not None:
+            out[r.replica_id] = agent.address
     return out
 
 

@@ -49,6 +49,9 @@ def check(dep: Any, model_path: str) -> list[str]:
             except OSError as exc:
                 errors.append(f"{where}: {v.path}: {exc}")
             continue
+        if v.kind == "stitch":
+            errors += _stitch(v, model_path, f"spec.variants[{i}].stitch", cfg.num_layers)
+            continue
         try:
             other = json.loads((Path(v.path) / "config.json").read_text())
         except (OSError, ValueError) as exc:
@@ -61,3 +64,25 @@ def check(dep: Any, model_path: str) -> list[str]:
                 "a full fine-tune shares blocks only with a checkpoint of the same shape"
             )
     return errors
+
+
+def _stitch(v: Any, model_path: str, where: str, layers: int) -> list[str]:
+    """A stitched chain's checks, the ones its agent runs at load (`stitch.open_zoo`):
+    the zoo holds a stitch trained for these two checkpoints, measured at the point."""
+    from tessera_agent import stitch
+
+    i, j = v.point
+    try:
+        small = json.loads((Path(v.path) / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        return [f"{where}.small: no readable config.json in {v.path} ({exc})"]
+    if i >= int(small.get("num_hidden_layers", 0)) or j >= layers:
+        return [
+            f"{where}.point: [{i}, {j}] needs i below the small model's "
+            f"{small.get('num_hidden_layers')} layers and j below the model's {layers}"
+        ]
+    try:
+        stitch.open_zoo(Path(v.zoo), Path(v.path), Path(model_path), (i, j))
+    except (LookupError, ValueError, OSError) as exc:
+        return [f"{where}: {exc} (train one: tessera model stitch SMALL LARGE --zoo DIR)"]
+    return []

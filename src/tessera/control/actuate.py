@@ -4,7 +4,10 @@ Thin on purpose: block actions are one agent RPC each (`LoadBlock` with the bloc
 optional peer source, `UnloadBlock`, a rewire as a `LoadBlock` that differs only in its
 next-stage address); a `CutOver` calls the shell's `publish` (the operator writes the
 routes ConfigMap, `tessera up` its routes file); a `ResizeKV` is a few `OverloadShift`
-ops (pause the leader, resize each stage's pool, leader first; unpause); a `Drain` is a
+ops (pause the leader, resize each stage's pool, leader first; unpause); a `DropLayers`
+is KunServe's drop (`policies.overload_steps.drop_steps`, performed by the overload
+driver, `tessera.control.overload_driver`: the donors, already cut over and drained, drop
+to their stages; the head's held K/V for their layers moves to them); a `Drain` is a
 check of the observation (`transition.drained`), never a sleep. Steps run in plan order;
 a step whose dependencies failed or still wait is skipped, so one pass does everything
 that can be done now and the next pass re-plans from what it observes (level-triggered:
@@ -21,8 +24,9 @@ from typing import Any
 
 import grpc
 
+from tessera.control import overload_driver
 from tessera.observability import control
-from tessera.policies import actions, transition
+from tessera.policies import actions, drop_plan, overload_steps, transition
 from tessera.rpc import blocks as rpc_blocks
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
@@ -125,6 +129,30 @@ async def _resize(action: actions.ResizeKV, timeout: float) -> Result:
             await c.close()
 
 
+async def _drop(action: actions.DropLayers, timeout: float) -> Result:
+    """Drive KunServe's drop steps for the group the action names (issue 34). The routes
+    step is a no-op here: the transition's own `CutOver` took the donors out first."""
+    group = drop_plan.Group(
+        tuple(s.replica_id for s in action.stages),
+        tuple(drop_plan.Stage(s.replica_id, s.start, s.end) for s in action.stages),
+        0,
+        True,
+    )
+    members = {s.replica_id: overload_steps.Member(s.replica_id, s.address) for s in action.stages}
+    driver = overload_driver.Driver(timeout_s=timeout)
+    try:
+        rep = await driver.run(overload_steps.drop_steps(group, members))
+    except overload_driver.DriveError as exc:
+        return Result(action, False, "DROP_FAILED", str(exc))
+    finally:
+        await driver.close()
+    return Result(
+        action,
+        True,
+        message=f"paused {rep.paused_s * 1e3:.0f} ms, {rep.exchanged_pages} pages exchanged",
+    )
+
+
 async def apply(
     block_actions: Sequence[actions.BlockAction],
     progress: Progress | None = None,
@@ -169,6 +197,9 @@ async def execute(
                 result = Result(a, False, "PUBLISH_FAILED", str(exc), step=step.id)
         elif isinstance(a, actions.ResizeKV):
             done = await _resize(a, timeout)
+            result = Result(a, done.ok, done.code, done.message, step.id)
+        elif isinstance(a, actions.DropLayers):
+            done = await _drop(a, timeout)
             result = Result(a, done.ok, done.code, done.message, step.id)
         elif isinstance(a, actions.MoveKV):
             # requests are the gateway's: it moves the KV of its in-flight requests

@@ -63,6 +63,23 @@ def from_describe(ref: AgentRef, d: pb.DescribeReply) -> observed.AgentInfo:
         ),
         store_address=d.store_address,
         layer_runs=runs_from_describe(d),
+        host_cache=tuple(
+            observed.CachedPiece(c.model_path, c.piece, c.dtype, c.nbytes)
+            for c in d.host_cache.pieces
+        ),
+        loads=tuple(
+            observed.BlockLoad(
+                b.replica_id,
+                b.stage_index,
+                b.tp_rank,
+                b.load.peer_bytes,
+                b.load.host_bytes,
+                b.load.storage_bytes,
+                b.load.seconds,
+            )
+            for b in d.blocks
+            if b.HasField("load")
+        ),
     )
 
 

@@ -36,7 +36,7 @@ from tessera import (
     routes_doc,
     variant_spec,
 )
-from tessera.control import actuate, agents, observation
+from tessera.control import actuate, agents, link_probe, observation, stitch_ops
 from tessera.control import variants as variant_ops
 from tessera.cost import model_shape
 from tessera.observability import control
@@ -192,6 +192,8 @@ class Rollout:
     clock: Callable[[], float] = time.time
     # where loads copy from (`transition_model.SOURCINGS`): "switch" the OServe switch plan
     sourcing: str = "switch"
+    # measures the agents' links once per pair (issue 32); None: `links` as given
+    probe: link_probe.LinkProbe | None = None
 
 
 @control.reconcile_pass  # counted, timed and traced (docs/observability.md)
@@ -234,6 +236,9 @@ async def converge(
     prefix = plan.owner_prefix(dep)
     seen = shared if shared is not None else observation.Observation(refs)
     obs = await seen.get()
+    link_model = rollout.links
+    if rollout.probe is not None and apply:  # measured per agent pair, cached by the probe
+        link_model = await rollout.probe.links(rollout.links, obs, model_path)
     auto = auto_planner or planner_auto.default_auto_planner()
     floor = published.version if published is not None else 0
     try:
@@ -256,7 +261,13 @@ async def converge(
         full = variant_plan.with_full_chains(  # full fine-tunes
             held.target, chosen, sharing=sharing, model=switch_model(shape)
         )
-        return held, full
+        # stitched chains (issue 35), placed by the locality-aware policy
+        stitched = stitch_ops.place(full, chosen, model_path, bytes_of, o, prefix)
+        return held, stitched.target
+
+    def bytes_of(path: str) -> placement.ModelBytes | None:
+        found = model_facts(path, dep.spec.model.dtype)
+        return switch_model(found) if found is not None else None
 
     held, target = wanted(obs)
     foundation = [r.id for r in held.target.replicas]
@@ -272,7 +283,7 @@ async def converge(
             prefix,
             routes,
             rollout.clock(),
-            links=rollout.links,
+            links=link_model,
             drain=drain,
             sourcing=rollout.sourcing,
             model=switch_model(shape),
@@ -379,4 +390,12 @@ async def _variants(
             ],
             {rid: name for name, rids in per.items() for rid in rids},
         )
-        out.variants = variant_plan.status(chosen, applied.held, per, complete, applied.errors, eq)
+        of = {rid: name for name, rids in per.items() for rid in rids}
+        st = await stitch_ops.observe(target, of)
+        for v in chosen:
+            if v.kind == "stitch":
+                where = stitch_ops.lines(target, v.name, per[v.name])
+                st[v.name] = {**st.get(v.name, {"point": list(v.point)}), "placement": where}
+        out.variants = variant_plan.status(
+            chosen, applied.held, per, complete, applied.errors, eq, st
+        )

@@ -26,6 +26,7 @@ import aiohttp
 
 from tessera import api
 from tessera.control import agents, converge
+from tessera.cost import calibration as cost_calibration
 from tessera.cost import profile as cost_profile
 from tessera.policies import (
     switching_candidates,
@@ -69,10 +70,12 @@ async def planner_candidates(
     placed: Placed = None,
     cache: switching_candidates.CandidateCache | None = None,
     max_candidates: int = switching_planner.MAX_CANDIDATES,
+    calibration: cost_calibration.Calibration | None = None,
 ) -> SwitchingCandidates:
     """The planner's candidates for `dep` on the agents `refs` as observed now (the cost
-    `profile` that `layout: auto` would use, or None for its default); ValueError saying
-    why there are none."""
+    `profile` that `layout: auto` would use, or None for its default), priced with the
+    latency model's `calibration` when given (its per-layout error then sets the switching
+    threshold); ValueError saying why there are none."""
     shape = converge.model_facts(model_path, dep.spec.model.dtype)
     if shape is None:
         raise ValueError(f"model not readable: no config.json in {model_path}")
@@ -88,7 +91,14 @@ async def planner_candidates(
         cache=cache,
         max_candidates=max_candidates,
     )
-    return SwitchingCandidates(made.layouts, made.planned.price, made.planned.switch_seconds)
+    if calibration is None:
+        return SwitchingCandidates(made.layouts, made.planned.price, made.planned.switch_seconds)
+    cal, raw = calibration, made.planned.price
+
+    def price(name: str, demand: tuple[float, ...]) -> float:
+        return float(cal.price(name, raw(name, demand)))
+
+    return SwitchingCandidates(made.layouts, price, made.planned.switch_seconds, cal.error)
 
 
 async def step(

@@ -54,7 +54,10 @@ def resolve(
     out = []
     for v in variants:
         p = Path(v.path)
-        out.append(v if p.is_absolute() else dataclasses.replace(v, path=str(base / p)))
+        v = v if p.is_absolute() else dataclasses.replace(v, path=str(base / p))
+        if v.zoo and not Path(v.zoo).is_absolute():  # a stitched chain's zoo folder
+            v = dataclasses.replace(v, zoo=str(base / v.zoo))
+        out.append(v)
     return out
 
 
@@ -135,6 +138,11 @@ def equivalence_json(m: pb.VariantEquivalence) -> dict[str, object]:
         "calibration": m.calibration,
         "calibrationTokens": m.calibration_tokens,
     }
+
+
+async def list_blocks(address: str) -> dict[tuple[str, int], pb.BlockInfo]:
+    """The agent's blocks (rank 0 of each stage), by (replica, stage); {} if unreachable."""
+    return await _list(address)
 
 
 async def _list(address: str) -> dict[tuple[str, int], pb.BlockInfo]:

@@ -5,20 +5,27 @@ profile's step times). Where that price is wrong, the switching loop switches to
 layout (issue 34). Input: samples `(layout, predicted P99, measured P99, split)`, the
 measurement being a run of that layout at that demand (the simulator driven by the same
 cost profile, or real agents); `split` is "fit" or "eval" (held out: other arrivals, other
-rates). Each sample may carry a `point` (features of the demand: the class shares and the
-load as a share of the sustainable rate). `fit` keeps, per layout, the ratio measured /
-predicted of every fit sample; the correction at a demand is the inverse-distance
-weighted ratio of the layout's fit samples around its point (the median ratio without
-points). It reports, per layout, the relative error of the corrected model on the
-held-out samples (median and max) beside the raw model's error.
+rates). Each sample may carry a `point` (features of the demand: the class shares, then
+the load as a share of the sustainable rate, last). `fit` keeps, per layout, the ratio
+measured / predicted of every fit sample; the correction at a demand is local: the fit
+samples of the calibrated mix nearest the demand's shares, linearly interpolated in the
+load between the two loads around it (the end's ratio outside them). Between mixes the
+ratio is not smooth (the routing the model picks changes with the mix), so a mix's own
+samples are the only ones that say how the model misses it: an inverse-distance average
+over every mix let a neighbour's ratio outweigh the mix's own at another load (samples
+without points: the median ratio). It reports, per layout, the relative error of the
+corrected model on the held-out samples (median and max) beside the raw model's error.
 A layout with no samples keeps the raw price and the largest raw error measured on any
 layout (what the model is known to miss by). The switching decision takes `error(layout)`
-as its hysteresis (`policies.switching.gain_threshold`). Pure; called by the simulator's
-Table 2 (`sim/oserve_table2.py`) and `tessera bench sim`.
+as its hysteresis (`policies.switching.gain_threshold`). `dump` / `load` write and read
+a calibration as JSON (the operator's `--switching-calibration FILE`). Pure; called by
+the simulator's Table 2 (`sim/oserve_table2.py`), `tessera bench sim`, `tessera
+calibrate` and the operator's switching loop.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Iterable, Mapping
@@ -91,13 +98,11 @@ class Calibration:
         near = [(p, r) for p, r in self.ratios.get(layout, ()) if len(p) == len(point) and p]
         if not point or not near:
             return e.factor
-        weights = []
+        mixes: dict[tuple[float, ...], list[tuple[float, float]]] = {}
         for p, r in near:
-            d = math.dist(p, point)
-            if d < 1e-9:
-                return r
-            weights.append((1.0 / d**2, r))
-        return sum(w * r for w, r in weights) / sum(w for w, _ in weights)
+            mixes.setdefault(p[:-1], []).append((p[-1], r))
+        mix = min(mixes, key=lambda m: (math.dist(m, point[:-1]), m))
+        return _interpolate(sorted(mixes[mix]), point[-1])
 
     def price(self, layout: str, predicted_s: float, point: tuple[float, ...] = ()) -> float:
         """The model's price of `layout` (at `point`), corrected."""
@@ -117,6 +122,16 @@ class Calibration:
             "error_median_of_medians": round(statistics.median(meds), 4) if meds else None,
             "error_max": round(max(errs), 4) if errs else None,
         }
+
+
+def _interpolate(xs: list[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear through (x, y) sorted by x; the end values outside."""
+    if x <= xs[0][0]:
+        return xs[0][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(xs):
+        if x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return xs[-1][1]
 
 
 def _rel(price: float, measured: float) -> float:
@@ -161,3 +176,53 @@ def fit(samples: Iterable[Sample]) -> Calibration:
             bool(ev),
         )
     return Calibration(out, max(raw_all) if raw_all else 0.0, ratios)
+
+
+def dump(c: Calibration) -> dict[str, Any]:
+    """The calibration as JSON, every field `load` needs (ratios included)."""
+    exact = [
+        {
+            **e.to_json(),
+            "error_median": e.median,
+            "error_max": e.max,
+            "raw_error_median": e.raw_median,
+            "raw_error_max": e.raw_max,
+        }
+        for e in c.layouts.values()
+    ]
+    return {
+        **c.to_json(),
+        "layouts": exact,  # unrounded: the error is the switching threshold
+        "unseen_error": c.unseen_error,
+        "factors": {k: e.factor for k, e in c.layouts.items()},
+        "ratios": {
+            k: [{"point": list(p), "ratio": r} for p, r in rs] for k, rs in c.ratios.items()
+        },
+    }
+
+
+def load(doc: Mapping[str, Any]) -> Calibration:
+    """A calibration from `dump`'s JSON (ValueError when it is not one)."""
+    try:
+        factors = {str(k): float(v) for k, v in doc["factors"].items()}
+        layouts = {}
+        for e in doc["layouts"]:
+            name = str(e["layout"])
+            layouts[name] = LayoutError(
+                name,
+                factors.get(name, float(e["factor"])),
+                int(e["fit_samples"]),
+                int(e["eval_samples"]),
+                float(e["error_median"]),
+                float(e["error_max"]),
+                float(e["raw_error_median"]),
+                float(e["raw_error_max"]),
+                bool(e["held_out"]),
+            )
+        ratios = {
+            str(k): tuple((tuple(float(x) for x in r["point"]), float(r["ratio"])) for r in rs)
+            for k, rs in (doc.get("ratios") or {}).items()
+        }
+        return Calibration(layouts, float(doc["unseen_error"]), ratios)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not a calibration document: {exc!r}") from exc

@@ -10,7 +10,9 @@ span the switching loop forecasts from (`arrivals.ArrivalRecorder.snapshot`).
 loop the operator runs (`tessera.control.overload`): `{"replicas": {replica_id:
 {"inFlight": n, "calls": [[prompt_tokens, max_tokens, started], ...]}}}`, the calls
 most likely waiting first (no token yet, then the longest without one); `started` is 1
-once a call had a token (`tessera.control.gateway_load` reads it).
+once a call had a token (`tessera.control.gateway_load` reads it); `"held": n` counts the
+requests held for a replica to wake (`hold.py`: the autoscaler's demand from zero,
+`tessera.control.gateway_demand`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from tessera.gateway import arrivals as arrivals_mod
-from tessera.gateway import cutover
+from tessera.gateway import cutover, hold
 from tessera.gateway import inflight as inflight_mod
 
 
@@ -27,6 +29,7 @@ def install(
     switch: cutover.Cutover,
     arrivals: arrivals_mod.ArrivalRecorder | None = None,
     table: inflight_mod.InFlightTable | None = None,
+    holding: hold.Holding | None = None,
 ) -> None:
     async def routes(request: web.Request) -> web.StreamResponse:
         return web.json_response(switch.snapshot().to_json())
@@ -53,6 +56,7 @@ def install(
                     [len(a.prompt_ids), a.max_tokens, int(a.first_token_at is not None)] for a in on
                 ]
                 out[rid] = {"inFlight": len(on), "calls": rows}
-            return web.json_response({"replicas": out})
+            held = holding.held if holding is not None else 0
+            return web.json_response({"replicas": out, "held": held})
 
         application.router.add_get("/admin/v1/load", load)

@@ -33,6 +33,7 @@ from tessera.gateway import (
     choices,
     dispatch,
     errors,
+    hold,
     limits,
     logprobs,
     metrics,
@@ -70,6 +71,7 @@ class Service:
     api_keys: auth.ApiKeys | None = None  # None: no authentication
     arrivals: arrivals.ArrivalRecorder | None = None  # per-class arrivals (switching loop)
     variants: gw_variants.VariantTable | None = None  # served names (issue 14); built if None
+    holding: hold.Holding | None = None  # holds requests while no replica is awake (issue 32)
 
     def __post_init__(self) -> None:
         if self.variants is None:
@@ -209,6 +211,8 @@ class _Handlers:
             for _ in gens
         ]
         prompt_tokens = sum(len(p) for p in prompts)
+        if self.s.holding is not None:  # valid, and no replica awake: wait for one to wake
+            await self.s.holding.wait()
         if stream:
             return await _stream(
                 request, gens, meta, include_usage, shapes, prompt_tokens, lim.write_timeout_s

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tessera import env_flags
+from tessera.gateway import hold as hold_mod
 from tessera.gateway import limits as limits_mod
 
 
@@ -74,6 +75,8 @@ class GatewayConfig:
     # One multiplexed GenerateMux stream per replica (mux.py); False: a Generate call per
     # request (the default; TESSERA_GENERATE_MUX=1 turns the stream on).
     generate_mux: bool = field(default_factory=generate_mux_default)
+    # Requests held while no replica is awake (hold.py, issue 32): the bound and deadline.
+    hold: hold_mod.HoldConfig = field(default_factory=hold_mod.HoldConfig)
 
     def __post_init__(self) -> None:
         if not self.routes_file and not (self.model_name and self.model_path):

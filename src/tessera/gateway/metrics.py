@@ -4,7 +4,8 @@ One `GatewayMetrics` per gateway owns its own `CollectorRegistry` (no global reg
 several gateways — or tests — can live in one process). Updated by `app.py` (requests,
 end-to-end latency, in-flight requests), `server.py` (per-class arrivals, `arrivals.py`)
 `dispatch.py` (tokens, TTFT, inter-token latency, outstanding tokens, retries) and
-`kv_affinity.py` (dispatch decisions by reason);
+`kv_affinity.py` (dispatch decisions by reason), `hold.py` (requests held for a
+replica to wake, and how each hold ended);
 `/metrics` serves `render()`.
 """
 
@@ -141,6 +142,25 @@ class GatewayMetrics:
             ["class"],
             registry=r,
         )
+        self.held = Gauge(
+            "tessera_gateway_held_requests",
+            "Requests held for a replica to become ready (asleep or scaled to zero): the "
+            "demand the autoscaler scales from zero on",
+            registry=r,
+        )
+        self.hold_outcomes = Counter(
+            "tessera_gateway_hold_outcomes_total",
+            "Held requests by outcome: released (a replica became ready), expired (503 "
+            "after the deadline), full (503: the hold queue was full), cancelled",
+            ["outcome"],
+            registry=r,
+        )
+
+    def hold_changed(self, held: int, outcome: str) -> None:
+        """`hold.Holding`'s callback: the held count now, and how one hold ended."""
+        self.held.set(held)
+        if outcome:
+            self.hold_outcomes.labels(outcome).inc()
 
     def first_token(self, variant: str, seconds: float) -> None:
         self.ttft.observe(seconds)

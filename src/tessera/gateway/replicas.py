@@ -9,7 +9,9 @@ failed a request within the last `failure_backoff_s` (`mark_failed`, called by
 list at run time (routes file, `GatewayHandle.update_replicas`); channels to leaders no
 longer used close once their running calls end. `generate` starts a request on a replica:
 on its multiplexed stream (`mux.py`, retired when the replica is removed, moves or is
-marked failed) or, with `generate_mux` off, as one `Generate` call.
+marked failed) or, with `generate_mux` off, as one `Generate` call. A replica its leader
+lists as `sleeping` (issue 32) is not ready ("sleeping"); `wake_sleeping` asks the
+leaders to wake them (`hold.py` calls it when a request waits for a replica).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 CHANNEL_CLOSE_GRACE_S = 600.0  # a retired channel waits this long for its running calls
+WAKE_TIMEOUT_S = 120.0  # a WakeReplica restores every block of the replica
 
 
 NOT_POLLED = "not polled yet"
@@ -51,6 +54,7 @@ class ReplicaState:
     max_num_seqs: int = 0  # the leader's batch limit now (0: not reported)
     page_size: int = 0  # tokens per KV page of its leader stage (0: not reported)
     backoff_until: float = 0.0  # monotonic time before which it stays not ready
+    sleeping: bool = False  # its leader reports it asleep (issue 32)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +65,7 @@ class ReplicaState:
             "kv_pages_used": self.pages_used,
             "running": self.running,
             "waiting": self.waiting,
+            "sleeping": self.sleeping,
         }
 
 
@@ -120,6 +125,23 @@ class ReplicaSet:
         """Whether some replica has never been polled (named by a cut-over just now)."""
         return any(st.detail == NOT_POLLED for st in self._states.values())
 
+    def sleeping_ids(self) -> list[str]:
+        return [rid for rid, st in self._states.items() if st.sleeping]
+
+    async def wake_sleeping(self) -> None:
+        """Ask every sleeping replica's leader to wake it (concurrently); a failure is
+        logged (the poll and the hold's deadline say the rest)."""
+
+        async def wake(rid: str) -> None:
+            try:
+                await self.stub(rid).WakeReplica(
+                    pb.WakeReplicaRequest(replica_id=rid), timeout=WAKE_TIMEOUT_S
+                )
+            except grpc.aio.AioRpcError as exc:
+                log.warning("waking %s failed: %s %s", rid, exc.code().name, exc.details())
+
+        await asyncio.gather(*(wake(rid) for rid in self.sleeping_ids()))
+
     def states(self) -> dict[str, ReplicaState]:
         return dict(self._states)
 
@@ -175,13 +197,17 @@ class ReplicaSet:
         for st in states:
             r = kv.get(st.endpoint.replica_id)
             if r is None:
+                st.sleeping = False
                 self._set(st, False, f"agent {reply.agent_id} at {address} does not lead it")
                 continue
             st.pages_total, st.pages_used = r.pages_total, r.pages_used
             st.running, st.waiting = r.running, r.waiting
             st.max_num_seqs = r.max_num_seqs
             st.page_size = pages.get(st.endpoint.replica_id, 0)
-            if st.endpoint.replica_id in broken:
+            st.sleeping = r.sleeping
+            if r.sleeping:
+                self._set(st, False, "sleeping")
+            elif st.endpoint.replica_id in broken:
                 why = broken[st.endpoint.replica_id] or "a rank is gone"
                 self._set(st, False, f"group failed on its leader: {why}")
             elif now < st.backoff_until:

@@ -28,6 +28,7 @@ from tessera.gateway import (
     config,
     cutover,
     dispatch,
+    hold,
     inflight,
     kv_affinity,
     metrics,
@@ -175,6 +176,8 @@ class GatewayHandle:
                 await self._task
             self._task = None
         await self.cutover.close()
+        if self.service.holding is not None:
+            await self.service.holding.close()
         await self._runner.cleanup()
         await self.service.replicas.close()
 
@@ -209,6 +212,19 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
     counts = arrivals.ArrivalRecorder(
         cfg.arrival_span_s, on_arrival=lambda name: gauges.class_arrivals.labels(name).inc()
     )
+    box: list[GatewayHandle] = []  # the handle, once made: a hold refreshes through it
+
+    async def refresh() -> None:
+        await (box[0].refresh() if box else replica_set.poll_once())
+
+    holding = hold.Holding(
+        cfg.hold,
+        lambda: bool(replica_set.ready_ids()),
+        refresh,
+        replica_set.wake_sleeping,
+        gauges.hold_changed,
+        waking=lambda: bool(replica_set.sleeping_ids()) or not replica_set.endpoints,
+    )
     service = app.Service(
         model_name=name,
         info=info,
@@ -230,9 +246,10 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
         limits=cfg.limits,
         api_keys=auth.ApiKeys(cfg.api_keys_file) if cfg.api_keys_file else None,
         arrivals=counts,
+        holding=holding,
     )
     application = app.build(service, cfg.max_body_bytes)
-    admin.install(application, switch, counts, table)
+    admin.install(application, switch, counts, table, holding)
     status_page.install(application, service, switch, lambda: route.class_shares)
     runner = web.AppRunner(
         application,
@@ -249,6 +266,7 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
         handle = GatewayHandle(
             cfg, service, route, runner, f"http://{url_host}:{port}", watcher, switch
         )
+        box.append(handle)
         if cfg.live_classes_file:
             handle.set_live_classifier(*_load_live_classes(cfg.live_classes_file))
         if initial is not None:

@@ -19,8 +19,12 @@ after it) return them inside `Step`s; the operator's executor
 * `ResizeKV`: shrink or grow a running replica's KV pool to `num_pages` on every stage
   (shrink: the leader's allocator compacts live pages below the limit first; never below
   the pages its requests hold), so a full device makes room for a new layout (issue 34).
+* `DropLayers`: KunServe's parameter drop applied to whole replicas (issue 34, a drop-style
+  transition): the members become one pipeline that keeps the head's id, each holding
+  its stage's layers; the freed parameter memory becomes KV pool, which a following
+  `ResizeKV` can give to the incoming layout.
 
-Later actions (drop or restore layers, replicate a layer, load an adapter) join the
+Later actions (restore layers, replicate a layer, load an adapter) join the
 `Action` union; every action has `kind` (a stable name used in status and events) and
 `describe()`.
 """
@@ -40,7 +44,8 @@ class PeerSource:
     address: str
     replica_id: str
     stage_index: int
-    # "local" (same agent), "" (data-plane group, gRPC as the fallback) or "grpc"
+    # "local" (same agent), "" (data-plane group, gRPC as the fallback), "grpc", or "host"
+    # (the target agent's own host block cache; issue 32)
     transport: str = ""
 
 
@@ -77,7 +82,14 @@ class LoadBlock:
     def describe(self) -> str:
         how = f" (copy from {self.source.agent})" if self.source is not None else ""
         if self.parts:
-            peers = sorted({p.source.agent for p in self.parts if p.source is not None})
+            peers = sorted(
+                {p.source.agent for p in self.parts if p.source and p.source.transport != "host"}
+            )
+            peers += (
+                ["host cache"]
+                if any(p.source and p.source.transport == "host" for p in self.parts)
+                else []
+            )
             stored = any(p.source is None for p in self.parts)
             how = f" (copy from {', '.join(peers) or 'storage'}" + (
                 ", storage)" if stored and peers else ")"
@@ -195,7 +207,41 @@ class ResizeKV:
         return f"{how} the KV pool of {self.replica_id} from {self.was_pages} to {pages}"
 
 
-Action = LoadBlock | UnloadBlock | Rewire | MoveKV | Drain | CutOver | ResizeKV
+@dataclass(frozen=True)
+class DropStage:
+    """One member of a `DropLayers`: the whole replica that keeps layers [start, end)."""
+
+    replica_id: str
+    agent: str
+    address: str  # its agent
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class DropLayers:
+    """Turn whole replicas into one pipeline (KunServe's drop): `stages` in layer order,
+    the first is the head (keeps its id, its scheduler and its running requests, whose
+    K/V for the donors' layers moves to them); the donors must be drained first."""
+
+    stages: tuple[DropStage, ...]
+
+    kind = "DropLayers"
+
+    @property
+    def head(self) -> str:
+        return self.stages[0].replica_id
+
+    @property
+    def donors(self) -> tuple[str, ...]:
+        return tuple(s.replica_id for s in self.stages[1:])
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{s.replica_id}@{s.agent} [{s.start}, {s.end})" for s in self.stages)
+        return f"drop replicated layers into one pipeline led by {self.head}: {parts}"
+
+
+Action = LoadBlock | UnloadBlock | Rewire | MoveKV | Drain | CutOver | ResizeKV | DropLayers
 BlockAction = LoadBlock | UnloadBlock | Rewire
 
 

@@ -3,11 +3,14 @@
 The transition planner (`policies.transition`) copies a block from a peer that holds its
 tensors when `copy_seconds` beats `read_seconds`. Defaults are conservative figures for
 a node with a local NVMe checkpoint and a 10 Gb/s pod network; callers that measured
-their links (`tessera bench copy`) pass their own. Pure.
+their links pass their own: `measured` builds the model from the agents' probes
+(`ProbeLinks`, issue 32; or `tessera bench copy`). Pure.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -39,3 +42,25 @@ class LinkModel:
         if rate is None:
             rate = self.local_bytes_per_s if source == target else self.network_bytes_per_s
         return self.latency_s + nbytes / rate
+
+
+def measured(
+    base: LinkModel,
+    pairs: Mapping[tuple[str, str], float],
+    storage: Mapping[str, float],
+) -> LinkModel:
+    """`base` with measured rates: per pair and per agent's storage, and their medians as
+    the network and storage figures (what the switch plan's tiers read); rates of 0 (a
+    probe that failed) are left out, and `base`'s figures stay where nothing was measured."""
+    pairs = {k: v for k, v in pairs.items() if v > 0}
+    storage = {k: v for k, v in storage.items() if v > 0}
+    remote = [v for (a, b), v in pairs.items() if a != b]
+    return dataclasses.replace(
+        base,
+        pairs=pairs,
+        storage=storage,
+        network_bytes_per_s=statistics.median(remote) if remote else base.network_bytes_per_s,
+        storage_bytes_per_s=(
+            statistics.median(storage.values()) if storage else base.storage_bytes_per_s
+        ),
+    )

@@ -7,7 +7,10 @@ chains observed (block ids in order, requests seen, bytes one request sends per 
 directly inter-dependent and how many bytes crossed between them (the paper's locality
 counter). `place` decides where each block goes: with `locality=True` the pairs with the
 most bytes are put together first; with `locality=False` it is the fragmentation-minimising
-best fit the paper compares against. Pure; called by `tessera.sim.blockllm_placement`.
+best fit the paper compares against. A block may cost less on some servers (`cost`: it
+shares pieces a server already holds, the block zoo), and blocks already placed stay where
+they are (`held`). Pure; called by `tessera.sim.blockllm_placement` and
+`policies.stitch_chains` (the converge pass, so `tessera up`).
 """
 
 from __future__ import annotations
@@ -75,17 +78,25 @@ def place(
     servers: Mapping[str, float],
     chains: Sequence[ChainUse],
     locality: bool = True,
+    cost: Mapping[str, Mapping[str, float]] | None = None,
+    held: Mapping[str, str] | None = None,
 ) -> BlockPlacement:
-    """Place every block on one server within its memory (module docstring)."""
+    """Place every block on one server within its memory (module docstring). `cost[b][s]`
+    overrides block b's bytes on server s; `held[b]` is where b already is (its bytes are
+    out of that server's memory given, and it does not move)."""
     for name, size in blocks.items():
         if size < 0:
             raise fields.FieldError(f"blocks.{name}", "bytes must be >= 0")
     free = dict(servers)
-    where: dict[str, str] = {}
+    where: dict[str, str] = {b: s for b, s in (held or {}).items() if b in blocks and s in free}
+    costs = cost or {}
+
+    def bytes_on(block: str, server: str) -> float:
+        return costs.get(block, {}).get(server, blocks[block])
 
     def put(block: str, server: str) -> None:
         where[block] = server
-        free[server] -= blocks[block]
+        free[server] -= bytes_on(block, server)
 
     def fits(server: str, need: float) -> bool:
         return free[server] >= need
@@ -97,15 +108,16 @@ def place(
                 continue
             a_at, b_at = where.get(pair.a), where.get(pair.b)
             if a_at is None and b_at is None:
-                need = blocks[pair.a] + blocks[pair.b]
-                roomy = [s for s in sorted(free) if fits(s, need)]
-                if roomy:
-                    best = max(roomy, key=lambda s: (free[s], s))
+                need = {s: bytes_on(pair.a, s) + bytes_on(pair.b, s) for s in free}
+                roomy = [s for s in sorted(free) if fits(s, need[s])]
+                if roomy:  # the least bytes (pieces held there), then the most free memory
+                    least = min(need[s] for s in roomy)
+                    best = max((s for s in roomy if need[s] == least), key=lambda s: (free[s], s))
                     put(pair.a, best)
                     put(pair.b, best)
-            elif a_at is None and b_at is not None and fits(b_at, blocks[pair.a]):
+            elif a_at is None and b_at is not None and fits(b_at, bytes_on(pair.a, b_at)):
                 put(pair.a, b_at)
-            elif b_at is None and a_at is not None and fits(a_at, blocks[pair.b]):
+            elif b_at is None and a_at is not None and fits(a_at, bytes_on(pair.b, a_at)):
                 put(pair.b, a_at)
         affinity: dict[str, dict[str, float]] = {}
         for pair in pairs:
@@ -114,20 +126,25 @@ def place(
         for block in sorted(blocks, key=lambda b: (-blocks[b], b)):
             if block in where:
                 continue
-            roomy = [s for s in sorted(free) if fits(s, blocks[block])]
+            roomy = [s for s in sorted(free) if fits(s, bytes_on(block, s))]
             if not roomy:
                 continue
             near = affinity.get(block, {})
 
-            def pull(s: str, near: dict[str, float] = near) -> tuple[float, float, str]:
-                return (sum(v for k, v in near.items() if where.get(k) == s), free[s], s)
+            def pull(
+                s: str, near: dict[str, float] = near, block: str = block
+            ) -> tuple[float, float, float, str]:
+                pulled = sum(v for k, v in near.items() if where.get(k) == s)
+                return (pulled, -bytes_on(block, s), free[s], s)
 
             put(block, max(roomy, key=pull))
     else:
         for block in sorted(blocks, key=lambda b: (-blocks[b], b)):
-            roomy = [s for s in sorted(free) if fits(s, blocks[block])]
+            if block in where:
+                continue
+            roomy = [s for s in sorted(free) if fits(s, bytes_on(block, s))]
             if roomy:
-                put(block, min(roomy, key=lambda s: (free[s], s)))
+                put(block, min(roomy, key=lambda s: (free[s] - bytes_on(block, s), s)))
     cross = local = hops = 0.0
     for chain in chains:
         for x, y in zip(chain.blocks, chain.blocks[1:], strict=False):

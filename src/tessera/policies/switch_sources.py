@@ -114,14 +114,22 @@ def assign(
 ) -> Assignment:
     """Parts for every unsharded block of `wanted` (module docstring). `held` are the
     blocks that stay held until these loads are done (make-before-break)."""
-    loads = [w for w in wanted if w.block.tp_size == 1]
+    # a stitched chain (issue 35) joins two models' layers: not one model to cover
+    stitched = {
+        b.replica_id for b in [*(h.block for h in held), *(w.block for w in wanted)] if b.stitch_zoo
+    }
+    loads = [w for w in wanted if w.block.tp_size == 1 and w.block.replica_id not in stitched]
     empty = Assignment({}, None, (), model)
     if not loads:
         return empty
     like = loads[0].block
     reloaded = {(w.agent, w.block.key) for w in loads}  # same name, reloaded: not a source
     sources = [
-        h for h in held if _compatible(h.block, like) and (h.agent, h.block.key) not in reloaded
+        h
+        for h in held
+        if _compatible(h.block, like)
+        and (h.agent, h.block.key) not in reloaded
+        and h.block.replica_id not in stitched
     ]
     slot = _slots(sources, loads)
     by_slot = {slot[(h.agent, h.block.key)]: h for h in sources}

@@ -12,7 +12,7 @@ what this returns); the decision itself is `policies.switching_step.step`.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,9 @@ class SwitchingCandidates:
     layouts: Mapping[str, Sequence[Mapping[str, Any]]]  # name -> explicit layout replicas
     price: switching_step.Price  # (name, demand req/s in the arrivals' class order) -> P99 s
     switch_seconds: switching_step.SwitchSeconds  # (from, to) -> seconds
+    # the latency model's measured relative error per candidate (the hysteresis,
+    # `switching.gain_threshold`); None: unknown, minGain applies
+    model_error: Callable[[str], float | None] | None = None
 
 
 def current_name(
@@ -115,6 +118,7 @@ def decide(
             list(candidates.layouts),
             candidates.price,
             candidates.switch_seconds,
+            model_error=candidates.model_error,
         )
     except ValueError as exc:
         return stopped(base, "StepFailed", str(exc))

@@ -20,10 +20,13 @@ shrink to make room (**shrink-pools**, `transition_shrink`: every replica keeps 
 when that suffices; else old replicas are retired one at a time before the loads that
 need their memory (**freeing order**: a `CutOver` drops the replica while at least one
 other complete replica keeps serving, then it is drained and unloaded), and what is
-still short is taken from the pools left. When even that cannot make room, the
-transition is `blocked` with a condition reason and message, and its steps only clean up
-unrouted leftovers: the old layout keeps serving. The new replicas' pools grow to the
-target's budgets once the old are freed.
+still short is taken from the pools left. When even that cannot make room, whole
+replicas drop replicated layers into one pipeline first (**drop-layers**,
+`transition_drop`: KunServe's drop keeps every request running) where the plan after
+the drop would not be blocked. Otherwise the transition is `blocked` with a condition
+reason and message, and its steps only clean up unrouted leftovers: the old layout
+keeps serving. The new replicas' pools grow to the target's budgets once the old are
+freed.
 
 Level-triggered: the plan depends only on the observation, so re-planning after any
 prefix of the steps (or after an operator restart) continues where things stand, and a
@@ -41,7 +44,13 @@ from dataclasses import replace
 from typing import Any
 
 from tessera import blocks, observed, routes_doc
-from tessera.policies import actions, transition_model, transition_shrink, transition_steps
+from tessera.policies import (
+    actions,
+    transition_drop,
+    transition_model,
+    transition_shrink,
+    transition_steps,
+)
 
 # the planner's data types, named from here by its callers
 DevKey = transition_model.DevKey
@@ -221,6 +230,10 @@ def plan(world: World, target: Target) -> Transition:
             f"agents {', '.join(down)} of the new layout are unreachable; the old layout "
             "keeps serving",
         )
+    if blocked is not None and blocked.reason == "InsufficientMemory":
+        dropped = transition_drop.plan(world, target, plan)
+        if dropped is not None:
+            return dropped
     if blocked is not None:
         # only the cleanup that cannot hurt serving: unrouted leftovers
         steps = _renumber([s for s in sim.steps if _is_cleanup(s, leftovers)])

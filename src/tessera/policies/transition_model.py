@@ -73,6 +73,9 @@ class World:
     # them (`transition_shrink`), never below the pages their requests hold plus this share
     resize_kv: bool = True
     kv_headroom: float = 0.1
+    # ... and where even that leaves no room: whole replicas drop replicated layers into
+    # one pipeline (KunServe's drop) first (`transition_drop`)
+    drop_layers: bool = True
 
     def __post_init__(self) -> None:
         if self.sourcing not in SOURCINGS:
@@ -91,7 +94,14 @@ class Blocked:
     message: str
 
 
-MODES = ("converged", "make-before-break", "freeing-order", "shrink-pools", "blocked")
+MODES = (
+    "converged",
+    "make-before-break",
+    "freeing-order",
+    "shrink-pools",
+    "drop-layers",
+    "blocked",
+)
 
 
 @dataclass(frozen=True)

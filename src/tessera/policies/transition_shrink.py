@@ -152,14 +152,22 @@ def make_room(
         kv = min(p.block.kv_bytes or room, int(room * share)) if room > 0 else 0
         least = max(1, int(p.block.kv_bytes * MIN_NEW_KV_SHARE))
         if kv < least:
+            # waiting helps only if the pools at their floor hold what is missing: when
+            # the parameters do not fit even with those pools empty, no wait makes room
+            pooled = sum(
+                q.block.kv_bytes
+                for q, _ in sim.present.values()
+                if q.block.replica_id in at_floor and (q.agent, q.block.device) == k
+            )
+            waiting = bool(at_floor) and sim.free.get(k, 0) + pooled >= params[k] + least
             why = (
                 f"the pools of {', '.join(at_floor)} hold pages their requests need; "
                 "waiting for them to finish or move"
-                if at_floor
+                if waiting
                 else "even with the old replicas' KV pools shrunk"
             )
             return todo, model.Blocked(
-                "WaitingForKV" if at_floor else "InsufficientMemory",
+                "WaitingForKV" if waiting else "InsufficientMemory",
                 f"replica {rid} needs {params[k]} parameter bytes and {least} KV bytes on "
                 f"{k[0]}/{k[1]}, which has {sim.free.get(k, 0)} free: {why}",
             )

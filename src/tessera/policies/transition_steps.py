@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 from tessera import routes_doc
-from tessera.policies import actions, device_links, switch_sources
+from tessera.policies import actions, device_links, replica_sources, switch_sources
 from tessera.policies import transition_model as model
 from tessera.policies.placement import ModelBytes
 
@@ -105,7 +105,8 @@ class StepBuilder:
 
     def plan_switch(self, loads: list[model.Placed]) -> None:
         """With switch sourcing: the parts of every block to load, from one switch plan
-        over the blocks held now (`policies.switch_sources`)."""
+        over the blocks held now (`policies.switch_sources`), refined by the agents' host
+        caches and measured links (`policies.replica_sources`)."""
         if self.world.sourcing != "switch" or not loads:
             return
         stores = {a.name: a.store_address for a in self.reachable.values()}
@@ -121,7 +122,11 @@ class StepBuilder:
         self.switch = switch_sources.assign(
             held, wanted, self.model_bytes(loads), device_links.from_agent_links(self.world.links)
         )
-        self.parts = dict(self.switch.parts)
+        model = self.model_bytes(loads)
+        cache = {a.name: a.host_cache for a in self.reachable.values() if a.host_cache}
+        self.parts = replica_sources.refine(
+            self.switch.parts, wanted, cache, self.world.links, model
+        )
 
     def model_bytes(self, loads: list[model.Placed]) -> ModelBytes:
         if self.world.model is not None:
@@ -142,9 +147,9 @@ class StepBuilder:
         if not parts:
             return None
         for part in parts:
-            if part.source is None:
+            if part.source is None or part.source.transport == replica_sources.HOST:
                 if not self.world.checkpoint_readable:
-                    return None
+                    return None  # storage is where a host part falls back to
                 continue
             key = (part.source.replica_id, part.source.stage_index, 0)
             held = self.present.get((part.source.agent, key))
@@ -206,7 +211,7 @@ class StepBuilder:
             actions.LoadBlock(p.agent, p.address, p.block, None, p.data_plane, parts), deps
         )
         for part in parts:
-            if part.source is not None:
+            if part.source is not None and part.source.transport != replica_sources.HOST:
                 key = (part.source.replica_id, part.source.stage_index, 0)
                 self.readers.setdefault((part.source.agent, key), []).append(sid)
         self._took(p, sid)

@@ -162,7 +162,7 @@ def routes(
     variants attached on every foundation stage."""
     out = []
     for v in variants:
-        if v.kind == "full":
+        if v.kind in ("full", "stitch"):  # a stitched chain, too, runs on replicas of its own
             reps = tuple(variant_replica_id(r, v.name) for r in foundation_replicas)
             out.append(variant_routes.RouteVariant(v.name, "full", reps))
         elif v.name in lora_ready:
@@ -182,6 +182,8 @@ class VariantStatus:
     message: str = ""
     # shareEquivalent: the agents' report (`equivalence_summary` of it), None otherwise
     equivalence: Mapping[str, object] | None = None
+    # stitch (issue 35): the point, the quality measured there, where the blocks are
+    stitch: Mapping[str, object] | None = None
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -194,6 +196,8 @@ class VariantStatus:
         }
         if self.equivalence is not None:
             out["equivalence"] = dict(self.equivalence)
+        if self.stitch is not None:
+            out["stitch"] = dict(self.stitch)
         return out
 
 
@@ -212,6 +216,20 @@ def equivalence_summary(report: Mapping[str, object]) -> str:
     )
 
 
+def stitch_summary(report: Mapping[str, object]) -> str:
+    """One line of a stitched chain's status (`status.variants[].stitch`): its point, the
+    quality the zoo measured there, and which agent holds which block."""
+    where = report.get("placement")
+    placed = "; ".join(str(x) for x in where) if isinstance(where, list) else ""
+    quality = (
+        f"measured vs the model alone: top-1 agreement {report['top1Agreement']}, "
+        f"cosine {report['cosine']}"
+        if "cosine" in report
+        else "quality not reported yet"
+    )
+    return f"stitched at {report.get('point')}; {quality}; {placed}".rstrip("; ")
+
+
 def status(
     variants: Sequence[variant_spec.VariantSpec],
     held: Sequence[HeldStage],
@@ -219,12 +237,15 @@ def status(
     complete: frozenset[str],
     errors: Mapping[str, str],
     equivalence: Mapping[str, Mapping[str, object]] | None = None,
+    stitch: Mapping[str, Mapping[str, object]] | None = None,
 ) -> list[VariantStatus]:
     """Per variant: LoRA is ready when attached on every foundation stage held; a full
     fine-tune when each of its chains holds every block. `chains[v]` are a full variant's
     chain ids, `complete` the replicas holding every block, `errors[v]` the last error,
-    `equivalence[v]` the report a shareEquivalent chain's agents gave."""
+    `equivalence[v]` the report a shareEquivalent chain's agents gave, `stitch[v]` a
+    stitched chain's (its point, quality and placement)."""
     reports = equivalence or {}
+    stitched = stitch or {}
     out = []
     for v in variants:
         err = errors.get(v.name, "")
@@ -245,5 +266,12 @@ def status(
             rep = reports.get(v.name)
             if rep is not None and not err:
                 msg = f"{msg}; {equivalence_summary(rep)}"
-        out.append(VariantStatus(v.name, v.kind, ready, on, why, msg, reports.get(v.name)))
+            st = stitched.get(v.name)
+            if st is not None and not err:
+                msg = f"{msg}; {stitch_summary(st)}"
+        out.append(
+            VariantStatus(
+                v.name, v.kind, ready, on, why, msg, reports.get(v.name), stitched.get(v.name)
+            )
+        )
     return out

@@ -39,6 +39,16 @@ def to_proto(b: blocks.Block, kv_pages: int = 0, num_tensors: int = 0) -> pb.Blo
         results=b.results,
         compile=b.compile,
         share=share(b),
+        stitch=stitch(b),
+    )
+
+
+def stitch(b: blocks.Block) -> pb.BlockStitch | None:
+    """The block's stitch to the next stage (issue 35), or None when it has none."""
+    if not b.stitch_zoo:
+        return None
+    return pb.BlockStitch(
+        zoo=b.stitch_zoo, next_model_path=b.stitch_to, next_layer_start=b.stitch_at
     )
 
 
@@ -75,6 +85,9 @@ def from_proto(m: pb.BlockInfo) -> blocks.Block:
         compile=m.compile,
         share_from=m.share.foundation_path,
         share_threshold=m.share.threshold if m.share.foundation_path else 0.0,
+        stitch_zoo=m.stitch.zoo,
+        stitch_to=m.stitch.next_model_path,
+        stitch_at=m.stitch.next_layer_start,
     )
 
 
@@ -105,6 +118,7 @@ def load_request(
         tp_size=b.tp_size,
         tp_rank=b.tp_rank,
         share=share(b),
+        stitch=stitch(b),
     )
     if data_plane is not None:
         req.data_plane.CopyFrom(
@@ -160,4 +174,7 @@ def from_load_request(
         tp_rank=req.tp_rank,
         share_from=req.share.foundation_path,
         share_threshold=req.share.threshold if req.share.foundation_path else 0.0,
+        stitch_zoo=req.stitch.zoo,
+        stitch_to=req.stitch.next_model_path,
+        stitch_at=req.stitch.next_layer_start,
     )

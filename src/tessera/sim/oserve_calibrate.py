@@ -9,7 +9,9 @@ with other arrivals (the *held-out* sample). `cost.calibration.fit` turns the sa
 into a correction per layout and demand point, and its error on the held-out runs. The
 measurement is the simulator, driven by the same cost profile as the planner (a measured
 `tessera profile` or the analytic H100 one), so the error is the queueing model's, not
-the step-time model's. Called by `oserve_table2.table2`; every figure is a simulation.
+the step-time model's. `seed_spread` runs held-out points again with other arrival seeds
+(how much one run's P99 varies, the floor of a held-out error of one run). Called by
+`oserve_table2.table2`; every figure is a simulation.
 """
 
 from __future__ import annotations
@@ -100,3 +102,49 @@ def _price(pick: table1.Choice, layout: Layout, demand: tuple[float, ...]) -> La
     return LatencyModel(pick.problem, pick.table).best_routing(
         shapes, counts, demand, dedicate=True
     )
+
+
+SPREAD_SEEDS = (EVAL_SEED, 211, 311, 411)
+# (mix the point is at, mix whose heterogeneous (h) or homogeneous (o) pick is the layout)
+SPREAD_CASES: tuple[tuple[str, str, str], ...] = (
+    ("S5", "S5", "h"),
+    ("S5", "S5", "o"),
+    ("S2", "S2", "h"),
+    ("S2", "S5", "h"),
+    ("S3", "S4", "h"),
+)
+
+
+def seed_spread(
+    profile: Profile, base: tuple[RequestClass, ...], slo: Slo
+) -> dict[str, dict[str, object]]:
+    """The held-out point (`EVAL_LOAD`) of each of `SPREAD_CASES`, simulated with every
+    seed of `SPREAD_SEEDS`: the model's P99, the simulated P99 per seed, their spread."""
+    picks: dict[str, tuple[tuple[float, ...], float, table1.Choice]] = {}
+    for level, shares, _, _ in table1.LEVELS:
+        problem, table = table1.mix_problem(
+            profile, table1.mixed(base, shares), slo, NODES, GPUS, quick=True
+        )
+        sus = table1.sustainable_rps(problem, table)
+        demand = tuple(LOAD * sus * w / sum(shares) for w in shares)
+        picks[level] = (shares, sus, table1.choose(problem, table, demand))
+    out: dict[str, dict[str, object]] = {}
+    for at_level, of_level, which in SPREAD_CASES:
+        shares, sus, pick = picks[at_level]
+        chosen = picks[of_level][2]
+        layout = (chosen.hetero if which == "h" else chosen.homo)[0]
+        r = EVAL_LOAD * sus
+        rep = _price(pick, layout, tuple(r * w / sum(shares) for w in shares))
+        built = build(pick, (layout, rep), "")
+        p99 = []
+        for seed in SPREAD_SEEDS:
+            arr = _arrivals(base, shares, r, 300.0, seed)
+            res = engine.Engine(built.replicas, router(base, built.shares)).run(arr, until=300.0)
+            p99.append(_stats(res, (60.0, 300.0))["p99_latency_s"])
+        mean = sum(p99) / len(p99)
+        out[f"{at_level} {layout.label()}"] = {
+            "model": round(rep.p99_latency_s, 3),
+            "sim_p99_by_seed": p99,
+            "spread_rel": round((max(p99) - min(p99)) / mean, 3),
+        }
+    return out

@@ -175,6 +175,7 @@ class Executor:
             links=self.link_model,
             sourcing="switch" if self.model is not None else "block",
             model=self.model,
+            drop_layers=False,  # a drop (KunServe's) is not modelled here: plan without it
         )
 
     def target(self) -> transition.Target:

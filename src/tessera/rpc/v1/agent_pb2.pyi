@@ -21,7 +21,7 @@ class Device(_message.Message):
     def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., capacity_bytes: _Optional[int] = ..., free_bytes: _Optional[int] = ...) -> None: ...
 
 class ReplicaKV(_message.Message):
-    __slots__ = ("replica_id", "pages_total", "pages_used", "running", "waiting", "preemptions", "prefix_hit_tokens", "cached_pages", "max_num_seqs")
+    __slots__ = ("replica_id", "pages_total", "pages_used", "running", "waiting", "preemptions", "prefix_hit_tokens", "cached_pages", "max_num_seqs", "sleeping")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PAGES_USED_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class ReplicaKV(_message.Message):
     PREFIX_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_PAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    SLEEPING_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     pages_total: int
     pages_used: int
@@ -40,14 +41,15 @@ class ReplicaKV(_message.Message):
     prefix_hit_tokens: int
     cached_pages: int
     max_num_seqs: int
-    def __init__(self, replica_id: _Optional[str] = ..., pages_total: _Optional[int] = ..., pages_used: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., preemptions: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., cached_pages: _Optional[int] = ..., max_num_seqs: _Optional[int] = ...) -> None: ...
+    sleeping: bool
+    def __init__(self, replica_id: _Optional[str] = ..., pages_total: _Optional[int] = ..., pages_used: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., preemptions: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., cached_pages: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., sleeping: _Optional[bool] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class DescribeReply(_message.Message):
-    __slots__ = ("agent_id", "devices", "nvml_status", "blocks", "kv", "version", "store_address", "zoo", "scaling_runs", "scaling_hosted")
+    __slots__ = ("agent_id", "devices", "nvml_status", "blocks", "kv", "version", "store_address", "zoo", "scaling_runs", "scaling_hosted", "host_cache")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     NVML_STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +60,7 @@ class DescribeReply(_message.Message):
     ZOO_FIELD_NUMBER: _ClassVar[int]
     SCALING_RUNS_FIELD_NUMBER: _ClassVar[int]
     SCALING_HOSTED_FIELD_NUMBER: _ClassVar[int]
+    HOST_CACHE_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     nvml_status: str
@@ -68,10 +71,93 @@ class DescribeReply(_message.Message):
     zoo: VariantZoo
     scaling_runs: _containers.RepeatedCompositeFieldContainer[ScalingRunInfo]
     scaling_hosted: _containers.RepeatedCompositeFieldContainer[ScalingHostedRun]
-    def __init__(self, agent_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nvml_status: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[ReplicaKV, _Mapping]]] = ..., version: _Optional[str] = ..., store_address: _Optional[str] = ..., zoo: _Optional[_Union[VariantZoo, _Mapping]] = ..., scaling_runs: _Optional[_Iterable[_Union[ScalingRunInfo, _Mapping]]] = ..., scaling_hosted: _Optional[_Iterable[_Union[ScalingHostedRun, _Mapping]]] = ...) -> None: ...
+    host_cache: HostCache
+    def __init__(self, agent_id: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., nvml_status: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[BlockInfo, _Mapping]]] = ..., kv: _Optional[_Iterable[_Union[ReplicaKV, _Mapping]]] = ..., version: _Optional[str] = ..., store_address: _Optional[str] = ..., zoo: _Optional[_Union[VariantZoo, _Mapping]] = ..., scaling_runs: _Optional[_Iterable[_Union[ScalingRunInfo, _Mapping]]] = ..., scaling_hosted: _Optional[_Iterable[_Union[ScalingHostedRun, _Mapping]]] = ..., host_cache: _Optional[_Union[HostCache, _Mapping]] = ...) -> None: ...
+
+class HostCache(_message.Message):
+    __slots__ = ("budget_bytes", "used_bytes", "pieces", "hits", "misses", "hit_bytes", "evicted")
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PIECES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    HIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    budget_bytes: int
+    used_bytes: int
+    pieces: _containers.RepeatedCompositeFieldContainer[HostCachedPiece]
+    hits: int
+    misses: int
+    hit_bytes: int
+    evicted: int
+    def __init__(self, budget_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., pieces: _Optional[_Iterable[_Union[HostCachedPiece, _Mapping]]] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., hit_bytes: _Optional[int] = ..., evicted: _Optional[int] = ...) -> None: ...
+
+class HostCachedPiece(_message.Message):
+    __slots__ = ("model_path", "piece", "dtype", "digest", "nbytes")
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    PIECE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    model_path: str
+    piece: str
+    dtype: str
+    digest: str
+    nbytes: int
+    def __init__(self, model_path: _Optional[str] = ..., piece: _Optional[str] = ..., dtype: _Optional[str] = ..., digest: _Optional[str] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class BlockLoadSource(_message.Message):
+    __slots__ = ("peer_bytes", "host_bytes", "storage_bytes", "seconds")
+    PEER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    peer_bytes: int
+    host_bytes: int
+    storage_bytes: int
+    seconds: float
+    def __init__(self, peer_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ..., storage_bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class ProbeLinksRequest(_message.Message):
+    __slots__ = ("peers", "nbytes", "model_path")
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    peers: _containers.RepeatedScalarFieldContainer[str]
+    nbytes: int
+    model_path: str
+    def __init__(self, peers: _Optional[_Iterable[str]] = ..., nbytes: _Optional[int] = ..., model_path: _Optional[str] = ...) -> None: ...
+
+class ProbeLinksReply(_message.Message):
+    __slots__ = ("peers", "storage_bytes_per_s", "storage_error")
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    peers: _containers.RepeatedCompositeFieldContainer[LinkRate]
+    storage_bytes_per_s: float
+    storage_error: str
+    def __init__(self, peers: _Optional[_Iterable[_Union[LinkRate, _Mapping]]] = ..., storage_bytes_per_s: _Optional[float] = ..., storage_error: _Optional[str] = ...) -> None: ...
+
+class LinkRate(_message.Message):
+    __slots__ = ("address", "bytes_per_s", "error")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    bytes_per_s: float
+    error: str
+    def __init__(self, address: _Optional[str] = ..., bytes_per_s: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ProbeSendRequest(_message.Message):
+    __slots__ = ("nbytes", "chunk_bytes")
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    nbytes: int
+    chunk_bytes: int
+    def __init__(self, nbytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class LoadBlockRequest(_message.Message):
-    __slots__ = ("model_path", "layer_start", "layer_end", "device", "replica_id", "stage_index", "num_stages", "next_stage_address", "dtype", "kv_bytes", "page_size", "max_num_seqs", "max_batched_tokens", "source", "generation", "tp_size", "tp_rank", "data_plane", "switch_sources", "share")
+    __slots__ = ("model_path", "layer_start", "layer_end", "device", "replica_id", "stage_index", "num_stages", "next_stage_address", "dtype", "kv_bytes", "page_size", "max_num_seqs", "max_batched_tokens", "source", "generation", "tp_size", "tp_rank", "data_plane", "switch_sources", "share", "stitch")
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +178,7 @@ class LoadBlockRequest(_message.Message):
     DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
     SWITCH_SOURCES_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
+    STITCH_FIELD_NUMBER: _ClassVar[int]
     model_path: str
     layer_start: int
     layer_end: int
@@ -112,7 +199,8 @@ class LoadBlockRequest(_message.Message):
     data_plane: DataPlane
     switch_sources: _containers.RepeatedCompositeFieldContainer[SwitchSource]
     share: VariantShare
-    def __init__(self, model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_bytes: _Optional[int] = ..., page_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., source: _Optional[_Union[BlockSource, _Mapping]] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., switch_sources: _Optional[_Iterable[_Union[SwitchSource, _Mapping]]] = ..., share: _Optional[_Union[VariantShare, _Mapping]] = ...) -> None: ...
+    stitch: BlockStitch
+    def __init__(self, model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_bytes: _Optional[int] = ..., page_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., source: _Optional[_Union[BlockSource, _Mapping]] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., switch_sources: _Optional[_Iterable[_Union[SwitchSource, _Mapping]]] = ..., share: _Optional[_Union[VariantShare, _Mapping]] = ..., stitch: _Optional[_Union[BlockStitch, _Mapping]] = ...) -> None: ...
 
 class SwitchSource(_message.Message):
     __slots__ = ("source", "unit_start", "unit_end")
@@ -167,7 +255,14 @@ class PushTensorsReply(_message.Message):
     def __init__(self, bytes: _Optional[int] = ...) -> None: ...
 
 class BlockInfo(_message.Message):
-    __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason", "activations", "compile", "variants", "shared_param_bytes", "share", "equivalence", "results")
+    __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason", "activations", "compile", "variants", "shared_param_bytes", "share", "equivalence", "stitch", "results", "load", "piece_digests")
+    class PieceDigestsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
@@ -194,7 +289,10 @@ class BlockInfo(_message.Message):
     SHARED_PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
     EQUIVALENCE_FIELD_NUMBER: _ClassVar[int]
+    STITCH_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    PIECE_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     stage_index: int
     num_stages: int
@@ -221,8 +319,11 @@ class BlockInfo(_message.Message):
     shared_param_bytes: int
     share: VariantShare
     equivalence: VariantEquivalence
+    stitch: BlockStitch
     results: str
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., dtype: _Optional[str] = ..., num_tensors: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., transport: _Optional[str] = ..., group_state: _Optional[str] = ..., group_reason: _Optional[str] = ..., activations: _Optional[str] = ..., compile: _Optional[str] = ..., variants: _Optional[_Iterable[str]] = ..., shared_param_bytes: _Optional[int] = ..., share: _Optional[_Union[VariantShare, _Mapping]] = ..., equivalence: _Optional[_Union[VariantEquivalence, _Mapping]] = ..., results: _Optional[str] = ...) -> None: ...
+    load: BlockLoadSource
+    piece_digests: _containers.ScalarMap[str, str]
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., dtype: _Optional[str] = ..., num_tensors: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., transport: _Optional[str] = ..., group_state: _Optional[str] = ..., group_reason: _Optional[str] = ..., activations: _Optional[str] = ..., compile: _Optional[str] = ..., variants: _Optional[_Iterable[str]] = ..., shared_param_bytes: _Optional[int] = ..., share: _Optional[_Union[VariantShare, _Mapping]] = ..., equivalence: _Optional[_Union[VariantEquivalence, _Mapping]] = ..., stitch: _Optional[_Union[BlockStitch, _Mapping]] = ..., results: _Optional[str] = ..., load: _Optional[_Union[BlockLoadSource, _Mapping]] = ..., piece_digests: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class LoadBlockReply(_message.Message):
     __slots__ = ("block", "already_loaded")
@@ -705,6 +806,24 @@ class VariantShare(_message.Message):
     threshold: float
     def __init__(self, foundation_path: _Optional[str] = ..., threshold: _Optional[float] = ...) -> None: ...
 
+class BlockStitch(_message.Message):
+    __slots__ = ("zoo", "next_model_path", "next_layer_start", "cosine", "top1_agreement", "param_bytes", "folder")
+    ZOO_FIELD_NUMBER: _ClassVar[int]
+    NEXT_MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    NEXT_LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    COSINE_FIELD_NUMBER: _ClassVar[int]
+    TOP1_AGREEMENT_FIELD_NUMBER: _ClassVar[int]
+    PARAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FOLDER_FIELD_NUMBER: _ClassVar[int]
+    zoo: str
+    next_model_path: str
+    next_layer_start: int
+    cosine: float
+    top1_agreement: float
+    param_bytes: int
+    folder: str
+    def __init__(self, zoo: _Optional[str] = ..., next_model_path: _Optional[str] = ..., next_layer_start: _Optional[int] = ..., cosine: _Optional[float] = ..., top1_agreement: _Optional[float] = ..., param_bytes: _Optional[int] = ..., folder: _Optional[str] = ...) -> None: ...
+
 class VariantEquivalenceLayer(_message.Message):
     __slots__ = ("layer", "cosine", "identical", "shared")
     LAYER_FIELD_NUMBER: _ClassVar[int]
@@ -1008,3 +1127,37 @@ class OverloadShiftReply(_message.Message):
     running: int
     waiting: int
     def __init__(self, layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., restored_pages: _Optional[int] = ..., held_pages: _Optional[_Iterable[int]] = ..., moves_from: _Optional[_Iterable[int]] = ..., moves_to: _Optional[_Iterable[int]] = ..., allocator_pages: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
+
+class SleepReplicaRequest(_message.Message):
+    __slots__ = ("replica_id",)
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
+
+class SleepReplicaReply(_message.Message):
+    __slots__ = ("sleeping", "offloaded_bytes", "released_kv_bytes", "seconds")
+    SLEEPING_FIELD_NUMBER: _ClassVar[int]
+    OFFLOADED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    sleeping: bool
+    offloaded_bytes: int
+    released_kv_bytes: int
+    seconds: float
+    def __init__(self, sleeping: _Optional[bool] = ..., offloaded_bytes: _Optional[int] = ..., released_kv_bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class WakeReplicaRequest(_message.Message):
+    __slots__ = ("replica_id",)
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
+
+class WakeReplicaReply(_message.Message):
+    __slots__ = ("awake", "restored_bytes", "seconds")
+    AWAKE_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    awake: bool
+    restored_bytes: int
+    seconds: float
+    def __init__(self, awake: _Optional[bool] = ..., restored_bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...

@@ -174,6 +174,26 @@ class AgentStub:
                 request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.OverloadShiftRequest.SerializeToString,
                 response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.OverloadShiftReply.FromString,
                 _registered_method=True)
+        self.SleepReplica = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/SleepReplica',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.SleepReplicaRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.SleepReplicaReply.FromString,
+                _registered_method=True)
+        self.WakeReplica = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/WakeReplica',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.WakeReplicaRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.WakeReplicaReply.FromString,
+                _registered_method=True)
+        self.ProbeLinks = channel.unary_unary(
+                '/tessera.rpc.v1.Agent/ProbeLinks',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeLinksRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeLinksReply.FromString,
+                _registered_method=True)
+        self.ProbeSend = channel.unary_stream(
+                '/tessera.rpc.v1.Agent/ProbeSend',
+                request_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeSendRequest.SerializeToString,
+                response_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.TensorChunk.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -399,6 +419,36 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SleepReplica(self, request, context):
+        """Sleep and wake (issue 32): a sleeping replica's blocks wait in the agent's host block
+        cache and its KV pool is released; Describe lists it with `sleeping`; waking restores
+        both. Both are idempotent (sleeping a sleeper, waking an awake replica: nothing to do).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WakeReplica(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProbeLinks(self, request, context):
+        """Issue 32 (docs/scaling.md): measure this agent's links. The agent pulls `nbytes` from
+        each peer's ProbeSend over gRPC and reads a layer of `model_path` through its
+        checkpoint reader (its declared storage bandwidth included); returns the rates.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProbeSend(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -541,6 +591,26 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.OverloadShift,
                     request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.OverloadShiftRequest.FromString,
                     response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.OverloadShiftReply.SerializeToString,
+            ),
+            'SleepReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.SleepReplica,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.SleepReplicaRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.SleepReplicaReply.SerializeToString,
+            ),
+            'WakeReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.WakeReplica,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.WakeReplicaRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.WakeReplicaReply.SerializeToString,
+            ),
+            'ProbeLinks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProbeLinks,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeLinksRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeLinksReply.SerializeToString,
+            ),
+            'ProbeSend': grpc.unary_stream_rpc_method_handler(
+                    servicer.ProbeSend,
+                    request_deserializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeSendRequest.FromString,
+                    response_serializer=tessera_dot_rpc_dot_v1_dot_agent__pb2.TensorChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1299,6 +1369,114 @@ class Agent:
             '/tessera.rpc.v1.Agent/OverloadShift',
             tessera_dot_rpc_dot_v1_dot_agent__pb2.OverloadShiftRequest.SerializeToString,
             tessera_dot_rpc_dot_v1_dot_agent__pb2.OverloadShiftReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SleepReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/SleepReplica',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.SleepReplicaRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.SleepReplicaReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WakeReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/WakeReplica',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.WakeReplicaRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.WakeReplicaReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProbeLinks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/ProbeLinks',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeLinksRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeLinksReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProbeSend(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tessera.rpc.v1.Agent/ProbeSend',
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.ProbeSendRequest.SerializeToString,
+            tessera_dot_rpc_dot_v1_dot_agent__pb2.TensorChunk.FromString,
             options,
             channel_credentials,
             insecure,

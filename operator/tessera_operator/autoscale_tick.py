@@ -1,0 +1,131 @@
+"""The replica autoscaler on the cluster: a kopf timer that ticks `tessera.control.autoscale_loop`.
+
+Registered by `handlers.build_registry` (`register`): a timer every
+`cfg.autoscale_tick_seconds` (1 s) per ServingDeployment; a tick does nothing unless
+`spec.scaling.enabled` and `status.plan` names replicas. A tick reads the gateway's
+demand (`GET /admin/v1/load` and `/metrics` of the gateway Service, or
+`cfg.gateway_admin_url`), takes the deployment's pass lock (a tick that finds a pass
+running skips: a sleep never interleaves with a load), finds each planned replica's
+leader (its stage 0's agent, discovered) and runs one `AutoscaleLoop.tick`. Its events
+are posted (`ScaleFromZero`, `ReplicaWoke`, `ReplicaSlept`, `ScaleToZero`, `WakeFailed`,
+...) and `status.autoscaling` is written (awake, desired, the sleepers, the reason, the
+last wake's seconds). The loop (channels, hysteresis memory) lives in kopf's per-object
+memo; a new operator starts from what the leaders report.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from tessera import api, fields
+from tessera.control import autoscale_loop, gateway_demand
+from tessera_operator import config, discovery, overload_loop, reconciler
+
+log = logging.getLogger(__name__)
+LOOP_KEY = "autoscale_loop"
+WARNED_KEY = "autoscale_demand_warned"
+
+
+def register(
+    registry: kopf.OperatorRegistry, cfg: config.OperatorConfig, resource: tuple[str, str, str]
+) -> None:
+    """Add the loop's timer to `registry` (called by `handlers.build_registry`)."""
+
+    @kopf.timer(
+        *resource,
+        interval=cfg.autoscale_tick_seconds,
+        initial_delay=cfg.autoscale_tick_seconds,
+        registry=registry,
+    )
+    async def autoscale_tick(
+        body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kw: Any
+    ) -> None:
+        if not kw["stopped"] and not body.metadata.get("deletionTimestamp"):
+            await tick(body, patch, memo, cfg)
+
+
+def leaders(plan_status: Mapping[str, Any] | None) -> dict[str, str]:
+    """Replica id -> its stage 0's agent, for every replica `status.plan` names."""
+    out = {}
+    for r in (plan_status or {}).get("replicas") or []:
+        stages = r.get("stages") or []
+        if r.get("replicaId") and stages:
+            out[str(r["replicaId"])] = str(stages[0].get("agent") or "")
+    return out
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def tick(
+    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, cfg: config.OperatorConfig
+) -> None:
+    """One tick (module docstring)."""
+    try:
+        dep = api.parse(copy.deepcopy(dict(body)))
+    except fields.FieldError:
+        return  # the reconciler reports the invalid spec
+    loop = memo.get(LOOP_KEY)
+    if not dep.spec.scaling.enabled:
+        if isinstance(loop, autoscale_loop.AutoscaleLoop):
+            await loop.close()
+            memo.pop(LOOP_KEY, None)
+        return
+    status = body.get("status") or {}
+    by_agent = leaders(status.get("plan"))
+    if not by_agent:
+        return
+    lock = reconciler.lock(memo)
+    if lock.locked():
+        return
+    async with lock:
+        ctx = reconciler.context(memo)
+        base = overload_loop.load_url(cfg, dep).removesuffix("/admin/v1/load")
+        try:
+            demand = await gateway_demand.fetch(base, cfg.gateway_admin_token)
+        except ValueError as exc:
+            if not memo.get(WARNED_KEY):
+                kopf.warn(body, reason="GatewayDemandUnavailable", message=str(exc))
+                memo[WARNED_KEY] = True
+            return
+        memo.pop(WARNED_KEY, None)
+        refs = await discovery.agent_refs(cfg, ctx.kube, dep.spec.resources.node_selector)
+        address = {r.name: r.address for r in refs}
+        members = {rid: address[a] for rid, a in by_agent.items() if a in address}
+        if not isinstance(loop, autoscale_loop.AutoscaleLoop):
+            loop = memo[LOOP_KEY] = autoscale_loop.AutoscaleLoop(
+                deployment=f"{dep.namespace}/{dep.name}"
+            )
+        ttft_slo_s = dep.spec.slo.ttft_p99_ms / 1000.0
+        out = await loop.tick(members, demand, dep.spec.scaling.config(ttft_slo_s))
+    for e in out.events:
+        post = kopf.warn if e.kind == "Warning" else kopf.info
+        post(body, reason=e.reason, message=e.message)
+    dec = out.decision
+    if dec is None:
+        return
+    previous = dict(status.get("autoscaling") or {})
+    sleeping = out.sleeping()
+    new: dict[str, Any] = {
+        "awake": len(out.signals.replicas) - len(sleeping) if out.signals else dec.awake,
+        "desired": dec.desired,
+        "sleeping": sleeping,
+        "reason": dec.reason,
+        "message": dec.message,
+    }
+    new["lastScaleTime"] = _now() if out.acted else previous.get("lastScaleTime", "")
+    if out.wake_s:
+        new["lastWakeSeconds"] = round(max(out.wake_s), 4)
+    elif "lastWakeSeconds" in previous:
+        new["lastWakeSeconds"] = previous["lastWakeSeconds"]
+    if not new["lastScaleTime"]:
+        del new["lastScaleTime"]
+    if new != previous:
+        patch.status["autoscaling"] = new

@@ -1,0 +1,239 @@
+"""The replica autoscale loop (issue 32): observe, decide purely, wake or sleep, report.
+
+One `tick` per period for a deployment whose `spec.scaling.enabled`. Observe: every
+planned replica's leader (`Describe`: asleep or not, running and waiting requests, KV
+pages) and the gateway's `gateway_demand.Demand` (held requests, calls with no token,
+the replicas with calls, the TTFT histogram). The loop carries only what the hysteresis
+needs (`autoscale.Memory`), when each replica last had a request (its idle time), the
+previous TTFT histogram (the window's p99) and gRPC channels: an operator restarted
+converges from what the leaders report. Decide: `policies.autoscale.decide`. Actuate:
+`WakeReplica` on the leaders to wake (concurrently: a request may be waiting),
+`SleepReplica` on those to sleep (an agent refuses a replica with requests; that is not
+an error, the next tick looks again). Report: a `Tick` with Normal/Warning events
+(`ReplicaWoke`, `ReplicaSlept`, `ScaleFromZero`, `ScaleToZero`, `WakeFailed`, ...), the
+decision, and the wake seconds. Callers: `tessera_operator.autoscale_tick` (a kopf timer)
+and `tessera.cli.up_autoscale` (`tessera up`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from tessera.control import gateway_demand
+from tessera.observability import control
+from tessera.policies import autoscale
+from tessera.policies import scaling_signal as sig
+from tessera.rpc import transport
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
+
+DESCRIBE_TIMEOUT_S = 2.0
+WAKE_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Tick:
+    decision: autoscale.Decision | None = None
+    events: list[Event] = field(default_factory=list)
+    woke: list[str] = field(default_factory=list)
+    slept: list[str] = field(default_factory=list)
+    wake_s: list[float] = field(default_factory=list)  # per woken replica, the agent's time
+    unreachable: list[str] = field(default_factory=list)
+    signals: autoscale.Signals | None = None  # as observed at the tick's start
+
+    @property
+    def acted(self) -> bool:
+        return bool(self.woke or self.slept)
+
+    def sleeping(self) -> list[str]:
+        """The replicas asleep after the tick."""
+        was = (
+            {r.replica_id for r in self.signals.replicas if not r.awake} if self.signals else set()
+        )
+        return sorted((was - set(self.woke)) | set(self.slept))
+
+
+class Leaders:
+    """One channel per leader address; the loop's only I/O (tests replace it)."""
+
+    def __init__(self) -> None:
+        self._stubs: dict[str, tuple[grpc.aio.Channel, Any]] = {}
+
+    def stub(self, address: str) -> Any:
+        if address not in self._stubs:
+            ch = transport.channel(address)
+            self._stubs[address] = (ch, pb_grpc.AgentStub(ch))
+        return self._stubs[address][1]
+
+    async def describe(self, address: str) -> pb.DescribeReply:
+        reply: pb.DescribeReply = await self.stub(address).Describe(
+            pb.DescribeRequest(), timeout=DESCRIBE_TIMEOUT_S
+        )
+        return reply
+
+    async def sleep(self, address: str, replica_id: str) -> pb.SleepReplicaReply:
+        reply: pb.SleepReplicaReply = await self.stub(address).SleepReplica(
+            pb.SleepReplicaRequest(replica_id=replica_id), timeout=WAKE_TIMEOUT_S
+        )
+        return reply
+
+    async def wake(self, address: str, replica_id: str) -> pb.WakeReplicaReply:
+        reply: pb.WakeReplicaReply = await self.stub(address).WakeReplica(
+            pb.WakeReplicaRequest(replica_id=replica_id), timeout=WAKE_TIMEOUT_S
+        )
+        return reply
+
+    async def close(self) -> None:
+        stubs, self._stubs = self._stubs, {}
+        for ch, _ in stubs.values():
+            await ch.close()
+
+
+class AutoscaleLoop:
+    """The loop of one deployment; `tick` once per period."""
+
+    def __init__(
+        self,
+        leaders: Leaders | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        deployment: str = "",
+    ) -> None:
+        self.leaders = leaders or Leaders()
+        self.clock = clock
+        self.deployment = deployment
+        self.memory = autoscale.Memory()
+        self.last_busy: dict[str, float] = {}
+        self.started = clock()
+        self._ttft: sig.Hist | None = None
+        self._asleep: set[str] = set()  # asleep at the last observation
+        self.woken_elsewhere: list[str] = []  # woken since, not by this loop (a request)
+
+    async def observe(
+        self, members: Mapping[str, str], demand: gateway_demand.Demand
+    ) -> tuple[autoscale.Signals, list[str]]:
+        """Signals from the leaders (`members`: replica id -> leader address)."""
+        now = self.clock()
+        addresses = sorted(set(members.values()))
+        replies = await asyncio.gather(
+            *(self.leaders.describe(a) for a in addresses), return_exceptions=True
+        )
+        kv: dict[str, pb.ReplicaKV] = {}
+        down: list[str] = []
+        for a, r in zip(addresses, replies, strict=True):
+            if isinstance(r, BaseException):
+                down.append(a)
+                continue
+            kv.update({k.replica_id: k for k in r.kv})
+        loads = []
+        for rid in sorted(members):
+            k = kv.get(rid)
+            if k is None:
+                continue  # not loaded yet, or its leader is down: not the loop's to scale
+            busy = k.running or k.waiting or rid in demand.busy
+            woke = rid in self._asleep and not k.sleeping  # woken since (the gateway's hold)
+            if woke:
+                self.woken_elsewhere.append(rid)
+            if busy or woke or rid not in self.last_busy:
+                self.last_busy[rid] = now if busy or woke else self.started
+            self._asleep.discard(rid)
+            if k.sleeping:
+                self._asleep.add(rid)
+            used = k.pages_used / k.pages_total if k.pages_total else 0.0
+            loads.append(
+                autoscale.ReplicaLoad(
+                    rid,
+                    not k.sleeping,
+                    int(k.running),
+                    int(k.waiting),
+                    used,
+                    0.0 if busy else now - self.last_busy[rid],
+                )
+            )
+        p99 = gateway_demand.p99(self._ttft, demand.ttft)
+        if demand.ttft is not None:
+            self._ttft = demand.ttft
+        return (
+            autoscale.Signals(tuple(loads), now, demand.held, demand.queued, p99),
+            down,
+        )
+
+    async def tick(
+        self,
+        members: Mapping[str, str],
+        demand: gateway_demand.Demand,
+        cfg: autoscale.AutoscaleConfig,
+    ) -> Tick:
+        self.woken_elsewhere = []
+        signals, down = await self.observe(members, demand)
+        out = Tick(unreachable=down, signals=signals)
+        for rid in self.woken_elsewhere:  # the gateway's hold woke it for a request
+            out.events.append(Event("Normal", "ReplicaWoke", f"{rid}: woken by a request"))
+        dec = autoscale.decide(signals, cfg, self.memory)
+        self.memory = dec.memory
+        out.decision = dec
+        if not dec.acted:
+            return out
+        head = f"{dec.reason}: {dec.message}; awake {dec.awake} -> {dec.desired}"
+        out.events.append(Event("Normal", dec.reason, head))
+        with control.action("autoscale", dec.reason, deployment=self.deployment):
+            await asyncio.gather(*(self._wake(members[r], r, out) for r in dec.wake))
+            for r in dec.sleep:
+                await self._sleep(members[r], r, out)
+        return out
+
+    async def _wake(self, address: str, rid: str, out: Tick) -> None:
+        t0 = self.clock()
+        try:
+            reply = await self.leaders.wake(address, rid)
+        except grpc.aio.AioRpcError as exc:
+            out.events.append(Event("Warning", "WakeFailed", f"{rid}: {exc.code().name} "
+                                    f"{exc.details()}"))  # fmt: skip
+            return
+        self.last_busy[rid] = self.clock()  # a woken replica starts its idle time afresh
+        self._asleep.discard(rid)  # this loop woke it: no "woken by a request" event
+        out.woke.append(rid)
+        out.wake_s.append(reply.seconds)
+        out.events.append(
+            Event(
+                "Normal",
+                "ReplicaWoke",
+                f"{rid}: {reply.restored_bytes} bytes restored in {reply.seconds:.3f}s "
+                f"(asked {self.clock() - t0:.3f}s)",
+            )
+        )
+
+    async def _sleep(self, address: str, rid: str, out: Tick) -> None:
+        try:
+            reply = await self.leaders.sleep(address, rid)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                return  # it had a request by then: the next tick looks again
+            out.events.append(Event("Warning", "SleepFailed", f"{rid}: {exc.code().name} "
+                                    f"{exc.details()}"))  # fmt: skip
+            return
+        out.slept.append(rid)
+        self._asleep.add(rid)
+        out.events.append(
+            Event(
+                "Normal",
+                "ReplicaSlept",
+                f"{rid}: {reply.offloaded_bytes} bytes to the host cache, "
+                f"{reply.released_kv_bytes} KV bytes released in {reply.seconds:.3f}s",
+            )
+        )
+
+    async def close(self) -> None:
+        await self.leaders.close()

@@ -1,0 +1,182 @@
+"""Replica autoscaling on serving signals: how many replicas stay awake, which wake, which sleep.
+
+Input: `Signals` (per planned replica: awake or asleep, its running and waiting requests,
+its KV use, how long it has been idle; the gateway's held requests, its calls with no
+token yet and the observed p99 TTFT), the `AutoscaleConfig` from `spec.scaling`, and the
+loop's `Memory` (when it last scaled out and in, since when the load has been calm).
+Output: a `Decision` (the desired awake count, the replicas to wake and to put to sleep,
+a reason for status and events, the new memory). Pure; called by
+`tessera.control.autoscale_loop` each tick (the operator's timer and `tessera up`).
+
+Rules, in order:
+* from zero: no replica awake and any demand (held or queued) -> enough replicas for the
+  queue (at least one), at once (no cooldown: a request waits);
+* out: the queue per awake replica above `queue_per_replica`, the mean KV use above
+  `kv_high`, or the p99 TTFT above the SLO -> more replicas (the queue's count, at least
+  one more), at most one scale-out per `up_cooldown_s`;
+* idle: with no demand, an awake replica idle for `sleep_after_s` sleeps (down to the
+  minimum; a minimum of 0 is scale to zero);
+* in: calm (no queue, KV use below `kv_low`, TTFT within the SLO) for
+  `scale_down_after_s`, and that long since the last scale step -> one replica fewer.
+  The gap between `kv_low` and `kv_high` and the calm window are the hysteresis.
+Bounds: the count stays in [min, max] (max 0: every planned replica). Only a replica with
+no running or waiting request is put to sleep, so scaling in never drops a request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tessera.policy_config import AutoscaleConfig as AutoscaleConfig
+
+FROM_ZERO = "ScaleFromZero"
+OUT = "ScaleOut"
+IN = "ScaleIn"
+IDLE = "SleepIdle"
+TO_ZERO = "ScaleToZero"
+FLOOR = "MinReplicas"
+CAP = "MaxReplicas"
+STEADY = "Steady"
+COOLDOWN = "Cooldown"
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """One planned replica as observed this tick."""
+
+    replica_id: str
+    awake: bool  # not sleeping (a waking replica is awake)
+    running: int = 0
+    waiting: int = 0
+    kv_used: float = 0.0  # fraction of its KV pool in use
+    idle_s: float = 0.0  # since it last had a request (0 while it has one)
+
+    @property
+    def empty(self) -> bool:
+        return self.running == 0 and self.waiting == 0
+
+
+@dataclass(frozen=True)
+class Signals:
+    replicas: tuple[ReplicaLoad, ...]
+    now: float  # seconds, the loop's clock
+    held: int = 0  # requests the gateway holds for a replica to wake
+    queued: int = 0  # gateway calls with no token yet (waiting somewhere)
+    ttft_p99_s: float | None = None  # observed recently; None: no sample
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the loop carries between ticks (only for the hysteresis)."""
+
+    last_up_at: float = -math.inf
+    last_down_at: float = -math.inf
+    calm_since: float | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    desired: int  # replicas to keep awake
+    awake: int  # awake now
+    wake: tuple[str, ...] = ()
+    sleep: tuple[str, ...] = ()
+    reason: str = STEADY
+    message: str = ""
+    memory: Memory = field(default_factory=Memory)
+
+    @property
+    def acted(self) -> bool:
+        return bool(self.wake or self.sleep)
+
+
+def queue_of(s: Signals) -> int:
+    """Requests waiting for a replica: held by the gateway plus waiting at the replicas
+    (the gateway's count of calls with no token when it sees more)."""
+    waiting = sum(r.waiting for r in s.replicas if r.awake)
+    return s.held + max(waiting, s.queued)
+
+
+def decide(s: Signals, cfg: AutoscaleConfig, mem: Memory) -> Decision:
+    """The desired awake count and the steps toward it (module docstring)."""
+    planned = len(s.replicas)
+    cap = min(cfg.max_replicas or planned, planned)
+    floor = min(cfg.min_replicas, cap)
+    awake = [r for r in s.replicas if r.awake]
+    n = len(awake)
+    queue = queue_of(s)
+    kv = sum(r.kv_used for r in awake) / n if n else 0.0
+    slow = bool(cfg.ttft_slo_s and s.ttft_p99_s is not None and s.ttft_p99_s > cfg.ttft_slo_s)
+    by_queue = math.ceil(queue / cfg.queue_per_replica) if queue else 0
+    if n < floor:
+        return _to(s, mem, n, floor, FLOOR, f"{n} awake, below the minimum {floor}")
+    if n > cap:
+        return _to(s, mem, n, cap, CAP, f"{n} awake, above the maximum {cap}")
+    if n == 0:
+        if queue == 0:
+            return Decision(0, 0, reason=STEADY, message="asleep, no demand", memory=mem)
+        want = min(cap, max(1, by_queue))
+        return _to(s, mem, 0, want, FROM_ZERO, f"{queue} requests wait, no replica awake")
+    pressure = []
+    if by_queue > n:
+        pressure.append(f"{queue} waiting > {cfg.queue_per_replica:g} x {n} replicas")
+    if kv > cfg.kv_high:
+        pressure.append(f"KV use {kv:.2f} > {cfg.kv_high:g}")
+    if slow:
+        pressure.append(f"p99 TTFT {s.ttft_p99_s:.3f}s > SLO {cfg.ttft_slo_s:g}s")
+    if pressure:
+        calm = dataclasses.replace(mem, calm_since=None)
+        want = min(cap, max(n + 1, by_queue))
+        if want <= n:
+            return Decision(n, n, reason=CAP, message="; ".join(pressure) + " (at max)",
+                            memory=calm)  # fmt: skip
+        if s.now - mem.last_up_at < cfg.up_cooldown_s:
+            return Decision(n, n, reason=COOLDOWN, message="; ".join(pressure), memory=calm)
+        return _to(s, calm, n, want, OUT, "; ".join(pressure))
+    if queue or kv >= cfg.kv_low:
+        return Decision(n, n, reason=STEADY, memory=dataclasses.replace(mem, calm_since=None))
+    calm_since = mem.calm_since if mem.calm_since is not None else s.now
+    mem = dataclasses.replace(mem, calm_since=calm_since)
+    if cfg.sleep_after_s > 0 and not s.held:
+        idle = [r for r in awake if r.empty and r.idle_s >= cfg.sleep_after_s]
+        k = min(len(idle), n - floor)
+        if k > 0:
+            reason = TO_ZERO if k == n else IDLE
+            return _to(s, mem, n, n - k, reason, f"{k} idle >= {cfg.sleep_after_s:g}s")
+    quiet = s.now - calm_since >= cfg.scale_down_after_s
+    settled = s.now - max(mem.last_up_at, mem.last_down_at) >= cfg.scale_down_after_s
+    if n > floor and quiet and settled and any(r.empty for r in awake):
+        return _to(s, mem, n, n - 1, IN, f"calm for {s.now - calm_since:.0f}s (KV use {kv:.2f})")
+    return Decision(n, n, reason=STEADY, memory=mem)
+
+
+def _to(s: Signals, mem: Memory, n: int, want: int, reason: str, why: str) -> Decision:
+    """The steps from `n` awake to `want`: wake the sleepers in id order; sleep the
+    emptiest, longest idle replicas (never one with requests)."""
+    if want > n:
+        sleepers = sorted(r.replica_id for r in s.replicas if not r.awake)
+        wake = tuple(sleepers[: want - n])
+        new = dataclasses.replace(mem, last_up_at=s.now, calm_since=None)
+        return Decision(want, n, wake=wake, reason=reason, message=why, memory=new)
+    if want < n:
+        empty = sorted(
+            (r for r in s.replicas if r.awake and r.empty), key=lambda r: (-r.idle_s, r.replica_id)
+        )
+        sleep = tuple(r.replica_id for r in empty[: n - want])
+        if not sleep:
+            return Decision(n, n, reason=STEADY, message=f"{why}; every replica busy", memory=mem)
+        new = dataclasses.replace(mem, last_down_at=s.now)
+        return Decision(n - len(sleep), n, sleep=sleep, reason=reason, message=why, memory=new)
+    return Decision(n, n, reason=STEADY, message=why, memory=mem)
+
+
+def replica_seconds(awake_counts: Sequence[tuple[float, int]]) -> float:
+    """Replica-seconds of a piecewise-constant awake count [(since, count), ...] up to the
+    last entry's time (the bench's cost measure)."""
+    total = 0.0
+    for (t0, c), (t1, _) in itertools.pairwise(awake_counts):
+        total += c * (t1 - t0)
+    return total
