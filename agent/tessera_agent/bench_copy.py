@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -28,6 +27,7 @@ from typing import Any
 
 import torch
 
+from tessera.bench import harness
 from tessera.cli import local_agents
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
@@ -57,7 +57,7 @@ def _evict(model: Path) -> None:
 
 def _ratio(slow: list[float], fast: list[float]) -> float:
     """Median of per-round speed-ups of `fast` over `slow`."""
-    return round(statistics.median(s / f for s, f in zip(slow, fast, strict=True)), 3)
+    return round(harness.median_ratio(slow, fast), 3)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -129,5 +129,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "hidden": hidden,
         "layers": args.layers,
         "transport": "gloo",  # load_peer_s; the gRPC fallback is timed beside it
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
+        "machine": harness.machine(f"torch {torch.__version__}"),
     }

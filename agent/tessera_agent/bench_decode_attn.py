@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -30,6 +29,7 @@ from typing import Any
 
 import torch
 
+from tessera.bench import harness
 from tessera_agent import tiny_checkpoint
 from tessera_agent.engine import attention, config, decode_graph, stage
 
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         compiled = {k: g.compiles for k, g in graphs.items()}
         out: dict[str, Any] = {
             "threads": args.threads,
-            "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+            "machine": harness.machine(),
             "warmup_s": warm,
         }
         like = r.cache.layers()[0][0]

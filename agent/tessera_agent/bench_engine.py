@@ -33,8 +33,6 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
-import os
-import platform
 import statistics
 import tempfile
 import time
@@ -44,29 +42,19 @@ from typing import Any, cast
 
 import torch
 
+from tessera.bench import harness
 from tessera.cli import local_agents
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
-from tessera_agent import tiny_checkpoint
-from tessera_agent.engine import (
-    config,
-    decode_graph,
-    omp_teams,
-    replica,
-    sampling,
-    scheduler,
-    stage,
-)
+from tessera_agent import engine_batch, tiny_checkpoint
+from tessera_agent.engine import config, decode_graph, omp_teams, sampling, stage
 
-Tokens = list[list[int]]
+Tokens = engine_batch.Tokens
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="2 rounds, 16 new tokens")
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per comparison")
+    engine_batch.add_arguments(parser, "timed rounds per comparison")
     parser.add_argument(
         "--compile",
         action="store_true",
@@ -92,41 +80,8 @@ def _interleaved(
 ) -> tuple[Tokens, Tokens, float, float, float]:
     """Time a then b in each round (after a warm-up round): (tokens a, tokens b, median
     seconds a, median seconds b, median of per-round b/a speed ratios)."""
-    a()
-    b()
-    ta: list[float] = []
-    tb: list[float] = []
-    out_a: Tokens = []
-    out_b: Tokens = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        out_a = a()
-        ta.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        out_b = b()
-        tb.append(time.perf_counter() - t)
-    ratio = statistics.median(x / y for x, y in zip(ta, tb, strict=True))
-    return out_a, out_b, statistics.median(ta), statistics.median(tb), ratio
-
-
-def _rounds(fns: list[Callable[[], Tokens]], rounds: int) -> tuple[list[Tokens], list[list[float]]]:
-    """Time every fn in turn in each round (after a warm-up round): (last tokens of each,
-    seconds of each per round)."""
-    for fn in fns:
-        fn()
-    times: list[list[float]] = [[] for _ in fns]
-    outs: list[Tokens] = [[] for _ in fns]
-    for _ in range(rounds):
-        for i, fn in enumerate(fns):
-            t = time.perf_counter()
-            outs[i] = fn()
-            times[i].append(time.perf_counter() - t)
-    return outs, times
-
-
-def _ratio(slow: list[float], fast: list[float]) -> float:
-    """Median of the per-round speed-ups of `fast` over `slow`."""
-    return statistics.median(x / y for x, y in zip(slow, fast, strict=True))
+    (out_a, out_b), (ta, tb) = harness.timed_rounds([a, b], rounds)
+    return out_a, out_b, statistics.median(ta), statistics.median(tb), harness.median_ratio(ta, tb)
 
 
 def _hf_generate(model_path: Path, prompts: Tokens, new: int) -> Callable[[int], Tokens]:
@@ -184,21 +139,9 @@ def _engine_generate(
     async def run(b: int, new_: int | None, prompts_: Tokens | None) -> Tokens:
         params = sampling.SamplingParams(max_tokens=new_ or new, ignore_eos=True)
         batch = (prompts if prompts_ is None else prompts_)[:b]
-        eng = replica.ReplicaEngine(
-            st.runner, pool, scheduler.SchedulerConfig(max_model_len=cfg.max_positions)
+        return await engine_batch.generate(
+            st.runner, pool, cfg.max_positions, batch, params, counter
         )
-
-        async def one(p: list[int]) -> list[int]:
-            return [
-                ev.token
-                async for ev in eng.generate(f"r{next(counter)}", p, params)
-                if ev.token is not None
-            ]
-
-        try:
-            return list(await asyncio.gather(*(one(p) for p in batch)))
-        finally:
-            await eng.close()
 
     def call(b: int, new: int | None = None, prompts: Tokens | None = None) -> Tokens:
         return asyncio.run(run(b, new, prompts))
@@ -300,14 +243,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if links == links3 == ("gloo", "gloo"):
                     break
                 time.sleep(0.2)
-            (single_toks, pipe_toks, plain_toks, mb3_toks), (s_t, p_t, g_t, m_t) = _rounds(
-                [
-                    lambda: asyncio.run(_generate_all(single[0].address, "single", prompts, new)),
-                    lambda: asyncio.run(_generate_all(pipe[0].address, "pipe", prompts, new)),
-                    lambda: asyncio.run(_generate_all(pipe[0].address, "plain", prompts, new)),
-                    lambda: asyncio.run(_generate_all(mb3[0].address, "pipe", prompts, new)),
-                ],
-                rounds,
+            (single_toks, pipe_toks, plain_toks, mb3_toks), (s_t, p_t, g_t, m_t) = (
+                harness.timed_rounds(
+                    [
+                        lambda: asyncio.run(
+                            _generate_all(single[0].address, "single", prompts, new)
+                        ),
+                        lambda: asyncio.run(_generate_all(pipe[0].address, "pipe", prompts, new)),
+                        lambda: asyncio.run(_generate_all(pipe[0].address, "plain", prompts, new)),
+                        lambda: asyncio.run(_generate_all(mb3[0].address, "pipe", prompts, new)),
+                    ],
+                    rounds,
+                )
             )
             links_after = _links(pipe[0].address)
         s_t8, p_t8, g_t8, m_t8 = (statistics.median(t) for t in (s_t, p_t, g_t, m_t))
@@ -320,11 +267,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "pipeline2_tok_s_b8": round(8 * new / p_t8, 1),
         "engine_vs_hf_b8": round(eng_vs_hf, 3),
         "pipeline2_grpc_tok_s_b8": round(8 * new / g_t8, 1),
-        "pipeline2_vs_single_b8": round(_ratio(s_t, p_t), 3),
-        "pipeline2_grpc_vs_single_b8": round(_ratio(s_t, g_t), 3),
-        "links_on_vs_off_b8": round(_ratio(g_t, p_t), 3),
+        "pipeline2_vs_single_b8": round(harness.median_ratio(s_t, p_t), 3),
+        "pipeline2_grpc_vs_single_b8": round(harness.median_ratio(s_t, g_t), 3),
+        "links_on_vs_off_b8": round(harness.median_ratio(g_t, p_t), 3),
         "pipeline2_mb3_tok_s_b8": round(8 * new / m_t8, 1),
-        "mb3_vs_mb2_b8": round(_ratio(p_t, m_t), 3),
+        "mb3_vs_mb2_b8": round(harness.median_ratio(p_t, m_t), 3),
         "tokens_match": eng_toks == hf_toks
         and pipe_toks == hf_toks
         and plain_toks == hf_toks
@@ -338,5 +285,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "prompt_len": args.prompt_len,
         "rounds": rounds,
         "torch_threads": threads,
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
+        "machine": harness.machine(f"torch {torch.__version__}"),
     }

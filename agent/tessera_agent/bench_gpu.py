@@ -22,7 +22,6 @@ import concurrent.futures
 import functools
 import gc
 import json
-import os
 import platform
 import tempfile
 import time
@@ -32,6 +31,7 @@ from typing import Any
 
 import torch
 
+from tessera.bench import harness
 from tessera_agent import bench_gpu_serve, random_checkpoint
 from tessera_agent.engine import (
     config,
@@ -310,7 +310,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "torch": torch.__version__,
         "dtype": "bfloat16",
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "machine": harness.machine(),
     }
     parts.run("run", lambda: _run(args, parts, out))
     out["errors"] = parts.errors
@@ -372,6 +372,7 @@ def _run(args: argparse.Namespace, parts: Parts, out: dict[str, Any]) -> None:
             )
         out["served_tok_s_c64"] = None if srv is None else srv["tok_s"]
         out["served_detail"] = srv
+        out["served_kv_pool_gib"] = None if srv is None else srv["memory"]["kv_pool_gib"]
         inproc = out.get(shapes[0], {}).get("tok_s_b64") if shapes else None
         if srv is not None and inproc:
             out["served_vs_inprocess_c64"] = srv["tok_s"] / inproc

@@ -17,22 +17,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import statistics
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from tessera.bench import harness
 from tessera.cli import local_agents
 from tessera.control import kv_move
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
-from tessera_agent import tiny_checkpoint
-from tessera_agent.engine import config, kv_cache
+from tessera_agent import engine_batch
+from tessera_agent.engine import kv_cache
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,8 +49,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rounds = 2 if args.quick else args.rounds
     length = 256 if args.quick else args.prompt
     with tempfile.TemporaryDirectory(prefix="tessera-bench-") as tmp:
-        path = tiny_checkpoint.make_tiny(Path(tmp) / "tiny", tiny_checkpoint.TinySpec())
-        cfg = config.ModelConfig.from_path(path)
+        path, cfg = engine_batch.tiny(tmp)
         if length >= cfg.max_positions:
             raise SystemExit(f"--prompt must stay below {cfg.max_positions}")
         g = torch.Generator().manual_seed(0)
@@ -119,5 +116,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": rounds,
         "transport": used,  # of the data-plane move: gloo here (nccl between CUDA devices)
         "agents": "2 processes, 1 thread each",
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
+        "machine": harness.machine(f"torch {torch.__version__}"),
     }

@@ -25,25 +25,21 @@ import concurrent.futures
 import statistics
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from tessera_agent import tiny_checkpoint
+from tessera_agent import engine_batch
 from tessera_agent.engine import (
-    config,
     decode_graph,
     host_malloc,
     packed_linear,
     prompt_graph,
-    replica,
     sampling,
-    scheduler,
     stage,
 )
 
-Tokens = list[list[int]]
+Tokens = engine_batch.Tokens
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,8 +74,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tuned = host_malloc.tune() if args.tune_malloc else False
     rounds, batch = (2, min(args.batch, 32)) if args.quick else (args.rounds, args.batch)
     with tempfile.TemporaryDirectory() as tmp:
-        path = tiny_checkpoint.make_tiny(Path(tmp) / "tiny", tiny_checkpoint.TinySpec())
-        cfg = config.ModelConfig.from_path(path)
+        path, cfg = engine_batch.tiny(tmp)
         st = stage.load_stage(
             stage.BlockSpec(str(path), 0, cfg.num_layers, kv_bytes=256 << 20),
             torch.device("cpu"),
@@ -102,21 +97,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         counter = iter(range(10**9))
 
         async def generate() -> Tokens:
-            eng = replica.ReplicaEngine(
-                r, pool, scheduler.SchedulerConfig(max_model_len=cfg.max_positions)
+            return await engine_batch.generate(
+                r, pool, cfg.max_positions, prompts, params, counter, prefix="p"
             )
-
-            async def one(p: list[int]) -> list[int]:
-                return [
-                    ev.token
-                    async for ev in eng.generate(f"p{next(counter)}", p, params)
-                    if ev.token is not None
-                ]
-
-            try:
-                return list(await asyncio.gather(*(one(p) for p in prompts)))
-            finally:
-                await eng.close()
 
         def timed(on: bool) -> tuple[Tokens, float, float]:
             packs.graph = pg if on else None

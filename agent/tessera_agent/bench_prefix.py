@@ -14,18 +14,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import os
-import platform
 import statistics
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from tessera_agent import tiny_checkpoint
-from tessera_agent.engine import config, replica, sampling, scheduler, stage
+from tessera.bench import harness
+from tessera_agent import engine_batch
+from tessera_agent.engine import replica, sampling, scheduler, stage
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,8 +63,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rounds = 2 if args.quick else args.rounds
     n = 4 if args.quick else args.requests
     with tempfile.TemporaryDirectory(prefix="tessera-bench-") as tmp:
-        path = tiny_checkpoint.make_tiny(Path(tmp) / "tiny", tiny_checkpoint.TinySpec())
-        cfg = config.ModelConfig.from_path(path)
+        path, cfg = engine_batch.tiny(tmp)
         if args.prefix + args.suffix >= cfg.max_positions:
             raise SystemExit(f"--prefix + --suffix must stay below {cfg.max_positions}")
         g = torch.Generator().manual_seed(0)
@@ -107,5 +104,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "requests": n,
         "rounds": rounds,
         "torch_threads": torch.get_num_threads(),
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
+        "machine": harness.machine(f"torch {torch.__version__}"),
     }

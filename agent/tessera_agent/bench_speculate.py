@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from tessera_agent import engine_batch
+
 PAPER_COSINE = 0.95  # BlockLLM §6: a surrogate's prediction counts as accurate at this cosine
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 46], [1, 300, 7, 99, 123, 250], [1, 5, 6, 7, 8]]
 
@@ -59,22 +61,6 @@ class _Flaky:
         out: torch.Tensor = self.part(x)
         self.calls += 1
         return out + 1.0 if self.half and self.calls % 2 == 0 else out
-
-
-def _timed(parts: list[Any], prompt: list[int], new: int) -> tuple[list[int], list[float]]:
-    for p in parts:
-        p.reset()
-    x = torch.tensor([prompt])
-    out, times = [], []
-    for _ in range(new):
-        began = time.perf_counter()
-        for p in parts:
-            x = p(x)
-        tok = int(x[0, -1].argmax())
-        times.append(time.perf_counter() - began)
-        out.append(tok)
-        x = torch.tensor([[tok]])
-    return out, times
 
 
 def _block_seconds(parts: list[Any], prompt: list[int]) -> list[float]:
@@ -162,7 +148,7 @@ def _run(args: argparse.Namespace, path: Path) -> dict[str, Any]:
                 tokens[name] = []  # the last round's tokens are compared
                 for prompt in prompts:
                     if name == "off":
-                        toks, times = _timed(parts, prompt, new)
+                        toks, times = engine_batch.greedy_parts(parts, prompt, new)
                     else:
                         toks, times = chains[name].generate(prompt, new)
                     tokens[name].append(toks)

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from tessera_agent import engine_batch
+
 PROMPTS = [[10, 11, 12, 13], [40, 90, 7], [200, 201], [5, 6, 7, 8, 9]]
 
 PAPER_TABLE3 = [
@@ -102,7 +104,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     large_t: list[float] = []
     stitched_t: list[float] = []
     for _ in range(3):
-        t, large_tokens = _tpot(lambda p, n: _greedy(whole, p, n), new)
+        t, large_tokens = _tpot(
+            lambda p, n: engine_batch.greedy_parts(whole, p, n, inference=True), new
+        )
         large_t += t
         t, stitched_tokens = _tpot(chain.generate, new)
         stitched_t += t
@@ -150,20 +154,3 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "1.1B / 7B / 13B at different layers; its values are not in the paper's text, so "
         "none are quoted here",
     }
-
-
-def _greedy(parts: list[Any], prompt: list[int], new: int) -> tuple[list[int], list[float]]:
-    for p in parts:
-        p.reset()
-    x = torch.tensor([prompt])
-    out, times = [], []
-    for _ in range(new):
-        began = time.perf_counter()
-        with torch.inference_mode():
-            for p in parts:
-                x = p(x)
-        tok = int(x[0, -1].argmax())
-        times.append(time.perf_counter() - began)
-        out.append(tok)
-        x = torch.tensor([[tok]])
-    return out, times

@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import os
-import platform
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -27,17 +25,15 @@ from typing import Any
 
 import torch
 
-from tessera_agent import bench_engine, tiny_checkpoint, tp_local
-from tessera_agent.engine import config, replica, sampling, scheduler, stage
+from tessera.bench import harness
+from tessera_agent import bench_engine, engine_batch, tiny_checkpoint, tp_local
+from tessera_agent.engine import config, sampling, stage
 
-Tokens = list[list[int]]
+Tokens = engine_batch.Tokens
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="2 rounds, 16 new tokens")
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds")
+    engine_batch.add_arguments(parser)
     parser.add_argument("--model", type=Path, default=None, help="checkpoint (default: tiny)")
 
 
@@ -49,21 +45,9 @@ def _generator(
     counter = iter(range(10**9))
 
     async def run() -> Tokens:
-        eng = replica.ReplicaEngine(
-            stages[0].runner, pool, scheduler.SchedulerConfig(max_model_len=max_len)
+        return await engine_batch.generate(
+            stages[0].runner, pool, max_len, prompts, params, counter
         )
-
-        async def one(p: list[int]) -> list[int]:
-            return [
-                ev.token
-                async for ev in eng.generate(f"r{next(counter)}", p, params)
-                if ev.token is not None
-            ]
-
-        try:
-            return list(await asyncio.gather(*(one(p) for p in prompts)))
-        finally:
-            await eng.close()
 
     return lambda: asyncio.run(run())
 
@@ -113,5 +97,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "prompt_len": args.prompt_len,
         "rounds": rounds,
         "torch_threads": threads,
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
+        "machine": harness.machine(f"torch {torch.__version__}"),
     }

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tessera.policies import gpu_memory
+from tessera_agent import gpu_devices
+
 _UNITS = {
     "": 1,
     "B": 1,
@@ -94,11 +97,18 @@ def probe_nvml() -> tuple[list[Device], str]:
         pynvml.nvmlShutdown()
 
 
-def parse_devices(spec: str) -> tuple[list[Device], str]:
+def parse_devices(
+    spec: str,
+    gpu_memory_utilization: float = gpu_memory.DEFAULT_UTILIZATION,
+    backend: gpu_devices.Backend | None = None,
+    probe: Callable[[], tuple[list[Device], str]] = probe_nvml,
+) -> tuple[list[Device], str]:
     """Devices from a flag: `cpu:2x4GiB`, `cpu:1x512MiB,cpu:1x1GiB`, `cuda` (all GPUs) or
     `auto` (GPUs when NVML finds some, else one 4 GiB CPU device). Returns (devices,
-    nvml status)."""
-    gpus, status = probe_nvml()
+    nvml status). A GPU's capacity is its budget: `gpu_memory_utilization` x total less
+    what is in use when measured through `backend` (torch's CUDA by default)."""
+    gpu_memory.check_utilization(gpu_memory_utilization)
+    gpus, status = probe()
     devices: list[Device] = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         if part == "auto":
@@ -107,11 +117,6 @@ def parse_devices(spec: str) -> tuple[list[Device], str]:
         if part == "cuda" or part.startswith("cuda:"):
             if not gpus:
                 raise DeviceError(f"--devices {part}: no NVIDIA GPU is usable here ({status})")
-            if not torch.cuda.is_available():
-                raise DeviceError(
-                    f"--devices {part}: NVML sees GPUs but this torch build has "
-                    "no CUDA support; install a CUDA build of torch"
-                )
             if part == "cuda":
                 devices += gpus
             else:
@@ -130,4 +135,20 @@ def parse_devices(spec: str) -> tuple[list[Device], str]:
             )
     if not devices:
         raise DeviceError("--devices: no device declared")
+    cuda = [d for d in devices if d.kind == "cuda"]
+    if cuda:
+        backend = backend or gpu_devices.TorchCuda()
+        why = gpu_devices.backend_problem(backend, len(gpus))
+        if why is not None:
+            raise DeviceError(f"--devices {spec}: {why}")
+        lines = []
+        for d in cuda:
+            budget = gpu_devices.measure(
+                int(d.id.split(":", 1)[1]), gpu_memory_utilization, backend
+            )
+            if budget.error:
+                raise DeviceError(f"{d.id} ({d.name}): {budget.error}")
+            d.capacity_bytes = budget.capacity_bytes
+            lines.append(f"{d.id}: {budget.describe()}")
+        status = f"{status}; budgets: {'; '.join(lines)}"
     return devices, status

@@ -39,6 +39,7 @@ from tessera_agent import (
     convert,
     devices,
     equivalence_share,
+    gpu_devices,
     host_cache,
     hosted,
     leader,
@@ -204,6 +205,7 @@ class Hosting:
     ) -> Loaded:
         load_check.check_request(spec)
         async with self._lock:
+            began = time.monotonic()
             key = (spec.replica_id, spec.stage_index)
             same = {h.stage.spec.tp_rank: h for h in self.ranks_of(*key)}
             if spec.tp_rank in same or (same and spec.tp_size == 1):
@@ -297,6 +299,18 @@ class Hosting:
                 report, tensors = await loop.run_in_executor(
                     self.loader, equivalence_share.prepare, self.shares, spec, cfg, tensors
                 )
+            fetched_at = time.monotonic()
+            reserve = gpu_devices.load_reserve(  # CUDA: activations and graph pool
+                cfg,
+                spec.start,
+                spec.end,
+                stage.dtype_of(spec, cfg),
+                spec.tp_size,
+                max_batched_tokens or self.defaults.max_batched_tokens,
+                max_num_seqs or self.defaults.max_num_seqs,
+                dev.torch_device(),
+            )
+            reserve_bytes = 0 if reserve is None else reserve.total_bytes
             stitch = None
             if spec.stitch_zoo:  # issue 35: a stitched chain's front; refused before loading
                 stitch = await loop.run_in_executor(
@@ -314,7 +328,7 @@ class Hosting:
                 stage.dtype_of(spec, cfg),
                 spec.tp_size,
                 dev.torch_device(),
-                dev.free_bytes - planned[1],
+                dev.free_bytes - planned[1] - reserve_bytes,
                 spec.kv_bytes,
             )
             loaded = await loop.run_in_executor(
@@ -322,20 +336,24 @@ class Hosting:
                 stage.load_stage,
                 spec,
                 dev.torch_device(),
-                dev.free_bytes - graph_bytes,
+                dev.free_bytes - graph_bytes - reserve_bytes,
                 planned,
                 tensors,
                 self.zoo if self.defaults.block_zoo else None,
                 known,
+                self.defaults.engine,
             )
             loaded.equivalence = report
             loaded.stitch = stitch
+            built_s = time.monotonic() - fetched_at
             omp_teams.release()  # the loop thread's team, if it ever built one (see omp_teams)
             h = hosted.Hosted(loaded)
-            h.sources = _sources(tensors, cached, read.bytes_read, planned[1])
+            h.sources = load_sources.tally(tensors, cached, read.bytes_read, planned[1])
             self.memory.book(dev.id, h.holder, loaded.own_param_bytes + loaded.kv_bytes)
             if graph_bytes:
                 self.memory.book(dev.id, f"{h.holder}/decode-graph", graph_bytes)
+            if reserve is not None:  # the graph part is replaced by the measured pool below
+                self.memory.book(dev.id, f"{h.holder}/reserve", reserve.total_bytes)
             compile_policy.begin(
                 loaded.runner.decode_graph, graph_bytes, loaded.runner.cache.layers()
             )
@@ -354,6 +372,9 @@ class Hosting:
                 if loaded.runner.graphs.pool_bytes:
                     graphs_holder = f"{h.holder}/cuda-graphs"
                     self.memory.book(dev.id, graphs_holder, loaded.runner.graphs.pool_bytes)
+                if reserve is not None and g.capture_s is not None:
+                    left = reserve.total_bytes - reserve.graph_bytes
+                    self.memory.book(dev.id, f"{h.holder}/reserve", left)
             if loaded.pieces is not None:  # each new piece is booked once, for every user
                 for piece in loaded.pieces.adopted.new:
                     self.memory.book(dev.id, piece.holder, self.zoo.nbytes(piece))
@@ -393,15 +414,16 @@ class Hosting:
                 f"copied from {source.address} over {moved_by}"
                 if source is not None
                 else moved_by or "from the checkpoint"
-            )
+            ) + f" in {fetched_at - began:.2f} s"
             log.info(
-                "loaded %s layers [%d, %d) on %s (generation %d), %s",
+                "loaded %s layers [%d, %d) on %s (generation %d), %s (built in %.2f s)",
                 h.holder,
                 spec.start,
                 spec.end,
                 dev.id,
                 spec.generation,
                 how,
+                built_s,
             )
             return Loaded(h, "loaded")
 
@@ -504,6 +526,7 @@ class Hosting:
         self.memory.release(h.stage.spec.device, h.holder)
         self.memory.release(h.stage.spec.device, f"{h.holder}/decode-graph")
         self.memory.release(h.stage.spec.device, f"{h.holder}/cuda-graphs")
+        self.memory.release(h.stage.spec.device, f"{h.holder}/reserve")
         freed: list[block_zoo.PieceKey] | None = None
         if h.stage.pieces is not None:  # pieces no other block uses are freed
             freed = h.stage.pieces.release()
@@ -514,20 +537,3 @@ class Hosting:
                 self.loader, load_sources.keep, self.host_cache, h.stage, freed, self._host_copy
             )
         log.info("unloaded %s rank %d", h.holder, h.stage.spec.tp_rank)
-
-
-def _sources(
-    tensors: dict[str, torch.Tensor] | None,
-    cached: dict[str, torch.Tensor],
-    storage_bytes: int,
-    param_bytes: int,
-) -> load_sources.Sources:
-    """A load's bytes by source: what the cache gave, what storage read, peers the rest
-    (no tensors handed over: the loader read all of it from storage)."""
-    if tensors is None:
-        return load_sources.Sources(storage=param_bytes)
-    host = load_sources.nbytes(cached.values())
-    total = load_sources.nbytes(tensors.values())
-    return load_sources.Sources(
-        peer=max(0, total - host - storage_bytes), host=host, storage=storage_bytes
-    )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from tessera import blocks, dtypes
 from tessera.policies import microbatch
+from tessera_agent.engine import options as options_mod
 from tessera_agent.engine import scheduler
 
 DTYPES = dtypes.CHOICES
@@ -32,6 +33,8 @@ class LoadDefaults:
     host_cache_bytes: int = 0
     # how a pipelined leader cuts microbatches (lookahead while dropped and deep; issue 13)
     microbatch_split: microbatch.SplitConfig = field(default_factory=microbatch.SplitConfig)
+    # the engine switches of the agent's entry point (split threshold, CUDA graphs)
+    engine: options_mod.EngineOptions = field(default_factory=options_mod.EngineOptions)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -50,6 +50,21 @@ class Sources:
         )
 
 
+def tally(
+    tensors: dict[str, torch.Tensor] | None,
+    cached: dict[str, torch.Tensor],
+    storage_bytes: int,
+    param_bytes: int,
+) -> Sources:
+    """A load's bytes by source: what the cache gave, what storage read, peers the rest
+    (no tensors handed over: the loader read all of it from storage)."""
+    if tensors is None:
+        return Sources(storage=param_bytes)
+    host = nbytes(cached.values())
+    total = nbytes(tensors.values())
+    return Sources(peer=max(0, total - host - storage_bytes), host=host, storage=storage_bytes)
+
+
 @dataclass
 class Counting:
     """A storage reader that counts the bytes it read."""

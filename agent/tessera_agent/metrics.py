@@ -117,8 +117,22 @@ class _StateCollector(Collector):
             "by default)",
             labels=["replica", "stage"],
         )
+        capture = GaugeMetricFamily(
+            "tessera_agent_cuda_graph_capture_seconds",
+            "Wall time of a CUDA stage's decode-graph capture at load (before its load answered)",
+            labels=["replica", "stage"],
+        )
+        graph_pool = GaugeMetricFamily(
+            "tessera_agent_cuda_graph_pool_bytes",
+            "Device memory a CUDA stage's captured decode graphs reserved (booked)",
+            labels=["replica", "stage"],
+        )
         for (rid, idx), h in list(self.state.hosted.items()):
             params.add_metric([rid, str(idx)], h.stage.param_bytes)
+            cg = h.stage.runner.graphs
+            if cg is not None and cg.capture_s is not None:
+                capture.add_metric([rid, str(idx)], cg.capture_s)
+                graph_pool.add_metric([rid, str(idx)], cg.pool_bytes)
             compile_state.add_metric([rid, str(idx), h.compile_status], 1.0)
             g = h.stage.runner.decode_graph
             if g is not None:
@@ -161,6 +175,8 @@ class _StateCollector(Collector):
             graph_compiles,
             compile_state,
             warmup,
+            capture,
+            graph_pool,
         )
 
 

@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,7 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tessera import event_loop, gc_heap
 from tessera.cost import profile as profile_mod
-from tessera.policies import block_batching, microbatch
+from tessera.policies import block_batching, gpu_memory, microbatch
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import authz, devices, load_config, servicer
@@ -32,6 +32,7 @@ from tessera_agent.engine import (
     decode_graph,
     host_malloc,
     omp_teams,
+    options,
 )
 from tessera_agent.transfer import store
 
@@ -45,6 +46,7 @@ class AgentConfig:
     host: str = "127.0.0.1"
     port: int = 50051  # 0 = pick a free port
     devices: str = "cpu:1x4GiB"
+    gpu_memory_utilization: float = gpu_memory.DEFAULT_UTILIZATION  # of each GPU's total
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     metrics_port: int = 0  # Prometheus /metrics port; 0 = off
     prefix_caching: bool = True  # replicas led here reuse KV pages of computed prefixes
@@ -60,6 +62,9 @@ class AgentConfig:
     cobatch_linger_s: float = -1.0  # wait for a co-step's chains to resubmit; < 0 = default
     compile_decode: bool = True  # CPU decode steps compiled (engine/decode_graph.py; issue 16)
     compile_cache: str = ""  # compiled graphs cached across restarts; "" = the default folder
+    # engine switches from the entry point's environment (`EngineOptions.from_env`)
+    engine: options.EngineOptions = field(default_factory=options.EngineOptions)
+    gc_freeze: bool = True  # settle the cycle collector at loads (gc_heap; $TESSERA_GC_FREEZE)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -72,6 +77,7 @@ class AgentConfig:
             raise ValueError("threads: must be >= 0")
         if self.cobatch_rows < 0:
             raise ValueError("cobatch_rows: must be >= 0")
+        gpu_memory.check_utilization(self.gpu_memory_utilization)
 
 
 def split_config(cost_profile: str) -> microbatch.SplitConfig:
@@ -97,18 +103,18 @@ def cobatch_limits(cfg: AgentConfig) -> block_batching.BatchLimits | None:
 
 
 async def serve(cfg: AgentConfig) -> None:
-    devs, nvml_status = devices.parse_devices(cfg.devices)
+    devs, nvml_status = devices.parse_devices(cfg.devices, cfg.gpu_memory_utilization)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     compile_policy.set_default(cfg.compile_decode)  # $TESSERA_COMPILE_DECODE still overrides
     if compile_policy.enabled_from_env():  # before anything compiles
         compile_cache.configure(cfg.compile_cache or None)
-    host_malloc.tune()  # step temporaries stay in the heap ($TESSERA_MALLOC_TUNE=0: not)
+    host_malloc.tune(cfg.engine.malloc_tune)  # step temporaries stay in the heap
     # Work handed to the loop's default executor (reads, copies) must not leave an OpenMP
     # team behind: the compute thread's team would stop spinning (see omp_teams).
     asyncio.get_running_loop().set_default_executor(omp_teams.ReleasingPool())
     omp_teams.release()  # a team this thread may have built while starting up
-    gc_heap.install()  # this process owns its heap: freeze it at loads (see gc_heap)
+    gc_heap.install(cfg.gc_freeze)  # this process owns its heap: freeze it at loads
     tls = transport.tls_from_env()
     server = transport.server(
         (authz.Authorizer(tls=tls is not None, model_root=cfg.model_root or None),)
@@ -120,6 +126,7 @@ async def serve(cfg: AgentConfig) -> None:
         host_cache_bytes=cfg.host_cache_bytes,
         microbatch_split=split_config(cfg.cost_profile),
         block_zoo=cfg.block_zoo,
+        engine=cfg.engine,
     )
     rendezvous = store.serve(cfg.host)  # data-plane groups of replicas hosted here meet on it
     svc = servicer.AgentServicer(

@@ -134,26 +134,24 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         return pb.ListBlocksReply(blocks=self._blocks())
 
     # -- loading ------------------------------------------------------------------------
+    @grpc_status.unary
     async def LoadBlock(
         self, request: pb.LoadBlockRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.LoadBlockReply:
         try:
-            try:
-                spec = rpc_blocks.from_load_request(
-                    request, self.defaults.dtype, self.defaults.page_size
-                )
-            except ValueError as exc:
-                raise errors.InvalidArgumentError(str(exc)) from exc
-            done = await self.hosting.load(
-                spec,
-                request.source if request.HasField("source") else None,
-                request.max_num_seqs,
-                request.max_batched_tokens,
-                request.data_plane if request.HasField("data_plane") else None,
-                request.switch_sources,
+            spec = rpc_blocks.from_load_request(
+                request, self.defaults.dtype, self.defaults.page_size
             )
-        except errors.EngineError as exc:
-            await grpc_status.abort(context, exc)
+        except ValueError as exc:
+            raise errors.InvalidArgumentError(str(exc)) from exc
+        done = await self.hosting.load(
+            spec,
+            request.source if request.HasField("source") else None,
+            request.max_num_seqs,
+            request.max_batched_tokens,
+            request.data_plane if request.HasField("data_plane") else None,
+            request.switch_sources,
+        )
         st = done.hosted.stage
         held = self.hosting.observed(done.hosted)
         return pb.LoadBlockReply(
@@ -165,57 +163,51 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
             already_loaded=done.how != "loaded",
         )
 
+    @grpc_status.unary
     async def UnloadBlock(
         self, request: pb.UnloadBlockRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.UnloadBlockReply:
-        try:
-            rank = request.tp_rank if request.HasField("tp_rank") else None
-            if not self.sleepers.forget(request.replica_id, request.stage_index):
-                await self.hosting.unload(request.replica_id, request.stage_index, rank)
-        except errors.EngineError as exc:
-            await grpc_status.abort(context, exc)
+        rank = request.tp_rank if request.HasField("tp_rank") else None
+        if not self.sleepers.forget(request.replica_id, request.stage_index):
+            await self.hosting.unload(request.replica_id, request.stage_index, rank)
         return pb.UnloadBlockReply(unloaded=True)
 
+    @grpc_status.unary
     async def PushTensors(
         self, request: pb.PushTensorsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.PushTensorsReply:
+        st = self._stage(request.replica_id, request.stage_index)
+        tensors = tensor_transfer.held(st, list(request.names))
+        dp = request.data_plane
+        if not dp.store_address or not dp.group:
+            raise errors.InvalidArgumentError("data_plane: store_address and group needed")
         try:
-            st = self._stage(request.replica_id, request.stage_index)
-            tensors = tensor_transfer.held(st, list(request.names))
-            dp = request.data_plane
-            if not dp.store_address or not dp.group:
-                raise errors.InvalidArgumentError("data_plane: store_address and group needed")
-            try:
-                spec = group.GroupSpec(
-                    dp.store_address,
-                    dp.group,
-                    0,
-                    2,
-                    dp.backend or "gloo",
-                    dp.timeout_s or group.DEFAULT_TIMEOUT_S,
-                )
-            except ValueError as exc:
-                raise errors.InvalidArgumentError(f"data_plane: {exc}") from exc
+            spec = group.GroupSpec(
+                dp.store_address,
+                dp.group,
+                0,
+                2,
+                dp.backend or "gloo",
+                dp.timeout_s or group.DEFAULT_TIMEOUT_S,
+            )
+        except ValueError as exc:
+            raise errors.InvalidArgumentError(f"data_plane: {exc}") from exc
+        try:
             sent = await asyncio.get_running_loop().run_in_executor(
                 self.hosting.loader, block_copy.push, tensors, spec
             )
-            return pb.PushTensorsReply(bytes=sent)
-        except errors.EngineError as exc:
-            await grpc_status.abort(context, exc)
-        except group.GroupError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        raise AssertionError("unreachable")
+        except group.GroupError as exc:  # a group that cannot form or breaks
+            raise errors.UnavailableError(str(exc)) from exc
+        return pb.PushTensorsReply(bytes=sent)
 
+    @grpc_status.streaming
     async def FetchTensors(
         self, request: pb.FetchTensorsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.TensorChunk]:
-        try:
-            st = self._stage(request.replica_id, request.stage_index)
-            tensors = tensor_transfer.held(st, list(request.names))
-            for chunk in tensor_transfer.chunks(tensors, request.chunk_bytes):
-                yield chunk
-        except errors.EngineError as exc:
-            await grpc_status.abort(context, exc)
+        st = self._stage(request.replica_id, request.stage_index)
+        tensors = tensor_transfer.held(st, list(request.names))
+        for chunk in tensor_transfer.chunks(tensors, request.chunk_bytes):
+            yield chunk
 
     # -- link probes (issue 32) --------------------------------------------------------------
     async def ProbeLinks(
@@ -245,42 +237,34 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
             page_size=pin.page_size,
         )
 
+    @grpc_status.unary
     async def PinPrefix(
         self, request: pb.PinPrefixRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.PinReply:
-        try:
-            leader = self._leader(request.replica_id)
-            return self._pin_reply(await leader.pin_prefix(list(request.token_ids)))
-        except errors.EngineError as exc:
-            await grpc_status.abort(context, exc)
+        leader = self._leader(request.replica_id)
+        return self._pin_reply(await leader.pin_prefix(list(request.token_ids)))
 
+    @grpc_status.unary
     async def ReservePages(
         self, request: pb.ReservePagesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.PinReply:
-        try:
-            leader = self._leader(request.replica_id)
-            return self._pin_reply(await leader.reserve_pages(request.num_pages))
-        except errors.EngineError as exc:
-            await grpc_status.abort(context, exc)
+        leader = self._leader(request.replica_id)
+        return self._pin_reply(await leader.reserve_pages(request.num_pages))
 
+    @grpc_status.unary
     async def CommitPrefix(
         self, request: pb.CommitPrefixRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.CommitPrefixReply:
-        try:
-            leader = self._leader(request.replica_id)
-            n = await leader.commit_prefix(request.pin_id, list(request.token_ids))
-            return pb.CommitPrefixReply(registered_pages=n)
-        except errors.EngineError as exc:
-            await grpc_status.abort(context, exc)
+        leader = self._leader(request.replica_id)
+        n = await leader.commit_prefix(request.pin_id, list(request.token_ids))
+        return pb.CommitPrefixReply(registered_pages=n)
 
+    @grpc_status.unary
     async def ReleasePin(
         self, request: pb.ReleasePinRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ReleasePinReply:
-        try:
-            self._leader(request.replica_id).release_pin(request.pin_id)
-            return pb.ReleasePinReply(released=True)
-        except errors.EngineError as exc:
-            await grpc_status.abort(context, exc)
+        self._leader(request.replica_id).release_pin(request.pin_id)
+        return pb.ReleasePinReply(released=True)
 
     @staticmethod
     async def _kv_over_group(
@@ -300,69 +284,63 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         except group.GroupError as exc:
             raise errors.UnavailableError(str(exc)) from exc
 
+    @grpc_status.streaming
     async def ExportKV(
         self, request: pb.ExportKVRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.KVLayer]:
-        try:
-            st = self._stage(request.replica_id, request.stage_index)
-            if request.HasField("data_plane"):  # the layers go over a group, not the stream
-                await self._kv_over_group(
-                    kv_copy.push,
-                    st,
-                    list(request.page_ids),
-                    request.layer_start,
-                    request.layer_end,
-                    kv_copy.pair_spec(request.data_plane, kv_copy.EXPORTER),
-                )
-                return
-            layers = kv_transfer.export_layers(
-                st, list(request.page_ids), request.layer_start, request.layer_end
+        st = self._stage(request.replica_id, request.stage_index)
+        if request.HasField("data_plane"):  # the layers go over a group, not the stream
+            await self._kv_over_group(
+                kv_copy.push,
+                st,
+                list(request.page_ids),
+                request.layer_start,
+                request.layer_end,
+                kv_copy.pair_spec(request.data_plane, kv_copy.EXPORTER),
             )
-            for layer in layers:
-                yield layer
-        except errors.EngineError as exc:
-            await grpc_status.abort(context, exc)
+            return
+        layers = kv_transfer.export_layers(
+            st, list(request.page_ids), request.layer_start, request.layer_end
+        )
+        for layer in layers:
+            yield layer
 
+    @grpc_status.unary
     async def ImportKV(
         self,
         request_iterator: AsyncIterator[pb.KVImportMessage],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.ImportKVReply:
         n = 0
-        try:
-            first = await anext(request_iterator, None)
-            if first is None or not first.HasField("header"):
-                raise errors.InvalidArgumentError("ImportKV: the first message must be a header")
-            head = first.header
-            st = self._stage(head.replica_id, head.stage_index)
-            pages = kv_transfer.valid_pages(st, head.page_ids)
-            if head.HasField("data_plane"):  # the layers come over a group
-                n = await self._kv_over_group(
-                    kv_copy.receive,
-                    st,
-                    pages,
-                    head.layer_start,
-                    head.layer_end,
-                    kv_copy.pair_spec(head.data_plane, kv_copy.IMPORTER, self.store_address),
-                )
-                return pb.ImportKVReply(layers=n)
-            async for msg in request_iterator:
-                if not msg.HasField("layer"):
-                    raise errors.InvalidArgumentError("ImportKV: one header, then layers")
-                kv_transfer.import_layer(st, pages, msg.layer)
-                n += 1
-        except errors.EngineError as exc:
-            await grpc_status.abort(context, exc)
+        first = await anext(request_iterator, None)
+        if first is None or not first.HasField("header"):
+            raise errors.InvalidArgumentError("ImportKV: the first message must be a header")
+        head = first.header
+        st = self._stage(head.replica_id, head.stage_index)
+        pages = kv_transfer.valid_pages(st, head.page_ids)
+        if head.HasField("data_plane"):  # the layers come over a group
+            n = await self._kv_over_group(
+                kv_copy.receive,
+                st,
+                pages,
+                head.layer_start,
+                head.layer_end,
+                kv_copy.pair_spec(head.data_plane, kv_copy.IMPORTER, self.store_address),
+            )
+            return pb.ImportKVReply(layers=n)
+        async for msg in request_iterator:
+            if not msg.HasField("layer"):
+                raise errors.InvalidArgumentError("ImportKV: one header, then layers")
+            kv_transfer.import_layer(st, pages, msg.layer)
+            n += 1
         return pb.ImportKVReply(layers=n)
 
     # -- overload shifts (issue 13) ---------------------------------------------------------
+    @grpc_status.unary
     async def OverloadShift(
         self, request: pb.OverloadShiftRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.OverloadShiftReply:
-        try:
-            return await overload_shift.apply(self.hosting, request)
-        except errors.EngineError as exc:
-            await grpc_status.abort(context, exc)
+        return await overload_shift.apply(self.hosting, request)
 
     # -- stage stream -------------------------------------------------------------------
     async def StageStream(
@@ -376,17 +354,13 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
             yield reply
 
     # -- generation ---------------------------------------------------------------------
+    @grpc_status.streaming
     async def Generate(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.GenerateChunk]:
-        try:
-            await self.sleepers.awake(request.replica_id)  # a request wakes a sleeper
-            async for chunk in generate_mux.chunks(
-                self.hosted, self.agent_id, self.metrics, request
-            ):
-                yield chunk
-        except errors.EngineError as exc:
-            await grpc_status.abort(context, exc)
+        await self.sleepers.awake(request.replica_id)  # a request wakes a sleeper
+        async for chunk in generate_mux.chunks(self.hosted, self.agent_id, self.metrics, request):
+            yield chunk
 
     async def GenerateMux(
         self,
@@ -399,13 +373,11 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
             yield reply
 
     # -- sleep and wake (issue 32) ------------------------------------------------------
+    @grpc_status.unary
     async def SleepReplica(
         self, request: pb.SleepReplicaRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.SleepReplicaReply:
-        try:
-            out = await self.sleepers.sleep(request.replica_id)
-        except errors.EngineError as exc:
-            await grpc_status.abort(context, exc)
+        out = await self.sleepers.sleep(request.replica_id)
         return pb.SleepReplicaReply(
             sleeping=True,
             offloaded_bytes=out.param_bytes,
@@ -413,54 +385,44 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
             seconds=out.seconds,
         )
 
+    @grpc_status.unary
     async def WakeReplica(
         self, request: pb.WakeReplicaRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.WakeReplicaReply:
-        try:
-            out = await self.sleepers.wake(request.replica_id)
-        except errors.EngineError as exc:
-            await grpc_status.abort(context, exc)
+        out = await self.sleepers.wake(request.replica_id)
         return pb.WakeReplicaReply(awake=True, restored_bytes=out.param_bytes, seconds=out.seconds)
 
+    @grpc_status.unary
     async def VariantAdapters(
         self, request: pb.VariantAdaptersRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.VariantAdaptersReply:
-        try:
-            h = self.hosting.get(request.replica_id, request.stage_index)
-            names, nbytes = await variants.set_adapters(
-                h,
-                [(a.name, a.path) for a in request.adapters],
-                self.hosting.loader,
-                self.compute,
-                request.drain_timeout_s,
-            )
-        except errors.EngineError as exc:
-            await grpc_status.abort(context, exc)
+        h = self.hosting.get(request.replica_id, request.stage_index)
+        names, nbytes = await variants.set_adapters(
+            h,
+            [(a.name, a.path) for a in request.adapters],
+            self.hosting.loader,
+            self.compute,
+            request.drain_timeout_s,
+        )
         return pb.VariantAdaptersReply(variants=names, adapter_bytes=nbytes)
 
+    @grpc_status.unary
     async def Cancel(
         self, request: pb.CancelRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.CancelReply:
         h = self.hosted.get((request.replica_id, 0))
         if h is None or h.leader is None:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"replica {request.replica_id!r} is not led by this agent",
-            )
-            raise AssertionError("unreachable")
+            raise errors.NotFoundError(f"replica {request.replica_id!r} is not led by this agent")
         h.leader.cancel(request.request_id)
         return pb.CancelReply(cancelled=True)
 
+    @grpc_status.unary
     async def Profile(
         self, request: pb.ProfileRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ProfileReply:
         dev = self.devices.get(request.device or next(iter(self.devices)))
         if dev is None:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"device {request.device!r} is not on agent {self.agent_id}",
-            )
-            raise AssertionError("unreachable")
+            raise errors.NotFoundError(f"device {request.device!r} is not on agent {self.agent_id}")
         try:
             timings = await asyncio.get_running_loop().run_in_executor(
                 self.compute,
@@ -473,8 +435,8 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
                     request.repeats or 5,
                 ),
             )
-        except (errors.EngineError, FileNotFoundError) as exc:
-            await grpc_status.abort(context, exc)
+        except FileNotFoundError as exc:
+            raise errors.NotFoundError(str(exc)) from exc
         return pb.ProfileReply(
             device=dev.id,
             device_kind=dev.kind,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tessera import fields
+from tessera import fields, variant_spec
 from tessera.api import DeploymentSpec
 
 
@@ -106,4 +106,5 @@ def check_semantics(
                     f"cover layers up to {expect}, not all {model.num_layers} layers of the model",
                 )
             )
+    errs += variant_spec.refusals(spec.variants, model.num_layers)  # issue 35: speculate
     return errs

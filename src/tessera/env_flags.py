@@ -4,7 +4,8 @@
 engine's tuning switches (`TESSERA_OMP_RELEASE`, `TESSERA_MALLOC_TUNE`, ...), where any
 other value keeps the default. `strict(name, default)`: the value must be an on or an off
 word (or unset, giving `default`); anything else raises `ValueError` naming the variable,
-for switches whose typo would silently change behaviour a user relies on.
+for switches whose typo would silently change behaviour a user relies on. `parse` is
+`strict` over a value an entry point has read (configuration passed down).
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ def on(name: str) -> bool:
 
 def strict(name: str, default: bool) -> bool:
     """`default` when unset or empty; True/False for an on/off word; else ValueError."""
-    value = os.environ.get(name, "").strip().lower()
+    return parse(name, os.environ.get(name, ""), default)
+
+
+def parse(name: str, raw: str, default: bool) -> bool:
+    """`strict` over a value an entry point read: `default` when empty; True/False for an
+    on/off word; else ValueError naming `name`."""
+    value = raw.strip().lower()
     if not value:
         return default
     if value in ON:

@@ -6,7 +6,7 @@ while holding the GIL: 280-480 ms measured on the 2-core VM, idle. CPython start
 whenever enough new objects have survived, so while serving, the agent's compute thread and
 event loop, and the gateway, stopped for 0.1-1.2 s at unpredictable moments (seen inside
 the anchor's measured runs: a 649 ms pass in the agent and a 367 ms one in `tessera up`
-during one 3.8 s saturated run; docs/benchmarks.md, "Issue 16 (seventh stop)").
+during one 3.8 s saturated run; docs/benchmarks-log.md, "Issue 16 (seventh stop)").
 
 `settle` collects once and then freezes every survivor (`gc.freeze`), so later passes only
 walk what was made since: it runs at moments that already pause (after a block is loaded
@@ -17,7 +17,8 @@ weights and KV pool, is collected rather than kept frozen.
 
 Only processes that own their heap turn it on (`install`, called by `tessera agent`,
 `tessera gateway` and `tessera up`): a library caller such as a test process keeps the
-collector as it is. `TESSERA_GC_FREEZE=0` turns it off.
+collector as it is. `TESSERA_GC_FREEZE=0` turns it off: those entry points read it
+(`wanted`) and pass it to `install`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Mapping
 
 from tessera import env_flags
 
@@ -33,10 +35,15 @@ log = logging.getLogger(__name__)
 _installed = False
 
 
-def install() -> bool:
-    """Turn settling on for this process (unless `TESSERA_GC_FREEZE=0`); returns whether on."""
+def wanted(environ: Mapping[str, str]) -> bool:
+    """Whether an entry point's environment leaves settling on (`TESSERA_GC_FREEZE=0`: off)."""
+    return environ.get(ENV, "").strip().lower() not in env_flags.OFF
+
+
+def install(on: bool = True) -> bool:
+    """Turn settling on for this process (when `on`); returns whether on."""
     global _installed
-    _installed = env_flags.on(ENV)
+    _installed = on
     return _installed
 
 

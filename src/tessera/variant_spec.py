@@ -17,6 +17,14 @@ foundation's (the agents' block zoo). Requests choose one by the OpenAI `model` 
           small: family/small            #   front blocks and a trained stitching block
           point: [2, 3]                  #   small layers [0, 2) -> stitch -> layers [3, L)
           zoo: zoo                       #   the folder `tessera model stitch --zoo` wrote
+      - name: quick
+        speculate:                       # the model itself, its bottleneck block speculated
+          layers: [2, 3]                 #   the bottleneck block: the model's layers [2, 3)
+          zoo: zoo                       #   the folder holding its surrogate (surrogate.save)
+
+A `speculate` entry (issue 35) serves the model's own tokens; it is parsed and checked
+(the zoo holds a surrogate for these layers of this checkpoint), then refused: speculation
+across agents is not supported yet (`refusals`, docs/variants.md).
 
 Relative paths resolve like `spec.model.path`. Why here and not a resource of their own:
 variants share the deployment's replicas, lifecycle and memory budget, and the reconcile
@@ -33,8 +41,16 @@ from typing import Any
 
 from tessera import fields
 
-FIELDS = ("name", "adapter", "checkpoint", "shareEquivalent", "threshold", "stitch")
+FIELDS = ("name", "adapter", "checkpoint", "shareEquivalent", "threshold", "stitch", "speculate")
 STITCH_FIELDS = ("small", "point", "zoo")
+SPECULATE_FIELDS = ("layers", "zoo")
+KINDS = ("adapter", "checkpoint", "stitch", "speculate")  # exactly one per entry
+NOT_SERVED = (
+    "speculation across agents is not supported yet: the stage stream carries neither the "
+    "surrogate's guess sent ahead nor a recompute message when the bottleneck block's real "
+    "output disagrees, and served stages do not run the surrogate (issue 35); speculation "
+    "runs only inside one process (tessera bench speculate)"
+)
 THRESHOLD = 0.98  # BlockLLM's equivalence threshold (§6)
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123: part of replica ids
 
@@ -42,8 +58,9 @@ NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123: part of 
 @dataclass(frozen=True)
 class VariantSpec:
     name: str
-    kind: str  # "lora", "full" or "stitch"
-    path: str  # adapter directory, checkpoint directory, or (stitch) the small checkpoint
+    kind: str  # "lora", "full", "stitch" or "speculate"
+    # adapter directory, checkpoint directory, (stitch) the small checkpoint, (speculate) ""
+    path: str
     # Full fine-tunes only: serve layers whose logit-lens cosine against the foundation's
     # reaches `threshold` from the foundation's weights (docs/variants.md). Off by default:
     # then only bit-identical layers are shared.
@@ -53,8 +70,13 @@ class VariantSpec:
     # stitching block the zoo holds for (small, model), then the model's layers [j, L).
     point: tuple[int, int] = (0, 0)  # (i, j)
     zoo: str = ""  # folder holding `stitch/<digests>/` (relative paths as for `path`)
+    # Speculated models only (issue 35): the bottleneck block, the model's layers [a, b),
+    # whose surrogate the zoo folder holds (`surrogate/<digest>-<a>-<b>/`).
+    layers: tuple[int, int] = (0, 0)
 
     def to_json(self) -> dict[str, object]:
+        if self.kind == "speculate":
+            return {"name": self.name, "speculate": {"layers": list(self.layers), "zoo": self.zoo}}
         if self.kind == "stitch":
             return {
                 "name": self.name,
@@ -95,17 +117,18 @@ def parse(doc: Any, foundation: str, path: str = "spec.variants") -> tuple[Varia
                 f"{where}.name", f"{name!r} is already served (the model or another variant)"
             )
         seen.add(name)
-        has = [k for k in ("adapter", "checkpoint", "stitch") if m.get(k) not in (None, "")]
+        has = [k for k in KINDS if m.get(k) not in (None, "")]
         if len(has) != 1:
             raise fields.FieldError(
-                where, "give exactly one of adapter (LoRA), checkpoint or stitch"
+                where, "give exactly one of adapter (LoRA), checkpoint, stitch or speculate"
             )
-        if has[0] == "stitch":
+        if has[0] in ("stitch", "speculate"):
             if "shareEquivalent" in m or "threshold" in m:
                 raise fields.FieldError(
                     f"{where}.shareEquivalent", "applies to full fine-tunes (checkpoint) only"
                 )
-            out.append(_stitch(name, m["stitch"], f"{where}.stitch"))
+            parse_one = _stitch if has[0] == "stitch" else _speculate
+            out.append(parse_one(name, m[has[0]], f"{where}.{has[0]}"))
             continue
         kind = "lora" if has[0] == "adapter" else "full"
         share, threshold = _share(m, where, kind)
@@ -156,3 +179,46 @@ def _stitch(name: str, doc: Any, where: str) -> VariantSpec:
             "must be [i, j]: the small model's first i layers, then the model's from j (both >= 1)",
         )
     return VariantSpec(name, "stitch", small, point=(point[0], point[1]), zoo=zoo)
+
+
+def _speculate(name: str, doc: Any, where: str) -> VariantSpec:
+    """A speculated model's entry: `{layers: [a, b], zoo}` (the bottleneck block)."""
+    m = fields.mapping(doc, where)
+    fields.known_only(m, SPECULATE_FIELDS, where)
+    zoo = fields.string(fields.require(m, "zoo", where), f"{where}.zoo")
+    layers = fields.require(m, "layers", where)
+    if (
+        not isinstance(layers, list)
+        or len(layers) != 2
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers)
+        or not 0 <= layers[0] < layers[1]
+    ):
+        raise fields.FieldError(
+            f"{where}.layers", "must be [a, b] with 0 <= a < b: the bottleneck block's layers"
+        )
+    return VariantSpec(name, "speculate", "", zoo=zoo, layers=(layers[0], layers[1]))
+
+
+def refusal(v: VariantSpec, num_layers: int) -> tuple[str, str]:
+    """Why a `speculate` entry cannot be served on a model of `num_layers` layers, as (the
+    field under `.speculate`, or "" for the entry, the reason): the block must have hidden
+    states in and a block after it (`[a, b)` with a >= 1, b < L); then `NOT_SERVED`."""
+    a, b = v.layers
+    if a < 1 or b >= num_layers:
+        return "layers", (
+            f"[{a}, {b}] must lie inside the model's {num_layers} layers with a block before "
+            "it (a >= 1: a surrogate guesses from hidden states) and one after it "
+            f"(b < {num_layers}: the last block's output cannot be corrected)"
+        )
+    return "", NOT_SERVED
+
+
+def refusals(variants: tuple[VariantSpec, ...], num_layers: int) -> list[fields.FieldError]:
+    """`refusal` of every `speculate` entry, by field (`api_semantics.check_semantics`)."""
+    out = []
+    for i, v in enumerate(variants):
+        if v.kind == "speculate":
+            field, why = refusal(v, num_layers)
+            where = f"spec.variants[{i}].speculate"
+            out.append(fields.FieldError(f"{where}.{field}" if field else where, why))
+    return out

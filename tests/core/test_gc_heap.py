@@ -28,16 +28,15 @@ def test_off_unless_installed() -> None:
     assert gc_heap.settle("test") is None
 
 
-def test_off_by_env(monkeypatch: pytest.MonkeyPatch, restore: None) -> None:
-    monkeypatch.setenv(gc_heap.ENV, "0")
-    assert gc_heap.install() is False
+def test_off_by_env(restore: None) -> None:
+    assert not gc_heap.wanted({gc_heap.ENV: "0"}) and gc_heap.wanted({})
+    assert gc_heap.install(gc_heap.wanted({gc_heap.ENV: "0"})) is False
     assert gc_heap.settle("test") is None
 
 
 def test_settle_freezes_and_reclaim_collects_a_dropped_cycle(
     monkeypatch: pytest.MonkeyPatch, restore: None
 ) -> None:
-    monkeypatch.delenv(gc_heap.ENV, raising=False)
     assert gc_heap.install()
     node = Node()
     ref = weakref.ref(node)

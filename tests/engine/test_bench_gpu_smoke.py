@@ -34,6 +34,9 @@ def test_bench_gpu_tiny_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert tiny["errors"] == {"peak_gib": "not measured on CPU"}
     assert out["tokens_match_fp32"] is True
     assert out["served_tok_s_c64"] > 0
+    mem = out["served_detail"]["memory"]  # the agent's booking, from its Describe
+    assert mem["device_capacity_gib"] == [2.0] and mem["gpu_memory_utilization"] == 0.9
+    assert out["served_kv_pool_gib"] == mem["kv_pool_gib"] == 64 / 1024 and mem["kv_pages"] > 0
 
 
 def test_bench_gpu_failures_are_recorded_not_raised(capsys: pytest.CaptureFixture[str]) -> None:

@@ -29,11 +29,13 @@ def test_buckets() -> None:
     assert cuda_graphs.pick((1, 2, 4, 8), 9) is None
 
 
-def test_enabled_only_on_cuda_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_enabled_only_on_cuda_unless_turned_off() -> None:
+    from tessera_agent.engine import options
+
     assert not cuda_graphs.enabled(torch.device("cpu"))
     assert cuda_graphs.enabled(torch.device("cuda"))
-    monkeypatch.setenv(cuda_graphs.ENV, "0")
-    assert not cuda_graphs.enabled(torch.device("cuda"))
+    assert options.EngineOptions.from_env({}).cuda_graphs
+    assert not options.EngineOptions.from_env({options.CUDA_GRAPHS_ENV: "0"}).cuda_graphs
 
 
 def _graphed(path: Path, splits: list[tuple[int, int]], max_batch: int) -> tuple[list, list]:  # type: ignore[type-arg]

@@ -312,15 +312,15 @@ def test_agent_books_the_packed_copy_and_starts_the_warm_up(
     asyncio.run(run())
 
 
-def test_split_threshold_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tessera_agent.engine import runner
+def test_split_threshold_from_env() -> None:
+    """`tessera agent` reads it (`EngineOptions.from_env`); a runner is handed it."""
+    from tessera_agent.engine import options
 
-    monkeypatch.delenv(runner.SPLIT_ENV, raising=False)
-    assert runner.split_min_decodes() == runner.SPLIT_MIN_DECODES
-    monkeypatch.setenv(runner.SPLIT_ENV, "8")
-    assert runner.split_min_decodes() == 8
-    monkeypatch.setenv(runner.SPLIT_ENV, "0")  # off: no step has that many decodes
-    assert runner.split_min_decodes() > 1 << 40
-    monkeypatch.setenv(runner.SPLIT_ENV, "many")
+    def split(env: dict[str, str]) -> int:
+        return options.EngineOptions.from_env(env).split_min_decodes
+
+    assert split({}) == options.SPLIT_MIN_DECODES
+    assert split({options.SPLIT_ENV: "8"}) == 8
+    assert split({options.SPLIT_ENV: "0"}) > 1 << 40  # off: no step has that many decodes
     with pytest.raises(ValueError, match="not an integer"):
-        runner.split_min_decodes()
+        split({options.SPLIT_ENV: "many"})

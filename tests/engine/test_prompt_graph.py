@@ -153,14 +153,15 @@ def test_bench_prefill_quick(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["eager_cpu_s"] > 0 and out["compiled_cpu_s"] > 0 and out["recompiles"] == 0
 
 
-def test_malloc_tune_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The agent's malloc thresholds: off by the variable; on glibc both are taken."""
+def test_malloc_tune_switch() -> None:
+    """The agent's malloc thresholds: off by the variable (read by `tessera agent`); on
+    glibc both are taken."""
     import platform
 
-    from tessera_agent.engine import host_malloc
+    from tessera_agent.engine import host_malloc, options
 
-    monkeypatch.setenv(host_malloc.ENV, "0")
-    assert not host_malloc.tune()
-    monkeypatch.delenv(host_malloc.ENV)
+    off = options.EngineOptions.from_env({options.MALLOC_ENV: "0"})
+    assert not off.malloc_tune and not host_malloc.tune(off.malloc_tune)
+    assert options.EngineOptions.from_env({}).malloc_tune
     if platform.libc_ver()[0] == "glibc":
         assert host_malloc.tune()

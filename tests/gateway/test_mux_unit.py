@@ -200,7 +200,7 @@ async def test_cancel_drops_unread_chunks_like_grpc() -> None:
     await pool.close()
 
 
-def test_the_switch_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_switch_flag_and_environment() -> None:
     import argparse
 
     from tessera.cli import gateway_cmd
@@ -210,13 +210,12 @@ def test_the_switch_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     assert parser.parse_args(["gateway"]).generate_mux is None  # the environment decides
     assert parser.parse_args(["gateway", "--generate-mux"]).generate_mux is True
     assert parser.parse_args(["gateway", "--no-generate-mux"]).generate_mux is False
-    monkeypatch.delenv("TESSERA_GENERATE_MUX", raising=False)
     assert config.GatewayConfig("m", "/m").generate_mux is True  # the default
-    monkeypatch.setenv("TESSERA_GENERATE_MUX", "0")  # what `tessera up` and the anchor follow
-    assert config.GatewayConfig("m", "/m").generate_mux is False
-    monkeypatch.setenv("TESSERA_GENERATE_MUX", "maybe")
+    # the entry points (`tessera gateway`, `tessera up`) read the environment
+    assert config.generate_mux_from({}) is True
+    assert config.generate_mux_from({"TESSERA_GENERATE_MUX": "0"}) is False  # the anchor's
     with pytest.raises(ValueError, match="TESSERA_GENERATE_MUX"):
-        config.GatewayConfig("m", "/m")
+        config.generate_mux_from({"TESSERA_GENERATE_MUX": "maybe"})
 
 
 class OldAgentStub(FakeStub):

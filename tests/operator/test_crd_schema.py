@@ -56,6 +56,9 @@ def full_manifest() -> dict[str, Any]:
     del spec["variants"][0]["adapter"]
     # a stitched chain (issue 35) is a variant of its own
     spec["variants"].append({"name": "b2", "stitch": spec["variants"][0].pop("stitch")})
+    # so is a speculated model (issue 35); its bottleneck block is a non-empty range
+    spec["variants"].append({"name": "b3", "speculate": spec["variants"][0].pop("speculate")})
+    spec["variants"][2]["speculate"]["layers"] = [1, 2]
     return {
         "apiVersion": f"{api.API_GROUP}/{api.API_VERSION}",
         "kind": api.KIND,

@@ -26,12 +26,12 @@ def _trace(path: Path, rows: int = 240) -> Path:
 
 
 @pytest.mark.slow
-def test_quick_bench_fields_and_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TESSERA_TRACE", str(_trace(tmp_path / "trace.csv")))
+def test_quick_bench_fields_and_plot(tmp_path: Path) -> None:
+    trace = str(_trace(tmp_path / "trace.csv"))
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     plot = tmp_path / "skew.png"
-    result = bench.run(parser.parse_args(["--quick", "--plot", str(plot)]))
+    result = bench.run(parser.parse_args(["--quick", "--plot", str(plot), "--trace", trace]))
     for key in (
         "heuristic_vs_exhaustive_min",
         "heuristic_vs_exhaustive_mean",

@@ -34,4 +34,6 @@ def test_tiny_coldstart_reports_every_key_and_matching_tokens() -> None:
     assert peer["sources"]["storage"] == 0
     assert host["sources"]["host"] == storage["sources"]["storage"]
     assert host["sources"]["peer"] == host["sources"]["storage"] == 0
+    # the plan chose the host cache: it saw agent-2's cache in Describe
+    assert any("copy from host cache" in step for step in host["steps"]), host["steps"]
     assert out["measured_links"]["storage_bytes_per_s"]  # measured, not assumed

@@ -131,3 +131,11 @@ def test_no_cache_keeps_nothing(tiny_llama: Path) -> None:
         await h.close()
 
     asyncio.run(run())
+
+
+def test_host_copy_keeps_cpu_tensors_and_pins_cuda_ones() -> None:
+    t = torch.arange(6, dtype=torch.float32)
+    assert devices.host_copy("cpu")(t).data_ptr() == t.data_ptr()  # no copy on a CPU agent
+    if torch.cuda.is_available():  # the GPU branch: page-locked host memory
+        pinned = devices.host_copy("cuda")(t.cuda())
+        assert pinned.is_pinned() and torch.equal(pinned, t)

@@ -71,10 +71,14 @@ def test_defaults() -> None:
 
 
 def test_trace_env_is_honoured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`tessera bench` (the entry point) reads $TESSERA_TRACE into --trace's default."""
+    from tessera.cli import main as cli
+
     monkeypatch.setenv(bench.TRACE_ENV, str(tmp_path / "x.csv"))
-    assert bench.trace_path(None) == tmp_path / "x.csv"
+    parser = cli.build_parser()
+    args = parser.parse_args(["bench", "predictor"])
+    assert bench.trace_path(args.trace) == tmp_path / "x.csv"
     assert bench.trace_path(Path("given.csv")) == Path("given.csv")
-    monkeypatch.delenv(bench.TRACE_ENV)
     assert bench.trace_path(None) == bench.DEFAULT_TRACE
 
 

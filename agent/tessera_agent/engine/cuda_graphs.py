@@ -13,14 +13,14 @@ context columns read slot 0 under a -inf mask.
 Capture happens on the thread that runs the steps (`StageRunner.capture_graphs`, or the
 first pure-decode step); the graph API is injectable so the bucket and buffer logic runs
 on CPU in tests (`FakeGraphs`: capture runs the function, replay runs it again into the
-same output). Used by `runner.py` when `TESSERA_CUDA_GRAPHS` is not "0" on CUDA.
+same output). Used by `runner.py` on CUDA unless `TESSERA_CUDA_GRAPHS=0`
+(`options.EngineOptions`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +33,6 @@ from tessera_agent.engine import model as model_mod
 
 log = logging.getLogger(__name__)
 
-ENV = "TESSERA_CUDA_GRAPHS"
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 MIN_CONTEXT_BUCKET = 256
 # Capture stops after this many seconds (the buckets left run eagerly): a load is never
@@ -46,10 +45,8 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 def enabled(device: torch.device) -> bool:
-    """On for CUDA stages unless `TESSERA_CUDA_GRAPHS=0`."""
-    raw = os.environ.get(ENV, "").strip().lower()
-    if raw in ("0", "false", "no", "off"):
-        return False
+    """For CUDA stages (unless the entry point's `EngineOptions.cuda_graphs` is off:
+    `TESSERA_CUDA_GRAPHS=0`, checked by `runner.py`)."""
     return device.type == "cuda"
 
 

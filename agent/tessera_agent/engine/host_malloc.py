@@ -5,12 +5,13 @@ A many-row eager step allocates multi-MB temporaries per layer (a 2048-row step:
 gate/up output alone is 11.5 MB). glibc serves blocks above its mmap threshold with fresh
 `mmap`s and trims the heap top above its trim threshold, both adapting at run time; either
 way, the pages come back zeroed and faulted on the next step: 25-180 k minor faults per
-128-prompt prefill run on the default tiny model, 7-20 % of its CPU (docs/benchmarks.md,
+128-prompt prefill run on the default tiny model, 7-20 % of its CPU (docs/benchmarks-log.md,
 "Issue 16 (prefill path)"). vLLM's CPU docs preload tcmalloc for the same reason. `tune`
 fixes the mmap threshold at glibc's 64-bit ceiling (32 MB: larger blocks, the KV pool and
 weights, stay mmap'd) and the trim threshold at `TRIM_BYTES`, which is the most free heap
-the process keeps. Called once by the agent process at start (`server.serve`);
-`TESSERA_MALLOC_TUNE=0` leaves glibc's defaults. A no-op returning False off glibc.
+the process keeps. Called once by the agent process at start (`server.serve`) with its
+`EngineOptions.malloc_tune` (`TESSERA_MALLOC_TUNE=0` leaves glibc's defaults). A no-op
+returning False off glibc.
 """
 
 from __future__ import annotations
@@ -19,23 +20,16 @@ import ctypes
 import logging
 import sys
 
-from tessera import env_flags
-
 log = logging.getLogger(__name__)
 
-ENV = "TESSERA_MALLOC_TUNE"
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
 MMAP_BYTES = 32 << 20  # glibc's largest mmap threshold on 64-bit
 TRIM_BYTES = 256 << 20
 
 
-def enabled_from_env() -> bool:
-    return env_flags.on(ENV)
-
-
-def tune() -> bool:
-    """Set the thresholds (once per process is enough); True when glibc took both."""
-    if not enabled_from_env() or not sys.platform.startswith("linux"):
+def tune(on: bool = True) -> bool:
+    """Set the thresholds (once per process is enough) when `on`; True when glibc took both."""
+    if not on or not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt

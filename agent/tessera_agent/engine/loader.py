@@ -115,7 +115,12 @@ def load_stage(
     tensors = tp_mod.shard_tensors(cfg, tensors, shard)
     with torch.device("meta"):
         stage = model_mod.StageModel(cfg, start, end, shard)
-    stage = stage.to_empty(device=device).to(dtype)
+    # Unsharded: the parameters are the given tensors themselves (moved or cast only when
+    # they are not already on `device` in `dtype`), not copies into fresh memory: a load
+    # allocates and writes its weights once, not twice (issue 32: time to ready).
+    assign = shard == tp_mod.SINGLE
+    if not assign:
+        stage = stage.to_empty(device=device).to(dtype)
     stage.dtype_ = dtype
     stage.inv_freq = model_mod.rope_inv_freq(cfg.head_dim, cfg.rope).to(device)
     state: dict[str, torch.Tensor] = {}
@@ -126,7 +131,9 @@ def load_stage(
         state["norm.weight"] = tensors["model.norm.weight"]
         head = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
         state["lm_head.weight"] = tensors[head]
-    missing, unexpected = stage.load_state_dict(state, strict=False)
+    if assign:
+        state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    missing, unexpected = stage.load_state_dict(state, strict=False, assign=assign)
     missing = [m for m in missing if m != "inv_freq"]
     if missing or unexpected:
         raise errors.FailedPreconditionError(

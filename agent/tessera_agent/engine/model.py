@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tessera_agent.engine import attention, packed_linear
+from tessera_agent.engine import attention, fused_norm, packed_linear
 from tessera_agent.engine import config as config_mod
 from tessera_agent.engine import tp as tp_mod
 
@@ -143,8 +143,12 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, md: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), md, k_cache, v_cache)
-        return x + self.mlp(self.post_attention_layernorm(x), md.packed)  # type: ignore[no-any-return]
+        x, normed = fused_norm.add_rms_norm(
+            x,
+            self.self_attn(self.input_layernorm(x), md, k_cache, v_cache),
+            self.post_attention_layernorm,
+        )
+        return x + self.mlp(normed, md.packed)  # type: ignore[no-any-return]
 
 
 class StageModel(nn.Module):

@@ -9,7 +9,7 @@ process's OpenMP threads outnumber its CPUs, libgomp stops spinning between regi
 wakes its workers through a futex instead. An agent with N threads loads on its loader
 thread and computes on its compute thread: two teams of N. On the 2-core machine a batch-8
 decode step ran 1.6-2x slower on the compute thread than the same step on the thread that
-had loaded (docs/benchmarks.md, "Issue 16: OpenMP teams"); a 20 000-call loop of batch-8
+had loaded (docs/benchmarks-log.md, "Issue 16: OpenMP teams"); a 20 000-call loop of batch-8
 linears took 2.9-3.2 s against 0.9-1.0 s once the loading thread's team was released.
 
 `release()` frees the calling thread's team (`omp_pause_resource_all`, OpenMP 5.0; libgomp

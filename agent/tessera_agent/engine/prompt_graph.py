@@ -17,7 +17,7 @@ marked dynamic at warm-up. Projections run through the stage's packs with rows p
 the bucket (`packed_linear.run_packed`) via the `tessera::packed_linear` custom op, which
 Inductor calls as an extern kernel (it cannot lower oneDNN's packed layout itself).
 
-Measured (docs/benchmarks.md, "Issue 16 (prefill path)"; a loaded shared machine): 128
+Measured (docs/benchmarks-log.md, "Issue 16 (prefill path)"; a loaded shared machine): 128
 prompts of 64 tokens, 4 steps of 2048 rows: 6-14 % less wall at 2 threads in a quieter
 window; at 1 thread 1-6 % less CPU with the agent's malloc thresholds (`host_malloc.py`),
 11-16 % with glibc's defaults (fewer multi-MB temporaries to fault in). The packed

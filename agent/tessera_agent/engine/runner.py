@@ -8,7 +8,6 @@ decides what to schedule.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
@@ -26,26 +25,11 @@ from tessera_agent.engine import (
 )
 from tessera_agent.engine import kv_cache as kv_mod
 from tessera_agent.engine import model as model_mod
+from tessera_agent.engine import options as options_mod
 
 log = logging.getLogger(__name__)
 
-# Decode rows a mixed step needs before they run compiled apart from its prefill chunks:
-# measured on the default tiny model (docs/benchmarks.md, issue 16 engine), 16 and 24
-# decodes beside 64-token prompts ran 2-6 % slower split, 32 ran 6 % and 64 ran 38-40 %
-# faster.
-SPLIT_MIN_DECODES = 32
-SPLIT_ENV = "TESSERA_SPLIT_MIN_DECODES"  # overrides it; 0 turns the split off
 MAX_GRAPH_BATCH = 256  # largest decode batch replayed from a CUDA graph (the scheduler's)
-
-
-def split_min_decodes() -> int:
-    """`SPLIT_MIN_DECODES`, or the environment's (0 or less: never split)."""
-    raw = os.environ.get(SPLIT_ENV, "").strip()
-    try:
-        n = int(raw) if raw else SPLIT_MIN_DECODES
-    except ValueError:
-        raise ValueError(f"{SPLIT_ENV}={raw!r} is not an integer") from None
-    return n if n > 0 else 1 << 62
 
 
 def sample_rows(
@@ -73,10 +57,13 @@ class StageRunner:
         cache: kv_mod.PagedKVCache,
         device: torch.device,
         compile_decode: bool | None = None,
+        options: options_mod.EngineOptions | None = None,
     ) -> None:
         """`compile_decode`: run pure-decode steps through `decode_graph` once it has
-        warmed up (None: as `compile_policy.mode_from_env` says; "wait" warms up here)."""
+        warmed up (None: as `compile_policy.mode_from_env` says; "wait" warms up here).
+        `options`: the entry point's engine options (None: the defaults)."""
         self.model, self.cache, self.device = model, cache, device
+        opts = options or options_mod.EngineOptions()
         attention.configure(device)
         mode = compile_policy.mode_from_env(device)
         if compile_decode is not None:
@@ -89,7 +76,7 @@ class StageRunner:
             if mode != "off" and model.shard.size == 1 and model.dtype_ == torch.float32
             else None
         )
-        self.split_min_decodes = split_min_decodes()
+        self.split_min_decodes = opts.split_min_decodes
         self.split_steps = 0  # mixed steps run as compiled decode rows + eager prefill
         if self.decode_graph is not None and mode == "wait":
             self.decode_graph.warm_up(cache.layers())
@@ -99,7 +86,7 @@ class StageRunner:
             cuda_graphs.DecodeGraphs(
                 model, device, MAX_GRAPH_BATCH, model.cfg.max_positions, cache.layout.page_size
             )
-            if cuda_graphs.enabled(device) and model.shard.size == 1
+            if opts.cuda_graphs and cuda_graphs.enabled(device) and model.shard.size == 1
             else None
         )
         self.sampler = sampling.Sampler() if model.is_last else None
@@ -175,16 +162,10 @@ class StageRunner:
         tokens, and log-probabilities where asked (`execute`, and co-steps)."""
         out = step.StepOutput(step_id=step_id)
         assert self.sampler is not None
-        tokens = self.sampler.sample(logits, ids, params)
+        tokens, lps = self.sampler.sample_step(logits, ids, params)  # one host copy
         out.sampled = dict(zip(ids, tokens, strict=True))
-        asked = [i for i, p in enumerate(params) if p.logprobs is not None]
-        if asked:
-            lps = sampling.token_logprobs(
-                logits[torch.tensor(asked, device=self.device)],
-                [tokens[i] for i in asked],
-                [params[i].logprobs or 0 for i in asked],
-            )
-            out.logprobs = {ids[i]: lp for i, lp in zip(asked, lps, strict=True)}
+        if lps:
+            out.logprobs = {ids[i]: lp for i, lp in lps.items()}
         return out
 
     def capture_graphs(self) -> float | None:

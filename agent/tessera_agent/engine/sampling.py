@@ -1,9 +1,11 @@
 """Token sampling on the last stage: greedy, temperature, top-k, top-p, per-request seed,
 and log-probabilities of the chosen tokens when a request asks for them.
 
-Called by `runner.py` with the logits of the rows to sample. Each seeded request owns a
-`torch.Generator`, kept by the last stage until the leader reports the sequence finished,
-so the same seed gives the same tokens whether the model runs on one agent or a pipeline.
+Called by `runner.py` with the logits of the rows to sample (`Sampler.sample_step`: tokens
+chosen and log-probabilities gathered on the logits' device, then one copy to the host per
+step). Each seeded request owns a `torch.Generator`, kept by the last stage until the
+leader reports the sequence finished, so the same seed gives the same tokens whether the
+model runs on one agent or a pipeline.
 """
 
 from __future__ import annotations
@@ -59,15 +61,47 @@ class TokenLogprobs:
 
 def token_logprobs(logits: torch.Tensor, tokens: list[int], ns: list[int]) -> list[TokenLogprobs]:
     """logits: [N, vocab] of the rows whose tokens were `tokens`; `ns[i]` alternatives."""
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = lp.gather(1, torch.tensor(tokens, dtype=torch.long, device=lp.device)[:, None])
-    k = max(ns, default=0)
+    toks = torch.tensor(tokens, dtype=torch.long, device=logits.device)
+    return _read(_gather(logits, toks, list(range(len(tokens))), ns))[1]
+
+
+def _gather(
+    logits: torch.Tensor, tokens: torch.Tensor, asked: list[int], ns: list[int]
+) -> tuple[torch.Tensor, int, int, list[int]]:
+    """Everything a step returns, packed on the device into one float64 vector: the N
+    tokens, then for the `asked` rows their chosen log-probabilities and top-k values and
+    ids (k = the largest of `ns`). float64 holds every token id and float32 exactly."""
+    n, k = tokens.shape[0], max(ns, default=0)
+    if not asked:
+        return tokens.to(torch.float64), n, k, ns
+    rows = logits[torch.tensor(asked, device=logits.device)] if len(asked) < n else logits
+    lp = torch.log_softmax(rows.float(), dim=-1)
+    chosen = lp.gather(1, tokens[torch.tensor(asked, device=tokens.device)][:, None])
     top_v, top_i = torch.topk(lp, k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+    parts = (tokens, chosen.flatten(), top_v.flatten(), top_i.flatten())
+    return torch.cat([t.to(torch.float64) for t in parts]), n, k, ns
+
+
+def _read(
+    packed: tuple[torch.Tensor, int, int, list[int]],
+) -> tuple[list[int], list[TokenLogprobs]]:
+    """The step's one device-to-host copy, unpacked: tokens, and the asked rows' logprobs."""
+    vec, n, k, ns = packed
+    host = to_host(vec).tolist()
+    tokens = [int(t) for t in host[:n]]
+    a = len(ns) if len(host) > n else 0
+    chosen = host[n : n + a]
+    top_v, top_i = host[n + a : n + a + a * k], host[n + a + a * k :]
     out = []
-    for row, n in enumerate(ns):
-        alts = zip(top_i[row, :n].tolist(), top_v[row, :n].tolist(), strict=True)
-        out.append(TokenLogprobs(float(chosen[row, 0]), tuple((int(i), float(v)) for i, v in alts)))
-    return out
+    for row, m in enumerate(ns[:a]):
+        alts = zip(top_i[row * k : row * k + m], top_v[row * k : row * k + m], strict=True)
+        out.append(TokenLogprobs(chosen[row], tuple((int(i), v) for i, v in alts)))
+    return tokens, out
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """The one place a step's results leave the device (tests count the calls)."""
+    return t.cpu()
 
 
 class Sampler:
@@ -88,15 +122,32 @@ class Sampler:
         self, logits: torch.Tensor, seq_ids: list[str], params: list[SamplingParams]
     ) -> list[int]:
         """logits: [N, vocab] float; returns one token id per row."""
-        out = logits.argmax(dim=-1).tolist()
+        return self.sample_step(logits, seq_ids, params)[0]
+
+    def sample_step(
+        self, logits: torch.Tensor, seq_ids: list[str], params: list[SamplingParams]
+    ) -> tuple[list[int], dict[int, TokenLogprobs]]:
+        """One token per row of `logits` [N, vocab], and the log-probabilities of the rows
+        whose request asks for them (by row). Tokens are chosen and log-probabilities
+        gathered on the logits' device; the results reach the host in one copy."""
+        tokens = self.choose(logits, seq_ids, params)
+        asked = [i for i, p in enumerate(params) if p.logprobs is not None]
+        ns = [params[i].logprobs or 0 for i in asked]
+        toks, lps = _read(_gather(logits, tokens, asked, ns))
+        return toks, dict(zip(asked, lps, strict=True))
+
+    def choose(
+        self, logits: torch.Tensor, seq_ids: list[str], params: list[SamplingParams]
+    ) -> torch.Tensor:
+        """The chosen token of every row, on the logits' device ([N] int64)."""
+        out = logits.argmax(dim=-1)
         free = [row for row, p in enumerate(params) if not p.greedy and p.seed is None]
         if free:
             if self._shared is None or self._shared.device != logits.device:
                 self._shared = torch.Generator(device=logits.device)
                 self._shared.seed()
-            drawn = draw(logits[free], [params[r] for r in free], self._shared)
-            for row, tok in zip(free, drawn.tolist(), strict=True):
-                out[row] = tok
+            rows = torch.tensor(free, device=logits.device)
+            out[rows] = draw(logits[rows], [params[r] for r in free], self._shared)
         for row, (sid, p) in enumerate(zip(seq_ids, params, strict=True)):
             if p.greedy or p.seed is None:
                 continue
@@ -104,8 +155,8 @@ class Sampler:
             if gen is None:
                 gen = self._generators[sid] = torch.Generator(device=logits.device)
                 gen.manual_seed(p.seed)
-            out[row] = int(draw(logits[row : row + 1], [p], gen)[0])
-        return [int(t) for t in out]
+            out[row : row + 1] = draw(logits[row : row + 1], [p], gen)
+        return out
 
 
 def draw(logits: torch.Tensor, params: list[SamplingParams], gen: torch.Generator) -> torch.Tensor:

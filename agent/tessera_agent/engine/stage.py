@@ -31,6 +31,7 @@ from tessera_agent.engine import (
     tp,
 )
 from tessera_agent.engine import config as config_mod
+from tessera_agent.engine import options as options_mod
 
 if TYPE_CHECKING:
     from tessera_agent import equivalence, stitch_serve
@@ -174,9 +175,11 @@ def load_stage(
     tensors: dict[str, torch.Tensor] | None = None,
     zoo: block_zoo.BlockZoo | None = None,
     known: Mapping[str, str] | None = None,
+    options: options_mod.EngineOptions | None = None,
 ) -> Stage:
     """Load the block within `budget_bytes` of device memory (parameters plus KV pool),
-    from the checkpoint or from `tensors` (by checkpoint name, copied from a peer).
+    from the checkpoint or from `tensors` (by checkpoint name, copied from a peer); its
+    runner follows the entry point's engine `options` (None: the defaults).
 
     With a `zoo` (an unsharded block), pieces whose content the agent already holds are
     shared, not loaded again: only the new ones count against the budget. `known`:
@@ -208,7 +211,8 @@ def load_stage(
             spec.end - spec.start, pages, spec.page_size, kv_heads, cfg.head_dim, dtype
         )
         cache = kv_cache.PagedKVCache(layout, device)
-        return Stage(spec, cfg, runner.StageRunner(model, cache, device), pbytes, pieces)
+        run = runner.StageRunner(model, cache, device, options=options)
+        return Stage(spec, cfg, run, pbytes, pieces)
     except BaseException:
         if pieces is not None:  # nothing half-loaded stays referenced in the zoo
             pieces.release()

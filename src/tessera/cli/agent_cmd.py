@@ -20,6 +20,14 @@ def register(sub: Any) -> None:
         help="cpu:2x4GiB (declared CPU virtual devices), cuda (all GPUs), cuda:N, "
         "or auto (GPUs via NVML, else one 4GiB CPU device)",
     )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="fraction of each GPU's memory this agent may use (as vLLM's): blocks book "
+        "against fraction x total less what is in use at start; a block's KV pool is what "
+        "its parameters and activation / CUDA-graph reserve leave (default 0.9)",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
     p.add_argument(
         "--metrics-port",
@@ -144,13 +152,21 @@ def _host_cache_bytes(text: str) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     _die_with_parent()
+    from tessera import gc_heap
     from tessera_agent import server
+    from tessera_agent.engine import options
 
+    try:
+        engine = options.EngineOptions.from_env(os.environ)
+    except ValueError as exc:
+        sys.stderr.write(f"tessera agent: {exc}\n")
+        return 2
     cfg = server.AgentConfig(
         agent_id=args.agent_id,
         host=args.host,
         port=args.port,
         devices=args.devices,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         threads=args.threads,
         metrics_port=args.metrics_port,
         prefix_caching=args.prefix_caching,
@@ -166,5 +182,7 @@ def _run(args: argparse.Namespace) -> int:
         cost_profile=args.cost_profile,
         compile_cache=args.compile_cache,
         compile_decode=args.compile_decode,
+        engine=engine,
+        gc_freeze=gc_heap.wanted(os.environ),
     )
     return server.run(cfg)

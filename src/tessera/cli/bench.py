@@ -2,10 +2,15 @@
 
 Each benchmark lives next to the code it measures, in a module exposing
 ``add_arguments(parser)`` and ``run(args) -> dict``. This module only dispatches and
-prints; it never times anything itself. A benchmark's module is imported only when its
+prints; it never times anything itself. To every JSON it adds `provenance` (machine,
+commit, date, the machine's load: `tessera.bench.harness.provenance`) and warns on stderr
+when the machine was not quiet. `$TESSERA_TRACE` replaces the default `--trace` of the
+benches that replay the shared trace. A benchmark's module is imported only when its
 command line is parsed (`tessera bench NAME ...`): most import torch, which the
 control-plane image does not have, and `tessera --help` stays light. The listing of
 `tessera bench --help` reads each module's docstring from its source, without importing it.
+`--record` also writes the JSON to docs/bench-results/NAME.json, and `python -m
+tessera.cli.bench` renders those files into docs/benchmarks.md (`tessera.bench.report`).
 """
 
 from __future__ import annotations
@@ -16,10 +21,13 @@ import importlib
 import importlib.util
 import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from tessera.bench import harness, report
 
 # bench name -> module implementing add_arguments(parser) and run(args) -> dict
 BENCHES: dict[str, str] = {
@@ -92,7 +100,16 @@ class _BenchParser(argparse.ArgumentParser):
             self._loaded = True
             module = importlib.import_module(self._module_name)
             self.add_argument("--json", action="store_true", help="print only the JSON object")
+            self.add_argument(
+                "--record",
+                action="store_true",
+                help="also write it to docs/bench-results/NAME.json (then: python -m "
+                "tessera.cli.bench rewrites docs/benchmarks.md)",
+            )
             module.add_arguments(self)
+            trace = os.environ.get("TESSERA_TRACE")
+            if trace and any(a.dest == "trace" for a in self._actions):
+                self.set_defaults(trace=Path(trace))
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -112,6 +129,16 @@ def _runner(module_name: str) -> Any:
         os.environ.setdefault("TESSERA_COMPILE_DECODE", "0")
         module = importlib.import_module(module_name)
         result: dict[str, Any] = module.run(args)
+        result["provenance"] = harness.provenance()
+        if not result["provenance"]["quiet"]:
+            sys.stderr.write(
+                f"tessera bench {args.bench}: the machine was busy (load "
+                f"{result['provenance']['load_per_cpu']} per cpu): compare ratios only\n"
+            )
+        if getattr(args, "record", False):
+            argv = sys.argv[sys.argv.index(args.bench) + 1 :] if args.bench in sys.argv else []
+            command = shlex.join(["tessera", "bench", args.bench, *argv])
+            sys.stderr.write(f"recorded in {report.record(args.bench, command, result)}\n")
         if args.json:
             sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
         else:
@@ -119,3 +146,13 @@ def _runner(module_name: str) -> Any:
         return 0
 
     return run
+
+
+def report_text() -> str:
+    """docs/benchmarks.md as the results files make it (benchmarks in this order)."""
+    return report.render(report.load(), [*BENCHES, "vllm-anchor"])
+
+
+if __name__ == "__main__":  # python -m tessera.cli.bench: rewrite docs/benchmarks.md
+    report.DOC.write_text(report_text(), encoding="utf-8")
+    sys.stdout.write(f"wrote {report.DOC}\n")

@@ -45,12 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
-import platform
 import random
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -59,7 +54,8 @@ from typing import Any
 
 import numpy as np
 
-from tessera.cli import bench_relayout, bench_serve
+from tessera.bench import harness, local_up, oracle, trace
+from tessera.cli import bench_relayout
 from tessera.cli.bench_adaptive_replay import (
     CANDIDATES,
     Req,
@@ -81,11 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--low-share", type=float, default=0.1)
     parser.add_argument("--high-share", type=float, default=0.9)
     parser.add_argument("--calib-spans", type=int, default=2)
-    parser.add_argument("--trace", type=Path, default=bench_serve.TRACE)
-    parser.add_argument("--input-scale", type=float, default=0.1)
-    parser.add_argument("--output-scale", type=float, default=0.1)
-    parser.add_argument("--max-input", type=int, default=256)
-    parser.add_argument("--max-output", type=int, default=48)
+    trace.add_arguments(parser, max_input=256, max_output=48)
     parser.add_argument("--min-gain", type=float, default=0.1)
     parser.add_argument("--drain-deadline", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -96,8 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _note(msg: str) -> None:
-    sys.stderr.write(f"[adaptive {time.strftime('%H:%M:%S')}] {msg}\n")
-    sys.stderr.flush()
+    harness.note("adaptive", msg)
 
 
 # -- the loop ---------------------------------------------------------------------------
@@ -316,59 +307,23 @@ def _around_switches(
     return [r for _, _, r in done[: max(0, args.reference)]]
 
 
-def _reference(model: Path, reqs: list[Req]) -> list[bool]:
-    if not reqs:
-        return []
-    shim = [bench_relayout.Request(r.prompt, r.max_tokens, r.at, text=r.text) for r in reqs]
-    return bench_relayout._reference(model, shim)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.spans < 2 or args.phase_spans < 1 or not args.span > 0 or not args.rate > 0:
         raise SystemExit(
             "tessera bench adaptive: need --spans >= 2, --phase-spans >= 1, "
             "--span > 0 and --rate > 0"
         )
-    exe = [sys.executable, "-m", "tessera.cli.main"]
     w = Workload(args)
     with tempfile.TemporaryDirectory(prefix="tessera-adaptive-") as tmp:
-        model = Path(tmp) / "tiny-llama"
-        subprocess.run(
-            [*exe, "model", "make-tiny", str(model)], check=True, stdout=subprocess.DEVNULL
-        )
+        model = local_up.make_tiny(Path(tmp) / "tiny-llama")
         path = Path(tmp) / "m.yaml"
         write_manifest(path, model, CANDIDATES[0], w)
-        up = subprocess.Popen(
-            [
-                *exe,
-                "up",
-                "-f",
-                str(path),
-                "--port",
-                "0",
-                "--state-file",
-                str(Path(tmp) / "state.json"),
-                "--drain-deadline",
-                str(args.drain_deadline),
-                "--watch-interval",
-                "0.2",
-                "--arrival-span",
-                str(args.span),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        lines: list[str] = []
-        try:
-            url = bench_relayout._wait_for_url(up, lines)
-            _note(f"serving at {url}")
-            cal, calib, static, adaptive_runs = asyncio.run(_bench(args, url, path, model, w))
-        finally:
-            os.killpg(up.pid, signal.SIGTERM)
-            up.wait(30)
-        matches = _reference(model, _around_switches(adaptive_runs, args))
+        flags = ["--drain-deadline", str(args.drain_deadline), "--watch-interval", "0.2"]
+        flags += ["--arrival-span", str(args.span)]
+        with local_up.Up(path, *flags, what="adaptive") as up:
+            _note(f"serving at {up.url}")
+            cal, calib, static, adaptive_runs = asyncio.run(_bench(args, up.url, path, model, w))
+        matches = oracle.matches(model, _around_switches(adaptive_runs, args))
     adaptive, log = adaptive_runs["adaptive"]
     other, other_log = adaptive_runs["adaptive_from_other"]
     model_output = None
@@ -426,7 +381,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "requests": len(adaptive),
         },
         "trace": str(args.trace),
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, shared with other work",
+        "machine": harness.machine("shared with other work"),
         "setup": "tessera up, 2 local agents (cpu:1x2GiB), tiny llama (8 layers), greedy, "
         "ignore_eos; layouts: " + " | ".join(bench_relayout.LAYOUTS[k][0] for k in CANDIDATES),
     }

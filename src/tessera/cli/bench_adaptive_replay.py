@@ -14,31 +14,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tessera.cli import bench_relayout, bench_serve
+from tessera.bench import client, harness, local_up, trace
+from tessera.cli import bench_relayout
 
 CANDIDATES = (0, 1)  # indices into bench_relayout.LAYOUTS; the first one serves first
 
 
 # -- the replay ------------------------------------------------------------------------
 @dataclass
-class Req:
-    prompt: list[int]
-    max_tokens: int
-    at: float  # seconds after the replay start
-    cls: int
-    sent: float = 0.0
-    finish: float = 0.0
-    text: str = ""
-    done: bool = False
-    error: str = ""
+class Req(client.Stream):
+    cls: int = 0  # the request's class: 0 "short", 1 "long"
 
 
 class Workload:
@@ -48,7 +39,7 @@ class Workload:
     def __init__(self, args: argparse.Namespace) -> None:
         from tessera.workload import classes, traces
 
-        rows = bench_serve._load(
+        rows = trace.load(
             argparse.Namespace(**{**vars(args), "requests": 10**9, "time_scale": 1.0})
         )
         reqs = [traces.Request(at, n, out) for at, n, out in rows]
@@ -89,7 +80,7 @@ def make_spans(
             cls = 1 if rng.random() < share else 0
             inp, outp = w.draw(cls)
             prompt = [rng.randrange(5, 500) for _ in range(inp)]
-            out.append(Req(prompt, outp, k * args.span + t, cls))
+            out.append(Req(prompt, outp, k * args.span + t, cls=cls))
     return out
 
 
@@ -102,55 +93,20 @@ def phase_shares(args: argparse.Namespace, spans: int) -> list[float]:
 
 
 def _copy(reqs: list[Req]) -> list[Req]:
-    return [Req(list(r.prompt), r.max_tokens, r.at, r.cls) for r in reqs]
-
-
-async def _send(session: Any, url: str, r: Req, t0: float) -> None:
-    await asyncio.sleep(max(0.0, t0 + r.at - time.perf_counter()))
-    body = {
-        "model": "tiny-llama",
-        "prompt": r.prompt,
-        "max_tokens": r.max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    r.sent = time.perf_counter()
-    parts: list[str] = []
-    try:
-        async with session.post(f"{url}/v1/completions", json=body) as resp:
-            if resp.status != 200:
-                r.error = f"{resp.status}: {(await resp.text())[:200]}"
-                return
-            async for raw in resp.content:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    r.error = str(chunk["error"])[:200]
-                    return
-                for ch in chunk.get("choices", []):
-                    parts.append(ch.get("text") or "")
-                    if ch.get("finish_reason"):
-                        r.done = True
-    except Exception as exc:  # any client-side failure is a lost request, reported
-        r.error = f"client error: {exc!r}"[:200]
-    r.finish = time.perf_counter()
-    r.text = "".join(parts)
+    return [Req(list(r.prompt), r.max_tokens, r.at, cls=r.cls) for r in reqs]
 
 
 def summary(reqs: list[Req]) -> dict[str, Any]:
     """P99/P50 request latency and generated tokens per second of one run."""
-    done = [r for r in reqs if r.done and not r.error]
+    done = [r for r in reqs if r.ok]
     lat = [r.finish - r.sent for r in done]
     end = max((r.finish for r in done), default=0.0)
     first = min((r.sent for r in reqs if r.sent), default=0.0)
     return {
         "requests": len(reqs),
         "completed": len(done),
-        "p99_latency_s": round(bench_serve._pct(lat, 99), 4),
-        "p50_latency_s": round(bench_serve._pct(lat, 50), 4),
+        "p99_latency_s": round(harness.pct(lat, 99), 4),
+        "p50_latency_s": round(harness.pct(lat, 50), 4),
         "tokens_per_s": round(sum(r.max_tokens for r in done) / (end - first), 3)
         if end > first
         else 0.0,
@@ -160,8 +116,6 @@ def summary(reqs: list[Req]) -> dict[str, Any]:
 def write_manifest(path: Path, model: Path, layout: int, w: Workload) -> None:
     """`bench_relayout`'s manifest of a layout, with the two classes as the workload (the
     gateway types arrivals by them)."""
-    import yaml
-
     doc = bench_relayout.manifest(model, layout)
     doc["spec"]["workload"] = {
         "classes": [
@@ -169,9 +123,7 @@ def write_manifest(path: Path, model: Path, layout: int, w: Workload) -> None:
             for n, c in zip(w.names, w.centroids, strict=True)
         ]
     }
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
-    os.replace(tmp, path)
+    local_up.write_yaml(path, doc)
 
 
 @dataclass
@@ -206,7 +158,9 @@ class Server:
         """Send `reqs` on their schedule, `alongside(t0)` running meanwhile; returns t0."""
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(_send(self.session, self.url, r, t0)) for r in reqs]
+        tasks = [
+            loop.create_task(client.send(self.session, self.url, "tiny-llama", r, t0)) for r in reqs
+        ]
         if alongside is not None:
             await alongside(t0)
         await asyncio.gather(*tasks)

@@ -28,15 +28,13 @@ import math
 import os
 import platform
 import random
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from tessera.bench import local_up
 from tessera.cli import bench_overload, bench_serve
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
@@ -173,35 +171,9 @@ async def _measure(url: str, addresses: list[str], reqs: list[Any], seed: int) -
 
 def _up(tmp: Path, name: str, manifest: str, reqs: list[Any], seed: int) -> dict[str, Any]:
     (tmp / f"{name}.yaml").write_text(manifest)
-    state = tmp / f"{name}-state.json"
-    exe = [sys.executable, "-m", "tessera.cli.main", "up", "-f", str(tmp / f"{name}.yaml")]
-    exe += ["--port", "0", "--state-file", str(state), "--devices", "cpu:1x1GiB"]
-    up = subprocess.Popen(
-        exe, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    log: list[str] = []
-    assert up.stdout is not None
-    try:
-        url = ""
-        for line in up.stdout:
-            log.append(line.rstrip())
-            m = bench_serve._URL_RE.search(line)
-            if m and "serving" in line:
-                url = m.group(1)
-                break
-        if not url:
-            raise SystemExit("tessera bench autoscale: `tessera up` failed:\n" + "\n".join(log))
-        import threading
-
-        threading.Thread(
-            target=lambda: log.extend(x.rstrip() for x in up.stdout or ()), daemon=True
-        ).start()
-        addresses = [a["address"] for a in json.loads(state.read_text())["agents"]]
-        out = asyncio.run(_measure(url, addresses, reqs, seed))
-    finally:
-        os.killpg(up.pid, signal.SIGTERM)
-        up.wait(30)
-    out["log"] = log
+    with local_up.Up(tmp / f"{name}.yaml", "--devices", "cpu:1x1GiB", what="autoscale") as up:
+        out = asyncio.run(_measure(up.url, up.agents(), reqs, seed))
+        out["log"] = up.log
     return out
 
 

@@ -24,14 +24,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
+import random
 import signal
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from tessera.cli import bench_serve, supervise
+from tessera.bench import client, harness, local_up, trace
+from tessera.cli import supervise
 
 LAYOUT = """apiVersion: serving.tessera.dev/v1alpha1
 kind: ServingDeployment
@@ -53,13 +54,9 @@ spec:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--requests", type=int, default=96)
-    parser.add_argument("--time-scale", type=float, default=1.0)
-    parser.add_argument("--trace", type=Path, default=bench_serve.TRACE)
-    parser.add_argument("--input-scale", type=float, default=0.05)
-    parser.add_argument("--output-scale", type=float, default=0.1)
-    parser.add_argument("--max-input", type=int, default=128)
-    parser.add_argument("--max-output", type=int, default=24)
+    trace.add_arguments(
+        parser, requests=96, time_scale=1.0, input_scale=0.05, max_input=128, max_output=24
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reconcile-interval", type=float, default=5.0)
 
@@ -160,59 +157,32 @@ async def _replay(
     url: str, reqs: list[tuple[float, int, int]], seed: int, active: list[int] | None = None
 ) -> dict[str, Any]:
     """Per request: text and TTFT (None when it failed); `active[0]` counts streams open."""
-    import json
-    import random
+    streams = trace.streams(reqs, random.Random(seed))
+    t0 = time.perf_counter()
 
-    import aiohttp
-
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(5, 500) for _ in range(n)] for _, n, _ in reqs]
-    texts: list[str | None] = [None] * len(reqs)
-    ttft: list[float | None] = [None] * len(reqs)
-    errors: list[str] = []
-    start = time.perf_counter()
-
-    async def one(i: int, session: aiohttp.ClientSession) -> None:
-        at, _, out = reqs[i]
-        await asyncio.sleep(max(0.0, at - (time.perf_counter() - start)))
-        body = {"model": "tiny-llama", "prompt": prompts[i], "max_tokens": out,
-                "temperature": 0, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}  # fmt: skip
-        sent, parts, got, first = time.perf_counter(), [], 0, None
+    async def one(s: client.Stream, session: Any) -> None:
+        await asyncio.sleep(max(0.0, t0 + s.at - time.perf_counter()))
         if active is not None:
             active[0] += 1
         try:
-            async with session.post(f"{url}/v1/completions", json=body) as resp:
-                if resp.status != 200:
-                    errors.append(f"{resp.status}: {(await resp.text())[:160]}")
-                    return
-                async for raw in resp.content:
-                    line = raw.decode().strip()
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        errors.append(str(chunk["error"])[:160])
-                        return
-                    if chunk.get("usage"):
-                        got = chunk["usage"]["completion_tokens"]
-                    if chunk.get("choices") and chunk["choices"][0].get("text"):
-                        first = first or time.perf_counter() - sent
-                        parts.append(chunk["choices"][0]["text"])
-        except aiohttp.ClientError as exc:
-            errors.append(f"client error: {exc}")
-            return
+            await client.send(session, url, "tiny-llama", s)
         finally:
             if active is not None:
                 active[0] -= 1
-        if got != out:
-            errors.append(f"request {i}: {got} of {out} tokens")
-            return
-        texts[i], ttft[i] = "".join(parts), first
 
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        await asyncio.gather(*(one(i, session) for i in range(len(reqs))))
-    return {"texts": texts, "ttft": ttft, "errors": errors}
+    async with client.session(600) as session:
+        await asyncio.gather(*(one(s, session) for s in streams))
+    errors = [
+        s.error or f"request {i}: {s.usage_tokens} of {s.max_tokens} tokens"
+        for i, s in enumerate(streams)
+        if s.error or s.usage_tokens != s.max_tokens
+    ]
+    good = [not s.error and s.usage_tokens == s.max_tokens for s in streams]
+    return {
+        "texts": [s.text if g else None for s, g in zip(streams, good, strict=True)],
+        "ttft": [s.ttft if g else None for s, g in zip(streams, good, strict=True)],
+        "errors": errors,
+    }
 
 
 async def _until(cond: Any, timeout: float, every: float = 0.05) -> float:
@@ -263,7 +233,7 @@ async def _bench(args: argparse.Namespace, model: Path) -> dict[str, Any]:
 
     from tessera import api
 
-    reqs = bench_serve._load(args)
+    reqs = trace.load(args)
     dep = api.parse(yaml.safe_load(LAYOUT.replace("MODEL", str(model))))
     d = _Deployment(dep, str(model), args.reconcile_interval)
     try:
@@ -285,8 +255,8 @@ async def _bench(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     ]
     ttft_clean = [t for t in clean["ttft"] if t is not None]
     ttft_chaos = [t for t in chaotic["ttft"] if t is not None]
-    p99_clean = bench_serve._pct(ttft_clean, 99)
-    p99_chaos = bench_serve._pct(ttft_chaos, 99)
+    p99_clean = harness.pct(ttft_clean, 99)
+    p99_chaos = harness.pct(ttft_chaos, 99)
     completed = sum(t is not None for t in chaotic["texts"])
     return {
         "requests_sent": len(reqs),
@@ -307,16 +277,8 @@ async def _bench(args: argparse.Namespace, model: Path) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import subprocess
-    import sys
-
     with tempfile.TemporaryDirectory(prefix="tessera-chaos-") as tmp:
-        model = Path(tmp) / "tiny-llama"
-        subprocess.run(
-            [sys.executable, "-m", "tessera.cli.main", "model", "make-tiny", str(model)],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        model = local_up.make_tiny(Path(tmp) / "tiny-llama")
         result = asyncio.run(_bench(args, model))
     return {
         **result,
@@ -325,8 +287,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "setup": "3 local agents (r0 whole on agent-0; r1 2 stages on agent-1, agent-2), "
         "supervisor + reconcile loop + gateway in one process; same requests clean, "
         "then with kills",
-        "transforms": f"prompt clip(round(ContextTokens*{args.input_scale}),1,"
-        f"{args.max_input}) random ids; max_tokens clip(round(GeneratedTokens*"
-        f"{args.output_scale}),1,{args.max_output}), EOS ignored, greedy",
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "transforms": trace.transforms(args),
+        "machine": harness.machine(),
     }

@@ -126,8 +126,8 @@ class _Run:
         from tessera.rpc.v1 import agent_pb2 as pb
         from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
-        channel = transport.channel(address)
         began = time.perf_counter()
+        channel = transport.channel(address)
         first = 0.0
         tokens: list[int] = []
         try:
@@ -158,14 +158,14 @@ def _sources(out: Any, replica_id: str) -> dict[str, float]:
 async def _timed(run: _Run, replicas: list[tuple[str, str]], name: str, n: int) -> dict[str, Any]:
     began = time.perf_counter()
     out = await run.converge(replicas)
+    converged = time.perf_counter() - began
     rid = next(r.replica_id for r in out.plan.replicas if r.name == name)
     agent = out.observed.agent(dict(replicas)[name])
-    ttft, tokens = await run.first_token(agent.address, rid, n)
-    ready = time.perf_counter() - began - ttft  # converged; the request then took ttft
+    ttft, tokens = await run.first_token(agent.address, rid, n)  # sent once converged
     return {
         "replica_id": rid,
-        "ready_s": round(ready + ttft, 3),
-        "converge_s": round(ready, 3),
+        "ready_s": round(converged + ttft, 3),
+        "converge_s": round(converged, 3),
         "ttft_s": round(ttft, 3),
         "tokens": tokens,
         "sources": _sources(out, rid),

@@ -30,21 +30,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
-import json
-import os
-import platform
 import random
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tessera.cli import bench_serve
+from tessera import blocks
+from tessera.bench import client, harness, local_up, oracle, trace
 
 ROOT = Path(__file__).resolve().parents[3]
 WHOLE = [{"agent": "agent-0", "device": "cpu:0", "layers": [0, 8]}]
@@ -87,18 +82,32 @@ SEQUENCE = [0, 1, 2, 0]  # layouts in order: start, then three transitions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--requests", type=int, default=120)
-    parser.add_argument("--time-scale", type=float, default=2.0)
-    parser.add_argument("--trace", type=Path, default=bench_serve.TRACE)
-    parser.add_argument("--input-scale", type=float, default=0.1)
-    parser.add_argument("--output-scale", type=float, default=0.1)
-    parser.add_argument("--max-input", type=int, default=256)
-    parser.add_argument("--max-output", type=int, default=64)
-    parser.add_argument("--long-tokens", type=int, default=128)
+    trace.add_arguments(parser, requests=120, time_scale=2.0, max_input=256, max_output=64)
+    transition_arguments(parser, long_tokens=128, timeout_s=180.0)
+
+
+def transition_arguments(
+    parser: argparse.ArgumentParser, long_tokens: int, timeout_s: float
+) -> None:
+    """The knobs of a replay with transitions (also `bench switch`'s)."""
+    parser.add_argument("--long-tokens", type=int, default=long_tokens)
     parser.add_argument("--long-requests", type=int, default=2)
     parser.add_argument("--drain-deadline", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--transition-timeout", type=float, default=180.0)
+    parser.add_argument("--transition-timeout", type=float, default=timeout_s)
+
+
+def outcome(requests: list[Request], matches: list[bool]) -> dict[str, Any]:
+    """What became of a replay's requests: sent, completed, lost, greedy-checked."""
+    lost = [r for r in requests if not r.ok]
+    return {
+        "requests_sent": len(requests),
+        "requests_completed": len(requests) - len(lost),
+        "lost": len(lost),
+        "lost_examples": [r.error or "stream ended early" for r in lost[:5]],
+        "tokens_match": bool(matches) and all(matches),
+        "tokens_compared": len(matches),
+    }
 
 
 def manifest(model: Path, layout: int) -> dict[str, Any]:
@@ -121,30 +130,20 @@ def manifest(model: Path, layout: int) -> dict[str, Any]:
 
 def write_manifest(path: Path, model: Path, layout: int) -> None:
     """Atomically replace the manifest (as an editor's save would)."""
-    import yaml
-
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(manifest(model, layout), sort_keys=False))
-    os.replace(tmp, path)
+    local_up.write_yaml(path, manifest(model, layout))
 
 
-@dataclass
-class Request:
-    prompt: list[int]
-    max_tokens: int
-    at: float  # seconds after the replay start
-    sent: float = 0.0
-    ttft: float | None = None
-    text: str = ""
-    done: bool = False
-    error: str = ""
+Request = client.Stream  # one replayed request and its stream
 
 
 @dataclass
 class Window:
+    """One transition: manifest written (`start`) to settled (`end`)."""
+
     name: str
     start: float
     end: float = 0.0
+    cut: float = 0.0  # when the gateway first routed other replicas
     bytes_before: int = 0
     bytes_after: int = 0
     peak: int = 0
@@ -157,43 +156,6 @@ class Run:
     samples: list[tuple[float, int, frozenset[str]]] = field(default_factory=list)
     t0: float = 0.0
     cutover: dict[str, int] = field(default_factory=dict)  # the gateway's counters
-
-
-async def _one(session: Any, url: str, req: Request, run: Run) -> None:
-    await asyncio.sleep(max(0.0, run.t0 + req.at - time.perf_counter()))
-    body = {
-        "model": "tiny-llama",
-        "prompt": req.prompt,
-        "max_tokens": req.max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    req.sent = time.perf_counter()
-    parts: list[str] = []
-    try:
-        async with session.post(f"{url}/v1/completions", json=body) as resp:
-            if resp.status != 200:
-                req.error = f"{resp.status}: {(await resp.text())[:200]}"
-                return
-            async for raw in resp.content:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    req.error = str(chunk["error"])[:200]
-                    return
-                for ch in chunk.get("choices", []):
-                    if ch.get("text"):
-                        if req.ttft is None:
-                            req.ttft = time.perf_counter() - req.sent
-                        parts.append(ch["text"])
-                    if ch.get("finish_reason"):
-                        req.done = True
-    except Exception as exc:  # any client-side failure is a lost request, reported
-        req.error = f"client error: {exc!r}"[:200]
-    req.text = "".join(parts)
 
 
 async def _held(addresses: list[str]) -> tuple[int, frozenset[str]]:
@@ -231,84 +193,137 @@ async def _admin(session: Any, url: str) -> dict[str, Any]:
         return body
 
 
-async def _transition(
+async def transition(
     session: Any,
     url: str,
-    path: Path,
-    model: Path,
-    layout: int,
     run: Run,
-    args: argparse.Namespace,
-    rng: random.Random,
+    name: str,
+    write: Callable[[], None],
+    *,
+    timeout_s: float,
+    settle_s: float | None = 0.3,
+    longs: int = 0,
+    long_tokens: int = 0,
+    rng: random.Random | None = None,
+    poll_s: float = 0.1,
+    what: str = "relayout",
+    names: set[str] | None = None,
 ) -> Window:
+    """Start `longs` long requests, wait until they decode, `write()` the new manifest and
+    wait until the gateway routes only new replicas (named `names`, when given: a
+    drop-style switch passes through a pipeline of the old replicas), none leaving, and
+    the agents hold just those; then, unless `settle_s` is None, wait `settle_s` and
+    account the bytes."""
     before = set((await _admin(session, url))["replicas"])
-    longs = [
-        Request([rng.randrange(5, 500) for _ in range(40)], args.long_tokens, 0.0)
-        for _ in range(args.long_requests if args.long_tokens else 0)
+    rng = rng or random.Random(0)
+    started = [
+        Request([rng.randrange(5, 500) for _ in range(40)], long_tokens) for _ in range(longs)
     ]
-    for long in longs:
+    for long in started:
         run.requests.append(long)
         long.at = time.perf_counter() - run.t0
-        asyncio.get_running_loop().create_task(_one(session, url, long, run))
-    while any(r.ttft is None and not r.error for r in longs):
+        asyncio.get_running_loop().create_task(client.send(session, url, "tiny-llama", long))
+    while any(r.ttft is None and not r.error and not r.done for r in started):
         await asyncio.sleep(0.02)  # the long requests decode when the layout changes
-    w = Window(LAYOUTS[layout][0], time.perf_counter())
+    w = Window(name, time.perf_counter())
     w.bytes_before = run.samples[-1][1] if run.samples else 0
-    write_manifest(path, model, layout)
-    deadline = w.start + args.transition_timeout
+    write()
     while True:
         snap = await _admin(session, url)
         now = set(snap["replicas"])
+        if now != before and not w.cut:
+            w.cut = time.perf_counter()
         held = run.samples[-1][2] if run.samples and run.samples[-1][0] > w.start else None
-        if now != before and not snap["leaving"] and held is not None and held == now:
+        named = names is None or {blocks.parse_replica_id(r).name for r in now} == names
+        if now != before and named and not snap["leaving"] and held is not None and held == now:
             break
-        if time.perf_counter() > deadline:
-            raise SystemExit(f"tessera bench relayout: transition to {w.name} timed out: {snap}")
-        await asyncio.sleep(0.1)
+        if time.perf_counter() > w.start + timeout_s:
+            raise SystemExit(f"tessera bench {what}: transition to {w.name} timed out: {snap}")
+        await asyncio.sleep(poll_s)
     w.end = time.perf_counter()
-    _note(f"transition to {w.name}: {w.end - w.start:.2f} s")
-    await asyncio.sleep(0.3)  # one more sample of the settled layout
-    w.bytes_after = run.samples[-1][1]
-    w.peak = max(b for t, b, _ in run.samples if w.start <= t <= w.end + 0.3)
+    harness.note(
+        what, f"to {w.name}: cut-over {w.cut - w.start:.2f} s, done {w.end - w.start:.2f} s"
+    )
+    if settle_s is not None:
+        await asyncio.sleep(settle_s)  # one more sample of the settled layout
+        w.bytes_after = run.samples[-1][1]
+        w.peak = max(b for t, b, _ in run.samples if w.start <= t <= w.end + settle_s)
     return w
 
 
-async def _drive(
-    args: argparse.Namespace, url: str, agents: list[str], path: Path, model: Path
-) -> Run:
-    import aiohttp
+Step = Callable[[Any, Run, int], Awaitable[Window]]  # (session, run, layout) -> its window
 
-    rows = bench_serve._load(args)
-    rng = random.Random(args.seed)
-    run = Run([Request([rng.randrange(5, 500) for _ in range(n)], out, at) for at, n, out in rows])
+
+async def drive(
+    args: argparse.Namespace,
+    url: str,
+    agents: list[str],
+    sequence: list[int],
+    step: Step,
+    rng: random.Random,
+) -> Run:
+    """Replay the trace (sampling the agents' blocks), running `step` to each layout of
+    `sequence[1:]` at evenly spaced times; then wait for every request and read the
+    gateway's cut-over counters."""
+    rows = trace.load(args)
+    run = Run(trace.streams(rows, rng))  # `rng` draws the prompts, then `step` may draw more
     stop = asyncio.Event()
-    timeout = aiohttp.ClientTimeout(total=900)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        sampler = asyncio.get_running_loop().create_task(_sampler(agents, run, stop))
+    async with client.session(900) as session:
+        loop = asyncio.get_running_loop()
+        sampler = loop.create_task(_sampler(agents, run, stop))
         while not run.samples:
             await asyncio.sleep(0.05)
         run.t0 = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        replay = [loop.create_task(_one(session, url, r, run)) for r in run.requests]
+        replay = [
+            loop.create_task(client.send(session, url, "tiny-llama", r, run.t0))
+            for r in run.requests
+        ]
         span = rows[-1][0]
-        for k, layout in enumerate(SEQUENCE[1:], start=1):
-            await asyncio.sleep(max(0.0, run.t0 + span * k / len(SEQUENCE) - time.perf_counter()))
-            w = await _transition(session, url, path, model, layout, run, args, rng)
-            run.windows.append(w)
+        for k, layout in enumerate(sequence[1:], start=1):
+            await asyncio.sleep(max(0.0, run.t0 + span * k / len(sequence) - time.perf_counter()))
+            run.windows.append(await step(session, run, layout))
         await asyncio.gather(*replay)
         while any(not r.done and not r.error for r in run.requests):
             await asyncio.sleep(0.1)  # the long requests
         async with session.get(f"{url}/metrics") as r:
-            metrics_text = await r.text()
+            run.cutover = _cutover_counts(await r.text())
         stop.set()
         await sampler
-    run.cutover = _cutover_counts(metrics_text)
     return run
 
 
-def _note(msg: str) -> None:
-    sys.stderr.write(f"[relayout {time.strftime('%H:%M:%S')}] {msg}\n")
-    sys.stderr.flush()
+def replay(
+    args: argparse.Namespace,
+    up: local_up.Up,
+    sequence: list[int],
+    name_of: Callable[[int], str],
+    write_of: Callable[[int], None],
+    rng: random.Random,
+    *,
+    with_longs: bool = True,
+    names_of: Callable[[int], set[str]] | None = None,
+    **kw: Any,
+) -> Run:
+    """`drive` against a running `up`: each step a `transition` to the layout named
+    `name_of(layout)`, written by `write_of(layout)`, with `args`' long requests
+    (`with_longs`) and timeout; `kw` goes to `transition` as it is."""
+
+    async def step(session: Any, run: Run, layout: int) -> Window:
+        return await transition(
+            session,
+            up.url,
+            run,
+            name_of(layout),
+            lambda: write_of(layout),
+            timeout_s=args.transition_timeout,
+            longs=args.long_requests if with_longs and args.long_tokens else 0,
+            long_tokens=args.long_tokens,
+            rng=rng,
+            names=names_of(layout) if names_of else None,
+            **kw,
+        )
+
+    return asyncio.run(drive(args, up.url, up.agents(), sequence, step, rng))
 
 
 def _cutover_counts(text: str) -> dict[str, int]:
@@ -320,91 +335,27 @@ def _cutover_counts(text: str) -> dict[str, int]:
     return out
 
 
-def _wait_for_url(up: subprocess.Popen[str], log: list[str]) -> str:
-    assert up.stdout is not None
-    for line in up.stdout:
-        log.append(line.rstrip())
-        m = bench_serve._URL_RE.search(line)
-        if m and "serving" in line:
-            # keep draining its output (into `log`), so `up` never blocks on a full pipe
-            def drain() -> None:
-                for rest in up.stdout or ():
-                    log.append(rest.rstrip())
-
-            threading.Thread(target=drain, daemon=True).start()
-            return m.group(1)
-    raise SystemExit("tessera bench relayout: `tessera up` failed:\n" + "\n".join(log))
-
-
-def _reference(model: Path, reqs: list[Request]) -> list[bool]:
-    """Whether each completed request's text is transformers' greedy decode."""
-    import torch
-    from tokenizers import Tokenizer
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(1)  # one thread: no spinning against the agents on a busy host
-    hf: Any = AutoModelForCausalLM.from_pretrained(str(model))
-    hf.generation_config.eos_token_id = None
-    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
-    out = []
-    for r in reqs:
-        ids = torch.tensor([r.prompt])
-        with torch.no_grad():
-            seq = hf.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=r.max_tokens,
-                pad_token_id=0,
-            )
-        want = tok.decode(seq[0, len(r.prompt) :].tolist(), skip_special_tokens=True)
-        out.append(want == r.text)
-    return out
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    exe = [sys.executable, "-m", "tessera.cli.main"]
     with tempfile.TemporaryDirectory(prefix="tessera-relayout-") as tmp:
-        model = Path(tmp) / "tiny-llama"
-        subprocess.run(
-            [*exe, "model", "make-tiny", str(model)], check=True, stdout=subprocess.DEVNULL
-        )
+        model = local_up.make_tiny(Path(tmp) / "tiny-llama")
         path = Path(tmp) / "m.yaml"
         write_manifest(path, model, SEQUENCE[0])
-        state = Path(tmp) / "state.json"
-        up = subprocess.Popen(
-            [
-                *exe,
-                "up",
-                "-f",
-                str(path),
-                "--port",
-                "0",
-                "--state-file",
-                str(state),
-                "--drain-deadline",
-                str(args.drain_deadline),
-                "--watch-interval",
-                "0.2",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        log: list[str] = []
-        try:
-            url = _wait_for_url(up, log)
-            _note(f"serving at {url}")
-            agents = [a["address"] for a in json.loads(state.read_text())["agents"]]
-            result = asyncio.run(_drive(args, url, agents, path, model))
-        finally:
-            os.killpg(up.pid, signal.SIGTERM)
-            up.wait(30)
-        completed = [r for r in result.requests if r.done and not r.error]
-        _note(f"replay done: {len(completed)}/{len(result.requests)} completed; comparing")
-        matches = _reference(model, completed)
-        _note("compared with transformers")
+        rng = random.Random(args.seed)
+        flags = ["--drain-deadline", str(args.drain_deadline), "--watch-interval", "0.2"]
+
+        with local_up.Up(path, *flags, what="relayout") as up:
+            harness.note("relayout", f"serving at {up.url}")
+            result = replay(
+                args,
+                up,
+                SEQUENCE,
+                lambda k: LAYOUTS[k][0],
+                lambda k: write_manifest(path, model, k),
+                rng,
+            )
+        completed = [r for r in result.requests if r.ok]
+        harness.note("relayout", f"replay done: {len(completed)}/{len(result.requests)} completed")
+        matches = oracle.matches(model, completed)
     windows = result.windows
 
     def during(r: Request) -> bool:
@@ -412,19 +363,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     steady = [r.ttft for r in completed if r.ttft is not None and not during(r)]
     busy = [r.ttft for r in completed if r.ttft is not None and during(r)]
-    lost = [r for r in result.requests if not (r.done and not r.error)]
     return {
-        "requests_sent": len(result.requests),
-        "requests_completed": len(completed),
-        "lost": len(lost),
-        "lost_examples": [r.error or "stream ended early" for r in lost[:5]],
-        "tokens_match": bool(matches) and all(matches),
-        "tokens_compared": len(matches),
+        **outcome(result.requests, matches),
         "tokens_mismatched": matches.count(False),
         "transitions": [w.name for w in windows],
         "transition_s": [round(w.end - w.start, 2) for w in windows],
-        "p99_ttft_steady_ms": round(bench_serve._pct(steady, 99) * 1e3, 1),
-        "p99_ttft_during_ms": round(bench_serve._pct(busy, 99) * 1e3, 1),
+        "p99_ttft_steady_ms": round(harness.pct(steady, 99) * 1e3, 1),
+        "p99_ttft_during_ms": round(harness.pct(busy, 99) * 1e3, 1),
         "requests_during_transitions": len(busy),
         "extra_bytes_peak": max(
             (w.peak - max(w.bytes_before, w.bytes_after) for w in windows), default=0
@@ -438,7 +383,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "long_tokens": args.long_tokens,
         "time_scale": args.time_scale,
         "trace": str(args.trace),
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "machine": harness.machine(),
         "setup": "tessera up, 2 local agents (cpu:1x2GiB), tiny llama (8 layers), KV 64 MiB "
         "per stage; layouts: " + " -> ".join(LAYOUTS[i][0] for i in SEQUENCE),
     }

@@ -24,24 +24,16 @@ Called by `tests/e2e/test_relayout_full.py`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import copy
-import json
-import os
 import random
 import re
-import signal
-import subprocess
-import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tessera import blocks
+from tessera.bench import local_up, oracle
 from tessera.cli import bench_relayout as rl
-from tessera.cli import bench_serve
 
 MiB = 1 << 20
 LARGEST_STAGE_MIB = 18  # the tiny model's [0, 6) stage: 17.4 MiB of float32 parameters
@@ -130,84 +122,7 @@ def manifest(
 def write_manifest(
     path: Path, model: Path, layout: int, kv_bytes: int, sc: Scenario = SCENARIOS["full"]
 ) -> None:
-    import yaml
-
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(manifest(model, layout, kv_bytes, sc), sort_keys=False))
-    os.replace(tmp, path)
-
-
-async def _transition(
-    session: Any,
-    url: str,
-    path: Path,
-    model: Path,
-    layout: int,
-    kv: int,
-    run: rl.Run,
-    t: float,
-    sc: Scenario,
-) -> rl.Window:
-    before = set((await rl._admin(session, url))["replicas"])
-    names = {r["name"] for r in sc.layouts[layout][1]}
-    w = rl.Window(sc.layouts[layout][0], time.perf_counter())
-    w.bytes_before = run.samples[-1][1] if run.samples else 0
-    write_manifest(path, model, layout, kv, sc)
-    while True:
-        snap = await rl._admin(session, url)
-        now = set(snap["replicas"])
-        held = run.samples[-1][2] if run.samples and run.samples[-1][0] > w.start else None
-        # a drop-style switch passes through a pipeline of the old replicas: wait for
-        # the new layout's replicas by name
-        named = {blocks.parse_replica_id(r).name for r in now} == names
-        if now != before and named and not snap["leaving"] and held is not None and held == now:
-            break
-        if time.perf_counter() > w.start + t:
-            raise SystemExit(f"bench relayout-full: transition to {w.name} timed out: {snap}")
-        await asyncio.sleep(0.1)
-    w.end = time.perf_counter()
-    await asyncio.sleep(1.0)  # the new pool grows after the old is freed
-    w.bytes_after = run.samples[-1][1]
-    w.peak = max(b for ts, b, _ in run.samples if w.start <= ts <= w.end + 1.0)
-    return w
-
-
-async def _drive(
-    args: argparse.Namespace,
-    url: str,
-    agents: list[str],
-    path: Path,
-    model: Path,
-    kv: int,
-    sc: Scenario,
-) -> rl.Run:
-    import aiohttp
-
-    rows = bench_serve._load(args)
-    rng = random.Random(args.seed)
-    run = rl.Run(
-        [rl.Request([rng.randrange(5, 500) for _ in range(n)], out, at) for at, n, out in rows]
-    )
-    stop = asyncio.Event()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
-        sampler = asyncio.get_running_loop().create_task(rl._sampler(agents, run, stop))
-        while not run.samples:
-            await asyncio.sleep(0.05)
-        run.t0 = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        replay = [loop.create_task(rl._one(session, url, r, run)) for r in run.requests]
-        span = rows[-1][0]
-        for k, layout in enumerate(sc.sequence[1:], start=1):
-            at = run.t0 + span * k / len(sc.sequence)
-            await asyncio.sleep(max(0.0, at - time.perf_counter()))
-            w = await _transition(
-                session, url, path, model, layout, kv, run, args.transition_timeout, sc
-            )
-            run.windows.append(w)
-        await asyncio.gather(*replay)
-        stop.set()
-        await sampler
-    return run
+    local_up.write_yaml(path, manifest(model, layout, kv_bytes, sc))
 
 
 MODE_RE = re.compile(r"Switching: generation \d+ \(([a-z-]+)\)")
@@ -224,60 +139,35 @@ def _modes(log: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    exe = [sys.executable, "-m", "tessera.cli.main"]
     sc = SCENARIOS[args.scenario]
     capacity_mib = args.capacity_mib or sc.capacity_mib
     kv = (capacity_mib - sc.reserved_mib) * MiB
     with tempfile.TemporaryDirectory(prefix="tessera-relayout-full-") as tmp:
-        model = Path(tmp) / "tiny-llama"
-        subprocess.run(
-            [*exe, "model", "make-tiny", str(model)], check=True, stdout=subprocess.DEVNULL
-        )
+        model = local_up.make_tiny(Path(tmp) / "tiny-llama")
         path = Path(tmp) / "m.yaml"
         write_manifest(path, model, sc.sequence[0], kv, sc)
-        state = Path(tmp) / "state.json"
-        up = subprocess.Popen(
-            [
-                *exe,
-                "up",
-                "-f",
-                str(path),
-                "--port",
-                "0",
-                "--state-file",
-                str(state),
-                "--drain-deadline",
-                str(args.drain_deadline),
-                "--watch-interval",
-                "0.2",
-                "--devices",
-                f"cpu:1x{capacity_mib}MiB",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        log: list[str] = []
-        try:
-            url = rl._wait_for_url(up, log)
-            agents = [a["address"] for a in json.loads(state.read_text())["agents"]]
-            result = asyncio.run(_drive(args, url, agents, path, model, kv, sc))
-        finally:
-            os.killpg(up.pid, signal.SIGTERM)
-            up.wait(30)
-        completed = [r for r in result.requests if r.done and not r.error]
-        matches = rl._reference(model, completed)
-    lost = [r for r in result.requests if not (r.done and not r.error)]
+        flags = ["--drain-deadline", str(args.drain_deadline), "--watch-interval", "0.2"]
+        flags += ["--devices", f"cpu:1x{capacity_mib}MiB"]
+
+        with local_up.Up(path, *flags, what="relayout-full") as up:
+            result = rl.replay(
+                args,
+                up,
+                sc.sequence,
+                lambda k: sc.layouts[k][0],
+                lambda k: write_manifest(path, model, k, kv, sc),
+                random.Random(args.seed),
+                with_longs=False,
+                names_of=lambda k: {r["name"] for r in sc.layouts[k][1]},
+                settle_s=1.0,  # the new pool grows after the old is freed
+                what="relayout-full",
+            )
+        completed = [r for r in result.requests if r.ok]
+        matches = oracle.matches(model, completed)
     windows = result.windows
     extra = [w.peak - max(w.bytes_before, w.bytes_after) for w in windows]
     return {
-        "requests_sent": len(result.requests),
-        "requests_completed": len(completed),
-        "lost": len(lost),
-        "lost_examples": [r.error or "stream ended early" for r in lost[:5]],
-        "tokens_match": bool(matches) and all(matches),
-        "tokens_compared": len(matches),
+        **rl.outcome(result.requests, matches),
         "transitions": [w.name for w in windows],
         "transition_s": [round(w.end - w.start, 2) for w in windows],
         "bytes_before_after": [(w.bytes_before, w.bytes_after) for w in windows],
@@ -286,7 +176,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "incoming_param_bytes": [int(sc.param_bytes[i]) for i in sc.sequence[1:]],
         "capacity_bytes_per_agent": capacity_mib * MiB,
         "kv_cache_bytes": kv,
-        "transition_modes": _modes(log),
+        "transition_modes": _modes(up.log),
         "setup": f"tessera up, 2 local agents (cpu:1x{capacity_mib}MiB, full), tiny "
         "llama: " + " -> ".join(sc.layouts[i][0] for i in sc.sequence),
     }

@@ -35,26 +35,15 @@ its LP lower bound; *model output*, default link figures), `p99_ttft_during_vs_s
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
-import json
-import os
-import platform
 import random
-import signal
-import statistics
-import subprocess
-import sys
 import tempfile
-import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tessera import blocks
+from tessera.bench import harness, local_up, oracle, trace
 from tessera.cli import bench_relayout as rl
-from tessera.cli import bench_serve
 from tessera.policies import device_links, links, placement, switch_bound, switch_sources
 
 SEQUENCE = [0, 1, 2]  # layouts of bench_relayout.LAYOUTS: start, then two switches
@@ -62,18 +51,8 @@ MODES = {"peer": "switch", "reload": "storage"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--requests", type=int, default=60)
-    parser.add_argument("--time-scale", type=float, default=2.0)
-    parser.add_argument("--trace", type=Path, default=bench_serve.TRACE)
-    parser.add_argument("--input-scale", type=float, default=0.1)
-    parser.add_argument("--output-scale", type=float, default=0.1)
-    parser.add_argument("--max-input", type=int, default=256)
-    parser.add_argument("--max-output", type=int, default=32)
-    parser.add_argument("--long-tokens", type=int, default=96)
-    parser.add_argument("--long-requests", type=int, default=2)
-    parser.add_argument("--drain-deadline", type=float, default=2.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--transition-timeout", type=float, default=300.0)
+    trace.add_arguments(parser, requests=60, time_scale=2.0, max_input=256, max_output=32)
+    rl.transition_arguments(parser, long_tokens=96, timeout_s=300.0)
     parser.add_argument(
         "--storage-bandwidth", type=float, default=100e6, help="bytes/s per agent (declared)"
     )
@@ -83,143 +62,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs per mode, interleaved")
 
 
-def _note(msg: str) -> None:
-    sys.stderr.write(f"[switch {time.strftime('%H:%M:%S')}] {msg}\n")
-    sys.stderr.flush()
-
-
-@dataclass
-class Switch(rl.Window):
-    cut: float = 0.0  # when the gateway routed the new replicas
-
-
-async def _switch(
-    session: Any,
-    url: str,
-    path: Path,
-    model: Path,
-    layout: int,
-    run: rl.Run,
-    args: argparse.Namespace,
-    rng: random.Random,
-) -> Switch:
-    before = set((await rl._admin(session, url))["replicas"])
-    longs = [
-        rl.Request([rng.randrange(5, 500) for _ in range(40)], args.long_tokens, 0.0)
-        for _ in range(args.long_requests if args.long_tokens else 0)
-    ]
-    for long in longs:
-        run.requests.append(long)
-        long.at = time.perf_counter() - run.t0
-        asyncio.get_running_loop().create_task(rl._one(session, url, long, run))
-    while any(r.ttft is None and not r.error for r in longs):
-        await asyncio.sleep(0.02)  # the long requests decode when the layout changes
-    w = Switch(rl.LAYOUTS[layout][0], time.perf_counter())
-    rl.write_manifest(path, model, layout)
-    deadline = w.start + args.transition_timeout
-    while True:
-        snap = await rl._admin(session, url)
-        now = set(snap["replicas"])
-        if now != before and not w.cut:
-            w.cut = time.perf_counter()
-        held = run.samples[-1][2] if run.samples and run.samples[-1][0] > w.start else None
-        if now != before and not snap["leaving"] and held is not None and held == now:
-            break
-        if time.perf_counter() > deadline:
-            raise SystemExit(f"tessera bench switch: switch to {w.name} timed out: {snap}")
-        await asyncio.sleep(0.05)
-    w.end = time.perf_counter()
-    _note(f"switch to {w.name}: cut-over {w.cut - w.start:.2f} s, done {w.end - w.start:.2f} s")
-    return w
-
-
-async def _drive(
-    args: argparse.Namespace, url: str, agents: list[str], path: Path, model: Path
-) -> rl.Run:
-    import aiohttp
-
-    rows = bench_serve._load(args)
-    rng = random.Random(args.seed)
-    run = rl.Run(
-        [rl.Request([rng.randrange(5, 500) for _ in range(n)], out, at) for at, n, out in rows]
-    )
-    stop = asyncio.Event()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
-        loop = asyncio.get_running_loop()
-        sampler = loop.create_task(rl._sampler(agents, run, stop))
-        while not run.samples:
-            await asyncio.sleep(0.05)
-        run.t0 = time.perf_counter()
-        replay = [loop.create_task(rl._one(session, url, r, run)) for r in run.requests]
-        span = rows[-1][0]
-        for k, layout in enumerate(SEQUENCE[1:], start=1):
-            await asyncio.sleep(max(0.0, run.t0 + span * k / len(SEQUENCE) - time.perf_counter()))
-            run.windows.append(await _switch(session, url, path, model, layout, run, args, rng))
-        await asyncio.gather(*replay)
-        while any(not r.done and not r.error for r in run.requests):
-            await asyncio.sleep(0.1)
-        async with session.get(f"{url}/metrics") as r:
-            run.cutover = rl._cutover_counts(await r.text())
-        stop.set()
-        await sampler
-    return run
-
-
 def _one_run(
     args: argparse.Namespace, model: Path, tmp: Path, mode: str, k: int = 0
 ) -> tuple[rl.Run, list[str]]:
-    exe = [sys.executable, "-m", "tessera.cli.main"]
-    path, state = tmp / f"{mode}{k}.yaml", tmp / f"{mode}{k}-state.json"
+    path = tmp / f"{mode}{k}.yaml"
     rl.write_manifest(path, model, SEQUENCE[0])
     env = {
-        **os.environ,
+        # the local agents read the checkpoint through a reader throttled to this bandwidth
         "TESSERA_STORAGE_BYTES_PER_S": str(args.storage_bandwidth),
         "COLUMNS": "400",  # one line per load in its log
     }
-    up = subprocess.Popen(
-        [
-            *exe,
-            "up",
-            "-f",
-            str(path),
-            "--port",
-            "0",
-            "--state-file",
-            str(state),
-            "--drain-deadline",
-            str(args.drain_deadline),
-            "--watch-interval",
-            "0.2",
-            "--sourcing",
-            MODES[mode],
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env=env,
-    )
-    log: list[str] = []
-    try:
-        url = ""
-        assert up.stdout is not None
-        for line in up.stdout:
-            log.append(line.rstrip())
-            m = bench_serve._URL_RE.search(line)
-            if m and "serving" in line:
-                url = m.group(1)
-                break
-        if not url:
-            raise SystemExit("tessera bench switch: `tessera up` failed:\n" + "\n".join(log))
-        out = up.stdout
-        threading.Thread(target=lambda: log.extend(x.rstrip() for x in out), daemon=True).start()
-        _note(f"{mode}: serving at {url}")
-        agents = [a["address"] for a in json.loads(state.read_text())["agents"]]
-        run = asyncio.run(_drive(args, url, agents, path, model))
-    finally:
-        os.killpg(up.pid, signal.SIGTERM)
-        up.wait(30)
-    return run, log
+    flags = ["--drain-deadline", str(args.drain_deadline), "--watch-interval", "0.2"]
+    flags += ["--sourcing", MODES[mode]]
+    with local_up.Up(path, *flags, env=env, what="switch") as up:
+        harness.note("switch", f"{mode}: serving at {up.url}")
+        run = rl.replay(
+            args,
+            up,
+            SEQUENCE,
+            lambda k: rl.LAYOUTS[k][0],
+            lambda k: rl.write_manifest(path, model, k),
+            random.Random(args.seed),
+            settle_s=None,
+            poll_s=0.05,
+            what="switch",
+        )
+    return run, up.log
 
 
 def _blocks(layout: int, gens: dict[str, int], model: Path) -> list[tuple[str, blocks.Block]]:
@@ -300,73 +168,55 @@ def planned(model: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _match(model: Path, reqs: list[rl.Request]) -> list[bool]:
-    """`transformers`' greedy text for each request, each distinct one decoded once."""
-    first: dict[tuple[tuple[int, ...], int], rl.Request] = {}
-    for r in reqs:
-        first.setdefault((tuple(r.prompt), r.max_tokens), r)
-    want = dict(zip(first, rl._reference(model, list(first.values())), strict=True))
-    texts = {k: r.text for k, r in first.items()}
-    # a request matches when its text is the first one's and the first one matched
-    return [want[k] and r.text == texts[k] for r in reqs for k in [(tuple(r.prompt), r.max_tokens)]]
-
-
-def _median(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else 0.0
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes) or args.rounds < 1:
         raise SystemExit(f"tessera bench switch: --modes takes {', '.join(MODES)}; --rounds >= 1")
-    exe = [sys.executable, "-m", "tessera.cli.main"]
-    runs: dict[str, list[tuple[rl.Run, list[str]]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="tessera-switch-") as tmp:
-        model = Path(tmp) / "tiny-llama"
         tiny = ["--hidden", str(args.hidden), "--intermediate", str(args.intermediate)]
-        subprocess.run(
-            [*exe, "model", "make-tiny", str(model), *tiny, "--heads", "8", "--kv-heads", "4"],
-            check=True,
-            stdout=subprocess.DEVNULL,
+        model = local_up.make_tiny(
+            Path(tmp) / "tiny-llama", *tiny, "--heads", "8", "--kv-heads", "4"
         )
         plans = planned(model)
-        for k in range(args.rounds):  # modes interleaved, round after round
-            for mode in modes:
-                runs[mode].append(_one_run(args, model, Path(tmp), mode, k))
+        runs = harness.interleave(
+            modes, args.rounds, lambda m, k: _one_run(args, model, Path(tmp), m, k)
+        )
         every = [q for rs in runs.values() for r, _ in rs for q in r.requests]
-        completed = [q for q in every if q.done and not q.error]
-        _note(f"replays done: {len(completed)} completed; comparing with transformers")
-        matches = _match(model, completed)
+        completed = [q for q in every if q.ok]
+        harness.note(
+            "switch", f"replays done: {len(completed)} completed; comparing with transformers"
+        )
+        matches = oracle.matches(model, completed)
         param_bytes = sum(f.stat().st_size for f in model.glob("*.safetensors"))
     out: dict[str, Any] = {}
     sums: dict[str, list[float]] = {}
     for mode, rs in runs.items():
-        cuts = [[w.cut - w.start for w in r.windows if isinstance(w, Switch)] for r, _ in rs]
+        cuts = [[w.cut - w.start for w in r.windows] for r, _ in rs]
         sums[mode] = [sum(c) for c in cuts]
-        out[f"switch_s_{mode}"] = round(_median(sums[mode]), 2)
+        out[f"switch_s_{mode}"] = round(harness.median(sums[mode]), 2)
         out[f"switch_s_{mode}_rounds"] = [round(x, 2) for x in sums[mode]]
         out[f"switch_s_{mode}_per_switch"] = [
-            round(_median([c[i] for c in cuts]), 2) for i in range(len(SEQUENCE) - 1)
+            round(harness.median([c[i] for c in cuts]), 2) for i in range(len(SEQUENCE) - 1)
         ]
         out[f"complete_s_{mode}"] = [
-            round(_median([r.windows[i].end - r.windows[i].start for r, _ in rs]), 2)
+            round(harness.median([r.windows[i].end - r.windows[i].start for r, _ in rs]), 2)
             for i in range(len(SEQUENCE) - 1)
         ]
         out[f"loads_{mode}"] = [x.split("✓ ", 1)[1] for x in rs[0][1] if "✓ load " in x]
     if "peer" in runs and "reload" in runs:  # per round: the two runs of one round
         ratios = [b / max(a, 1e-9) for a, b in zip(sums["peer"], sums["reload"], strict=True)]
-        out["peer_vs_reload"] = round(_median(ratios), 2)
+        out["peer_vs_reload"] = round(harness.median_ratio(sums["reload"], sums["peer"]), 2)
         out["peer_vs_reload_rounds"] = [round(x, 2) for x in ratios]
     first = runs[modes[0]]
     steady: list[float] = []
     busy: list[float] = []
     for r, _ in first:
         for q in r.requests:
-            if q.done and not q.error and q.ttft is not None:
+            if q.ok and q.ttft is not None:
                 inside = any(w.start <= q.sent <= w.end for w in r.windows)
                 (busy if inside else steady).append(q.ttft)
-    p99_steady, p99_busy = bench_serve._pct(steady, 99), bench_serve._pct(busy, 99)
-    lost = [q for q in every if not (q.done and not q.error)]
+    p99_steady, p99_busy = harness.pct(steady, 99), harness.pct(busy, 99)
+    lost = [q for q in every if not q.ok]
     out.update(
         {
             "bytes_moved": [p["bytes_moved"] for p in plans],
@@ -390,7 +240,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "storage": f"throttled checkpoint reader, {args.storage_bandwidth / 1e6:g} MB/s per "
             "agent (declared; the page cache is faster); peer copies unthrottled",
             "checkpoint_bytes": param_bytes,
-            "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+            "machine": harness.machine(),
             "setup": f"tessera up, 2 local agents (cpu:1x2GiB), tiny llama 8 layers hidden "
             f"{args.hidden}, KV 64 MiB per stage, {args.requests} trace requests at time scale "
             f"{args.time_scale}, drain deadline {args.drain_deadline} s; layouts: "

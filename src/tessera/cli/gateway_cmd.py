@@ -100,7 +100,9 @@ def _run(args: argparse.Namespace) -> int:
             api_keys_file=args.api_keys_file,
             kv_dispatch=not args.no_kv_dispatch,
             generate_mux=(
-                config.generate_mux_default() if args.generate_mux is None else args.generate_mux
+                config.generate_mux_from(os.environ)
+                if args.generate_mux is None
+                else args.generate_mux
             ),
             hold=hold.HoldConfig(max_held=args.hold_max, deadline_s=args.hold_deadline),
             limits=limits.Limits(
@@ -127,7 +129,7 @@ async def _serve(cfg: gateway_config.GatewayConfig) -> int:
     from tessera import gc_heap
     from tessera.gateway import server
 
-    gc_heap.install()  # this process owns its heap (see gc_heap)
+    gc_heap.install(gc_heap.wanted(os.environ))  # this process owns its heap (see gc_heap)
     handle = await server.start_gateway(cfg)
     gc_heap.settle("gateway started")
     sys.stdout.write(f"gateway listening on {handle.url}\n")

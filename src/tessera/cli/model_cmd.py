@@ -1,5 +1,5 @@
 """`tessera model make-tiny`: write a tiny Llama-family checkpoint made locally (and the
-stitching commands of `stitch_cmd`)."""
+stitching commands of `stitch_cmd`, the surrogate command of `surrogate_cmd`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tessera.cli import stitch_cmd
+from tessera.cli import stitch_cmd, surrogate_cmd
 
 
 def register(sub: Any) -> None:
@@ -33,6 +33,7 @@ def register(sub: Any) -> None:
     p.add_argument("--shards", type=int, default=1, help="write a sharded checkpoint")
     p.set_defaults(func=_make_tiny)
     stitch_cmd.register(msub)
+    surrogate_cmd.register(msub)
 
 
 def _make_tiny(args: argparse.Namespace) -> int:

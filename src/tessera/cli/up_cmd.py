@@ -38,7 +38,17 @@ def register(sub: Any) -> None:
         default=0,
         help="local agents to start (default: as many as the layout names, or 2)",
     )
-    p.add_argument("--devices", default="cpu:1x2GiB", help="devices of each local agent")
+    p.add_argument(
+        "--devices",
+        default="cpu:1x2GiB",
+        help="devices of each local agent (cpu:1x2GiB, cuda, cuda:N; see `tessera agent`)",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="fraction of each GPU's memory a local agent may use (its flag of that name)",
+    )
     p.add_argument(
         "--threads",
         type=int,
@@ -121,9 +131,11 @@ def _up(args: argparse.Namespace) -> int:
     except (fields.FieldError, yaml.YAMLError) as exc:
         return _fail(f"{args.file}: {exc}")
     from tessera.gateway import config as gw_config
+    from tessera.policies import gpu_memory
 
     try:  # the gateway's settings from the environment, checked before anything loads
-        gw_config.generate_mux_default()
+        args.generate_mux = gw_config.generate_mux_from(os.environ)
+        gpu_memory.check_utilization(args.gpu_memory_utilization)
     except ValueError as exc:
         return _fail(str(exc))
     from tessera import event_loop
@@ -155,6 +167,17 @@ def _outside_root(dep: Any, model_path: str, root: str) -> list[str]:
                 "(restart `tessera up`, or start it with a wider --model-root)"
             )
     return problems
+
+
+def _agent_args(args: argparse.Namespace, model_root: str) -> tuple[str, ...]:
+    """The flags every local agent gets beside its id, devices and threads (the model
+    root first: callers print `[1]`)."""
+    return (
+        "--model-root",
+        model_root,
+        "--gpu-memory-utilization",
+        str(args.gpu_memory_utilization),
+    )
 
 
 def _local_agent_count(args: argparse.Namespace, dep: Any) -> int:
@@ -196,7 +219,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     bad = variant_check.check(dep, model_path)
     if bad:
         return _fail("; ".join(bad))
-    agent_args = ("--model-root", str(args.model_root or _model_root(dep, model_path)))
+    agent_args = _agent_args(args, str(args.model_root or _model_root(dep, model_path)))
     auto = None
     if args.profile is not None:
         from tessera.cost import profile as profile_mod
@@ -205,7 +228,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         auto = auto_mod.default_auto_planner(
             profile_mod.profile_from_json(json.loads(args.profile.read_text()))
         )
-    gc_heap.install()  # this process owns its heap (see gc_heap)
+    gc_heap.install(gc_heap.wanted(os.environ))  # this process owns its heap (see gc_heap)
     rollout = converge.Rollout(
         drain=transition.DrainPolicy(deadline_s=args.drain_deadline),
         sourcing=args.sourcing,
@@ -234,11 +257,14 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             threads = cpu_share.agent_threads(os.cpu_count() or 1, n, args.threads)
             with console.status(f"starting {n} local agents"):
                 for i in range(n):  # main thread: children die with this process
-                    procs.append(
-                        local_agents.start_agent(
-                            f"agent-{i}", args.devices, threads, extra_args=agent_args
+                    try:
+                        procs.append(
+                            local_agents.start_agent(
+                                f"agent-{i}", args.devices, threads, extra_args=agent_args
+                            )
                         )
-                    )
+                    except RuntimeError as exc:  # e.g. --devices cuda without a GPU
+                        return _fail(str(exc))
             refs = [agents.AgentRef(p.agent_id, p.address) for p in procs]
             console.print(transport.describe_mode())
             console.print(f"agents load checkpoints under {agent_args[1]} only")
@@ -283,6 +309,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 port=port,
                 arrival_span_s=args.arrival_span,
                 hold=up_autoscale.hold_config(dep.spec),
+                generate_mux=args.generate_mux,
             )
         )
         gateway.apply_routes(gw_routes.from_doc(outcome.routes))  # with the class shares

@@ -5,8 +5,10 @@ manifest edit, which is refused with the reasons while the running deployment ke
 serving). A LoRA adapter is read and validated against the foundation's config exactly as
 the agent does at load (`tessera_agent.engine.lora.read_adapter`: rank, target modules,
 shapes, unsupported PEFT options); a full fine-tune must be a checkpoint of the same
-architecture. Paths resolve as the converge pass resolves them (relative to the folder
-holding the model). Returns messages `spec.variants[i].adapter: <reason>`.
+architecture; a speculated model's zoo must hold a surrogate of its bottleneck block, and
+then it is refused (`variant_spec.refusal`: not served across agents yet). Paths resolve
+as the converge pass resolves them (relative to the folder holding the model). Returns
+messages `spec.variants[i].adapter: <reason>`.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ def check(dep: Any, model_path: str) -> list[str]:
         if v.kind == "stitch":
             errors += _stitch(v, model_path, f"spec.variants[{i}].stitch", cfg.num_layers)
             continue
+        if v.kind == "speculate":
+            errors += _speculate(v, model_path, f"spec.variants[{i}].speculate", cfg.num_layers)
+            continue
         try:
             other = json.loads((Path(v.path) / "config.json").read_text())
         except (OSError, ValueError) as exc:
@@ -86,3 +91,20 @@ def _stitch(v: Any, model_path: str, where: str, layers: int) -> list[str]:
     except (LookupError, ValueError, OSError) as exc:
         return [f"{where}: {exc} (train one: tessera model stitch SMALL LARGE --zoo DIR)"]
     return []
+
+
+def _speculate(v: Any, model_path: str, where: str, layers: int) -> list[str]:
+    """A speculated model's checks: the block lies inside the model with blocks before and
+    after it, the zoo holds its surrogate (`surrogate_zoo.open_zoo`), and then the refusal:
+    the served path does not speculate yet (`variant_spec.refusal`)."""
+    from tessera import variant_spec
+    from tessera_agent import surrogate_zoo
+
+    field, why = variant_spec.refusal(v, layers)
+    if field:
+        return [f"{where}.{field}: {why}"]
+    try:
+        surrogate_zoo.open_zoo(Path(v.zoo), Path(model_path), v.layers)
+    except (LookupError, ValueError, OSError) as exc:
+        return [f"{where}: {exc} (fit one: tessera model surrogate MODEL --layers A B --zoo DIR)"]
+    return [f"{where}: {why}"]

@@ -7,6 +7,7 @@ serves `Generate` for it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tessera import env_flags
@@ -37,15 +38,18 @@ def parse_replica(text: str) -> ReplicaEndpoint:
     return ReplicaEndpoint(replica_id.strip(), address.strip())
 
 
-def generate_mux_default() -> bool:
-    """The gateway's token path unless told: ONE multiplexed `GenerateMux` stream per
-    replica; one `Generate` call per request with `TESSERA_GENERATE_MUX=0` (which `tessera
-    up` follows) or `tessera gateway --no-generate-mux`. On by default since the ninth stop:
-    at 64 req/s the stream halves the CPU of the agent's loop and of the gateway per token,
-    and the 8 req/s TTFT tail measured the same either way (docs/benchmarks.md, "Issue 16:
-    the multiplexed stream by default"). A leader without `GenerateMux` gets per-request
-    calls (`mux.py`)."""
-    return env_flags.strict("TESSERA_GENERATE_MUX", True)
+MUX_ENV = "TESSERA_GENERATE_MUX"
+
+
+def generate_mux_from(environ: Mapping[str, str]) -> bool:
+    """The gateway's token path unless told (the entry points pass `os.environ`): ONE
+    multiplexed `GenerateMux` stream per replica; one `Generate` call per request with
+    `TESSERA_GENERATE_MUX=0` (which `tessera up` follows) or `tessera gateway
+    --no-generate-mux`. On by default since the ninth stop: at 64 req/s the stream halves
+    the CPU of the agent's loop and of the gateway per token, and the 8 req/s TTFT tail
+    measured the same either way (docs/benchmarks-log.md, "Issue 16: the multiplexed
+    stream by default"). A leader without `GenerateMux` gets per-request calls (`mux.py`)."""
+    return env_flags.parse(MUX_ENV, environ.get(MUX_ENV, ""), True)
 
 
 @dataclass(frozen=True)
@@ -72,9 +76,9 @@ class GatewayConfig:
     arrival_span_s: float = 10.0  # span of the per-class arrival counts (arrivals.py)
     live_classes_file: str = ""  # live classifier JSON (workload.live_classes.to_json)
     kv_dispatch: bool = True  # KV-owner-first dispatch (kv_affinity.py); False: the router's
-    # One multiplexed GenerateMux stream per replica (mux.py); False: a Generate call per
-    # request (the default; TESSERA_GENERATE_MUX=1 turns the stream on).
-    generate_mux: bool = field(default_factory=generate_mux_default)
+    # One multiplexed GenerateMux stream per replica (mux.py, the default); False: a
+    # Generate call per request (`generate_mux_from`: $TESSERA_GENERATE_MUX=0).
+    generate_mux: bool = True
     # Requests held while no replica is awake (hold.py, issue 32): the bound and deadline.
     hold: hold_mod.HoldConfig = field(default_factory=hold_mod.HoldConfig)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -49,16 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="two skews, one model at scale (for tests)"
     )
     parser.add_argument("--plot", default="", help="write the skew plot (PNG) here")
+    parser.add_argument("--trace", type=Path, default=TRACE, help="Azure conversation trace")
 
 
-def _trace_path() -> Path:
-    return Path(os.environ.get("TESSERA_TRACE", str(TRACE)))
-
-
-def _classes(k: int, seed: int) -> tuple[RequestClass, ...]:
+def _classes(trace: Path, k: int, seed: int) -> tuple[RequestClass, ...]:
     from tessera.workload import classes, traces  # the trace reader and k-means typing
 
-    fitted = classes.fit_classes(traces.read_azure_csv(_trace_path()), k, seed)
+    fitted = classes.fit_classes(traces.read_azure_csv(trace), k, seed)
     return tuple(
         RequestClass(f"c{j}", max(1, round(c.input_tokens)), max(1, round(c.output_tokens)))
         for j, c in enumerate(fitted.centroids)
@@ -105,7 +101,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tessera.planner import search  # scipy and networkx: only when the bench runs
 
     seed, quick = int(args.seed), bool(args.quick)
-    base = _classes(int(args.k), seed)
+    base = _classes(args.trace, int(args.k), seed)
     skews = QUICK_SKEWS if quick else SKEWS
     mixes = compositions(len(base), skews)
     profiles = {name: _profile(name) for name in MODELS}
@@ -155,7 +151,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "clusters": [f"{n}x{g}" for n, g in CLUSTERS],
             "models": list(MODELS),
             "slo": {"ttft_p99_s": SLO.ttft_s, "tpot_p99_s": SLO.tpot_s},
-            "trace": _trace_path().name,
+            "trace": args.trace.name,
             "classes": [
                 {"name": c.name, "input_tokens": c.input_tokens, "output_tokens": c.output_tokens}
                 for c in base
@@ -178,7 +174,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     result["oserve_table1"] = table1.run(
         profiles["llama-2-70b"],
-        table1.quadrant_classes(traces.read_azure_csv(_trace_path())),
+        table1.quadrant_classes(traces.read_azure_csv(args.trace)),
         SLO,
         quick=quick,
     )

@@ -8,7 +8,7 @@ run the gateway stalls the whole step. So, unless told otherwise, the agents lea
 core to the gateway (as vLLM's CPU backend reserves one for its API server), where the
 host has more cores than agents; the rest are shared out evenly.
 
-Measured on the 2-core VM (docs/benchmarks.md, "Issue 16 (seventh stop)"): one model thread
+Measured on the 2-core VM (docs/benchmarks-log.md, "Issue 16 (seventh stop)"): one model thread
 instead of two gave the same saturated throughput at 64 req/s and a lower median TPOT at
 8 req/s (6.3-7.5 ms against 8.9-10.8 ms).
 """

@@ -46,6 +46,16 @@ OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
+# Servers accept the clients' keepalive pings (every `grpc.keepalive_time_ms`) even while a
+# long call sends no data: gRPC's default floor for such pings is 5 minutes, and a peer
+# pinging more often gets GOAWAY `too_many_pings` after two strikes, which failed a
+# LoadBlock that compiled for minutes with UNAVAILABLE "Too many pings".
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    *OPTIONS,
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
 
 @dataclass(frozen=True)
 class TlsFiles:
@@ -182,7 +192,7 @@ def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
 
 def server(interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()) -> grpc.aio.Server:
     """An asyncio server with Tessera's limits; the caller adds servicers and a port."""
-    return grpc.aio.server(options=OPTIONS, interceptors=interceptors)
+    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
 
 
 def add_port(srv: grpc.aio.Server, address: str, tls: TlsFiles | bool = True) -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -88,11 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def trace_path(arg: Path | None) -> Path:
-    """--trace if given, else $TESSERA_TRACE, else the shared Azure conversation trace."""
-    if arg is not None:
-        return arg
-    env = os.environ.get(TRACE_ENV)
-    return Path(env) if env else DEFAULT_TRACE
+    """--trace if given (`tessera bench` makes $TESSERA_TRACE its default), else the
+    shared Azure conversation trace."""
+    return arg if arg is not None else DEFAULT_TRACE
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
