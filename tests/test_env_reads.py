@@ -25,6 +25,7 @@ ENTRY_POINTS = {
     "src/tessera/cli/bench.py",  # `tessera bench`: $TESSERA_TRACE, agents' compile default
     "src/tessera/cli/local_agents.py",  # hands the environment on to agent processes
     "src/tessera/bench/local_up.py",  # hands the environment on to `tessera up`
+    "src/tessera/cli/bench_operator_harness.py",  # hands it on to its gateway/operator processes
     "src/tessera/env_flags.py",  # the one parser of on/off switches
     "src/tessera/event_loop.py",  # which event loop a process's entry point starts
 }

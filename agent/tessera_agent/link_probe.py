@@ -5,7 +5,7 @@
 block copy can fall back to; the data plane is at least as fast) and times it, and it
 reads one decoder layer of a checkpoint through the agent's checkpoint reader
 (`switch_fetch.read_checkpoint`, the declared storage bandwidth included) and times that.
-The callers (`tessera_operator.link_probe`) cache the rates per agent pair and build the
+The callers (`tessera.control.link_probe`) cache the rates per agent pair and build the
 sourcing policy's link model from them. Called by the servicer.
 """
 

@@ -87,8 +87,9 @@ def _make_model(out: Path) -> Path:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from kubernetes import client
 
+    from tessera.control import agents
     from tessera.policies import admission
-    from tessera_operator import agents, config
+    from tessera_operator import config
     from tessera_operator.testing import background
 
     with tempfile.TemporaryDirectory() as tmp:

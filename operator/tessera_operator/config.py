@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tessera.control import agents
 from tessera.policies import admission
-from tessera_operator import agents
 
 DEFAULT_AGENT_SELECTOR = "app.kubernetes.io/component=agent"
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tessera_operator import agents, config, kube
+from tessera.control import agents
+from tessera_operator import config, kube
 
 
 def from_pods(

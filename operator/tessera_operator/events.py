@@ -16,7 +16,8 @@ from typing import Any
 
 import kopf
 
-from tessera_operator import actuate, owned, scaling
+from tessera.control import actuate
+from tessera_operator import owned, scaling
 
 # action kind -> (reason when done, reason when failed)
 REASONS = {

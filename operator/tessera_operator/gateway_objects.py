@@ -9,13 +9,13 @@ file) and reads the tokenizer from the model folder, mounted as the agents see i
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
 from tessera import api, plan, routes_doc
+from tessera.control import converge
 from tessera_operator import config, gateway_certificate
 
 ROUTES_DIR = "/etc/tessera"
@@ -71,31 +71,8 @@ def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
 def routes(
     dep: api.ServingDeployment, p: plan.Plan | None, model_path: str, doc: routes_doc.RoutesDoc
 ) -> dict[str, Any]:
-    """The routes document (`tessera.routes_doc`) as JSON: `filled(...)`."""
-    return filled(dep, p, model_path, doc).to_json()
-
-
-def filled(
-    dep: api.ServingDeployment, p: plan.Plan | None, model_path: str, doc: routes_doc.RoutesDoc
-) -> routes_doc.RoutesDoc:
-    """The replica set, version, drain deadline and cut-over time of `doc` (what the
-    transition published), with the model, the workload classes and the plan's class
-    shares of the routed replicas. The gateway checks readiness itself."""
-    routed = set(doc.replica_ids)
-    shares = {
-        c: {r: v for r, v in per.items() if r in routed}
-        for c, per in (p.class_shares if p is not None else {}).items()
-    }
-    return dataclasses.replace(
-        doc,
-        model=dep.spec.model.name,
-        model_path=model_path,
-        class_shares={c: per for c, per in shares.items() if per},
-        classes=tuple(
-            routes_doc.ClassCentroid(c.name, c.input_tokens, c.output_tokens)
-            for c in dep.spec.workload
-        ),
-    )
+    """The routes document (`tessera.routes_doc`) as JSON: `converge.filled(...)`."""
+    return converge.filled(dep, p, model_path, doc).to_json()
 
 
 def published(config_map_obj: Mapping[str, Any] | None) -> routes_doc.RoutesDoc | None:

@@ -30,10 +30,10 @@ from typing import Any
 import kopf
 
 from tessera import api, fields, routes_doc
-from tessera.control import gateway_load, overload_driver
+from tessera.control import agents, gateway_load, overload_driver
 from tessera.control import overload as control
 from tessera.policies import overload_held, overload_steps
-from tessera_operator import agents, config, discovery, gateway_objects, kube, owned, reconciler
+from tessera_operator import config, discovery, gateway_objects, kube, owned, reconciler
 
 log = logging.getLogger(__name__)
 LOOP_KEY = "overload_loop"

@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from tessera_operator import converge
+from tessera.control import converge
 
 REASON_DROPPED = "LayersDropped"
 REASON_WHOLE = "WholeReplicas"

@@ -22,18 +22,15 @@ from typing import Any
 import kopf
 
 from tessera import api, fields, plan, reconcile, routes_doc
+from tessera.control import actuate, agents, converge, link_probe
 from tessera.policies import admission, transition
 from tessera_operator import (
-    actuate,
-    agents,
     config,
-    converge,
     discovery,
     events,
     gateway_certificate,
     gateway_objects,
     kube,
-    link_probe,
     overload_status,
     owned,
     replica_status,

@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from tessera_operator import converge
+from tessera.control import converge
 
 
 def sources(out: converge.Outcome) -> list[dict[str, Any]]:

@@ -1,11 +1,10 @@
 """Module scaling in the ServingDeployment's status and events (issue 15).
 
-`runs_from_describe` turns an agent's `Describe.scaling_runs` into the core's
-`observed.LayerRun`s (called by `agents.from_describe`); `status_doc` lists the
-deployment's replicated and migrated layer runs and where each holder is, for
-`status.scaling.layerRuns` (called by `status.build`); `changes` names what changed
-between two passes, which `reconciler` records as events (LayerRunReplicated,
-LayerRunMigrated, LayerRunEvicted). Pure apart from the proto it reads.
+`status_doc` lists the deployment's replicated and migrated layer runs and where each
+holder is, for `status.scaling.layerRuns` (called by `status.build`); `changes` names what
+changed between two passes, which `reconciler` records as events (LayerRunReplicated,
+LayerRunMigrated, LayerRunEvicted). Pure. (An agent's `Describe.scaling_runs` become
+`observed.LayerRun`s in `tessera.control.agents.runs_from_describe`.)
 """
 
 from __future__ import annotations
@@ -14,24 +13,6 @@ from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from tessera import observed
-from tessera.rpc.v1 import agent_pb2 as pb
-
-
-def runs_from_describe(d: pb.DescribeReply) -> tuple[observed.LayerRun, ...]:
-    return tuple(
-        observed.LayerRun(
-            r.replica_id,
-            r.stage_index,
-            r.layer_start,
-            r.layer_end,
-            r.origin == "migrated",
-            tuple(
-                observed.LayerRunHolder(h.name, h.requests, h.tokens_per_s, h.home)
-                for h in r.holders
-            ),
-        )
-        for r in d.scaling_runs
-    )
 
 
 def status_doc(obs: observed.Observed | None, replicas: Set[str]) -> list[dict[str, Any]]:

@@ -28,9 +28,9 @@ from typing import Any
 import kopf
 
 from tessera import api, fields, plan
-from tessera.control import gateway_itl, scaling_loop
+from tessera.control import converge, gateway_itl, scaling_loop
 from tessera.policies import scaling_signal as sig
-from tessera_operator import config, converge, discovery, overload_loop, reconciler
+from tessera_operator import config, discovery, overload_loop, reconciler
 
 LOOP_KEY = "scaling_loop"
 WARNED_KEY = "scaling_itl_warned"

@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tessera.control import converge
 from tessera.policies import admission
-from tessera_operator import converge, overload_status, replica_status, scaling
+from tessera_operator import overload_status, replica_status, scaling
 
 CONDITIONS = ("Ready", "Progressing", "Degraded", "PlanValid", "Reconciling", "Stalled")
 WORKING = ("Loading", "Switching")  # work under way

@@ -2,7 +2,7 @@
 
 Held blocks are `tessera.blocks.Block`s (the one block identity), with the bytes they hold.
 
-Built by the operator's agent layer (`tessera_operator.agents.observe`) from `Describe`
+Built by the operator's agent layer (`tessera.control.agents.observe`) from `Describe`
 replies, and by tests directly. Pure data.
 """
 

@@ -196,7 +196,7 @@ def test_routes_status_and_the_proto_round_trip() -> None:
 
 def test_the_converge_shell_reads_each_agents_room_from_what_it_observes() -> None:
     from tessera import observed
-    from tessera_operator import stitch_ops
+    from tessera.control import stitch_ops
 
     (v,) = _spec()
     v = dataclasses.replace(v, path="/m/small", zoo="/m/zoo")

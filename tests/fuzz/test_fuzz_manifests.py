@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from tessera import api, crd, fields
 from tessera.cli import validate_cmd
-from tessera_operator import converge, status
+from tessera.control import converge
+from tessera_operator import status
 
 EXAMPLES = 150
 JSON = st.recursive(

@@ -130,7 +130,7 @@ async def test_a_transition_is_one_trace_of_its_pass_and_steps(
     under its reconcile pass."""
     from tessera import api
     from tessera.cli import bench_relayout
-    from tessera_operator import agents, converge
+    from tessera.control import agents, converge
 
     started = [await _agent("agent-0"), await _agent("agent-1")]
     refs = [agents.AgentRef(f"agent-{i}", a) for i, (_, _, a) in enumerate(started)]

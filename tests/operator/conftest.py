@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from tessera.control import agents
 from tessera.policies import admission
-from tessera_operator import agents, config
+from tessera_operator import config
 from tessera_operator.testing import apiserver, background
 
 RBAC_FILE = Path(__file__).with_name("rbac_usage.json")

@@ -10,9 +10,8 @@ from typing import Any, ClassVar
 import pytest
 
 from tessera import observed
-from tessera.control import overload_driver
+from tessera.control import actuate, overload_driver
 from tessera.policies import actions, drop_plan, overload_steps, transition
-from tessera_operator import actuate
 
 DROP = actions.DropLayers(
     (

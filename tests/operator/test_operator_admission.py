@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from tessera.control import agents
 from tessera.policies import admission
-from tessera_operator import agents
 from tests.operator.conftest import GROUP, PLURAL, VERSION, condition, custom, get_sd, wait_for
 
 pytestmark = pytest.mark.slow

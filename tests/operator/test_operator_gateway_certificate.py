@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tessera_operator import agents, config
+from tessera.control import agents
+from tessera_operator import config
 from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, wait_for
 
 pytestmark = pytest.mark.slow

@@ -22,10 +22,10 @@ import pytest
 from kubernetes import client
 
 from tessera.cli import local_agents
+from tessera.control import agents
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
-from tessera_operator import agents
 from tests.operator.conftest import (
     GROUP,
     PLURAL,

@@ -21,9 +21,10 @@ from kubernetes import client
 
 from tessera import api
 from tessera.cli import local_agents
+from tessera.control import converge
 from tessera.cost import analytic
 from tessera.policies import switching_candidates
-from tessera_operator import converge, switching_loop
+from tessera_operator import switching_loop
 from tests.conftest import hf_greedy
 from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, events, get_sd, wait_for
 from tests.operator.test_operator_lifecycle import blocks, manifest, ready, refs

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from tessera import blocks, observed, plan
-from tessera_operator import converge, overload_status, status
+from tessera.control import converge
+from tessera_operator import overload_status, status
 
 PLAN = plan.Plan(
     "/models/tiny",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tessera import observed
+from tessera.control import agents
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_operator import scaling
 
@@ -22,7 +23,7 @@ def _describe(home: str, replicas: list[str], migrated: bool) -> pb.DescribeRepl
 
 
 def _doc(d: pb.DescribeReply) -> list[dict[str, object]]:
-    info = observed.AgentInfo("a0", "x:1", layer_runs=scaling.runs_from_describe(d))
+    info = observed.AgentInfo("a0", "x:1", layer_runs=agents.runs_from_describe(d))
     return scaling.status_doc(observed.Observed((info,)), {"ns.m.r0.g0"})
 
 
@@ -51,7 +52,7 @@ def test_status_lists_runs_and_events_name_each_change() -> None:
         observed.Observed(
             (
                 observed.AgentInfo(
-                    "a0", "x", layer_runs=scaling.runs_from_describe(_describe("h", [], False))
+                    "a0", "x", layer_runs=agents.runs_from_describe(_describe("h", [], False))
                 ),
             )
         ),

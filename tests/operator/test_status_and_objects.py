@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from tessera import api, observed, plan, routes_doc
+from tessera.control import converge
 from tessera.policies import transition
-from tessera_operator import config, converge, gateway_objects, owned, status
+from tessera_operator import config, gateway_objects, owned, status
 from tests.operator import kstatus
 
 DEP = api.ServingDeployment(

@@ -110,7 +110,8 @@ async def test_unreadable_gateway_is_a_value_error() -> None:
 
 
 async def test_default_candidates_say_why_there_are_none() -> None:
-    from tessera_operator import agents, config
+    from tessera.control import agents
+    from tessera_operator import config
 
     dep, _ = _dep("advisory")  # its model path (/models/m) has no config.json
     cfg = config.OperatorConfig(agents=(agents.AgentRef("agent-0", "127.0.0.1:1"),))

@@ -77,9 +77,9 @@ class _Deployment:
 
     async def start(self) -> None:
         from tessera.cli import local_agents
+        from tessera.control import agents, converge
         from tessera.gateway import config as gw_config
         from tessera.gateway import server as gw_server
-        from tessera_operator import agents, converge
 
         for i in range(3):
             self.procs.append(
@@ -110,7 +110,7 @@ class _Deployment:
         self.loop_task = asyncio.get_running_loop().create_task(self._reconcile_loop())
 
     async def _reconcile_loop(self) -> None:
-        from tessera_operator import converge
+        from tessera.control import converge
 
         def progress(result: Any) -> None:
             self.applied.set()

@@ -90,8 +90,8 @@ class _Run:
         """Passes until nothing is left to do (at most 6); the last outcome. No gateway
         reloads routes here: an idle replica counts as drained at once."""
         from tessera import api
+        from tessera.control import converge
         from tessera.policies import transition
-        from tessera_operator import converge
 
         dep = api.parse(_layout(self.model, replicas, self.layers))
         drain = transition.DrainPolicy(settle_s=0.0)
@@ -114,7 +114,7 @@ class _Run:
     async def delete(self) -> None:
         """Unload every block of the deployment (the finalizer's path)."""
         from tessera import reconcile
-        from tessera_operator import actuate, agents
+        from tessera.control import actuate, agents
 
         obs = await agents.observe(self.refs)
         await actuate.apply(reconcile.delete_actions(obs, "default.cold."))
@@ -206,8 +206,8 @@ def _hf_greedy(model: Path, n: int) -> list[int]:
 
 async def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from tessera.cli import local_agents
+    from tessera.control import agents, link_probe
     from tessera.policies import links
-    from tessera_operator import agents, link_probe
 
     model, layers = _checkpoint(args, tmp)
     nbytes = (model / "model.safetensors").stat().st_size

@@ -119,7 +119,7 @@ def _bytes(b: blocks.Block, mbytes: placement.ModelBytes) -> float:
 
 def planned(model: Path) -> list[dict[str, Any]]:
     """The switch plan and its LP bound for each switch of SEQUENCE (model output)."""
-    from tessera_operator import converge
+    from tessera.control import converge
 
     shape = converge.model_facts(str(model), "float32")
     assert shape is not None

@@ -163,8 +163,9 @@ def build_config(args: argparse.Namespace) -> Any:
     """The validated `OperatorConfig` of the parsed flags."""
     import yaml
 
+    from tessera.control import agents
     from tessera.policies import admission
-    from tessera_operator import agents, config
+    from tessera_operator import config
 
     tmpl: dict[str, Any] = {}
     if args.gateway_config is not None:

@@ -74,7 +74,7 @@ def status(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from tessera_operator import agents
+    from tessera.control import agents
 
     if args.agent:
         refs = agents.static_agents(args.agent)

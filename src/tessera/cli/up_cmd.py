@@ -145,7 +145,7 @@ def _up(args: argparse.Namespace) -> int:
 
 def _model_root(dep: Any, model_path: str) -> str:
     """The folder holding the checkpoint and every variant's folder (the agents' root)."""
-    from tessera_operator import variants as variant_ops
+    from tessera.control import variants as variant_ops
 
     paths = [os.path.realpath(model_path)]
     resolved = variant_ops.resolve(dep.spec.variants, model_path)
@@ -156,8 +156,8 @@ def _model_root(dep: Any, model_path: str) -> str:
 
 def _outside_root(dep: Any, model_path: str, root: str) -> list[str]:
     """Why an edited manifest's variants cannot load: folders the agents may not read."""
+    from tessera.control import variants as variant_ops
     from tessera.policies import access
-    from tessera_operator import variants as variant_ops
 
     problems = []
     for i, v in enumerate(variant_ops.resolve(dep.spec.variants, model_path)):
@@ -200,13 +200,12 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         up_policies,
         up_watch,
     )
-    from tessera.control import scaling_loop
+    from tessera.control import actuate, agents, converge, link_probe, observation, scaling_loop
     from tessera.gateway import config as gw_config
     from tessera.gateway import routes as gw_routes
     from tessera.gateway import server as gw_server
     from tessera.policies import cpu_share, transition
     from tessera.rpc import transport
-    from tessera_operator import actuate, agents, converge, link_probe
 
     console = Console(stderr=True)
     model_path = converge.resolve_model_path(dep.spec, args.file.resolve().parent)
@@ -244,6 +243,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     threads = 0
     gateway = None
     scaling: up_policies.ScalingPolicy | None = None
+    overload: up_overload.UpOverload | None = None
     overload_task: asyncio.Task[None] | None = None
     autoscale_task: asyncio.Task[None] | None = None
     refs: list[agents.AgentRef] = []
@@ -326,8 +326,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         seen: dict[str, str] = {}
         _report_variants(outcome, console.print, seen)
 
-        async def one_pass(current: Any) -> bool:
-            """A converge pass toward `current`; True while a transition is under way."""
+        async def one_pass(current: Any, shared: observation.Observation) -> bool:
+            """A converge pass toward `current`, then an overload tick over the pass's own
+            observation (`shared`); True while a transition is under way."""
             nonlocal published, said, said_overload
             assert gateway is not None
 
@@ -343,11 +344,14 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 published=published,
                 publish=publish,
                 rollout=rollout,
+                shared=shared,
             )
             published = again.routes or published
             _report_variants(again, console.print, seen)
-            if scaling is not None:  # a policy edit takes effect now
-                await scaling.sync(current.spec)
+            if scaling is not None and await scaling.sync(current.spec):  # an edit, now
+                shared.acted()  # it evicted layer replicas
+            if overload is not None:  # the pass's observation serves the loop's tick
+                await overload.tick(shared)
             note = up_policies.overload_note(dep.spec, current.spec) or ""
             if note and note != said_overload:
                 console.print(note)
@@ -365,10 +369,15 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             return remaining is not None and bool(remaining.steps) and remaining.blocked is None
 
         supervisor = supervise.start(procs, args.devices, threads, console.print, agent_args)
+        # one pass at a time: a converge pass, an overload tick and a scaling tick never
+        # overlap, and the loops ticked in a pass share its observation of the agents
+        deployment = observation.Pass(refs)
         itl, at = gateway.service.metrics.itl, [(r.name, r.address) for r in refs]
         scaling = up_policies.ScalingPolicy(  # module scaling (issue 15), as the spec says
             lambda spec: scaling_loop.for_up(spec, model_path, at, itl),
-            lambda lp: scaling_loop.run(lp, stop, args.scaling_interval, console.print),
+            lambda lp: up_policies.run_locked(
+                lp, stop, args.scaling_interval, console.print, deployment
+            ),
             console.print,
         )
         await scaling.sync(dep.spec)
@@ -380,15 +389,16 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 *(_outside_root(d, model_path, agent_args[1]) if procs else []),
             ],
         )
-        lock = asyncio.Lock()  # a reconcile pass and an overload tick never overlap
-        overload_task = _start_overload(dep, outcome, gateway, lambda: published, stop, lock)
+        overload = _overload(dep, outcome, gateway, lambda: published)
+        if overload is not None:
+            overload_task = loop.create_task(overload.run(stop, deployment, OVERLOAD_TICK_S))
         autoscale_task = up_autoscale.start(  # replica autoscaling, sleep, zero (issue 32)
-            dep, _members(outcome), gateway, stop, lock, console.print
+            dep, _members(outcome), gateway, stop, deployment.lock, console.print
         )
         await up_watch.run_loop(
             stop,
             watcher,
-            up_overload.guarded(lock, one_pass),
+            up_overload.guarded(deployment, one_pass),
             console.print,
             args.reconcile_interval,
             args.watch_interval,
@@ -421,15 +431,14 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             args.state_file.unlink()
 
 
-def _start_overload(
-    dep: Any, outcome: Any, gateway: Any, published: Any, stop: asyncio.Event, lock: Any
-) -> asyncio.Task[None] | None:
-    """The overload loop beside the gateway when `spec.policies.overload.enabled`
-    (`up_overload`); None when it is off or cannot run on this plan (said why)."""
+def _overload(dep: Any, outcome: Any, gateway: Any, published: Any) -> Any:
+    """The overload loop beside the gateway (an `up_overload.UpOverload`) when
+    `spec.policies.overload.enabled`; None when it is off or cannot run on this plan
+    (said why)."""
     from rich.console import Console
 
     from tessera.cli import up_overload
-    from tessera_operator import converge
+    from tessera.control import converge
 
     cfg = dep.spec.policies.overload
     if not cfg.enabled:
@@ -447,7 +456,7 @@ def _start_overload(
         f"overload loop on {len(ov.members)} replicas (drop at {cfg.drop_threshold}, "
         f"restore below {cfg.restore_threshold})"
     )
-    return asyncio.get_running_loop().create_task(ov.run(stop, lock, OVERLOAD_TICK_S))
+    return ov
 
 
 def _report_variants(outcome: Any, say: Any, seen: dict[str, str]) -> None:

@@ -2,15 +2,16 @@
 
 Where it runs: `tessera up` supervises the agents and the gateway in one process, so
 when `spec.policies.overload.enabled` it also ticks the level-triggered loop the
-operator ticks on a cluster (`tessera.control.overload`, issue 30): each tick observes
-the agents (`tessera_operator.agents.observe`), reads the in-process gateway's calls per
-replica (its in-flight table, ordered as `GET /admin/v1/load` orders them) and runs one
-`OverloadLoop.tick` over the converged plan's whole replicas with `dropThreshold` /
-`restoreThreshold` from the spec. The loop's routes steps apply the last published routes
-document less the donors (same version: the gateway drains them). A tick and a
-reconcile pass never overlap (`lock`): between a drop's routes step and the donors'
-renaming a pass would see the donors as whole replicas to route again. Caller:
-`up_cmd._serve`.
+operator ticks on a cluster (`tessera.control.overload`, issue 30): each tick takes the
+agents as observed in its pass (`tessera.control.observation`: right after a converge
+pass, under the same lock, the pass's own observation), reads the in-process gateway's
+calls per replica (its in-flight table, ordered as `GET /admin/v1/load` orders them)
+and runs one `OverloadLoop.tick` over the converged plan's whole replicas with
+`dropThreshold` / `restoreThreshold` from the spec. The loop's routes steps apply the
+last published routes document less the donors (same version: the gateway drains
+them). A tick and a reconcile pass never overlap (both are passes of the deployment's
+`observation.Pass`): between a drop's routes step and the donors' renaming a pass would
+see the donors as whole replicas to route again. Caller: `up_cmd._serve`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tessera import observed, plan, routes_doc
-from tessera.control import gateway_load, overload_driver
+from tessera.control import gateway_load, observation, overload_driver
 from tessera.control import overload as control
 from tessera.gateway import routes as gw_routes
 from tessera.gateway import server as gw_server
 from tessera.policies import overload, overload_held, overload_steps
-from tessera_operator import agents as op_agents
 
 Published = Callable[[], routes_doc.RoutesDoc]
 Print = Callable[[str], None]
@@ -73,7 +73,6 @@ class UpOverload:
             for r in _whole(p)
         ]
         self.members = dict(overload_held.step_members(self.held))
-        self.refs = [op_agents.AgentRef(a.name, a.address) for a in obs.agents]
         self.cfg, self.num_layers = cfg, num_layers
         self.gateway, self.published, self.say = gateway, published, say
         self.loop = control.OverloadLoop(overload_driver.Driver(self.set_routes, chunk_pages=4))
@@ -106,9 +105,12 @@ class UpOverload:
         doc = routes_change(self.published(), change, self.members)
         self.gateway.apply_routes(gw_routes.from_doc(doc))
 
-    async def tick(self) -> control.Tick:
-        obs = await op_agents.observe(self.refs)
+    async def tick(self, seen: observation.Observation) -> control.Tick:
+        """One tick over the pass's observation (the caller holds the pass lock)."""
+        obs = await seen.get()
         out = await self.loop.tick(self.held, self.cfg, self.num_layers, obs, self.calls())
+        if out.acted:
+            seen.acted()
         for e in out.events:
             self.say(f"overload {e.kind} {e.reason}: {e.message}")
         if out.drops or out.restores:
@@ -118,12 +120,12 @@ class UpOverload:
             )
         return out
 
-    async def run(self, stop: asyncio.Event, lock: asyncio.Lock, interval_s: float) -> None:
-        """Tick every `interval_s` under `lock` until `stop`."""
+    async def run(self, stop: asyncio.Event, held: observation.Pass, interval_s: float) -> None:
+        """Tick every `interval_s`, each a pass of `held`, until `stop`."""
         try:
             while not stop.is_set():
-                async with lock:
-                    await self.tick()
+                async with held.held() as seen:
+                    await self.tick(seen)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), interval_s)
         finally:
@@ -131,12 +133,13 @@ class UpOverload:
 
 
 def guarded(
-    lock: asyncio.Lock, one_pass: Callable[[Any], Awaitable[bool]]
+    held: observation.Pass, one_pass: Callable[[Any, observation.Observation], Awaitable[bool]]
 ) -> Callable[[Any], Awaitable[bool]]:
-    """`one_pass` that never overlaps a loop tick."""
+    """`one_pass(current, seen)` as a pass of `held`: it never overlaps a loop tick, and
+    `seen` is the observation it shares with the ticks it runs."""
 
     async def run(current: Any) -> bool:
-        async with lock:
-            return await one_pass(current)
+        async with held.held() as seen:
+            return await one_pass(current, seen)
 
     return run

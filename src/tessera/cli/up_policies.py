@@ -10,6 +10,11 @@ applied manifest edit goes through `ScalingPolicy.sync(spec)`:
 - turned off: the loop stops, and the layer replicas it added are evicted
   (`ScalingLoop.release`), so the replicas serve as their manifest says.
 
+The loop ticks every `--scaling-interval` seconds, each tick a pass of the deployment's
+`observation.Pass` (`run_locked`: the lock the converge pass and the overload tick
+take), so a scaling tick and a reconcile pass never interleave, as in the operator's
+scaling timer.
+
 Caller: `up_cmd._serve` (after each converge pass, under the pass lock), and at exit.
 The overload policy is still read once at start; an edit of it is reported as needing a
 restart (`overload_note`).
@@ -22,7 +27,7 @@ import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from tessera.control import scaling_loop
+from tessera.control import observation, scaling_loop
 
 Say = Callable[[str], None]
 Make = Callable[[Any], "scaling_loop.ScalingLoop | None"]
@@ -42,26 +47,29 @@ class ScalingPolicy:
         self.task: asyncio.Task[None] | None = None
         self._key: tuple[Any, float] | None = None
 
-    async def sync(self, spec: Any) -> None:
-        """Start, re-tune or stop the loop for `spec` (module docstring)."""
+    async def sync(self, spec: Any) -> bool:
+        """Start, re-tune or stop the loop for `spec` (module docstring); True when it
+        evicted layer replicas (the agents changed)."""
         key = _key(spec)
         if key == self._key:
-            return
+            return False
         cfg, tpot_ms = key
         self._key = key
         if not cfg.enabled:
-            if self.loop is not None:
-                await self.stop(evict=True)
-                self._say("module scaling: turned off by the manifest")
-            return
+            if self.loop is None:
+                return False
+            await self.stop(evict=True)
+            self._say("module scaling: turned off by the manifest")
+            return True
         if self.loop is None:
             self.loop = self._make(spec)
             if self.loop is not None:
                 self.task = asyncio.get_running_loop().create_task(self._run(self.loop))
                 self._say("module scaling: on")
-            return
+            return False
         self.loop.reconfigure(cfg, tpot_ms / 1e3)
         self._say("module scaling: policy changed; the next tick uses it")
+        return False
 
     async def stop(self, evict: bool = False) -> None:
         """Stop the loop's task (at exit, or turned off: then evict what it added)."""
@@ -74,6 +82,37 @@ class ScalingPolicy:
             for line in await asyncio.to_thread(self.loop.release):
                 self._say(line)
         self.loop = None
+
+
+async def run_locked(
+    loop: scaling_loop.ScalingLoop,
+    stop: asyncio.Event,
+    interval_s: float,
+    report: Say,
+    held: observation.Pass,
+) -> None:
+    """`loop.tick()` every `interval_s` until `stop`, each a pass of `held` (its lock
+    held until the tick's thread returns, even when this task is cancelled meanwhile:
+    its gRPC calls block). A tick that said anything may have acted: the pass's
+    observation is dropped."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)
+            return
+        async with held.held() as seen:
+            ticking = asyncio.ensure_future(asyncio.to_thread(loop.tick))
+            try:
+                lines = await asyncio.shield(ticking)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):  # hold the lock until the tick is done
+                    await ticking
+                raise
+            except Exception as exc:  # the loop must survive anything; the next tick retries
+                lines = [f"module scaling tick failed: {exc!r}"]
+            if lines:
+                seen.acted()
+        for line in lines:
+            report(line)
 
 
 def overload_note(started: Any, current: Any) -> str | None:

@@ -46,7 +46,7 @@ def check_document(
     """(errors, notes) of one decoded document."""
     from tessera import api, api_semantics, crd, fields
     from tessera.cli import variant_check
-    from tessera_operator import converge
+    from tessera.control import converge
 
     errors = [str(e) for e in crd.validate(doc, schema)]
     _, dropped = crd.prune(doc, schema)

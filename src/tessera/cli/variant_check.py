@@ -28,9 +28,9 @@ ARCH_KEYS = (
 
 
 def check(dep: Any, model_path: str) -> list[str]:
+    from tessera.control import variants as variant_ops
     from tessera_agent.engine import config as config_mod
     from tessera_agent.engine import lora
-    from tessera_operator import variants as variant_ops
 
     errors: list[str] = []
     resolved = variant_ops.resolve(dep.spec.variants, model_path)

@@ -12,7 +12,7 @@ demand). Requests whose class is unknown count as ``"unclassified"``.
 
 Exposed by the gateway at ``GET /admin/v1/arrivals`` (`snapshot`, schema below) and as
 the counter ``tessera_gateway_class_arrivals_total{class}``. Read by the operator's
-switching loop (`tessera_operator.switching_loop`) and by ``tessera bench adaptive``.
+switching loop (`tessera.control.switching`) and by ``tessera bench adaptive``.
 
     {"spanSeconds": 10.0, "classes": ["c0", "c1"], "firstSpan": 3,
      "spans": [[4, 1], [6, 0]],          # complete spans, oldest first, [span][class]

@@ -3,7 +3,7 @@
 Every elastic mechanism (layout switch, parameter drop, layer replication, variants) is a
 transition made of these actions. Policies (`policies.transition` and the ones that come
 after it) return them inside `Step`s; the operator's executor
-(`tessera_operator.actuate`), `tessera up` and the gateway apply them. Pure data.
+(`tessera.control.actuate`), `tessera up` and the gateway apply them. Pure data.
 
 * `LoadBlock`: load a block on an agent, from the checkpoint or copied from a peer that
   holds the tensors (`PeerSource`).

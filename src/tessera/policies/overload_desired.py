@@ -19,7 +19,7 @@ same way: any held stage of a group is desired until the loop finishes or an ope
 looks (the loop's Warning event names a failed step). With the policy disabled the
 target is returned unchanged (a dropped layout is then drift, undone by reconcile).
 
-Pure; called by `tessera_operator.converge` (the operator and `tessera up`).
+Pure; called by `tessera.control.converge` (the operator and `tessera up`).
 """
 
 from __future__ import annotations

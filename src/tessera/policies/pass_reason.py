@@ -6,7 +6,7 @@ message), in this order of precedence: a failed action (`InsufficientCapacity` f
 RESOURCE_EXHAUSTED, `AgentUnreachable` for UNAVAILABLE / DEADLINE_EXCEEDED, else
 `LoadFailed`), a blocked transition (its own reason), an unreachable agent, a step left
 (`Switching` while a generation serves, else `Loading`), replicas still loading
-(`Loading`), else `Serving`. Caller: `tessera_operator.converge.converge` (the operator
+(`Loading`), else `Serving`. Caller: `tessera.control.converge.converge` (the operator
 and `tessera up`); `status.build` turns the reason into conditions.
 """
 

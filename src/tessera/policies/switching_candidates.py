@@ -35,7 +35,7 @@ Across spans: `CandidateCache` keeps the priced planner candidates (capacity tab
 placements, the latency model's per-shape facts, switch times) per planning problem (model
 shape, profile, pool, classes, SLO, caps), so a span only prices; at most
 ``max_candidates`` planner layouts are kept (`switching_planner.cap`). Every figure is model
-output. Caller: the operator's loop (`switching_loop.default_candidates`); tests.
+output. Caller: the switching loop (`tessera.control.switching.planner_candidates`); tests.
 """
 
 from __future__ import annotations

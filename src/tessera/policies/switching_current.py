@@ -10,7 +10,7 @@ that is that placement (replica names ignored: the planner's ``r<k>`` and the pl
 need not agree, the blocks they describe do). A plan written for an explicit spec
 (``source: explicit``, e.g. just after the spec was turned to `auto`) is not an auto
 placement: None, and the loop waits for the reconcile pass. Callers: the operator's
-switching loop (`switching_loop.decide`, `switching_loop.default_candidates`) and
+switching loop (`tessera.control.switching.step`, `planner_candidates`) and
 `policies.switching_candidates.build`.
 """
 

@@ -5,7 +5,7 @@ spec, the previous `status.switching`, whether a transition runs, the gateway's 
 snapshot, the candidate deployments (`SwitchingCandidates`), the time, and for a
 `layout: auto` spec the auto planner's placement. Output: an `Outcome`: the
 `status.switching` document, an event, and for an active switch the `spec.layout` to
-apply. Caller: `tessera_operator.switching_loop.tick` (the shell that reads, and writes
+apply. Caller: `tessera.control.switching.step` (the loop that reads, and whose shell writes
 what this returns); the decision itself is `policies.switching_step.step`.
 """
 

@@ -1,7 +1,7 @@
 """One span of the predictive switching loop: forecast, plan, decide (OServe §5; pure).
 
 Called every ``spanSeconds`` by the operator's switching loop
-(``tessera_operator.switching_loop``) and by ``tessera bench adaptive``. Inputs: the
+(``tessera.control.switching``) and by ``tessera bench adaptive``. Inputs: the
 recorded per-span per-class arrival counts (the gateway's ``/admin/v1/arrivals``, oldest
 span first), the name of the current deployment, the candidate deployments, a pricing
 function ``price(name, demand) -> modelled P99 request latency (s)`` at a per-class

@@ -31,7 +31,7 @@ freed.
 Level-triggered: the plan depends only on the observation, so re-planning after any
 prefix of the steps (or after an operator restart) continues where things stand, and a
 converged system plans nothing. Called by the operator's executor
-(`tessera_operator.actuate`) and by `tessera up`; `drained` and `complete_replicas`
+(`tessera.control.actuate`) and by `tessera up`; `drained` and `complete_replicas`
 are the observations the executor and status use. The data types live in
 `transition_model` (named from here), the step builder in `transition_steps`.
 """

@@ -18,7 +18,7 @@ A deployment serves its foundation plus variants (`tessera.variant_spec`):
 `routes` lists the variants for the gateway (a full fine-tune with its replicas, always,
 so the foundation never routes to its chains; a LoRA variant once attached everywhere);
 `status` says for each variant where it is loaded, whether it is ready, and why not.
-Called by the operator's converge pass (`tessera_operator.variants`), which `tessera up`
+Called by the operator's converge pass (`tessera.control.variants`), which `tessera up`
 also runs.
 """
 

@@ -18,7 +18,6 @@ from tessera.rpc import blocks as rpc_blocks
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
-from tessera_operator import scaling
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ def from_describe(ref: AgentRef, d: pb.DescribeReply) -> observed.AgentInfo:
             for k in d.kv
         ),
         store_address=d.store_address,
-        layer_runs=scaling.runs_from_describe(d),
+        layer_runs=runs_from_describe(d),
         host_cache=tuple(
             observed.CachedPiece(c.model_path, c.piece, c.dtype, c.nbytes)
             for c in d.host_cache.pieces
@@ -81,6 +80,23 @@ def from_describe(ref: AgentRef, d: pb.DescribeReply) -> observed.AgentInfo:
             for b in d.blocks
             if b.HasField("load")
         ),
+    )
+
+
+def runs_from_describe(d: pb.DescribeReply) -> tuple[observed.LayerRun, ...]:
+    return tuple(
+        observed.LayerRun(
+            r.replica_id,
+            r.stage_index,
+            r.layer_start,
+            r.layer_end,
+            r.origin == "migrated",
+            tuple(
+                observed.LayerRunHolder(h.name, h.requests, h.tokens_per_s, h.home)
+                for h in r.holders
+            ),
+        )
+        for r in d.scaling_runs
     )
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from tessera import blocks, observed, variant_spec
+from tessera.control import variants as variant_ops
 from tessera.policies import placement, stitch_chains, transition_model, variant_plan
 from tessera.rpc.v1 import agent_pb2 as pb
-from tessera_operator import variants as variant_ops
 
 Facts = Callable[[str], placement.ModelBytes | None]  # a checkpoint's bytes per unit
 

@@ -2,13 +2,15 @@
 
 `converge()` is what the operator's handlers and timer call and what `tessera up` runs:
 1. semantic checks of the spec against the model's config.json and the known agents;
-2. observe the agents (`Describe`);
+2. observe the agents (`Describe`; through the pass's shared `observation.Observation`
+   when the shell gives one, so the loops ticked in the same pass reuse it);
 3. plan (`tessera.plan.make_plan`), the generation floored at the routes version
    already published;
 4. plan the transition from what the agents hold and the routes published
    (`tessera.policies.transition.plan`);
 5. execute the steps that can be done now (`actuate.execute`; a cut-over calls the
-   shell's `publish`), observe again and re-plan to say where things stand.
+   shell's `publish`), observe again (the agents changed) and re-plan to say where
+   things stand.
 It returns everything the caller needs to write status, conditions and events; it never
 raises for a bad spec or an unreachable agent — those become a `reason`. Nothing of a
 transition is remembered between passes: the next pass re-plans from observation.
@@ -34,6 +36,8 @@ from tessera import (
     routes_doc,
     variant_spec,
 )
+from tessera.control import actuate, agents, link_probe, observation, stitch_ops
+from tessera.control import variants as variant_ops
 from tessera.cost import model_shape
 from tessera.observability import control
 from tessera.planner import auto as planner_auto
@@ -46,8 +50,6 @@ from tessera.policies import (
     transition,
     variant_plan,
 )
-from tessera_operator import actuate, agents, gateway_objects, link_probe, stitch_ops
-from tessera_operator import variants as variant_ops
 
 DTYPE_BYTES = dtypes.BYTES
 
@@ -144,6 +146,29 @@ def serving(obs: observed.Observed, prefix: str, routes: routes_doc.RoutesDoc | 
     return [r for r in routes.replica_ids if r in done]
 
 
+def filled(
+    dep: api.ServingDeployment, p: plan.Plan | None, model_path: str, doc: routes_doc.RoutesDoc
+) -> routes_doc.RoutesDoc:
+    """The replica set, version, drain deadline and cut-over time of `doc` (what the
+    transition published), with the model, the workload classes and the plan's class
+    shares of the routed replicas. The gateway checks readiness itself."""
+    routed = set(doc.replica_ids)
+    shares = {
+        c: {r: v for r, v in per.items() if r in routed}
+        for c, per in (p.class_shares if p is not None else {}).items()
+    }
+    return dataclasses.replace(
+        doc,
+        model=dep.spec.model.name,
+        model_path=model_path,
+        class_shares={c: per for c, per in shares.items() if per},
+        classes=tuple(
+            routes_doc.ClassCentroid(c.name, c.input_tokens, c.output_tokens)
+            for c in dep.spec.workload
+        ),
+    )
+
+
 def switch_model(shape: model_shape.ModelShape) -> placement.ModelBytes:
     """Parameter bytes per unit for the switch plan's source choice."""
     b = shape.dtype_bytes
@@ -183,11 +208,14 @@ async def converge(
     published: routes_doc.RoutesDoc | None = None,
     publish: Publish | None = None,
     rollout: Rollout | None = None,
+    shared: observation.Observation | None = None,
 ) -> Outcome:
     """One pass. `published` is the routes document the gateway was last given (None:
     none yet); `publish(doc, plan)` writes a new one (a cut-over: the replica set,
     version, deadline and time, filled with the model, classes and class shares of
-    `plan`, the plan being moved to)."""
+    `plan`, the plan being moved to). `shared` is the pass's observation of `refs`, shared
+    with the loops ticked in the same pass (an observation made already is used, and the
+    one this pass ends with is left there); None: the pass observes on its own."""
     rollout = rollout or Rollout()
     shape = model_facts(model_path, dep.spec.model.dtype)
     facts = (
@@ -206,7 +234,8 @@ async def converge(
         )
     assert shape is not None
     prefix = plan.owner_prefix(dep)
-    obs = await agents.observe(refs)
+    seen = shared if shared is not None else observation.Observation(refs)
+    obs = await seen.get()
     link_model = rollout.links
     if rollout.probe is not None and apply:  # measured per agent pair, cached by the probe
         link_model = await rollout.probe.links(rollout.links, obs, model_path)
@@ -266,7 +295,7 @@ async def converge(
         on_steps(t)  # e.g. size a progress bar before anything is applied
 
     async def cut_over(cut: step_actions.CutOver) -> None:
-        doc = gateway_objects.filled(
+        doc = filled(
             dep,
             desired,
             model_path,
@@ -284,7 +313,8 @@ async def converge(
     if apply and t.steps:
         with control.action("transition", t.mode, deployment=prefix, steps=len(t.steps)):
             out.results = await actuate.execute(t, world(obs, published), cut_over, progress)
-        obs = await agents.observe(refs)
+        seen.acted()
+        obs = await seen.get()
         out.observed = obs
     if chosen or (published is not None and published.variants):
         await _variants(out, chosen, target, foundation, chains, prefix, apply, publish, desired)

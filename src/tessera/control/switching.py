@@ -1,0 +1,149 @@
+"""The predictive switching loop (OServe): one step per span — observe, decide, report.
+
+A `step` observes the gateway's per-class arrivals per span (`arrivals`, e.g.
+`fetch_arrivals` of `GET /admin/v1/arrivals`) and, when a span is complete, the candidate
+deployments (`candidates`: the shell's own, or `planner_candidates` — the planner's
+layouts for the model's config and the agents as observed through `agents.observe`,
+priced at a per-class demand, with the switch time between two of them); it decides with
+the pure `tessera.policies.switching_decide.decide` (forecast, cheapest candidate, gain
+vs switch cost, hysteresis; run in a thread: pricing every candidate can take seconds)
+and returns its `switching_decide.Outcome` — `status.switching`, an event, and in active
+mode the new explicit `spec.layout` — for the shell to write. The loop acts on no agent:
+the layout it reports is applied by the next reconcile pass (`converge`), a
+make-before-break transition. Anything that goes wrong (gateway unreachable, no
+candidates) becomes the outcome's reason. Caller: the operator's timer
+(`tessera_operator.switching_loop`), which schedules the steps and writes the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from tessera import api
+from tessera.control import agents, converge
+from tessera.cost import calibration as cost_calibration
+from tessera.cost import profile as cost_profile
+from tessera.policies import (
+    switching_candidates,
+    switching_current,
+    switching_decide,
+    switching_planner,
+)
+
+ARRIVALS_PATH = "/admin/v1/arrivals"
+FETCH_TIMEOUT_S = 5.0
+
+SwitchingCandidates = switching_decide.SwitchingCandidates
+Outcome = switching_decide.Outcome
+Placed = Sequence[Mapping[str, Any]] | None
+Arrivals = Callable[[], Awaitable[dict[str, Any]]]
+# (class names, the auto planner's placement or None) -> the candidates; ValueError: none
+Candidates = Callable[[Sequence[str], Placed], Awaitable[SwitchingCandidates | None]]
+
+
+async def fetch_arrivals(url: str, token: str = "") -> dict[str, Any]:
+    """The gateway's arrivals snapshot (`token`: its admin token, sent when set);
+    ValueError saying why it could not be read."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url, headers=headers) as r:
+            if r.status != 200:
+                raise ValueError(f"GET {url}: HTTP {r.status}")
+            doc = await r.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
+        raise ValueError(f"GET {url}: {exc!r}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("spans"), list):
+        raise ValueError(f"GET {url}: not an arrivals document")
+    return doc
+
+
+async def planner_candidates(
+    dep: api.ServingDeployment,
+    model_path: str,
+    refs: Sequence[agents.AgentRef],
+    names: Sequence[str],
+    profile: cost_profile.Profile | None = None,
+    placed: Placed = None,
+    cache: switching_candidates.CandidateCache | None = None,
+    max_candidates: int = switching_planner.MAX_CANDIDATES,
+    calibration: cost_calibration.Calibration | None = None,
+) -> SwitchingCandidates:
+    """The planner's candidates for `dep` on the agents `refs` as observed now (the cost
+    `profile` that `layout: auto` would use, or None for its default), priced with the
+    latency model's `calibration` when given (its per-layout error then sets the switching
+    threshold); ValueError saying why there are none."""
+    shape = converge.model_facts(model_path, dep.spec.model.dtype)
+    if shape is None:
+        raise ValueError(f"model not readable: no config.json in {model_path}")
+    obs = await agents.observe(refs)
+    made = await asyncio.to_thread(
+        switching_candidates.build,
+        dep,
+        shape,
+        obs,
+        names,
+        profile,
+        placed=placed,
+        cache=cache,
+        max_candidates=max_candidates,
+    )
+    if calibration is None:
+        return SwitchingCandidates(made.layouts, made.planned.price, made.planned.switch_seconds)
+    cal, raw = calibration, made.planned.price
+
+    def price(name: str, demand: tuple[float, ...]) -> float:
+        return float(cal.price(name, raw(name, demand)))
+
+    return SwitchingCandidates(made.layouts, price, made.planned.switch_seconds, cal.error)
+
+
+async def step(
+    dep: api.ServingDeployment,
+    raw_spec: Mapping[str, Any],
+    status: Mapping[str, Any],
+    arrivals: Arrivals,
+    candidates: Candidates,
+    now: str,
+) -> Outcome:
+    """One span's step (module docstring); `status` is the deployment's status as read."""
+    sw = dep.spec.policies.switching
+    previous = dict(status.get("switching") or {})
+    base = {
+        "mode": sw.mode,
+        "spanSeconds": sw.span_seconds,
+        "lastStepTime": now,
+        "specLayout": dep.spec.layout.mode,
+    }
+    held = base | switching_decide.held(previous)
+    placed = (
+        switching_current.placed_replicas(status.get("plan"))
+        if dep.spec.layout.mode == "auto"
+        else None
+    )
+    try:
+        snapshot = await arrivals()
+    except ValueError as exc:
+        return switching_decide.stopped(held, "ArrivalsUnavailable", str(exc))
+    names = [str(n) for n in snapshot.get("classes") or []]
+    try:
+        # without a complete span decide waits: nothing to price yet
+        made = await candidates(names, placed) if snapshot.get("spans") else None
+    except ValueError as exc:
+        return switching_decide.stopped(held, "NoCandidates", str(exc))
+    return await asyncio.to_thread(
+        switching_decide.decide,
+        dep,
+        raw_spec,
+        previous,
+        "transition" in status,
+        snapshot,
+        made,
+        now,
+        placed,
+    )
