@@ -9,8 +9,9 @@ running skips: a sleep never interleaves with a load), finds each planned replic
 leader (its stage 0's agent, discovered) and runs one `AutoscaleLoop.tick`. Its events
 are posted (`ScaleFromZero`, `ReplicaWoke`, `ReplicaSlept`, `ScaleToZero`, `WakeFailed`,
 ...) and `status.autoscaling` is written (awake, desired, the sleepers, the reason, the
-last wake's seconds). The loop (channels, hysteresis memory) lives in kopf's per-object
-memo; a new operator starts from what the leaders report.
+last wake's seconds, and `desiredReplicas`: the plan count of an auto layout, which the
+next reconcile pass plans; docs/scaling.md). The loop (channels, hysteresis memory)
+lives in kopf's per-object memo; a new operator starts from what the leaders report.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import kopf
 
 from tessera import api, fields
 from tessera.control import autoscale_loop, gateway_demand
+from tessera.policies import autoscale
 from tessera_operator import config, discovery, overload_loop, reconciler
 
 log = logging.getLogger(__name__)
@@ -104,14 +106,19 @@ async def tick(
                 deployment=f"{dep.namespace}/{dep.name}"
             )
         ttft_slo_s = dep.spec.slo.ttft_p99_ms / 1000.0
-        out = await loop.tick(members, demand, dep.spec.scaling.config(ttft_slo_s))
+        previous = dict(status.get("autoscaling") or {})
+        resize = autoscale_loop.Resize(
+            len(by_agent),
+            autoscale.plan_cap(True, dep.spec.layout.mode, previous),
+            dep.spec.layout.mode == "auto",
+        )
+        out = await loop.tick(members, demand, dep.spec.scaling.config(ttft_slo_s), resize)
     for e in out.events:
         post = kopf.warn if e.kind == "Warning" else kopf.info
         post(body, reason=e.reason, message=e.message)
     dec = out.decision
     if dec is None:
         return
-    previous = dict(status.get("autoscaling") or {})
     sleeping = out.sleeping()
     new: dict[str, Any] = {
         "awake": len(out.signals.replicas) - len(sleeping) if out.signals else dec.awake,
@@ -127,5 +134,8 @@ async def tick(
         new["lastWakeSeconds"] = previous["lastWakeSeconds"]
     if not new["lastScaleTime"]:
         del new["lastScaleTime"]
+    replicas = dec.replicas if dec.replicas is not None else previous.get("desiredReplicas")
+    if replicas is not None:  # the plan count the reconcile gives an auto layout
+        new["desiredReplicas"] = replicas
     if new != previous:
         patch.status["autoscaling"] = new

@@ -23,7 +23,7 @@ import kopf
 
 from tessera import api, fields, plan, reconcile, routes_doc
 from tessera.control import actuate, agents, converge, link_probe
-from tessera.policies import admission, transition
+from tessera.policies import admission, autoscale, transition
 from tessera_operator import (
     config,
     discovery,
@@ -159,6 +159,11 @@ async def _serve(
         published=published,
         publish=_routes_writer(ctx, body, dep, owner),
         rollout=_rollout(ctx),
+        replicas_cap=autoscale.plan_cap(
+            dep.spec.scaling.enabled,
+            dep.spec.layout.mode,
+            (raw.get("status") or {}).get("autoscaling"),
+        ),
     )
     if out.plan is None:
         return out, ""

@@ -232,10 +232,13 @@ def make_plan(
     model_path: str,
     auto_planner: AutoPlanner | None = None,
     floor: int = 0,
+    replicas_cap: int | None = None,
 ) -> Plan:
     """The desired plan for `dep` given the observed agents. Replica ids carry their
     layout generation (`policies.generation`); `floor` is the routes version already
-    published, below which the plan generation never goes."""
+    published, below which the plan generation never goes. `replicas_cap` (the
+    autoscaler's `status.autoscaling.desiredReplicas`, docs/scaling.md) keeps the first
+    that many replicas of an auto layout (at least one); an explicit layout ignores it."""
     shares: dict[str, dict[str, float]] = {}
     if dep.spec.layout.mode == "explicit":
         replicas = _explicit(dep)
@@ -269,6 +272,11 @@ def make_plan(
                 "no cost profile for these devices: one full-model replica per device "
                 "that fits, else one pipeline"
             )
+        if replicas_cap is not None and len(replicas) > max(1, replicas_cap):
+            replicas = replicas[: max(1, replicas_cap)]
+            message = f"{message}; the first {len(replicas)} (autoscaler)".lstrip("; ")
+            kept = {r.replica_id for r in replicas}
+            shares = {c: {k: v for k, v in per.items() if k in kept} for c, per in shares.items()}
     for r in replicas:
         for s in r.stages:
             agent = obs.agent(s.agent)

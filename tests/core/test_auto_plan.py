@@ -114,3 +114,17 @@ def test_planned_tp_ranks_sit_on_one_agents_devices() -> None:
         assert {a for a, _ in places} == {s.agent}
     used = [d for s in stages for d in s.placements()]
     assert len(used) == len(set(used))  # no GPU holds two ranks
+
+
+def test_the_autoscalers_count_keeps_the_first_replicas_of_an_auto_plan() -> None:
+    dep, shape = _dep(), _shape()
+    obs = _gpu_agents("Some Other GPU")  # the simple plan: one replica per device
+    full = plan.make_plan(dep, shape, obs, "/m", auto.default_auto_planner())
+    assert len(full.replicas) == 8
+    two = plan.make_plan(dep, shape, obs, "/m", auto.default_auto_planner(), replicas_cap=2)
+    assert [r.name for r in two.replicas] == [r.name for r in full.replicas[:2]]
+    one = plan.make_plan(dep, shape, obs, "/m", auto.default_auto_planner(), replicas_cap=0)
+    assert len(one.replicas) == 1  # never below one
+    capped = plan.make_plan(dep, shape, _gpu_agents(), "/m", auto.default_auto_planner(), 0, 1)
+    kept = {r.replica_id for r in capped.replicas}
+    assert len(kept) == 1 and all(set(s) <= kept for s in capped.class_shares.values())

@@ -9,10 +9,12 @@ previous TTFT histogram (the window's p99) and gRPC channels: an operator restar
 converges from what the leaders report. Decide: `policies.autoscale.decide`. Actuate:
 `WakeReplica` on the leaders to wake (concurrently: a request may be waiting),
 `SleepReplica` on those to sleep (an agent refuses a replica with requests; that is not
-an error, the next tick looks again). Report: a `Tick` with Normal/Warning events
-(`ReplicaWoke`, `ReplicaSlept`, `ScaleFromZero`, `ScaleToZero`, `WakeFailed`, ...), the
-decision, and the wake seconds. Callers: `tessera_operator.autoscale_tick` (a kopf timer)
-and `tessera.cli.up_autoscale` (`tessera up`).
+an error, the next tick looks again); a new plan count (`Decision.replicas`, an auto
+layout growing or shrinking) is only reported: the caller writes it where the next
+reconcile pass reads it (`status.autoscaling.desiredReplicas`). Report: a `Tick` with
+Normal/Warning events (`ReplicaWoke`, `ReplicaSlept`, `ScaleFromZero`, `ScaleToZero`,
+`WakeFailed`, `ReplicasResized`, ...), the decision, and the wake seconds. Callers:
+`tessera_operator.autoscale_tick` (a kopf timer) and `tessera.cli.up_autoscale`.
 """
 
 from __future__ import annotations
@@ -42,6 +44,17 @@ class Event:
     kind: str  # Normal | Warning
     reason: str
     message: str
+
+
+@dataclass(frozen=True)
+class Resize:
+    """The plan's side of a tick (`autoscale.Signals`): its replica count (loading ones
+    included), the count last asked for (`status.autoscaling.desiredReplicas`) and
+    whether the layout is auto (the plan follows the count; explicit: sleep/wake only)."""
+
+    planned: int = 0
+    target: int | None = None
+    resizable: bool = False
 
 
 @dataclass
@@ -122,7 +135,10 @@ class AutoscaleLoop:
         self.woken_elsewhere: list[str] = []  # woken since, not by this loop (a request)
 
     async def observe(
-        self, members: Mapping[str, str], demand: gateway_demand.Demand
+        self,
+        members: Mapping[str, str],
+        demand: gateway_demand.Demand,
+        resize: Resize | None = None,
     ) -> tuple[autoscale.Signals, list[str]]:
         """Signals from the leaders (`members`: replica id -> leader address)."""
         now = self.clock()
@@ -131,12 +147,17 @@ class AutoscaleLoop:
             *(self.leaders.describe(a) for a in addresses), return_exceptions=True
         )
         kv: dict[str, pb.ReplicaKV] = {}
+        room: dict[str, bool] = {}  # replica -> its leader's host cache can take its blocks
         down: list[str] = []
         for a, r in zip(addresses, replies, strict=True):
             if isinstance(r, BaseException):
                 down.append(a)
                 continue
             kv.update({k.replica_id: k for k in r.kv})
+            free = r.host_cache.budget_bytes - r.host_cache.used_bytes
+            for rk in r.kv:
+                held = sum(b.param_bytes for b in r.blocks if b.replica_id == rk.replica_id)
+                room[rk.replica_id] = r.host_cache.budget_bytes > 0 and free >= held
         loads = []
         for rid in sorted(members):
             k = kv.get(rid)
@@ -160,24 +181,34 @@ class AutoscaleLoop:
                     int(k.waiting),
                     used,
                     0.0 if busy else now - self.last_busy[rid],
+                    room.get(rid, False),
                 )
             )
         p99 = gateway_demand.p99(self._ttft, demand.ttft)
         if demand.ttft is not None:
             self._ttft = demand.ttft
-        return (
-            autoscale.Signals(tuple(loads), now, demand.held, demand.queued, p99),
-            down,
+        resize = resize or Resize()
+        signals = autoscale.Signals(
+            tuple(loads),
+            now,
+            demand.held,
+            demand.queued,
+            p99,
+            resize.planned,
+            resize.target,
+            resize.resizable,
         )
+        return signals, down
 
     async def tick(
         self,
         members: Mapping[str, str],
         demand: gateway_demand.Demand,
         cfg: autoscale.AutoscaleConfig,
+        resize: Resize | None = None,
     ) -> Tick:
         self.woken_elsewhere = []
-        signals, down = await self.observe(members, demand)
+        signals, down = await self.observe(members, demand, resize)
         out = Tick(unreachable=down, signals=signals)
         for rid in self.woken_elsewhere:  # the gateway's hold woke it for a request
             out.events.append(Event("Normal", "ReplicaWoke", f"{rid}: woken by a request"))
@@ -188,6 +219,9 @@ class AutoscaleLoop:
             return out
         head = f"{dec.reason}: {dec.message}; awake {dec.awake} -> {dec.desired}"
         out.events.append(Event("Normal", dec.reason, head))
+        if dec.replicas is not None:  # the next reconcile pass plans that many
+            what = f"plan {signals.plan_count} -> {dec.replicas} replicas"
+            out.events.append(Event("Normal", "ReplicasResized", f"{dec.reason}: {what}"))
         with control.action("autoscale", dec.reason, deployment=self.deployment):
             await asyncio.gather(*(self._wake(members[r], r, out) for r in dec.wake))
             for r in dec.sleep:

@@ -209,13 +209,15 @@ async def converge(
     publish: Publish | None = None,
     rollout: Rollout | None = None,
     shared: observation.Observation | None = None,
+    replicas_cap: int | None = None,
 ) -> Outcome:
     """One pass. `published` is the routes document the gateway was last given (None:
     none yet); `publish(doc, plan)` writes a new one (a cut-over: the replica set,
     version, deadline and time, filled with the model, classes and class shares of
     `plan`, the plan being moved to). `shared` is the pass's observation of `refs`, shared
     with the loops ticked in the same pass (an observation made already is used, and the
-    one this pass ends with is left there); None: the pass observes on its own."""
+    one this pass ends with is left there); None: the pass observes on its own.
+    `replicas_cap`: the autoscaler's plan count for an auto layout (`plan.make_plan`)."""
     rollout = rollout or Rollout()
     shape = model_facts(model_path, dep.spec.model.dtype)
     facts = (
@@ -242,7 +244,7 @@ async def converge(
     auto = auto_planner or planner_auto.default_auto_planner()
     floor = published.version if published is not None else 0
     try:
-        desired = plan.make_plan(dep, shape, obs, model_path, auto, floor)
+        desired = plan.make_plan(dep, shape, obs, model_path, auto, floor, replicas_cap)
     except plan.PlanError as exc:
         return Outcome(
             exc.reason,

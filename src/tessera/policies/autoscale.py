@@ -21,6 +21,14 @@ Rules, in order:
   The gap between `kv_low` and `kv_high` and the calm window are the hysteresis.
 Bounds: the count stays in [min, max] (max 0: every planned replica). Only a replica with
 no running or waiting request is put to sleep, so scaling in never drops a request.
+
+Resizing the plan (`Signals.resizable`: an auto layout): when the queue wants more
+replicas than the plan holds, even with every sleeper woken, `Decision.replicas` asks
+for a bigger plan (up to `max`; the reconcile adds and sources them). When a replica is
+to stop and its leader's host cache has no room for its blocks, the plan is shrunk by
+one instead of putting it to sleep (down to max(1, min); the reconcile drains the plan's
+last replica); with room it sleeps (a wake is cheaper than a load). One resize at a time:
+while a shrink is pending (`target` below the plan) none other is asked.
 """
 
 from __future__ import annotations
@@ -28,8 +36,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tessera.policy_config import AutoscaleConfig as AutoscaleConfig
 
@@ -54,6 +63,7 @@ class ReplicaLoad:
     waiting: int = 0
     kv_used: float = 0.0  # fraction of its KV pool in use
     idle_s: float = 0.0  # since it last had a request (0 while it has one)
+    cache_room: bool = True  # its leader's host cache can take its blocks (a sleep keeps them)
 
     @property
     def empty(self) -> bool:
@@ -67,6 +77,18 @@ class Signals:
     held: int = 0  # requests the gateway holds for a replica to wake
     queued: int = 0  # gateway calls with no token yet (waiting somewhere)
     ttft_p99_s: float | None = None  # observed recently; None: no sample
+    planned: int = 0  # replicas in the plan, loading ones included (0: len(replicas))
+    target: int | None = None  # the plan count last asked for (status); None: never
+    resizable: bool = False  # an auto layout: the plan's count follows `Decision.replicas`
+
+    @property
+    def plan_count(self) -> int:
+        return max(self.planned, len(self.replicas))
+
+    @property
+    def shrinking(self) -> bool:
+        """A smaller plan was asked for and the plan has not followed yet."""
+        return self.target is not None and self.target < self.plan_count
 
 
 @dataclass(frozen=True)
@@ -87,10 +109,11 @@ class Decision:
     reason: str = STEADY
     message: str = ""
     memory: Memory = field(default_factory=Memory)
+    replicas: int | None = None  # the plan's replica count to ask for; None: unchanged
 
     @property
     def acted(self) -> bool:
-        return bool(self.wake or self.sleep)
+        return bool(self.wake or self.sleep) or self.replicas is not None
 
 
 def queue_of(s: Signals) -> int:
@@ -114,7 +137,7 @@ def decide(s: Signals, cfg: AutoscaleConfig, mem: Memory) -> Decision:
     if n < floor:
         return _to(s, mem, n, floor, FLOOR, f"{n} awake, below the minimum {floor}")
     if n > cap:
-        return _to(s, mem, n, cap, CAP, f"{n} awake, above the maximum {cap}")
+        return _to(s, mem, n, cap, CAP, f"{n} awake, above the maximum {cap}", cfg)
     if n == 0:
         if queue == 0:
             return Decision(0, 0, reason=STEADY, message="asleep, no demand", memory=mem)
@@ -129,13 +152,20 @@ def decide(s: Signals, cfg: AutoscaleConfig, mem: Memory) -> Decision:
         pressure.append(f"p99 TTFT {s.ttft_p99_s:.3f}s > SLO {cfg.ttft_slo_s:g}s")
     if pressure:
         calm = dataclasses.replace(mem, calm_since=None)
-        want = min(cap, max(n + 1, by_queue))
-        if want <= n:
+        total = max(n + 1, by_queue)
+        want = min(cap, total)
+        grow = _grown(s, cfg, total)
+        if want <= n and grow is None:
             return Decision(n, n, reason=CAP, message="; ".join(pressure) + " (at max)",
                             memory=calm)  # fmt: skip
         if s.now - mem.last_up_at < cfg.up_cooldown_s:
             return Decision(n, n, reason=COOLDOWN, message="; ".join(pressure), memory=calm)
-        return _to(s, calm, n, want, OUT, "; ".join(pressure))
+        out = _to(s, calm, n, want, OUT, "; ".join(pressure))
+        if grow is None:
+            return out
+        why = f"{out.message}; plan {s.plan_count} -> {grow} replicas"
+        up = dataclasses.replace(calm, last_up_at=s.now)
+        return dataclasses.replace(out, reason=OUT, message=why, memory=up, replicas=grow)
     if queue or kv >= cfg.kv_low:
         return Decision(n, n, reason=STEADY, memory=dataclasses.replace(mem, calm_since=None))
     calm_since = mem.calm_since if mem.calm_since is not None else s.now
@@ -145,32 +175,82 @@ def decide(s: Signals, cfg: AutoscaleConfig, mem: Memory) -> Decision:
         k = min(len(idle), n - floor)
         if k > 0:
             reason = TO_ZERO if k == n else IDLE
-            return _to(s, mem, n, n - k, reason, f"{k} idle >= {cfg.sleep_after_s:g}s")
+            return _to(s, mem, n, n - k, reason, f"{k} idle >= {cfg.sleep_after_s:g}s", cfg)
     quiet = s.now - calm_since >= cfg.scale_down_after_s
     settled = s.now - max(mem.last_up_at, mem.last_down_at) >= cfg.scale_down_after_s
     if n > floor and quiet and settled and any(r.empty for r in awake):
-        return _to(s, mem, n, n - 1, IN, f"calm for {s.now - calm_since:.0f}s (KV use {kv:.2f})")
+        why = f"calm for {s.now - calm_since:.0f}s (KV use {kv:.2f})"
+        return _to(s, mem, n, n - 1, IN, why, cfg)
     return Decision(n, n, reason=STEADY, memory=mem)
 
 
-def _to(s: Signals, mem: Memory, n: int, want: int, reason: str, why: str) -> Decision:
+def _grown(s: Signals, cfg: AutoscaleConfig, total: int) -> int | None:
+    """The bigger plan count when `total` replicas are wanted and the plan, every sleeper
+    woken, has fewer (None: no growth: a fixed layout, no `max`, or at it)."""
+    if not s.resizable or not cfg.max_replicas or s.shrinking:
+        return None
+    have = max(s.plan_count, s.target or 0)  # a growth asked for and still loading counts
+    grow = min(cfg.max_replicas, max(have, total))
+    return grow if grow > have else None
+
+
+def _shrink(s: Signals, cfg: AutoscaleConfig, stopping: Sequence[ReplicaLoad]) -> int:
+    """How many of `stopping` leave the plan instead of sleeping: those whose host cache
+    has no room for them, down to max(1, min) planned, one resize at a time."""
+    if not s.resizable or s.shrinking:
+        return 0
+    base = min(s.plan_count, s.target if s.target is not None else s.plan_count)
+    roomless = sum(1 for r in stopping if not r.cache_room)
+    return max(0, min(roomless, base - max(1, cfg.min_replicas)))
+
+
+def _to(
+    s: Signals,
+    mem: Memory,
+    n: int,
+    want: int,
+    reason: str,
+    why: str,
+    cfg: AutoscaleConfig | None = None,
+) -> Decision:
     """The steps from `n` awake to `want`: wake the sleepers in id order; sleep the
-    emptiest, longest idle replicas (never one with requests)."""
+    emptiest, longest idle replicas (never one with requests), or shrink the plan for
+    those with no host cache room (`_shrink`; the reconcile drains the plan's last)."""
     if want > n:
         sleepers = sorted(r.replica_id for r in s.replicas if not r.awake)
         wake = tuple(sleepers[: want - n])
         new = dataclasses.replace(mem, last_up_at=s.now, calm_since=None)
         return Decision(want, n, wake=wake, reason=reason, message=why, memory=new)
+    if want < n and s.resizable and s.shrinking:
+        return Decision(n, n, reason=STEADY, message=f"{why}; a shrink is pending", memory=mem)
     if want < n:
         empty = sorted(
             (r for r in s.replicas if r.awake and r.empty), key=lambda r: (-r.idle_s, r.replica_id)
         )
-        sleep = tuple(r.replica_id for r in empty[: n - want])
-        if not sleep:
+        stopping = empty[: n - want]
+        if not stopping:
             return Decision(n, n, reason=STEADY, message=f"{why}; every replica busy", memory=mem)
         new = dataclasses.replace(mem, last_down_at=s.now)
+        gone = _shrink(s, cfg, stopping) if cfg is not None else 0
+        if gone:
+            roomless = [r for r in stopping if not r.cache_room][:gone]
+            rest = tuple(r.replica_id for r in stopping if r not in roomless)
+            count = min(s.plan_count, s.target if s.target is not None else s.plan_count)
+            msg = f"{why}; no host cache room: plan {s.plan_count} -> {count - gone} replicas"
+            return Decision(n - len(stopping), n, sleep=rest, reason=reason, message=msg,
+                            memory=new, replicas=count - gone)  # fmt: skip
+        sleep = tuple(r.replica_id for r in stopping)
         return Decision(n - len(sleep), n, sleep=sleep, reason=reason, message=why, memory=new)
     return Decision(n, n, reason=STEADY, message=why, memory=mem)
+
+
+def plan_cap(enabled: bool, layout_mode: str, autoscaling: Mapping[str, Any] | None) -> int | None:
+    """The plan count a reconcile pass gives an auto layout: `status.autoscaling.
+    desiredReplicas` while the autoscaler is on (None: the planner's own count)."""
+    if not enabled or layout_mode != "auto":
+        return None
+    value = (autoscaling or {}).get("desiredReplicas")
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def replica_seconds(awake_counts: Sequence[tuple[float, int]]) -> float:
