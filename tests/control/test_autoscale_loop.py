@@ -117,3 +117,37 @@ def test_demand_from_calls() -> None:
     calls = {"r0": (gateway_load.Call(3, 4, False), gateway_load.Call(3, 4, True)), "r1": ()}
     d = gateway_demand.from_calls(calls, 2, None)
     assert (d.held, d.queued, d.busy) == (2, 1, frozenset({"r0"}))
+
+
+class CachedLeaders(FakeLeaders):
+    """Every replica awake; the host cache's free bytes and each replica's blocks given."""
+
+    def __init__(self, replicas: list[str], free: int, budget: int = 100) -> None:
+        super().__init__(replicas)
+        self.asleep = set()
+        self.free, self.budget = free, budget
+
+    async def describe(self, address: str) -> pb.DescribeReply:
+        reply = await super().describe(address)
+        reply.blocks.extend(pb.BlockInfo(replica_id=r, param_bytes=40) for r in self.replicas)
+        reply.host_cache.budget_bytes = self.budget
+        reply.host_cache.used_bytes = self.budget - self.free
+        return reply
+
+
+async def test_no_host_cache_room_shrinks_the_plan_instead_of_sleeping() -> None:
+    cfg = autoscale.AutoscaleConfig(enabled=True, min_replicas=1, max_replicas=2,
+                                    scale_down_after_s=1)  # fmt: skip
+    resize = autoscale_loop.Resize(planned=2, target=None, resizable=True)
+    for free, budget, sleeps in ((10, 100, False), (100, 0, False), (50, 100, True)):
+        leaders, clock = CachedLeaders(["r0", "r1"], free, budget), Clock()
+        loop = autoscale_loop.AutoscaleLoop(leaders, clock)
+        await loop.tick(MEMBERS, gateway_demand.Demand(), cfg, resize)  # calm starts
+        clock.t = 5.0
+        out = await loop.tick(MEMBERS, gateway_demand.Demand(), cfg, resize)
+        assert out.decision is not None and out.decision.reason == autoscale.IN
+        if sleeps:  # 50 free >= 40 bytes: sleep, the plan unchanged
+            assert out.slept and out.decision.replicas is None
+        else:
+            assert not out.slept and out.decision.replicas == 1
+            assert "ReplicasResized" in [e.reason for e in out.events]
