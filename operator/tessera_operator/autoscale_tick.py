@@ -107,12 +107,13 @@ async def tick(
             )
         ttft_slo_s = dep.spec.slo.ttft_p99_ms / 1000.0
         previous = dict(status.get("autoscaling") or {})
+        acfg = dep.spec.scaling.config(ttft_slo_s)
         resize = autoscale_loop.Resize(
             len(by_agent),
-            autoscale.plan_cap(True, dep.spec.layout.mode, previous),
+            autoscale.plan_cap(True, dep.spec.layout.mode, previous, acfg.max_replicas),
             dep.spec.layout.mode == "auto",
         )
-        out = await loop.tick(members, demand, dep.spec.scaling.config(ttft_slo_s), resize)
+        out = await loop.tick(members, demand, acfg, resize)
     for e in out.events:
         post = kopf.warn if e.kind == "Warning" else kopf.info
         post(body, reason=e.reason, message=e.message)

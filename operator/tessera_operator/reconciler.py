@@ -163,6 +163,7 @@ async def _serve(
             dep.spec.scaling.enabled,
             dep.spec.layout.mode,
             (raw.get("status") or {}).get("autoscaling"),
+            dep.spec.scaling.config().max_replicas,
         ),
     )
     if out.plan is None:

@@ -102,6 +102,7 @@ def test_plan_cap_reads_the_status_for_auto_layouts_only() -> None:
     assert a.plan_cap(True, "explicit", {"desiredReplicas": 2}) is None
     assert a.plan_cap(False, "auto", {"desiredReplicas": 2}) is None
     assert a.plan_cap(True, "auto", {}) is None and a.plan_cap(True, "auto", None) is None
+    assert a.plan_cap(True, "auto", {"desiredReplicas": 3}, maximum=2) == 2  # max lowered
 
 
 @settings(max_examples=300, deadline=None)

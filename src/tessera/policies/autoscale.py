@@ -244,13 +244,18 @@ def _to(
     return Decision(n, n, reason=STEADY, message=why, memory=mem)
 
 
-def plan_cap(enabled: bool, layout_mode: str, autoscaling: Mapping[str, Any] | None) -> int | None:
+def plan_cap(
+    enabled: bool, layout_mode: str, autoscaling: Mapping[str, Any] | None, maximum: int = 0
+) -> int | None:
     """The plan count a reconcile pass gives an auto layout: `status.autoscaling.
-    desiredReplicas` while the autoscaler is on (None: the planner's own count)."""
+    desiredReplicas` while the autoscaler is on, at most `maximum` (`replicas.max`, 0: no
+    bound; a lowered max takes effect at once); None: the planner's own count."""
     if not enabled or layout_mode != "auto":
         return None
     value = (autoscaling or {}).get("desiredReplicas")
-    return int(value) if isinstance(value, int) and value > 0 else None
+    if not isinstance(value, int) or value <= 0:
+        return None
+    return min(value, maximum) if maximum > 0 else value
 
 
 def replica_seconds(awake_counts: Sequence[tuple[float, int]]) -> float:
