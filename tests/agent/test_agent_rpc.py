@@ -204,9 +204,13 @@ def test_kv_exhaustion_through_agent_finishes_all(
     load_replica(agents, tiny_llama, [(0, 4), (4, 8)], kv_bytes=9 * page)
     from concurrent.futures import ThreadPoolExecutor
 
+    # 40 new tokens: each request alone fits the 9 pages (at most 7), any two of the longest
+    # together do not, and every request decodes long enough that they overlap however the
+    # 8 calls are staggered (with 10 tokens they could finish one by one and never preempt)
+    new = 40
     with ThreadPoolExecutor(8) as pool:
-        out = list(pool.map(lambda p: generate(agents[0], p)[0], prompts))
-    assert out == [hf_greedy(tiny_llama, p, NEW) for p in prompts]
+        out = list(pool.map(lambda p: generate(agents[0], p, max_tokens=new)[0], prompts))
+    assert out == [hf_greedy(tiny_llama, p, new) for p in prompts]
     kv = _stub(agents[0]).Describe(pb.DescribeRequest()).kv[0]
     assert kv.pages_total == 9 and kv.pages_used == 0 and kv.preemptions > 0
 
