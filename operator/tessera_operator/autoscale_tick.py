@@ -4,9 +4,12 @@ Registered by `handlers.build_registry` (`register`): a timer every
 `cfg.autoscale_tick_seconds` (1 s) per ServingDeployment; a tick does nothing unless
 `spec.scaling.enabled` and `status.plan` names replicas. A tick reads the gateway's
 demand (`GET /admin/v1/load` and `/metrics` of the gateway Service, or
-`cfg.gateway_admin_url`), takes the deployment's pass lock (a tick that finds a pass
-running skips: a sleep never interleaves with a load), finds each planned replica's
-leader (its stage 0's agent, discovered) and runs one `AutoscaleLoop.tick`. Its events
+`cfg.gateway_admin_url`), takes the deployment's pass (`reconciler.deployment_pass`; a
+tick that finds a pass running skips: a sleep never interleaves with a load), finds each
+planned replica's leader (its stage 0's agent, discovered) and runs one
+`AutoscaleLoop.tick` over the pass's observation (the `Describe` replies the reconcile
+pass and the other loops of one tick interval share; dropped when it woke or slept a
+replica), acting over the pass's kept channels. Its events
 are posted (`ScaleFromZero`, `ReplicaWoke`, `ReplicaSlept`, `ScaleToZero`, `WakeFailed`,
 ...) and `status.autoscaling` is written (awake, desired, the sleepers, the reason, the
 last wake's seconds, and `desiredReplicas`: the plan count of an auto layout, which the
@@ -84,10 +87,10 @@ async def tick(
     by_agent = leaders(status.get("plan"))
     if not by_agent:
         return
-    lock = reconciler.lock(memo)
-    if lock.locked():
+    deployment = reconciler.deployment_pass(memo)
+    if deployment.lock.locked():
         return
-    async with lock:
+    async with deployment.held(keep=True) as seen:
         ctx = reconciler.context(memo)
         base = overload_loop.load_url(cfg, dep).removesuffix("/admin/v1/load")
         try:
@@ -103,8 +106,10 @@ async def tick(
         members = {rid: address[a] for rid, a in by_agent.items() if a in address}
         if not isinstance(loop, autoscale_loop.AutoscaleLoop):
             loop = memo[LOOP_KEY] = autoscale_loop.AutoscaleLoop(
-                deployment=f"{dep.namespace}/{dep.name}"
+                autoscale_loop.Leaders(seen.channels), deployment=f"{dep.namespace}/{dep.name}"
             )
+        seen.retarget(refs)
+        described = await seen.replies()  # the pass's observation, shared
         ttft_slo_s = dep.spec.slo.ttft_p99_ms / 1000.0
         previous = dict(status.get("autoscaling") or {})
         acfg = dep.spec.scaling.config(ttft_slo_s)
@@ -113,7 +118,13 @@ async def tick(
             autoscale.plan_cap(True, dep.spec.layout.mode, previous, acfg.max_replicas),
             dep.spec.layout.mode == "auto",
         )
-        out = await loop.tick(members, demand, acfg, resize)
+        acted = True  # a tick that failed may have acted part-way
+        try:
+            out = await loop.tick(members, demand, acfg, resize, described)
+            acted = out.acted
+        finally:
+            if acted:  # woke or slept a replica: the next `get` observes again
+                seen.acted()
     for e in out.events:
         post = kopf.warn if e.kind == "Warning" else kopf.info
         post(body, reason=e.reason, message=e.message)

@@ -3,21 +3,23 @@
 Registered by `handlers.build_registry` (`register`): a timer every
 `cfg.overload_tick_seconds` (0.5 s, as `tessera up`) per ServingDeployment; a tick does
 nothing unless `spec.policies.overload.enabled` and `status.plan` names at least two
-whole replicas. A tick takes the deployment's pass lock (`reconciler.lock`; a tick that
-finds a pass running skips, so a tick and a reconcile pass never interleave), observes
-the agents once (`agents.observe`), reads the gateway's calls per replica
-(`GET /admin/v1/load` of the gateway Service, or `cfg.gateway_admin_url`), and runs the
-loop. Its routes steps rewrite the routes ConfigMap the reconcile publishes (the same
-versioned document, the same version: the gateway drains the donors); a step that takes
-replicas out waits until the gateway routes none of them (`GET /admin/v1/routes`; the
-ConfigMap reaches the gateway's file some time later), so the drain that follows sees
-every request the donors will get. When the agents
-changed, a reconcile pass runs at once under the same lock: it writes
-`status.overload`, the `Overloaded` condition and the `OverloadDropped` /
-`OverloadRestored` events from what the agents now hold. The loop's own events
-(fallback, failures, a shift cut short and converged) are posted here. The loop object
-(channels, and whether it took over the groups it found) lives in kopf's per-object memo;
-nothing else is remembered, so a new operator converges from the agents.
+whole replicas. A tick takes the deployment's pass (`reconciler.deployment_pass`; a
+tick that finds a pass running skips, so a tick and a reconcile pass never interleave)
+and its observation of the agents (made once per tick interval for the reconcile pass
+and every loop of the deployment, and again after any of them acted), reads the
+gateway's calls per replica (`GET /admin/v1/load` of the gateway Service, or
+`cfg.gateway_admin_url`), and runs the loop, acting over the pass's kept channels. Its
+routes steps rewrite the routes ConfigMap the reconcile publishes (the same versioned
+document, the same version: the gateway drains the donors); a step that takes replicas
+out waits until the gateway routes none of them (`GET /admin/v1/routes`; the ConfigMap
+reaches the gateway's file some time later), so the drain that follows sees every
+request the donors will get. When the agents changed, a reconcile pass runs at once
+under the same lock (the observation made anew): it writes `status.overload`, the
+`Overloaded` condition and the `OverloadDropped` / `OverloadRestored` events from what
+the agents now hold. The loop's own events (fallback, failures, a shift cut short and
+converged) are posted here. The loop object (whether it took over the groups it found)
+lives in kopf's per-object memo; nothing else is remembered, so a new operator converges
+from the agents.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 import kopf
 
 from tessera import api, fields, routes_doc
-from tessera.control import agents, gateway_load, overload_driver
+from tessera.control import gateway_load, overload_driver
 from tessera.control import overload as control
 from tessera.policies import overload_held, overload_steps
 from tessera_operator import config, discovery, gateway_objects, kube, owned, reconciler
@@ -123,10 +125,10 @@ async def tick(
     whole, num_layers = members((body.get("status") or {}).get("plan"))
     if len(whole) < 2 or not num_layers:
         return
-    lock = reconciler.lock(memo)
-    if lock.locked():
+    deployment = reconciler.deployment_pass(memo)
+    if deployment.lock.locked():
         return  # a pass (or the previous tick) runs; the next tick observes after it
-    async with lock:
+    async with deployment.held(keep=True) as seen:
         ctx = reconciler.context(memo)
         try:
             calls = await gateway_load.fetch(load_url(cfg, dep), cfg.gateway_admin_token)
@@ -142,16 +144,21 @@ async def tick(
         if any(not m.address for m in held):
             return  # an agent of the plan is not discovered: the reconcile reports it
         if not isinstance(loop, control.OverloadLoop):
-            loop = memo[LOOP_KEY] = control.OverloadLoop(
-                overload_driver.Driver(chunk_pages=4, after_step=cfg.overload_step_hook)
+            driver = overload_driver.Driver(
+                chunk_pages=4, after_step=cfg.overload_step_hook, channels=seen.channels
             )
-        # over the loop's own channels: a tick every 0.5 s (or 50 ms) opening a channel
-        # per agent cost each agent a connection per tick
-        obs = await agents.observe(refs, stub_for=loop.driver.stub)
+            loop = memo[LOOP_KEY] = control.OverloadLoop(driver)
+        seen.retarget(refs)
+        obs = await seen.get()  # the deployment's, over its kept channels
         loop.driver.set_routes = _routes_writer(
             ctx, body, dep, {m.replica_id: m.address for m in held}, cfg
         )
-        out = await loop.tick(held, policy, num_layers, obs, calls)
+        runs = loop.runs
+        try:
+            out = await loop.tick(held, policy, num_layers, obs, calls)
+        finally:
+            if loop.runs != runs:  # steps ran (some may have failed): observe again
+                seen.acted()
         log.debug("overload tick %s/%s: %s -> %s", dep.namespace, dep.name, calls, out)
         for e in out.events:
             post = kopf.warn if e.kind == "Warning" else kopf.info
@@ -164,4 +171,4 @@ async def tick(
                 f"{out.exchange_s * 1e3:.1f} ms, paused {out.paused_s * 1e3:.1f} ms",
             )
         if out.acted:
-            await reconciler.one_pass(body, patch, ctx)
+            await reconciler.one_pass(body, patch, ctx, seen)

@@ -5,9 +5,11 @@ timer all run the same pass): parse the spec, discover the agents, `converge.con
 (semantic checks, observe, plan, diff, apply), create or replace the gateway's routes
 ConfigMap, Deployment and Service, then write the status last, through kopf's patch, as
 the difference from the current status (nothing when converged). Passes of one object
-never overlap: a per-object lock lives in kopf's per-object memo, and a timer pass that
-finds a pass running skips. `finalize()` unloads the deployment's blocks from every agent
-before kopf removes the finalizer. Handlers return None, so kopf stores no results.
+never overlap: a per-object `observation.Pass` (the pass lock, and the observation of the
+agents its holder shares with the loops' ticks of one interval) lives in kopf's
+per-object memo, and a timer pass that finds a pass running skips. `finalize()` unloads
+the deployment's blocks from every agent before kopf removes the finalizer. Handlers
+return None, so kopf stores no results.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import kopf
 
 from tessera import api, fields, plan, reconcile, routes_doc
-from tessera.control import actuate, agents, converge, link_probe
+from tessera.control import actuate, agents, converge, link_probe, observation
 from tessera.policies import admission, autoscale, transition
 from tessera_operator import (
     config,
@@ -52,13 +54,22 @@ def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def deployment_pass(memo: kopf.Memo) -> observation.Pass:
+    """The deployment's `Pass`: its lock (reconcile passes and loop ticks never
+    interleave) and the observation they share until an actuator acts or one overload
+    tick's time has passed; the agents are asked over channels kept for the object."""
+    held = memo.get("pass")
+    if held is None:
+        ctx = memo.get("ctx")
+        fresh_s = ctx.config.overload_tick_seconds if isinstance(ctx, Context) else 0.0
+        held = memo["pass"] = observation.Pass([], channels=agents.Channels(), max_age_s=fresh_s)
+    assert isinstance(held, observation.Pass)
+    return held
+
+
 def lock(memo: kopf.Memo) -> asyncio.Lock:
-    """The deployment's pass lock: reconcile passes and loop ticks never interleave."""
-    lock = memo.get("lock")
-    if lock is None:
-        lock = memo["lock"] = asyncio.Lock()
-    assert isinstance(lock, asyncio.Lock)
-    return lock
+    """The deployment's pass lock (`deployment_pass`)."""
+    return deployment_pass(memo).lock
 
 
 def context(memo: kopf.Memo) -> Context:
@@ -71,11 +82,11 @@ async def run(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, periodic: boo
     """One pass; `periodic` passes (the resync timer) skip when another pass is running."""
     if body.metadata.get("deletionTimestamp"):
         return  # the finalizer owns the object now
-    held = lock(memo)
-    if periodic and held.locked():
+    held = deployment_pass(memo)
+    if periodic and held.lock.locked():
         return
-    async with held:
-        await one_pass(body, patch, context(memo))
+    async with held.held(keep=True) as seen:
+        await one_pass(body, patch, context(memo), seen)
 
 
 def _rollout(ctx: Context) -> converge.Rollout:
@@ -136,7 +147,7 @@ async def _routes_config_map(ctx: Context, dep: api.ServingDeployment) -> dict[s
 
 
 async def _serve(
-    ctx: Context, body: kopf.Body, raw: dict[str, Any]
+    ctx: Context, body: kopf.Body, raw: dict[str, Any], seen: observation.Observation | None
 ) -> tuple[converge.Outcome, str]:
     """One pass's outcome, and the gateway endpoint ("" while nothing is planned)."""
     try:
@@ -151,6 +162,8 @@ async def _serve(
     owner = gateway_objects.owner_reference(raw)
     routes_cm = await _routes_config_map(ctx, dep)
     published = gateway_objects.published(routes_cm)
+    if seen is not None:
+        seen.retarget(refs)
     out = await converge.converge(
         dep,
         model_path,
@@ -165,6 +178,7 @@ async def _serve(
             (raw.get("status") or {}).get("autoscaling"),
             dep.spec.scaling.config().max_replicas,
         ),
+        shared=seen,
     )
     if out.plan is None:
         return out, ""
@@ -173,12 +187,18 @@ async def _serve(
     return out, gateway_objects.endpoint(dep)
 
 
-async def one_pass(body: kopf.Body, patch: kopf.Patch, ctx: Context) -> None:
-    """One pass; the caller holds `lock` (a loop tick that changed the agents)."""
+async def one_pass(
+    body: kopf.Body,
+    patch: kopf.Patch,
+    ctx: Context,
+    seen: observation.Observation | None = None,
+) -> None:
+    """One pass; the caller holds the pass lock, `seen` its observation (a loop tick
+    that changed the agents calls `seen.acted()` first)."""
     raw = copy.deepcopy(dict(body))
     generation = int(body.metadata.get("generation") or 0)
     previous: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
-    out, endpoint = await _serve(ctx, body, raw)
+    out, endpoint = await _serve(ctx, body, raw, seen)
     new = status.build(out, generation, previous, _now(), endpoint)
     events.transition(body, status.condition(previous, "Ready"), status.condition(new, "Ready"))
     events.switching(
@@ -197,7 +217,8 @@ async def finalize(body: kopf.Body, memo: kopf.Memo, retry: int) -> None:
     """Unload every block of the deployment; retry while agents are down, then give up
     (the blocks left on unreachable agents are reported as orphaned)."""
     ctx = context(memo)
-    async with lock(memo):
+    held = deployment_pass(memo)
+    async with held.lock:
         meta = body.metadata
         prefix = plan.replica_prefix(meta.namespace or "default", meta.name or "")
         refs = await discovery.agent_refs(ctx.config, ctx.kube, {})
@@ -213,3 +234,6 @@ async def finalize(body: kopf.Body, memo: kopf.Memo, retry: int) -> None:
         if problems:
             message += "; may be left behind: " + "; ".join(problems)
         events.released(body, message, ok=not problems)
+        held.observation.acted()
+        if held.observation.channels is not None:
+            await held.observation.channels.close()

@@ -5,10 +5,12 @@ Registered by `handlers.build_registry` (`register`): a timer every
 ServingDeployment; a tick does nothing unless `spec.policies.scaling.enabled` and
 `spec.slo.tpotP99Ms` is set. A tick reads the gateway's inter-token histogram
 (`GET /metrics` of the gateway Service, or `cfg.gateway_admin_url`), takes the
-deployment's pass lock (a tick finding a pass running skips) and runs one
-`ScalingLoop.tick` (in a thread: its gRPC calls block) over the discovered agents. Each
-line it returns becomes a `ModuleScaling` event; when it acted, a reconcile pass runs at
-once under the same lock, which writes `status.scaling.layerRuns` and the
+deployment's pass (`reconciler.deployment_pass`; a tick finding a pass running skips)
+and runs one `ScalingLoop.tick` (in a thread: its gRPC calls block) over the discovered
+agents as the pass observed them (the `Describe` replies the reconcile pass and the
+other loops of one tick interval share), acting over the pass's kept channels. Each line
+it returns becomes a `ModuleScaling` event; when it acted, the observation is dropped and
+a reconcile pass runs at once under the same lock, which writes `status.scaling.layerRuns` and the
 `LayerRunAdded` / `LayerRunRemoved` events from what the agents report. Turned off, the
 loop evicts every layer run the agents report for the deployment's replicas (while
 `status.scaling.layerRuns` lists any). The loop object (its drivers and the last window's
@@ -28,7 +30,7 @@ from typing import Any
 import kopf
 
 from tessera import api, fields, plan
-from tessera.control import converge, gateway_itl, scaling_loop
+from tessera.control import agents, converge, gateway_itl, scaling_loop
 from tessera.policies import scaling_signal as sig
 from tessera_operator import config, discovery, overload_loop, reconciler
 
@@ -57,12 +59,19 @@ def metrics_url(cfg: config.OperatorConfig, dep: api.ServingDeployment) -> str:
     return base + gateway_itl.METRICS_PATH
 
 
-async def _evict(memo: kopf.Memo, refs: list[Any], dep: api.ServingDeployment) -> list[str]:
+async def _evict(
+    memo: kopf.Memo, refs: list[Any], dep: api.ServingDeployment, channels: agents.Channels | None
+) -> list[str]:
     """Evict every layer run the agents report for the deployment's replicas."""
     memo.pop(LOOP_KEY, None)
-    agents = [scaling_loop.AgentAt(r.name, r.address) for r in refs]
+    at = [scaling_loop.AgentAt(r.name, r.address) for r in refs]
     loop = scaling_loop.ScalingLoop(
-        dep.spec.policies.scaling, 0.0, agents, 1, lambda: sig.Hist((), (), 0.0, 0.0)
+        dep.spec.policies.scaling,
+        0.0,
+        at,
+        1,
+        lambda: sig.Hist((), (), 0.0, 0.0),
+        channels=channels,
     )
     return await asyncio.to_thread(loop.evict_found, plan.replica_prefix(dep.namespace, dep.name))
 
@@ -76,18 +85,21 @@ async def tick(
     except fields.FieldError:
         return
     policy, target_s = dep.spec.policies.scaling, dep.spec.slo.tpot_p99_ms / 1e3
-    lock = reconciler.lock(memo)
+    deployment = reconciler.deployment_pass(memo)
     if not policy.enabled or target_s <= 0:
         # level-triggered: runs reported in status (an earlier operator's too) are evicted
         runs = ((body.get("status") or {}).get("scaling") or {}).get("layerRuns")
-        if (LOOP_KEY in memo or runs) and not lock.locked():
-            async with lock:
+        if (LOOP_KEY in memo or runs) and not deployment.lock.locked():
+            async with deployment.held(keep=True) as seen:
                 ctx = reconciler.context(memo)
                 refs = await discovery.agent_refs(cfg, ctx.kube, dep.spec.resources.node_selector)
-                lines = await _evict(memo, refs, dep)
+                try:
+                    lines = await _evict(memo, refs, dep, seen.channels)
+                finally:
+                    seen.acted()
                 for line in lines:
                     kopf.info(body, reason="ModuleScaling", message=line)
-                await reconciler.one_pass(body, patch, ctx)
+                await reconciler.one_pass(body, patch, ctx, seen)
         return
     try:
         hist = await gateway_itl.fetch(metrics_url(cfg, dep), cfg.gateway_admin_token)
@@ -97,11 +109,12 @@ async def tick(
             memo[WARNED_KEY] = True
         return
     memo.pop(WARNED_KEY, None)
-    if lock.locked():
+    if deployment.lock.locked():
         return
-    async with lock:
+    async with deployment.held(keep=True) as seen:
         ctx = reconciler.context(memo)
         refs = await discovery.agent_refs(cfg, ctx.kube, dep.spec.resources.node_selector)
+        seen.retarget(refs)
         loop = memo.get(LOOP_KEY)
         if not isinstance(loop, scaling_loop.ScalingLoop):
             model_path = converge.resolve_model_path(dep.spec, None, cfg.model_root)
@@ -111,8 +124,10 @@ async def tick(
                 )
             except (OSError, ValueError, KeyError):
                 return  # the reconcile reports an unreadable model
-            agents = [scaling_loop.AgentAt(r.name, r.address) for r in refs]
-            loop = scaling_loop.ScalingLoop(policy, target_s, agents, hidden, lambda: hist)
+            at = [scaling_loop.AgentAt(r.name, r.address) for r in refs]
+            loop = scaling_loop.ScalingLoop(
+                policy, target_s, at, hidden, lambda: hist, channels=seen.channels
+            )
             memo[LOOP_KEY] = loop
         else:
             loop.reconfigure(policy, target_s)
@@ -122,8 +137,15 @@ async def tick(
             return h
 
         loop.itl = itl
-        lines = await asyncio.to_thread(loop.tick)
+        described = await seen.replies()  # the pass's observation, shared
+        acted = True  # a tick that failed may have acted part-way
+        try:
+            lines = await asyncio.to_thread(loop.tick, described)
+            acted = bool(lines)
+        finally:
+            if acted:  # the agents may have changed: the next `get` observes again
+                seen.acted()
         for line in lines:
             kopf.info(body, reason="ModuleScaling", message=line)
         if lines:
-            await reconciler.one_pass(body, patch, ctx)
+            await reconciler.one_pass(body, patch, ctx, seen)

@@ -38,9 +38,7 @@ class CountingAgent(pb_grpc.AgentServicer):  # type: ignore[misc]
     async def Describe(self, request: Any, context: Any) -> pb.DescribeReply:
         self.describes += 1
         return pb.DescribeReply(
-            devices=[
-                pb.DeviceInfo(id="cpu:0", kind="cpu", capacity_bytes=2 << 30, free_bytes=2 << 30)
-            ]
+            devices=[pb.Device(id="cpu:0", kind="cpu", capacity_bytes=2 << 30, free_bytes=2 << 30)]
         )
 
 

@@ -1,14 +1,18 @@
-"""Agents as the operator sees them: discovery (static list or pods) and observation.
+"""The control plane's one agent client: discovery (static list), observation, kept channels.
 
 `observe()` asks every agent for `Describe` concurrently and turns the replies into the
 core's `observed.Observed`; an agent that does not answer is marked unreachable with the
-reason, never dropped silently. Called by the operator's handlers and by `tessera up`.
+reason, never dropped silently (`observe_replies` also returns the replies themselves, for
+the loops that read fields `Observed` does not carry). `Channels` keeps one channel per
+agent address (async, and a blocking one for the loops that run in a thread) and makes
+every stub a loop actuates through (`stub`, `sync_stub`). Called by the operator's
+handlers and ticks, by `tessera up` and by the loops in `tessera.control`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -101,6 +105,54 @@ def runs_from_describe(d: pb.DescribeReply) -> tuple[observed.LayerRun, ...]:
 
 
 StubFor = Callable[[str], pb_grpc.AgentStub]  # address -> a stub over a kept channel
+Replies = Mapping[str, pb.DescribeReply]  # address -> its Describe reply (answered only)
+
+
+class Channels:
+    """One kept channel per agent address: the stubs the control loops observe and act
+    through (a loop ticking many times a second must not open a channel per call)."""
+
+    def __init__(self) -> None:
+        self._async: dict[str, grpc.aio.Channel] = {}
+        self._sync: dict[str, grpc.Channel] = {}
+
+    def stub(self, address: str) -> pb_grpc.AgentStub:
+        """An asyncio stub of the agent at `address` (its channel kept until `close`)."""
+        if address not in self._async:
+            self._async[address] = transport.channel(address)
+        return pb_grpc.AgentStub(self._async[address])
+
+    def sync_stub(self, address: str) -> pb_grpc.AgentStub:
+        """A blocking stub, for a loop that runs in a thread (module scaling)."""
+        if address not in self._sync:
+            self._sync[address] = transport.sync_channel(address)
+        return pb_grpc.AgentStub(self._sync[address])
+
+    async def close(self) -> None:
+        chans, self._async = self._async, {}
+        syncs, self._sync = self._sync, {}
+        for ch in chans.values():
+            await ch.close()
+        for sc in syncs.values():
+            sc.close()
+
+
+async def _describe(
+    ref: AgentRef, timeout: float, stub_for: StubFor | None
+) -> tuple[observed.AgentInfo, pb.DescribeReply | None]:
+    channel = transport.channel(ref.address) if stub_for is None else None
+    stub = pb_grpc.AgentStub(channel) if stub_for is None else stub_for(ref.address)
+    try:
+        reply = await stub.Describe(pb.DescribeRequest(), timeout=timeout)
+        return from_describe(ref, reply), reply
+    except grpc.aio.AioRpcError as exc:
+        info = observed.AgentInfo(
+            ref.name, ref.address, reachable=False, error=f"{exc.code().name}: {exc.details()}"
+        )
+        return info, None
+    finally:
+        if channel is not None:
+            await channel.close()
 
 
 async def describe(
@@ -108,22 +160,21 @@ async def describe(
 ) -> observed.AgentInfo:
     """`Describe` of one agent, over `stub_for`'s channel when given (a loop ticking many
     times a second keeps its channels), else a channel opened for this call."""
-    channel = transport.channel(ref.address) if stub_for is None else None
-    stub = pb_grpc.AgentStub(channel) if stub_for is None else stub_for(ref.address)
-    try:
-        reply = await stub.Describe(pb.DescribeRequest(), timeout=timeout)
-        return from_describe(ref, reply)
-    except grpc.aio.AioRpcError as exc:
-        return observed.AgentInfo(
-            ref.name, ref.address, reachable=False, error=f"{exc.code().name}: {exc.details()}"
-        )
-    finally:
-        if channel is not None:
-            await channel.close()
+    return (await _describe(ref, timeout, stub_for))[0]
+
+
+async def observe_replies(
+    refs: Sequence[AgentRef], timeout: float = 5.0, stub_for: StubFor | None = None
+) -> tuple[observed.Observed, dict[str, pb.DescribeReply]]:
+    """`observe`, and the replies of the agents that answered, by address."""
+    got = await asyncio.gather(*(_describe(r, timeout, stub_for) for r in refs))
+    replies = {
+        r.address: reply for r, (_, reply) in zip(refs, got, strict=True) if reply is not None
+    }
+    return observed.Observed(tuple(info for info, _ in got)), replies
 
 
 async def observe(
     refs: Sequence[AgentRef], timeout: float = 5.0, stub_for: StubFor | None = None
 ) -> observed.Observed:
-    infos = await asyncio.gather(*(describe(r, timeout, stub_for) for r in refs))
-    return observed.Observed(tuple(infos))
+    return (await observe_replies(refs, timeout, stub_for))[0]

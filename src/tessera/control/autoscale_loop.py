@@ -27,13 +27,11 @@ from typing import Any
 
 import grpc
 
-from tessera.control import gateway_demand
+from tessera.control import agents, gateway_demand
 from tessera.observability import control
 from tessera.policies import autoscale
 from tessera.policies import scaling_signal as sig
-from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
-from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
 DESCRIBE_TIMEOUT_S = 2.0
 WAKE_TIMEOUT_S = 300.0
@@ -80,16 +78,15 @@ class Tick:
 
 
 class Leaders:
-    """One channel per leader address; the loop's only I/O (tests replace it)."""
+    """The loop's only I/O (tests replace it), over kept channels (`agents.Channels`: the
+    operator's per deployment ones when given, else the loop's own)."""
 
-    def __init__(self) -> None:
-        self._stubs: dict[str, tuple[grpc.aio.Channel, Any]] = {}
+    def __init__(self, channels: agents.Channels | None = None) -> None:
+        self.channels = channels if channels is not None else agents.Channels()
+        self._own_channels = channels is None
 
     def stub(self, address: str) -> Any:
-        if address not in self._stubs:
-            ch = transport.channel(address)
-            self._stubs[address] = (ch, pb_grpc.AgentStub(ch))
-        return self._stubs[address][1]
+        return self.channels.stub(address)
 
     async def describe(self, address: str) -> pb.DescribeReply:
         reply: pb.DescribeReply = await self.stub(address).Describe(
@@ -110,9 +107,8 @@ class Leaders:
         return reply
 
     async def close(self) -> None:
-        stubs, self._stubs = self._stubs, {}
-        for ch, _ in stubs.values():
-            await ch.close()
+        if self._own_channels:
+            await self.channels.close()
 
 
 class AutoscaleLoop:
@@ -139,13 +135,21 @@ class AutoscaleLoop:
         members: Mapping[str, str],
         demand: gateway_demand.Demand,
         resize: Resize | None = None,
+        described: Mapping[str, pb.DescribeReply] | None = None,
     ) -> tuple[autoscale.Signals, list[str]]:
-        """Signals from the leaders (`members`: replica id -> leader address)."""
+        """Signals from the leaders (`members`: replica id -> leader address); from
+        `described` (the replies of the caller's shared observation, by address; a
+        leader absent did not answer) when given, else a `Describe` of each leader."""
         now = self.clock()
         addresses = sorted(set(members.values()))
-        replies = await asyncio.gather(
-            *(self.leaders.describe(a) for a in addresses), return_exceptions=True
-        )
+        replies: list[pb.DescribeReply | BaseException]
+        if described is not None:
+            got = {a: described.get(a) for a in addresses}
+            replies = [r if r is not None else LookupError(a) for a, r in got.items()]
+        else:
+            replies = await asyncio.gather(
+                *(self.leaders.describe(a) for a in addresses), return_exceptions=True
+            )
         kv: dict[str, pb.ReplicaKV] = {}
         room: dict[str, bool] = {}  # replica -> its leader's host cache can take its blocks
         down: list[str] = []
@@ -206,9 +210,10 @@ class AutoscaleLoop:
         demand: gateway_demand.Demand,
         cfg: autoscale.AutoscaleConfig,
         resize: Resize | None = None,
+        described: Mapping[str, pb.DescribeReply] | None = None,
     ) -> Tick:
         self.woken_elsewhere = []
-        signals, down = await self.observe(members, demand, resize)
+        signals, down = await self.observe(members, demand, resize, described)
         out = Tick(unreachable=down, signals=signals)
         for rid in self.woken_elsewhere:  # the gateway's hold woke it for a request
             out.events.append(Event("Normal", "ReplicaWoke", f"{rid}: woken by a request"))

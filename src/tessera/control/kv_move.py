@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from tessera.rpc import transport
+from tessera.control import agents
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
@@ -79,12 +79,8 @@ async def move_prefix(
         raise MoveError("move_prefix: both replicas need at least one stage")
     if via not in TRANSPORTS:
         raise MoveError(f"via {via!r}: expected one of {', '.join(TRANSPORTS)}")
-    channels: dict[str, grpc.aio.Channel] = {}
-
-    def stub(address: str) -> pb_grpc.AgentStub:
-        if address not in channels:
-            channels[address] = transport.channel(address)
-        return pb_grpc.AgentStub(channels[address])
+    channels = agents.Channels()  # the control plane's agent client; closed at the end
+    stub = channels.stub
 
     src_leader, dst_leader = stub(src[0].address), stub(dst[0].address)
     pinned = reserved = ""
@@ -140,13 +136,13 @@ async def move_prefix(
                     (src_leader, src[0].replica_id, pinned),
                     (dst_leader, dst[0].replica_id, reserved),
                 ],
-                list(channels.values()),
+                channels,
             )
         )
 
 
 async def _release(
-    pins: list[tuple[pb_grpc.AgentStub, str, str]], channels: list[grpc.aio.Channel]
+    pins: list[tuple[pb_grpc.AgentStub, str, str]], channels: agents.Channels
 ) -> None:
     """Release every pin (an agent that is gone took its pins with it), then close."""
     for leader, replica_id, pin_id in pins:
@@ -157,8 +153,7 @@ async def _release(
                 )
             except grpc.aio.AioRpcError:
                 pass
-    for channel in channels:
-        await channel.close()
+    await channels.close()
 
 
 @dataclass(frozen=True)

@@ -77,11 +77,14 @@ class OverloadLoop:
     def __init__(self, driver: overload_driver.Driver) -> None:
         self.driver = driver
         self.taken_over = False
+        self.runs = 0  # step lists handed to the driver (the agents may have changed)
 
     async def close(self) -> None:
         await self.driver.close()
 
     async def _run(self, steps: Sequence[overload_steps.Step]) -> overload_driver.Report:
+        if steps:
+            self.runs += 1
         return await self.driver.run(steps)
 
     async def tick(

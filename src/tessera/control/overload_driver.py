@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from tessera.control import agents
 from tessera.policies import overload_steps as steps_mod
-from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
@@ -59,25 +59,26 @@ class Driver:
         timeout_s: float = 120.0,
         drain_poll_s: float = 0.05,
         after_step: AfterStep | None = None,
+        channels: agents.Channels | None = None,
     ) -> None:
         self.set_routes, self.chunk_pages = set_routes, max(1, chunk_pages)
         self.after_step = after_step  # tests: stop the operator between two steps
         self.timeout_s, self.drain_poll_s = timeout_s, drain_poll_s
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        # the control plane's kept channels (`agents.Channels`: the operator's per
+        # deployment ones), or the driver's own, closed by `close`
+        self.channels = channels if channels is not None else agents.Channels()
+        self._own_channels = channels is None
 
     def stub(self, address: str) -> pb_grpc.AgentStub:
-        """The agent at `address` over the driver's one channel to it (kept until `close`)."""
+        """The agent at `address` over the one kept channel to it."""
         return self._stub(address)
 
     def _stub(self, address: str) -> pb_grpc.AgentStub:
-        if address not in self._channels:
-            self._channels[address] = transport.channel(address)
-        return pb_grpc.AgentStub(self._channels[address])
+        return self.channels.stub(address)
 
     async def close(self) -> None:
-        for ch in self._channels.values():
-            await ch.close()
-        self._channels.clear()
+        if self._own_channels:
+            await self.channels.close()
 
     async def run(self, steps: Sequence[steps_mod.Step]) -> Report:
         rep = Report()

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from tessera.control import agents
 from tessera.observability import control
 from tessera.policies import module_scaling as ms
 from tessera.policies import run_plan
 from tessera.policies import speedup as sp
-from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
@@ -61,7 +61,7 @@ class ScalingDriver:
 
     gamma: float = 0.0  # measured transfer/compute share of a replicated layer (Eq. 4)
     batch_cap: int | None = None  # sequences per step set by Algorithm 2's phase 3, if any
-    _stubs: dict[str, pb_grpc.AgentStub] = field(default_factory=dict, repr=False)
+    channels: agents.Channels = field(default_factory=agents.Channels, repr=False)
 
     def __post_init__(self) -> None:
         self.state = sp.Placement.initial(self.origin.name, self.num_layers)
@@ -100,11 +100,8 @@ class ScalingDriver:
         return p.capacity / (self.hidden * self.gamma)
 
     def _stub(self, address: str) -> pb_grpc.AgentStub:
-        """One channel per agent for the driver's life (each tick reuses it)."""
-        stub = self._stubs.get(address)
-        if stub is None:
-            stub = self._stubs[address] = pb_grpc.AgentStub(transport.sync_channel(address))
-        return stub
+        """One kept channel per agent (`agents.Channels`: each tick reuses it)."""
+        return self.channels.sync_stub(address)
 
     def _pending(self, d: pb.DescribeReply) -> list[tuple[pb.ScalingPending, str]]:
         """This stage's replications in flight that the origin reports (`d`), each with

@@ -9,8 +9,9 @@ in the operator (`tessera_operator/scaling_tick.py`: the gateway's histogram pul
 
 Each `tick`: read the gateway's histogram (`itl`), take the window since the last tick
 (`policies.scaling_signal.window`) and how long no window has violated (`calm_for`);
-observe once (one `Describe` per agent: each replica whose single stage an agent leads
-gets its `scaling_driver.ScalingDriver`, made once with the other agents as peers and
+observe once (one `Describe` per agent, or the replies of the caller's shared
+observation: each replica whose single stage an agent leads gets its
+`scaling_driver.ScalingDriver`, made once with the other agents as peers and
 re-adopting every tick the runs its leader reports; pipelined and tensor-parallel
 replicas are skipped, the driver's runs being of one stage); decide
 (`scaling_signal.decide`); then per replica: "up" runs `measure_gamma` and `tick_up`
@@ -30,15 +31,15 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tessera.control import agents as agent_client
 from tessera.control import scaling_driver as sd
 from tessera.policies import module_scaling as ms
 from tessera.policies import scaling_signal as sig
 from tessera.policies import speedup as sp
-from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
@@ -97,11 +98,12 @@ class ScalingLoop:
         itl: Callable[[], sig.Hist],
         min_gaps: int = 8,
         clock: Callable[[], float] = time.monotonic,
+        channels: agent_client.Channels | None = None,
     ) -> None:
         self.cfg, self.target_s, self.agents = cfg, tpot_target_s, list(agents)
         self.hidden, self.itl, self.min_gaps, self.clock = hidden, itl, min_gaps, clock
         self.drivers: dict[str, sd.ScalingDriver] = {}
-        self._stubs: dict[str, pb_grpc.AgentStub] = {}
+        self.channels = channels if channels is not None else agent_client.Channels()
         self._prev: sig.Hist | None = None
         self._last_t: float | None = None
         self.calm_s = 0.0  # seconds no window violated (`scaling_signal.calm_for`)
@@ -118,12 +120,9 @@ class ScalingLoop:
         return out
 
     def _stub(self, address: str) -> pb_grpc.AgentStub:
-        """One channel per agent for the loop's life, shared with its drivers: a tick
-        used to open (and never close) a channel per agent and per driver call."""
-        stub = self._stubs.get(address)
-        if stub is None:
-            stub = self._stubs[address] = pb_grpc.AgentStub(transport.sync_channel(address))
-        return stub
+        """One kept channel per agent (`agents.Channels`, the operator's per deployment
+        ones when given), shared with its drivers."""
+        return self.channels.sync_stub(address)
 
     def _driver(
         self, a: AgentAt, block: pb.BlockInfo, desc: pb.DescribeReply | None = None
@@ -140,6 +139,7 @@ class ScalingLoop:
                 peers=[sd.Peer(p.agent, p.address) for p in self.agents if p != a],
                 cfg=self.cfg,
                 replica_bytes=layer,
+                channels=self.channels,
             )
             d._stub = self._stub  # type: ignore[method-assign]
             if desc is not None:
@@ -185,8 +185,10 @@ class ScalingLoop:
         self.drivers = {}
         return out
 
-    def tick(self) -> list[str]:
-        """One pass (module docstring); the lines say what was done."""
+    def tick(self, described: Mapping[str, pb.DescribeReply] | None = None) -> list[str]:
+        """One pass (module docstring); the lines say what was done. `described`: the
+        agents' `Describe` replies by address, observed already in the caller's pass
+        (the operator's shared observation); None: the tick asks each agent itself."""
         now, t = self.itl(), self.clock()
         w = sig.window(self._prev, now, self.target_s)
         elapsed = t - self._last_t if self._last_t is not None else 0.0
@@ -196,7 +198,7 @@ class ScalingLoop:
         if not self.cfg.enabled:
             return []
         out: list[str] = []
-        found = self._observe(out)
+        found = self._observe(out, described)
         capped = any(d.batch_cap is not None for d in self.drivers.values())
         replicated = any(d.replicated for d in self.drivers.values())
         decision = sig.decide(
@@ -210,7 +212,7 @@ class ScalingLoop:
         return out + self._op_lines()
 
     def _observe(
-        self, out: list[str]
+        self, out: list[str], described: Mapping[str, pb.DescribeReply] | None = None
     ) -> list[tuple[sd.ScalingDriver, pb.BlockInfo, pb.ReplicaKV | None]]:
         """One `Describe` per agent: each replica the loop drives, its driver having
         adopted the runs its leader reports (level-triggered: a run an earlier loop
@@ -220,12 +222,20 @@ class ScalingLoop:
         seen: set[str] = set()
         answered = True
         for a in self.agents:
-            try:
-                desc = self._stub(a.address).Describe(pb.DescribeRequest(), timeout=10.0)
-            except Exception as exc:  # one agent's failure must not stop the loop
-                answered = False
-                out.append(f"module scaling on {a.agent} failed: {exc!r}")
-                continue
+            if described is not None:
+                got = described.get(a.address)
+                if got is None:
+                    answered = False
+                    out.append(f"module scaling on {a.agent} failed: no Describe reply")
+                    continue
+                desc = got
+            else:
+                try:
+                    desc = self._stub(a.address).Describe(pb.DescribeRequest(), timeout=10.0)
+                except Exception as exc:  # one agent's failure must not stop the loop
+                    answered = False
+                    out.append(f"module scaling on {a.agent} failed: {exc!r}")
+                    continue
             for b in desc.blocks:
                 if b.stage_index != 0 or b.num_stages > 1 or b.tp_size > 1 or b.layer_start:
                     continue
