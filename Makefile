@@ -47,12 +47,17 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q -p no:cacheprovider tests/test_import_cycles.py
 
-# The suite in two passes (about 11 minutes on 2 cores): the independent tests on two xdist
+# The suite in two passes (about 14 minutes on 2 cores): the independent tests on two xdist
 # workers, then the `serial` ones (tests/conftest.py says which and why) one at a time.
+# A pass's failures are run once more, alone (`--lf`), before the pass counts as failed: a
+# test must fail twice to fail CI. Timing-dependent tests that failed once in a pass are
+# listed in docs/testing.md; the rerun is printed, so a flake is seen, never hidden.
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider
+PYTEST_LF := $(BIN)/pytest -q -o cache_dir=.pytest_cache/make-test
+RERUN := echo "== rerunning this pass's failures once, alone (docs/testing.md) =="
 test: $(STAMP) lint
-	$(PYTEST) -n 2 -m "not serial"
-	$(PYTEST) -m serial
+	$(PYTEST_LF) -n 2 -m "not serial" || ($(RERUN) && $(PYTEST_LF) --lf -m "not serial")
+	$(PYTEST_LF) -m serial || ($(RERUN) && $(PYTEST_LF) --lf -m serial)
 
 # Fast subset for iteration: everything not marked slow.
 test-fast: $(STAMP)
