@@ -410,7 +410,7 @@ def main() -> int:
     os.environ["TESSERA_COMPILE_DECODE"] = "0" if args.tessera_eager else "wait"
     vpy = setup_env(args.venv)
     from tessera.gateway.config import generate_mux_from
-    from tessera.policies import cpu_share
+    from tessera.policies.serving import cpu_share
     from tessera_agent import tiny_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="vllm-anchor-") as t:

@@ -1,7 +1,7 @@
 """The agent's authorization interceptor: caller role per RPC, its deployment, the model root.
 
 Built by `tessera_agent.server` when it makes the gRPC server; decisions come from the pure
-`tessera.policies.access` (role per method, model root) and `tessera.policies.tenancy`
+`policies.security.access` (role per method, model root) and `policies.security.tenancy`
 (a gateway certificate's URI SAN binds it to one deployment or namespace, checked against
 the owner of every replica a call names, including the ImportKV header and each GenerateMux
 start). The caller's role is the Organizational Unit (OU) of the client certificate that
@@ -26,7 +26,7 @@ import grpc
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from tessera.policies import access, tenancy
+from tessera.policies.security import access, tenancy
 
 log = logging.getLogger(__name__)
 

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _run(args: argparse.Namespace, path: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    from tessera.policies import speculation
+    from tessera.policies.variants import speculation
     from tessera_agent import bench_speculate_engine, block_parts, speculate, surrogate
 
     model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

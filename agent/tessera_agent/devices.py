@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tessera.policies import gpu_memory
+from tessera.policies.serving import gpu_memory
 from tessera_agent import gpu_devices
 
 _UNITS = {

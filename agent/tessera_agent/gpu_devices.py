@@ -2,7 +2,7 @@
 
 `TorchCuda` asks torch (`torch.cuda.mem_get_info`, which also creates this process's CUDA
 context, so the context counts as in use); tests pass a fake backend. `measure` turns a
-GPU's (free, total) into the pure policy's budget (`tessera.policies.gpu_memory`:
+GPU's (free, total) into the pure policy's budget (`tessera.policies.serving.gpu_memory`:
 utilization x total less what is in use). Called by `devices.parse_devices`, which sets
 each NVML-probed GPU's capacity to its budget and refuses to start on an empty one;
 `load_reserve` (called by `hosting.Hosting` per CUDA load) sizes what a block keeps out
@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from tessera.policies import gpu_memory
+from tessera.policies.serving import gpu_memory
 from tessera_agent.engine import config, cuda_graphs
 
 

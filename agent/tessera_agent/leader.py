@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 
-from tessera.policies import microbatch
+from tessera.policies.overload import microbatch
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import hosted, load_config, stage_client, stitch_serve
 from tessera_agent.engine import replica, scheduler
@@ -40,7 +40,7 @@ def make_leader(
     split: microbatch.SplitConfig | None = None,
 ) -> replica.ReplicaEngine:
     """The replica engine; a pipeline keeps `microbatches` steps in flight (0: one per
-    stage, at least 2), cut by `split` (`tessera.policies.microbatch`)."""
+    stage, at least 2), cut by `split` (`tessera.policies.overload.microbatch`)."""
     connect = connector(h)
     inflight = (microbatches or max(2, h.num_stages)) if connect is not None else None
     return replica.ReplicaEngine(h.stage.runner, compute, cfg, connect, inflight, split)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tessera import blocks, dtypes
-from tessera.policies import microbatch
+from tessera.policies.overload import microbatch
 from tessera_agent.engine import options as options_mod
 from tessera_agent.engine import scheduler
 

@@ -22,7 +22,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tessera import event_loop, gc_heap
 from tessera.cost import profile as profile_mod
-from tessera.policies import block_batching, gpu_memory, microbatch
+from tessera.policies.overload import microbatch
+from tessera.policies.serving import block_batching, gpu_memory
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import authz, devices, load_config, servicer

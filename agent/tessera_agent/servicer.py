@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import torch
 
-from tessera.policies import block_batching
+from tessera.policies.serving import block_batching
 from tessera.rpc import blocks as rpc_blocks
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tessera.policies import speculation
+from tessera.policies.variants import speculation
 from tessera_agent import block_parts
 
 Surrogate = Callable[[torch.Tensor], torch.Tensor]

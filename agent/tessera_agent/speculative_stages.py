@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tessera.policies import speculation
+from tessera.policies.variants import speculation
 from tessera_agent.engine import runner, step
 
 Surrogate = Callable[[step.StepInput], torch.Tensor]

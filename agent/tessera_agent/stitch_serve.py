@@ -1,7 +1,7 @@
 """Serving a stitched chain on the agents (BlockLLM §4.4, issue 35): the front's hand-off.
 
 A stitched chain is a replica whose first blocks are a small model's layers `[0, i)` and
-whose later blocks are a large model's layers `[j, L)` (`tessera.policies.stitch_chains`).
+whose later blocks are a large model's layers `[j, L)` (`tessera.policies.variants.stitch_chains`).
 The last front block carries the stitch (`Block.stitch_zoo`, `stitch_to`, `stitch_at`):
 at load `prepare` finds the stitch the zoo holds for (its model, the large one) and is
 refused when none was trained for these checkpoints or the point `(i, j)` was not

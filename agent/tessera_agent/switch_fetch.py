@@ -1,6 +1,6 @@
 """A block's parameters gathered in parts (issue 11): peers, this agent, storage.
 
-`LoadBlock` with `switch_sources` (a layout switch's plan, `tessera.policies.switch_sources`)
+`LoadBlock` with `switch_sources` (a layout switch's plan, `policies.transition.copy_sources`)
 names, per unit range (0 the embedding, 1..L the decoder layers, L+1 the final norm and
 lm_head), the hosted block to copy it from. `gather` fetches every part at once: a part on
 this agent (`transport == "local"`) is taken from the hosted block in memory; a remote one

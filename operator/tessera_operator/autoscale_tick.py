@@ -29,7 +29,7 @@ import kopf
 
 from tessera import api, fields
 from tessera.control import autoscale_loop, gateway_demand
-from tessera.policies import autoscale
+from tessera.policies.scaling import autoscale
 from tessera_operator import config, discovery, overload_loop, reconciler
 
 log = logging.getLogger(__name__)

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from kubernetes import client
 
     from tessera.control import agents
-    from tessera.policies import admission
+    from tessera.policies.security import admission
     from tessera_operator import config
     from tessera_operator.testing import background
 

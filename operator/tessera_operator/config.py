@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.control import agents
-from tessera.policies import admission
+from tessera.policies.security import admission
 
 DEFAULT_AGENT_SELECTOR = "app.kubernetes.io/component=agent"
 

@@ -4,7 +4,7 @@ Built by `reconciler.py` when the gateway template names an issuer (`certificate
 chart's `tls.certManager.perDeployment`); `owned.py` creates or replaces it, and the gateway
 Deployment mounts the Secret cert-manager writes (`secret_name`). The certificate carries
 the gateway role (OU) and the URI SAN naming the namespace and deployment
-(`tessera.policies.tenancy.uri`), so agents refuse it on any other deployment's replicas.
+(`tessera.policies.security.tenancy.uri`), so agents refuse it on any other deployment's replicas.
 Owned by the custom resource, deleted with it (cert-manager leaves the Secret: it is named
 after the deployment and reused if the deployment comes back).
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from tessera import api
-from tessera.policies import access, tenancy
+from tessera.policies.security import access, tenancy
 from tessera_operator import config
 
 API_VERSION = "cert-manager.io/v1"

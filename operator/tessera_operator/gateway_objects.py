@@ -176,7 +176,7 @@ def deployment(
             "admin-token": tmpl.admin_token_secret_name,
         }[volume]
         # "{name}": one Secret per ServingDeployment, e.g. a certificate bound to it by its
-        # URI SAN (tessera.policies.tenancy) rather than to its whole namespace
+        # URI SAN (tessera.policies.security.tenancy) rather than to its whole namespace
         secret = secret.replace("{name}", dep.name)
         if volume == "tls" and tmpl.certificate:  # the operator's certificate for it
             secret = gateway_certificate.secret_name(dep)

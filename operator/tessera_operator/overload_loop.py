@@ -34,7 +34,8 @@ import kopf
 from tessera import api, fields, routes_doc
 from tessera.control import gateway_load, overload_driver
 from tessera.control import overload as control
-from tessera.policies import overload_held, overload_steps
+from tessera.policies.overload import held as overload_held
+from tessera.policies.overload import steps as overload_steps
 from tessera_operator import config, discovery, gateway_objects, kube, owned, reconciler
 
 log = logging.getLogger(__name__)

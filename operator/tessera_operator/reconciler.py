@@ -25,7 +25,9 @@ import kopf
 
 from tessera import api, fields, plan, reconcile, routes_doc
 from tessera.control import actuate, agents, converge, link_probe, observation
-from tessera.policies import admission, autoscale, transition
+from tessera.policies.scaling import autoscale
+from tessera.policies.security import admission
+from tessera.policies.transition import planner as transition
 from tessera_operator import (
     config,
     discovery,

@@ -31,7 +31,7 @@ import kopf
 
 from tessera import api, fields, plan
 from tessera.control import agents, converge, gateway_itl, scaling_loop
-from tessera.policies import scaling_signal as sig
+from tessera.policies.scaling import signal as sig
 from tessera_operator import config, discovery, overload_loop, reconciler
 
 LOOP_KEY = "scaling_loop"

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tessera.control import converge
-from tessera.policies import admission
+from tessera.policies.security import admission
 from tessera_operator import overload_status, replica_status, scaling
 
 CONDITIONS = ("Ready", "Progressing", "Degraded", "PlanValid", "Reconciling", "Stalled")

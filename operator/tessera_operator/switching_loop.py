@@ -5,7 +5,7 @@ Registered by `handlers.build_registry` (`register`): a kopf timer every
 `spec.policies.switching.enabled` and `spanSeconds` have passed since the last step
 (kept in kopf's per-object memo; turned off, `status.switching` is cleared). A step
 (`tessera.control.switching`: observe the arrivals and candidates, decide with
-`tessera.policies.switching_decide`, report) gets from here where to read: the
+`tessera.policies.switching.decide`, report) gets from here where to read: the
 deployment's gateway Service (`GET /admin/v1/arrivals`, or `cfg.switching_arrivals_url`
 formatted with `namespace` and `name`), and the candidates — `cfg.switching_candidates(dep,
 classes)` when set, else `default_candidates`: the planner's, over the agents this
@@ -35,7 +35,8 @@ import kopf
 from tessera import api, fields
 from tessera.control import converge, switching
 from tessera.observability import control
-from tessera.policies import switching_candidates, switching_decide
+from tessera.policies.switching import candidates as switching_candidates
+from tessera.policies.switching import decide as switching_decide
 from tessera_operator import config, discovery, gateway_objects, kube
 
 ARRIVALS_PATH = switching.ARRIVALS_PATH

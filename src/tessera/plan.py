@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from tessera import api, blocks, fields, observed
 from tessera.cost import model_shape
-from tessera.policies import generation as generation_policy
-from tessera.policies import overload_desired
+from tessera.policies.overload import desired as overload_desired
+from tessera.policies.transition import generation as generation_policy
 
 KV_HEADROOM = 0.9  # share of the memory left after parameters given to KV pools
 

@@ -10,7 +10,8 @@ steps that reach it from what the agents hold. `delete_actions` unloads a deploy
 from __future__ import annotations
 
 from tessera import blocks, observed, plan, routes_doc
-from tessera.policies import actions, transition
+from tessera.policies.transition import actions
+from tessera.policies.transition import planner as transition
 
 
 def desired_blocks(p: plan.Plan, obs: observed.Observed) -> list[transition.Placed]:

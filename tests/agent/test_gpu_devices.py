@@ -14,7 +14,7 @@ import torch
 
 from tessera.cli import main as cli_main
 from tessera.cli import up_cmd
-from tessera.policies import gpu_memory
+from tessera.policies.serving import gpu_memory
 from tessera_agent import devices, gpu_devices, server
 from tessera_agent.engine import config, kv_cache, stage
 

@@ -154,7 +154,7 @@ def test_cost_profile_sets_the_lookahead_cost(tmp_path: Path) -> None:
 
     from tessera.cost import analytic
     from tessera.planner import manifest
-    from tessera.policies import lookahead, microbatch
+    from tessera.policies.overload import lookahead, microbatch
     from tessera_agent import server
 
     examples = Path(__file__).resolve().parents[2] / "examples"

@@ -22,7 +22,8 @@ import pytest
 
 from tessera.cli import local_agents
 from tessera.control import overload_driver
-from tessera.policies import drop_plan, overload_steps
+from tessera.policies.overload import drop_plan
+from tessera.policies.overload import steps as overload_steps
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tessera import blocks
-from tessera.policies import actions
+from tessera.policies.transition import actions
 from tessera.rpc import blocks as rpc_blocks
 from tessera_agent import switch_fetch
 from tessera_agent.engine import config, errors, loader

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera.policies import placement_locality as pl
+from tessera.policies.variants import locality as pl
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"

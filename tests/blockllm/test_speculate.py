@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from tessera.policies import speculation
+from tessera.policies.variants import speculation
 from tessera_agent import block_parts, speculate, surrogate
 
 PROMPT = [1, 50, 60, 70, 80, 90]

@@ -9,13 +9,11 @@ import dataclasses
 import pytest
 
 from tessera import blocks, fields, routes_doc, variant_spec
-from tessera.policies import (
-    placement,
-    placement_locality,
-    stitch_chains,
-    transition_model,
-    variant_plan,
-)
+from tessera.policies import placement
+from tessera.policies.transition import model as transition_model
+from tessera.policies.variants import locality as placement_locality
+from tessera.policies.variants import plan as variant_plan
+from tessera.policies.variants import stitch_chains
 from tessera.rpc import blocks as rpc_blocks
 
 MB = 1 << 20

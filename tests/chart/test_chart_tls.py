@@ -68,7 +68,7 @@ def test_cert_manager_issues_one_certificate_per_role(helm: Path) -> None:
         ("serving-canary", "tessera-gateway-tls"): ["gateway"],
     }
     assert certs[("cert-manager", "tessera-ca")]["isCA"] is True
-    # gateways are bound to their namespace (tessera.policies.tenancy); no other role is
+    # gateways are bound to their namespace (tessera.policies.security.tenancy); no other role is
     for (ns, _), spec in certs.items():
         gateway = spec.get("subject", {}).get("organizationalUnits") == ["gateway"]
         assert spec.get("uris") == ([f"spiffe://tessera/ns/{ns}"] if gateway else None)

@@ -10,8 +10,8 @@ import math
 import grpc
 
 from tessera.control import autoscale_loop, gateway_demand
-from tessera.policies import autoscale
-from tessera.policies import scaling_signal as sig
+from tessera.policies.scaling import autoscale
+from tessera.policies.scaling import signal as sig
 from tessera.rpc.v1 import agent_pb2 as pb
 
 

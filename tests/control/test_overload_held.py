@@ -5,7 +5,8 @@ from __future__ import annotations
 from tessera import blocks, observed, routes_doc
 from tessera.control import gateway_load
 from tessera.control import overload as control
-from tessera.policies import overload_held, overload_steps
+from tessera.policies.overload import held as overload_held
+from tessera.policies.overload import steps as overload_steps
 
 A0, A1 = "127.0.0.1:1", "127.0.0.1:2"
 MEMBERS = [
@@ -123,7 +124,7 @@ def test_a_failed_restore_leaves_no_head_paused() -> None:
     import asyncio
 
     from tessera.control import overload_driver
-    from tessera.policies import overload
+    from tessera.policies.overload import monitor as overload
 
     ran: list[tuple[overload_steps.Step, ...]] = []
 

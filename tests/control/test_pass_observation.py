@@ -23,7 +23,8 @@ from tessera import api, observed
 from tessera.cli import up_overload, up_policies
 from tessera.control import agents, converge, observation
 from tessera.control import overload as control
-from tessera.policies import module_scaling, overload
+from tessera.policies.overload import monitor as overload
+from tessera.policies.scaling import module_scaling
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc

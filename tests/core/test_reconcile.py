@@ -10,7 +10,8 @@ import pytest
 from tessera import api, observed, plan, reconcile, routes_doc
 from tessera import blocks as tessera_blocks
 from tessera.cost import model_shape
-from tessera.policies import actions, transition
+from tessera.policies.transition import actions
+from tessera.policies.transition import planner as transition
 
 SHAPE = model_shape.ModelShape(
     name="tiny",

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tessera.control import scaling_driver as sd
-from tessera.policies import module_scaling as ms
+from tessera.policies.scaling import module_scaling as ms
 from tessera.rpc.v1 import agent_pb2 as pb
 
 

@@ -21,8 +21,8 @@ import pytest
 
 from tessera import api
 from tessera.control import scaling_loop
-from tessera.policies import module_scaling as ms
-from tessera.policies import scaling_signal as sig
+from tessera.policies.scaling import module_scaling as ms
+from tessera.policies.scaling import signal as sig
 from tessera.rpc.v1 import agent_pb2 as pb
 from tests.core.test_scaling_driver import FakeAgent, _dev
 

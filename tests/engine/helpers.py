@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from tessera.policies import microbatch
+from tessera.policies.overload import microbatch
 from tessera_agent.engine import replica, sampling, scheduler, stage
 
 

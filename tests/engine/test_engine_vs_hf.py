@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera.policies import microbatch
+from tessera.policies.overload import microbatch
 from tessera_agent.engine import sampling
 from tests.conftest import hf_greedy
 from tests.engine import helpers

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tessera.gateway import config, kv_affinity, metrics, replicas, router
-from tessera.policies import kv_dispatch
+from tessera.policies.routing import kv_dispatch
 
 
 async def _setup(limit: int = 2) -> tuple[kv_affinity.KvAffinity, router.Router]:

@@ -7,7 +7,7 @@ import collections
 import pytest
 
 from tessera.gateway import router
-from tessera.policies import routing
+from tessera.policies.routing import shares as routing
 
 
 def test_least_outstanding_tokens_wins() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tessera import blocks, observed, plan, routes_doc
 from tessera.cli import up_overload
-from tessera.policies import overload_steps
+from tessera.policies.overload import steps as overload_steps
 
 R = routes_doc.RouteReplica
 DOC = routes_doc.RoutesDoc((R("r0", "a:1"), R("r1", "b:1"), R("p", "a:1")), 3)

@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client
 
 from tessera.control import agents
-from tessera.policies import admission
+from tessera.policies.security import admission
 from tessera_operator import config
 from tessera_operator.testing import apiserver, background
 

@@ -11,7 +11,10 @@ import pytest
 
 from tessera import observed
 from tessera.control import actuate, overload_driver
-from tessera.policies import actions, drop_plan, overload_steps, transition
+from tessera.policies.overload import drop_plan
+from tessera.policies.overload import steps as overload_steps
+from tessera.policies.transition import actions
+from tessera.policies.transition import planner as transition
 
 DROP = actions.DropLayers(
     (

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 
 from tessera.control import agents
-from tessera.policies import admission
+from tessera.policies.security import admission
 from tests.operator.conftest import GROUP, PLURAL, VERSION, condition, custom, get_sd, wait_for
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ from kubernetes import client
 
 from tessera import crd
 from tessera.cli import local_agents
-from tessera.policies import admission
+from tessera.policies.security import admission
 from tessera_operator import config
 from tessera_operator.testing import background
 from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, wait_for

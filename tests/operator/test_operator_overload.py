@@ -25,7 +25,8 @@ from kubernetes import client
 from tessera import routes_doc
 from tessera.cli import local_agents
 from tessera.control import overload_driver
-from tessera.policies import drop_plan, overload_steps
+from tessera.policies.overload import drop_plan
+from tessera.policies.overload import steps as overload_steps
 from tessera_operator import gateway_objects
 from tests.operator.conftest import (
     GROUP,

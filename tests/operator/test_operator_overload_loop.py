@@ -36,7 +36,7 @@ from kubernetes import client
 from tokenizers import Tokenizer
 
 from tessera.cli import local_agents
-from tessera.policies import overload_steps
+from tessera.policies.overload import steps as overload_steps
 from tests.conftest import hf_greedy
 from tests.operator.conftest import (
     GROUP,

@@ -28,8 +28,8 @@ from tessera.control import (
     gateway_load,
     observation,
 )
-from tessera.policies import admission
-from tessera.policies import scaling_signal as sig
+from tessera.policies.scaling import signal as sig
+from tessera.policies.security import admission
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc

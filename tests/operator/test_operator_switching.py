@@ -23,7 +23,7 @@ from tessera import api
 from tessera.cli import local_agents
 from tessera.control import converge
 from tessera.cost import analytic
-from tessera.policies import switching_candidates
+from tessera.policies.switching import candidates as switching_candidates
 from tessera_operator import switching_loop
 from tests.conftest import hf_greedy
 from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, events, get_sd, wait_for

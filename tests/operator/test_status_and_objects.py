@@ -8,7 +8,7 @@ import pytest
 
 from tessera import api, observed, plan, routes_doc
 from tessera.control import converge
-from tessera.policies import transition
+from tessera.policies.transition import planner as transition
 from tessera_operator import config, gateway_objects, owned, status
 from tests.operator import kstatus
 

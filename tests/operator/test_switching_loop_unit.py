@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tessera import api
-from tessera.policies import switching_current
+from tessera.policies.switching import current as switching_current
 from tessera_operator import switching_loop
 
 A = [{"name": "r0", "stages": [{"agent": "agent-0", "device": "cpu:0", "layers": [0, 8]}]}]

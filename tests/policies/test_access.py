@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tessera.policies import access
+from tessera.policies.security import access
 
 
 def test_weights_and_kv_are_open_only_to_the_roles_that_need_them() -> None:

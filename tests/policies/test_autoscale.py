@@ -1,4 +1,4 @@
-"""The replica autoscaler's pure decision (issue 32, `policies/autoscale.py`): from zero at
+"""The replica autoscaler's pure decision (issue 32, `policies/scaling/autoscale.py`): from zero at
 once, out on queue / KV / TTFT with a cooldown, idle replicas sleep (to zero with min 0),
 in only after the calm window, bounds, and never a busy replica put to sleep."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.policies import autoscale as a
+from tessera.policies.scaling import autoscale as a
 
 CFG = a.AutoscaleConfig(
     enabled=True, min_replicas=0, max_replicas=4, sleep_after_s=10, scale_down_after_s=20

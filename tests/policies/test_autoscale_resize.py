@@ -1,4 +1,4 @@
-"""The autoscaler resizing an auto layout's plan (issue 32, `policies/autoscale.py`): it
+"""The autoscaler resizing an auto layout's plan (issue 32, `policies/scaling/autoscale.py`): it
 grows the plan when every planned replica is awake and the queue wants more (up to
 `max`, a growth still loading counted), shrinks it instead of sleeping a replica whose
 host cache has no room (down to max(1, min), one resize at a time), never resizes an
@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.policies import autoscale as a
+from tessera.policies.scaling import autoscale as a
 
 CFG = a.AutoscaleConfig(
     enabled=True,

@@ -1,4 +1,4 @@
-"""The continuous-batching policy, pure and without an engine (tessera.policies.batching)."""
+"""The continuous-batching policy, pure and without an engine (policies.serving.batching)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tessera.policies import batching as b
+from tessera.policies.serving import batching as b
 
 
 def _v(i: int, pending: int) -> b.SeqView:
@@ -53,7 +53,7 @@ def test_limits_are_validated() -> None:
 
 def test_the_policy_imports_no_torch() -> None:
     """A simulator imports it without torch (the import-linter contract says the same)."""
-    code = "import sys, tessera.policies.batching; sys.exit('torch' in sys.modules)"
+    code = "import sys, tessera.policies.serving.batching; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tessera.policies import block_batching as bb
+from tessera.policies.serving import block_batching as bb
 
 
 def _step(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.policies import block_dispatch as bd
+from tessera.policies.routing import block_dispatch as bd
 
 
 def inst(id: str, **kw: float) -> bd.BlockInstance:

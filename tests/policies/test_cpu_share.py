@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.policies import cpu_share
+from tessera.policies.serving import cpu_share
 
 
 @pytest.mark.parametrize(

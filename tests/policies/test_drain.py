@@ -1,4 +1,4 @@
-"""The drain-or-move rule of a cut-over (`tessera.policies.drain`), without servers."""
+"""The drain-or-move rule of a cut-over (`tessera.policies.transition.drain`), without servers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tessera.policies import drain
+from tessera.policies.transition import drain
 
 
 def _cfg(deadline: float = 10.0, elapsed: float = 0.0) -> drain.DrainConfig:

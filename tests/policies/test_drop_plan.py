@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tessera.policies import drop_plan as dp
+from tessera.policies.overload import drop_plan as dp
 
 L = 8  # layers
 LAYER = 100  # bytes per layer

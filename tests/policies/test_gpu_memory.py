@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.policies import gpu_memory
+from tessera.policies.serving import gpu_memory
 
 GIB = 1 << 30
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.policies import kv_dispatch as kd
+from tessera.policies.routing import kv_dispatch as kd
 
 
 def cand(id: str, **kw: float) -> kd.Candidate:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.policies import drop_plan as dp
-from tessera.policies import kv_exchange as kx
+from tessera.policies.overload import drop_plan as dp
+from tessera.policies.overload import kv_exchange as kx
 
 L, LAYER = 8, 100
 ALL = frozenset(range(L))

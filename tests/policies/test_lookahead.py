@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tessera.cost import fit as fit_mod
-from tessera.policies import lookahead as la
+from tessera.policies.overload import lookahead as la
 
 COST = la.ChunkCost(alpha=1e-6, beta=1e-4, gamma=2e-3)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.policies import lookahead, microbatch
+from tessera.policies.overload import lookahead, microbatch
 
 COST = lookahead.ChunkCost(alpha=1e-4, beta=1e-3, gamma=1e-3)
 

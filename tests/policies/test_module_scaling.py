@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.policies import module_scaling as ms
-from tessera.policies import request_split as rs
-from tessera.policies import speedup as sp
+from tessera.policies.scaling import module_scaling as ms
+from tessera.policies.scaling import request_split as rs
+from tessera.policies.scaling import speedup as sp
 
 WL = sp.Workload(hidden=64, batch=16, seq_len=128, delta=1.0)
 MB = 1 << 20

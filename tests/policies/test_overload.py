@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.policies import overload as ov
+from tessera.policies.overload import monitor as ov
 
 ON = ov.OverloadConfig(enabled=True)
 

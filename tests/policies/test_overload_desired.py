@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tessera import dtypes, routes_doc
-from tessera.policies import actions, generation, overload_desired, transition
+from tessera.policies.overload import desired as overload_desired
+from tessera.policies.transition import actions, generation
+from tessera.policies.transition import planner as transition
 from tests.policies import transition_sim as sim
 from tests.policies.transition_sim import block, placed, rid, with_next
 

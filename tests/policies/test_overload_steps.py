@@ -1,11 +1,12 @@
-"""The ordered steps of a live KunServe drop and restore (policies/overload_steps.py)."""
+"""The ordered steps of a live KunServe drop and restore (policies/overload/steps.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tessera.policies import drop_plan, overload_steps
-from tessera.policies.overload_steps import (
+from tessera.policies.overload import drop_plan
+from tessera.policies.overload import steps as overload_steps
+from tessera.policies.overload.steps import (
     BlockRef,
     Compact,
     Drain,

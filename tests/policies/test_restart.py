@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.policies import restart
+from tessera.policies.serving import restart
 
 P = restart.RestartPolicy(backoff_s=1.0, max_backoff_s=4.0, stable_s=60.0)
 

@@ -1,10 +1,10 @@
-"""The gateway's retry decisions (`tessera.policies.retry`): a table per function."""
+"""The gateway's retry decisions (`tessera.policies.routing.retry`): a table per function."""
 
 from __future__ import annotations
 
 import pytest
 
-from tessera.policies import retry
+from tessera.policies.routing import retry
 
 F = retry.Failure
 

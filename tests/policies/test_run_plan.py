@@ -1,13 +1,13 @@
-"""Module-scaling decisions as layer-run operations (`policies/run_plan.py`)."""
+"""Module-scaling decisions as layer-run operations (`policies/scaling/run_plan.py`)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tessera.policies import module_scaling as ms
-from tessera.policies import run_plan
-from tessera.policies import speedup as sp
+from tessera.policies.scaling import module_scaling as ms
+from tessera.policies.scaling import run_plan
+from tessera.policies.scaling import speedup as sp
 
 
 def test_runs_of_consecutive_layers() -> None:

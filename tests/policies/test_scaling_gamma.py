@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.policies import module_scaling as ms
-from tessera.policies import speedup as sp
+from tessera.policies.scaling import module_scaling as ms
+from tessera.policies.scaling import speedup as sp
 
 D = 256
 

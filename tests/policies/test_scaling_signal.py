@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from tessera.policies import module_scaling as ms
-from tessera.policies import scaling_signal as sig
+from tessera.policies.scaling import module_scaling as ms
+from tessera.policies.scaling import signal as sig
 
 BOUNDS = (0.01, 0.05, 0.1, math.inf)
 ON = ms.ScalingConfig(enabled=True)  # downViolationRate 0.05

@@ -9,9 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera import fields
-from tessera.policies import device_links, shards, switch_bound, switch_plan
+from tessera.policies import device_links
 from tessera.policies.device_links import DeviceLinks
 from tessera.policies.placement import ModelBytes, ReplicaPlacement, StagePlacement
+from tessera.policies.switching import switch_bound, switch_plan
+from tessera.policies.transition import shards
 
 GB = 1e9
 LINKS = DeviceLinks(

@@ -15,8 +15,11 @@ from typing import Any
 from hypothesis import given, settings
 
 from tessera import blocks
-from tessera.policies import actions, device_links, links, switch_sources, transition
+from tessera.policies import device_links, links
 from tessera.policies.placement import ModelBytes
+from tessera.policies.transition import actions
+from tessera.policies.transition import copy_sources as switch_sources
+from tessera.policies.transition import planner as transition
 from tests.policies import test_transition as tt
 from tests.policies import test_transition_properties as props
 from tests.policies import transition_sim as sim

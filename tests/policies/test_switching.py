@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera import api, fields
-from tessera.policies import switching
-from tessera.policies.switching import DeploymentCost, HysteresisState, SwitchingConfig
+from tessera.policies.switching import gain as switching
+from tessera.policies.switching.gain import DeploymentCost, HysteresisState, SwitchingConfig
 
 ACTIVE = SwitchingConfig(enabled=True, mode="active", span_s=60.0, min_gain=0.1)
 A = DeploymentCost("A", 2.0)

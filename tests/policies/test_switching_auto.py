@@ -14,8 +14,9 @@ from tessera import api, api_semantics, plan
 from tessera.cost.capacity import RequestClass
 from tessera.planner import capacity_table, exhaustive
 from tessera.planner.evaluate import Evaluator
-from tessera.policies import switching_candidates as sc
-from tessera.policies import switching_current, switching_planner
+from tessera.policies.switching import candidates as sc
+from tessera.policies.switching import current as switching_current
+from tessera.policies.switching import planner as switching_planner
 from tests.planner import planner_helpers as helpers
 from tests.policies.test_switching_candidates import NAMES, SHAPE, WHOLE, _dep, _obs
 

@@ -15,7 +15,7 @@ import pytest
 from tessera import api, api_semantics, observed
 from tessera.cost import analytic
 from tessera.planner.deployment import Deployment, ReplicaPlan, StagePlan
-from tessera.policies import switching_candidates as sc
+from tessera.policies.switching import candidates as sc
 from tests.planner import planner_helpers as helpers
 
 GiB = 1 << 30

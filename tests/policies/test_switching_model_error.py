@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tessera import fields
-from tessera.policies import switching
+from tessera.policies.switching import gain as switching
 
 CFG = switching.SwitchingConfig(
     enabled=True, mode="active", span_s=60.0, min_gain=0.1, hold_spans=1, cooldown_spans=0

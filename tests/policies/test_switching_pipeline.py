@@ -9,8 +9,10 @@ from tessera.cost.capacity import RequestClass
 from tessera.planner import capacity_table, search
 from tessera.planner.latency import LatencyModel
 from tessera.planner.problem import PlanningProblem
-from tessera.policies import device_links, placement, switch_bound, switch_plan, switching
-from tessera.policies.switching import DeploymentCost, HysteresisState, SwitchingConfig
+from tessera.policies import device_links, placement
+from tessera.policies.switching import gain as switching
+from tessera.policies.switching import switch_bound, switch_plan
+from tessera.policies.switching.gain import DeploymentCost, HysteresisState, SwitchingConfig
 from tests.planner import planner_helpers as helpers
 
 

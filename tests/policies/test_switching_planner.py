@@ -10,7 +10,9 @@ import pytest
 
 from tessera.cost.capacity import RequestClass
 from tessera.planner import capacity_table
-from tessera.policies import switching, switching_planner, switching_step
+from tessera.policies.switching import gain as switching
+from tessera.policies.switching import planner as switching_planner
+from tessera.policies.switching import step as switching_step
 from tests.planner import planner_helpers as helpers
 
 CLASSES = (RequestClass("chat", 200, 100, 1.0), RequestClass("doc", 6000, 20, 1.0))

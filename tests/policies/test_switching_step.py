@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.policies import switching, switching_step
+from tessera.policies.switching import gain as switching
+from tessera.policies.switching import step as switching_step
 from tessera.workload import baselines
 
 SPAN = 10.0

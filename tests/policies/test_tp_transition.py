@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from tessera import blocks, observed
-from tessera.policies import actions, transition
+from tessera.policies.transition import actions
+from tessera.policies.transition import planner as transition
 
 PREFIX = "default.tp."
 RID = PREFIX + "r0.g1"

@@ -12,7 +12,9 @@ from __future__ import annotations
 import pytest
 
 from tessera import observed, routes_doc
-from tessera.policies import actions, links, transition
+from tessera.policies import links
+from tessera.policies.transition import actions
+from tessera.policies.transition import planner as transition
 from tests.policies import transition_sim as sim
 from tests.policies.transition_sim import block, placed, rid, with_next
 

@@ -16,7 +16,9 @@ from dataclasses import replace
 import pytest
 
 from tessera import blocks
-from tessera.policies import actions, transition, transition_drop
+from tessera.policies.transition import actions
+from tessera.policies.transition import drop as transition_drop
+from tessera.policies.transition import planner as transition
 from tests.policies import transition_sim as sim
 from tests.policies.transition_sim import placed, rid, with_next
 

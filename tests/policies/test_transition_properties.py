@@ -12,7 +12,8 @@ from __future__ import annotations
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tessera.policies import actions, transition
+from tessera.policies.transition import actions
+from tessera.policies.transition import planner as transition
 from tests.policies import transition_sim as sim
 from tests.policies.transition_sim import block, placed, rid, with_next
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import pytest
 
 from tessera import blocks
-from tessera.policies import actions, transition, transition_shrink
+from tessera.policies.transition import actions
+from tessera.policies.transition import planner as transition
+from tessera.policies.transition import shrink as transition_shrink
 from tests.policies import transition_sim as sim
 from tests.policies.transition_sim import placed, rid, with_next
 

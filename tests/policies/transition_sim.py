@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from tessera import blocks, observed, routes_doc
-from tessera.policies import actions, links, switch_sources, transition
+from tessera.policies import links
+from tessera.policies.transition import actions
+from tessera.policies.transition import copy_sources as switch_sources
+from tessera.policies.transition import planner as transition
 
 PREFIX = "default.demo."
 MODEL = "/m"

@@ -13,7 +13,10 @@ choice. `links.measured` builds the model from the probes.
 from __future__ import annotations
 
 from tessera import blocks, observed, routes_doc
-from tessera.policies import actions, links, replica_sources, transition
+from tessera.policies import links
+from tessera.policies.scaling import replica_sources
+from tessera.policies.transition import actions
+from tessera.policies.transition import planner as transition
 from tests.policies import transition_sim as sim
 
 

@@ -1,4 +1,4 @@
-"""The operator's admission of a spec (`tessera.policies.admission`), pure: model paths under
+"""The operator's admission of a spec (`policies.security.admission`), pure: model paths
 the allowed roots, LoadBalancer and hostPath only when allowed; and the CRD's path pattern."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tessera import api
-from tessera.policies import admission
+from tessera.policies.security import admission
 
 CRD = Path(__file__).parents[2] / "crds/servingdeployments.serving.tessera.dev.yaml"
 STRICT = admission.Limits(("/models",))

@@ -19,7 +19,7 @@ import pytest
 
 from tessera.cli import local_agents
 from tessera.control import kv_move
-from tessera.policies import access
+from tessera.policies.security import access
 from tessera.rpc import pki, transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tessera.policies import access
+from tessera.policies.security import access
 from tessera.rpc import pki, transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc

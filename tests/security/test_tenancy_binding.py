@@ -18,7 +18,7 @@ import pytest
 
 from tessera import blocks
 from tessera.cli import local_agents
-from tessera.policies import access, tenancy
+from tessera.policies.security import access, tenancy
 from tessera.rpc import pki, transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc

@@ -1,4 +1,4 @@
-"""The pure deployment binding (`tessera.policies.tenancy`): a certificate's scope URI, a
+"""The pure deployment binding (`tessera.policies.security.tenancy`): a certificate's scope URI, a
 replica's owner, and whether a bound gateway may name a replica."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tessera import blocks
-from tessera.policies import access, tenancy
+from tessera.policies.security import access, tenancy
 
 A = blocks.replica_id("team-a", "chat", "r0", 3)
 B = blocks.replica_id("team-b", "chat", "r0", 1)

@@ -10,7 +10,7 @@ import pytest
 from tessera.cost import analytic
 from tessera.cost.latency import StageSpec
 from tessera.cost.model_shape import from_hf_config
-from tessera.policies import batching
+from tessera.policies.serving import batching
 from tessera.sim import arrivals, engine, replica, report, setup, steptime
 from tessera.workload.traces import Request
 

@@ -11,8 +11,9 @@ import pytest
 
 from tessera.cost import analytic
 from tessera.cost.model_shape import from_hf_config
-from tessera.policies import batching, request_split
-from tessera.policies import speedup as sp
+from tessera.policies.scaling import request_split
+from tessera.policies.scaling import speedup as sp
+from tessera.policies.serving import batching
 from tessera.sim import arrivals, blockllm, cocoserve, engine, setup
 from tessera.sim.replica import SimRequest
 
@@ -43,28 +44,28 @@ def _imports(path: Path) -> set[str]:
     [
         (
             "oserve.py",
-            {"tessera.planner.table1", "tessera.policies.routing"},
+            {"tessera.planner.table1", "tessera.policies.routing.shares"},
         ),
         (
             "oserve_table2.py",
             {
                 "tessera.planner.table1",
                 "tessera.planner.latency",
-                "tessera.policies.switching",
-                "tessera.policies.switch_plan",
-                "tessera.policies.switching_step",
-                "tessera.policies.routing",
+                "tessera.policies.switching.gain",
+                "tessera.policies.switching.switch_plan",
+                "tessera.policies.switching.step",
+                "tessera.policies.routing.shares",
             },
         ),
         (
             "cocoserve.py",
             {
-                "tessera.policies.module_scaling",
-                "tessera.policies.request_split",
-                "tessera.policies.speedup",
+                "tessera.policies.scaling.module_scaling",
+                "tessera.policies.scaling.request_split",
+                "tessera.policies.scaling.speedup",
             },
         ),
-        ("blockllm.py", {"tessera.policies.block_dispatch"}),
+        ("blockllm.py", {"tessera.policies.routing.block_dispatch"}),
     ],
 )
 def test_the_sim_imports_the_decisions(module: str, needed: set[str]) -> None:
@@ -153,7 +154,7 @@ def test_scale_down_evicts_off_a_bottleneck_helper_then_cuts_the_batch(
     (evictions from the helper first: no device has room to migrate to; the batch cut
     last), and the step after it is faster on the same requests."""
     from tessera.cost.capacity import Slo
-    from tessera.policies import module_scaling
+    from tessera.policies.scaling import module_scaling
     from tessera.sim import cocoserve_down
 
     prof = _prof("llama-2-13b")
@@ -333,7 +334,7 @@ def test_built_layout_routes_the_planned_rates(small_oserve) -> None:  # type: i
 def test_switch_lands_and_loses_nothing(small_oserve) -> None:  # type: ignore[no-untyped-def]
     """A switch applied mid-run: the old replicas hand their requests (KV kept) to the
     new ones, the router takes the new shares, every request finishes."""
-    from tessera.policies import switching
+    from tessera.policies.switching import gain as switching
     from tessera.sim import oserve, oserve_table2
 
     prof, base, slo, (a, b) = small_oserve
@@ -352,7 +353,7 @@ def test_switch_lands_and_loses_nothing(small_oserve) -> None:  # type: ignore[n
 
 
 def test_the_switching_loop_decides_every_span(small_oserve) -> None:  # type: ignore[no-untyped-def]
-    from tessera.policies import switching
+    from tessera.policies.switching import gain as switching
     from tessera.sim import oserve, oserve_table2
 
     prof, base, slo, (a, _) = small_oserve
@@ -373,7 +374,8 @@ def test_the_switching_loop_decides_every_span(small_oserve) -> None:  # type: i
 def test_the_switcher_runs_the_operators_span_step(small_oserve, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Every span's decision is what `switching_step.step` (the operator loop's own step)
     returned, at the step's forecast: the simulator composes no decision itself."""
-    from tessera.policies import switching, switching_step
+    from tessera.policies.switching import gain as switching
+    from tessera.policies.switching import step as switching_step
     from tessera.sim import oserve, oserve_table2
 
     prof, base, slo, (a, _) = small_oserve
@@ -442,7 +444,7 @@ def test_switches_go_through_the_transition_planner(small_oserve, label: str, mo
     (issue 34; before, the planner retired old replicas one at a time, or blocked a move
     to one replica over every GPU) and the new layout loads beside them; every request
     finishes."""
-    from tessera.policies import switching
+    from tessera.policies.switching import gain as switching
     from tessera.sim import oserve, oserve_table2
 
     prof, base, slo, (a, _) = small_oserve
@@ -473,7 +475,7 @@ def test_one_replica_over_every_gpu_switches_by_shrinking_its_pool(small_oserve)
     """The case that used to be blocked (InsufficientMemory): one replica holds every GPU
     and its KV pool all the memory left; its pool shrinks, the new layout loads beside
     it, the routes cut over, the old is freed and the new pools grow (issue 34)."""
-    from tessera.policies import switching
+    from tessera.policies.switching import gain as switching
     from tessera.sim import oserve, oserve_table2
 
     prof, base, slo, (a, _) = small_oserve

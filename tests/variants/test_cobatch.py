@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tessera.policies import block_batching as bb
+from tessera.policies.serving import block_batching as bb
 from tessera_agent import tiny_variants
 from tessera_agent.engine import (
     block_zoo,

@@ -9,7 +9,10 @@ import dataclasses
 import pytest
 
 from tessera import api, blocks, fields, routes_doc, variant_spec
-from tessera.policies import placement, transition_model, variant_memory, variant_plan
+from tessera.policies import placement
+from tessera.policies.transition import model as transition_model
+from tessera.policies.variants import memory as variant_memory
+from tessera.policies.variants import plan as variant_plan
 from tessera.rpc import blocks as rpc_blocks
 
 V = variant_spec.VariantSpec

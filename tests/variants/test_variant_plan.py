@@ -15,7 +15,8 @@ from tessera.cli import variant_check
 from tessera.gateway import errors as gw_errors
 from tessera.gateway import request_params
 from tessera.gateway import variants as gw_variants
-from tessera.policies import transition_model, variant_plan
+from tessera.policies.transition import model as transition_model
+from tessera.policies.variants import plan as variant_plan
 from tessera_agent import tiny_checkpoint, tiny_variants
 
 V = variant_spec.VariantSpec

@@ -4,7 +4,7 @@ Every engine on an agent (replica leaders, later pipeline stages) submits its st
 compute thread. `CoBatchExecutor` is that thread: a `concurrent.futures.Executor` (every
 other job, such as attaching adapters or moving pages, runs as before, in submission
 order) with `submit_step(runner, inp)` for steps. When several steps are queued at once
-and their stages share zoo pieces, it asks `tessera.policies.block_batching.plan` which of
+and their stages share zoo pieces, it asks `tessera.policies.serving.block_batching.plan` which of
 them run together and runs them as one co-step (`costep.run`): one pass per shared
 instance and layer, each within its batch limit; the rest wait for the next co-step,
 ahead of newer steps. With one step queued, or nothing shared, the step runs alone through
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera.policies import block_batching as bb
+from tessera.policies.serving import block_batching as bb
 from tessera_agent.engine import costep, step
 from tessera_agent.engine import runner as runner_mod
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tessera.policies import block_batching as bb
+from tessera.policies.serving import block_batching as bb
 from tessera_agent.engine import attention, lora, sampling, step
 from tessera_agent.engine import model as model_mod
 from tessera_agent.engine import runner as runner_mod

@@ -60,7 +60,7 @@ from typing import Any
 import torch
 import torch._inductor.config as inductor_config
 
-from tessera.policies import batching
+from tessera.policies.serving import batching
 from tessera_agent.engine import (
     attention,
     compile_cache,

@@ -4,7 +4,7 @@ CoCoServe (§3.1) replicates a run of layers [start, end) of a stage onto other 
 at that run each step's batch is split between the holders in proportion to their
 measured speed, each sub-batch's hidden states go to its holder, stay there through the
 whole run, and come back in order. The split is sticky per request
-(`tessera.policies.request_split`): a holder keeps the K/V of the requests it serves for
+(`tessera.policies.scaling.request_split`): a holder keeps the K/V of the requests it serves for
 the run's layers, so a request never moves unless its K/V moves with it (`move`).
 
 Holders (`run_holders.py`): the stage's own layers inline, a copy on another device of
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from tessera.policies import request_split
+from tessera.policies.scaling import request_split
 from tessera_agent.engine import attention, errors, run_holders, step
 from tessera_agent.engine import model as model_mod
 

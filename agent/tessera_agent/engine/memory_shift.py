@@ -1,7 +1,7 @@
 """Shift device memory between a running block's parameters and its KV pool (issue 13).
 
 On an agent's device the parameters and the KV pool of a block share one budget. When a
-KunServe drop plan (`tessera.policies.drop_plan`) tells a block to keep fewer layers,
+KunServe drop plan (`tessera.policies.overload.drop_plan`) tells a block to keep fewer layers,
 `drop_layers` releases the dropped layers' weights (and the embedding or LM head when
 the block no longer starts or ends the model) and their K/V, and spends every freed byte
 on new KV pages for the layers it keeps: the pool grows in place, existing pages keep

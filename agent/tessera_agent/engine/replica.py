@@ -7,7 +7,7 @@ while microbatch B runs on stage 1. Each step runs the local stage on the agent'
 thread, then goes downstream through a `Downstream` (the gRPC stage stream in production,
 an in-process runner chain in tests), and its sampled tokens come back to `postprocess`.
 How each microbatch is cut (by sequence count, or by modelled cost while an overload drop
-made the replica a pipeline and its queue is deep) is `tessera.policies.microbatch`'s
+made the replica a pipeline and its queue is deep) is `tessera.policies.overload.microbatch`'s
 decision. `busy_s()` is each stage's compute time so far (the leader's own, and the
 downstream's when it reports one), for the live bubble fraction (`tessera bench overload`).
 Called by the agent servicer's `Generate`, by `tessera generate` and the engine bench.
@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from tessera.policies import microbatch
+from tessera.policies.overload import microbatch
 from tessera_agent.engine import (
     cobatch,
     errors,

@@ -9,7 +9,7 @@ prompt prefix already in the allocator's prefix cache starts computing after it.
 `postprocess()` applies the sampled tokens and stop conditions and returns plain
 `TokenEvent`s.
 The policy (who runs next, how many tokens, whom to preempt) is the pure, torch-free
-`tessera.policies.batching`; this module applies it to sequences and pages.
+`tessera.policies.serving.batching`; this module applies it to sequences and pages.
 Called by `replica.py`; returns plain data, does no I/O.
 """
 
@@ -20,7 +20,8 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from tessera.policies import batching, lookahead, microbatch
+from tessera.policies.overload import lookahead, microbatch
+from tessera.policies.serving import batching
 from tessera_agent.engine import errors, page_allocator, sampling, step
 
 
@@ -145,7 +146,7 @@ class Scheduler:
     def pending_chunks(self, max_tokens: int) -> list[lookahead.Chunk]:
         """The work `schedule` would offer places to, in its order (idle running sequences
         oldest first, then waiting ones), up to `max_tokens` tokens: the leader's
-        microbatch policy (`tessera.policies.microbatch`) splits it."""
+        microbatch policy (`tessera.policies.overload.microbatch`) splits it."""
         out: list[lookahead.Chunk] = []
         left = max_tokens
         idle = {s.seq_id: s for s in self.running if not s.in_flight}
@@ -177,7 +178,7 @@ class Scheduler:
         """Choose the next step among sequences not already in flight; None if none.
         `max_seqs` / `max_tokens` cap it (a pipeline's microbatch).
 
-        What runs is decided by `tessera.policies.batching`; this applies it to pages."""
+        What runs is decided by `tessera.policies.serving.batching`; this applies it to pages."""
         budget = batching.start_budget(self.limits, max_seqs, max_tokens)
         chosen: list[tuple[Sequence, int]] = []
         idle = [s for s in self.running if not s.in_flight]

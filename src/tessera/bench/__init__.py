@@ -15,6 +15,6 @@ Where benchmarks live (also in `docs/benchmarks.md`): serving scenarios under
 `tessera.cli.bench_*`; engine and data-plane ones in the agent (`tessera_agent.bench_*`,
 they need torch and the engine; they use `harness` and `client`, which import nothing of
 the CLI); pure ones beside what they measure (`tessera.planner.bench`,
-`tessera.workload.bench`, `tessera.policies.bench`, `tessera.sim.bench`,
+`tessera.workload.bench`, `tessera.policies.transition.plan_bench`, `tessera.sim.bench`,
 `tessera_operator.bench_reconcile`). This package imports no agent, operator or CLI code.
 """

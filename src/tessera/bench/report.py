@@ -44,7 +44,7 @@ lists the figures the log kept, under their names there.
 (`tessera.cli.bench.BENCHES` maps names to modules): serving scenarios in
 `tessera.cli.bench_*`; engine and data-plane ones in the agent (`tessera_agent.bench_*`,
 with `tessera_agent.engine_batch`); pure ones beside what they measure
-(`tessera.planner.bench`, `tessera.workload.bench`, `tessera.policies.bench`,
+(`tessera.planner.bench`, `tessera.workload.bench`, `tessera.policies.transition.plan_bench`,
 `tessera.sim.bench`, `tessera_operator.bench_reconcile`). What they share is
 `tessera.bench`: `harness` (interleaved rounds, medians of per-round ratios, the
 quiet-machine check, provenance), `client` (the one SSE client of the gateway), `trace`,

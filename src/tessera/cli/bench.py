@@ -45,7 +45,7 @@ BENCHES: dict[str, str] = {
     "predictor": "tessera.workload.bench",
     "reconcile": "tessera_operator.bench_reconcile",
     "chaos": "tessera.cli.bench_chaos",
-    "transition": "tessera.policies.bench",
+    "transition": "tessera.policies.transition.plan_bench",
     "sim": "tessera.sim.bench",
     "variants": "tessera.cli.bench_variants",
     "scaling": "tessera.cli.bench_scaling",

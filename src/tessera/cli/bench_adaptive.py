@@ -125,7 +125,8 @@ async def drive_loop(
     server: Server, cal: Calibration, args: argparse.Namespace, t0: float, log: LoopLog
 ) -> None:
     """Each gateway span: read arrivals, step the loop (active), switch on its word."""
-    from tessera.policies import switching, switching_step
+    from tessera.policies.switching import gain as switching
+    from tessera.policies.switching import step as switching_step
 
     config = switching.SwitchingConfig(True, "active", args.span, args.min_gain)
     state = switching.HysteresisState()
@@ -171,7 +172,7 @@ def forecast_quality(history: list[list[float]], log: LoopLog) -> dict[str, Any]
     """Pooled one-step RRMSE over the run's spans from the third on: each method forecasts
     span t fitted on spans before t only (as the loop would with that method alone); and
     of the loop's own (selected) forecasts."""
-    from tessera.policies import switching_step
+    from tessera.policies.switching import step as switching_step
     from tessera.workload import rrmse
 
     h = np.asarray(history, dtype=np.float64)

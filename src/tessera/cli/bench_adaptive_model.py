@@ -34,7 +34,9 @@ from tessera.cost.capacity import RequestClass, Slo
 from tessera.planner import capacity_table
 from tessera.planner.evaluate import Evaluator
 from tessera.planner.problem import PlanningProblem, PoolNode
-from tessera.policies import switching, switching_planner, switching_step
+from tessera.policies.switching import gain as switching
+from tessera.policies.switching import planner as switching_planner
+from tessera.policies.switching import step as switching_step
 
 ROOT = Path(__file__).resolve().parents[3]
 MODEL = "llama-2-13b"

@@ -91,7 +91,7 @@ class _Run:
         reloads routes here: an idle replica counts as drained at once."""
         from tessera import api
         from tessera.control import converge
-        from tessera.policies import transition
+        from tessera.policies.transition import planner as transition
 
         dep = api.parse(_layout(self.model, replicas, self.layers))
         drain = transition.DrainPolicy(settle_s=0.0)

@@ -45,7 +45,9 @@ import grpc
 
 from tessera.cli import bench_overload_bubble, bench_serve, local_agents
 from tessera.control import overload_driver, overload_loop
-from tessera.policies import lookahead, overload, overload_steps
+from tessera.policies.overload import lookahead
+from tessera.policies.overload import monitor as overload
+from tessera.policies.overload import steps as overload_steps
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc

@@ -5,7 +5,7 @@ queued at once: the deep queue a dropped replica sees). It loads one 2-stage pip
 this process (layers 0-4 | 4-8, each stage on its own thread: `stage.LocalDownstream`)
 behind one `ReplicaEngine` marked dropped, and runs the same requests in rounds,
 alternating the leader's microbatch split (ABBA order) between "lookahead" (equal
-modelled cost, `tessera.policies.microbatch`) and "token_count" (equal tokens). Each run's
+modelled cost, `tessera.policies.overload.microbatch`) and "token_count" (equal tokens). Each run's
 bubble is MEASURED: 1 - sum(stage busy seconds) / (2 x wall seconds), the busy seconds
 being each stage's compute time (timestamps around `StageRunner.execute`) over the run's
 window. Eq. 1's alpha beta gamma are fitted first to single-prompt prefill times on the
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tessera.policies import lookahead, microbatch
+from tessera.policies.overload import lookahead, microbatch
 
 SPLITS = ("lookahead", "token_count")
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from tessera.cli import local_agents
 from tessera.control import scaling_driver
-from tessera.policies import module_scaling as ms
+from tessera.policies.scaling import module_scaling as ms
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc

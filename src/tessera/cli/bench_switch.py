@@ -44,7 +44,9 @@ from typing import Any
 from tessera import blocks
 from tessera.bench import harness, local_up, oracle, trace
 from tessera.cli import bench_relayout as rl
-from tessera.policies import device_links, links, placement, switch_bound, switch_sources
+from tessera.policies import device_links, links, placement
+from tessera.policies.switching import switch_bound
+from tessera.policies.transition import copy_sources as switch_sources
 
 SEQUENCE = [0, 1, 2]  # layouts of bench_relayout.LAYOUTS: start, then two switches
 MODES = {"peer": "switch", "reload": "storage"}

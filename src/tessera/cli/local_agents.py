@@ -152,7 +152,7 @@ def load_pipeline(
     the first agent's store, else over the gRPC stream. For tests and benches;
     deployments go through the reconcile core and the actuator instead."""
     from tessera import blocks
-    from tessera.policies import actions
+    from tessera.policies.transition import actions
     from tessera.rpc import blocks as rpc_blocks
     from tessera.rpc import transport
     from tessera.rpc.v1 import agent_pb2 as pb

@@ -164,7 +164,7 @@ def build_config(args: argparse.Namespace) -> Any:
     import yaml
 
     from tessera.control import agents
-    from tessera.policies import admission
+    from tessera.policies.security import admission
     from tessera_operator import config
 
     tmpl: dict[str, Any] = {}

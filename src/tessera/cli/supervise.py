@@ -3,7 +3,7 @@
 `Supervisor.check()` looks at every child started by `tessera up` (or by the chaos bench);
 one that exited is started again with the same id, devices, threads and port, so the
 addresses the plan, the stage links and the gateway hold stay valid, when the pure
-`tessera.policies.restart` allows (immediately, then with back-off for one that keeps
+`tessera.policies.serving.restart` allows (immediately, then with back-off for one that keeps
 dying). The caller then re-converges at once (`wait` returns early), which reloads the
 restarted agent's blocks with the operator's reconcile core; the gateway's replica poll
 sees them ready again. Local mode only: in a cluster the DaemonSet restarts agents and
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tessera.cli import local_agents
-from tessera.policies import restart
+from tessera.policies.serving import restart
 
 log = logging.getLogger(__name__)
 

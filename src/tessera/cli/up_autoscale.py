@@ -19,7 +19,7 @@ from tessera import api
 from tessera.control import autoscale_loop, gateway_demand, gateway_load
 from tessera.gateway import hold
 from tessera.gateway import server as gw_server
-from tessera.policies import scaling_signal as sig
+from tessera.policies.scaling import signal as sig
 
 AUTOSCALE_TICK_S = 0.5
 Say = Callable[[str], None]

@@ -131,7 +131,7 @@ def _up(args: argparse.Namespace) -> int:
     except (fields.FieldError, yaml.YAMLError) as exc:
         return _fail(f"{args.file}: {exc}")
     from tessera.gateway import config as gw_config
-    from tessera.policies import gpu_memory
+    from tessera.policies.serving import gpu_memory
 
     try:  # the gateway's settings from the environment, checked before anything loads
         args.generate_mux = gw_config.generate_mux_from(os.environ)
@@ -157,7 +157,7 @@ def _model_root(dep: Any, model_path: str) -> str:
 def _outside_root(dep: Any, model_path: str, root: str) -> list[str]:
     """Why an edited manifest's variants cannot load: folders the agents may not read."""
     from tessera.control import variants as variant_ops
-    from tessera.policies import access
+    from tessera.policies.security import access
 
     problems = []
     for i, v in enumerate(variant_ops.resolve(dep.spec.variants, model_path)):
@@ -204,7 +204,8 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     from tessera.gateway import config as gw_config
     from tessera.gateway import routes as gw_routes
     from tessera.gateway import server as gw_server
-    from tessera.policies import cpu_share, transition
+    from tessera.policies.serving import cpu_share
+    from tessera.policies.transition import planner as transition
     from tessera.rpc import transport
 
     console = Console(stderr=True)

@@ -26,7 +26,9 @@ from tessera.control import gateway_load, observation, overload_driver
 from tessera.control import overload as control
 from tessera.gateway import routes as gw_routes
 from tessera.gateway import server as gw_server
-from tessera.policies import overload, overload_held, overload_steps
+from tessera.policies.overload import held as overload_held
+from tessera.policies.overload import monitor as overload
+from tessera.policies.overload import steps as overload_steps
 
 Published = Callable[[], routes_doc.RoutesDoc]
 Print = Callable[[str], None]

@@ -1,4 +1,4 @@
-"""Executor: applies a transition's steps (`tessera.policies.transition`) to the world.
+"""Executor: applies a transition's steps (`tessera.policies.transition.planner`) to the world.
 
 Thin on purpose: block actions are one agent RPC each (`LoadBlock` with the block and an
 optional peer source, `UnloadBlock`, a rewire as a `LoadBlock` that differs only in its
@@ -26,7 +26,10 @@ import grpc
 
 from tessera.control import overload_driver
 from tessera.observability import control
-from tessera.policies import actions, drop_plan, overload_steps, transition
+from tessera.policies.overload import drop_plan
+from tessera.policies.overload import steps as overload_steps
+from tessera.policies.transition import actions
+from tessera.policies.transition import planner as transition
 from tessera.rpc import blocks as rpc_blocks
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb

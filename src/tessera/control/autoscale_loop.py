@@ -29,8 +29,8 @@ import grpc
 
 from tessera.control import agents, gateway_demand
 from tessera.observability import control
-from tessera.policies import autoscale
-from tessera.policies import scaling_signal as sig
+from tessera.policies.scaling import autoscale
+from tessera.policies.scaling import signal as sig
 from tessera.rpc.v1 import agent_pb2 as pb
 
 DESCRIBE_TIMEOUT_S = 2.0

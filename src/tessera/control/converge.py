@@ -7,7 +7,7 @@
 3. plan (`tessera.plan.make_plan`), the generation floored at the routes version
    already published;
 4. plan the transition from what the agents hold and the routes published
-   (`tessera.policies.transition.plan`);
+   (`tessera.policies.transition.planner.plan`);
 5. execute the steps that can be done now (`actuate.execute`; a cut-over calls the
    shell's `publish`), observe again (the agents changed) and re-plan to say where
    things stand.
@@ -41,15 +41,11 @@ from tessera.control import variants as variant_ops
 from tessera.cost import model_shape
 from tessera.observability import control
 from tessera.planner import auto as planner_auto
-from tessera.policies import actions as step_actions
-from tessera.policies import (
-    links,
-    overload_desired,
-    pass_reason,
-    placement,
-    transition,
-    variant_plan,
-)
+from tessera.policies import links, pass_reason, placement
+from tessera.policies.overload import desired as overload_desired
+from tessera.policies.transition import actions as step_actions
+from tessera.policies.transition import planner as transition
+from tessera.policies.variants import plan as variant_plan
 
 DTYPE_BYTES = dtypes.BYTES
 

@@ -18,7 +18,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from tessera.control import gateway_load
-from tessera.policies import scaling_signal as sig
+from tessera.policies.scaling import signal as sig
 
 TTFT = "tessera_gateway_time_to_first_token_seconds"
 TIMEOUT_S = 2.0

@@ -14,7 +14,7 @@ from __future__ import annotations
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tessera.policies import scaling_signal as sig
+from tessera.policies.scaling import signal as sig
 
 METRICS_PATH = "/metrics"
 ITL = "tessera_gateway_inter_token_latency_seconds"

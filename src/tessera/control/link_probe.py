@@ -1,6 +1,6 @@
 """Measured links between agents, probed once per pair and cached (issue 32).
 
-The sourcing policy (`tessera.policies.replica_sources`, the switch plan's tiers) reads a
+The sourcing policy (`tessera.policies.scaling.replica_sources`, the switch plan's tiers) reads a
 `links.LinkModel`; `LinkProbe.links` fills it with rates the agents measured: each
 reachable agent is asked (`ProbeLinks`) to pull a short transfer from every peer it has
 no rate for yet and to time a read of the model's checkpoint through its own reader (its

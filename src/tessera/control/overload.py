@@ -24,7 +24,10 @@ from dataclasses import dataclass, field
 
 from tessera import blocks, observed, routes_doc
 from tessera.control import gateway_load, overload_driver
-from tessera.policies import drop_plan, overload, overload_held, overload_steps
+from tessera.policies.overload import drop_plan
+from tessera.policies.overload import held as overload_held
+from tessera.policies.overload import monitor as overload
+from tessera.policies.overload import steps as overload_steps
 
 
 @dataclass(frozen=True)

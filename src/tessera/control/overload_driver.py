@@ -1,6 +1,6 @@
 """Perform the steps of a KunServe drop or restore on live agents (issue 13): the thin driver.
 
-Input: the steps `tessera.policies.overload_steps` decided (pure), the agents' gRPC
+Input: the steps `tessera.policies.overload.steps` decided (pure), the agents' gRPC
 addresses in them, and a callback that changes the gateway's routable replica set.
 Caller: `tessera.control.overload_loop.OverloadLoop` (the control loop `tessera bench overload`
 and `tessera up` run beside their in-process gateway), and the acceptance test. Each step
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from tessera.control import agents
-from tessera.policies import overload_steps as steps_mod
+from tessera.policies.overload import steps as steps_mod
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 

@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 
 from tessera.control import overload_driver
 from tessera.observability import control
-from tessera.policies import drop_plan, overload, overload_steps
+from tessera.policies.overload import drop_plan
+from tessera.policies.overload import monitor as overload
+from tessera.policies.overload import steps as overload_steps
 from tessera.rpc.v1 import agent_pb2 as pb
 
 QueuedBytes = Callable[[str], Sequence[int]]

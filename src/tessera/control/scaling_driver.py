@@ -25,9 +25,9 @@ import grpc
 
 from tessera.control import agents
 from tessera.observability import control
-from tessera.policies import module_scaling as ms
-from tessera.policies import run_plan
-from tessera.policies import speedup as sp
+from tessera.policies.scaling import module_scaling as ms
+from tessera.policies.scaling import run_plan
+from tessera.policies.scaling import speedup as sp
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 

@@ -37,9 +37,9 @@ from typing import Any
 
 from tessera.control import agents as agent_client
 from tessera.control import scaling_driver as sd
-from tessera.policies import module_scaling as ms
-from tessera.policies import scaling_signal as sig
-from tessera.policies import speedup as sp
+from tessera.policies.scaling import module_scaling as ms
+from tessera.policies.scaling import signal as sig
+from tessera.policies.scaling import speedup as sp
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 

@@ -1,6 +1,6 @@
 """Stitched chains in the converge pass (issue 35): the placement's inputs and the status.
 
-The shell of `tessera.policies.stitch_chains` (which decides). `place` gathers what the
+The shell of `tessera.policies.variants.stitch_chains` (which decides). `place` gathers what the
 placement needs from the observed agents and the target so far: each agent's room (its
 device's capacity less every planned block there, other deployments' blocks, and the
 stitched chains it already holds), the pieces it holds or will hold (the block zoo shares
@@ -16,7 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 from tessera import blocks, observed, variant_spec
 from tessera.control import variants as variant_ops
-from tessera.policies import placement, stitch_chains, transition_model, variant_plan
+from tessera.policies import placement
+from tessera.policies.transition import model as transition_model
+from tessera.policies.variants import plan as variant_plan
+from tessera.policies.variants import stitch_chains
 from tessera.rpc.v1 import agent_pb2 as pb
 
 Facts = Callable[[str], placement.ModelBytes | None]  # a checkpoint's bytes per unit

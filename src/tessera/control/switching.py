@@ -5,7 +5,7 @@ A `step` observes the gateway's per-class arrivals per span (`arrivals`, e.g.
 deployments (`candidates`: the shell's own, or `planner_candidates` — the planner's
 layouts for the model's config and the agents as observed through `agents.observe`,
 priced at a per-class demand, with the switch time between two of them); it decides with
-the pure `tessera.policies.switching_decide.decide` (forecast, cheapest candidate, gain
+the pure `tessera.policies.switching.decide.decide` (forecast, cheapest candidate, gain
 vs switch cost, hysteresis; run in a thread: pricing every candidate can take seconds)
 and returns its `switching_decide.Outcome` — `status.switching`, an event, and in active
 mode the new explicit `spec.layout` — for the shell to write. The loop acts on no agent:
@@ -28,12 +28,10 @@ from tessera import api
 from tessera.control import agents, converge
 from tessera.cost import calibration as cost_calibration
 from tessera.cost import profile as cost_profile
-from tessera.policies import (
-    switching_candidates,
-    switching_current,
-    switching_decide,
-    switching_planner,
-)
+from tessera.policies.switching import candidates as switching_candidates
+from tessera.policies.switching import current as switching_current
+from tessera.policies.switching import decide as switching_decide
+from tessera.policies.switching import planner as switching_planner
 
 ARRIVALS_PATH = "/admin/v1/arrivals"
 FETCH_TIMEOUT_S = 5.0

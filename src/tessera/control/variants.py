@@ -1,6 +1,6 @@
 """Applies a deployment's LoRA variants to its foundation stages and reports every variant.
 
-The shell of `tessera.policies.variant_plan` (which decides): after the converge pass has
+The shell of `tessera.policies.variants.plan` (which decides): after the converge pass has
 run its transition (full fine-tunes are chains in the target, loaded and drained like
 replicas), `apply_adapters` observes the foundation's stages (`ListBlocks`: each block's
 attached adapters), runs the ordered `VariantAdapters` calls, and returns each variant's
@@ -21,7 +21,8 @@ from pathlib import Path
 import grpc
 
 from tessera import observed, variant_spec
-from tessera.policies import variant_memory, variant_plan
+from tessera.policies.variants import memory as variant_memory
+from tessera.policies.variants import plan as variant_plan
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc

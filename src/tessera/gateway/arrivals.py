@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tessera.policies import routing
+from tessera.policies.routing import shares as routing
 from tessera.workload import live_classes
 
 DEFAULT_SPAN_S = 10.0

@@ -32,7 +32,7 @@ from tessera import routes_doc
 from tessera.control import kv_move
 from tessera.gateway import config, inflight, metrics, replicas, routes, stage_chain
 from tessera.observability import tracing
-from tessera.policies import drain
+from tessera.policies.transition import drain
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ to a surviving replica it cancels the call, and the request continues there the 
 way, without counting a failure (the attempts are registered in `inflight.InFlightTable`).
 
 Which error means what (reject, retry with or without marking the replica failed, the
-error a request ends with) is decided by `tessera.policies.retry`; this module applies it.
+error a request ends with) is decided by `tessera.policies.routing.retry`; this module applies it.
 
 Time limits (`limits.Limits`): a replica that sends no chunk within
 `first_token_timeout_s` of the request starting there, or within `token_timeout_s` of its
@@ -49,7 +49,7 @@ import grpc
 
 from tessera.gateway import errors, inflight, kv_affinity, limits, metrics, replicas, router
 from tessera.observability import tracing
-from tessera.policies import retry
+from tessera.policies.routing import retry
 from tessera.rpc.v1 import agent_pb2 as pb
 
 

@@ -2,7 +2,7 @@
 
 `dispatch.Dispatcher` asks `KvAffinity.choose` for every attempt that is not a cut-over
 redirect, passing the ready replicas the request's model allows. The rule itself is pure
-(`tessera.policies.kv_dispatch`); this module only gathers what it needs:
+(`tessera.policies.routing.kv_dispatch`); this module only gathers what it needs:
 
 * **where the KV lives**: a `PrefixOwners` LRU of page-aligned prompt prefixes, namespaced
   by the request's LoRA variant. A full fine-tune runs on replicas of its own, so its
@@ -25,7 +25,7 @@ import random
 from collections.abc import Sequence
 
 from tessera.gateway import metrics, replicas, router
-from tessera.policies import kv_dispatch
+from tessera.policies.routing import kv_dispatch
 
 DEFAULT_PAGE = 16  # the engine's default page size, until the leader reports its own
 PRIOR_TOKENS_PER_S = 100.0  # before any replica was measured (only ratios matter)

@@ -1,8 +1,8 @@
-"""The gateway's routing rule, re-exported from `tessera.policies.routing` (where the pure
+"""The gateway's routing rule, re-exported from `tessera.policies.routing.shares` (where the pure
 logic lives so that the cluster simulator can import it without the gateway). Settings
-such as PREFIX_ENTRIES are read from `tessera.policies.routing`: patch them there."""
+such as PREFIX_ENTRIES are read from `tessera.policies.routing.shares`: patch them there."""
 
-from tessera.policies.routing import (
+from tessera.policies.routing.shares import (
     PREFIX_ENTRIES,
     PREFIX_MIN,
     ClassRouter,

@@ -19,7 +19,7 @@ heterogeneous result is the best candidate; the baseline is the best homogeneous
 with class-oblivious routing (every replica the same mix, as vLLM static), both
 preferring layouts that meet the SLO; and ``speedup`` the
 baseline's modelled P99 request latency over the heterogeneous one's. ``switch_plans``:
-the greedy switch plan (``tessera.policies.switch_plan``) and its LP bound between
+the greedy switch plan (``tessera.policies.switching.switch_plan``) and its LP bound between
 consecutive levels' heterogeneous deployments as the planner places them, with the
 profile's links and ``STORAGE_BYTES_PER_S`` for storage. Model output from the analytic
 cost model, not a measurement.
@@ -259,7 +259,8 @@ def _switch_plans(
 ) -> list[dict[str, Any]]:
     """Greedy switch plans (and LP bounds) between consecutive levels' deployments."""
     from tessera.planner import deployment
-    from tessera.policies import device_links, placement, switch_bound, switch_plan
+    from tessera.policies import device_links, placement
+    from tessera.policies.switching import switch_bound, switch_plan
 
     placed = []
     for level, problem, table, layout in picks:

@@ -14,7 +14,7 @@ model's figures (local = intra-node, network = inter-node, storage), so measured
 (``tessera bench copy``) serve both. Built by the switch planner's callers directly, from
 the planner's :class:`~tessera.cost.profile.CommSpec` (:func:`from_comm`) or from the
 agent-level model; read by
-``tessera.policies.switch_plan`` and ``tessera.policies.switch_bound``.
+``tessera.policies.switching.switch_plan`` and ``tessera.policies.switching.switch_bound``.
 """
 
 from __future__ import annotations

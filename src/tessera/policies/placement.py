@@ -7,7 +7,7 @@ first stage also holds the token embedding and the last the final norm and lm_he
 split by tp the same way (vocabulary-parallel), as ``tessera.cost.latency`` prices them.
 Parameters are indexed by *units*: 0 is the embedding, 1..L the decoder layers, L+1 the
 lm_head. Built by callers from a planner :class:`~tessera.planner.deployment.Deployment`
-(:func:`from_deployment`) or by hand; read by ``tessera.policies.switch_plan``.
+(:func:`from_deployment`) or by hand; read by ``tessera.policies.switching.switch_plan``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ executor, and the local launchers; nowhere else marshals a block by hand.
 from __future__ import annotations
 
 from tessera import blocks, dtypes
-from tessera.policies import actions
+from tessera.policies.transition import actions
 from tessera.rpc.v1 import agent_pb2 as pb
 
 

@@ -5,7 +5,7 @@ Writes folders in the layout `tessera.rpc.transport` reads (`ca.crt`, `tls.crt`,
 and a second, foreign CA to prove it is refused) and by `tessera up --tls` for a local
 deployment with TLS on. In a cluster, cert-manager or the operator's owner issues these
 instead (see docs/security.md); the role goes in the subject's OU, a gateway's deployment
-in a URI SAN (`tessera.policies.tenancy.uri`), and every certificate carries the DNS name
+in a URI SAN (`tessera.policies.security.tenancy.uri`), and every certificate carries the DNS name
 clients expect of agents, `transport.AGENT_SERVER_NAME`.
 """
 
@@ -125,7 +125,7 @@ def write_leaf(
 
 def write_deployment(folder: str | Path, roles: tuple[str, ...] = ()) -> dict[str, Path]:
     """A fresh CA and one leaf folder per role under `folder` (`folder/<role>/`)."""
-    from tessera.policies import access
+    from tessera.policies.security import access
 
     ca = make_authority()
     return {r: write_leaf(ca, Path(folder) / r, r) for r in (roles or sorted(access.ROLES))}

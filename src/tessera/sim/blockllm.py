@@ -33,7 +33,8 @@ from typing import Any
 
 from tessera.cost.latency import StageSpec
 from tessera.cost.profile import Profile
-from tessera.policies import batching, block_dispatch
+from tessera.policies.routing import block_dispatch
+from tessera.policies.serving import batching
 from tessera.sim import arrivals, engine, report, setup
 from tessera.sim.replica import SimReplica, SimRequest
 from tessera.sim.steptime import StageCost, StepModel, layer_and_head, scaled

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tessera.cost.profile import Link, Profile
-from tessera.policies import placement_locality
+from tessera.policies.variants import locality as placement_locality
 from tessera.workload import traces
 
 FAMILIES = 4

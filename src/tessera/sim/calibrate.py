@@ -15,8 +15,8 @@ from typing import Any
 
 from tessera.cost.latency import StageSpec
 from tessera.cost.profile import Profile
-from tessera.policies import batching
-from tessera.policies.routing import Router
+from tessera.policies.routing.shares import Router
+from tessera.policies.serving import batching
 from tessera.sim import arrivals, engine, report
 from tessera.sim.replica import SimReplica
 from tessera.sim.steptime import StepModel

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 
 from tessera.cost.capacity import Slo
 from tessera.cost.profile import Link, Profile
-from tessera.policies import module_scaling, request_split
-from tessera.policies import speedup as sp
+from tessera.policies.scaling import module_scaling, request_split
+from tessera.policies.scaling import speedup as sp
 from tessera.sim import arrivals
 from tessera.sim.replica import SimReplica, SimRequest
 from tessera.sim.steptime import StageCost, layer_and_head

@@ -29,8 +29,8 @@ from typing import Any
 
 from tessera.cost.capacity import Slo
 from tessera.cost.profile import Profile
-from tessera.policies import module_scaling
-from tessera.policies import speedup as sp
+from tessera.policies.scaling import module_scaling
+from tessera.policies.scaling import speedup as sp
 from tessera.sim import engine
 from tessera.sim.cocoserve import DELTA, IDLE, Observed, ReplicatedReplica
 

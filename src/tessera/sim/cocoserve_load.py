@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from tessera.cost.profile import Profile
-from tessera.policies import batching, module_scaling
-from tessera.policies import speedup as sp
+from tessera.policies.scaling import module_scaling
+from tessera.policies.scaling import speedup as sp
+from tessera.policies.serving import batching
 from tessera.sim import cocoserve_down, engine, report, setup
 from tessera.sim.cocoserve import (
     GPU_MEMORY,

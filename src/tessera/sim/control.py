@@ -19,7 +19,9 @@ import functools
 from dataclasses import dataclass, field
 
 from tessera.cost.profile import CommSpec, Link, Profile
-from tessera.policies import batching, drop_plan, kv_exchange, overload
+from tessera.policies.overload import drop_plan, kv_exchange
+from tessera.policies.overload import monitor as overload
+from tessera.policies.serving import batching
 from tessera.sim import setup
 from tessera.sim.engine import Engine
 from tessera.sim.replica import SimReplica, adopt

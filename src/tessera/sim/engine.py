@@ -1,7 +1,7 @@
 """The discrete-event loop: arrivals, replica steps, control ticks and delayed actions.
 
 Input: simulated replicas (`replica.SimReplica`), the real gateway routing rule
-(`tessera.policies.routing.Router`), arrivals (`arrivals.Arrival`) and optional
+(`tessera.policies.routing.shares.Router`), arrivals (`arrivals.Arrival`) and optional
 controllers (`control`). Output: a `SimResult` with every request's times and per-tick
 samples of the cluster. Called by `tessera.sim.setup.simulate`, the CLI and the bench.
 
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
-from tessera.policies.routing import Router
+from tessera.policies.routing.shares import Router
 from tessera.sim.arrivals import Arrival
 from tessera.sim.replica import SimReplica, SimRequest
 

@@ -37,7 +37,7 @@ from tessera.planner.latency import LatencyReport
 from tessera.planner.layout import Layout
 from tessera.planner.shapes import Shape
 from tessera.policies import placement
-from tessera.policies.routing import Router, centroid_class_router
+from tessera.policies.routing.shares import Router, centroid_class_router
 from tessera.sim import arrivals, engine, report, setup
 from tessera.sim.replica import SimReplica
 

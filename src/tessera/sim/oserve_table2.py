@@ -30,15 +30,11 @@ from tessera.planner import table1
 from tessera.planner.latency import LatencyModel, LatencyReport
 from tessera.planner.layout import Layout
 from tessera.planner.shapes import Shape
-from tessera.policies import (
-    device_links,
-    links,
-    placement,
-    switch_plan,
-    switching,
-    switching_step,
-)
-from tessera.policies.routing import centroid_class_router
+from tessera.policies import device_links, links, placement
+from tessera.policies.routing.shares import centroid_class_router
+from tessera.policies.switching import gain as switching
+from tessera.policies.switching import step as switching_step
+from tessera.policies.switching import switch_plan
 from tessera.sim import engine, oserve_calibrate, relayout
 from tessera.sim.oserve import (
     GPUS,

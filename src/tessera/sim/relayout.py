@@ -40,7 +40,9 @@ from typing import Any
 
 from tessera import blocks, observed, routes_doc
 from tessera.cost.profile import Profile
-from tessera.policies import actions, links, placement, transition
+from tessera.policies import links, placement
+from tessera.policies.transition import actions
+from tessera.policies.transition import planner as transition
 from tessera.sim import engine, setup
 from tessera.sim.replica import SimReplica, adopt
 

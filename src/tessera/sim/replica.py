@@ -4,7 +4,7 @@ Input: the replica's step model (`steptime.StepModel`), its KV pool in pages, ba
 limits; requests pushed by the engine. Output: (macro-)steps with their duration, and
 per request its first-token and finish times. Called by `tessera.sim.engine`.
 
-What runs next is decided by `tessera.policies.batching` exactly as the agent's scheduler
+What runs next is decided by `tessera.policies.serving.batching` exactly as the agent's scheduler
 (`tessera_agent.engine.scheduler.schedule`) applies it: running sequences in
 `running_order`, each given `chunk_size` tokens and its pages grown in the real
 `tessera.kvpages.PageAllocator`, the newest idle sequence preempted
@@ -25,8 +25,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tessera.kvpages import PageAllocator
-from tessera.policies import batching
-from tessera.policies.routing import Ticket
+from tessera.policies.routing.shares import Ticket
+from tessera.policies.serving import batching
 from tessera.sim.steptime import StepModel
 
 

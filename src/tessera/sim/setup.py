@@ -20,8 +20,8 @@ from tessera.cost.profile import CommSpec, Profile
 from tessera.planner import cluster as cluster_mod
 from tessera.planner import manifest, problem, search
 from tessera.planner.deployment import Deployment, ReplicaPlan
-from tessera.policies import batching
-from tessera.policies.routing import Router, centroid_class_router
+from tessera.policies.routing.shares import Router, centroid_class_router
+from tessera.policies.serving import batching
 from tessera.sim.replica import SimReplica
 from tessera.sim.steptime import StepModel
 
