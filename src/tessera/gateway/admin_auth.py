@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 
 from aiohttp import typedefs, web
 
@@ -34,34 +33,22 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
+def _token_digest(text: str) -> bytes:
+    token = next((x.strip() for x in text.splitlines() if x.strip()), "")
+    if not token:
+        raise ValueError("empty")
+    return _digest(token)
+
+
 class AdminToken:
     """The admin token in `path` (its first non-empty line), re-read when the file changes."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._stamp = -1.0
-        self._digest = b""
-        self._reload()
-        if not self._digest:
-            raise ValueError(f"admin token file {path}: empty")
-
-    def _reload(self) -> None:
-        try:
-            stamp = os.stat(self.path).st_mtime
-            if stamp == self._stamp:
-                return
-            with open(self.path, encoding="utf-8") as f:
-                token = next((x.strip() for x in f if x.strip()), "")
-        except OSError as exc:
-            if not self._digest:
-                raise ValueError(f"admin token file {self.path}: {exc}") from exc
-            return  # keep the token read before
-        if token:
-            self._stamp, self._digest = stamp, _digest(token)
+        self._file = auth.SecretFile(path, "admin token file", _token_digest)
 
     def accepts(self, presented: str) -> bool:
-        self._reload()
-        return hmac.compare_digest(_digest(presented), self._digest)
+        return hmac.compare_digest(_digest(presented), self._file.value())
 
 
 def middleware(token: AdminToken | None) -> typedefs.Middleware:
