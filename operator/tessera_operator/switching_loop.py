@@ -36,7 +36,7 @@ from tessera import api, fields
 from tessera.control import converge, switching
 from tessera.observability import control
 from tessera.policies import switching_candidates, switching_decide
-from tessera_operator import config, discovery, gateway_objects, kube
+from tessera_operator import config, discovery, gateway_objects, kube, timers
 
 ARRIVALS_PATH = switching.ARRIVALS_PATH
 DUE_KEY = "switching_due"
@@ -55,18 +55,9 @@ def register(
     registry: kopf.OperatorRegistry, cfg: config.OperatorConfig, resource: tuple[str, str, str]
 ) -> None:
     """Add the loop's timer to `registry` (called by `handlers.build_registry`)."""
-
-    @kopf.timer(
-        *resource,
-        interval=cfg.switching_tick_seconds,
-        initial_delay=cfg.switching_tick_seconds,
-        registry=registry,
+    timers.register_timer(
+        registry, resource, "switching_tick", cfg.switching_tick_seconds, tick, cfg
     )
-    async def switching_tick(
-        body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kw: Any
-    ) -> None:
-        if not kw["stopped"] and not body.metadata.get("deletionTimestamp"):
-            await tick(body, patch, memo, cfg)
 
 
 async def default_candidates(
