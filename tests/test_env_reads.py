@@ -37,7 +37,6 @@ NOT_YET_MOVED = {
     "agent/tessera_agent/bench_decode_attn.py",  # sets TESSERA_DECODE_ATTN for its A/B
     "src/tessera/observability/tracing.py",  # TESSERA_TRACING, OTEL_SERVICE_NAME
     "src/tessera/rpc/transport.py",  # TESSERA_TLS_DIR
-    "src/tessera/cli/bench_overload.py",  # TESSERA_TRACE (moves with the overload benches)
 }
 
 

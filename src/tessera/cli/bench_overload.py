@@ -43,7 +43,8 @@ from typing import Any
 
 import grpc
 
-from tessera.cli import bench_overload_bubble, bench_serve, local_agents
+from tessera.bench import harness, trace
+from tessera.cli import bench_overload_bubble, local_agents
 from tessera.control import overload_driver, overload_loop
 from tessera.policies import lookahead, overload, overload_steps
 from tessera.rpc import transport
@@ -65,9 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--pool-pages", type=int, default=6)
     parser.add_argument("--tick-ms", type=float, default=50.0)
-    parser.add_argument(
-        "--trace", type=Path, default=Path(os.environ.get("TESSERA_TRACE", str(bench_serve.TRACE)))
-    )
+    parser.add_argument("--trace", type=Path, default=trace.TRACE)
     parser.add_argument("--input-scale", type=float, default=0.05)
     parser.add_argument("--output-scale", type=float, default=0.1)
     parser.add_argument("--max-input", type=int, default=48)
@@ -174,10 +173,6 @@ class Router:
                 self.on[name].remove(r)
 
 
-def _pct(values: list[float], q: float) -> float:
-    return bench_serve._pct(values, q)
-
-
 async def _replay(
     agents: list[local_agents.AgentProcess],
     reqs: list[tuple[float, int, int]],
@@ -247,9 +242,9 @@ async def _replay(
     return {
         "requests": rs,
         "wall_s": wall,
-        "p99_ttft_ms": _pct(ttft, 99) * 1e3,
-        "p50_ttft_ms": _pct(ttft, 50) * 1e3,
-        "p50_tpot_ms": _pct(tpot, 50) * 1e3,
+        "p99_ttft_ms": harness.pct(ttft, 99) * 1e3,
+        "p50_ttft_ms": harness.pct(ttft, 50) * 1e3,
+        "p50_tpot_ms": harness.pct(tpot, 50) * 1e3,
         "lost": sum(not r.done for r in rs),
         "stats": loop.stats,
         "queue_at_drop": queue_at_drop,
@@ -332,7 +327,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tessera_agent.engine import block_tensors, config, kv_cache
     from tessera_agent.engine import stage as stage_mod
 
-    reqs = burst(bench_serve._load(args), *args.burst)
+    reqs = burst(trace.load(args), *args.burst)
     rng = random.Random(args.seed)
     prompts = [[0] + [rng.randrange(5, 500) for _ in range(n - 1)] for _, n, _ in reqs]
     with tempfile.TemporaryDirectory(prefix="tessera-overload-") as tmp:
@@ -431,10 +426,10 @@ def _via_operator(
         want = _reference(model, prompts, [o for _, _, o in reqs])
         texts = [tok.decode(w, skip_special_tokens=True) for w in want]
         match = all(
-            "".join(r.text) == w
+            r.text == w
             for res in (off, on)
             for r, w in zip(res["requests"], texts, strict=True)
-            if r.done
+            if r.ok
         )
     return {
         "bench": "overload",

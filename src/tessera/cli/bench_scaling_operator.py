@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from tessera.bench import client
 from tessera.cli import bench_operator_harness as h
 from tessera.cli import local_agents
 from tessera.control import scaling_loop
@@ -121,15 +122,15 @@ async def _lines(c: h.Cluster, seen: set[str]) -> list[str]:
 
 async def _load(
     c: h.Cluster, load: float, n: int, tokens: int, seed: int
-) -> tuple[list[h.Req], float]:
+) -> tuple[list[client.Stream], float]:
     rng = random.Random(seed)
-    rs = [h.Req(i, [0, *(rng.randrange(5, 500) for _ in range(24))], tokens) for i in range(n)]
+    rs = [client.Stream([0, *(rng.randrange(5, 500) for _ in range(24))], tokens) for _ in range(n)]
     gaps = [rng.expovariate(load) for _ in range(n)]
     start = time.perf_counter()
     tasks = []
     for r, g in zip(rs, gaps, strict=True):
         await asyncio.sleep(g)
-        tasks.append(asyncio.create_task(h.stream(c.s, c.gateway, r)))
+        tasks.append(asyncio.create_task(client.send(c.s, c.gateway, "tiny-llama", r)))
     await asyncio.gather(*tasks)
     return rs, time.perf_counter() - start
 
@@ -179,13 +180,13 @@ async def _bench(
                 if policy == "on":
                     await _set(c, True, runs=True, tpot_ms=args.tpot_ms)
                 rs, wall = await _load(c, load, args.requests, args.tokens, args.seed)
-                lost += sum(not r.done for r in rs)
-                lat = sorted(r.last - r.sent for r in rs if r.last is not None)
+                lost += sum(not r.ok for r in rs)
+                lat = sorted(r.chunk_times[-1] - r.sent for r in rs if r.chunk_times)
                 p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
                 lines = await _lines(c, seen)
                 ops = [o for o in map(scaling_loop.parse_op_line, lines) if o is not None]
                 gammas = [float(m.group(1)) for m in map(GAMMA.search, lines) if m]
-                done_tokens = sum(len(r.text) for r in rs)
+                done_tokens = sum(len(r.chunk_times) for r in rs)
                 res[policy] = {"tokens_per_s": done_tokens / wall, "p99_s": p99}
                 out["runs"].append(
                     {
