@@ -28,9 +28,10 @@ from typing import Any, NamedTuple
 
 import aiohttp
 
+from tessera.bench import deployment
 from tessera.cli import local_agents
 
-GROUP, VERSION, PLURAL = "serving.tessera.dev", "v1alpha1", "servingdeployments"
+GROUP, VERSION, PLURAL = deployment.GROUP, deployment.VERSION, deployment.PLURAL
 
 
 async def get(s: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:

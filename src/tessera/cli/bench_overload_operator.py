@@ -23,12 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tessera.bench import client, harness
+from tessera.bench import client, deployment
 from tessera.cli import bench_operator_harness as h
-from tessera.cli import local_agents
+from tessera.cli import bench_overload, local_agents
 
 NAME = "ovl"
-MODEL = "tiny-llama"
 
 
 def manifest(model: Path, kv_bytes: int, policy: bool) -> dict[str, Any]:
@@ -36,16 +35,9 @@ def manifest(model: Path, kv_bytes: int, policy: bool) -> dict[str, Any]:
         {"name": f"r{i}", "stages": [{"agent": f"agent-{i}", "device": "cpu:0", "layers": [0, 8]}]}
         for i in range(4)
     ]
-    return {
-        "apiVersion": f"{h.GROUP}/{h.VERSION}",
-        "kind": "ServingDeployment",
-        "metadata": {"name": NAME, "namespace": "default"},
-        "spec": {
-            "model": {"name": MODEL, "path": str(model)},
-            "layout": {"mode": "explicit", "kvCacheBytes": kv_bytes, "replicas": replicas},
-            "policies": {"overload": {"enabled": policy}},
-        },
-    }
+    return deployment.manifest(
+        NAME, model, replicas, kv_bytes, policies={"overload": {"enabled": policy}}
+    )
 
 
 async def _replay(
@@ -69,7 +61,7 @@ async def _replay(
     ) as c:
         rs = [client.Stream(prompts[i], out, at) for i, (at, _, out) in enumerate(reqs)]
         start = time.perf_counter()
-        await asyncio.gather(*(client.send(c.s, c.gateway, MODEL, r, start) for r in rs))
+        await asyncio.gather(*(client.send(c.s, c.gateway, deployment.MODEL, r, start) for r in rs))
         wall = time.perf_counter() - start
 
         async def whole() -> bool:  # the loop restores once the burst is served
@@ -88,9 +80,7 @@ async def _replay(
     return {
         "requests": rs,
         "wall_s": wall,
-        "p99_ttft_ms": harness.pct(ttft, 99) * 1e3,
-        "p50_ttft_ms": harness.pct(ttft, 50) * 1e3,
-        "p50_tpot_ms": harness.pct(tpot, 50) * 1e3,
+        **bench_overload.latency_ms(ttft, tpot),
         "lost": sum(not r.ok for r in rs),
         "drops": sum(reason == "OverloadDropped" for reason, _ in items),
         "restores": sum(reason == "OverloadRestored" for reason, _ in items),

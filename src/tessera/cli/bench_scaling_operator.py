@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from tessera.bench import client
+from tessera.bench import client, deployment
 from tessera.cli import bench_operator_harness as h
 from tessera.cli import local_agents
 from tessera.control import scaling_loop
@@ -48,22 +48,15 @@ GAMMA = re.compile(r"replicated \d+ layers, .*\(gamma ([0-9.]+)\)")
 
 def manifest(model: Path, tpot_ms: float) -> dict[str, Any]:
     stages = [{"agent": "agent-0", "device": "cpu:0", "layers": [0, 8]}]
-    return {
-        "apiVersion": f"{h.GROUP}/{h.VERSION}",
-        "kind": "ServingDeployment",
-        "metadata": {"name": NAME, "namespace": "default"},
-        "spec": {
-            "model": {"name": "tiny-llama", "path": str(model)},
-            "layout": {
-                "mode": "explicit",
-                "kvCacheBytes": 32 << 20,
-                "replicas": [{"name": "r0", "stages": stages}],
-            },
-            "slo": {"tpotP99Ms": tpot_ms},
-            # the runs stay while a load is measured; turning the policy off evicts them
-            "policies": {"scaling": {"enabled": False, "evictAfterSeconds": 3600}},
-        },
-    }
+    return deployment.manifest(
+        NAME,
+        model,
+        [{"name": "r0", "stages": stages}],
+        32 << 20,
+        slo={"tpotP99Ms": tpot_ms},
+        # the runs stay while a load is measured; turning the policy off evicts them
+        policies={"scaling": {"enabled": False, "evictAfterSeconds": 3600}},
+    )
 
 
 async def _runs(c: h.Cluster) -> list[Any]:
@@ -130,7 +123,7 @@ async def _load(
     tasks = []
     for r, g in zip(rs, gaps, strict=True):
         await asyncio.sleep(g)
-        tasks.append(asyncio.create_task(client.send(c.s, c.gateway, "tiny-llama", r)))
+        tasks.append(asyncio.create_task(client.send(c.s, c.gateway, deployment.MODEL, r)))
     await asyncio.gather(*tasks)
     return rs, time.perf_counter() - start
 
