@@ -30,12 +30,6 @@ ENTRY_POINTS = {
     "src/tessera/event_loop.py",  # which event loop a process's entry point starts
 }
 NOT_YET_MOVED = {
-    "agent/tessera_agent/engine/attention.py",  # TESSERA_DECODE_ATTN
-    "agent/tessera_agent/engine/compile_policy.py",  # TESSERA_COMPILE_* (and a module global)
-    "agent/tessera_agent/engine/compile_cache.py",  # TESSERA_COMPILE_CACHE, XDG_CACHE_HOME
-    "agent/tessera_agent/engine/omp_teams.py",  # TESSERA_OMP_RELEASE
-    "agent/tessera_agent/bench_decode_attn.py",  # sets TESSERA_DECODE_ATTN for its A/B
-    "src/tessera/observability/tracing.py",  # TESSERA_TRACING, OTEL_SERVICE_NAME
     "src/tessera/rpc/transport.py",  # TESSERA_TLS_DIR
 }
 

@@ -14,8 +14,9 @@ linears took 2.9-3.2 s against 0.9-1.0 s once the loading thread's team was rele
 
 `release()` frees the calling thread's team (`omp_pause_resource_all`, OpenMP 5.0; libgomp
 frees the caller's pool); a later parallel region on that thread builds a new one. A thread
-that exits frees its team itself. `TESSERA_OMP_RELEASE=0` keeps every team. A no-op
-returning False where no libgomp is loaded (another OpenMP runtime, or none).
+that exits frees its team itself. `TESSERA_OMP_RELEASE=0` keeps every team: the agent's
+`EngineOptions.omp_release`, which its callers (`server.py`, `hosting.py`) pass on. A
+no-op returning False where no libgomp is loaded (another OpenMP runtime, or none).
 """
 
 from __future__ import annotations
@@ -25,20 +26,13 @@ import ctypes
 import functools
 import logging
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
-
-from tessera import env_flags
+from typing import Any, ParamSpec, TypeVar
 
 log = logging.getLogger(__name__)
 
-ENV = "TESSERA_OMP_RELEASE"
 _OMP_PAUSE_SOFT = 1
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-def enabled_from_env() -> bool:
-    return env_flags.on(ENV)
 
 
 @functools.cache
@@ -62,8 +56,6 @@ def _pause() -> Callable[[int], int] | None:
 
 def release() -> bool:
     """Free the calling thread's OpenMP team; True when libgomp did."""
-    if not enabled_from_env():
-        return False
     fn = _pause()
     return fn is not None and fn(_OMP_PAUSE_SOFT) == 0
 
@@ -83,9 +75,13 @@ def released(fn: Callable[P, R]) -> Callable[P, R]:
 
 class ReleasingPool(concurrent.futures.ThreadPoolExecutor):
     """A thread pool whose threads release their team after every job (the agent's loader
-    and its event loop's default executor)."""
+    and its event loop's default executor); with `release` False, a plain pool."""
+
+    def __init__(self, *args: Any, release: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.release = release
 
     def submit(
         self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
     ) -> concurrent.futures.Future[R]:
-        return super().submit(released(fn), *args, **kwargs)
+        return super().submit(released(fn) if self.release else fn, *args, **kwargs)

@@ -91,7 +91,9 @@ def register(sub: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from tessera.gateway import config, hold, limits
+    from tessera.observability import tracing
 
+    tracing.configure(os.environ)
     try:
         cfg = config.GatewayConfig(
             model_name=args.model_name,

@@ -122,7 +122,9 @@ def _up(args: argparse.Namespace) -> int:
     import yaml
 
     from tessera import api, fields
+    from tessera.observability import tracing
 
+    tracing.configure(os.environ)
     try:
         doc = yaml.safe_load(args.file.read_text())
         dep = api.parse(doc)
