@@ -498,7 +498,7 @@ class Hosting:
                 else:
                     del self.more_ranks[(*key, rank)]
                 await self._unload_one(h)
-        if gc_heap.installed():  # once this frame has let go of them: reclaim the stage
+        if self.defaults.gc_settle:  # once this frame has let go of them: reclaim the stage
             asyncio.get_running_loop().call_soon(
                 functools.partial(gc_heap.settle, f"unloaded {replica_id}/{stage_index}", True)
             )
@@ -506,7 +506,7 @@ class Hosting:
     def _settle_when_warm(self, graph: decode_graph.CompiledDecode | None, holder: str) -> None:
         """Freeze the heap (`gc_heap`) once the block's compiled decode, whose compiler
         state is most of the new objects, has warmed up; at once when there is none."""
-        if not gc_heap.installed():
+        if not self.defaults.gc_settle:
             return
 
         async def settle() -> None:

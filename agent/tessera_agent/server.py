@@ -110,7 +110,6 @@ async def serve(cfg: AgentConfig) -> None:
     asyncio.get_running_loop().set_default_executor(omp_teams.ReleasingPool(release=release))
     if release:
         omp_teams.release()  # a team this thread may have built while starting up
-    gc_heap.install(cfg.gc_freeze)  # this process owns its heap: freeze it at loads
     tls = transport.tls_from_env()
     server = transport.server(
         (authz.Authorizer(tls=tls is not None, model_root=cfg.model_root or None),)
@@ -124,6 +123,7 @@ async def serve(cfg: AgentConfig) -> None:
         microbatch_split=split_config(cfg.cost_profile),
         block_zoo=cfg.block_zoo,
         engine=cfg.engine,
+        gc_settle=cfg.gc_freeze,  # this process owns its heap: freeze it at loads
     )
     rendezvous = store.serve(cfg.host)  # data-plane groups of replicas hosted here meet on it
     svc = servicer.AgentServicer(
@@ -157,7 +157,8 @@ async def serve(cfg: AgentConfig) -> None:
     if cfg.metrics_port:
         svc.metrics.serve(cfg.host, cfg.metrics_port)
     await server.start()
-    gc_heap.settle("agent started")  # the imports' objects: later passes skip them
+    if cfg.gc_freeze:
+        gc_heap.settle("agent started")  # the imports' objects: later passes skip them
     for name in ("", SERVICE_NAME):
         await health_svc.set(name, health_pb2.HealthCheckResponse.SERVING)
     mode = "mtls" if tls else "plaintext"

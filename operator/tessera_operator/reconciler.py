@@ -25,7 +25,7 @@ import kopf
 
 from tessera import api, fields, plan, reconcile, routes_doc
 from tessera.control import actuate, agents, converge, link_probe, observation
-from tessera.policies import admission, autoscale, transition
+from tessera.policies import admission, autoscale, switching_candidates, transition
 from tessera_operator import (
     config,
     discovery,
@@ -48,6 +48,10 @@ class Context:
     kube: kube.Kube
     # the agents' measured links, probed once per pair (issue 32; docs/scaling.md)
     probe: link_probe.LinkProbe = field(default_factory=link_probe.LinkProbe)
+    # planner candidates per planning problem, shared by every deployment (switching_loop)
+    candidates: switching_candidates.CandidateCache = field(
+        default_factory=switching_candidates.CandidateCache
+    )
 
 
 def _now() -> str:

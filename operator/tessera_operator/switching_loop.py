@@ -9,7 +9,8 @@ Registered by `handlers.build_registry` (`register`): a kopf timer every
 deployment's gateway Service (`GET /admin/v1/arrivals`, or `cfg.switching_arrivals_url`
 formatted with `namespace` and `name`), and the candidates — `cfg.switching_candidates(dep,
 classes)` when set, else `default_candidates`: the planner's, over the agents this
-operator discovers (planner candidates cached across spans in `CANDIDATE_CACHE`, at most
+operator discovers (planner candidates cached across spans in the operator's
+`reconciler.Context.candidates`, at most
 `cfg.switching_max_candidates`, priced with `cfg.switching_profile`). What it reports is
 written here: `status.switching` (own key; the reconciler keeps it), an event on a
 recommendation or a switch, and in **active** mode a merge patch of `spec.layout` with
@@ -40,8 +41,6 @@ from tessera_operator import config, discovery, gateway_objects, kube, timers
 
 ARRIVALS_PATH = switching.ARRIVALS_PATH
 DUE_KEY = "switching_due"
-# planner candidates per planning problem, shared by every deployment this operator runs
-CANDIDATE_CACHE = switching_candidates.CandidateCache()
 
 
 SwitchingCandidates = switching_decide.SwitchingCandidates
@@ -66,6 +65,7 @@ async def default_candidates(
     dep: api.ServingDeployment,
     names: Sequence[str],
     placed: Sequence[Mapping[str, Any]] | None = None,
+    cache: switching_candidates.CandidateCache | None = None,
 ) -> SwitchingCandidates:
     """The planner's candidates over the agents this operator discovers (module
     docstring); ValueError saying why there are none."""
@@ -82,7 +82,7 @@ async def default_candidates(
         names,
         cfg.switching_profile,
         placed,
-        CANDIDATE_CACHE,
+        cache if cache is not None else switching_candidates.CandidateCache(),
         cfg.switching_max_candidates,
         cfg.switching_calibration,
     )
@@ -133,7 +133,8 @@ async def tick(
             made: SwitchingCandidates | None = cfg.switching_candidates(dep, names)
             return made
         ctx = memo.get("ctx")
-        return await default_candidates(cfg, getattr(ctx, "kube", None), dep, names, placed)
+        kube_client, cache = getattr(ctx, "kube", None), getattr(ctx, "candidates", None)
+        return await default_candidates(cfg, kube_client, dep, names, placed, cache)
 
     out = await switching.step(
         dep, raw.get("spec") or {}, dict(body.get("status") or {}), arrivals, candidates, _now()

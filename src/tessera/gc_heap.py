@@ -15,10 +15,10 @@ is what vLLM does after its engine and API server start. After an unload it firs
 unfreezes (`reclaim=True`), so that a dropped stage's cyclic garbage, which may hold its
 weights and KV pool, is collected rather than kept frozen.
 
-Only processes that own their heap turn it on (`install`, called by `tessera agent`,
-`tessera gateway` and `tessera up`): a library caller such as a test process keeps the
-collector as it is. `TESSERA_GC_FREEZE=0` turns it off: those entry points read it
-(`wanted`) and pass it to `install`.
+Only processes that own their heap settle it: `tessera agent`, `tessera gateway` and
+`tessera up` read `TESSERA_GC_FREEZE` (`wanted`; `0` turns it off) and call `settle` only
+when on (the agent passes it down to `hosting` as `LoadDefaults.gc_settle`); a library
+caller such as a test process never calls it and keeps the collector as it is.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from tessera import env_flags
 
 ENV = "TESSERA_GC_FREEZE"
 log = logging.getLogger(__name__)
-_installed = False
 
 
 def wanted(environ: Mapping[str, str]) -> bool:
@@ -40,22 +39,9 @@ def wanted(environ: Mapping[str, str]) -> bool:
     return environ.get(ENV, "").strip().lower() not in env_flags.OFF
 
 
-def install(on: bool = True) -> bool:
-    """Turn settling on for this process (when `on`); returns whether on."""
-    global _installed
-    _installed = on
-    return _installed
-
-
-def installed() -> bool:
-    return _installed
-
-
-def settle(reason: str, reclaim: bool = False) -> float | None:
+def settle(reason: str, reclaim: bool = False) -> float:
     """Collect, then freeze the survivors; `reclaim` first unfreezes what earlier calls
-    froze (after something was dropped). Returns the seconds it took, or None when off."""
-    if not _installed:
-        return None
+    froze (after something was dropped). Returns the seconds it took."""
     start = time.perf_counter()
     if reclaim:
         gc.unfreeze()
