@@ -2,21 +2,14 @@
 stage) once its torch work is done, so the compute thread's team keeps spinning between
 parallel regions.
 
-GNU libgomp, which PyTorch's CPU wheels use, keeps a pool of worker threads for every
-thread that ever ran a parallel region, for as long as that thread lives. Once the
-process's OpenMP threads outnumber its CPUs, libgomp stops spinning between regions (its
-"throttled" spin count, ~100 spins) and every region a step runs (hundreds per decode step)
-wakes its workers through a futex instead. An agent with N threads loads on its loader
-thread and computes on its compute thread: two teams of N. On the 2-core machine a batch-8
-decode step ran 1.6-2x slower on the compute thread than the same step on the thread that
-had loaded (docs/benchmarks-log.md, "Issue 16: OpenMP teams"); a 20 000-call loop of batch-8
-linears took 2.9-3.2 s against 0.9-1.0 s once the loading thread's team was released.
-
-`release()` frees the calling thread's team (`omp_pause_resource_all`, OpenMP 5.0; libgomp
-frees the caller's pool); a later parallel region on that thread builds a new one. A thread
-that exits frees its team itself. `TESSERA_OMP_RELEASE=0` keeps every team: the agent's
-`EngineOptions.omp_release`, which its callers (`server.py`, `hosting.py`) pass on. A
-no-op returning False where no libgomp is loaded (another OpenMP runtime, or none).
+GNU libgomp (PyTorch's CPU wheels) keeps a worker pool for every thread that ever ran a
+parallel region; once the process's OpenMP threads outnumber its CPUs it stops spinning
+between regions and every region of a step wakes its workers through a futex (the cost
+measured: docs/benchmarks-log.md, "Issue 16: OpenMP teams"). `release()` frees the
+calling thread's team (`omp_pause_resource_all`); `released` and `ReleasingPool` do it
+after each job. The agent's `EngineOptions.omp_release` (`TESSERA_OMP_RELEASE=0`: keep
+every team) decides whether its callers (`server.py`, `hosting.py`) use them. A no-op
+returning False where no libgomp is loaded.
 """
 
 from __future__ import annotations
