@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 def wanted(environ: Mapping[str, str]) -> bool:
     """Whether an entry point's environment leaves settling on (`TESSERA_GC_FREEZE=0`: off)."""
-    return environ.get(ENV, "").strip().lower() not in env_flags.OFF
+    return env_flags.on(environ, ENV)
 
 
 def settle(reason: str, reclaim: bool = False) -> float:

@@ -102,7 +102,7 @@ class EngineOptions:
             raise ValueError(f"{SPLIT_ENV}={raw!r} is not an integer") from None
 
         def on(name: str) -> bool:
-            return environ.get(name, "").strip().lower() not in env_flags.OFF
+            return env_flags.on(environ, name)
 
         attn = environ.get(DECODE_ATTN_ENV, "fused").strip().lower()
         if attn not in ("fused", "gather"):

@@ -60,7 +60,7 @@ def configure(environ: Mapping[str, str]) -> None:
     """At a process's entry point: trace over OTLP when `TESSERA_TRACING` is on in
     `environ` (a value not understood is logged and leaves tracing off)."""
     try:
-        on = env_flags.parse(ENV, environ.get(ENV, ""), False)
+        on = env_flags.strict(environ, ENV, False)
     except ValueError as exc:  # never fail a process over it: say so, stay off
         logging.getLogger(__name__).warning("tracing stays off: %s", exc)
         on = False
