@@ -1,23 +1,17 @@
 """OpenTelemetry traces of requests and control actions, off unless `TESSERA_TRACING` is on.
 
-One trace per request: the gateway's `tessera.gateway.request` span, an
-`tessera.gateway.attempt` span per replica tried (failover shows as several), the leader's
-`tessera.agent.generate` span (its parent travels in `GenerateRequest.trace_parent`, a W3C
-`traceparent`), and on every later pipeline stage one `tessera.stage.step` span per step
-batch the request joined (prefill or decode; parent in `StageStep.trace_parents`, one
-per sequence, stamped by `stamp_step` when the previous stage sends the step). One trace
-per control action: `tessera.observability.control.action` opens a span per transition,
-drop, restore, replication or switch.
-
-Off (the default) every call is a cheap no-op and the OpenTelemetry packages are never
-imported. A process's entry point (`tessera agent`, `gateway`, `operator`, `up`) calls
-`configure` with its environment: with `TESSERA_TRACING` on, the SDK's tracer provider
-exports over OTLP, configured by the standard `OTEL_*` variables
-(`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_SERVICE_NAME`, ...); `install(provider)` hands in
-another provider (tests: the in-memory exporter). Called by the gateway (`app`,
-`dispatch`), the agent (`generate_mux`, `convert`, `stage_server`) and the control loops.
-The process-wide tracer is module state on purpose, as OpenTelemetry's own global
-provider is: every process has exactly one, installed once at its entry point.
+One trace per request: the gateway's `tessera.gateway.request` span, a
+`tessera.gateway.attempt` span per replica tried, the leader's `tessera.agent.generate`
+span (parent in `GenerateRequest.trace_parent`, a W3C `traceparent`) and one
+`tessera.stage.step` span per step batch on every later stage (parents in
+`StageStep.trace_parents`, stamped by `stamp_step`); one per control action
+(`observability.control.action`). A process's entry point (`tessera agent`, `gateway`,
+`operator`, `up`) calls `configure` with its environment: on, the SDK exports over OTLP
+as the standard `OTEL_*` variables say; off, every call is a no-op and OpenTelemetry is
+never imported. `install(provider)` hands in another provider (tests). The tracer is
+process-wide module state on purpose, as OpenTelemetry's global provider is. Called by
+the gateway (`app`, `dispatch`), the agent (`generate_mux`, `convert`, `stage_server`)
+and the control loops.
 """
 
 from __future__ import annotations
