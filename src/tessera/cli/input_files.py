@@ -7,6 +7,7 @@ file or bad syntax, which the command prints as its error. Called by `tessera pl
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +18,18 @@ from tessera import fields
 
 def read_yaml(path: str, what: str) -> Any:
     """The YAML document in `path`; `what` names the flag that gave it."""
-    try:
-        return yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise fields.FieldError(what, f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise fields.FieldError(what, f"{path} is not valid YAML: {exc}") from None
+    return _read(path, what, yaml.safe_load, "YAML", yaml.YAMLError)
 
 
 def read_json(path: str, what: str) -> Any:
     """The JSON document in `path`; `what` names the flag that gave it."""
+    return _read(path, what, json.loads, "JSON", json.JSONDecodeError)
+
+
+def _read(path: str, what: str, load: Callable[[str], Any], kind: str, bad: type[Exception]) -> Any:
     try:
-        return json.loads(Path(path).read_text())
+        return load(Path(path).read_text())
     except OSError as exc:
         raise fields.FieldError(what, f"cannot read {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise fields.FieldError(what, f"{path} is not valid JSON: {exc}") from None
+    except bad as exc:
+        raise fields.FieldError(what, f"{path} is not valid {kind}: {exc}") from None
