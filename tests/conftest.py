@@ -14,9 +14,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Agents compile their decode steps by default (engine/decode_graph.py): minutes of CPU per
-# agent process, which a suite starting hundreds of them cannot pay. Tests run eagerly
-# unless the variable is set (`TESSERA_COMPILE_DECODE=wait` runs the engine tests with the
-# compiled path warmed up first); tests/engine/test_decode_graph.py covers it either way.
+# agent process, which a suite starting hundreds of them cannot pay. Agent processes run
+# eagerly unless the variable is set (`tessera agent` reads it into its EngineOptions;
+# in-process engines take EngineOptions' default, eager); tests/engine/test_decode_graph.py
+# and test_compile_ready.py cover the compiled path.
 os.environ.setdefault("TESSERA_COMPILE_DECODE", "0")
 
 # Property tests judge results, not speed: on a loaded 2-core CI machine hypothesis's

@@ -1,12 +1,12 @@
 """Configuration is read at the entry points and passed down (issue 36): only the modules
-listed here read the process environment (`os.environ`, `os.getenv`, or the switches of
-`tessera.env_flags`). A new reader fails this test; so does a listed module that stopped
-reading it (take it off the list).
+listed here read the process environment (`os.environ`, `os.getenv`); the others get
+what they need from them (`EngineOptions`, `AgentConfig`, `GatewayConfig`, ...). A new
+reader fails this test; so does a listed module that stopped reading it (take it off).
 
 `ENTRY_POINTS` may read it: the commands, and the modules that only hand the environment
-on to child processes. `NOT_YET_MOVED` still read it below an entry point: each is debt of
-issue 36, item 3 (build an options dataclass at the agent's / gateway's entry point and
-pass it down to the engine), listed so the debt cannot grow unnoticed.
+on to child processes. `NOT_YET_MOVED` still read it below an entry point: debt of issue
+36, item 3 (the TLS folder: every gRPC channel and server would take the entry point's
+`TlsFiles`), listed so the debt cannot grow unnoticed.
 """
 
 from __future__ import annotations
@@ -26,18 +26,10 @@ ENTRY_POINTS = {
     "src/tessera/cli/local_agents.py",  # hands the environment on to agent processes
     "src/tessera/bench/local_up.py",  # hands the environment on to `tessera up`
     "src/tessera/cli/bench_operator_harness.py",  # hands it on to its gateway/operator processes
-    "src/tessera/env_flags.py",  # the one parser of on/off switches
     "src/tessera/event_loop.py",  # which event loop a process's entry point starts
 }
 NOT_YET_MOVED = {
-    "agent/tessera_agent/engine/attention.py",  # TESSERA_DECODE_ATTN
-    "agent/tessera_agent/engine/compile_policy.py",  # TESSERA_COMPILE_* (and a module global)
-    "agent/tessera_agent/engine/compile_cache.py",  # TESSERA_COMPILE_CACHE, XDG_CACHE_HOME
-    "agent/tessera_agent/engine/omp_teams.py",  # TESSERA_OMP_RELEASE
-    "agent/tessera_agent/bench_decode_attn.py",  # sets TESSERA_DECODE_ATTN for its A/B
-    "src/tessera/observability/tracing.py",  # TESSERA_TRACING, OTEL_SERVICE_NAME
     "src/tessera/rpc/transport.py",  # TESSERA_TLS_DIR
-    "src/tessera/cli/bench_overload.py",  # TESSERA_TRACE (moves with the overload benches)
 }
 
 
@@ -45,8 +37,6 @@ def _reads_environment(tree: ast.AST) -> bool:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             if node.value.id == "os" and node.attr in ("environ", "getenv", "environb"):
-                return True
-            if node.value.id == "env_flags" and node.attr in ("on", "strict"):
                 return True
         if isinstance(node, ast.ImportFrom) and node.module == "os":
             if any(a.name in ("environ", "getenv") for a in node.names):

@@ -4,8 +4,9 @@
 (8 layers, hidden 256, 4 heads / 2 KV heads, head_dim 64, float32; generated into a
 temporary folder), one process builds two `CompiledDecode` graphs over the same layers:
 one tracing `attention._decode_fused` (the default), one tracing eager's gather + SDPA
-(`TESSERA_DECODE_ATTN=gather`). For each (batch, context range) it draws contexts at
-random in the range and pages at random over a KV pool filled with noise, then times whole
+(an agent's `TESSERA_DECODE_ATTN=gather`). For each (batch, context range) it draws
+contexts at random in the range and pages at random over a KV pool filled with noise, then
+times whole
 decode steps (all layers) through each graph, alternating graphs round by round on the
 same inputs and pool. Reported per shape (`b{B}_ctx{lo}_{hi}`): median CPU milliseconds
 per step (`time.process_time`, robust to other processes on a shared machine) and wall
@@ -18,12 +19,9 @@ built after the warm-ups (0 expected: every shape is covered by them).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +43,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shapes", default="", help="batch:lo:hi,... (default: six shapes from 1 to 128)"
     )
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
 
 
 def _inputs(
@@ -92,8 +77,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         path = tiny_checkpoint.make_tiny(Path(tmp) / "tiny", tiny_checkpoint.TinySpec())
         cfg = config.ModelConfig.from_path(path)
         spec = stage.BlockSpec(str(path), 0, cfg.num_layers, kv_bytes=64 << 20)
-        with _env("TESSERA_COMPILE_DECODE", "0"):
-            st = stage.load_stage(spec, torch.device("cpu"), 1 << 31)
+        st = stage.load_stage(spec, torch.device("cpu"), 1 << 31)  # eager: options' default
         r = st.runner
         graphs: dict[str, decode_graph.CompiledDecode] = {}
         warm: dict[str, float] = {}

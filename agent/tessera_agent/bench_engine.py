@@ -117,7 +117,7 @@ def _engine_generate(
 ) -> Iterator[Callable[..., Tokens]]:
     """Yields `run(b, new=None, prompts=None)`: greedy tokens of the first `b` prompts
     (`prompts` and `new` per call override the defaults given here). `compile_decode`:
-    compile decode steps (None: as TESSERA_COMPILE_DECODE says)."""
+    compile decode steps (None: the default options: eager)."""
     cfg = config.ModelConfig.from_path(model_path)
     st = stage.load_stage(
         stage.BlockSpec(str(model_path), 0, cfg.num_layers, kv_bytes=kv_bytes),

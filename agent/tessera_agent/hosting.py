@@ -100,7 +100,9 @@ class Hosting:
         kinds = {d.kind for d in memory.devices.values()}
         self._host_copy = devices.host_copy("cuda" if "cuda" in kinds else "cpu")
         self.shares = equivalence_share.ReportCache()  # opted-in fine-tunes' reports
-        self.loader = omp_teams.ReleasingPool(1, thread_name_prefix="loader")
+        self.loader = omp_teams.ReleasingPool(
+            1, thread_name_prefix="loader", release=defaults.engine.omp_release
+        )
         self._lock = asyncio.Lock()
         self._settling: set[asyncio.Task[None]] = set()  # gc settles waiting for warm-ups
 
@@ -182,7 +184,9 @@ class Hosting:
         graph = loaded.hosted.stage.runner.decode_graph
         # "already loaded" too: a retried load (its first call timed out) waits as well
         if graph is not None and graph.state == "warming":
-            if compile_policy.warm_before_ready(graph.device):  # outside the load lock
+            if compile_policy.warm_before_ready(
+                self.defaults.engine, graph.device
+            ):  # outside the load lock
                 await asyncio.get_running_loop().run_in_executor(None, graph.wait)
                 log.info(
                     "%s: ready after its warm-up (compile: %s, %.1f s)",
@@ -330,6 +334,7 @@ class Hosting:
                 dev.torch_device(),
                 dev.free_bytes - planned[1] - reserve_bytes,
                 spec.kv_bytes,
+                self.defaults.engine,
             )
             loaded = await loop.run_in_executor(
                 self.loader,
@@ -346,7 +351,8 @@ class Hosting:
             loaded.equivalence = report
             loaded.stitch = stitch
             built_s = time.monotonic() - fetched_at
-            omp_teams.release()  # the loop thread's team, if it ever built one (see omp_teams)
+            if self.defaults.engine.omp_release:  # the loop thread's team, if it built one
+                omp_teams.release()
             h = hosted.Hosted(loaded)
             h.sources = load_sources.tally(tensors, cached, read.bytes_read, planned[1])
             self.memory.book(dev.id, h.holder, loaded.own_param_bytes + loaded.kv_bytes)
@@ -492,7 +498,7 @@ class Hosting:
                 else:
                     del self.more_ranks[(*key, rank)]
                 await self._unload_one(h)
-        if gc_heap.installed():  # once this frame has let go of them: reclaim the stage
+        if self.defaults.gc_settle:  # once this frame has let go of them: reclaim the stage
             asyncio.get_running_loop().call_soon(
                 functools.partial(gc_heap.settle, f"unloaded {replica_id}/{stage_index}", True)
             )
@@ -500,7 +506,7 @@ class Hosting:
     def _settle_when_warm(self, graph: decode_graph.CompiledDecode | None, holder: str) -> None:
         """Freeze the heap (`gc_heap`) once the block's compiled decode, whose compiler
         state is most of the new objects, has warmed up; at once when there is none."""
-        if not gc_heap.installed():
+        if not self.defaults.gc_settle:
             return
 
         async def settle() -> None:

@@ -38,6 +38,8 @@ class LoadDefaults:
     microbatch_split: microbatch.SplitConfig = field(default_factory=microbatch.SplitConfig)
     # the engine switches of the agent's entry point (split threshold, CUDA graphs)
     engine: options_mod.EngineOptions = field(default_factory=options_mod.EngineOptions)
+    # settle the heap after loads and unloads (gc_heap): agents only, which own their heap
+    gc_settle: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -28,8 +28,6 @@ from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import authz, devices, load_config, servicer
 from tessera_agent.engine import (
-    compile_cache,
-    compile_policy,
     decode_graph,
     host_malloc,
     omp_teams,
@@ -62,8 +60,6 @@ class AgentConfig:
     cobatch: bool = True  # co-batch steps of chains sharing blocks (issue 14, cobatch.py)
     cobatch_rows: int = 0  # rows per pass of a shared block instance; 0 = the default
     cobatch_linger_s: float = -1.0  # wait for a co-step's chains to resubmit; < 0 = default
-    compile_decode: bool = True  # CPU decode steps compiled (engine/decode_graph.py; issue 16)
-    compile_cache: str = ""  # compiled graphs cached across restarts; "" = the default folder
     # engine switches from the entry point's environment (`EngineOptions.from_env`)
     engine: options.EngineOptions = field(default_factory=options.EngineOptions)
     gc_freeze: bool = True  # settle the cycle collector at loads (gc_heap; $TESSERA_GC_FREEZE)
@@ -108,15 +104,13 @@ async def serve(cfg: AgentConfig) -> None:
     devs, nvml_status = devices.parse_devices(cfg.devices, cfg.gpu_memory_utilization)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    compile_policy.set_default(cfg.compile_decode)  # $TESSERA_COMPILE_DECODE still overrides
-    if compile_policy.enabled_from_env():  # before anything compiles
-        compile_cache.configure(cfg.compile_cache or None)
     host_malloc.tune(cfg.engine.malloc_tune)  # step temporaries stay in the heap
     # Work handed to the loop's default executor (reads, copies) must not leave an OpenMP
     # team behind: the compute thread's team would stop spinning (see omp_teams).
-    asyncio.get_running_loop().set_default_executor(omp_teams.ReleasingPool())
-    omp_teams.release()  # a team this thread may have built while starting up
-    gc_heap.install(cfg.gc_freeze)  # this process owns its heap: freeze it at loads
+    release = cfg.engine.omp_release
+    asyncio.get_running_loop().set_default_executor(omp_teams.ReleasingPool(release=release))
+    if release:
+        omp_teams.release()  # a team this thread may have built while starting up
     tls = transport.tls_from_env()
     server = transport.server(
         (authz.Authorizer(tls=tls is not None, model_root=cfg.model_root or None),)
@@ -130,6 +124,7 @@ async def serve(cfg: AgentConfig) -> None:
         microbatch_split=split_config(cfg.cost_profile),
         block_zoo=cfg.block_zoo,
         engine=cfg.engine,
+        gc_settle=cfg.gc_freeze,  # this process owns its heap: freeze it at loads
     )
     rendezvous = store.serve(cfg.host)  # data-plane groups of replicas hosted here meet on it
     svc = servicer.AgentServicer(
@@ -163,7 +158,8 @@ async def serve(cfg: AgentConfig) -> None:
     if cfg.metrics_port:
         svc.metrics.serve(cfg.host, cfg.metrics_port)
     await server.start()
-    gc_heap.settle("agent started")  # the imports' objects: later passes skip them
+    if cfg.gc_freeze:
+        gc_heap.settle("agent started")  # the imports' objects: later passes skip them
     for name in ("", SERVICE_NAME):
         await health_svc.set(name, health_pb2.HealthCheckResponse.SERVING)
     mode = "mtls" if tls else "plaintext"

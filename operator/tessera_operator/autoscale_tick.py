@@ -30,7 +30,7 @@ import kopf
 from tessera import api, fields
 from tessera.control import autoscale_loop, gateway_demand
 from tessera.policies.scaling import autoscale
-from tessera_operator import config, discovery, overload_loop, reconciler
+from tessera_operator import config, discovery, overload_loop, reconciler, timers
 
 log = logging.getLogger(__name__)
 LOOP_KEY = "autoscale_loop"
@@ -41,18 +41,9 @@ def register(
     registry: kopf.OperatorRegistry, cfg: config.OperatorConfig, resource: tuple[str, str, str]
 ) -> None:
     """Add the loop's timer to `registry` (called by `handlers.build_registry`)."""
-
-    @kopf.timer(
-        *resource,
-        interval=cfg.autoscale_tick_seconds,
-        initial_delay=cfg.autoscale_tick_seconds,
-        registry=registry,
+    timers.register_timer(
+        registry, resource, "autoscale_tick", cfg.autoscale_tick_seconds, tick, cfg
     )
-    async def autoscale_tick(
-        body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kw: Any
-    ) -> None:
-        if not kw["stopped"] and not body.metadata.get("deletionTimestamp"):
-            await tick(body, patch, memo, cfg)
 
 
 def leaders(plan_status: Mapping[str, Any] | None) -> dict[str, str]:

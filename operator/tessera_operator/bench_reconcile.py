@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+from tessera.bench import deployment
 from tessera.cli import local_agents
 
-GROUP, VERSION, PLURAL = "serving.tessera.dev", "v1alpha1", "servingdeployments"
+GROUP, VERSION, PLURAL = deployment.GROUP, deployment.VERSION, deployment.PLURAL
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,28 +38,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _manifest(name: str, model: Path) -> dict[str, Any]:
     stage = {"device": "cpu:0"}
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "ServingDeployment",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "model": {"name": "tiny-llama", "path": str(model)},
-            "layout": {
-                "mode": "explicit",
-                "kvCacheBytes": 16 << 20,
-                "replicas": [
-                    {"name": "r0", "stages": [{**stage, "agent": "agent-0", "layers": [0, 8]}]},
-                    {
-                        "name": "r1",
-                        "stages": [
-                            {**stage, "agent": "agent-0", "layers": [0, 4]},
-                            {**stage, "agent": "agent-1", "layers": [4, 8]},
-                        ],
-                    },
-                ],
-            },
-        },
-    }
+    pipe = [
+        {**stage, "agent": "agent-0", "layers": [0, 4]},
+        {**stage, "agent": "agent-1", "layers": [4, 8]},
+    ]
+    replicas = [
+        {"name": "r0", "stages": [{**stage, "agent": "agent-0", "layers": [0, 8]}]},
+        {"name": "r1", "stages": pipe},
+    ]
+    return deployment.manifest(name, model, replicas, 16 << 20)
 
 
 def _ready(api: Any, name: str) -> bool:

@@ -36,7 +36,7 @@ from tessera.control import gateway_load, overload_driver
 from tessera.control import overload as control
 from tessera.policies.overload import held as overload_held
 from tessera.policies.overload import steps as overload_steps
-from tessera_operator import config, discovery, gateway_objects, kube, owned, reconciler
+from tessera_operator import config, discovery, gateway_objects, kube, owned, reconciler, timers
 
 log = logging.getLogger(__name__)
 LOOP_KEY = "overload_loop"
@@ -47,16 +47,7 @@ def register(
     registry: kopf.OperatorRegistry, cfg: config.OperatorConfig, resource: tuple[str, str, str]
 ) -> None:
     """Add the loop's timer to `registry` (called by `handlers.build_registry`)."""
-
-    @kopf.timer(
-        *resource,
-        interval=cfg.overload_tick_seconds,
-        initial_delay=cfg.overload_tick_seconds,
-        registry=registry,
-    )
-    async def overload_tick(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kw: Any) -> None:
-        if not kw["stopped"] and not body.metadata.get("deletionTimestamp"):
-            await tick(body, patch, memo, cfg)
+    timers.register_timer(registry, resource, "overload_tick", cfg.overload_tick_seconds, tick, cfg)
 
 
 def members(plan_status: Mapping[str, Any] | None) -> tuple[list[tuple[str, str]], int]:

@@ -27,6 +27,7 @@ from tessera import api, fields, plan, reconcile, routes_doc
 from tessera.control import actuate, agents, converge, link_probe, observation
 from tessera.policies.scaling import autoscale
 from tessera.policies.security import admission
+from tessera.policies.switching import candidates as switching_candidates
 from tessera.policies.transition import planner as transition
 from tessera_operator import (
     config,
@@ -50,6 +51,10 @@ class Context:
     kube: kube.Kube
     # the agents' measured links, probed once per pair (issue 32; docs/scaling.md)
     probe: link_probe.LinkProbe = field(default_factory=link_probe.LinkProbe)
+    # planner candidates per planning problem, shared by every deployment (switching_loop)
+    candidates: switching_candidates.CandidateCache = field(
+        default_factory=switching_candidates.CandidateCache
+    )
 
 
 def _now() -> str:

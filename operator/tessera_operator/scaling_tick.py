@@ -32,7 +32,7 @@ import kopf
 from tessera import api, fields, plan
 from tessera.control import agents, converge, gateway_itl, scaling_loop
 from tessera.policies.scaling import signal as sig
-from tessera_operator import config, discovery, overload_loop, reconciler
+from tessera_operator import config, discovery, overload_loop, reconciler, timers
 
 LOOP_KEY = "scaling_loop"
 WARNED_KEY = "scaling_itl_warned"
@@ -42,16 +42,7 @@ def register(
     registry: kopf.OperatorRegistry, cfg: config.OperatorConfig, resource: tuple[str, str, str]
 ) -> None:
     """Add the loop's timer to `registry` (called by `handlers.build_registry`)."""
-
-    @kopf.timer(
-        *resource,
-        interval=cfg.scaling_tick_seconds,
-        initial_delay=cfg.scaling_tick_seconds,
-        registry=registry,
-    )
-    async def scaling_tick(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kw: Any) -> None:
-        if not kw["stopped"] and not body.metadata.get("deletionTimestamp"):
-            await tick(body, patch, memo, cfg)
+    timers.register_timer(registry, resource, "scaling_tick", cfg.scaling_tick_seconds, tick, cfg)
 
 
 def metrics_url(cfg: config.OperatorConfig, dep: api.ServingDeployment) -> str:

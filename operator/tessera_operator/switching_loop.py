@@ -9,7 +9,8 @@ Registered by `handlers.build_registry` (`register`): a kopf timer every
 deployment's gateway Service (`GET /admin/v1/arrivals`, or `cfg.switching_arrivals_url`
 formatted with `namespace` and `name`), and the candidates — `cfg.switching_candidates(dep,
 classes)` when set, else `default_candidates`: the planner's, over the agents this
-operator discovers (planner candidates cached across spans in `CANDIDATE_CACHE`, at most
+operator discovers (planner candidates cached across spans in the operator's
+`reconciler.Context.candidates`, at most
 `cfg.switching_max_candidates`, priced with `cfg.switching_profile`). What it reports is
 written here: `status.switching` (own key; the reconciler keeps it), an event on a
 recommendation or a switch, and in **active** mode a merge patch of `spec.layout` with
@@ -37,12 +38,10 @@ from tessera.control import converge, switching
 from tessera.observability import control
 from tessera.policies.switching import candidates as switching_candidates
 from tessera.policies.switching import decide as switching_decide
-from tessera_operator import config, discovery, gateway_objects, kube
+from tessera_operator import config, discovery, gateway_objects, kube, timers
 
 ARRIVALS_PATH = switching.ARRIVALS_PATH
 DUE_KEY = "switching_due"
-# planner candidates per planning problem, shared by every deployment this operator runs
-CANDIDATE_CACHE = switching_candidates.CandidateCache()
 
 
 SwitchingCandidates = switching_decide.SwitchingCandidates
@@ -56,18 +55,9 @@ def register(
     registry: kopf.OperatorRegistry, cfg: config.OperatorConfig, resource: tuple[str, str, str]
 ) -> None:
     """Add the loop's timer to `registry` (called by `handlers.build_registry`)."""
-
-    @kopf.timer(
-        *resource,
-        interval=cfg.switching_tick_seconds,
-        initial_delay=cfg.switching_tick_seconds,
-        registry=registry,
+    timers.register_timer(
+        registry, resource, "switching_tick", cfg.switching_tick_seconds, tick, cfg
     )
-    async def switching_tick(
-        body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kw: Any
-    ) -> None:
-        if not kw["stopped"] and not body.metadata.get("deletionTimestamp"):
-            await tick(body, patch, memo, cfg)
 
 
 async def default_candidates(
@@ -76,6 +66,7 @@ async def default_candidates(
     dep: api.ServingDeployment,
     names: Sequence[str],
     placed: Sequence[Mapping[str, Any]] | None = None,
+    cache: switching_candidates.CandidateCache | None = None,
 ) -> SwitchingCandidates:
     """The planner's candidates over the agents this operator discovers (module
     docstring); ValueError saying why there are none."""
@@ -92,7 +83,7 @@ async def default_candidates(
         names,
         cfg.switching_profile,
         placed,
-        CANDIDATE_CACHE,
+        cache if cache is not None else switching_candidates.CandidateCache(),
         cfg.switching_max_candidates,
         cfg.switching_calibration,
     )
@@ -143,7 +134,8 @@ async def tick(
             made: SwitchingCandidates | None = cfg.switching_candidates(dep, names)
             return made
         ctx = memo.get("ctx")
-        return await default_candidates(cfg, getattr(ctx, "kube", None), dep, names, placed)
+        kube_client, cache = getattr(ctx, "kube", None), getattr(ctx, "candidates", None)
+        return await default_candidates(cfg, kube_client, dep, names, placed, cache)
 
     out = await switching.step(
         dep, raw.get("spec") or {}, dict(body.get("status") or {}), arrivals, candidates, _now()

@@ -1,29 +1,30 @@
-"""On/off switches read from the environment, parsed one way everywhere.
+"""On/off switches of the environment an entry point passes, parsed one way everywhere.
 
-`on(name)`: a switch that is on unless set to an off word (0, false, no, off): the
-engine's tuning switches (`TESSERA_OMP_RELEASE`, `TESSERA_MALLOC_TUNE`, ...), where any
-other value keeps the default. `strict(name, default)`: the value must be an on or an off
-word (or unset, giving `default`); anything else raises `ValueError` naming the variable,
-for switches whose typo would silently change behaviour a user relies on. `parse` is
-`strict` over a value an entry point has read (configuration passed down).
+`on(environ, name)`: a switch that is on unless set to an off word (0, false, no, off):
+the engine's tuning switches (`TESSERA_OMP_RELEASE`, `TESSERA_MALLOC_TUNE`, ...), where
+any other value keeps the default. `strict(environ, name, default)`: the value must be an
+on or an off word (or unset, giving `default`); anything else raises `ValueError` naming
+the variable, for switches whose typo would silently change behaviour a user relies on.
+`parse` is `strict` over one value. Pure: the entry points read the process environment
+and pass it (`EngineOptions.from_env`, `gc_heap.wanted`, `tracing.configure`).
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 
 OFF = ("0", "false", "no", "off")
 ON = ("1", "true", "yes", "on")
 
 
-def on(name: str) -> bool:
-    """False only when `name` is set to an off word."""
-    return os.environ.get(name, "").strip().lower() not in OFF
+def on(environ: Mapping[str, str], name: str) -> bool:
+    """False only when `name` is set to an off word in `environ`."""
+    return environ.get(name, "").strip().lower() not in OFF
 
 
-def strict(name: str, default: bool) -> bool:
+def strict(environ: Mapping[str, str], name: str, default: bool) -> bool:
     """`default` when unset or empty; True/False for an on/off word; else ValueError."""
-    return parse(name, os.environ.get(name, ""), default)
+    return parse(name, environ.get(name, ""), default)
 
 
 def parse(name: str, raw: str, default: bool) -> bool:

@@ -1,24 +1,15 @@
 """Keeps the cycle collector's full passes off the serving path of Tessera's processes.
 
-A warm agent tracks ~660,000 Python objects (torch, and the compiled decode's Inductor and
-sympy state), and a full (generation 2) pass of the cycle collector walks all of them
-while holding the GIL: 280-480 ms measured on the 2-core VM, idle. CPython starts one
-whenever enough new objects have survived, so while serving, the agent's compute thread and
-event loop, and the gateway, stopped for 0.1-1.2 s at unpredictable moments (seen inside
-the anchor's measured runs: a 649 ms pass in the agent and a 367 ms one in `tessera up`
-during one 3.8 s saturated run; docs/benchmarks-log.md, "Issue 16 (seventh stop)").
-
-`settle` collects once and then freezes every survivor (`gc.freeze`), so later passes only
-walk what was made since: it runs at moments that already pause (after a block is loaded
-and its compiled decode warmed, after a block is unloaded, once a gateway serves), which
-is what vLLM does after its engine and API server start. After an unload it first
-unfreezes (`reclaim=True`), so that a dropped stage's cyclic garbage, which may hold its
-weights and KV pool, is collected rather than kept frozen.
-
-Only processes that own their heap turn it on (`install`, called by `tessera agent`,
-`tessera gateway` and `tessera up`): a library caller such as a test process keeps the
-collector as it is. `TESSERA_GC_FREEZE=0` turns it off: those entry points read it
-(`wanted`) and pass it to `install`.
+A warm agent tracks hundreds of thousands of Python objects (torch, Inductor, sympy), and
+a full (generation 2) collector pass walks all of them holding the GIL: hundreds of ms
+at unpredictable moments (measured: docs/benchmarks-log.md, "Issue 16 (seventh stop)").
+`settle` collects once and freezes every survivor (`gc.freeze`), so later passes walk
+only what was made since; it runs at moments that already pause (a block loaded and its
+compiled decode warmed, a block unloaded, a gateway serving), as vLLM does after start-up.
+`reclaim=True` first unfreezes, so a dropped stage's cyclic garbage is collected.
+Only processes that own their heap settle it: `tessera agent`, `tessera gateway` and
+`tessera up` read `TESSERA_GC_FREEZE` (`wanted`; `0` turns it off) and call `settle` only
+when on (the agent passes it to `hosting` as `LoadDefaults.gc_settle`).
 """
 
 from __future__ import annotations
@@ -32,30 +23,16 @@ from tessera import env_flags
 
 ENV = "TESSERA_GC_FREEZE"
 log = logging.getLogger(__name__)
-_installed = False
 
 
 def wanted(environ: Mapping[str, str]) -> bool:
     """Whether an entry point's environment leaves settling on (`TESSERA_GC_FREEZE=0`: off)."""
-    return environ.get(ENV, "").strip().lower() not in env_flags.OFF
+    return env_flags.on(environ, ENV)
 
 
-def install(on: bool = True) -> bool:
-    """Turn settling on for this process (when `on`); returns whether on."""
-    global _installed
-    _installed = on
-    return _installed
-
-
-def installed() -> bool:
-    return _installed
-
-
-def settle(reason: str, reclaim: bool = False) -> float | None:
+def settle(reason: str, reclaim: bool = False) -> float:
     """Collect, then freeze the survivors; `reclaim` first unfreezes what earlier calls
-    froze (after something was dropped). Returns the seconds it took, or None when off."""
-    if not _installed:
-        return None
+    froze (after something was dropped). Returns the seconds it took."""
     start = time.perf_counter()
     if reclaim:
         gc.unfreeze()

@@ -154,7 +154,6 @@ def test_hosting_keeps_the_reserve_out_of_the_kv_pool_and_books_it(
         return reserve
 
     monkeypatch.setattr(gpu_devices, "load_reserve", fake_reserve)
-    monkeypatch.setenv("TESSERA_COMPILE_DECODE", "0")
 
     async def run() -> None:
         dev = devices.Device("cpu:0", "cpu", "virtual CPU device", 256 << 20)

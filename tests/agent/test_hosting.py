@@ -24,10 +24,12 @@ from tests.conftest import hf_greedy
 MiB = 1 << 20
 
 
-def _hosting(capacity: int = 256 * MiB, zoo: bool = True) -> tuple[hosting.Hosting, devices.Device]:
+def _hosting(
+    capacity: int = 256 * MiB, zoo: bool = True, gc_settle: bool = False
+) -> tuple[hosting.Hosting, devices.Device]:
     dev = devices.Device("cpu:0", "cpu", "virtual CPU device", capacity)
     pool = concurrent.futures.ThreadPoolExecutor(1)
-    defaults = load_config.LoadDefaults(block_zoo=zoo)
+    defaults = load_config.LoadDefaults(block_zoo=zoo, gc_settle=gc_settle)
     h = hosting.Hosting("a0", booking.Booking("a0", [dev]), defaults, pool)
     return h, dev
 
@@ -172,18 +174,14 @@ def test_cost_profile_sets_the_lookahead_cost(tmp_path: Path) -> None:
 def test_the_heap_is_frozen_after_a_load_and_a_dropped_stage_is_freed(
     tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """In an agent process (`gc_heap.install`), a load ends with the heap frozen, so the
+    """In an agent process (`LoadDefaults.gc_settle`), a load ends with the heap frozen, so the
     collector's full passes skip it while serving; the unloaded stage does not outlive the
     unload (that a reclaiming settle collects frozen cycles: tests/core/test_gc_heap.py)."""
     import gc
     import weakref
 
-    from tessera import gc_heap
-
-    monkeypatch.delenv(gc_heap.ENV, raising=False)
-
     async def run() -> None:
-        h, _ = _hosting()
+        h, _ = _hosting(gc_settle=True)
         done = await h.load(_block(tiny_llama, "default.d.r0.g1", 1))
         model = weakref.ref(done.hosted.stage.runner.model)
         del done
@@ -194,9 +192,7 @@ def test_the_heap_is_frozen_after_a_load_and_a_dropped_stage_is_freed(
         assert model() is None
         await h.close()
 
-    assert gc_heap.install()
     try:
         asyncio.run(run())
     finally:
         gc.unfreeze()
-        gc_heap._installed = False

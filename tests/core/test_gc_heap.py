@@ -1,4 +1,5 @@
-"""`gc_heap`: off unless installed; settling freezes survivors; reclaim collects frozen cycles."""
+"""`gc_heap`: the entry points' switch; settling freezes survivors; reclaim collects frozen
+cycles."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from tessera import gc_heap
 def restore() -> Iterator[None]:
     yield
     gc.unfreeze()
-    gc_heap._installed = False
 
 
 class Node:
@@ -23,21 +23,13 @@ class Node:
         self.me = self  # a reference cycle: only the cycle collector frees it
 
 
-def test_off_unless_installed() -> None:
-    assert not gc_heap.installed()
-    assert gc_heap.settle("test") is None
-
-
-def test_off_by_env(restore: None) -> None:
+def test_off_by_env() -> None:
     assert not gc_heap.wanted({gc_heap.ENV: "0"}) and gc_heap.wanted({})
-    assert gc_heap.install(gc_heap.wanted({gc_heap.ENV: "0"})) is False
-    assert gc_heap.settle("test") is None
 
 
 def test_settle_freezes_and_reclaim_collects_a_dropped_cycle(
     monkeypatch: pytest.MonkeyPatch, restore: None
 ) -> None:
-    assert gc_heap.install()
     node = Node()
     ref = weakref.ref(node)
     took = gc_heap.settle("loaded")

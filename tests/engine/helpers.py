@@ -9,17 +9,22 @@ from pathlib import Path
 import torch
 
 from tessera.policies.overload import microbatch
-from tessera_agent.engine import replica, sampling, scheduler, stage
+from tessera_agent.engine import options, replica, sampling, scheduler, stage
 
 
 def load(
-    path: Path, splits: list[tuple[int, int]], kv_bytes: int = 16 << 20, page_size: int = 16
+    path: Path,
+    splits: list[tuple[int, int]],
+    kv_bytes: int = 16 << 20,
+    page_size: int = 16,
+    engine: options.EngineOptions | None = None,
 ) -> list[stage.Stage]:
     return [
         stage.load_stage(
             stage.BlockSpec(str(path), a, b, stage_index=i, kv_bytes=kv_bytes, page_size=page_size),
             torch.device("cpu"),
             1 << 30,
+            options=engine,
         )
         for i, (a, b) in enumerate(splits)
     ]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import os
 import types
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import torch._dynamo.utils
 from tessera import blocks
 from tessera.rpc import blocks as rpc_blocks
 from tessera_agent import booking, devices, hosting, load_config, metrics, tiny_checkpoint
-from tessera_agent.engine import compile_cache, compile_policy
+from tessera_agent.engine import compile_cache, compile_policy, options
 
 MiB = 1 << 20
 
@@ -33,28 +35,29 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh compile cache for this test only (Inductor's folder set back after; the
     local caches it turns on are torch 2.13's defaults)."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "unused"))
-    monkeypatch.setenv(compile_policy.ENV, "1")  # an agent's default: warm before ready
-    monkeypatch.setenv(compile_policy.PACK_ENV, "0")  # the decode graph alone: faster
-    return compile_cache.configure(tmp_path / "cache")
+    return compile_cache.configure(tmp_path / "cache", os.environ)
 
 
-def _hosting() -> tuple[hosting.Hosting, devices.Device]:
+# an agent's default (warm before ready), the decode graph alone (faster)
+ON = options.EngineOptions(compile_decode="on", pack_prompts=False)
+
+
+def _hosting(engine: options.EngineOptions = ON) -> tuple[hosting.Hosting, devices.Device]:
     dev = devices.Device("cpu:0", "cpu", "virtual CPU device", 256 * MiB)
     hs = hosting.Hosting(
         "a0",
         booking.Booking("a0", [dev]),
-        load_config.LoadDefaults(),
+        load_config.LoadDefaults(engine=engine),
         concurrent.futures.ThreadPoolExecutor(1),
     )
     return hs, dev
 
 
-def test_cache_folder_and_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(compile_cache.ENV, raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert compile_cache.default_root() == tmp_path / "xdg" / "tessera" / "compile"
-    monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "mine"))
-    assert compile_cache.default_root() == tmp_path / "mine"
+def test_cache_folder_and_probe(tmp_path: Path) -> None:
+    env = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    assert compile_cache.default_root(env) == tmp_path / "xdg" / "tessera" / "compile"
+    env[compile_cache.ENV] = str(tmp_path / "mine")
+    assert compile_cache.default_root(env) == tmp_path / "mine"
     assert compile_cache.folder(tmp_path).name == f"torch-{torch.__version__}"
     ind = torch._dynamo.utils.counters["inductor"]
     with compile_cache.Probe() as p:
@@ -69,14 +72,16 @@ def test_cache_folder_and_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert p.outcome == "warm"  # nothing looked up: nothing came from the cache
 
 
-def test_background_mode_answers_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_background_mode_answers_at_once() -> None:
     cpu = torch.device("cpu")
-    monkeypatch.setenv(compile_policy.ENV, "background")
-    assert compile_policy.enabled_from_env(cpu) and not compile_policy.warm_before_ready(cpu)
-    monkeypatch.setenv(compile_policy.ENV, "1")
-    assert compile_policy.warm_before_ready(cpu)
-    monkeypatch.setenv(compile_policy.ENV, "0")
-    assert not compile_policy.warm_before_ready(cpu)
+
+    def opts(raw: str) -> options.EngineOptions:
+        return options.EngineOptions.from_env({options.COMPILE_ENV: raw}, compile_default=True)
+
+    bg = opts("background")
+    assert compile_policy.enabled(bg, cpu) and not compile_policy.warm_before_ready(bg, cpu)
+    assert compile_policy.warm_before_ready(opts("1"), cpu)
+    assert not compile_policy.warm_before_ready(opts("0"), cpu)
 
 
 @pytest.mark.slow
@@ -116,14 +121,11 @@ def test_load_answers_once_warm_and_reports_it(one_layer: Path, cache: Path) -> 
 
 
 @pytest.mark.slow
-def test_second_load_with_the_same_cache_reports_cached(
-    one_layer: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_second_load_with_the_same_cache_reports_cached(one_layer: Path, cache: Path) -> None:
     """Unfrozen graphs (`TESSERA_COMPILE_FREEZE=0`) are kept by Inductor's caches: the
     first load compiles them ("warm"), a second load of the same shape finds them all in
     the cache folder ("cached") and is faster."""
-    monkeypatch.setenv(compile_policy.FREEZE_ENV, "0")
-    hs, _ = _hosting()
+    hs, _ = _hosting(dataclasses.replace(ON, compile_freeze=False))
 
     async def run() -> None:
         first = await hs.load(blocks.Block(str(one_layer), 0, 1, replica_id="r0"))

@@ -14,7 +14,15 @@ import torch
 
 from tessera import blocks
 from tessera_agent import booking, devices, hosting, load_config, metrics, tiny_checkpoint
-from tessera_agent.engine import attention, compile_policy, config, decode_graph, model, sampling
+from tessera_agent.engine import (
+    attention,
+    compile_policy,
+    config,
+    decode_graph,
+    model,
+    options,
+    sampling,
+)
 from tests.conftest import hf_greedy, hf_greedy_logprobs
 from tests.engine import helpers
 
@@ -163,55 +171,50 @@ def test_fused_decode_attention_is_gather_and_sdpa() -> None:
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
 
 
-def test_decode_attention_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TESSERA_DECODE_ATTN", raising=False)
-    assert attention.fused_decode_enabled()
-    monkeypatch.setenv("TESSERA_DECODE_ATTN", "gather")
-    assert not attention.fused_decode_enabled()
-    monkeypatch.setenv("TESSERA_DECODE_ATTN", "paged")
+def test_decode_attention_switch() -> None:
+    assert options.EngineOptions.from_env({}).fused_decode_attn
+    assert not options.EngineOptions.from_env({options.DECODE_ATTN_ENV: "gather"}).fused_decode_attn
     with pytest.raises(ValueError, match="fused"):
-        attention.fused_decode_enabled()
+        options.EngineOptions.from_env({options.DECODE_ATTN_ENV: "paged"})
 
 
-def test_env_switch_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_switch_and_default() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.setattr(compile_policy, "_default", False)
-    monkeypatch.setenv(compile_policy.ENV, "1")
-    assert compile_policy.mode_from_env(cpu) == "on" and compile_policy.enabled_from_env(cuda)
-    monkeypatch.setenv(compile_policy.ENV, "wait")
-    assert compile_policy.mode_from_env(cpu) == "wait"
-    monkeypatch.setenv(compile_policy.ENV, "bogus")
-    assert not compile_policy.enabled_from_env(cpu)
-    monkeypatch.delenv(compile_policy.ENV)
-    assert not compile_policy.enabled_from_env(cpu)  # in-process engines: off by default
-    compile_policy.set_default(True)  # what `tessera agent` does
-    assert compile_policy.mode_from_env(cpu) == "on"
-    assert not compile_policy.enabled_from_env(cuda)  # CUDA: only when the variable asks
-    monkeypatch.setenv(compile_policy.ENV, "0")  # the off switch beats the agent's default
-    assert not compile_policy.enabled_from_env(cpu)
+
+    def opts(raw: str | None, default: bool = False) -> options.EngineOptions:
+        env = {} if raw is None else {options.COMPILE_ENV: raw}
+        return options.EngineOptions.from_env(env, compile_default=default)
+
+    assert compile_policy.mode(opts("1"), cpu) == "on" and compile_policy.enabled(opts("1"), cuda)
+    assert compile_policy.mode(opts("wait"), cpu) == "wait"
+    assert not compile_policy.enabled(opts("bogus"), cpu)
+    assert not compile_policy.enabled(opts(None), cpu)  # in-process engines: off by default
+    assert not compile_policy.enabled(options.EngineOptions(), cpu)
+    assert compile_policy.mode(opts(None, True), cpu) == "on"  # what `tessera agent` does
+    assert not compile_policy.enabled(opts(None, True), cuda)  # CUDA: only when asked
+    assert not compile_policy.enabled(opts("0", True), cpu)  # the off switch beats the default
 
 
 def test_load_reserve_books_the_packed_copy_only_where_it_fits(tiny_llama: Path) -> None:
     cfg = config.ModelConfig.from_path(tiny_llama)
-    need = compile_policy.planned_packed_bytes(cfg, 0, 8, torch.float32)
+    on = options.EngineOptions(compile_decode="on")
+    need = compile_policy.planned_packed_bytes(cfg, 0, 8, torch.float32, on)
     stages = helpers.load(tiny_llama, [(0, 8)])
-    assert need == compile_policy.packed_bytes(stages[0].runner.model)  # the loaded layers'
+    assert need == compile_policy.packed_bytes(stages[0].runner.model, on)  # the loaded layers'
     args = (cfg, 0, 8, torch.float32)
     cpu = torch.device("cpu")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(compile_policy.ENV, "1")
-        assert compile_policy.load_reserve(*args, 1, cpu, 10 * need, 0) == need
-        assert compile_policy.load_reserve(*args, 1, cpu, 2 * need, 0) == need  # half the rest
-        one = compile_policy.planned_packed_bytes(cfg, 0, 8, torch.float32, packs=False)
-        assert one * 2 == need  # the graph's copy and the eager rows' packs
-        assert compile_policy.load_reserve(*args, 1, cpu, 2 * need - 1, 0) == one
-        assert compile_policy.load_reserve(*args, 1, cpu, 2 * one - 1, 0) == 0
-        assert compile_policy.load_reserve(*args, 1, cpu, need + 8, 8) == need  # fixed KV
-        assert compile_policy.load_reserve(*args, 1, cpu, need + 8, 9) == one  # the graph's
-        assert compile_policy.load_reserve(*args, 1, cpu, one + 8, 9) == 0
-        assert compile_policy.load_reserve(*args, 2, cpu, 10 * need, 0) == 0  # TP: eager
-        mp.setenv(compile_policy.ENV, "0")
-        assert compile_policy.load_reserve(*args, 1, cpu, 10 * need, 0) == 0
+    assert compile_policy.load_reserve(*args, 1, cpu, 10 * need, 0, on) == need
+    assert compile_policy.load_reserve(*args, 1, cpu, 2 * need, 0, on) == need  # half the rest
+    one = compile_policy.planned_packed_bytes(cfg, 0, 8, torch.float32, on, packs=False)
+    assert one * 2 == need  # the graph's copy and the eager rows' packs
+    assert compile_policy.load_reserve(*args, 1, cpu, 2 * need - 1, 0, on) == one
+    assert compile_policy.load_reserve(*args, 1, cpu, 2 * one - 1, 0, on) == 0
+    assert compile_policy.load_reserve(*args, 1, cpu, need + 8, 8, on) == need  # fixed KV
+    assert compile_policy.load_reserve(*args, 1, cpu, need + 8, 9, on) == one  # the graph's
+    assert compile_policy.load_reserve(*args, 1, cpu, one + 8, 9, on) == 0
+    assert compile_policy.load_reserve(*args, 2, cpu, 10 * need, 0, on) == 0  # TP: eager
+    off = options.EngineOptions()
+    assert compile_policy.load_reserve(*args, 1, cpu, 10 * need, 0, off) == 0
 
 
 class _Stub(decode_graph.CompiledDecode):
@@ -260,17 +263,17 @@ def test_agent_books_the_packed_copy_and_starts_the_warm_up(
     """An agent with the path on (its default) holds the packed copy's bytes back from
     the KV pool, books them beside the block, starts the warm-up at load (not on a
     request) and gives the bytes back at unload; a copy that does not fit turns it off."""
-    monkeypatch.setenv(compile_policy.ENV, "1")
+    on = options.EngineOptions(compile_decode="on")
     monkeypatch.setattr(decode_graph, "CompiledDecode", _Stub)
     dev = devices.Device("cpu:0", "cpu", "virtual CPU device", 256 * MiB)
     hs = hosting.Hosting(
         "a0",
         booking.Booking("a0", [dev]),
-        load_config.LoadDefaults(),
+        load_config.LoadDefaults(engine=on),
         concurrent.futures.ThreadPoolExecutor(1),
     )
     cfg = config.ModelConfig.from_path(tiny_llama)
-    need = compile_policy.planned_packed_bytes(cfg, 0, 8, torch.float32)
+    need = compile_policy.planned_packed_bytes(cfg, 0, 8, torch.float32, on)
 
     async def run() -> None:
         loaded = await hs.load(blocks.Block(str(tiny_llama), 0, 8, replica_id="r0"))

@@ -17,7 +17,15 @@ import pytest
 import torch
 
 from tessera import dtypes as dtype_names
-from tessera_agent.engine import dtypes, logprob_oracle, memory_shift, sampling, scheduler, stage
+from tessera_agent.engine import (
+    dtypes,
+    logprob_oracle,
+    memory_shift,
+    options,
+    sampling,
+    scheduler,
+    stage,
+)
 from tests.engine import helpers
 
 NEW = 10
@@ -235,10 +243,10 @@ def test_half_replicated_layer_run(half_ckpts: dict[str, Path], prompts: list[li
 
 
 def test_half_stage_loads_with_the_compiled_decode_asked(
-    half_ckpts: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    half_ckpts: dict[str, Path],
 ) -> None:
     """The CPU's compiled decode is float32-only: a half stage asked to compile at load
     (`wait`) loads and runs eagerly instead of failing in Inductor."""
-    monkeypatch.setenv("TESSERA_COMPILE_DECODE", "wait")
-    (st,) = helpers.load(half_ckpts["bfloat16"], [(0, 8)])
+    wait = options.EngineOptions(compile_decode="wait")
+    (st,) = helpers.load(half_ckpts["bfloat16"], [(0, 8)], engine=wait)
     assert st.dtype == torch.bfloat16 and st.runner.decode_graph is None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -30,7 +29,7 @@ plain = concurrent.futures.ThreadPoolExecutor(1)
 base = plain.submit(tasks).result()
 team = plain.submit(work).result()
 kept = settled(base)
-rel = omp_teams.ReleasingPool(1)
+rel = omp_teams.ReleasingPool(1, release=sys.argv[1] == "1")
 rel_base = rel.submit(tasks).result()
 rel.submit(work).result()
 print(json.dumps({"base": base, "team": team, "kept": kept, "rel_base": rel_base,
@@ -38,13 +37,12 @@ print(json.dumps({"base": base, "team": team, "kept": kept, "rel_base": rel_base
 """
 
 
-def _probe(env: dict[str, str]) -> dict[str, int]:
+def _probe(release: bool) -> dict[str, int]:
     out = subprocess.run(
-        [sys.executable, "-c", PROBE],
+        [sys.executable, "-c", PROBE, "1" if release else "0"],
         capture_output=True,
         text=True,
         check=True,
-        env={**os.environ, **env},
         timeout=120,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
@@ -55,9 +53,9 @@ def test_releasing_pool_frees_the_team_a_job_built() -> None:
 
     if omp_teams._pause() is None:
         pytest.skip("no libgomp in this torch build: nothing to release")
-    got = _probe({omp_teams.ENV: "1"})
+    got = _probe(True)
     assert got["team"] > got["base"]  # a plain pool thread keeps its team ...
     assert got["kept"] == got["team"]
     assert got["after_release"] == got["rel_base"]  # ... a releasing pool's does not
-    off = _probe({omp_teams.ENV: "0"})
-    assert off["after_release"] > off["rel_base"]  # TESSERA_OMP_RELEASE=0 keeps it
+    off = _probe(False)
+    assert off["after_release"] > off["rel_base"]  # release=False (TESSERA_OMP_RELEASE=0) keeps it

@@ -11,9 +11,11 @@ import pytest
 import torch
 from torch import nn
 
-from tessera_agent.engine import compile_policy, decode_graph, packed_linear, sampling
+from tessera_agent.engine import compile_policy, decode_graph, options, packed_linear, sampling
 from tests.conftest import hf_greedy, hf_greedy_logprobs
 from tests.engine import helpers
+
+ON = options.EngineOptions(compile_decode="on")
 
 
 class _Counting(packed_linear.StagePacks):
@@ -32,7 +34,7 @@ def test_packed_projection_matches_linear_and_falls_back(tiny_qwen2: Path) -> No
     m = st.runner.model
     packs = packed_linear.StagePacks(m)
     weights = sum(mod.weight.nbytes for mod in packed_linear.projections(m))
-    assert packs.nbytes == weights <= compile_policy.packed_bytes(m) // 2  # booked with the graph
+    assert packs.nbytes == weights <= compile_policy.packed_bytes(m, ON) // 2  # booked with it
     qkv = m.layers[0].self_attn.qkv_proj  # Qwen2: a biased projection
     assert qkv.bias is not None and packs.get(qkv) is not None
     g = torch.Generator().manual_seed(3)
@@ -48,14 +50,13 @@ def test_packed_projection_matches_linear_and_falls_back(tiny_qwen2: Path) -> No
         assert packs.get(nn.Linear(4, 4)) is None  # not one of the stage's
 
 
-def test_pack_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pack_switch() -> None:
     cpu = torch.device("cpu")
-    monkeypatch.delenv(compile_policy.PACK_ENV, raising=False)
-    assert compile_policy.copies(torch.float32, cpu) == 2
-    assert compile_policy.copies(torch.bfloat16, cpu) == 1  # packs are float32 only
-    assert not compile_policy.pack_prompts(torch.device("cuda"))
-    monkeypatch.setenv(compile_policy.PACK_ENV, "0")
-    assert compile_policy.copies(torch.float32, cpu) == 1
+    assert compile_policy.copies(ON, torch.float32, cpu) == 2
+    assert compile_policy.copies(ON, torch.bfloat16, cpu) == 1  # packs are float32 only
+    assert not compile_policy.pack_prompts(ON, torch.device("cuda"))
+    off = options.EngineOptions.from_env({options.PACK_ENV: "0"})
+    assert compile_policy.copies(off, torch.float32, cpu) == 1
 
 
 def test_packed_eager_steps_match_hf(tiny_llama: Path, prompts: list[list[int]]) -> None:

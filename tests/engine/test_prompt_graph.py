@@ -6,6 +6,7 @@ the step eager. Compiling is the slow part: 2-layer models, one warm-up per test
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from tessera_agent.engine import (
     compile_policy,
     decode_graph,
     model,
+    options,
     packed_linear,
     prompt_graph,
     sampling,
@@ -46,13 +48,10 @@ def _packed(st_runner: object) -> decode_graph.CompiledDecode:
 
 
 @pytest.mark.slow
-def test_compiled_prompt_rows_match_hf(
-    two_layers: Path, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_compiled_prompt_rows_match_hf(two_layers: Path, prompts: list[list[int]]) -> None:
     """Both stages (token ids in, hidden states in) run their many-row steps compiled:
     whole prefill steps and steps mixing late prompts into running decodes; the second
     stage reuses the first's compiled pair (same shapes); nothing compiles after it."""
-    monkeypatch.delenv(compile_policy.PROMPT_ENV, raising=False)
     stages = helpers.load(two_layers, [(0, 1), (1, 2)])
     graphs = []
     for st in stages:
@@ -78,17 +77,17 @@ def test_compiled_prompt_rows_match_hf(
         assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
 
 
-def test_prompt_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prompt_switch() -> None:
     cpu = torch.device("cpu")
-    monkeypatch.delenv(compile_policy.PROMPT_ENV, raising=False)
-    monkeypatch.delenv(compile_policy.PACK_ENV, raising=False)
-    assert compile_policy.compile_prompts(cpu)
-    assert not compile_policy.compile_prompts(torch.device("cuda"))
-    monkeypatch.setenv(compile_policy.PACK_ENV, "0")  # no packs, nothing to compile over
-    assert not compile_policy.compile_prompts(cpu)
-    monkeypatch.delenv(compile_policy.PACK_ENV)
-    monkeypatch.setenv(compile_policy.PROMPT_ENV, "0")
-    assert not compile_policy.compile_prompts(cpu)
+
+    def opts(env: dict[str, str]) -> options.EngineOptions:
+        return options.EngineOptions.from_env(env)
+
+    assert compile_policy.compile_prompts(opts({}), cpu)
+    assert not compile_policy.compile_prompts(opts({}), torch.device("cuda"))
+    no_packs = opts({options.PACK_ENV: "0"})  # no packs, nothing to compile over
+    assert not compile_policy.compile_prompts(no_packs, cpu)
+    assert not compile_policy.compile_prompts(opts({options.PROMPT_ENV: "0"}), cpu)
 
 
 def test_fallbacks_leave_steps_eager(
@@ -101,10 +100,10 @@ def test_fallbacks_leave_steps_eager(
     r = st.runner
     g = _packed(r)
     assert g.packs is not None
-    monkeypatch.setenv(compile_policy.PROMPT_ENV, "0")
+    g.options = dataclasses.replace(g.options, compile_prompts=False)
     g._warm_prompts(g._gen)
     assert g.packs.graph is None
-    monkeypatch.delenv(compile_policy.PROMPT_ENV)
+    g.options = dataclasses.replace(g.options, compile_prompts=True)
 
     def broken(self: prompt_graph.PromptGraph, *a: object) -> float:
         raise RuntimeError("inductor blew up")

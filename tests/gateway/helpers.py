@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 
+from tessera.bench import client
 from tessera.gateway import config, server
 
 MODEL = "tiny"
@@ -39,16 +40,10 @@ async def post(
 
 async def post_stream(session: aiohttp.ClientSession, url: str, body: Any) -> list[Any]:
     """The decoded `data:` events of an SSE response ("[DONE]" kept as a string)."""
-    events: list[Any] = []
     async with session.post(url, json={**body, "stream": True}) as r:
         assert r.status == 200, await r.text()
         assert r.headers["Content-Type"].startswith("text/event-stream")
-        text = await r.text()
-    for block in text.split("\n\n"):
-        if block.startswith("data: "):
-            payload = block[len("data: ") :]
-            events.append(payload if payload == "[DONE]" else json.loads(payload))
-    return events
+        return [ev async for ev in client.events(r.content)]
 
 
 def streamed_text(events: list[Any]) -> str:

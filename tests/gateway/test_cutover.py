@@ -6,7 +6,6 @@ transformers'; `GET /admin/v1/routes` shows the leaving replica until it is idle
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import aiohttp
 import pytest
 from tokenizers import Tokenizer
 
+from tessera.bench import client
 from tessera.cli import local_agents
 from tessera.gateway import config, routes, server
 from tessera.rpc.v1 import agent_pb2 as pb
@@ -88,10 +88,9 @@ async def _stream_until(
     text, events = [], 0
     async with session.post(url + C, json=body) as r:
         assert r.status == 200, await r.text()
-        async for line in r.content:
-            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+        async for ev in client.events(r.content):
+            if ev == client.DONE:
                 continue
-            ev = json.loads(line[len(b"data: ") :])
             assert "error" not in ev, ev
             text.extend(ch["text"] for ch in ev["choices"])
             events += 1

@@ -6,7 +6,6 @@ switch is off."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import aiohttp
 import pytest
 from tokenizers import Tokenizer
 
+from tessera.bench import client
 from tessera.cli import local_agents
 from tessera.gateway import config
 from tests.agent.test_agent_rpc import load_replica
@@ -28,11 +28,7 @@ C = "/v1/completions"
 async def _stream_text(resp: aiohttp.ClientResponse, head: list[bytes]) -> str:
     rest = (b"".join(head) + await resp.read()).decode()
     assert rest.endswith("data: [DONE]\n\n") and "error" not in rest, rest[-300:]
-    return "".join(
-        json.loads(line[6:])["choices"][0]["text"]
-        for line in rest.split("\n\n")
-        if line.startswith("data: {")
-    )
+    return "".join(ev["choices"][0]["text"] for ev in client.decode(rest) if ev != client.DONE)
 
 
 async def test_leader_death_breaks_the_stream_and_every_request_continues(

@@ -5,7 +5,6 @@ disconnect and survive a dead agent."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ import aiohttp
 import pytest
 from tokenizers import Tokenizer
 
+from tessera.bench import client
 from tessera.cli import local_agents
 from tessera.gateway import chat_template, config, model_info, server
 from tessera.rpc import transport
@@ -330,11 +330,7 @@ async def test_stream_continues_on_another_replica_when_its_replica_dies(
         z.proc.wait()
         rest = (b"".join(head) + await resp.read()).decode()
         assert rest.endswith("data: [DONE]\n\n") and "error" not in rest
-        pieces = [
-            json.loads(line[6:])["choices"][0]["text"]
-            for line in rest.split("\n\n")
-            if line.startswith("data: {")
-        ]
+        pieces = [ev["choices"][0]["text"] for ev in client.decode(rest) if ev != client.DONE]
         assert "".join(pieces) == _expected(tiny_llama, tok, tok.encode(text).ids, n)
         retries = await helpers.metric(
             session, h.url, "tessera_gateway_retries_total", replica="yz"

@@ -11,7 +11,6 @@ reports it.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ import aiohttp
 import pytest
 from tokenizers import Tokenizer
 
+from tessera.bench import client
 from tessera.cli import local_agents
 from tessera.gateway import config
 from tessera.rpc import transport
@@ -65,7 +65,7 @@ async def test_killed_tp_rank_mid_decode_continues_on_the_other_replica(
         rest = (b"".join(head) + await resp.read()).decode()
         assert time.monotonic() - killed < 30, "the stream hung after a TP rank died"
         assert rest.endswith("data: [DONE]\n\n") and "error" not in rest, rest[-500:]
-        events = [json.loads(ln[6:]) for ln in rest.split("\n\n") if ln.startswith("data: {")]
+        events = [ev for ev in client.decode(rest) if ev != client.DONE]
         got = "".join(ev["choices"][0]["text"] for ev in events)
         want = tok.decode(hf_greedy(tiny_llama, tok.encode(text).ids, n), skip_special_tokens=True)
         assert got == want

@@ -105,6 +105,11 @@ def custom(kube: client.ApiClient) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(kube)
 
 
+def create(kube: client.ApiClient, doc: dict[str, Any], ns: str = "default") -> Any:
+    """Create the ServingDeployment `doc` in `ns` (what `kubectl apply` does first)."""
+    return custom(kube).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, doc)
+
+
 def get_sd(kube: client.ApiClient, name: str, ns: str = "default") -> dict[str, Any] | None:
     try:
         obj: dict[str, Any] = custom(kube).get_namespaced_custom_object(

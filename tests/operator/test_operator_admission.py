@@ -13,7 +13,14 @@ from kubernetes import client
 
 from tessera.control import agents
 from tessera.policies.security import admission
-from tests.operator.conftest import GROUP, PLURAL, VERSION, condition, custom, get_sd, wait_for
+from tests.operator.conftest import (
+    GROUP,
+    VERSION,
+    condition,
+    create,
+    get_sd,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +50,7 @@ def test_refused_specs_stall_with_the_reason(start_operator: Any, kube: client.A
         ),
     }
     for body, _ in cases.values():
-        custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+        create(kube, body)
     for name, (_, reason) in cases.items():
         obj = wait_for(
             f"{name}: Ready=False {reason}",

@@ -27,7 +27,7 @@ from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tests.conftest import hf_greedy
-from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, events, get_sd, wait_for
+from tests.operator.conftest import create, events, get_sd, wait_for
 from tests.operator.test_operator_lifecycle import TWO_REPLICAS, blocks, manifest, ready, refs
 from tests.operator.test_operator_overload_loop import Mirror, gateway_process
 
@@ -106,7 +106,7 @@ def test_scale_to_zero_and_back_twice_and_no_request_lost(
         "hold": {"deadlineSeconds": 120},
     }
     start_operator(refs(procs), gateway_admin_url=url, autoscale_tick_seconds=0.3)
-    custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, doc)
+    create(kube, doc)
     wait_for("Ready=True", lambda: ready(kube, "zero"), timeout=180)
     mirror = Mirror(kube, "zero", routes)
     wait_for("routes ConfigMap", mirror.sync)

@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 
 from tessera.cli import local_agents
 from tests.conftest import hf_greedy
-from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, events, get_sd, wait_for
+from tests.operator.conftest import GROUP, VERSION, create, events, get_sd, wait_for
 from tests.operator.test_operator_autoscale import NEW, PROMPT, _burst, _serving
 from tests.operator.test_operator_lifecycle import blocks, refs
 from tests.operator.test_operator_overload_loop import Mirror, gateway_process
@@ -90,7 +90,7 @@ def test_load_adds_a_peer_sourced_replica_and_calm_removes_it(
         },
     }
     start_operator(refs(procs), gateway_admin_url=url, autoscale_tick_seconds=0.3)
-    custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, doc)
+    create(kube, doc)
     wait_for("two planned replicas", lambda: len(_planned(kube)) == 2, timeout=180)
     mirror = Mirror(kube, "grow", routes)
     wait_for("routes ConfigMap", mirror.sync)

@@ -12,7 +12,7 @@ from kubernetes import client
 
 from tessera.cli import local_agents
 from tessera_operator import discovery
-from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, wait_for
+from tests.operator.conftest import create, wait_for
 from tests.operator.test_operator_lifecycle import blocks, manifest, ready
 
 MERGE = "application/merge-patch+json"
@@ -84,7 +84,7 @@ def test_operator_discovers_agent_pods_by_label_and_node_selector(
         [{"name": "r0", "stages": [{"agent": "node-a", "device": "cpu:0", "layers": [0, 8]}]}],
     )
     doc["spec"]["resources"] = {"nodeSelector": {"gpu": "yes"}}
-    custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, doc)
+    create(kube, doc)
     obj = wait_for("Ready=True", lambda: ready(kube, "found"))
     assert obj["status"]["plan"]["replicas"][0]["stages"][0]["agent"] == "node-a"
     assert blocks(agent) == [("default.found.r0.g1", 0, 0, 8)]

@@ -21,11 +21,8 @@ from kubernetes import client
 
 from tessera.cli import local_agents
 from tests.operator.conftest import (
-    GROUP,
-    PLURAL,
-    VERSION,
     condition,
-    custom,
+    create,
     events,
     get_sd,
     wait_for,
@@ -45,9 +42,7 @@ def test_agent_killed_then_restarted(
 ) -> None:
     procs = agents_factory(2)
     start_operator(refs(procs))
-    custom(kube).create_namespaced_custom_object(
-        GROUP, VERSION, "default", PLURAL, manifest("drift", tiny_llama, TWO_REPLICAS)
-    )
+    create(kube, manifest("drift", tiny_llama, TWO_REPLICAS))
     wait_for("Ready=True", lambda: ready(kube, "drift"))
     port = int(procs[1].address.rsplit(":", 1)[1])
     local_agents.stop_agent(procs[1])
@@ -95,9 +90,7 @@ def test_operator_restarted_mid_load_loads_nothing_twice(
         },
     ]
     first = start_operator(refs([a0, a1]), resync_seconds=30.0)
-    custom(kube).create_namespaced_custom_object(
-        GROUP, VERSION, "default", PLURAL, manifest("restart", tiny_llama, layout)
-    )
+    create(kube, manifest("restart", tiny_llama, layout))
     wait_for("agent-1's first block", lambda: blocks(a1), every=0.005)
     os.kill(a0.proc.pid, signal.SIGSTOP)
     try:

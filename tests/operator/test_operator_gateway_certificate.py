@@ -15,7 +15,7 @@ from kubernetes import client
 
 from tessera.control import agents
 from tessera_operator import config
-from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, wait_for
+from tests.operator.conftest import GROUP, VERSION, create, custom, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def test_a_certificate_per_deployment(
             },
         },
     }
-    custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+    create(kube, body)
 
     def certificate() -> dict[str, Any] | None:
         try:

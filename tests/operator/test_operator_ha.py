@@ -22,7 +22,7 @@ from tessera.cli import local_agents
 from tessera.policies.security import admission
 from tessera_operator import config
 from tessera_operator.testing import background
-from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, wait_for
+from tests.operator.conftest import GROUP, PLURAL, VERSION, create, custom, wait_for
 from tests.operator.test_operator_lifecycle import TWO_REPLICAS, manifest, ready, refs
 
 pytestmark = pytest.mark.slow
@@ -86,9 +86,7 @@ def test_two_peered_operators_exactly_one_active(
             return len(obj.get("status") or {}) == 2
 
         wait_for("both peers in the peering object", peers, timeout=30)
-        custom(kube).create_namespaced_custom_object(
-            GROUP, VERSION, "default", PLURAL, manifest("ha", tiny_llama, TWO_REPLICAS)
-        )
+        create(kube, manifest("ha", tiny_llama, TWO_REPLICAS))
         wait_for("Ready", lambda: ready(kube, "ha"), timeout=120)
         # several resync passes (1 s) later, only the active operator has written anything
         time.sleep(4)

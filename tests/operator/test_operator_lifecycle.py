@@ -31,6 +31,7 @@ from tests.operator.conftest import (
     PLURAL,
     VERSION,
     condition,
+    create,
     custom,
     events,
     get_sd,
@@ -122,9 +123,7 @@ def test_create_update_delete(
 ) -> None:
     procs = agents_factory(2)
     start_operator(refs(procs))
-    custom(kube).create_namespaced_custom_object(
-        GROUP, VERSION, "default", PLURAL, manifest("tiny", tiny_llama, TWO_REPLICAS)
-    )
+    create(kube, manifest("tiny", tiny_llama, TWO_REPLICAS))
     obj = wait_for("Ready=True", lambda: ready(kube, "tiny"))
     st = obj["status"]
     assert st["phase"] == "Ready" and st["replicas"] == st["readyReplicas"] == 2
@@ -336,9 +335,7 @@ def test_delete_during_a_resync_pass_is_prompt(
     start_operator(refs(procs), resync_seconds=0.01)  # the timer is nearly always mid-pass
     one = [{"name": "r0", "stages": [{"agent": "agent-0", "device": "cpu:0", "layers": [0, 8]}]}]
     for name in ("d0", "d1", "d2"):
-        custom(kube).create_namespaced_custom_object(
-            GROUP, VERSION, "default", PLURAL, manifest(name, tiny_llama, one)
-        )
+        create(kube, manifest(name, tiny_llama, one))
         wait_for("Ready=True", lambda: ready(kube, name))  # noqa: B023 - used before next loop
         started = time.monotonic()
         custom(kube).delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name)

@@ -22,7 +22,7 @@ from tessera.cli import local_agents
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
-from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, events, wait_for
+from tests.operator.conftest import GROUP, PLURAL, VERSION, create, custom, events, wait_for
 from tests.operator.test_operator_lifecycle import manifest, ready, refs
 
 pytestmark = pytest.mark.slow
@@ -62,9 +62,7 @@ def test_scale_out_sources_the_new_replica_from_a_peer(
 ) -> None:
     procs = slow_storage_agents
     start_operator(refs(procs))
-    custom(kube).create_namespaced_custom_object(
-        GROUP, VERSION, "default", PLURAL, manifest("grow", tiny_llama, [_replica("r0", "agent-0")])
-    )
+    create(kube, manifest("grow", tiny_llama, [_replica("r0", "agent-0")]))
     obj = wait_for("Ready=True", lambda: ready(kube, "grow"))
     (first,) = obj["status"]["replicaSources"]
     assert first["replicaId"] == "default.grow.r0.g1"

@@ -43,7 +43,7 @@ from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_operator.testing import background
 from tests.conftest import hf_greedy
-from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, events, get_sd, wait_for
+from tests.operator.conftest import GROUP, PLURAL, VERSION, create, custom, events, get_sd, wait_for
 from tests.operator.test_operator_lifecycle import manifest, ready, refs
 from tests.operator.test_operator_overload_loop import (
     ADMIN_TOKEN,
@@ -93,7 +93,7 @@ def test_operator_replicates_onto_an_idle_device_and_evicts(
         gateway_admin_token=ADMIN_TOKEN,
         scaling_tick_seconds=1.0,
     )
-    custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, doc)
+    create(kube, doc)
     wait_for("Ready=True", lambda: ready(kube, "sc"), timeout=180)
     mirror = Mirror(kube, "sc", routes)
     wait_for("routes ConfigMap", mirror.sync)
@@ -208,7 +208,7 @@ def test_operator_killed_mid_replication_converges_from_the_agents(
             texts.extend(asyncio.run(_burst(url, 3)))
 
     try:
-        custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, doc)
+        create(kube, doc)
         wait_for("Ready=True", lambda: ready(kube, "sc"), timeout=180)
         wait_for("routes ConfigMap", mirror.sync)
         mirror.start()

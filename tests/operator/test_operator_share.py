@@ -20,7 +20,7 @@ from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import tiny_variants
 from tests.conftest import hf_greedy
-from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, get_sd
+from tests.operator.conftest import GROUP, PLURAL, VERSION, create, custom, get_sd
 from tests.operator.test_operator_lifecycle import manifest, ready, refs, wait_for
 from tests.variants.test_equivalence_share import composed
 
@@ -60,7 +60,7 @@ def test_operator_shares_equivalent_layers_when_opted_in(
     start_operator(refs(procs))
     body = manifest("share", tiny_llama, PIPE)
     body["spec"]["layout"]["kvCacheBytes"] = 8 << 20
-    custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+    create(kube, body)
     wait_for("Ready", lambda: ready(kube, "share"), timeout=180)
     base_bytes = [_zoo(s) for s in stubs]
 

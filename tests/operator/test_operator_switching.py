@@ -26,7 +26,7 @@ from tessera.cost import analytic
 from tessera.policies.switching import candidates as switching_candidates
 from tessera_operator import switching_loop
 from tests.conftest import hf_greedy
-from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, events, get_sd, wait_for
+from tests.operator.conftest import create, events, get_sd, wait_for
 from tests.operator.test_operator_lifecycle import blocks, manifest, ready, refs
 from tests.operator.test_operator_transitions import _pipe, _routes, _tokens, _whole
 
@@ -94,7 +94,7 @@ def _create(kube: client.ApiClient, name: str, tiny: Path, mode: str, auto: bool
     doc["spec"]["policies"] = {
         "switching": {"enabled": True, "mode": mode, "spanSeconds": 1, "minGain": 0.1}
     }
-    custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, doc)
+    create(kube, doc)
 
 
 def _shape(replicas: list[dict[str, Any]]) -> list[tuple[str, list[tuple[str, list[int]]]]]:
@@ -243,7 +243,7 @@ def test_advisory_recommends_a_planner_layout_by_default(
     doc["spec"]["policies"] = {
         "switching": {"enabled": True, "mode": "advisory", "spanSeconds": 1, "minGain": 0.05}
     }
-    custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, doc)
+    create(kube, doc)
     sw = wait_for(
         "a recommendation",
         lambda: (s := _switching(kube, "auto-cands")).get("reason") == "Recommend" and s,
@@ -273,7 +273,7 @@ def test_advisory_recommends_a_planner_layout_by_default(
     doc["spec"]["policies"] = {
         "switching": {"enabled": True, "mode": "active", "spanSeconds": 1, "minGain": 0.05}
     }
-    custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, doc)
+    create(kube, doc)
     sw = wait_for(
         "a step on the auto placement",
         lambda: (s := _switching(kube, "auto-spec")).get("reason") == "Stay" and s,

@@ -17,7 +17,7 @@ from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tests.conftest import hf_greedy
-from tests.operator.conftest import GROUP, PLURAL, VERSION, custom
+from tests.operator.conftest import GROUP, PLURAL, VERSION, create, custom
 from tests.operator.test_operator_lifecycle import _complete, manifest, ready, refs, wait_for
 
 pytestmark = pytest.mark.slow
@@ -53,9 +53,7 @@ def test_operator_serves_a_tp2_replica(
 ) -> None:
     procs = agents_factory(2)
     start_operator(refs(procs))
-    custom(kube).create_namespaced_custom_object(
-        GROUP, VERSION, "default", PLURAL, manifest("tp", tiny_llama, TP2)
-    )
+    create(kube, manifest("tp", tiny_llama, TP2))
     obj = wait_for("Ready=True", lambda: ready(kube, "tp"), timeout=180)
     (rep,) = obj["status"]["plan"]["replicas"]
     assert rep["stages"][0]["tp"] == 2
@@ -94,9 +92,7 @@ def test_operator_places_both_ranks_on_one_agents_devices(
     (agent,) = agents_factory(1, devices="cpu:2x512MiB")
     start_operator(refs([agent]))
     layout = [{"name": "r0", "stages": [{"agent": "agent-0", "layers": [0, 8], "tp": 2}]}]
-    custom(kube).create_namespaced_custom_object(
-        GROUP, VERSION, "default", PLURAL, manifest("node", tiny_llama, layout)
-    )
+    create(kube, manifest("node", tiny_llama, layout))
     wait_for("Ready=True", lambda: ready(kube, "node"), timeout=180)
     wait_for(
         "the group to form",

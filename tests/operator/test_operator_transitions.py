@@ -30,6 +30,7 @@ from tests.operator.conftest import (
     PLURAL,
     VERSION,
     condition,
+    create,
     custom,
     events,
     get_sd,
@@ -188,9 +189,7 @@ def test_impossible_transition_keeps_the_old_layout_serving(
     # shrunk (issue 34), and no other replica could serve meanwhile
     procs = agents_factory(2, devices="cpu:1x40MiB")
     start_operator(refs(procs))
-    custom(kube).create_namespaced_custom_object(
-        GROUP, VERSION, "default", PLURAL, manifest("tight", tiny_llama, [_whole("r0", "agent-0")])
-    )
+    create(kube, manifest("tight", tiny_llama, [_whole("r0", "agent-0")]))
     wait_for("generation 1 Current", lambda: ready(kube, "tight"), timeout=180)
     expected = _tokens(procs[0], "default.tight.r0.g1")
     assert expected == hf_greedy(tiny_llama, PROMPT, 6)

@@ -20,7 +20,7 @@ from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tessera_agent import tiny_variants
 from tests.conftest import hf_greedy
-from tests.operator.conftest import GROUP, PLURAL, VERSION, custom, get_sd
+from tests.operator.conftest import GROUP, PLURAL, VERSION, create, custom, get_sd
 from tests.operator.test_operator_lifecycle import manifest, ready, refs, wait_for
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def test_operator_adds_and_removes_variants(
     body = manifest("var", tiny_llama, ONE)
     body["spec"]["layout"]["kvCacheBytes"] = 8 << 20
     body["spec"]["variants"] = [{"name": "legal", "adapter": str(legal)}]
-    custom(kube).create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+    create(kube, body)
     wait_for("Ready", lambda: ready(kube, "var"), timeout=180)
     v = wait_for("legal ready", lambda: _variants(kube).get("legal", {}).get("ready"))
     v = _variants(kube)["legal"]

@@ -20,7 +20,6 @@ Called by `runner.py` (metadata) and `model.py` (attention).
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -126,8 +125,9 @@ class AttentionMetadata:
     # (`packed_linear.py`; set by the runner, None in the compiled graph and by default).
     packed: PackedRows | None = None
     # Decode attention as slot-indexed reductions (`_decode_fused`) instead of gather +
-    # SDPA: set by the compiled decode graph only (`fused_decode_enabled`), where Inductor
-    # fuses the indexed loads into its kernel; eager, it would materialise the gather.
+    # SDPA: set by the compiled decode graph only (`EngineOptions.fused_decode_attn`),
+    # where Inductor fuses the indexed loads into its kernel; eager, it would materialise
+    # the gather.
     decode_fused: bool = False
 
 
@@ -141,15 +141,6 @@ def configure(device: torch.device) -> None:
     any shape without a plan."""
     if device.type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)
-
-
-def fused_decode_enabled() -> bool:
-    """Whether compiled decode graphs attend with `_decode_fused` (default) or with the
-    gather + SDPA of eager steps: `TESSERA_DECODE_ATTN=gather` turns it off (A/B)."""
-    mode = os.environ.get("TESSERA_DECODE_ATTN", "fused").strip().lower()
-    if mode not in ("fused", "gather"):
-        raise ValueError(f"TESSERA_DECODE_ATTN must be 'fused' or 'gather', not {mode!r}")
-    return mode == "fused"
 
 
 def slots_of(block_table: Sequence[int], length: int, page_size: int) -> torch.Tensor:

@@ -1,21 +1,14 @@
 """Where an agent's compiled decode graphs are cached across restarts, and whether a warm-up
 came from that cache.
 
-A CPU stage's compiled decode (`decode_graph.py`) costs about a minute of Inductor work per
-stage when compiled from nothing. Inductor keeps what it builds on disk: the FX graph cache
-(the generated code, keyed by the graph, its input shapes, dtypes and devices, the Inductor
-config and the torch version; frozen weights by their metadata only), the AOT autograd
-cache and the compiled C++ kernels. `configure` points all of them at one folder,
-`--compile-cache DIR` / `$TESSERA_COMPILE_CACHE`, by default
-`$XDG_CACHE_HOME/tessera/compile` (`~/.cache/tessera/compile`), with one subfolder per torch
-version. What a restart with the same model shape, dtype and device finds there depends on
-freezing (`compile_policy.freeze`): a frozen decode graph (the default; its weights
-prepacked for MKL) bypasses the FX graph and AOT autograd caches (torch 2.13: "mkldnn
-tensors unpickleable", "Cannot cache a graph with freezing enabled"), so only its C++
-kernels and the prompt rows' graphs come from the cache and it is reported "warm"; an
-unfrozen one (`TESSERA_COMPILE_FREEZE=0`) comes whole from the cache ("cached": Dynamo's
-trace only). `Probe` tells the two apart: Inductor's process-wide hit, miss and bypass
-counters, read before and after a warm-up. Called by `server.serve` (at start) and
+`configure` points Inductor's on-disk caches (FX graphs, AOT autograd, C++ kernels) at one
+folder per torch version under `--compile-cache DIR`, else `default_root(environ)`:
+`$TESSERA_COMPILE_CACHE`, else `$XDG_CACHE_HOME/tessera/compile`. A frozen decode graph
+(the default, `compile_policy.freeze`) bypasses the FX graph and AOT autograd caches
+(torch 2.13 cannot pickle its prepacked weights), so a restart finds only its C++
+kernels and the prompt rows' graphs ("warm"); an unfrozen one comes whole from the cache
+("cached"). `Probe` tells the two apart from Inductor's process-wide hit, miss and bypass
+counters around a warm-up. Called by `tessera agent` (at start, with its environment) and
 `decode_graph.CompiledDecode`.
 """
 
@@ -23,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 import torch
@@ -34,12 +27,12 @@ ENV = "TESSERA_COMPILE_CACHE"
 _INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
-def default_root() -> Path:
-    """`$TESSERA_COMPILE_CACHE`, else `$XDG_CACHE_HOME/tessera/compile`."""
-    raw = os.environ.get(ENV, "").strip()
+def default_root(environ: Mapping[str, str]) -> Path:
+    """`$TESSERA_COMPILE_CACHE`, else `$XDG_CACHE_HOME/tessera/compile`, in `environ`."""
+    raw = environ.get(ENV, "").strip()
     if raw:
         return Path(raw).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    xdg = environ.get("XDG_CACHE_HOME", "").strip()
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "tessera" / "compile"
 
@@ -50,12 +43,14 @@ def folder(root: Path) -> Path:
     return root / f"torch-{torch.__version__}"
 
 
-def configure(root: str | Path | None = None) -> Path:
+def configure(root: str | Path | None, environ: MutableMapping[str, str]) -> Path:
     """Point Inductor's on-disk caches (FX graphs, AOT autograd, C++ kernels) at the cache
-    folder and turn the local caches on; call before anything compiles. Returns it."""
-    where = folder(Path(root).expanduser() if root else default_root())
+    folder under `root` (None: `default_root(environ)`) and turn the local caches on;
+    Inductor finds the folder in `environ` (the process's: `TORCHINDUCTOR_CACHE_DIR`). Call
+    before anything compiles. Returns it."""
+    where = folder(Path(root).expanduser() if root else default_root(environ))
     where.mkdir(parents=True, exist_ok=True)
-    os.environ[_INDUCTOR_ENV] = str(where)
+    environ[_INDUCTOR_ENV] = str(where)
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 

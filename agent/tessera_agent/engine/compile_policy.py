@@ -1,110 +1,82 @@
 """When the compiled decode (`decode_graph.py`) is on, and what it costs an agent's memory.
 
-`mode_from_env` reads `TESSERA_COMPILE_DECODE` over the process default (`set_default`,
-called by `tessera agent`), and `warm_before_ready` says whether a load answers only once
-the warm-up is over (the default: ready means warm); `freeze` whether the decode graph is
-compiled frozen; `packed_bytes` / `planned_packed_bytes` size the packed weight copy of a
-frozen graph; `load_reserve` decides, before a block's KV pool is sized, whether
-an agent holds that copy's bytes back, and `begin` then starts the warm-up or turns the
-path off with the reason. Called by `runner.py`, `hosting.py` and `server.py`.
+Every answer is read from the entry point's `options.EngineOptions`: `mode` / `enabled`
+(the compiled decode's mode for a device), `warm_before_ready` (a load answers only once
+the warm-up is over: ready means warm), `freeze`, `pack_prompts` and `compile_prompts`;
+`packed_bytes` / `planned_packed_bytes` size the packed weight copy of a frozen graph;
+`load_reserve` decides, before a block's KV pool is sized, whether an agent holds that
+copy's bytes back, and `begin` then starts the warm-up or turns the path off with the
+reason. Called by `runner.py`, `decode_graph.py`, `hosting.py` and `server.py`.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
-from tessera import env_flags
 from tessera_agent.engine import block_tensors
 from tessera_agent.engine import config as config_mod
 from tessera_agent.engine import model as model_mod
+from tessera_agent.engine import options as options_mod
 
-log = logging.getLogger(__name__)
-
-ENV = "TESSERA_COMPILE_DECODE"
-# The eager rows' prepacked projections (`packed_linear.py`), on with the compiled decode;
-# "0" turns them off (A/B).
-PACK_ENV = "TESSERA_PACK_PROMPTS"
-# The decode graph compiled with Inductor's `freezing` (weights prepacked as constants);
-# "0" compiles it unfrozen: slower steps, but a graph Inductor's caches keep across
-# restarts (a frozen one bypasses them: its prepacked weights cannot be pickled).
-FREEZE_ENV = "TESSERA_COMPILE_FREEZE"
-# The compiled row-wise layer parts over those packs (`prompt_graph.py`); "0" turns them off.
-PROMPT_ENV = "TESSERA_COMPILE_PROMPTS"
-_OFF, _ON, _BACKGROUND, _WAIT = "off", "on", "background", "wait"
-_default = False  # an agent process sets it (`set_default`); in-process engines leave it
+Options = options_mod.EngineOptions
+_OFF, _ON = "off", "on"
 
 
-def set_default(on: bool) -> None:
-    """The process-wide default when `TESSERA_COMPILE_DECODE` is unset (agents: on)."""
-    global _default
-    _default = on
+def _cpu(device: torch.device | None) -> bool:
+    return device is None or device.type == "cpu"
 
 
-def mode_from_env(device: torch.device | None = None) -> str:
+def mode(opts: Options, device: torch.device | None = None) -> str:
     """ "off"; "on" (an agent's load answers once the warm-up is over: ready means warm);
     "background" (the load answers at once, steps run eagerly until the warm-up is over);
-    or "wait" (warm up when the runner is built, for in-process engines)."""
-    raw = os.environ.get(ENV, "").strip().lower()
-    if raw in ("1", "true", "yes", "on"):
-        return _ON
-    if raw == _BACKGROUND:
-        return _BACKGROUND
-    if raw in ("wait", "sync"):
-        return _WAIT
-    if raw in ("0", "false", "no", "off"):
-        return _OFF
-    if raw:
-        log.warning(
-            "%s=%r is not one of 0, 1, background, wait: compiled decode stays off", ENV, raw
-        )
-        return _OFF
-    on = _default and (device is None or device.type == "cpu")  # CUDA: only when asked
-    return _ON if on else _OFF
+    or "wait" (warm up when the runner is built, for in-process engines). The agent's
+    default ("cpu") is "on" for CPU stages and "off" on CUDA (only when asked there)."""
+    if opts.compile_decode == "cpu":
+        return _ON if _cpu(device) else _OFF
+    return opts.compile_decode
 
 
-def enabled_from_env(device: torch.device | None = None) -> bool:
-    """Whether the compiled decode path is on (environment, else the process default)."""
-    return mode_from_env(device) != _OFF
+def enabled(opts: Options, device: torch.device | None = None) -> bool:
+    """Whether the compiled decode path is on for `device`."""
+    return mode(opts, device) != _OFF
 
 
-def warm_before_ready(device: torch.device | None = None) -> bool:
+def warm_before_ready(opts: Options, device: torch.device | None = None) -> bool:
     """Whether an agent's load waits for the stage's warm-up before it answers (the
     default where the path is on; `TESSERA_COMPILE_DECODE=background` does not)."""
-    return mode_from_env(device) == _ON
+    return mode(opts, device) == _ON
 
 
-def freeze(device: torch.device | None = None) -> bool:
+def freeze(opts: Options, device: torch.device | None = None) -> bool:
     """Whether a CPU stage's decode graph is compiled frozen: on unless
     `TESSERA_COMPILE_FREEZE=0` (`compile_cache.py` says what each costs a restart)."""
-    return env_flags.on(FREEZE_ENV) and (device is None or device.type == "cpu")
+    return opts.compile_freeze and _cpu(device)
 
 
-def pack_prompts(device: torch.device | None = None) -> bool:
+def pack_prompts(opts: Options, device: torch.device | None = None) -> bool:
     """Whether a CPU stage's compiled decode also packs its projections for the eager
     (prompt) rows: on unless `TESSERA_PACK_PROMPTS=0`."""
-    return env_flags.on(PACK_ENV) and (device is None or device.type == "cpu")
+    return opts.pack_prompts and _cpu(device)
 
 
-def compile_prompts(device: torch.device | None = None) -> bool:
+def compile_prompts(opts: Options, device: torch.device | None = None) -> bool:
     """Whether a CPU stage's compiled decode also compiles the many-row eager steps' layer
     parts over its packs (`prompt_graph.py`): on with the packs unless
     `TESSERA_COMPILE_PROMPTS=0`."""
-    return env_flags.on(PROMPT_ENV) and pack_prompts(device)
+    return opts.compile_prompts and pack_prompts(opts, device)
 
 
-def copies(dtype: torch.dtype, device: torch.device | None = None) -> int:
+def copies(opts: Options, dtype: torch.dtype, device: torch.device | None = None) -> int:
     """Packed copies of a stage's projections the compiled decode holds: the frozen
     graph's, plus the eager rows' (`packed_linear.py`, float32 only) when it is on."""
-    return 2 if dtype == torch.float32 and pack_prompts(device) else 1
+    return 2 if dtype == torch.float32 and pack_prompts(opts, device) else 1
 
 
-def packed_bytes(model: model_mod.StageModel, packs: bool = True) -> int:
+def packed_bytes(model: model_mod.StageModel, opts: Options, packs: bool = True) -> int:
     """Bytes of the packed weight copies the compiled decode of a CPU stage holds: every
     projection of the stage's layers (the embedding is gathered from in place; the LM
     head runs eagerly), once for the frozen graph and, with `packs`, once more for the
@@ -114,11 +86,16 @@ def packed_bytes(model: model_mod.StageModel, packs: bool = True) -> int:
         for mod in layer.modules():
             if isinstance(mod, torch.nn.Linear):
                 total += mod.weight.nbytes + (mod.bias.nbytes if mod.bias is not None else 0)
-    return total * (copies(model.dtype_) if packs else 1)
+    return total * (copies(opts, model.dtype_) if packs else 1)
 
 
 def planned_packed_bytes(
-    cfg: config_mod.ModelConfig, start: int, end: int, dtype: torch.dtype, packs: bool = True
+    cfg: config_mod.ModelConfig,
+    start: int,
+    end: int,
+    dtype: torch.dtype,
+    opts: Options,
+    packs: bool = True,
 ) -> int:
     """`packed_bytes` of layers [start, end) from the config alone (before loading)."""
     elem = torch.tensor([], dtype=dtype).element_size()
@@ -127,7 +104,7 @@ def planned_packed_bytes(
         for name, shape in block_tensors.shapes(cfg, start, end).items()
         if "_proj." in name
     )
-    return one * (copies(dtype) if packs else 1)
+    return one * (copies(opts, dtype) if packs else 1)
 
 
 def load_reserve(
@@ -139,18 +116,19 @@ def load_reserve(
     device: torch.device,
     left_after_params: int,
     kv_bytes: int,
+    opts: Options,
 ) -> int:
     """Device bytes an agent holds back for a block's packed copies before sizing its KV
     pool: the graph's and the eager rows' copies when both fit beside its KV (a fixed
     `kv_bytes`; or, with `kv_bytes` 0 = "all the rest", when they take at most half of
     what is left), else the graph's alone when it fits, else 0 (`begin` then turns the
     eager rows' packs, or the whole path, off, saying why)."""
-    if tp_size > 1 or device.type != "cpu" or not enabled_from_env(device):
+    if tp_size > 1 or device.type != "cpu" or not enabled(opts, device):
         return 0
     if dtype != torch.float32:  # the compiled decode serves float32 stages only (runner.py)
         return 0
     for packs in (True, False):
-        need = planned_packed_bytes(cfg, start, end, dtype, packs)
+        need = planned_packed_bytes(cfg, start, end, dtype, opts, packs)
         if left_after_params - (kv_bytes or need) - need >= 0:
             return need
     return 0
@@ -165,6 +143,9 @@ class DecodeGraph(Protocol):
 
     @property
     def model(self) -> model_mod.StageModel: ...
+
+    @property
+    def options(self) -> Options: ...
 
     @property
     def with_packs(self) -> bool: ...
@@ -188,7 +169,9 @@ def begin(
     if runner_graph is None:
         return
     if runner_graph.device.type == "cpu" and reserved < runner_graph.packed_bytes:
-        if runner_graph.with_packs and reserved >= packed_bytes(runner_graph.model, False):
+        if runner_graph.with_packs and reserved >= packed_bytes(
+            runner_graph.model, runner_graph.options, False
+        ):
             runner_graph.drop_packs(
                 f"the eager rows' packed weights ({runner_graph.packed_bytes - reserved} "
                 "bytes) do not fit beside the block's parameters and KV pool"

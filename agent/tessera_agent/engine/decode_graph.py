@@ -1,49 +1,17 @@
 """Compiled decode: a stage's pure-decode forward through `torch.compile`, warmed up off the
 request path.
 
-A decode step runs the same few dozen small ops per layer every step; eager PyTorch
-dispatches each from Python. Compiled, Inductor fuses the elementwise work (RMSNorm,
-RoPE, residuals, SiLU x up) into generated kernels and runs the step with one guard check
-instead of hundreds of dispatches; decode attention is traced as slot-indexed reductions
-(`attention._decode_fused`) that become one kernel per layer reading the KV pool in place,
-instead of eager's gathered copies and SDPA. On CPU it compiles with Inductor's `freezing`: the
-weights become constants of the graph, prepacked once for MKL's matmul instead of being
-packed on every call (the larger share of the gain at batch 8).
-
-Life of a `CompiledDecode`:
-- **warm-up, never on a request's step.** `start` compiles on a background thread (or
-  `warm_up` synchronously, for benches and tests) by running the stage's real layers over
-  a scratch KV pool with synthetic decode batches: one of batch 1 (Dynamo specializes
-  size 1) and one of a general batch size and context length, chosen unlike every other
-  input dimension so that the general graph covers every batch of two or more rows and
-  every context. Until it is `ready`, every step runs eagerly (same model, same tokens).
-- **bounded recompiles.** A step whose shape the warm-up did not cover (a context of one
-  token: every row at position 0) runs eagerly instead of compiling; a compile that
-  happens anyway after `ready` is counted (`compiles`) and logged as a warning.
-- **loud fallbacks.** A warm-up or a compiled step that raises turns the path off for this
-  stage with the traceback in the log (`state` "failed", `reason`); the step in hand is
-  rerun eagerly (it rewrites the same KV slots with the same keys and values).
-- **memory.** The frozen graph holds a packed copy of the layers' projection weights
-  beside the parameters: `packed_bytes` (the agent books it on the device, `hosting.py`,
-  and turns the path off for a stage whose copy would not fit). The copy is tied to the
-  layer objects it was built from: when a memory shift or a drop swaps them, the compiled
-  code (and its copy) is dropped and warmed up again in the background.
-
-When it is on, and what an agent holds back for it: `compile_policy.py`. Default: on for
-CPU stages of an agent process (`tessera agent`, and so `tessera up`,
-call `set_default(True)`), off for engines built in-process (tests, `tessera generate`,
-the benches unless asked). `TESSERA_COMPILE_DECODE` overrides both: `0` off, `1` on
-(background warm-up), `wait` on with the warm-up done synchronously when the stage is
-built (tests that must exercise the compiled path). On a CUDA device it is only used when
-the variable asks, and compiles with `mode="reduce-overhead"` (CUDA graphs; written, not
-exercised: no GPU was lent while this was written). Steps whose every row is a decode,
-and the leading decode rows of a large mixed step (`runner.py` splits it), on stages
-without LoRA adapters or tensor parallelism, take this path; compiled
-kernels may order float reductions differently from eager ones (logits agree to ~1e-6);
-greedy tokens are checked against `transformers` in `tests/engine/test_decode_graph.py`.
-
-Called by `runner.py` (`StageRunner.execute`), `compile_policy.begin` (the agent's
-warm-up after a load) and `bench_engine.py`.
+Inductor fuses a decode step's elementwise work and traces decode attention as
+slot-indexed reductions (`attention._decode_fused`); on CPU the graph is compiled frozen
+(weights prepacked for MKL). `CompiledDecode` warms up on a background thread (`start`)
+or synchronously (`warm_up`) over a scratch KV pool, runs steps eagerly until `ready`,
+never recompiles on a request's step (an uncovered shape runs eagerly; a late compile is
+counted and logged), turns itself off loudly on a failure (the step is rerun eagerly),
+and rebuilds when a memory shift or drop swaps its layers. Its packed weights cost
+`packed_bytes` (booked by `hosting.py`). When it is on: `compile_policy.py` over the
+entry point's `EngineOptions` (on for an agent's CPU stages, off in-process). Greedy
+tokens are checked against `transformers` in `tests/engine/test_decode_graph.py`.
+Called by `runner.py` (`StageRunner.execute`), `compile_policy.begin` and `bench_engine.py`.
 """
 
 from __future__ import annotations
@@ -69,6 +37,7 @@ from tessera_agent.engine import (
     prompt_graph,
 )
 from tessera_agent.engine import model as model_mod
+from tessera_agent.engine import options as options_mod
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +109,16 @@ def _distinct(start: int, taken: set[int]) -> int:
 class CompiledDecode:
     """The compiled pure-decode forward of one stage model."""
 
-    def __init__(self, model: model_mod.StageModel, device: torch.device, page_size: int) -> None:
+    def __init__(
+        self,
+        model: model_mod.StageModel,
+        device: torch.device,
+        page_size: int,
+        options: options_mod.EngineOptions | None = None,
+    ) -> None:
+        """`options`: the entry point's engine options (None: the defaults)."""
         self.model, self.device, self.page_size = model, device, page_size
+        self.options = options or options_mod.EngineOptions()
         self.calls = 0  # steps run compiled
         self.compiles = 0  # graphs Inductor built (warm-up: 3-4 measured; more is logged)
         self.warmup_s = 0.0  # wall time of the last warm-up (mostly compiling)
@@ -159,7 +136,7 @@ class CompiledDecode:
         # Attention traced as fused slot-indexed reductions (`attention._decode_fused`),
         # or as eager's gather + SDPA (`TESSERA_DECODE_ATTN=gather`, for A/B). CPU only:
         # measured with Inductor's C++ backend; its Triton counterpart was never run.
-        self.fused_attention = attention.fused_decode_enabled() and device.type == "cpu"
+        self.fused_attention = self.options.fused_decode_attn and device.type == "cpu"
         self._build()
 
     # -- building -------------------------------------------------------------------------
@@ -182,7 +159,7 @@ class CompiledDecode:
         # `torch.compile(options=...)` it did not take effect here).
         if self.device.type == "cuda":
             return contextlib.nullcontext()
-        freeze = compile_policy.freeze(self.device)
+        freeze = compile_policy.freeze(self.options, self.device)
         patched: contextlib.AbstractContextManager[Any] = inductor_config.patch(freezing=freeze)
         return patched
 
@@ -195,7 +172,7 @@ class CompiledDecode:
     def packed_bytes(self) -> int:
         if self.device.type != "cpu":
             return 0
-        return compile_policy.packed_bytes(self.model, self.with_packs)
+        return compile_policy.packed_bytes(self.model, self.options, self.with_packs)
 
     def disable(self, reason: str) -> None:
         """Turn the path off for this stage (every step eager from now on)."""
@@ -257,7 +234,7 @@ class CompiledDecode:
             self.state, self.warmed = "warming", False
         t0 = time.perf_counter()
         with compile_cache.Probe() as probe:
-            on = self.with_packs and compile_policy.pack_prompts(self.device)
+            on = self.with_packs and compile_policy.pack_prompts(self.options, self.device)
             if on and packed_linear.packable(self.model):
                 packs = packed_linear.StagePacks(self.model)
                 packs.warm(self.model, batching.BatchLimits.max_batched_tokens)
@@ -308,7 +285,7 @@ class CompiledDecode:
         """Compile the packs' many-row layer parts (`prompt_graph.py`); a failure leaves
         prompt rows eager (packed), logged, and the decode graph as it is."""
         packs = self.packs
-        if packs is None or not compile_policy.compile_prompts(self.device):
+        if packs is None or not compile_policy.compile_prompts(self.options, self.device):
             return
         graph = prompt_graph.PromptGraph(self.model)
         try:

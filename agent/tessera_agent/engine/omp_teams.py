@@ -2,20 +2,14 @@
 stage) once its torch work is done, so the compute thread's team keeps spinning between
 parallel regions.
 
-GNU libgomp, which PyTorch's CPU wheels use, keeps a pool of worker threads for every
-thread that ever ran a parallel region, for as long as that thread lives. Once the
-process's OpenMP threads outnumber its CPUs, libgomp stops spinning between regions (its
-"throttled" spin count, ~100 spins) and every region a step runs (hundreds per decode step)
-wakes its workers through a futex instead. An agent with N threads loads on its loader
-thread and computes on its compute thread: two teams of N. On the 2-core machine a batch-8
-decode step ran 1.6-2x slower on the compute thread than the same step on the thread that
-had loaded (docs/benchmarks-log.md, "Issue 16: OpenMP teams"); a 20 000-call loop of batch-8
-linears took 2.9-3.2 s against 0.9-1.0 s once the loading thread's team was released.
-
-`release()` frees the calling thread's team (`omp_pause_resource_all`, OpenMP 5.0; libgomp
-frees the caller's pool); a later parallel region on that thread builds a new one. A thread
-that exits frees its team itself. `TESSERA_OMP_RELEASE=0` keeps every team. A no-op
-returning False where no libgomp is loaded (another OpenMP runtime, or none).
+GNU libgomp (PyTorch's CPU wheels) keeps a worker pool for every thread that ever ran a
+parallel region; once the process's OpenMP threads outnumber its CPUs it stops spinning
+between regions and every region of a step wakes its workers through a futex (the cost
+measured: docs/benchmarks-log.md, "Issue 16: OpenMP teams"). `release()` frees the
+calling thread's team (`omp_pause_resource_all`); `released` and `ReleasingPool` do it
+after each job. The agent's `EngineOptions.omp_release` (`TESSERA_OMP_RELEASE=0`: keep
+every team) decides whether its callers (`server.py`, `hosting.py`) use them. A no-op
+returning False where no libgomp is loaded.
 """
 
 from __future__ import annotations
@@ -25,20 +19,13 @@ import ctypes
 import functools
 import logging
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
-
-from tessera import env_flags
+from typing import Any, ParamSpec, TypeVar
 
 log = logging.getLogger(__name__)
 
-ENV = "TESSERA_OMP_RELEASE"
 _OMP_PAUSE_SOFT = 1
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-def enabled_from_env() -> bool:
-    return env_flags.on(ENV)
 
 
 @functools.cache
@@ -62,8 +49,6 @@ def _pause() -> Callable[[int], int] | None:
 
 def release() -> bool:
     """Free the calling thread's OpenMP team; True when libgomp did."""
-    if not enabled_from_env():
-        return False
     fn = _pause()
     return fn is not None and fn(_OMP_PAUSE_SOFT) == 0
 
@@ -83,9 +68,13 @@ def released(fn: Callable[P, R]) -> Callable[P, R]:
 
 class ReleasingPool(concurrent.futures.ThreadPoolExecutor):
     """A thread pool whose threads release their team after every job (the agent's loader
-    and its event loop's default executor)."""
+    and its event loop's default executor); with `release` False, a plain pool."""
+
+    def __init__(self, *args: Any, release: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.release = release
 
     def submit(
         self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
     ) -> concurrent.futures.Future[R]:
-        return super().submit(released(fn), *args, **kwargs)
+        return super().submit(released(fn) if self.release else fn, *args, **kwargs)

@@ -1,28 +1,15 @@
 """Prompt rows through prepacked weights: a stage's projections in oneDNN's blocked layout,
 packed once instead of on every eager matmul.
 
-At saturation a step is ~50-100 decode rows (run through the compiled decode graph,
-`decode_graph.py`, whose frozen weights Inductor prepacked) plus several 64-token prompt
-chunks, which run eagerly: there `aten::mm` re-lays out the weight on every call and took
-55 % of the step. `StagePacks` holds every layer projection of a stage packed with
-`torch.ops.mkldnn._reorder_linear_weight` (the op Inductor's freezing uses for dynamic
-batch sizes), and `linear` runs a projection of at least `MIN_ROWS` rows through
-`mkldnn._linear_pointwise` over it (13-18 % less CPU than `F.linear` at 64-320 rows on the
-default tiny model, 1 thread; below 64 rows no gain, so those stay on `F.linear`), the
-rows padded to a multiple of `ROW_BUCKET` so that oneDNN's per-shape kernels are reused.
-Results agree with `F.linear` to float rounding (~1e-6); greedy tokens are checked
-against `transformers` in `tests/engine/test_packed_linear.py`.
-
-Life: built by `CompiledDecode.warm_up` (so only where the compiled decode is on: CPU,
-float32, no LoRA, no TP) before it compiles (kept if compiling fails: they are eager
-code), dropped when the graph is turned off or rebuilt after a layer swap; the bytes are booked
-with the graph's (`compile_policy.packed_bytes` counts both copies).
-`TESSERA_PACK_PROMPTS=0` leaves the prompt rows on `F.linear` (A/B). Once warm, the packs
-also carry the compiled row-wise layer parts that run over them (`StagePacks.graph`,
-`prompt_graph.py`; `run_packed` is its projection). A pack is tied to the
-weight tensor it was packed from: a layer or parameter swapped since (memory shift, block
-zoo) simply runs `F.linear`. Called by `model.py` (every projection of an eager step;
-`AttentionMetadata.packed` carries the stage's packs, set by `runner.py`).
+`StagePacks` holds every layer projection of a stage packed with
+`torch.ops.mkldnn._reorder_linear_weight`; `linear` runs a projection of at least
+`MIN_ROWS` rows through `mkldnn._linear_pointwise` over it, rows padded to a multiple of
+`ROW_BUCKET` (fewer rows stay on `F.linear`). A pack is tied to the weight it was packed
+from: a swapped layer runs `F.linear`. Built by `CompiledDecode.warm_up` (CPU, float32,
+no LoRA, no TP; off with `EngineOptions.pack_prompts`), dropped with the graph; its bytes
+are booked with it (`compile_policy.packed_bytes`). Measured gains: docs (benchmarks-log,
+issue 16). Checked against `transformers` in `tests/engine/test_packed_linear.py`. Called
+by `model.py` (eager projections; `AttentionMetadata.packed`, set by `runner.py`).
 """
 
 from __future__ import annotations

@@ -1,38 +1,15 @@
 """Compiled prompt rows: the row-wise parts of every layer of a many-row eager step through
 two small `torch.compile`d functions shared by all layers, attention eager between them.
 
-An eager step (a whole prefill step, the prompt part of a split mixed step) ran each layer
-as ~20 PyTorch ops around its packed projections (`packed_linear.py`): RMSNorm, RoPE
-(roll, cat, muls), SiLU, x up, residual adds, each a pass over memory that no longer fits
-in cache at thousands of rows, and each an OpenMP region the threads meet at. vLLM compiles
-its CPU model piecewise with attention as the split point; this does the same per layer:
-- `_pre`: RMSNorm -> qkv projection -> RoPE of q and k;
-- attention: `attention.paged_attention`, eager (cache writes, fresh prefill batches,
-  context reads, decode rows);
-- `_post`: o projection + residual -> RMSNorm -> gate/up -> SiLU x up -> down + residual.
-Inductor fuses each side's elementwise work into one or two kernels. Weights and packs are
-inputs, not constants, so one compiled pair serves every layer of every stage of the same
-shapes in the process (`_shared`: guards check shapes, not which layer); the row count is
-marked dynamic at warm-up. Projections run through the stage's packs with rows padded to
-the bucket (`packed_linear.run_packed`) via the `tessera::packed_linear` custom op, which
-Inductor calls as an extern kernel (it cannot lower oneDNN's packed layout itself).
-
-Measured (docs/benchmarks-log.md, "Issue 16 (prefill path)"; a loaded shared machine): 128
-prompts of 64 tokens, 4 steps of 2048 rows: 6-14 % less wall at 2 threads in a quieter
-window; at 1 thread 1-6 % less CPU with the agent's malloc thresholds (`host_malloc.py`),
-11-16 % with glibc's defaults (fewer multi-MB temporaries to fault in). The packed
-projections, ~95 GFLOP/s per core, are ~80 % of what is left. At a few hundred rows a wash
-(the projections are all of it), so the gate is the packs' `MIN_ROWS`.
-Compiling the pair: ~7-26 s cold on the loaded machine, under 4 s from Inductor's cache.
-
-Life: warmed up by `CompiledDecode.warm_up` after its own graphs, on the same thread, when
-the stage's packs exist and `compile_policy.compile_prompts` says so
-(`TESSERA_COMPILE_PROMPTS=0`: off); carried by the packs (`StagePacks.graph`), so it is
-dropped with them (graph off, layers swapped). It holds no tensors: nothing to book beyond
-the packs. A step whose layers are not all packed (swapped since, LoRA-wrapped, TP) runs
-eagerly; a warm-up that raises leaves prompt rows eager, logged; a compile after warm-up is
-counted and logged. Compiled RMSNorm orders its sum differently: hidden states agree with
-the eager path to float rounding; greedy tokens are checked against `transformers` in
+Per layer, `_pre` (RMSNorm, qkv projection, RoPE) and `_post` (o projection, residual,
+RMSNorm, gate/up, SiLU x up, down, residual) are compiled around eager
+`attention.paged_attention`, as vLLM splits its CPU model. Weights and packs are inputs,
+so one compiled pair serves every layer of the same shapes (`_shared`); projections run
+through the stage's packs (`packed_linear.run_packed`, the `tessera::packed_linear` op).
+Warmed up by `CompiledDecode.warm_up` when the packs exist and
+`compile_policy.compile_prompts` says so; carried by `StagePacks.graph`. Unpacked layers
+run eagerly; a failed warm-up leaves rows eager, logged. Measured gains: docs
+(benchmarks-log, "Issue 16 (prefill path)"). Checked against `transformers` in
 `tests/engine/test_prompt_graph.py`. Called by `model.py` (`StageModel._run_layers`).
 """
 

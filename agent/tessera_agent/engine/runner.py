@@ -60,16 +60,16 @@ class StageRunner:
         options: options_mod.EngineOptions | None = None,
     ) -> None:
         """`compile_decode`: run pure-decode steps through `decode_graph` once it has
-        warmed up (None: as `compile_policy.mode_from_env` says; "wait" warms up here).
+        warmed up (None: as `compile_policy.mode` says of `options`; "wait" warms up here).
         `options`: the entry point's engine options (None: the defaults)."""
         self.model, self.cache, self.device = model, cache, device
         opts = options or options_mod.EngineOptions()
         attention.configure(device)
-        mode = compile_policy.mode_from_env(device)
+        mode = compile_policy.mode(opts, device)
         if compile_decode is not None:
             mode = "on" if compile_decode else "off"
         self.decode_graph = (
-            decode_graph.CompiledDecode(model, device, cache.layout.page_size)
+            decode_graph.CompiledDecode(model, device, cache.layout.page_size, opts)
             # float32 only: Inductor fails to lower the fused decode in bfloat16 on CPU
             # (`LoweringException: NotImplementedError: Pointwise`, torch 2.13), so half
             # precision stages run eagerly (docs/gpu.md)

@@ -7,8 +7,9 @@ events arrive (a bench may watch it mid-flight: `ttft` set means tokens are flow
 time to first token, the time of each text chunk, the text, the usage count and
 whether a finish reason arrived. Any failure (HTTP status, an `error` event, the
 connection) is recorded in `error`, never raised. `replay` sends many on their
-schedule over one session. Called by the serving benchmarks (`tessera.cli.bench_*`,
-`tessera_agent.bench_gpu_serve`).
+schedule over one session. `events` decodes a server-sent event stream (the one parser:
+`send` and the gateway tests read streams through it). Called by the serving benchmarks
+(`tessera.cli.bench_*`, `tessera_agent.bench_gpu_serve`) and tests.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 ERROR_CHARS = 200  # an error is kept as an example, cut to this length
+DONE = "[DONE]"  # the last event of an OpenAI stream
 
 
 @dataclass
@@ -49,6 +51,30 @@ class Stream:
         return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:], strict=False)]
 
 
+def payload(line: str) -> Any | None:
+    """What one line of a server-sent event stream carries: its `data:` decoded from
+    JSON, `DONE` (the string) for the terminator, None for any other line."""
+    line = line.strip()
+    if not line.startswith("data: "):
+        return None
+    data = line[len("data: ") :]
+    return data if data == DONE else json.loads(data)
+
+
+def decode(text: str) -> list[Any]:
+    """The payloads of a whole event stream's text, in order (see `payload`)."""
+    return [p for p in map(payload, text.splitlines()) if p is not None]
+
+
+async def events(content: AsyncIterable[bytes]) -> AsyncIterator[Any]:
+    """The payloads of a stream as they arrive (`content` yields lines: an aiohttp
+    response's `content`)."""
+    async for raw in content:
+        p = payload(raw.decode())
+        if p is not None:
+            yield p
+
+
 def body(model: str, s: Stream) -> dict[str, Any]:
     """The request body: greedy, EOS ignored, streamed with usage."""
     return {
@@ -73,11 +99,9 @@ async def send(session: Any, url: str, model: str, s: Stream, t0: float | None =
             if resp.status != 200:
                 s.error = f"{resp.status}: {(await resp.text())[:ERROR_CHARS]}"
                 return
-            async for raw in resp.content:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
+            async for chunk in events(resp.content):
+                if chunk == DONE:
                     continue
-                chunk = json.loads(line[6:])
                 if "error" in chunk:
                     s.error = str(chunk["error"])[:ERROR_CHARS]
                     return

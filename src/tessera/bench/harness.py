@@ -37,6 +37,15 @@ def pct(values: Sequence[float], q: float) -> float:
     return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
 
 
+def latency_ms(ttft: Sequence[float], tpot: Sequence[float]) -> dict[str, float]:
+    """A run's latency keys: p99 and p50 TTFT and p50 TPOT (ms) from seconds."""
+    return {
+        "p99_ttft_ms": pct(ttft, 99) * 1e3,
+        "p50_ttft_ms": pct(ttft, 50) * 1e3,
+        "p50_tpot_ms": pct(tpot, 50) * 1e3,
+    }
+
+
 def median(values: Sequence[float]) -> float:
     """The median; 0.0 for no values."""
     return statistics.median(values) if values else 0.0

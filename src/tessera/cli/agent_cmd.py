@@ -155,15 +155,20 @@ def _host_cache_bytes(text: str) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     _die_with_parent()
+    from tessera.observability import tracing
+
+    tracing.configure(os.environ)
     from tessera import gc_heap
     from tessera_agent import server
-    from tessera_agent.engine import options
+    from tessera_agent.engine import compile_cache, compile_policy, options
 
     try:
-        engine = options.EngineOptions.from_env(os.environ)
+        engine = options.EngineOptions.from_env(os.environ, compile_default=args.compile_decode)
     except ValueError as exc:
         sys.stderr.write(f"tessera agent: {exc}\n")
         return 2
+    if compile_policy.enabled(engine):  # before anything compiles
+        compile_cache.configure(args.compile_cache or None, os.environ)
     cfg = server.AgentConfig(
         agent_id=args.agent_id,
         host=args.host,
@@ -184,8 +189,6 @@ def _run(args: argparse.Namespace) -> int:
         run_load_delay_s=args.run_load_delay,
         host_cache_bytes=_host_cache_bytes(args.host_cache),
         cost_profile=args.cost_profile,
-        compile_cache=args.compile_cache,
-        compile_decode=args.compile_decode,
         engine=engine,
         gc_freeze=gc_heap.wanted(os.environ),
     )

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tessera.bench import local_up
+from tessera.bench import client, harness, local_up, trace
 from tessera.cli import bench_overload, bench_serve
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
@@ -76,52 +76,16 @@ def _manifest(model: Path, replicas: int, scaling: dict[str, Any] | None, slo_ms
 
 
 async def _replay(url: str, reqs: list[tuple[float, int, int]], seed: int) -> dict[str, Any]:
-    import aiohttp
-
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(5, 500) for _ in range(n)] for _, n, _ in reqs]
-    ttft: list[float] = []
-    e2e: list[float] = []
-    failed: list[str] = []
-    start = time.perf_counter()
-
-    async def one(i: int, session: aiohttp.ClientSession) -> None:
-        at, _, out = reqs[i]
-        await asyncio.sleep(max(0.0, at - (time.perf_counter() - start)))
-        body = {
-            "model": MODEL,
-            "prompt": prompts[i],
-            "max_tokens": out,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
-        }
-        sent, first = time.perf_counter(), None
-        try:
-            async with session.post(f"{url}/v1/completions", json=body) as resp:
-                if resp.status != 200:
-                    failed.append(f"{resp.status}: {(await resp.text())[:200]}")
-                    return
-                async for raw in resp.content:
-                    line = raw.decode().strip()
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        failed.append(str(chunk["error"])[:200])
-                        return
-                    if first is None and chunk.get("choices") and chunk["choices"][0].get("text"):
-                        first = time.perf_counter() - sent
-        except aiohttp.ClientError as exc:
-            failed.append(f"client error: {exc}")
-            return
-        if first is not None:
-            ttft.append(first)
-        e2e.append(time.perf_counter() - sent)
-
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        await asyncio.gather(*(one(i, session) for i in range(len(reqs))))
-    return {"ttft": ttft, "e2e": e2e, "failed": failed, "wall_s": time.perf_counter() - start}
+    prompts = trace.prompts(reqs, random.Random(seed))
+    streams = [client.Stream(p, out, at) for p, (at, _, out) in zip(prompts, reqs, strict=True)]
+    t0 = await client.replay(url, MODEL, streams, timeout_s=600.0)
+    ok = [st for st in streams if not st.error]
+    return {
+        "ttft": [st.ttft for st in ok if st.ttft is not None],
+        "e2e": [st.finish - st.sent for st in ok],
+        "failed": [st.error for st in streams if st.error],
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 async def _awake(addresses: list[str], stop: asyncio.Event) -> list[tuple[float, int]]:
@@ -178,7 +142,7 @@ def _up(tmp: Path, name: str, manifest: str, reqs: list[Any], seed: int) -> dict
 
 
 def _pct(values: list[float], q: float) -> float:
-    return round(bench_serve._pct(values, q) * 1e3, 1)
+    return round(harness.pct(values, q) * 1e3, 1)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -186,7 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.tiny:
         args.requests, args.max_replicas, args.time_scale = 24, 2, 4.0
-    reqs = bench_serve._load(args)
+    reqs = trace.load(args)
     for _ in range(2):  # the rate x 4 in the burst window
         reqs = bench_overload.burst(reqs, *args.burst)
     scaling = {

@@ -7,8 +7,9 @@ the gateway's admin URL, the checkpoint's folder the allowed model root, hostPat
 allowed), creates one ServingDeployment, waits for it Ready, mirrors
 its routes ConfigMap into the gateway's routes file (the kubelet's part) and waits for the
 gateway to route its replicas. Then the caller streams greedy requests to the gateway
-(`stream`, one `Req` each), patches the deployment (`patch`), reads it (`deployment`) and
-its events (`events`). Callers: `bench_overload_operator`, `bench_scaling_operator`.
+(`tessera.bench.client` over `Cluster.s`), patches the deployment (`patch`), reads it
+(`deployment`) and its events (`events`). Callers: `bench_overload_operator`,
+`bench_scaling_operator`.
 """
 
 from __future__ import annotations
@@ -22,28 +23,15 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import aiohttp
 
+from tessera.bench import deployment
 from tessera.cli import local_agents
 
-GROUP, VERSION, PLURAL = "serving.tessera.dev", "v1alpha1", "servingdeployments"
-
-
-@dataclass
-class Req:
-    i: int
-    prompt: list[int]
-    max_tokens: int
-    sent: float = 0.0
-    first: float | None = None
-    last: float | None = None
-    text: list[str] = field(default_factory=list)
-    chunks: int = 0
-    done: bool = False
+GROUP, VERSION, PLURAL = deployment.GROUP, deployment.VERSION, deployment.PLURAL
 
 
 async def get(s: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
@@ -82,42 +70,6 @@ async def _mirror(
             await asyncio.wait_for(stop.wait(), 0.1)
         except TimeoutError:
             pass
-
-
-async def stream(s: aiohttp.ClientSession, url: str, r: Req) -> None:
-    """Send `r` to the gateway at `url` (streamed, greedy) and record its timings."""
-    body = {
-        "model": "tiny-llama",
-        "prompt": r.prompt,
-        "max_tokens": r.max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    r.sent = time.perf_counter()
-    async with s.post(url + "/v1/completions", json=body) as resp:
-        if resp.status != 200:
-            return
-        async for line in resp.content:
-            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                continue
-            ev = json.loads(line[len(b"data: ") :])
-            if "error" in ev:
-                return
-            now = time.perf_counter()
-            for ch in ev.get("choices") or []:
-                if ch.get("text"):
-                    r.first = r.first or now
-                    r.last = now
-                    r.text.append(ch["text"])
-                if ch.get("finish_reason") == "length":
-                    r.done = True
-
-
-def pct(values: list[float], q: float) -> float:
-    from tessera.cli import bench_serve
-
-    return bench_serve._pct(values, q)
 
 
 class Event(NamedTuple):

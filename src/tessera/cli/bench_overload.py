@@ -43,7 +43,8 @@ from typing import Any
 
 import grpc
 
-from tessera.cli import bench_overload_bubble, bench_serve, local_agents
+from tessera.bench import harness, oracle, trace
+from tessera.cli import bench_overload_bubble, local_agents
 from tessera.control import overload_driver, overload_loop
 from tessera.policies.overload import lookahead
 from tessera.policies.overload import monitor as overload
@@ -56,8 +57,15 @@ PAGE = 16
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--requests", type=int, default=160)
-    parser.add_argument("--time-scale", type=float, default=8.0)
+    trace.add_arguments(
+        parser,
+        requests=160,
+        time_scale=8.0,
+        input_scale=0.05,
+        output_scale=0.1,
+        max_input=48,
+        max_output=24,
+    )
     parser.add_argument(
         "--burst",
         type=float,
@@ -67,13 +75,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--pool-pages", type=int, default=6)
     parser.add_argument("--tick-ms", type=float, default=50.0)
-    parser.add_argument(
-        "--trace", type=Path, default=Path(os.environ.get("TESSERA_TRACE", str(bench_serve.TRACE)))
-    )
-    parser.add_argument("--input-scale", type=float, default=0.05)
-    parser.add_argument("--output-scale", type=float, default=0.1)
-    parser.add_argument("--max-input", type=int, default=48)
-    parser.add_argument("--max-output", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--via",
@@ -176,10 +177,6 @@ class Router:
                 self.on[name].remove(r)
 
 
-def _pct(values: list[float], q: float) -> float:
-    return bench_serve._pct(values, q)
-
-
 async def _replay(
     agents: list[local_agents.AgentProcess],
     reqs: list[tuple[float, int, int]],
@@ -249,9 +246,7 @@ async def _replay(
     return {
         "requests": rs,
         "wall_s": wall,
-        "p99_ttft_ms": _pct(ttft, 99) * 1e3,
-        "p50_ttft_ms": _pct(ttft, 50) * 1e3,
-        "p50_tpot_ms": _pct(tpot, 50) * 1e3,
+        **harness.latency_ms(ttft, tpot),
         "lost": sum(not r.done for r in rs),
         "stats": loop.stats,
         "queue_at_drop": queue_at_drop,
@@ -306,35 +301,12 @@ def _run_once(
             local_agents.stop_agent(a)
 
 
-def _reference(model: Path, prompts: list[list[int]], news: list[int]) -> list[list[int]]:
-    """transformers' greedy tokens of each prompt (EOS ignored)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(1)  # no spinning against other work on a busy host
-    hf: Any = AutoModelForCausalLM.from_pretrained(str(model))
-    hf.generation_config.eos_token_id = None
-    out = []
-    for p, n in zip(prompts, news, strict=True):
-        ids = torch.tensor([p])
-        with torch.no_grad():
-            seq = hf.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=n,
-                pad_token_id=0,
-            )
-        out.append(seq[0, len(p) :].tolist())
-    return out
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from tessera_agent import tiny_checkpoint as tc
     from tessera_agent.engine import block_tensors, config, kv_cache
     from tessera_agent.engine import stage as stage_mod
 
-    reqs = burst(bench_serve._load(args), *args.burst)
+    reqs = burst(trace.load(args), *args.burst)
     rng = random.Random(args.seed)
     prompts = [[0] + [rng.randrange(5, 500) for _ in range(n - 1)] for _, n, _ in reqs]
     with tempfile.TemporaryDirectory(prefix="tessera-overload-") as tmp:
@@ -377,18 +349,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     la, tcb, mbs = _bubbles(on["queue_at_drop"], cost)
     return {
         "bench": "overload",
-        "machine": f"{platform.node()} ({os.cpu_count()} cpus)",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "requests": len(reqs),
-        "replicas": 4,
-        "pool_pages": args.pool_pages,
-        "page_size": PAGE,
-        "p99_ttft_on_ms": round(on["p99_ttft_ms"], 1),
-        "p99_ttft_off_ms": round(off["p99_ttft_ms"], 1),
-        "p99_ttft_ratio": round(off["p99_ttft_ms"] / on["p99_ttft_ms"], 2),
-        "p50_ttft_on_ms": round(on["p50_ttft_ms"], 1),
-        "p50_ttft_off_ms": round(off["p50_ttft_ms"], 1),
-        "p50_tpot_on_vs_off": round(on["p50_tpot_ms"] / off["p50_tpot_ms"], 2),
+        **_compared(args, len(reqs), off, on),
         "drops": stats.drops,
         "restores": stats.restores,
         "fallbacks": stats.fallbacks,
@@ -410,6 +371,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _reference(model: Path, prompts: list[list[int]], news: list[int]) -> list[list[int]]:
+    """transformers' greedy tokens of each prompt (EOS ignored)."""
+    return oracle.greedy_tokens(model, list(zip(prompts, news, strict=True)))
+
+
+def _compared(
+    args: argparse.Namespace, requests: int, off: dict[str, Any], on: dict[str, Any]
+) -> dict[str, Any]:
+    """The keys both paths report first: the run, and latency with the policy on vs off."""
+    return {
+        "machine": f"{platform.node()} ({os.cpu_count()} cpus)",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "requests": requests,
+        "replicas": 4,
+        "pool_pages": args.pool_pages,
+        "page_size": PAGE,
+        "p99_ttft_on_ms": round(on["p99_ttft_ms"], 1),
+        "p99_ttft_off_ms": round(off["p99_ttft_ms"], 1),
+        "p99_ttft_ratio": round(off["p99_ttft_ms"] / on["p99_ttft_ms"], 2),
+        "p50_ttft_on_ms": round(on["p50_ttft_ms"], 1),
+        "p50_ttft_off_ms": round(off["p50_ttft_ms"], 1),
+        "p50_tpot_on_vs_off": round(on["p50_tpot_ms"] / off["p50_tpot_ms"], 2),
+    }
+
+
 def _via_operator(
     model: Path,
     reqs: list[tuple[float, int, int]],
@@ -420,8 +406,6 @@ def _via_operator(
 ) -> dict[str, Any]:
     """Both runs through the operator and a gateway (`bench_overload_operator`); the keys
     of the replay path, the bubble model's left out (no queue is seen from here)."""
-    from tokenizers import Tokenizer
-
     from tessera.cli import bench_overload_operator as via
 
     kv = args.pool_pages * per_page
@@ -429,30 +413,17 @@ def _via_operator(
     on = via.run_once(model, reqs, prompts, kv, True, args.tick_ms / 1e3)
     match = None
     if args.check_tokens:
-        tok = Tokenizer.from_file(str(model / "tokenizer.json"))
-        want = _reference(model, prompts, [o for _, _, o in reqs])
-        texts = [tok.decode(w, skip_special_tokens=True) for w in want]
+        texts = oracle.greedy_texts(model, list(zip(prompts, [o for _, _, o in reqs], strict=True)))
         match = all(
-            "".join(r.text) == w
+            r.text == w
             for res in (off, on)
             for r, w in zip(res["requests"], texts, strict=True)
-            if r.done
+            if r.ok
         )
     return {
         "bench": "overload",
         "via": "operator",
-        "machine": f"{platform.node()} ({os.cpu_count()} cpus)",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "requests": len(reqs),
-        "replicas": 4,
-        "pool_pages": args.pool_pages,
-        "page_size": PAGE,
-        "p99_ttft_on_ms": round(on["p99_ttft_ms"], 1),
-        "p99_ttft_off_ms": round(off["p99_ttft_ms"], 1),
-        "p99_ttft_ratio": round(off["p99_ttft_ms"] / on["p99_ttft_ms"], 2),
-        "p50_ttft_on_ms": round(on["p50_ttft_ms"], 1),
-        "p50_ttft_off_ms": round(off["p50_ttft_ms"], 1),
-        "p50_tpot_on_vs_off": round(on["p50_tpot_ms"] / off["p50_tpot_ms"], 2),
+        **_compared(args, len(reqs), off, on),
         "drops": on["drops"],
         "restores": on["restores"],
         "fallbacks": on["fallbacks"],

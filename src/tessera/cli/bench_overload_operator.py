@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tessera.bench import client, deployment, harness
 from tessera.cli import bench_operator_harness as h
 from tessera.cli import local_agents
 
-Req = h.Req  # the request record `bench_overload` reads back
 NAME = "ovl"
 
 
@@ -35,16 +35,9 @@ def manifest(model: Path, kv_bytes: int, policy: bool) -> dict[str, Any]:
         {"name": f"r{i}", "stages": [{"agent": f"agent-{i}", "device": "cpu:0", "layers": [0, 8]}]}
         for i in range(4)
     ]
-    return {
-        "apiVersion": f"{h.GROUP}/{h.VERSION}",
-        "kind": "ServingDeployment",
-        "metadata": {"name": NAME, "namespace": "default"},
-        "spec": {
-            "model": {"name": "tiny-llama", "path": str(model)},
-            "layout": {"mode": "explicit", "kvCacheBytes": kv_bytes, "replicas": replicas},
-            "policies": {"overload": {"enabled": policy}},
-        },
-    }
+    return deployment.manifest(
+        NAME, model, replicas, kv_bytes, policies={"overload": {"enabled": policy}}
+    )
 
 
 async def _replay(
@@ -66,14 +59,9 @@ async def _replay(
         resync_seconds=10.0,  # the operator's default
         overload_tick_seconds=tick_s,
     ) as c:
-        rs = [h.Req(i, prompts[i], out) for i, (_, _, out) in enumerate(reqs)]
+        rs = [client.Stream(prompts[i], out, at) for i, (at, _, out) in enumerate(reqs)]
         start = time.perf_counter()
-
-        async def one(r: h.Req) -> None:
-            await asyncio.sleep(max(0.0, reqs[r.i][0] - (time.perf_counter() - start)))
-            await h.stream(c.s, c.gateway, r)
-
-        await asyncio.gather(*(one(r) for r in rs))
+        await asyncio.gather(*(client.send(c.s, c.gateway, deployment.MODEL, r, start) for r in rs))
         wall = time.perf_counter() - start
 
         async def whole() -> bool:  # the loop restores once the burst is served
@@ -82,20 +70,18 @@ async def _replay(
 
         await h.wait("whole replicas again", whole, timeout=120)
         items = [(e.reason, e.message) for e in await c.events()]
-    ttft = [r.first - r.sent for r in rs if r.first is not None]
+    ttft = [r.ttft for r in rs if r.ttft is not None]
     tpot = [
-        (r.last - r.first) / (r.max_tokens - 1)
+        (r.chunk_times[-1] - r.chunk_times[0]) / (r.max_tokens - 1)
         for r in rs
-        if r.first is not None and r.last is not None and r.max_tokens > 1
+        if r.chunk_times and r.max_tokens > 1
     ]
     shifted = [m for reason, m in items if reason == "OverloadShifted"]
     return {
         "requests": rs,
         "wall_s": wall,
-        "p99_ttft_ms": h.pct(ttft, 99) * 1e3,
-        "p50_ttft_ms": h.pct(ttft, 50) * 1e3,
-        "p50_tpot_ms": h.pct(tpot, 50) * 1e3,
-        "lost": sum(not r.done for r in rs),
+        **harness.latency_ms(ttft, tpot),
+        "lost": sum(not r.ok for r in rs),
         "drops": sum(reason == "OverloadDropped" for reason, _ in items),
         "restores": sum(reason == "OverloadRestored" for reason, _ in items),
         "fallbacks": sum(reason == "DropInsufficient" for reason, _ in items),

@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from tessera.bench import client, deployment
 from tessera.cli import bench_operator_harness as h
 from tessera.cli import local_agents
 from tessera.control import scaling_loop
@@ -47,22 +48,15 @@ GAMMA = re.compile(r"replicated \d+ layers, .*\(gamma ([0-9.]+)\)")
 
 def manifest(model: Path, tpot_ms: float) -> dict[str, Any]:
     stages = [{"agent": "agent-0", "device": "cpu:0", "layers": [0, 8]}]
-    return {
-        "apiVersion": f"{h.GROUP}/{h.VERSION}",
-        "kind": "ServingDeployment",
-        "metadata": {"name": NAME, "namespace": "default"},
-        "spec": {
-            "model": {"name": "tiny-llama", "path": str(model)},
-            "layout": {
-                "mode": "explicit",
-                "kvCacheBytes": 32 << 20,
-                "replicas": [{"name": "r0", "stages": stages}],
-            },
-            "slo": {"tpotP99Ms": tpot_ms},
-            # the runs stay while a load is measured; turning the policy off evicts them
-            "policies": {"scaling": {"enabled": False, "evictAfterSeconds": 3600}},
-        },
-    }
+    return deployment.manifest(
+        NAME,
+        model,
+        [{"name": "r0", "stages": stages}],
+        32 << 20,
+        slo={"tpotP99Ms": tpot_ms},
+        # the runs stay while a load is measured; turning the policy off evicts them
+        policies={"scaling": {"enabled": False, "evictAfterSeconds": 3600}},
+    )
 
 
 async def _runs(c: h.Cluster) -> list[Any]:
@@ -121,15 +115,15 @@ async def _lines(c: h.Cluster, seen: set[str]) -> list[str]:
 
 async def _load(
     c: h.Cluster, load: float, n: int, tokens: int, seed: int
-) -> tuple[list[h.Req], float]:
+) -> tuple[list[client.Stream], float]:
     rng = random.Random(seed)
-    rs = [h.Req(i, [0, *(rng.randrange(5, 500) for _ in range(24))], tokens) for i in range(n)]
+    rs = [client.Stream([0, *(rng.randrange(5, 500) for _ in range(24))], tokens) for _ in range(n)]
     gaps = [rng.expovariate(load) for _ in range(n)]
     start = time.perf_counter()
     tasks = []
     for r, g in zip(rs, gaps, strict=True):
         await asyncio.sleep(g)
-        tasks.append(asyncio.create_task(h.stream(c.s, c.gateway, r)))
+        tasks.append(asyncio.create_task(client.send(c.s, c.gateway, deployment.MODEL, r)))
     await asyncio.gather(*tasks)
     return rs, time.perf_counter() - start
 
@@ -179,13 +173,13 @@ async def _bench(
                 if policy == "on":
                     await _set(c, True, runs=True, tpot_ms=args.tpot_ms)
                 rs, wall = await _load(c, load, args.requests, args.tokens, args.seed)
-                lost += sum(not r.done for r in rs)
-                lat = sorted(r.last - r.sent for r in rs if r.last is not None)
+                lost += sum(not r.ok for r in rs)
+                lat = sorted(r.chunk_times[-1] - r.sent for r in rs if r.chunk_times)
                 p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
                 lines = await _lines(c, seen)
                 ops = [o for o in map(scaling_loop.parse_op_line, lines) if o is not None]
                 gammas = [float(m.group(1)) for m in map(GAMMA.search, lines) if m]
-                done_tokens = sum(len(r.text) for r in rs)
+                done_tokens = sum(len(r.chunk_times) for r in rs)
                 res[policy] = {"tokens_per_s": done_tokens / wall, "p99_s": p99}
                 out["runs"].append(
                     {

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import statistics
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tessera.bench import client
 from tessera.cli import local_agents
 from tessera.gateway import config as gw_config
 from tessera.gateway import hold
@@ -51,32 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=8)
 
 
-async def _stream(url: str, max_tokens: int) -> tuple[int, float, str]:
-    """(status, TTFT seconds at the client, text) of one greedy streamed completion."""
-    import aiohttp
-
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True}  # fmt: skip
-    sent, first, text = time.perf_counter(), float("nan"), []
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with (
-        aiohttp.ClientSession(timeout=timeout) as s,
-        s.post(url + "/v1/completions", json=body) as r,
-    ):
-        if r.status != 200:
-            return r.status, first, await r.text()
-        async for raw in r.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                return 500, first, str(chunk["error"])
-            for c in chunk.get("choices") or []:
-                if c.get("text") and first != first:  # nan: no token yet
-                    first = time.perf_counter() - sent
-                text.append(c.get("text") or "")
-    return 200, first, "".join(text)
+async def _stream(url: str, max_tokens: int) -> client.Stream:
+    """One greedy streamed completion of `PROMPT` (`error` says why it failed)."""
+    s = client.Stream(list(PROMPT), max_tokens)
+    async with client.session(600.0) as sess:
+        await client.send(sess, url, MODEL, s)
+    return s
 
 
 async def measure(
@@ -100,9 +80,11 @@ async def measure(
     channel = transport.channel(address)
     stub = pb_grpc.AgentStub(channel)
     try:
-        status, ttft_awake, want = await _stream(gateway.url, max_tokens)
-        if status != 200:
-            raise SystemExit(f"tessera bench wake: the awake replica answered {status}: {want}")
+        awake = await _stream(gateway.url, max_tokens)
+        if awake.error:
+            raise SystemExit(f"tessera bench wake: the awake replica answered {awake.error}")
+        ttft_awake = awake.ttft if awake.ttft is not None else float("nan")
+        want = awake.text
         from_zero: list[float] = []
         lost = mismatched = 0
         for _ in range(rounds):
@@ -111,9 +93,11 @@ async def measure(
             await gateway.refresh()  # the gateway knows it sleeps: zero awake
             assert not gateway.ready_replicas()
             got = await asyncio.gather(*(_stream(gateway.url, max_tokens) for _ in range(requests)))
-            from_zero.append(min(t for s, t, _ in got if s == 200) if got else float("nan"))
-            lost += sum(1 for s, _, _ in got if s != 200)
-            mismatched += sum(1 for s, _, t in got if s == 200 and t != want)
+            ok = [g for g in got if not g.error]
+            ttfts = [g.ttft if g.ttft is not None else float("nan") for g in ok]
+            from_zero.append(min(ttfts) if got else float("nan"))
+            lost += len(got) - len(ok)
+            mismatched += sum(1 for g in ok if g.text != want)
         await stub.SleepReplica(pb.SleepReplicaRequest(replica_id=replica_id))
         # A replica wakes long after it slept: let the sleep's clean-up (the agent reclaims
         # the unloaded blocks' heap on its event loop) finish before timing the wake.

@@ -91,7 +91,9 @@ def register(sub: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from tessera.gateway import config, hold, limits
+    from tessera.observability import tracing
 
+    tracing.configure(os.environ)
     try:
         cfg = config.GatewayConfig(
             model_name=args.model_name,
@@ -136,9 +138,9 @@ async def _serve(cfg: gateway_config.GatewayConfig) -> int:
     from tessera import gc_heap
     from tessera.gateway import server
 
-    gc_heap.install(gc_heap.wanted(os.environ))  # this process owns its heap (see gc_heap)
     handle = await server.start_gateway(cfg)
-    gc_heap.settle("gateway started")
+    if gc_heap.wanted(os.environ):  # this process owns its heap (see gc_heap)
+        gc_heap.settle("gateway started")
     sys.stdout.write(f"gateway listening on {handle.url}\n")
     sys.stdout.flush()
     stop = asyncio.Event()

@@ -210,8 +210,9 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tessera.observability import control
+    from tessera.observability import control, tracing
 
+    tracing.configure(os.environ)
     level = (
         logging.DEBUG
         if args.verbose or args.debug

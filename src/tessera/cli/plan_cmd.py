@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from tessera import fields
+from tessera.cli import input_files
 
 if TYPE_CHECKING:
     from tessera.planner.cluster import Cluster
@@ -63,30 +62,12 @@ def _fail(message: str) -> int:
     return 1
 
 
-def _read_yaml(path: str, what: str) -> Any:
-    try:
-        return yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise fields.FieldError(what, f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise fields.FieldError(what, f"{path} is not valid YAML: {exc}") from None
-
-
-def _read_json(path: str, what: str) -> Any:
-    try:
-        return json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise fields.FieldError(what, f"cannot read {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise fields.FieldError(what, f"{path} is not valid JSON: {exc}") from None
-
-
 def run_assign(args: argparse.Namespace) -> int:
     """``tessera plan assign``: print the LP assignment and its certificate."""
     from tessera.planner import assign, assign_input
 
     try:
-        data = assign_input.parse(_read_json(args.input, "--input"))
+        data = assign_input.parse(input_files.read_json(args.input, "--input"))
         result = assign.solve(data.problem, args.objective)
     except (fields.FieldError, assign.InfeasibleError) as exc:
         return _fail(str(exc))
@@ -114,11 +95,11 @@ def run_plan(args: argparse.Namespace) -> int:
     from tessera.planner import problem as problem_mod
 
     try:
-        doc = _read_yaml(args.manifest, "-f")
+        doc = input_files.read_yaml(args.manifest, "-f")
         inputs = manifest.planner_inputs_from_manifest(doc, Path(args.manifest).parent)
-        spec = cluster.cluster_from_doc(_read_yaml(args.cluster, "--cluster"))
+        spec = cluster.cluster_from_doc(input_files.read_yaml(args.cluster, "--cluster"))
         if args.profile:
-            prof = profile.profile_from_json(_read_json(args.profile, "--profile"))
+            prof = profile.profile_from_json(input_files.read_json(args.profile, "--profile"))
         else:
             prof = analytic.analytic_profile(inputs.model, _gpu_type(spec))
         planning = problem_mod.build_problem(inputs, spec, prof)

@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tessera import fields
+from tessera.cli import input_files
 
 POLICIES = ("overload",)
 
@@ -50,15 +49,6 @@ def _fail(msg: str) -> int:
     return 2
 
 
-def _yaml(path: str, what: str) -> Any:
-    try:
-        return yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise fields.FieldError(what, f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise fields.FieldError(what, f"{path} is not valid YAML: {exc}") from None
-
-
 def run_sim(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -78,9 +68,9 @@ def run_sim(args: argparse.Namespace) -> int:
         if args.profile:
             prof = profile_mod.profile_from_json(json.loads(Path(args.profile).read_text()))
         planned = setup.plan_from_files(
-            _yaml(args.manifest, "-f"),
+            input_files.read_yaml(args.manifest, "-f"),
             Path(args.manifest).parent,
-            _yaml(args.cluster, "--cluster"),
+            input_files.read_yaml(args.cluster, "--cluster"),
             prof,
             args.gpus or None,
         )

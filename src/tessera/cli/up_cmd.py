@@ -122,7 +122,9 @@ def _up(args: argparse.Namespace) -> int:
     import yaml
 
     from tessera import api, fields
+    from tessera.observability import tracing
 
+    tracing.configure(os.environ)
     try:
         doc = yaml.safe_load(args.file.read_text())
         dep = api.parse(doc)
@@ -229,7 +231,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         auto = auto_mod.default_auto_planner(
             profile_mod.profile_from_json(json.loads(args.profile.read_text()))
         )
-    gc_heap.install(gc_heap.wanted(os.environ))  # this process owns its heap (see gc_heap)
+    settle_heap = gc_heap.wanted(os.environ)  # this process owns its heap (see gc_heap)
     rollout = converge.Rollout(
         drain=transition.DrainPolicy(deadline_s=args.drain_deadline),
         sourcing=args.sourcing,
@@ -322,7 +324,8 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
         sys.stdout.write(_curl_example(gateway.url, dep.spec.model.name))
         sys.stdout.flush()
-        gc_heap.settle("tessera up serving")  # before traffic: later passes skip all this
+        if settle_heap:  # before traffic: later passes skip all this
+            gc_heap.settle("tessera up serving")
         said = said_overload = ""
         seen: dict[str, str] = {}
         _report_variants(outcome, console.print, seen)

@@ -1,26 +1,17 @@
 """Calibration of the planner's latency model against measured latencies, per layout.
 
-The planner prices a layout with `planner.latency.LatencyModel` (queueing over the cost
-profile's step times). Where that price is wrong, the switching loop switches to a worse
-layout (issue 34). Input: samples `(layout, predicted P99, measured P99, split)`, the
-measurement being a run of that layout at that demand (the simulator driven by the same
-cost profile, or real agents); `split` is "fit" or "eval" (held out: other arrivals, other
-rates). Each sample may carry a `point` (features of the demand: the class shares, then
-the load as a share of the sustainable rate, last). `fit` keeps, per layout, the ratio
-measured / predicted of every fit sample; the correction at a demand is local: the fit
-samples of the calibrated mix nearest the demand's shares, linearly interpolated in the
-load between the two loads around it (the end's ratio outside them). Between mixes the
-ratio is not smooth (the routing the model picks changes with the mix), so a mix's own
-samples are the only ones that say how the model misses it: an inverse-distance average
-over every mix let a neighbour's ratio outweigh the mix's own at another load (samples
-without points: the median ratio). It reports, per layout, the relative error of the
-corrected model on the held-out samples (median and max) beside the raw model's error.
-A layout with no samples keeps the raw price and the largest raw error measured on any
-layout (what the model is known to miss by). The switching decision takes `error(layout)`
-as its hysteresis (`policies.switching.gain_threshold`). `dump` / `load` write and read
-a calibration as JSON (the operator's `--switching-calibration FILE`). Pure; called by
-the simulator's Table 2 (`sim/oserve_table2.py`), `tessera bench sim`, `tessera
-calibrate` and the operator's switching loop.
+The planner prices a layout with `planner.latency.LatencyModel`; where that price is
+wrong, the switching loop switches to a worse layout. Input: samples `(layout, predicted
+P99, measured P99, split)` ("fit" or held-out "eval"), each with an optional `point` (the
+demand's class shares, then its load as a share of the sustainable rate). `fit` keeps the
+measured / predicted ratios per layout; the correction at a demand comes from the fit
+samples of the nearest calibrated mix, interpolated linearly in the load (a mix's own
+samples only: the ratio is not smooth between mixes; without points, the median ratio).
+It reports per layout the corrected and raw relative errors on held-out samples; a layout
+with no samples keeps the raw price and the largest raw error seen. `error(layout)` is the
+switching decision's hysteresis (`policies.switching.gain_threshold`). `dump` / `load`:
+JSON (`--switching-calibration FILE`). Pure; called by `sim/oserve_table2.py`, `tessera
+bench sim`, `tessera calibrate` and the operator's switching loop.
 """
 
 from __future__ import annotations

@@ -1,26 +1,20 @@
 """The gateway's admin API belongs to the operator: `/admin/` needs its token when keys are on.
 
-`/admin/v1/routes`, `/arrivals` and `/load` tell who is served, how much and by which
-replica, and the loops act on them; so once the gateway authenticates anything
-(API keys, `GatewayConfig.api_keys_file`) or has an admin token
-(`GatewayConfig.admin_token_file`, mounted from the Secret the operator also reads),
-every `/admin/` request must carry `Authorization: Bearer <admin token>`. A user's API
-key is not an admin token. Answers (OpenAI-shaped, by the app's error middleware): 401
-`missing_admin_token` without a bearer token, 403 `invalid_admin_token` with another
-one, 403 `admin_token_not_configured` when API keys are on but no admin token is set
-(the admin API stays closed rather than open to every key holder). `/health`,
-`/metrics` (Prometheus scrapes it) and `/v1/` are not this module's (`auth.py` guards
-`/v1/`), nor is `/admin/v1/status`, the status page's JSON, which a user reads with an
-API key (`status_page.py` guards it). The token file is re-read when it changes; only
-its digest is kept and compared in constant time. Built by `server.start_gateway`;
-`guards` is what `app.build` installs.
+Once the gateway authenticates anything (API keys, `GatewayConfig.api_keys_file`) or has
+an admin token (`GatewayConfig.admin_token_file`, the Secret the operator also reads),
+every `/admin/` request must carry `Authorization: Bearer <admin token>` (a user's API key
+is not one). Answers, OpenAI-shaped: 401 `missing_admin_token`, 403 `invalid_admin_token`,
+403 `admin_token_not_configured` (keys on, no admin token: the admin API stays closed).
+`/health`, `/metrics`, `/v1/` (`auth.py`) and `/admin/v1/status` (`status_page.py`, a
+user's key) are not guarded here. The token file is re-read when it changes
+(`auth.SecretFile`); only its digest is kept, compared in constant time. Built by
+`server.start_gateway`; `guards` is what `app.build` installs.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 
 from aiohttp import typedefs, web
 
@@ -34,34 +28,22 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
+def _token_digest(text: str) -> bytes:
+    token = next((x.strip() for x in text.splitlines() if x.strip()), "")
+    if not token:
+        raise ValueError("empty")
+    return _digest(token)
+
+
 class AdminToken:
     """The admin token in `path` (its first non-empty line), re-read when the file changes."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._stamp = -1.0
-        self._digest = b""
-        self._reload()
-        if not self._digest:
-            raise ValueError(f"admin token file {path}: empty")
-
-    def _reload(self) -> None:
-        try:
-            stamp = os.stat(self.path).st_mtime
-            if stamp == self._stamp:
-                return
-            with open(self.path, encoding="utf-8") as f:
-                token = next((x.strip() for x in f if x.strip()), "")
-        except OSError as exc:
-            if not self._digest:
-                raise ValueError(f"admin token file {self.path}: {exc}") from exc
-            return  # keep the token read before
-        if token:
-            self._stamp, self._digest = stamp, _digest(token)
+        self._file = auth.SecretFile(path, "admin token file", _token_digest)
 
     def accepts(self, presented: str) -> bool:
-        self._reload()
-        return hmac.compare_digest(_digest(presented), self._digest)
+        return hmac.compare_digest(_digest(presented), self._file.value())
 
 
 def middleware(token: AdminToken | None) -> typedefs.Middleware:

@@ -4,7 +4,8 @@ The keys file is mounted from a Secret: one key per line, either `KEY` or `NAME 
 (`#` starts a comment). The name labels the key's concurrency limit and logs; a key
 without one is named by the start of its SHA-256. Only digests are kept in memory, and a
 presented key is looked up by its digest, so no comparison runs over the secret itself.
-The file is re-read when its modification time changes: rotating keys needs no restart.
+The file is re-read when its modification time changes (`SecretFile`, which the admin
+token's file uses too): rotating keys needs no restart.
 
 Built by `server.start_gateway` when `GatewayConfig.api_keys_file` is set; `app.build`
 installs `middleware`, which guards the `/v1/` endpoints (not /health or /metrics) and
@@ -18,6 +19,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
 
 from aiohttp import typedefs, web
 
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 
 KEY_NAME = web.RequestKey("tessera_api_key", str)  # the authenticated key's name
 ANONYMOUS = ""  # the key name when keys are off
+T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -50,35 +53,43 @@ def parse_keys(text: str) -> dict[str, str]:
     return out
 
 
+class SecretFile(Generic[T]):
+    """`parse` of the text in `path`, read again when the file's modification time changes.
+    The first read raises ValueError naming `what` and the path; a later failed read
+    (unreadable, or `parse` raised ValueError) is logged and keeps the value read before."""
+
+    def __init__(self, path: str, what: str, parse: Callable[[str], T]) -> None:
+        self.path, self.what, self.parse = path, what, parse
+        self._stamp = -1.0
+        self._value: T | None = None
+        self.value()
+
+    def value(self) -> T:
+        """The current value, after re-reading the file if it changed."""
+        try:
+            stamp = os.stat(self.path).st_mtime
+            if stamp != self._stamp or self._value is None:
+                with open(self.path, encoding="utf-8") as f:
+                    self._value, self._stamp = self.parse(f.read()), stamp
+        except (OSError, ValueError) as exc:
+            if self._value is None:
+                raise ValueError(f"{self.what} {self.path}: {exc}") from exc
+            log.error("%s %s unreadable, keeping the previous one: %s", self.what, self.path, exc)
+        return self._value
+
+
 class ApiKeys:
     """The accepted keys, re-read from `path` when the file changes."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._stamp = -1.0
-        self._keys: dict[str, str] = {}
-        self._reload()
-        if not self._keys:
+        self._file = SecretFile(path, "api keys file", parse_keys)
+        if not self._file.value():
             raise ValueError(f"api keys file {path}: no keys")
-
-    def _reload(self) -> None:
-        try:
-            stamp = os.stat(self.path).st_mtime
-            if stamp == self._stamp:
-                return
-            with open(self.path, encoding="utf-8") as f:
-                keys = parse_keys(f.read())
-        except (OSError, ValueError) as exc:
-            if not self._keys:
-                raise ValueError(f"api keys file {self.path}: {exc}") from exc
-            log.error("api keys file unreadable, keeping the previous keys: %s", exc)
-            return
-        self._stamp, self._keys = stamp, keys
 
     def name_of(self, presented: str) -> str | None:
         """The name of a presented key, or None if it is not accepted."""
-        self._reload()
-        return self._keys.get(_digest(presented))
+        return self._file.value().get(_digest(presented))
 
 
 def unauthorized(message: str) -> errors.ApiError:

@@ -1,21 +1,17 @@
 """OpenTelemetry traces of requests and control actions, off unless `TESSERA_TRACING` is on.
 
-One trace per request: the gateway's `tessera.gateway.request` span, an
-`tessera.gateway.attempt` span per replica tried (failover shows as several), the leader's
-`tessera.agent.generate` span (its parent travels in `GenerateRequest.trace_parent`, a W3C
-`traceparent`), and on every later pipeline stage one `tessera.stage.step` span per step
-batch the request joined (prefill or decode; parent in `StageStep.trace_parents`, one
-per sequence, stamped by `stamp_step` when the previous stage sends the step). One trace
-per control action: `tessera.observability.control.action` opens a span per transition,
-drop, restore, replication or switch.
-
-Off (the default) every entry point is a cheap no-op and the OpenTelemetry packages are
-never imported. On, the SDK's tracer provider exports over OTLP, configured by the
-standard `OTEL_*` variables (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_SERVICE_NAME`, ...);
-`install(provider)` hands in another provider (tests: the in-memory exporter).
-Called by the gateway (`app`, `dispatch`), the agent (`generate_mux`, `convert`,
-`stage_server`) and the control loops. The process-wide tracer is module state on
-purpose, as OpenTelemetry's own global provider is: every process has exactly one.
+One trace per request: the gateway's `tessera.gateway.request` span, a
+`tessera.gateway.attempt` span per replica tried, the leader's `tessera.agent.generate`
+span (parent in `GenerateRequest.trace_parent`, a W3C `traceparent`) and one
+`tessera.stage.step` span per step batch on every later stage (parents in
+`StageStep.trace_parents`, stamped by `stamp_step`); one per control action
+(`observability.control.action`). A process's entry point (`tessera agent`, `gateway`,
+`operator`, `up`) calls `configure` with its environment: on, the SDK exports over OTLP
+as the standard `OTEL_*` variables say; off, every call is a no-op and OpenTelemetry is
+never imported. `install(provider)` hands in another provider (tests). The tracer is
+process-wide module state on purpose, as OpenTelemetry's global provider is. Called by
+the gateway (`app`, `dispatch`), the agent (`generate_mux`, `convert`, `stage_server`)
+and the control loops.
 """
 
 from __future__ import annotations
@@ -23,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import os
 import sys
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
@@ -40,7 +35,6 @@ class _State:
 
     def __init__(self) -> None:
         self.tracer: Any = None
-        self.checked = False
         self.parents: OrderedDict[str, Any] = OrderedDict()  # seq id -> span context
 
 
@@ -52,27 +46,29 @@ _STEP_SPANS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.Cont
 
 
 def _tracer() -> Any:
-    """The tracer, configuring the OTLP exporter on first use when `TESSERA_TRACING` is on."""
-    if not _STATE.checked:
-        _STATE.checked = True
-        try:
-            on = env_flags.strict(ENV, False)
-        except ValueError as exc:  # never fail a request over it: say so once, stay off
-            logging.getLogger(__name__).warning("tracing stays off: %s", exc)
-            on = False
-        if on:
-            _STATE.tracer = _otlp_tracer()
+    """The process's tracer; None while tracing is off."""
     return _STATE.tracer
 
 
-def _otlp_tracer() -> Any:
+def configure(environ: Mapping[str, str]) -> None:
+    """At a process's entry point: trace over OTLP when `TESSERA_TRACING` is on in
+    `environ` (a value not understood is logged and leaves tracing off)."""
+    try:
+        on = env_flags.strict(environ, ENV, False)
+    except ValueError as exc:  # never fail a process over it: say so, stay off
+        logging.getLogger(__name__).warning("tracing stays off: %s", exc)
+        on = False
+    if on:
+        _STATE.tracer = _otlp_tracer(environ.get("OTEL_SERVICE_NAME", "tessera"))
+
+
+def _otlp_tracer(service: str) -> Any:
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    service = os.environ.get("OTEL_SERVICE_NAME", "tessera")
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
@@ -81,7 +77,6 @@ def _otlp_tracer() -> Any:
 
 def install(provider: Any) -> None:
     """Trace to `provider` (an SDK `TracerProvider`) from now on; None turns tracing off."""
-    _STATE.checked = True
     _STATE.tracer = None if provider is None else provider.get_tracer("tessera")
     _STATE.parents.clear()
 
