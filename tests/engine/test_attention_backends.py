@@ -271,3 +271,42 @@ def test_stage_generates_as_native_through_flex(tiny_llama: Path) -> None:
     assert native.runner.attention is None
     want, _ = helpers.run([native], prompts, params, max_batched_tokens=24)
     assert got == want
+
+
+def test_bench_choice_is_measured_and_explained() -> None:
+    from tessera_agent import bench_attention as ba
+
+    native = {"decode_ms_b1": 1.0, "decode_ms_b16": 2.0, "decode_ms_b64": 4.0, "prefill_ms": 8.0}
+    fast = {"decode_ms_b1": 0.5, "decode_ms_b16": 1.0, "decode_ms_b64": 2.0, "prefill_ms": 4.0}
+    res = {
+        "native": native,
+        "flex": {**fast, "max_abs_diff": 0.01},
+        "flashinfer": {"error": "unavailable: not installed"},
+    }
+    got = ba.choose(res, torch.bfloat16)
+    assert got["attention_backend"] == "flex" and got["decode_vs_native"]["flex"] == 0.5
+    assert got["prefill_vs_native"] == {"flex": 0.5} and "0.50x" in got["why"]
+    assert any(n.startswith("flashinfer: did not run") for n in got["not_considered"])
+    # wrong output, or not faster by the margin: native stays
+    res["flex"]["max_abs_diff"] = 0.5
+    assert ba.choose(res, torch.bfloat16)["attention_backend"] == "native"
+    res["flex"] = {**native, "max_abs_diff": 0.0}
+    got = ba.choose(res, torch.bfloat16)
+    assert got["attention_backend"] == "native" and "best: flex at 1.00x" in got["why"]
+    assert ba.choose({}, torch.bfloat16)["attention_backend"] == "native"
+
+
+def test_bench_attention_tiny_on_cpu() -> None:
+    """The measuring code runs on CPU (tiny shapes, flex unfused): figures present, flex
+    agreeing with native, every backend starting from the same pool."""
+    from tessera_agent import bench_attention as ba
+
+    layer = ba.Layer(CPU, torch.float32, (4, 2, 16), 16, div=16)
+    steps = [c for c in ba.cases(layer) if c[0] in ("decode_ms_b16", "prefill_ms")]
+    ref: dict[str, torch.Tensor] = {}
+    native = ba.backend_figures("native", layer, steps, 0.25, 1, ref)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        flex = ba.backend_figures("flex", layer, steps, 0.25, 1, ref)
+    assert native["decode_ms_b16"] > 0 and flex["prefill_ms"] > 0
+    assert set(ref) == {"decode_ms_b16", "prefill_ms"} and flex["max_abs_diff"] < 1e-5

@@ -98,7 +98,8 @@ class FlashInferBackend:
         )  # fmt: skip
 
         def workspace() -> torch.Tensor:
-            return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+            # zeroed: FlashInfer requires it for the first use
+            return torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
         # Tensor cores for decode when query heads share a KV head four or more ways
         # (grouped queries fill an MMA tile), as vLLM chooses.
