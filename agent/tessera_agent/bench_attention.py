@@ -183,7 +183,8 @@ def choose(results: dict[str, dict[str, Any]], dtype: torch.dtype) -> dict[str, 
             notes.append(f"{name}: output differs from native by {diff} (> {TOLERANCE[dtype]})")
             continue
         if any(r.get(k) is None for k in keys):
-            notes.append(f"{name}: not every decode batch measured")
+            errs = [str(r[k + "_error"])[:80] for k in keys if r.get(k + "_error")]
+            notes.append(f"{name}: not every decode batch measured {errs}")
             continue
         ratios[name] = math.exp(sum(math.log(r[k] / native[k]) for k in keys) / len(keys))
     best = min(ratios, key=ratios.__getitem__, default=None)
@@ -243,7 +244,12 @@ def backend_figures(
     res: dict[str, Any] = {}
     diff = 0.0
     for key, chunks, qkv in steps:
-        first = _step(layer, backend, chunks, qkv, scale)  # compiles flex's kernels
+        try:
+            first = _step(layer, backend, chunks, qkv, scale)  # compiles flex's kernels
+        except Exception as exc:  # one shape failing leaves the others measured
+            res[f"{key}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            _sync(layer.device)
+            continue
         if key == steps[0][0]:
             res["compile_s"] = time.perf_counter() - t0
         res[key] = _time(

@@ -136,6 +136,9 @@ def test_step_tables() -> None:
     assert t.prefill.qo_indptr == (0, 4, 9, 14, 17)
     assert t.prefill.kv_indices == (7, 2, 1, 3, 4, 6, 8)
     assert t.prefill.kv_last_page_len == (3, 1, 1, 3) and not t.decode_leading
+    apart = paged_tables.step_tables(MIXED, PS, fresh_apart=True)  # as flex plans
+    assert apart.prefill.chunks == (0,) and apart.fresh == ((5, 2, 5), (15, 1, 3))
+    assert apart.decode == t.decode
 
 
 class _FakeWrapper:

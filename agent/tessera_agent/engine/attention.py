@@ -73,10 +73,16 @@ class PromptRows(Protocol):
 class StepKernel(Protocol):
     """A library's attention for one step, planned once (`attention_backend.Backend.plan`)
     and run by every layer after this step's keys and values are in the pool: q [T, nh,
-    hd] in, [T, nh, hd] out, reading the pool's pages in place."""
+    hd] in (k, v [T, nkv, hd]: the step's own, which a fresh prompt may attend over
+    directly), [T, nh, hd] out, reading the pool's pages in place."""
 
     def attend(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
     ) -> torch.Tensor: ...
 
 
@@ -269,7 +275,7 @@ def paged_attention(
     k_cache.index_copy_(0, md.slot_mapping, k)
     v_cache.index_copy_(0, md.slot_mapping, v)
     if md.kernel is not None:
-        return md.kernel.attend(q, k_cache, v_cache)
+        return md.kernel.attend(q, k, v, k_cache, v_cache)
     b = md.decode_rows.numel()
     if md.decode_leading and b == t:
         return _decode(q, md, k_cache, v_cache, scale, nkv)  # a pure decode step

@@ -51,7 +51,14 @@ class FlashInferKernel:
         self.b, self.tables = backend, tables
         self.decode_rows, self.prefill_rows = decode_rows, prefill_rows
 
-    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
         ps = self.b.ps
         nkv, hd = k_cache.shape[1], k_cache.shape[2]
         kv = (k_cache.view(-1, ps, nkv, hd), v_cache.view(-1, ps, nkv, hd))

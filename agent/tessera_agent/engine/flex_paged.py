@@ -6,8 +6,10 @@ step's block mask lists, per query block, the physical pages it reads, so the ke
 only those pages where they lie (no gather):
 - decode: one batch row per sequence (`[B, nh, 1, hd]`, the pool broadcast over the
   batch); row b's blocks are its full pages (no mask evaluated) and its last, partial page;
-- prefill: the prefill rows as one sequence `[1, nh, Tp, hd]` in blocks of 128 queries; a
-  block's pages are those of the chunks its rows belong to.
+- prefill chunks that read the cache (continued prompts): their rows as one sequence
+  `[1, nh, Tp, hd]` in blocks of 128 queries; a block's pages are those of the chunks its
+  rows belong to. Fresh prompts (from position 0) attend over their own keys with SDPA,
+  as on the native path (CUDA's flash kernel when it takes the call).
 The mask function is exact on its own (as flex's unfused CPU path evaluates it on every
 slot): slot s is visible to a query of chunk c at position pos when page s // ps sits at
 index j of c's block table (`logical[page] = j`, written for the step's pages) and
@@ -22,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from tessera_agent.engine import attention, paged_tables
 
@@ -60,33 +63,53 @@ class FlexKernel:
     ) -> None:
         self.b, self.tables, self.dec, self.pre = backend, tables, decode, prefill
 
-    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        nkv, hd = k_cache.shape[1], k_cache.shape[2]
-        k = k_cache.view(1, -1, nkv, hd).transpose(1, 2)  # [1, nkv, slots, hd], no copy
-        v = v_cache.view(1, -1, nkv, hd).transpose(1, 2)
-        od = op = None
-        scale = self.b.scale
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        t, nh, hd = q.shape
+        nkv = k_cache.shape[1]
+        kp = k_cache.view(1, -1, nkv, hd).transpose(1, 2)  # [1, nkv, slots, hd], no copy
+        vp = v_cache.view(1, -1, nkv, hd).transpose(1, 2)
+        scale, tables = self.b.scale, self.tables
+        od = None
         if self.dec is not None:
             mask, rows = self.dec
-            qd = q if self.tables.decode_leading and rows.numel() == q.shape[0] else q[rows]
-            od = self.b.flex(qd.unsqueeze(2), k, v, block_mask=mask, scale=scale, enable_gqa=True)
+            qd = q if tables.decode_leading and rows.numel() == t else q[rows]
+            od = self.b.flex(qd.unsqueeze(2), kp, vp, block_mask=mask, scale=scale, enable_gqa=True)
             od = od.squeeze(2)
+            if rows.numel() == t and tables.decode_leading:
+                assert isinstance(od, torch.Tensor)
+                return od  # a pure decode step
+        out = torch.empty_like(q)
+        if od is not None and self.dec is not None:
+            out.index_copy_(0, self.dec[1], od)
         if self.pre is not None:
             mask, rows = self.pre
-            qp = q if rows.numel() == q.shape[0] else q[rows]
             op = self.b.flex(
-                qp.transpose(0, 1).unsqueeze(0), k, v, block_mask=mask, scale=scale, enable_gqa=True
+                q[rows].transpose(0, 1).unsqueeze(0),
+                kp,
+                vp,
+                block_mask=mask,
+                scale=scale,
+                enable_gqa=True,
+                kernel_options=self.b.prefill_options,
             )
-            op = op.squeeze(0).transpose(0, 1)
-        return paged_tables.assemble(
-            self.tables.num_tokens,
-            q,
-            self.tables,
-            None if self.dec is None else self.dec[1],
-            None if self.pre is None else self.pre[1],
-            od,
-            op,
-        )
+            out.index_copy_(0, rows, op.squeeze(0).transpose(0, 1))
+        for row, count, n in tables.fresh:  # over their own keys: SDPA (flash on CUDA)
+            span = slice(row, row + count * n)
+            qs = q[span].view(count, n, nh, hd).transpose(1, 2)
+            ks = k[span].view(count, n, nkv, hd).transpose(1, 2)
+            vs = v[span].view(count, n, nkv, hd).transpose(1, 2)
+            os_ = F.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True
+            )
+            out[span] = os_.transpose(1, 2).reshape(count * n, nh, hd)
+        return out
 
 
 class FlexBackend:
@@ -110,6 +133,12 @@ class FlexBackend:
         if self.compiled:
             self.flex = torch.compile(fa.flex_attention)
         self.logical = torch.zeros(0, dtype=torch.long, device=device)
+        # The many-query kernel's tiles must divide the mask's blocks: its KV tile (64 or
+        # more in Inductor's configs) is cut to the page when pages are smaller (the decode
+        # kernel does that itself).
+        self.prefill_options: dict[str, Any] | None = (
+            {"BLOCK_M": 64, "BLOCK_N": page_size} if page_size % 64 else None
+        )
 
     def _mask(
         self,
@@ -152,7 +181,7 @@ class FlexBackend:
     def plan(
         self, chunks: Sequence[attention.Chunk], num_pages: int
     ) -> attention.StepKernel | None:
-        tables = paged_tables.step_tables(chunks, self.ps)
+        tables = paged_tables.step_tables(chunks, self.ps, fresh_apart=True)
         at = paged_tables.logical_pages(tables)
         if at is None:
             return None
@@ -169,7 +198,7 @@ class FlexBackend:
         pages = [
             list(g.kv_indices[g.kv_indptr[i] : g.kv_indptr[i + 1]]) for i in range(len(g.chunks))
         ]
-        width = max(len(p) for p in pages)
+        width = _width(max(len(p) for p in pages))  # fewer shapes for the compiler
         return torch.tensor(_pad(pages, width, -1), dtype=torch.long, device=self.device)
 
     def _decode(self, g: paged_tables.PagedGroup, num_pages: int) -> tuple[Any, torch.Tensor]:

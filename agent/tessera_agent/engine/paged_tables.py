@@ -46,6 +46,9 @@ class StepTables:
     decode: PagedGroup
     prefill: PagedGroup
     num_tokens: int
+    # With `fresh_apart`: runs of consecutive prompt chunks from position 0 of one length,
+    # (first row, count, q_len), left out of `prefill` (attended over their own keys).
+    fresh: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def decode_leading(self) -> bool:
@@ -81,17 +84,33 @@ def _group(
     )  # fmt: skip
 
 
-def step_tables(chunks: Sequence[attention.Chunk], page_size: int) -> StepTables:
+def step_tables(
+    chunks: Sequence[attention.Chunk], page_size: int, fresh_apart: bool = False
+) -> StepTables:
     """The step's decode and prefill groups (`PagedGroup`), in the flat batch's row order
-    (the order `attention.build_metadata` lays the tokens out)."""
+    (the order `attention.build_metadata` lays the tokens out); `fresh_apart`: prompt
+    chunks from position 0 go to `fresh` runs instead of the prefill group."""
     rows0, row = [], 0
     for c in chunks:
         rows0.append(row)
         row += c.num_tokens
     dec = [i for i, c in enumerate(chunks) if c.num_tokens == 1]
-    pre = [i for i, c in enumerate(chunks) if c.num_tokens != 1]
+    fresh_idx = [
+        i for i, c in enumerate(chunks) if fresh_apart and c.num_tokens > 1 and c.start == 0
+    ]
+    pre = [i for i, c in enumerate(chunks) if c.num_tokens != 1 and i not in fresh_idx]
+    runs: list[tuple[int, int, int]] = []
+    for i in fresh_idx:
+        r, n = rows0[i], chunks[i].num_tokens
+        if runs and runs[-1][2] == n and runs[-1][0] + runs[-1][1] * n == r:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1, n)
+        else:
+            runs.append((r, 1, n))
     return StepTables(
-        _group(chunks, dec, rows0, page_size), _group(chunks, pre, rows0, page_size), row
+        _group(chunks, dec, rows0, page_size),
+        _group(chunks, pre, rows0, page_size),
+        row,
+        tuple(runs),
     )
 
 
