@@ -67,10 +67,13 @@ class FlashInferKernel:
         if self.decode_rows is not None:
             rows = self.decode_rows
             lead = self.tables.decode_leading and rows.numel() == t
-            od = self.b.decode.run(q if lead else q.index_select(0, rows), kv)
+            # (q is a view into the packed q/k projection: made contiguous for the kernel)
+            od = self.b.decode.run(q.contiguous() if lead else q.index_select(0, rows), kv)
         if self.prefill_rows is not None:
             rows = self.prefill_rows
-            op = self.b.prefill.run(q if rows.numel() == t else q.index_select(0, rows), kv)
+            op = self.b.prefill.run(
+                q.contiguous() if rows.numel() == t else q.index_select(0, rows), kv
+            )
         return paged_tables.assemble(
             self.tables.num_tokens, q, self.tables, self.decode_rows, self.prefill_rows, od, op
         )
