@@ -1,20 +1,12 @@
 """`tessera bench overload --via operator`: the same replay, served the way a cluster serves it.
 
-One run (policy off or on) on fresh agents: the test API server (KMock, a dev dependency),
-the operator and the gateway, each its own process (`bench_operator_harness.Cluster`), a
-ServingDeployment of 4 whole replicas (`kvCacheBytes` = the bench's pool) with
-`spec.policies.overload.enabled` as asked, the gateway reading the routes ConfigMap mirrored
-into a file (the kubelet's part), and the replay sent to the gateway's `/v1/completions`
-(streamed, greedy, token ids as the prompt). The gateway routes by least outstanding work
-(`--no-kv-dispatch`: outstanding tokens, then requests in flight), as the replay's router
-(requests in flight) does: the same scenario on both paths
-(KV-owner-first dispatch sent 88 of the 160 requests to one replica in an off run,
-docs/overload.md). The operator ticks the overload loop every `--tick-ms` and reads the
-gateway's calls over `GET /admin/v1/load`. Drops, restores, exchange and pause times are
-read from the loop's `OverloadShifted` events, one per acting tick (the `OverloadDropped` /
-`OverloadRestored` events of the status can repeat when two passes see the same stale
-status). Output: what `bench_overload._replay` returns, with each request's text instead of
-its tokens. Caller: `bench_overload.run`.
+One run (policy off or on) on fresh agents behind the test API server (KMock), the operator
+and the gateway, each its own process (`bench_operator_harness.Cluster`): a ServingDeployment
+of 4 whole replicas with `spec.policies.overload.enabled` as asked, the replay streamed to
+the gateway's `/v1/completions`. The gateway routes by least outstanding work, as the
+replay's router does (docs/overload.md says why). Drops, restores, exchange and pause times
+come from the loop's `OverloadShifted` events. Output: what `bench_overload._replay`
+returns, with each request's text. Caller: `bench_overload.run`.
 """
 
 from __future__ import annotations
