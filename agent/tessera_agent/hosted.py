@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import load_sources, stage_link, tp_member
 from tessera_agent.engine import replica, stage
 
@@ -26,6 +27,7 @@ class Hosted:
     result_out: stage_link.StageLink | None = None  # last stage: sampled tokens to the leader
     # where its bytes came from and its time to ready (issue 32)
     sources: load_sources.Sources = field(default_factory=load_sources.Sources)
+    data_plane: pb.DataPlane | None = None  # as loaded: a TP rank's group (a wake re-forms it)
 
     def close_links(self) -> None:
         for link in (self.link_down, self.link_up, self.result_in, self.result_out):

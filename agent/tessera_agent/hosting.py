@@ -46,6 +46,7 @@ from tessera_agent import (
     load_check,
     load_config,
     load_sources,
+    sleep_shards,
     stage_link,
     stitch_serve,
     switch_fetch,
@@ -97,6 +98,7 @@ class Hosting:
         self.zoo = block_zoo.BlockZoo()  # identical pieces of every block, held once
         # unloaded pieces kept in host memory, LRU within its budget (0: no cache)
         self.host_cache = host_cache.HostCache(defaults.host_cache_bytes, memory)
+        self.shards = sleep_shards.Shards(memory)  # sleeping TP ranks' slices
         kinds = {d.kind for d in memory.devices.values()}
         self._host_copy = devices.host_copy("cuda" if "cuda" in kinds else "cpu")
         self.shares = equivalence_share.ReportCache()  # opted-in fine-tunes' reports
@@ -176,11 +178,15 @@ class Hosting:
         max_batched_tokens: int = 0,
         data_plane: pb.DataPlane | None = None,
         parts: Sequence[pb.SwitchSource] = (),
+        kept: dict[str, torch.Tensor] | None = None,
     ) -> Loaded:
         """Load the block; with the compiled decode on (an agent's default) answer only
-        once its graphs exist (`compile_policy.warm_before_ready`): ready means warm."""
+        once its graphs exist (`compile_policy.warm_before_ready`): ready means warm.
+        `kept`: its tensors as a sleep kept them in host memory (a TP rank's slices)."""
         began = time.monotonic()
-        loaded = await self._load(spec, source, max_num_seqs, max_batched_tokens, data_plane, parts)
+        loaded = await self._load(
+            spec, source, max_num_seqs, max_batched_tokens, data_plane, parts, kept
+        )
         graph = loaded.hosted.stage.runner.decode_graph
         # "already loaded" too: a retried load (its first call timed out) waits as well
         if graph is not None and graph.state == "warming":
@@ -206,6 +212,7 @@ class Hosting:
         max_batched_tokens: int,
         data_plane: pb.DataPlane | None,
         parts: Sequence[pb.SwitchSource],
+        kept: dict[str, torch.Tensor] | None = None,
     ) -> Loaded:
         load_check.check_request(spec)
         async with self._lock:
@@ -246,7 +253,9 @@ class Hosting:
             )
             cached: dict[str, torch.Tensor] = {}
             known: dict[str, str] = {}
-            if source is None:  # the host cache first, whatever else the load names
+            if kept is not None:  # a woken TP rank's own slices, kept in host memory
+                cached = dict(kept)
+            elif source is None:  # the host cache first, whatever else the load names
                 cached, known = await loop.run_in_executor(
                     self.loader,
                     load_sources.from_cache,
@@ -355,6 +364,7 @@ class Hosting:
                 omp_teams.release()
             h = hosted.Hosted(loaded)
             h.sources = load_sources.tally(tensors, cached, read.bytes_read, planned[1])
+            h.data_plane = data_plane
             self.memory.book(dev.id, h.holder, loaded.own_param_bytes + loaded.kv_bytes)
             if graph_bytes:
                 self.memory.book(dev.id, f"{h.holder}/decode-graph", graph_bytes)
@@ -434,21 +444,54 @@ class Hosting:
             return Loaded(h, "loaded")
 
     # -- sleep and wake (issue 32: the agent side of them) ---------------------------------
+    def ranks(self, replica_id: str) -> list[hosted.Hosted]:
+        """Every rank of every stage of `replica_id` held here."""
+        every = [*self.hosted.values(), *self.more_ranks.values()]
+        return [h for h in every if h.stage.spec.replica_id == replica_id]
+
     async def offload(self, replica_id: str) -> list[blocks.Block]:
-        """Unload every block of `replica_id` held here, leaving their pieces in the host
-        cache and releasing their KV pools; returns the blocks, for `restore`."""
-        specs = sorted(
-            {h.stage.spec for k, h in self.hosted.items() if k[0] == replica_id},
-            key=lambda b: -b.stage_index,
-        )
-        for b in specs:
-            await self.unload(b.replica_id, b.stage_index)
+        """Unload every block (every rank) of `replica_id` held here, leaving their pieces
+        in the host cache (a TP rank's slices in `shards`) and releasing their KV pools;
+        returns the blocks, for `restore`. A TP stage with a rank on another agent is
+        refused (its group would be left without this rank)."""
+        ranks = self.ranks(replica_id)
+        for h in ranks:
+            spec = h.stage.spec
+            here = sum(1 for o in ranks if o.stage.spec.stage_index == spec.stage_index)
+            if spec.tp_size > here:
+                raise errors.FailedPreconditionError(
+                    f"replica {replica_id} stage {spec.stage_index}: {here} of its "
+                    f"{spec.tp_size} TP ranks are on agent {self.agent_id}; a replica sleeps "
+                    "only with every rank of its TP stages on one agent"
+                )
+        specs = sorted((h.stage.spec for h in ranks), key=lambda b: (-b.stage_index, b.tp_rank))
+        loop = asyncio.get_running_loop()
+        for h in ranks:
+            if h.stage.spec.tp_size > 1:
+                await loop.run_in_executor(
+                    self.loader, self.shards.park, h.stage, h.data_plane, self._host_copy
+                )
+        for stage_index in sorted({b.stage_index for b in specs}, reverse=True):
+            await self.unload(replica_id, stage_index)
         return specs
 
     async def restore(self, specs: Sequence[blocks.Block]) -> list[Loaded]:
         """Load blocks again (as `offload` returned them), from the host cache as far as
-        it still holds them, storage for the rest; last stage first."""
-        return [await self.load(b) for b in sorted(specs, key=lambda b: -b.stage_index)]
+        it still holds them (a TP rank from its kept slices, in a group named afresh),
+        storage for the rest; last stage first, ranks in order."""
+        self.shards.wakes += 1
+        planes: dict[int, pb.DataPlane | None] = {}  # one new group per stage
+        out = []
+        for b in sorted(specs, key=lambda b: (-b.stage_index, b.tp_rank)):
+            parked = self.shards.take(b.key)
+            if parked is None:
+                out.append(await self.load(b))
+                continue
+            if b.stage_index not in planes:
+                planes[b.stage_index] = self.shards.renamed(parked.data_plane)
+            dp = planes[b.stage_index]
+            out.append(await self.load(b, data_plane=dp, kept=parked.tensors))
+        return out
 
     def _again(self, h: hosted.Hosted, spec: blocks.Block) -> Loaded:
         have = h.stage.spec

@@ -102,8 +102,11 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
 
     def _with_load(self, info: pb.BlockInfo) -> pb.BlockInfo:
         """Where the block's bytes came from and its time to ready (issue 32)."""
-        h = self.hosting.hosted.get((info.replica_id, info.stage_index))
-        if h is not None and h.stage.spec.tp_rank == info.tp_rank:
+        key = (info.replica_id, info.stage_index)
+        h = self.hosting.hosted.get(key)
+        if h is not None and h.stage.spec.tp_rank != info.tp_rank:  # another rank held here
+            h = self.hosting.more_ranks.get((*key, info.tp_rank))
+        if h is not None:
             info.load.CopyFrom(h.sources.to_proto())
             info.piece_digests.update(load_sources.digests_of(h.stage))
         return info

@@ -1,16 +1,12 @@
-"""Sleep and wake of the replicas an agent hosts (issue 32): `SleepReplica` / `WakeReplica`.
+"""Sleep and wake of the replicas an agent hosts: `SleepReplica` / `WakeReplica`.
 
-A replica sleeps when it is idle (the autoscaler, `tessera.control.autoscale_loop`, asks
-its leader): every block of it held here moves to the host block cache and its KV pool is
-released (`hosting.offload`, warmcache's pair); the blocks are remembered, reported by
-Describe as still held (so a reconcile sees no drift) and the leader's `ReplicaKV` says
-`sleeping` (so the gateway routes nothing to it and holds requests instead). Waking
-restores them (`hosting.restore`: from the host cache first). A stage on another agent
-(the `next_address` of a block here) is put to sleep after, and woken before, the stages
-here, through that agent's own RPC, so asking the leader is enough. A sleep is refused
-(FAILED_PRECONDITION) while the replica has requests; a `Generate` for a sleeping replica
-wakes it first (`awake`), so a request routed just before the sleep is not lost.
-Owned by the servicer (one per agent), which only translates protos.
+Asked of a replica's leader by the autoscaler (`tessera.control.autoscale_loop`). Sleep moves
+every block held here to the host block cache (TP ranks' slices to `sleep_shards`) and
+releases the KV pool; Describe still reports the blocks (no drift) and `ReplicaKV` says
+`sleeping`, so the gateway holds requests. Wake restores them from host memory first. Stages
+on other agents sleep after, and wake before, the ones here through their own RPC; a TP
+stage with a rank elsewhere is refused, as is a sleep while requests run (FAILED_PRECONDITION).
+A `Generate` for a sleeping replica wakes it first. Owned by the servicer (one per agent).
 """
 
 from __future__ import annotations
@@ -76,11 +72,9 @@ class Sleepers:
         return self._locks.setdefault(replica_id, asyncio.Lock())
 
     def _held(self, replica_id: str) -> list[blocks.Block]:
-        return [
-            self.host.observed(h)
-            for (rid, _), h in sorted(self.host.hosted.items())
-            if rid == replica_id
-        ]
+        """Every rank of every stage of the replica held here, as held."""
+        return sorted((self.host.observed(h) for h in self.host.ranks(replica_id)),
+                      key=lambda b: b.key)  # fmt: skip
 
     def _peers(self, specs: list[blocks.Block]) -> list[str]:
         """Addresses of the next stages held by other agents."""
@@ -97,9 +91,7 @@ class Sleepers:
             if replica_id in self.asleep:
                 return Outcome(False, 0, 0, 0.0)
             held = self._held(replica_id)
-            pages = {
-                k: h.stage.num_pages for k, h in self.host.hosted.items() if k[0] == replica_id
-            }
+            pages = {h.stage.spec.key: h.stage.num_pages for h in self.host.ranks(replica_id)}
             if not held:
                 raise errors.NotFoundError(f"replica {replica_id!r} has no block on this agent")
             lead = self.host.hosted.get((replica_id, 0))
@@ -110,9 +102,9 @@ class Sleepers:
                 )
             t0 = time.perf_counter()
             specs = await self.host.offload(replica_id)
-            by_key = {(b.replica_id, b.stage_index): b for b in held}
+            by_key = {b.key: b for b in held}
             self.asleep[replica_id] = [
-                _slept(s, by_key.get(s.key[:2]), pages.get(s.key[:2], 0)) for s in specs
+                _slept(s, by_key.get(s.key), pages.get(s.key, 0)) for s in specs
             ]
             for address in self._peers(specs):
                 await _call(address, "SleepReplica", pb.SleepReplicaRequest(replica_id=replica_id))
@@ -151,6 +143,7 @@ class Sleepers:
         left = [b for b in specs if b.spec.stage_index != stage_index]
         if len(left) == len(specs):
             return False
+        self.host.shards.drop(replica_id, stage_index)  # a TP rank's kept slices
         if left:
             self.asleep[replica_id] = left
         else:

@@ -9,7 +9,10 @@ tick that finds a pass running skips: a sleep never interleaves with a load), fi
 planned replica's leader (its stage 0's agent, discovered) and runs one
 `AutoscaleLoop.tick` over the pass's observation (the `Describe` replies the reconcile
 pass and the other loops of one tick interval share; dropped when it woke or slept a
-replica), acting over the pass's kept channels. Its events
+replica), acting over the pass's kept channels. A new plan count (`desiredReplicas`)
+runs a reconcile pass at once, under the same lock, planning that count (the pass reads
+the count this tick writes), so a resize waits for no resync; while that resize's
+transition has steps left (a drain), each tick runs the next pass. Its events
 are posted (`ScaleFromZero`, `ReplicaWoke`, `ReplicaSlept`, `ScaleToZero`, `WakeFailed`,
 ...) and `status.autoscaling` is written (awake, desired, the sleepers, the reason, the
 last wake's seconds, and `desiredReplicas`: the plan count of an auto layout, which the
@@ -28,13 +31,14 @@ from typing import Any
 import kopf
 
 from tessera import api, fields
-from tessera.control import autoscale_loop, gateway_demand
+from tessera.control import autoscale_loop, gateway_demand, observation
 from tessera.policies.scaling import autoscale
 from tessera_operator import config, discovery, overload_loop, reconciler, timers
 
 log = logging.getLogger(__name__)
 LOOP_KEY = "autoscale_loop"
 WARNED_KEY = "autoscale_demand_warned"
+RESIZING_KEY = "autoscale_resizing"  # a resize's transition is still under way
 
 
 def register(
@@ -116,12 +120,47 @@ async def tick(
         finally:
             if acted:  # woke or slept a replica: the next `get` observes again
                 seen.acted()
+        new = _autoscaling(out, previous)
+        if new is not None and new.get("desiredReplicas") != previous.get("desiredReplicas"):
+            memo[RESIZING_KEY] = True
+            await _resize_now(body, patch, ctx, seen, new, out)
+        elif memo.get(RESIZING_KEY):  # the resize's transition, step by step (drains)
+            moving = status.get("transition") or {}
+            if moving and not moving.get("blockedReason"):
+                await _resize_now(body, patch, ctx, seen, new or previous, out)
+            elif not moving:
+                memo.pop(RESIZING_KEY, None)
     for e in out.events:
         post = kopf.warn if e.kind == "Warning" else kopf.info
         post(body, reason=e.reason, message=e.message)
+    if new is not None and new != previous:
+        patch.status["autoscaling"] = new
+
+
+async def _resize_now(
+    body: kopf.Body,
+    patch: kopf.Patch,
+    ctx: reconciler.Context,
+    seen: observation.Observation,
+    new: Mapping[str, Any],
+    out: autoscale_loop.Tick,
+) -> None:
+    """A new plan count is planned at once, by a reconcile pass under the lock this tick
+    holds (not at the next resync); a failed pass is left to the resync."""
+    try:
+        await reconciler.one_pass(body, patch, ctx, seen, autoscaling=new)
+    except Exception as exc:  # the tick survives; the resync passes again
+        log.warning("autoscale: the resize pass failed: %r", exc)
+        out.events.append(
+            autoscale_loop.Event("Warning", "ResizePassFailed", f"{type(exc).__name__}: {exc}")
+        )
+
+
+def _autoscaling(out: autoscale_loop.Tick, previous: Mapping[str, Any]) -> dict[str, Any] | None:
+    """`status.autoscaling` after the tick (None: no decision)."""
     dec = out.decision
     if dec is None:
-        return
+        return None
     sleeping = out.sleeping()
     new: dict[str, Any] = {
         "awake": len(out.signals.replicas) - len(sleeping) if out.signals else dec.awake,
@@ -140,5 +179,4 @@ async def tick(
     replicas = dec.replicas if dec.replicas is not None else previous.get("desiredReplicas")
     if replicas is not None:  # the plan count the reconcile gives an auto layout
         new["desiredReplicas"] = replicas
-    if new != previous:
-        patch.status["autoscaling"] = new
+    return new

@@ -18,6 +18,7 @@ import asyncio
 import copy
 import datetime
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,10 +200,15 @@ async def one_pass(
     patch: kopf.Patch,
     ctx: Context,
     seen: observation.Observation | None = None,
+    autoscaling: Mapping[str, Any] | None = None,
 ) -> None:
     """One pass; the caller holds the pass lock, `seen` its observation (a loop tick
-    that changed the agents calls `seen.acted()` first)."""
+    that changed the agents calls `seen.acted()` first). `autoscaling`: the
+    `status.autoscaling` the autoscale tick is writing in the same patch (a new
+    `desiredReplicas`), planned now instead of the one the body was read with."""
     raw = copy.deepcopy(dict(body))
+    if autoscaling is not None:
+        raw["status"] = {**(raw.get("status") or {}), "autoscaling": dict(autoscaling)}
     generation = int(body.metadata.get("generation") or 0)
     previous: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
     out, endpoint = await _serve(ctx, body, raw, seen)

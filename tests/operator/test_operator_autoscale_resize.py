@@ -7,7 +7,8 @@ host cache room to put a replica to sleep in, the autoscaler lowers
 SLO of 1 ms, so every request's TTFT is over it) makes it raise the count again: the
 reconcile adds a replica, sourced from the peer that holds the model (its
 `status.replicaSources` entry), and every request sent meanwhile completes with
-transformers' greedy text. Calm again removes it.
+transformers' greedy text. Calm again removes it. The resync timer is an hour: every
+resize is planned by the reconcile pass the autoscale tick runs when the count changes.
 """
 
 from __future__ import annotations
@@ -89,7 +90,10 @@ def test_load_adds_a_peer_sourced_replica_and_calm_removes_it(
             },
         },
     }
-    start_operator(refs(procs), gateway_admin_url=url, autoscale_tick_seconds=0.3)
+    # no resync in the test's time: a new count is planned by the tick's own pass
+    start_operator(
+        refs(procs), gateway_admin_url=url, autoscale_tick_seconds=0.3, resync_seconds=3600
+    )
     create(kube, doc)
     wait_for("two planned replicas", lambda: len(_planned(kube)) == 2, timeout=180)
     mirror = Mirror(kube, "grow", routes)

@@ -158,19 +158,42 @@ def layer_state(
         state[q + "post_attention_layernorm.weight"] = tensors[
             p + "post_attention_layernorm.weight"
         ]
-        state[q + "self_attn.qkv_proj.weight"] = torch.cat(
+        state[q + "self_attn.qkv_proj.weight"] = fused(
             [tensors[f"{p}self_attn.{x}_proj.weight"] for x in "qkv"]
         )
         if cfg.qkv_bias:
-            state[q + "self_attn.qkv_proj.bias"] = torch.cat(
+            state[q + "self_attn.qkv_proj.bias"] = fused(
                 [tensors[f"{p}self_attn.{x}_proj.bias"] for x in "qkv"]
             )
         state[q + "self_attn.o_proj.weight"] = tensors[p + "self_attn.o_proj.weight"]
-        state[q + "mlp.gate_up_proj.weight"] = torch.cat(
+        state[q + "mlp.gate_up_proj.weight"] = fused(
             [tensors[p + "mlp.gate_proj.weight"], tensors[p + "mlp.up_proj.weight"]]
         )
         state[q + "mlp.down_proj.weight"] = tensors[p + "mlp.down_proj.weight"]
     return state
+
+
+def fused(parts: list[torch.Tensor]) -> torch.Tensor:
+    """`parts` concatenated along dim 0: a view of their memory when they already lie one
+    after the other in one storage (received into one buffer by a peer copy, or views of
+    a held block's fused weight), else a copy (`torch.cat`)."""
+    first = parts[0]
+    offset = first.storage_offset()
+    adjacent = all(
+        t.is_contiguous()
+        and t.dtype == first.dtype
+        and t.device == first.device
+        and t.shape[1:] == first.shape[1:]
+        and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        for t in parts
+    )
+    for t in parts if adjacent else ():
+        adjacent = adjacent and t.storage_offset() == offset
+        offset += t.numel()
+    if not adjacent:
+        return torch.cat(parts)
+    rows = sum(t.shape[0] for t in parts)
+    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
 
 
 def _group(wmap: dict[str, Path], names: list[str]) -> dict[Path, list[str]]:

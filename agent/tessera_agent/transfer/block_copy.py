@@ -3,7 +3,10 @@
 The copying agent (`LoadBlock` with a `source`) calls `fetch`: it asks the source to push
 (`PushTensors`) and, at the same time, joins a fresh 2-rank group on its own rendezvous
 store as rank 1; the source joins as rank 0 (`push`, called by the servicer), broadcasts a
-header (names, dtypes, shapes) and sends each tensor point-to-point. NCCL when both ends
+header (names, dtypes, shapes) and sends each tensor point-to-point, every send and
+receive posted before any is waited on (no round trip between two tensors: 0.6-1.0 s
+instead of 1.0-1.3 s for 534 MB on the loaded dev machine), into one buffer per decoder
+layer (`buffers`: its fused weights are then views, not copies). NCCL when both ends
 are CUDA devices, gloo otherwise. When the group cannot be formed, or the source says no,
 `fetch` falls back to the gRPC `FetchTensors` stream (`tensor_transfer.fetch`) and says
 which transport moved the bytes.
@@ -67,11 +70,8 @@ def push(tensors: list[tuple[str, torch.Tensor]], spec: group.GroupSpec) -> int:
     try:
         header = [(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in tensors]
         g.broadcast_object(header)
-        total = 0
-        for _, t in tensors:
-            g.send(t.detach().to(g.device).contiguous(), dst=1)
-            total += t.numel() * t.element_size()
-        return total
+        g.send_all([t.detach().to(g.device) for _, t in tensors], dst=1)
+        return sum(t.numel() * t.element_size() for _, t in tensors)
     finally:
         g.close()
 
@@ -82,13 +82,41 @@ def _receive(
     g = group.form(spec, device)
     try:
         header = check_header(g.broadcast_object(None), names)
-        out: dict[str, torch.Tensor] = {}
-        for name, dtype, shape in header:
-            buf = torch.empty(shape, dtype=_DTYPES[dtype], device=g.device)
-            out[name] = g.recv(buf, src=0)
+        out = buffers(header, g.device)
+        g.recv_all(list(out.values()), src=0)
         return out
     finally:
         g.close()
+
+
+def _piece_of(name: str) -> str:
+    """What a tensor shares its receive buffer with: a decoder layer's tensors one buffer
+    (the block zoo's piece), any other tensor its own."""
+    parts = name.split(".")
+    if len(parts) > 3 and parts[0] == "model" and parts[1] == "layers":
+        return ".".join(parts[:3])
+    return name
+
+
+def buffers(
+    header: Sequence[tuple[str, str, tuple[int, ...]]], device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Empty tensors for the announced ones, in header order, one allocation per decoder
+    layer and dtype: tensors announced one after the other lie one after the other, so
+    the loader fuses q/k/v and gate/up as views, not copies (`loader.fused`)."""
+    groups: dict[tuple[str, str], list[tuple[str, tuple[int, ...]]]] = {}
+    for name, dtype, shape in header:
+        groups.setdefault((_piece_of(name), dtype), []).append((name, shape))
+    made: dict[str, torch.Tensor] = {}
+    for (_, dtype), members in groups.items():
+        dt = _DTYPES[dtype]
+        flat = torch.empty(sum(math.prod(s) for _, s in members), dtype=dt, device=device)
+        at = 0
+        for name, shape in members:
+            n = math.prod(shape)
+            made[name] = flat[at : at + n].view(shape)
+            at += n
+    return {name: made[name] for name, _, _ in header}
 
 
 async def fetch(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,6 +208,30 @@ class Group:
             self._check()
             self._run("recv", lambda: self._pg.recv([t], src, tag))
         return t
+
+    def send_all(self, tensors: Sequence[torch.Tensor], dst: int, tag: int = 0) -> None:
+        """Send every tensor, in order: all posted before any is waited on, so the stream
+        never stops for a round trip between two tensors."""
+        self._many(
+            "send", [t.contiguous() for t in tensors], lambda t: self._pg.send([t], dst, tag)
+        )
+
+    def recv_all(self, bufs: Sequence[torch.Tensor], src: int, tag: int = 0) -> None:
+        """Receive into every buffer, in order (the pair of `send_all`)."""
+        self._many("recv", list(bufs), lambda t: self._pg.recv([t], src, tag))
+
+    def _many(
+        self, what: str, tensors: list[torch.Tensor], post: Callable[[torch.Tensor], c10d.Work]
+    ) -> None:
+        with self._lock:
+            self._check()
+            try:
+                works = [post(t) for t in tensors]
+                for w in works:
+                    w.wait()
+            except Exception as exc:
+                self.failed = f"group {self.spec.name} failed in {what}: {exc}"
+                raise GroupError(self.failed) from exc
 
     def close(self) -> None:
         """Let the group go; later operations fail with the reason."""

@@ -5,8 +5,13 @@ When `spec.scaling.enabled`, `tessera up` ticks the same loop the operator ticks
 in-process gateway (its hold queue's `held`, its calls per replica as `GET
 /admin/v1/load` lists them, its TTFT histogram) instead of HTTP; the leaders are the
 plan's stage-0 agents. Ticks run under the pass lock (a sleep never interleaves with a
-converge pass's loads). Each event is printed. `hold_config` turns `spec.scaling.hold`
-into the gateway's hold settings. Caller: `up_cmd._serve`.
+converge pass's loads). Each event is printed. An auto layout is resized as the
+operator resizes it: `target` plays `status.autoscaling.desiredReplicas` (the count the
+pure decision asks for), `cap` is what every converge pass of `up` plans
+(`autoscale.plan_cap`), `resized` is set when the count changes so `up_watch.run_loop`
+runs a pass at once, and `follow` takes each pass's plan as the loop's members.
+`hold_config` turns `spec.scaling.hold` into the gateway's hold settings. Caller:
+`up_cmd._serve`.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from tessera import api
 from tessera.control import autoscale_loop, gateway_demand, gateway_load
 from tessera.gateway import hold
 from tessera.gateway import server as gw_server
+from tessera.policies.scaling import autoscale
 from tessera.policies.scaling import signal as sig
 
 AUTOSCALE_TICK_S = 0.5
@@ -46,7 +52,8 @@ def demand(gateway: gw_server.GatewayHandle, replica_ids: list[str]) -> gateway_
 
 
 class UpAutoscale:
-    """One loop over the plan's replicas; `run` until `stop`."""
+    """One loop over the plan's replicas (`members`: replica id -> leader address, every
+    planned one); `run` until `stop`."""
 
     def __init__(
         self,
@@ -58,11 +65,34 @@ class UpAutoscale:
         self.dep, self.members, self.gateway, self.say = dep, dict(members), gateway, say
         self.loop = autoscale_loop.AutoscaleLoop(deployment=dep.name)
         self.cfg = dep.spec.scaling.config(dep.spec.slo.ttft_p99_ms / 1000.0)
+        self.target: int | None = None  # the plan count asked for (desiredReplicas)
+        self.resized = asyncio.Event()  # the count changed: a converge pass, now
+
+    def cap(self, dep: api.ServingDeployment) -> int | None:
+        """The plan count a converge pass of `dep` gives an auto layout (None: the
+        planner's own), as the operator's pass reads `status.autoscaling`."""
+        have = {"desiredReplicas": self.target} if self.target is not None else None
+        cfg = dep.spec.scaling.config()
+        return autoscale.plan_cap(cfg.enabled, dep.spec.layout.mode, have, cfg.max_replicas)
+
+    def follow(self, dep: api.ServingDeployment, members: Mapping[str, str]) -> None:
+        """After a converge pass: its spec (a manifest edit) and its planned replicas."""
+        self.dep, self.members = dep, dict(members)
+        self.cfg = dep.spec.scaling.config(dep.spec.slo.ttft_p99_ms / 1000.0)
 
     async def tick(self) -> autoscale_loop.Tick:
-        out = await self.loop.tick(self.members, demand(self.gateway, list(self.members)), self.cfg)
+        resize = autoscale_loop.Resize(
+            len(self.members), self.cap(self.dep), self.dep.spec.layout.mode == "auto"
+        )
+        out = await self.loop.tick(
+            self.members, demand(self.gateway, list(self.members)), self.cfg, resize
+        )
         for e in out.events:
             self.say(f"autoscale {e.kind} {e.reason}: {e.message}")
+        dec = out.decision
+        if dec is not None and dec.replicas is not None and dec.replicas != self.target:
+            self.target = dec.replicas
+            self.resized.set()  # the next converge pass plans that many
         if out.acted:
             await self.gateway.refresh()  # route to the woken at once, not at the next poll
         return out
@@ -90,14 +120,15 @@ def start(
     stop: asyncio.Event,
     lock: asyncio.Lock,
     say: Say,
-) -> asyncio.Task[None] | None:
-    """The loop's task when `spec.scaling.enabled` (None when off)."""
+) -> tuple[UpAutoscale, asyncio.Task[None]] | None:
+    """The loop and its task when `spec.scaling.enabled` (None when off)."""
     if not dep.spec.scaling.enabled:
         return None
     up = UpAutoscale(dep, members, gateway, say)
     c = up.cfg
+    resizing = " (auto layout: the plan is resized)" if dep.spec.layout.mode == "auto" else ""
     say(
         f"autoscale on {len(members)} replicas (awake {c.min_replicas}.."
-        f"{c.max_replicas or len(members)}, sleep after {c.sleep_after_s:g}s idle)"
+        f"{c.max_replicas or len(members)}, sleep after {c.sleep_after_s:g}s idle){resizing}"
     )
-    return asyncio.get_running_loop().create_task(up.run(stop, lock, AUTOSCALE_TICK_S))
+    return up, asyncio.get_running_loop().create_task(up.run(stop, lock, AUTOSCALE_TICK_S))

@@ -6,7 +6,8 @@ OpenAI-compatible gateway, prints the URL and a curl example, then watches the m
 (`up_watch`): a saved change runs a transition to the new layout (the operator's converge
 pass: pure transition planner + executor; cut-overs go to the in-process gateway, whose
 leaving replicas drain or move their requests), and it re-converges every
-`--reconcile-interval` seconds so a restarted agent gets its blocks back. Ctrl-C or
+`--reconcile-interval` seconds so a restarted agent gets its blocks back (and at once
+when the autoscaler resizes an auto layout: `up_autoscale`). Ctrl-C or
 SIGTERM stops the gateway and every child process. A small state file lets
 `tessera status` find the agents.
 """
@@ -249,6 +250,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     overload: up_overload.UpOverload | None = None
     overload_task: asyncio.Task[None] | None = None
     autoscale_task: asyncio.Task[None] | None = None
+    autoscaler: up_autoscale.UpAutoscale | None = None
     refs: list[agents.AgentRef] = []
     try:
         if args.agent:
@@ -349,8 +351,11 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 publish=publish,
                 rollout=rollout,
                 shared=shared,
+                replicas_cap=autoscaler.cap(current) if autoscaler is not None else None,
             )
             published = again.routes or published
+            if autoscaler is not None and again.plan is not None:
+                autoscaler.follow(current, _members(again))  # its replicas, added or removed
             _report_variants(again, console.print, seen)
             if scaling is not None and await scaling.sync(current.spec):  # an edit, now
                 shared.acted()  # it evicted layer replicas
@@ -396,9 +401,12 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         overload = _overload(dep, outcome, gateway, lambda: published)
         if overload is not None:
             overload_task = loop.create_task(overload.run(stop, deployment, OVERLOAD_TICK_S))
-        autoscale_task = up_autoscale.start(  # replica autoscaling, sleep, zero (issue 32)
+        started = up_autoscale.start(  # replica autoscaling, sleep, zero (issue 32)
             dep, _members(outcome), gateway, stop, deployment.lock, console.print
         )
+        if started is not None:
+            autoscaler, autoscale_task = started
+        wake = [supervisor.restarted] if supervisor is not None else []
         await up_watch.run_loop(
             stop,
             watcher,
@@ -406,7 +414,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             console.print,
             args.reconcile_interval,
             args.watch_interval,
-            wake=supervisor.restarted if supervisor is not None else None,
+            wake=[*wake, *([autoscaler.resized] if autoscaler is not None else [])],
         )
         if overload_task is not None:
             await overload_task

@@ -20,7 +20,7 @@ import asyncio
 import dataclasses
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,24 +104,25 @@ async def run_loop(
     report: Callable[[str], None],
     reconcile_interval_s: float,
     watch_interval_s: float,
-    wake: asyncio.Event | None = None,
+    wake: Sequence[asyncio.Event] = (),
 ) -> None:
     """Until `stop`: apply manifest changes and re-converge (module docstring).
-    `converge_pass(dep)` returns True while a transition is still under way. `wake` (the
-    agent supervisor's restart event) forces a pass at once, to reload a restarted
-    agent's blocks."""
+    `converge_pass(dep)` returns True while a transition is still under way. Any of
+    `wake` (the agent supervisor's restart event: reload a restarted agent's blocks; the
+    autoscaler's `resized`: plan its new replica count) forces a pass at once."""
     busy = False
     next_pass = time.monotonic() + reconcile_interval_s
     while not stop.is_set():
         wait = watch_interval_s
         if not busy:
             wait = min(wait, max(0.0, next_pass - time.monotonic()))
-        await supervise.wait_any([stop, *([wake] if wake else [])], wait)
+        await supervise.wait_any([stop, *wake], wait)
         if stop.is_set():
             return
-        if wake is not None and wake.is_set():
-            wake.clear()
-            next_pass = time.monotonic()  # an agent restarted: reload its blocks now
+        for w in wake:
+            if w.is_set():
+                w.clear()
+                next_pass = time.monotonic()  # reload a restarted agent, or resize, now
         try:
             changed = watcher.poll()
         except ManifestError as exc:
