@@ -47,6 +47,7 @@ from tessera_agent import (
     load_config,
     load_sources,
     stage_link,
+    speculate_serve,
     stitch_serve,
     switch_fetch,
     tp_member,
@@ -345,6 +346,11 @@ class Hosting:
             )
             loaded.equivalence = report
             loaded.stitch = stitch
+            if spec.speculate_zoo:  # issue 35: a speculated bottleneck's surrogate
+                loaded.speculate = await loop.run_in_executor(
+                    self.loader, speculate_serve.prepare, spec, dev.torch_device()
+                )
+            loaded.slow_s = speculate_serve.slow_s(spec)
             built_s = time.monotonic() - fetched_at
             omp_teams.release()  # the loop thread's team, if it ever built one (see omp_teams)
             h = hosted.Hosted(loaded)
@@ -519,6 +525,7 @@ class Hosting:
         if h.tp is not None:  # rank 0 stops its followers; a follower lets go
             await asyncio.get_running_loop().run_in_executor(None, h.tp.close)
         h.close_links()
+        speculate_serve.close(h.stage.speculate)
         layer_run.close_runs(h.stage.runner.runs)  # replicas of its layer runs go too
         for d in self.memory.devices.values():  # and their bookings on this agent
             for k in [k for k in d.used if k.startswith(f"run:{replica_id}/")]:

@@ -36,7 +36,7 @@ from tessera import (
     routes_doc,
     variant_spec,
 )
-from tessera.control import actuate, agents, link_probe, observation, stitch_ops
+from tessera.control import actuate, agents, link_probe, observation, speculate_ops, stitch_ops
 from tessera.control import variants as variant_ops
 from tessera.cost import model_shape
 from tessera.observability import control
@@ -265,7 +265,8 @@ async def converge(
         )
         # stitched chains (issue 35), placed by the locality-aware policy
         stitched = stitch_ops.place(full, chosen, model_path, bytes_of, o, prefix)
-        return held, stitched.target
+        # speculated chains (issue 35), beside the foundation's stages
+        return held, speculate_ops.place(stitched.target, chosen).target
 
     def bytes_of(path: str) -> placement.ModelBytes | None:
         found = model_facts(path, dep.spec.model.dtype)
@@ -398,6 +399,11 @@ async def _variants(
             if v.kind == "stitch":
                 where = stitch_ops.lines(target, v.name, per[v.name])
                 st[v.name] = {**st.get(v.name, {"point": list(v.point)}), "placement": where}
+        sp = await speculate_ops.observe(target, of)
+        for v in chosen:
+            if v.kind == "speculate":
+                where = speculate_ops.lines(target, v.name, per[v.name])
+                sp[v.name] = {**sp.get(v.name, {"layers": list(v.layers)}), "placement": where}
         out.variants = variant_plan.status(
-            chosen, applied.held, per, complete, applied.errors, eq, st
+            chosen, applied.held, per, complete, applied.errors, eq, st, sp
         )
