@@ -260,4 +260,3 @@ def to_proto(spec: blocks.Block, hook: SpeculateHook) -> pb.BlockSpeculate:
 def close(hook: SpeculateHook | None) -> None:
     if hook is not None:
         hook.pool.shutdown(wait=False)
-

@@ -6,8 +6,9 @@ of the checkpoint's layers `[a, b)` to `zoo/surrogate/<sha16(checkpoint)>-<a>-<b
 SHA-256, the layers, the rank and the held-out quality). `open_zoo` finds it again and
 refuses one fitted for another checkpoint. `save_pseudo` records the paper's pseudo
 surrogate instead (kind "pseudo": the block's own copy, made right, wrong or half right on
-purpose; tests and benches measure speculation's bounds with it). Callers: `tessera validate`/`tessera up`
-(`cli/variant_check`, a `speculate` variant's check), tests. The digest is the stitch's
+purpose; tests and benches measure speculation's bounds with it). Callers: `tessera
+validate`/`tessera up` (`cli/variant_check`, a `speculate` variant's check), the agent
+(`speculate_serve.prepare`), tests. The digest is the stitch's
 (`stitch.checkpoint_digest`), so both kinds of zoo entry name a checkpoint the same way.
 """
 

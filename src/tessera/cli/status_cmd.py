@@ -41,7 +41,8 @@ def _variant_facts(
         finally:
             channel.close()
         for b in d.blocks:
-            adapters[(a.name, b.replica_id, b.stage_index)] = tuple(b.variants) + _stitch(b) + _speculate(b)
+            extra = _stitch(b) + _speculate(b)  # issue 35
+            adapters[(a.name, b.replica_id, b.stage_index)] = tuple(b.variants) + extra
         z = d.zoo
         zoo[a.name] = f"{z.param_bytes / 2**20:.1f} ({z.pieces}, {z.shared_pieces})"
     return adapters, zoo

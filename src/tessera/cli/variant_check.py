@@ -5,9 +5,9 @@ manifest edit, which is refused with the reasons while the running deployment ke
 serving). A LoRA adapter is read and validated against the foundation's config exactly as
 the agent does at load (`tessera_agent.engine.lora.read_adapter`: rank, target modules,
 shapes, unsupported PEFT options); a full fine-tune must be a checkpoint of the same
-architecture; a speculated model's zoo must hold a surrogate of its bottleneck block, which must have a
-block before and after it (`variant_spec.refusal`). Paths resolve
-as the converge pass resolves them (relative to the folder holding the model). Returns
+architecture; a speculated model's zoo must hold a surrogate of its bottleneck block,
+which must have a block before and after it (`variant_spec.refusal`). Paths resolve as
+the converge pass resolves them (relative to the folder holding the model). Returns
 messages `spec.variants[i].adapter: <reason>`.
 """
 

@@ -88,7 +88,7 @@ def with_speculate_chains(
             homes = [next(p for p in reversed(mine) if p.block.start <= s) for s in edges[:-1]]
             n = len(homes)
             chain: list[transition_model.Placed] = []
-            for i, (s, e, home) in enumerate(zip(edges, edges[1:], homes, strict=True)):
+            for i, (s, e, home) in enumerate(zip(edges[:-1], edges[1:], homes, strict=True)):
                 base = home.block
                 blk = blocks.Block(
                     base.model_path,
