@@ -164,3 +164,25 @@ def test_up_serves_speculated_chains_with_transformers_tokens(tmp_path: Path) ->
         up.send_signal(signal.SIGTERM)
         up.wait(60)
         reader.join(5)
+
+
+def test_bench_speculate_served_row() -> None:
+    """`tessera bench speculate --quick`'s `served` row: two agent processes, the bottleneck
+    slowed on purpose; tokens equal `off` (= transformers) on every run, and the hit rates
+    the surrogates were made to have."""
+    import argparse
+
+    from tessera.cli import bench_speculate
+
+    parser = argparse.ArgumentParser()
+    bench_speculate.add_arguments(parser)
+    args = parser.parse_args(["--quick", "--bottleneck-ms", "20", "--hop-ms", "1"])
+    served = bench_speculate.run(args)["served"]
+    runs = served["runs"]
+    assert runs["off"]["tokens_equal_transformers"]
+    for name in ("lowrank", "pseudo", "pseudo_half"):
+        assert runs[name]["tokens_equal"], name
+        assert runs[name]["speculated_steps"] > 0 and runs[name]["latency_ratio"] > 0
+    assert runs["pseudo"]["hit_rate"] == 1.0 and runs["pseudo_half"]["hit_rate"] == 0.5
+    assert served["agents"] == ["A", "A", "B"]
+    assert served["hit_rate"] == runs["lowrank"]["hit_rate"]
