@@ -36,7 +36,15 @@ from tessera import (
     routes_doc,
     variant_spec,
 )
-from tessera.control import actuate, agents, link_probe, observation, speculate_ops, stitch_ops
+from tessera.control import (
+    actuate,
+    agents,
+    link_probe,
+    observation,
+    speculate_ops,
+    stitch_ops,
+    variant_place,
+)
 from tessera.control import variants as variant_ops
 from tessera.cost import model_shape
 from tessera.observability import control
@@ -263,6 +271,10 @@ async def converge(
         full = variant_plan.with_full_chains(  # full fine-tunes
             held.target, chosen, sharing=sharing, model=switch_model(shape)
         )
+        # beside the foundation's stages when memory allows, else by locality (issue 35)
+        full = variant_place.place(
+            held.target, full, chosen, model_path, bytes_of, o, prefix
+        ).target
         # stitched chains (issue 35), placed by the locality-aware policy
         stitched = stitch_ops.place(full, chosen, model_path, bytes_of, o, prefix)
         # speculated chains (issue 35), beside the foundation's stages
