@@ -322,6 +322,8 @@ class Hosting:
                     dev.torch_device(),
                     stage.dtype_of(spec, cfg),
                 )
+            if spec.speculate_zoo:  # issue 35: a speculated bottleneck; refused before loading
+                await loop.run_in_executor(self.loader, speculate_serve.check, spec)
             graph_bytes = compile_policy.load_reserve(  # compiled decode's packed weights
                 cfg,
                 spec.start,
@@ -348,7 +350,11 @@ class Hosting:
             loaded.stitch = stitch
             if spec.speculate_zoo:  # issue 35: a speculated bottleneck's surrogate
                 loaded.speculate = await loop.run_in_executor(
-                    self.loader, speculate_serve.prepare, spec, dev.torch_device()
+                    self.loader,
+                    speculate_serve.prepare,
+                    spec,
+                    dev.torch_device(),
+                    loaded.kv_bytes,
                 )
             loaded.slow_s = speculate_serve.slow_s(spec)
             built_s = time.monotonic() - fetched_at

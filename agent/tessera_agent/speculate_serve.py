@@ -26,7 +26,8 @@ This is `speculative_stages.SpeculativeStages`' step, across agents. Surrogate k
 the block with a KV pool of its own, made right, wrong or half right on purpose: tests
 and benches; its memory is not booked). `slow_s` makes a block slow on purpose for
 benches (`TESSERA_BENCH_SLOW_BLOCK=A,B,MS`: every block of layers [A, B)).
-Callers: `hosting.Hosting.load` (prepare), `stage_server` (run_step), `variants.annotate`.
+Callers: `hosting.Hosting.load` (check before loading, prepare after), `stage_server`
+(run_step), `variants.annotate`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -45,6 +47,9 @@ from tessera.policies import speculation
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent.engine import cobatch, errors, replica, runner, step
 from tessera_agent.speculative_stages import SpeculationStats
+
+if TYPE_CHECKING:
+    from tessera_agent import surrogate  # transformers: loaded only where it serves
 
 SLOW_ENV = "TESSERA_BENCH_SLOW_BLOCK"
 WRONG = ("never", "always", "half")  # a pseudo surrogate's made-up errors
@@ -101,26 +106,34 @@ class _Pseudo:
         return out
 
 
-def prepare(spec: blocks.Block, device: torch.device) -> SpeculateHook:
-    """The surrogate a bottleneck block guesses with (module docstring)."""
+def check(spec: blocks.Block) -> tuple[surrogate.LowRank | None, dict[str, Any], str]:
+    """The zoo's surrogate for this block, its record and folder, before anything loads:
+    InvalidArgument / NotFound / FailedPrecondition naming why it cannot serve."""
     from tessera_agent import surrogate_zoo
-    from tessera_agent.engine import stage
 
     if spec.stage_index == 0 or spec.stage_index >= spec.num_stages - 1:
         raise errors.InvalidArgumentError(
             f"speculate: stage {spec.stage_index} of {spec.num_stages}: a speculated block "
             "needs a stage before it (hidden states in) and one after it"
         )
+    layers = (spec.start, spec.end)
+    zoo, model = Path(spec.speculate_zoo), Path(spec.model_path)
     try:
-        sur, meta = surrogate_zoo.open_zoo(
-            Path(spec.speculate_zoo), Path(spec.model_path), (spec.start, spec.end)
-        )
+        sur, meta = surrogate_zoo.open_zoo(zoo, model, layers)
     except LookupError as exc:
         raise errors.NotFoundError(f"speculate: {exc}") from exc
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         raise errors.FailedPreconditionError(f"speculate: {exc}") from exc
-    layers = (spec.start, spec.end)
-    folder = str(surrogate_zoo.zoo_path(Path(spec.speculate_zoo), Path(spec.model_path), layers))
+    return sur, meta, str(surrogate_zoo.zoo_path(zoo, model, layers))
+
+
+def prepare(spec: blocks.Block, device: torch.device, kv_bytes: int) -> SpeculateHook:
+    """The surrogate a bottleneck block guesses with (module docstring); `kv_bytes` is the
+    loaded block's KV pool, which a pseudo surrogate's copy matches (same pages)."""
+    from tessera_agent import surrogate
+    from tessera_agent.engine import stage
+
+    sur, meta, folder = check(spec)
     kind = str(meta.get("kind", "low_rank"))
     if kind == "pseudo":
         copy = stage.load_stage(
@@ -132,15 +145,16 @@ def prepare(spec: blocks.Block, device: torch.device) -> SpeculateHook:
                 stage_index=spec.stage_index,
                 num_stages=spec.num_stages,
                 dtype=spec.dtype,
-                kv_bytes=spec.kv_bytes,
+                kv_bytes=kv_bytes,
                 page_size=spec.page_size,
             ),
             device,
             1 << 62,
         )
         return SpeculateHook(_Pseudo(copy.runner, str(meta["wrong"])), kind, 0, 1.0, folder)
-    assert sur is not None
-    low = type(sur)(*(t.to(device) for t in (sur.mean_in, sur.a, sur.b, sur.mean_up)))
+    if sur is None:
+        raise errors.FailedPreconditionError(f"speculate: {folder}: no surrogate tensors")
+    low = surrogate.LowRank(*(t.to(device) for t in (sur.mean_in, sur.a, sur.b, sur.mean_up)))
     quality = meta.get("quality", {})
     return SpeculateHook(
         _LowRank(low), kind, int(meta.get("rank", 0)), float(quality.get("cosine", 0.0)), folder
