@@ -141,3 +141,24 @@ def test_model_surrogate_writes_the_zoo_entry_validate_finds(
     surrogate_zoo.save_pseudo(zoo, model, (1, 2), "half")  # the paper's pseudo surrogate
     sur, meta = surrogate_zoo.open_zoo(zoo, model, (1, 2))
     assert sur is None and meta["kind"] == "pseudo" and meta["wrong"] == "half"
+
+
+def test_the_agent_refuses_a_speculated_block_it_cannot_serve(model: Path, tmp_path: Path) -> None:
+    from tessera import blocks
+    from tessera_agent import speculate_serve, surrogate_zoo
+    from tessera_agent.engine import errors
+
+    def block(start: int, end: int, stage: int, zoo: Path) -> blocks.Block:
+        return blocks.Block(
+            str(model), start, end, stage_index=stage, num_stages=3, speculate_zoo=str(zoo)
+        )
+
+    with pytest.raises(errors.NotFoundError, match="no surrogate"):
+        speculate_serve.check(block(1, 2, 1, tmp_path / "empty"))
+    with pytest.raises(errors.InvalidArgumentError, match="a stage before it"):
+        speculate_serve.check(block(0, 1, 0, tmp_path / "empty"))
+    with pytest.raises(errors.InvalidArgumentError, match="one after it"):
+        speculate_serve.check(block(3, 4, 2, tmp_path / "empty"))
+    surrogate_zoo.save_pseudo(tmp_path / "zoo", model, (1, 2), "never")
+    sur, meta, folder = speculate_serve.check(block(1, 2, 1, tmp_path / "zoo"))
+    assert sur is None and meta["kind"] == "pseudo" and folder.endswith("-1-2")
