@@ -122,6 +122,8 @@ class Authorizer(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             decision = self._share(request)
         if decision.allowed and method == "LoadBlock" and request is not None:
             decision = self._stitch(request)
+        if decision.allowed and method == "LoadBlock" and request is not None:
+            decision = self._speculate(request)
         if not decision.allowed:
             await self.deny(method, decision.reason, context)
 
@@ -158,6 +160,16 @@ class Authorizer(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     False, decision.reason.replace("model_path", f"stitch.{field}", 1)
                 )
         return access.ALLOW
+
+    def _speculate(self, request: Any) -> access.Decision:
+        """A speculated bottleneck's zoo folder lies under the model root too."""
+        if not request.HasField("speculate"):
+            return access.ALLOW
+        path = str(request.speculate.zoo)
+        decision = access.check_model_path(path, os.path.realpath(path), self.model_root)
+        if decision.allowed:
+            return decision
+        return access.Decision(False, decision.reason.replace("model_path", "speculate.zoo", 1))
 
     async def intercept_service(
         self,

@@ -47,6 +47,7 @@ from tessera_agent import (
     load_config,
     load_sources,
     sleep_shards,
+    speculate_serve,
     stage_link,
     stitch_serve,
     switch_fetch,
@@ -334,6 +335,8 @@ class Hosting:
                     dev.torch_device(),
                     stage.dtype_of(spec, cfg),
                 )
+            if spec.speculate_zoo:  # issue 35: a speculated bottleneck; refused before loading
+                await loop.run_in_executor(self.loader, speculate_serve.check, spec)
             graph_bytes = compile_policy.load_reserve(  # compiled decode's packed weights
                 cfg,
                 spec.start,
@@ -359,6 +362,16 @@ class Hosting:
             )
             loaded.equivalence = report
             loaded.stitch = stitch
+            if spec.speculate_zoo:  # issue 35: a speculated bottleneck's surrogate
+                loaded.speculate = await loop.run_in_executor(
+                    self.loader,
+                    speculate_serve.prepare,
+                    spec,
+                    dev.torch_device(),
+                    loaded.kv_bytes,
+                    stage.load_stage,
+                )
+            loaded.slow_s = speculate_serve.slow_s(spec, self.defaults.slow_block)
             built_s = time.monotonic() - fetched_at
             if self.defaults.engine.omp_release:  # the loop thread's team, if it built one
                 omp_teams.release()
@@ -568,6 +581,7 @@ class Hosting:
         if h.tp is not None:  # rank 0 stops its followers; a follower lets go
             await asyncio.get_running_loop().run_in_executor(None, h.tp.close)
         h.close_links()
+        speculate_serve.close(h.stage.speculate)
         layer_run.close_runs(h.stage.runner.runs)  # replicas of its layer runs go too
         for d in self.memory.devices.values():  # and their bookings on this agent
             for k in [k for k in d.used if k.startswith(f"run:{replica_id}/")]:

@@ -40,6 +40,8 @@ class LoadDefaults:
     engine: options_mod.EngineOptions = field(default_factory=options_mod.EngineOptions)
     # settle the heap after loads and unloads (gc_heap): agents only, which own their heap
     gc_settle: bool = False
+    # benches: "start,end,ms" makes that block's steps slow on purpose (speculate_serve.slow_s)
+    slow_block: str = ""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

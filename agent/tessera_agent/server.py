@@ -62,6 +62,7 @@ class AgentConfig:
     cobatch_linger_s: float = -1.0  # wait for a co-step's chains to resubmit; < 0 = default
     # engine switches from the entry point's environment (`EngineOptions.from_env`)
     engine: options.EngineOptions = field(default_factory=options.EngineOptions)
+    slow_block: str = ""  # benches: $TESSERA_BENCH_SLOW_BLOCK (speculate_serve.slow_s)
     gc_freeze: bool = True  # settle the cycle collector at loads (gc_heap; $TESSERA_GC_FREEZE)
 
     def __post_init__(self) -> None:
@@ -125,6 +126,7 @@ async def serve(cfg: AgentConfig) -> None:
         block_zoo=cfg.block_zoo,
         engine=cfg.engine,
         gc_settle=cfg.gc_freeze,  # this process owns its heap: freeze it at loads
+        slow_block=cfg.slow_block,
     )
     rendezvous = store.serve(cfg.host)  # data-plane groups of replicas hosted here meet on it
     svc = servicer.AgentServicer(

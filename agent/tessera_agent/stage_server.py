@@ -21,8 +21,8 @@ import torch
 
 from tessera.observability import tracing
 from tessera.rpc.v1 import agent_pb2 as pb
-from tessera_agent import convert, grpc_status, hosted, stage_client, stitch_serve
-from tessera_agent.engine import cobatch, dtypes, errors, replica, step
+from tessera_agent import convert, grpc_status, hosted, speculate_serve, stage_client, stitch_serve
+from tessera_agent.engine import dtypes, errors, replica, step
 
 Hosting = Mapping[tuple[str, int], hosted.Hosted]
 
@@ -75,7 +75,13 @@ async def _traced_step(
         n = sum(c.num_tokens for c in inp.chunks)
         dtype = dtypes.torch_dtype(msg.step.hidden_dtype or "float32")
         inp.hidden = await link.receive((n, h.stage.cfg.hidden_size), dtype, inp.step_id)
-    out = await cobatch.run_step(compute, h.stage.runner, inp)
+    st = h.stage
+    if st.speculate is not None and downstream is not None:  # issue 35: the guess goes ahead
+        out = await speculate_serve.run_step(
+            compute, st.runner, inp, downstream, st.speculate, st.slow_s
+        )
+        return convert.result_to_proto(out)
+    out = await speculate_serve.compute(compute, st.runner, inp, st.slow_s)
     if downstream is not None:
         out = await downstream.submit(step.next_stage_input(inp, out))
     elif inp.result_on_link and out.sampled and not out.logprobs:

@@ -4,8 +4,11 @@
 of the checkpoint's layers `[a, b)` to `zoo/surrogate/<sha16(checkpoint)>-<a>-<b>/`:
 `surrogate.safetensors` (its four tensors) and `surrogate.json` (the checkpoint's path and
 SHA-256, the layers, the rank and the held-out quality). `open_zoo` finds it again and
-refuses one fitted for another checkpoint. Callers: `tessera validate`/`tessera up`
-(`cli/variant_check`, a `speculate` variant's check), tests. The digest is the stitch's
+refuses one fitted for another checkpoint. `save_pseudo` records the paper's pseudo
+surrogate instead (kind "pseudo": the block's own copy, made right, wrong or half right on
+purpose; tests and benches measure speculation's bounds with it). Callers: `tessera
+validate`/`tessera up` (`cli/variant_check`, a `speculate` variant's check), the agent
+(`speculate_serve.prepare`), tests. The digest is the stitch's
 (`stitch.checkpoint_digest`), so both kinds of zoo entry name a checkpoint the same way.
 """
 
@@ -48,12 +51,29 @@ def save(zoo: Path, checkpoint: Path, layers: tuple[int, int], fit: surrogate.Fi
     return out
 
 
+def save_pseudo(zoo: Path, checkpoint: Path, layers: tuple[int, int], wrong: str) -> Path:
+    """Record a pseudo surrogate of these layers, wrong "never", "always" or "half" the time
+    (module docstring); returns its folder."""
+    if wrong not in ("never", "always", "half"):
+        raise ValueError(f"wrong: {wrong!r} is not never, always or half")
+    out = zoo_path(zoo, checkpoint, layers)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "checkpoint": {"path": str(checkpoint), "sha256": stitch.checkpoint_digest(checkpoint)},
+        "layers": list(layers),
+        "kind": "pseudo",
+        "wrong": wrong,
+    }
+    (out / "surrogate.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return out
+
+
 def open_zoo(
     zoo: Path, checkpoint: Path, layers: tuple[int, int]
-) -> tuple[surrogate.LowRank, dict[str, Any]]:
-    """The surrogate the zoo holds for these layers of this checkpoint and its record:
-    LookupError when none was saved for them, ValueError when the record names another
-    checkpoint's digest or other layers."""
+) -> tuple[surrogate.LowRank | None, dict[str, Any]]:
+    """The surrogate the zoo holds for these layers of this checkpoint (None for a pseudo
+    one: the agent loads the block's copy) and its record: LookupError when none was saved
+    for them, ValueError when the record names another checkpoint's digest or other layers."""
     folder = zoo_path(zoo, checkpoint, layers)
     if not (folder / "surrogate.json").exists():
         raise LookupError(f"no surrogate in {zoo} for layers {list(layers)} of {checkpoint}")
@@ -62,5 +82,7 @@ def open_zoo(
         raise ValueError(f"{folder}: the surrogate was fitted for another checkpoint")
     if tuple(meta["layers"]) != tuple(layers):
         raise ValueError(f"{folder}: the surrogate was fitted for layers {meta['layers']}")
+    if meta.get("kind") == "pseudo":
+        return None, meta
     t = load_file(str(folder / "surrogate.safetensors"))
     return surrogate.LowRank(*(t[k] for k in TENSORS)), meta

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tessera.rpc.v1 import agent_pb2 as pb
-from tessera_agent import equivalence_share, hosted, stitch_serve
+from tessera_agent import equivalence_share, hosted, speculate_serve, stitch_serve
 from tessera_agent.engine import block_zoo, errors, lora, stage
 
 DEFAULT_DRAIN_TIMEOUT_S = 60.0
@@ -91,6 +91,8 @@ def annotate(msg: pb.BlockInfo, st: stage.Stage) -> pb.BlockInfo:
         msg.equivalence.CopyFrom(equivalence_share.to_proto(st.equivalence))
     if st.stitch is not None:  # issue 35: the stitch as loaded, with its measured quality
         msg.stitch.CopyFrom(stitch_serve.to_proto(st.spec, st.stitch))
+    if st.speculate is not None:  # issue 35: the surrogate as loaded, and its hit counts
+        msg.speculate.CopyFrom(speculate_serve.to_proto(st.spec, st.speculate))
     return msg
 
 

@@ -93,6 +93,9 @@ class Block:
     stitch_zoo: str = ""
     stitch_to: str = ""
     stitch_at: int = 0
+    # Issue 35: a bottleneck block speculated on: the zoo folder holding the surrogate of
+    # this block's layers of its model (`tessera model surrogate`); "" = not speculated.
+    speculate_zoo: str = ""
 
     def __post_init__(self) -> None:
         if self.tp_size < 1 or not 0 <= self.tp_rank < self.tp_size:
@@ -139,6 +142,7 @@ class Block:
             self.stitch_zoo,
             self.stitch_to,
             self.stitch_at,
+            self.speculate_zoo,
         )
 
     def holds(self, other: Block) -> bool:

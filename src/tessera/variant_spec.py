@@ -22,9 +22,10 @@ foundation's (the agents' block zoo). Requests choose one by the OpenAI `model` 
           layers: [2, 3]                 #   the bottleneck block: the model's layers [2, 3)
           zoo: zoo                       #   the folder holding its surrogate (surrogate.save)
 
-A `speculate` entry (issue 35) serves the model's own tokens; it is parsed and checked
-(the zoo holds a surrogate for these layers of this checkpoint), then refused: speculation
-across agents is not supported yet (`refusals`, docs/variants.md).
+A `speculate` entry (issue 35) serves the model's own tokens on chains of its own, the
+bottleneck block speculated on across the stage stream; it is checked (`refusals`: a block
+before and after it; `cli/variant_check`: the zoo holds a surrogate for these layers of
+this checkpoint), docs/variants.md.
 
 Relative paths resolve like `spec.model.path`. Why here and not a resource of their own:
 variants share the deployment's replicas, lifecycle and memory budget, and the reconcile
@@ -45,12 +46,6 @@ FIELDS = ("name", "adapter", "checkpoint", "shareEquivalent", "threshold", "stit
 STITCH_FIELDS = ("small", "point", "zoo")
 SPECULATE_FIELDS = ("layers", "zoo")
 KINDS = ("adapter", "checkpoint", "stitch", "speculate")  # exactly one per entry
-NOT_SERVED = (
-    "speculation across agents is not supported yet: the stage stream carries neither the "
-    "surrogate's guess sent ahead nor a recompute message when the bottleneck block's real "
-    "output disagrees, and served stages do not run the surrogate (issue 35); speculation "
-    "runs only inside one process (tessera bench speculate)"
-)
 THRESHOLD = 0.98  # BlockLLM's equivalence threshold (§6)
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123: part of replica ids
 
@@ -202,7 +197,7 @@ def _speculate(name: str, doc: Any, where: str) -> VariantSpec:
 def refusal(v: VariantSpec, num_layers: int) -> tuple[str, str]:
     """Why a `speculate` entry cannot be served on a model of `num_layers` layers, as (the
     field under `.speculate`, or "" for the entry, the reason): the block must have hidden
-    states in and a block after it (`[a, b)` with a >= 1, b < L); then `NOT_SERVED`."""
+    states in and a block after it (`[a, b)` with a >= 1, b < L); ("", "") when it can."""
     a, b = v.layers
     if a < 1 or b >= num_layers:
         return "layers", (
@@ -210,7 +205,7 @@ def refusal(v: VariantSpec, num_layers: int) -> tuple[str, str]:
             "it (a >= 1: a surrogate guesses from hidden states) and one after it "
             f"(b < {num_layers}: the last block's output cannot be corrected)"
         )
-    return "", NOT_SERVED
+    return "", ""
 
 
 def refusals(variants: tuple[VariantSpec, ...], num_layers: int) -> list[fields.FieldError]:
@@ -219,6 +214,8 @@ def refusals(variants: tuple[VariantSpec, ...], num_layers: int) -> list[fields.
     for i, v in enumerate(variants):
         if v.kind == "speculate":
             field, why = refusal(v, num_layers)
+            if not why:
+                continue
             where = f"spec.variants[{i}].speculate"
             out.append(fields.FieldError(f"{where}.{field}" if field else where, why))
     return out

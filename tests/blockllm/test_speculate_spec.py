@@ -1,6 +1,7 @@
-"""The `speculate` variant (issue 35): parsed, its surrogate found in the zoo, then refused
-with the reason, by `tessera validate`, `tessera up`'s check and the operator's semantics;
-the surrogate zoo's round trip; `tessera model surrogate` writes the entry."""
+"""The `speculate` variant (issue 35): parsed, its layers and its surrogate in the zoo
+checked by `tessera validate`, `tessera up`'s check and the operator's semantics (a block
+before and after it; no refusal otherwise: it is served); the surrogate zoo's round trip,
+pseudo entries included; `tessera model surrogate` writes the entry."""
 
 from __future__ import annotations
 
@@ -67,14 +68,14 @@ def test_refusals_name_the_field_and_the_reason() -> None:
 
     assert why([0, 1])[0].startswith("spec.variants[0].speculate.layers: [0, 1] must lie")
     assert "the last block's output cannot be corrected" in why([2, 4])[0]
-    (served,) = why([1, 2])
-    assert served.startswith(
-        "spec.variants[0].speculate: speculation across agents is not supported yet"
-    )
-    # the operator refuses it too (InvalidSpec): its semantics check holds the refusal
+    assert why([1, 2]) == []  # served (issue 35): no refusal
+    # the operator checks it too (InvalidSpec only for the layers)
     doc = yaml.safe_load(MANIFEST.format(model="/m", layers="[1, 2]", zoo="z"))
     errs = api_semantics.check_semantics(api.parse(doc).spec, api_semantics.ModelFacts(4, 4, 2))
-    assert [str(e) for e in errs] == [served]
+    assert errs == []
+    doc = yaml.safe_load(MANIFEST.format(model="/m", layers="[1, 4]", zoo="z"))
+    errs = api_semantics.check_semantics(api.parse(doc).spec, api_semantics.ModelFacts(4, 4, 2))
+    assert [str(e) for e in errs] == why([1, 4])
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_model_surrogate_writes_the_zoo_entry_validate_finds_then_refuses(
+def test_model_surrogate_writes_the_zoo_entry_validate_finds(
     model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import torch
@@ -114,7 +115,7 @@ def test_model_surrogate_writes_the_zoo_entry_validate_finds_then_refuses(
 
     sur, meta = surrogate_zoo.open_zoo(zoo, model, (1, 2))
     assert meta["checkpoint"]["path"] == str(model)
-    assert sur(torch.zeros(3, 64)).shape == (3, 64)
+    assert sur is not None and sur(torch.zeros(3, 64)).shape == (3, 64)
     with pytest.raises(LookupError, match="no surrogate"):
         surrogate_zoo.open_zoo(zoo, model, (2, 3))
     # a record that names another checkpoint is refused
@@ -126,9 +127,8 @@ def test_model_surrogate_writes_the_zoo_entry_validate_finds_then_refuses(
         surrogate_zoo.open_zoo(zoo, model, (1, 2))
     (folder / "surrogate.json").write_text(json.dumps(meta))
 
-    rc, out = validate("[1, 2]")  # found, then refused once, with the reason
-    assert rc == 1
-    assert out.count("speculation across agents is not supported yet") == 1, out
+    rc, out = validate("[1, 2]")  # found: valid
+    assert rc == 0, out
     rc, out = validate("[2, 4]")
     assert rc == 1 and "the last block's output cannot be corrected" in out
 
@@ -137,5 +137,28 @@ def test_model_surrogate_writes_the_zoo_entry_validate_finds_then_refuses(
 
     manifest.write_text(MANIFEST.format(model=model, layers="[1, 2]", zoo=zoo))
     dep = api.parse(yaml.safe_load(manifest.read_text()))
-    (err,) = variant_check.check(dep, str(model))
-    assert err.startswith("spec.variants[0].speculate: speculation across agents")
+    assert variant_check.check(dep, str(model)) == []
+    surrogate_zoo.save_pseudo(zoo, model, (1, 2), "half")  # the paper's pseudo surrogate
+    sur, meta = surrogate_zoo.open_zoo(zoo, model, (1, 2))
+    assert sur is None and meta["kind"] == "pseudo" and meta["wrong"] == "half"
+
+
+def test_the_agent_refuses_a_speculated_block_it_cannot_serve(model: Path, tmp_path: Path) -> None:
+    from tessera import blocks
+    from tessera_agent import speculate_serve, surrogate_zoo
+    from tessera_agent.engine import errors
+
+    def block(start: int, end: int, stage: int, zoo: Path) -> blocks.Block:
+        return blocks.Block(
+            str(model), start, end, stage_index=stage, num_stages=3, speculate_zoo=str(zoo)
+        )
+
+    with pytest.raises(errors.NotFoundError, match="no surrogate"):
+        speculate_serve.check(block(1, 2, 1, tmp_path / "empty"))
+    with pytest.raises(errors.InvalidArgumentError, match="a stage before it"):
+        speculate_serve.check(block(0, 1, 0, tmp_path / "empty"))
+    with pytest.raises(errors.InvalidArgumentError, match="one after it"):
+        speculate_serve.check(block(3, 4, 2, tmp_path / "empty"))
+    surrogate_zoo.save_pseudo(tmp_path / "zoo", model, (1, 2), "never")
+    sur, meta, folder = speculate_serve.check(block(1, 2, 1, tmp_path / "zoo"))
+    assert sur is None and meta["kind"] == "pseudo" and folder.endswith("-1-2")

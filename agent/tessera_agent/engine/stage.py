@@ -34,7 +34,7 @@ from tessera_agent.engine import config as config_mod
 from tessera_agent.engine import options as options_mod
 
 if TYPE_CHECKING:
-    from tessera_agent import equivalence, stitch_serve
+    from tessera_agent import equivalence, speculate_serve, stitch_serve
 
 DEFAULT_PAGE_SIZE = blocks.DEFAULT_PAGE_SIZE
 # What to load: the one block identity (`tessera.blocks.Block`), built positionally as
@@ -73,6 +73,9 @@ class Stage:
         self.equivalence: equivalence.ShareReport | None = None
         # Issue 35: a stitched chain's front hands its hidden states on through this stitch.
         self.stitch: stitch_serve.StitchHook | None = None
+        # Issue 35: a speculated bottleneck's surrogate; seconds each step is slowed on purpose.
+        self.speculate: speculate_serve.SpeculateHook | None = None
+        self.slow_s = 0.0
 
     @property
     def own_param_bytes(self) -> int:

@@ -203,5 +203,6 @@ def _run(args: argparse.Namespace) -> int:
         cost_profile=args.cost_profile,
         engine=engine,
         gc_freeze=gc_heap.wanted(os.environ),
+        slow_block=os.environ.get("TESSERA_BENCH_SLOW_BLOCK", ""),
     )
     return server.run(cfg)

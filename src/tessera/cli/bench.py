@@ -53,7 +53,7 @@ BENCHES: dict[str, str] = {
     "kvdispatch": "tessera.cli.bench_kv_dispatch",
     "prefill": "tessera_agent.bench_prefill",
     "decode-attn": "tessera_agent.bench_decode_attn",
-    "speculate": "tessera_agent.bench_speculate",
+    "speculate": "tessera.cli.bench_speculate",
     "stitch": "tessera.cli.bench_stitch",
     "abuse": "tessera.cli.bench_abuse",
     "gpu": "tessera_agent.bench_gpu",

@@ -41,10 +41,22 @@ def _variant_facts(
         finally:
             channel.close()
         for b in d.blocks:
-            adapters[(a.name, b.replica_id, b.stage_index)] = tuple(b.variants) + _stitch(b)
+            extra = _stitch(b) + _speculate(b)  # issue 35
+            adapters[(a.name, b.replica_id, b.stage_index)] = tuple(b.variants) + extra
         z = d.zoo
         zoo[a.name] = f"{z.param_bytes / 2**20:.1f} ({z.pieces}, {z.shared_pieces})"
     return adapters, zoo
+
+
+def _speculate(b: Any) -> tuple[str, ...]:
+    """A speculated bottleneck (issue 35): its surrogate and the hits and misses so far."""
+    if not b.HasField("speculate"):
+        return ()
+    s = b.speculate
+    return (
+        f"speculated ({s.kind} surrogate): {s.hits} hits, {s.misses} misses over "
+        f"{s.speculated_steps} steps",
+    )
 
 
 def _stitch(b: Any) -> tuple[str, ...]:

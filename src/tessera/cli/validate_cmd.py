@@ -74,7 +74,7 @@ def check_document(
     agents = list(args.agent) or None
     if facts is not None:
         errors = [str(e) for e in api_semantics.check_semantics(dep.spec, facts, agents)]
-        # adapters fit, fine-tunes match; a speculate entry's refusal is in both lists
+        # adapters fit, fine-tunes match; a speculate entry's layers are in both lists
         errors += [e for e in variant_check.check(dep, model_path) if e not in errors]
     if not errors:
         reps = len(dep.spec.layout.replicas)

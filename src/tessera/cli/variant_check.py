@@ -5,9 +5,9 @@ manifest edit, which is refused with the reasons while the running deployment ke
 serving). A LoRA adapter is read and validated against the foundation's config exactly as
 the agent does at load (`tessera_agent.engine.lora.read_adapter`: rank, target modules,
 shapes, unsupported PEFT options); a full fine-tune must be a checkpoint of the same
-architecture; a speculated model's zoo must hold a surrogate of its bottleneck block, and
-then it is refused (`variant_spec.refusal`: not served across agents yet). Paths resolve
-as the converge pass resolves them (relative to the folder holding the model). Returns
+architecture; a speculated model's zoo must hold a surrogate of its bottleneck block,
+which must have a block before and after it (`variant_spec.refusal`). Paths resolve as
+the converge pass resolves them (relative to the folder holding the model). Returns
 messages `spec.variants[i].adapter: <reason>`.
 """
 
@@ -95,8 +95,8 @@ def _stitch(v: Any, model_path: str, where: str, layers: int) -> list[str]:
 
 def _speculate(v: Any, model_path: str, where: str, layers: int) -> list[str]:
     """A speculated model's checks: the block lies inside the model with blocks before and
-    after it, the zoo holds its surrogate (`surrogate_zoo.open_zoo`), and then the refusal:
-    the served path does not speculate yet (`variant_spec.refusal`)."""
+    after it (`variant_spec.refusal`), and the zoo holds its surrogate
+    (`surrogate_zoo.open_zoo`, the check its agent runs at load)."""
     from tessera import variant_spec
     from tessera_agent import surrogate_zoo
 
@@ -107,4 +107,4 @@ def _speculate(v: Any, model_path: str, where: str, layers: int) -> list[str]:
         surrogate_zoo.open_zoo(Path(v.zoo), Path(model_path), v.layers)
     except (LookupError, ValueError, OSError) as exc:
         return [f"{where}: {exc} (fit one: tessera model surrogate MODEL --layers A B --zoo DIR)"]
-    return [f"{where}: {why}"]
+    return []

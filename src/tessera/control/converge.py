@@ -36,7 +36,15 @@ from tessera import (
     routes_doc,
     variant_spec,
 )
-from tessera.control import actuate, agents, link_probe, observation, stitch_ops
+from tessera.control import (
+    actuate,
+    agents,
+    link_probe,
+    observation,
+    speculate_ops,
+    stitch_ops,
+    variant_place,
+)
 from tessera.control import variants as variant_ops
 from tessera.cost import model_shape
 from tessera.observability import control
@@ -259,9 +267,14 @@ async def converge(
         full = variant_plan.with_full_chains(  # full fine-tunes
             held.target, chosen, sharing=sharing, model=switch_model(shape)
         )
+        # beside the foundation's stages when memory allows, else by locality (issue 35)
+        full = variant_place.place(
+            held.target, full, chosen, model_path, bytes_of, o, prefix
+        ).target
         # stitched chains (issue 35), placed by the locality-aware policy
         stitched = stitch_ops.place(full, chosen, model_path, bytes_of, o, prefix)
-        return held, stitched.target
+        # speculated chains (issue 35), beside the foundation's stages
+        return held, speculate_ops.place(stitched.target, chosen).target
 
     def bytes_of(path: str) -> placement.ModelBytes | None:
         found = model_facts(path, dep.spec.model.dtype)
@@ -394,6 +407,11 @@ async def _variants(
             if v.kind == "stitch":
                 where = stitch_ops.lines(target, v.name, per[v.name])
                 st[v.name] = {**st.get(v.name, {"point": list(v.point)}), "placement": where}
+        sp = await speculate_ops.observe(target, of)
+        for v in chosen:
+            if v.kind == "speculate":
+                where = speculate_ops.lines(target, v.name, per[v.name])
+                sp[v.name] = {**sp.get(v.name, {"layers": list(v.layers)}), "placement": where}
         out.variants = variant_plan.status(
-            chosen, applied.held, per, complete, applied.errors, eq, st
+            chosen, applied.held, per, complete, applied.errors, eq, st, sp
         )

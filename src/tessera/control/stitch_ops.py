@@ -40,12 +40,28 @@ def place(
         return stitch_chains.StitchPlacement(target, (), (), "locality")
     small = {v.path: m for v in stitched if (m := facts(v.path)) is not None}
     models = {model_path: model, **small}
-    ids = {b.replica_id for b in (p.block for p in target.blocks)}
     chain_ids = {
         variant_plan.variant_replica_id(rid, v.name)
         for rid in {r.id for r in target.replicas}
         for v in stitched
     }
+    rooms, held = agent_rooms(target, models, obs, prefix, frozenset(chain_ids))
+    return stitch_chains.with_stitch_chains(
+        target, chosen, model_path, model, small, rooms, held, hop_bytes=1.0
+    )
+
+
+def agent_rooms(
+    target: transition_model.Target,
+    models: Mapping[str, placement.ModelBytes],
+    obs: observed.Observed,
+    prefix: str,
+    chain_ids: frozenset[str],
+) -> tuple[list[stitch_chains.AgentRoom], dict[str, dict[int, str]]]:
+    """Each reachable agent's room for the chains `chain_ids`: its device's capacity less
+    every planned block of `target` there, other deployments' blocks and the chains it
+    holds (module docstring); and where loaded chain blocks are (chain -> stage -> agent)."""
+    ids = {b.replica_id for b in (p.block for p in target.blocks)}
     held: dict[str, dict[int, str]] = {}
     rooms = []
     for a in obs.agents:
@@ -68,7 +84,7 @@ def place(
             if m is not None:
                 holds.update((b.model_path, u) for u in stitch_chains.units(m, b.start, b.end))
         for b in a.blocks:
-            if b.replica_id in chain_ids:  # a stitched chain already loaded stays
+            if b.replica_id in chain_ids:  # a chain already loaded stays
                 held.setdefault(b.replica_id, {})[b.stage_index] = a.name
             if b.device == dev.id and (
                 b.replica_id in chain_ids or not b.replica_id.startswith(prefix)
@@ -79,9 +95,7 @@ def place(
                 a.name, a.address, dev.id, dev.capacity_bytes - used, frozenset(holds)
             )
         )
-    return stitch_chains.with_stitch_chains(
-        target, chosen, model_path, model, small, rooms, held, hop_bytes=1.0
-    )
+    return rooms, held
 
 
 def lines(target: transition_model.Target, variant: str, chain_ids: Sequence[str]) -> list[str]:

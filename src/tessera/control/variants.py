@@ -56,7 +56,7 @@ def resolve(
     for v in variants:
         p = Path(v.path)
         v = v if p.is_absolute() else dataclasses.replace(v, path=str(base / p))
-        if v.zoo and not Path(v.zoo).is_absolute():  # a stitched chain's zoo folder
+        if v.zoo and not Path(v.zoo).is_absolute():  # a stitched or speculated chain's zoo folder
             v = dataclasses.replace(v, zoo=str(base / v.zoo))
         out.append(v)
     return out

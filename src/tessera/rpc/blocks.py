@@ -40,7 +40,13 @@ def to_proto(b: blocks.Block, kv_pages: int = 0, num_tensors: int = 0) -> pb.Blo
         compile=b.compile,
         share=share(b),
         stitch=stitch(b),
+        speculate=speculate(b),
     )
+
+
+def speculate(b: blocks.Block) -> pb.BlockSpeculate | None:
+    """The block's speculation opt-in (issue 35), or None when it has none."""
+    return pb.BlockSpeculate(zoo=b.speculate_zoo) if b.speculate_zoo else None
 
 
 def stitch(b: blocks.Block) -> pb.BlockStitch | None:
@@ -88,6 +94,7 @@ def from_proto(m: pb.BlockInfo) -> blocks.Block:
         stitch_zoo=m.stitch.zoo,
         stitch_to=m.stitch.next_model_path,
         stitch_at=m.stitch.next_layer_start,
+        speculate_zoo=m.speculate.zoo,
     )
 
 
@@ -119,6 +126,7 @@ def load_request(
         tp_rank=b.tp_rank,
         share=share(b),
         stitch=stitch(b),
+        speculate=speculate(b),
     )
     if data_plane is not None:
         req.data_plane.CopyFrom(
@@ -177,4 +185,5 @@ def from_load_request(
         stitch_zoo=req.stitch.zoo,
         stitch_to=req.stitch.next_model_path,
         stitch_at=req.stitch.next_layer_start,
+        speculate_zoo=req.speculate.zoo,
     )

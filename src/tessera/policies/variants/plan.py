@@ -164,7 +164,7 @@ def routes(
     variants attached on every foundation stage."""
     out = []
     for v in variants:
-        if v.kind in ("full", "stitch"):  # a stitched chain, too, runs on replicas of its own
+        if v.kind in ("full", "stitch", "speculate"):  # stitched, speculated: replicas of own
             reps = tuple(variant_replica_id(r, v.name) for r in foundation_replicas)
             out.append(variant_routes.RouteVariant(v.name, "full", reps))
         elif v.name in lora_ready:
@@ -186,6 +186,8 @@ class VariantStatus:
     equivalence: Mapping[str, object] | None = None
     # stitch (issue 35): the point, the quality measured there, where the blocks are
     stitch: Mapping[str, object] | None = None
+    # speculate (issue 35): the bottleneck, the surrogate, hits and misses, where it runs
+    speculate: Mapping[str, object] | None = None
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -200,6 +202,8 @@ class VariantStatus:
             out["equivalence"] = dict(self.equivalence)
         if self.stitch is not None:
             out["stitch"] = dict(self.stitch)
+        if self.speculate is not None:
+            out["speculate"] = dict(self.speculate)
         return out
 
 
@@ -232,6 +236,22 @@ def stitch_summary(report: Mapping[str, object]) -> str:
     return f"stitched at {report.get('point')}; {quality}; {placed}".rstrip("; ")
 
 
+def speculate_summary(report: Mapping[str, object]) -> str:
+    """One line of a speculated chain's status (`status.variants[].speculate`): the block,
+    the surrogate, the hit rate so far, and where the stages run."""
+    where = report.get("placement")
+    placed = "; ".join(str(x) for x in where) if isinstance(where, list) else ""
+    sur = report.get("surrogate")
+    kind = sur.get("kind") if isinstance(sur, Mapping) else None
+    seen = (
+        f"surrogate {kind}; hit rate {report.get('hitRate')} ({report.get('hits')} hits, "
+        f"{report.get('misses')} misses over {report.get('speculatedSteps')} speculated steps)"
+        if kind
+        else "surrogate not reported yet"
+    )
+    return f"speculating on layers {report.get('layers')}; {seen}; {placed}".rstrip("; ")
+
+
 def status(
     variants: Sequence[variant_spec.VariantSpec],
     held: Sequence[HeldStage],
@@ -240,14 +260,17 @@ def status(
     errors: Mapping[str, str],
     equivalence: Mapping[str, Mapping[str, object]] | None = None,
     stitch: Mapping[str, Mapping[str, object]] | None = None,
+    speculate: Mapping[str, Mapping[str, object]] | None = None,
 ) -> list[VariantStatus]:
     """Per variant: LoRA is ready when attached on every foundation stage held; a full
     fine-tune when each of its chains holds every block. `chains[v]` are a full variant's
     chain ids, `complete` the replicas holding every block, `errors[v]` the last error,
     `equivalence[v]` the report a shareEquivalent chain's agents gave, `stitch[v]` a
-    stitched chain's (its point, quality and placement)."""
+    stitched chain's (its point, quality and placement), `speculate[v]` a speculated
+    chain's (its block, surrogate, hits and misses, placement)."""
     reports = equivalence or {}
     stitched = stitch or {}
+    spec = speculate or {}
     out = []
     for v in variants:
         err = errors.get(v.name, "")
@@ -271,9 +294,20 @@ def status(
             st = stitched.get(v.name)
             if st is not None and not err:
                 msg = f"{msg}; {stitch_summary(st)}"
+            sp = spec.get(v.name)
+            if sp is not None and not err:
+                msg = f"{msg}; {speculate_summary(sp)}"
         out.append(
             VariantStatus(
-                v.name, v.kind, ready, on, why, msg, reports.get(v.name), stitched.get(v.name)
+                v.name,
+                v.kind,
+                ready,
+                on,
+                why,
+                msg,
+                reports.get(v.name),
+                stitched.get(v.name),
+                spec.get(v.name),
             )
         )
     return out

@@ -159,7 +159,7 @@ class ProbeSendRequest(_message.Message):
     def __init__(self, nbytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class LoadBlockRequest(_message.Message):
-    __slots__ = ("model_path", "layer_start", "layer_end", "device", "replica_id", "stage_index", "num_stages", "next_stage_address", "dtype", "kv_bytes", "page_size", "max_num_seqs", "max_batched_tokens", "source", "generation", "tp_size", "tp_rank", "data_plane", "switch_sources", "share", "stitch")
+    __slots__ = ("model_path", "layer_start", "layer_end", "device", "replica_id", "stage_index", "num_stages", "next_stage_address", "dtype", "kv_bytes", "page_size", "max_num_seqs", "max_batched_tokens", "source", "generation", "tp_size", "tp_rank", "data_plane", "switch_sources", "share", "stitch", "speculate")
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +181,7 @@ class LoadBlockRequest(_message.Message):
     SWITCH_SOURCES_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
     STITCH_FIELD_NUMBER: _ClassVar[int]
+    SPECULATE_FIELD_NUMBER: _ClassVar[int]
     model_path: str
     layer_start: int
     layer_end: int
@@ -202,7 +203,8 @@ class LoadBlockRequest(_message.Message):
     switch_sources: _containers.RepeatedCompositeFieldContainer[SwitchSource]
     share: VariantShare
     stitch: BlockStitch
-    def __init__(self, model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_bytes: _Optional[int] = ..., page_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., source: _Optional[_Union[BlockSource, _Mapping]] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., switch_sources: _Optional[_Iterable[_Union[SwitchSource, _Mapping]]] = ..., share: _Optional[_Union[VariantShare, _Mapping]] = ..., stitch: _Optional[_Union[BlockStitch, _Mapping]] = ...) -> None: ...
+    speculate: BlockSpeculate
+    def __init__(self, model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., dtype: _Optional[str] = ..., kv_bytes: _Optional[int] = ..., page_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_batched_tokens: _Optional[int] = ..., source: _Optional[_Union[BlockSource, _Mapping]] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., switch_sources: _Optional[_Iterable[_Union[SwitchSource, _Mapping]]] = ..., share: _Optional[_Union[VariantShare, _Mapping]] = ..., stitch: _Optional[_Union[BlockStitch, _Mapping]] = ..., speculate: _Optional[_Union[BlockSpeculate, _Mapping]] = ...) -> None: ...
 
 class SwitchSource(_message.Message):
     __slots__ = ("source", "unit_start", "unit_end")
@@ -257,7 +259,7 @@ class PushTensorsReply(_message.Message):
     def __init__(self, bytes: _Optional[int] = ...) -> None: ...
 
 class BlockInfo(_message.Message):
-    __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason", "activations", "compile", "variants", "shared_param_bytes", "share", "equivalence", "stitch", "results", "load", "piece_digests")
+    __slots__ = ("replica_id", "stage_index", "num_stages", "model_path", "layer_start", "layer_end", "device", "param_bytes", "kv_bytes", "kv_pages", "page_size", "dtype", "num_tensors", "next_stage_address", "generation", "tp_size", "tp_rank", "transport", "group_state", "group_reason", "activations", "compile", "variants", "shared_param_bytes", "share", "equivalence", "stitch", "speculate", "results", "load", "piece_digests")
     class PieceDigestsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -292,6 +294,7 @@ class BlockInfo(_message.Message):
     SHARE_FIELD_NUMBER: _ClassVar[int]
     EQUIVALENCE_FIELD_NUMBER: _ClassVar[int]
     STITCH_FIELD_NUMBER: _ClassVar[int]
+    SPECULATE_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     PIECE_DIGESTS_FIELD_NUMBER: _ClassVar[int]
@@ -322,10 +325,11 @@ class BlockInfo(_message.Message):
     share: VariantShare
     equivalence: VariantEquivalence
     stitch: BlockStitch
+    speculate: BlockSpeculate
     results: str
     load: BlockLoadSource
     piece_digests: _containers.ScalarMap[str, str]
-    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., dtype: _Optional[str] = ..., num_tensors: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., transport: _Optional[str] = ..., group_state: _Optional[str] = ..., group_reason: _Optional[str] = ..., activations: _Optional[str] = ..., compile: _Optional[str] = ..., variants: _Optional[_Iterable[str]] = ..., shared_param_bytes: _Optional[int] = ..., share: _Optional[_Union[VariantShare, _Mapping]] = ..., equivalence: _Optional[_Union[VariantEquivalence, _Mapping]] = ..., stitch: _Optional[_Union[BlockStitch, _Mapping]] = ..., results: _Optional[str] = ..., load: _Optional[_Union[BlockLoadSource, _Mapping]] = ..., piece_digests: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, replica_id: _Optional[str] = ..., stage_index: _Optional[int] = ..., num_stages: _Optional[int] = ..., model_path: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., device: _Optional[str] = ..., param_bytes: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., dtype: _Optional[str] = ..., num_tensors: _Optional[int] = ..., next_stage_address: _Optional[str] = ..., generation: _Optional[int] = ..., tp_size: _Optional[int] = ..., tp_rank: _Optional[int] = ..., transport: _Optional[str] = ..., group_state: _Optional[str] = ..., group_reason: _Optional[str] = ..., activations: _Optional[str] = ..., compile: _Optional[str] = ..., variants: _Optional[_Iterable[str]] = ..., shared_param_bytes: _Optional[int] = ..., share: _Optional[_Union[VariantShare, _Mapping]] = ..., equivalence: _Optional[_Union[VariantEquivalence, _Mapping]] = ..., stitch: _Optional[_Union[BlockStitch, _Mapping]] = ..., speculate: _Optional[_Union[BlockSpeculate, _Mapping]] = ..., results: _Optional[str] = ..., load: _Optional[_Union[BlockLoadSource, _Mapping]] = ..., piece_digests: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class LoadBlockReply(_message.Message):
     __slots__ = ("block", "already_loaded")
@@ -1179,3 +1183,27 @@ class WakeReplicaReply(_message.Message):
     restored_bytes: int
     seconds: float
     def __init__(self, awake: _Optional[bool] = ..., restored_bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class BlockSpeculate(_message.Message):
+    __slots__ = ("zoo", "kind", "rank", "cosine", "folder", "speculated_steps", "plain_steps", "hits", "misses", "mixed_steps")
+    ZOO_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    COSINE_FIELD_NUMBER: _ClassVar[int]
+    FOLDER_FIELD_NUMBER: _ClassVar[int]
+    SPECULATED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    PLAIN_STEPS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    MIXED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    zoo: str
+    kind: str
+    rank: int
+    cosine: float
+    folder: str
+    speculated_steps: int
+    plain_steps: int
+    hits: int
+    misses: int
+    mixed_steps: int
+    def __init__(self, zoo: _Optional[str] = ..., kind: _Optional[str] = ..., rank: _Optional[int] = ..., cosine: _Optional[float] = ..., folder: _Optional[str] = ..., speculated_steps: _Optional[int] = ..., plain_steps: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., mixed_steps: _Optional[int] = ...) -> None: ...
