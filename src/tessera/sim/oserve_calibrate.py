@@ -4,8 +4,9 @@ The layouts the planner picks at any of Table 1's mixes S1-S5 (the heterogeneous
 and the best homogeneous one, `table1.choose`), each at every mix, are priced by the
 latency model (`LatencyModel.best_routing`, class-dedicated replicas allowed: the price
 the switching loop sees) and simulated with that routing: at two shares of the mix's
-sustainable rate (the *fit* samples: `FIT_LOADS`) and once at `EVAL_LOAD` between them
-with other arrivals (the *held-out* sample). `cost.calibration.fit` turns the samples
+sustainable rate (the *fit* samples: `FIT_LOADS`, one arrival seed) and at `EVAL_LOAD`
+between them with other arrivals (the *held-out* sample: the mean P99 of `EVAL_SEEDS`'
+runs, each run's P99 kept beside it). `cost.calibration.fit` turns the samples
 into a correction per layout and demand point, and its error on the held-out runs. The
 measurement is the simulator, driven by the same cost profile as the planner (a measured
 `tessera profile` or the analytic H100 one), so the error is the queueing model's, not
@@ -28,9 +29,12 @@ from tessera.sim import arrivals, engine
 from tessera.sim.oserve import GPUS, LOAD, NODES, _stats, build, router
 
 # fit at two loads (shares of the mix's sustainable rate), hold out a load between them
-# with other arrivals (another Poisson seed)
+# with other arrivals (other Poisson seeds); the held-out P99 is the mean of EVAL_SEEDS'
+# runs: one 300 s run's P99 varies by 3-15 % between seeds (`seed_spread`), which would
+# floor the held-out error whatever the model
 FIT_LOADS, EVAL_LOAD = (0.6, 0.75), 0.67
 FIT_SEED, EVAL_SEED = 11, 111
+EVAL_SEEDS = (EVAL_SEED, 211, 311)
 LOAD_WEIGHT = 2.0  # a calibration point's load coordinate, against the class shares'
 
 
@@ -72,11 +76,11 @@ def samples(
     out: list[calibration.Sample] = []
     for level, shares, sustainable, pick in picks:
         # every layout at every mix: a layout's error covers the mixes it may serve
-        runs = [("fit", x, FIT_SEED) for x in FIT_LOADS] + [("eval", EVAL_LOAD, EVAL_SEED)]
-        for split, load, seed in runs:
+        runs = [("fit", x, (FIT_SEED,)) for x in FIT_LOADS] + [("eval", EVAL_LOAD, EVAL_SEEDS)]
+        for split, load, seeds in runs:
             r = load * sustainable
             at = tuple(r * w / sum(shares) for w in shares)
-            arr = _arrivals(base, shares, r, span, seed)
+            arrs = [_arrivals(base, shares, r, span, seed) for seed in seeds]
             for label, layout in every.items():
                 try:
                     rep = _price(pick, layout, at)
@@ -84,14 +88,21 @@ def samples(
                     continue
                 if not rep.groups or not rep.p99_latency_s < float("inf"):
                     continue
-                built = build(pick, (layout, rep), "")
-                res = engine.Engine(built.replicas, router(base, built.shares)).run(arr, until=span)
-                measured = _stats(res, (warm, span))["p99_latency_s"]
-                if measured > 0 and rep.p99_latency_s > 0:
+                p99s = []
+                for arr in arrs:
+                    built = build(pick, (layout, rep), "")
+                    res = engine.Engine(built.replicas, router(base, built.shares)).run(
+                        arr, until=span
+                    )
+                    p99s.append(_stats(res, (warm, span))["p99_latency_s"])
+                measured = sum(p99s) / len(p99s)
+                if min(p99s) > 0 and rep.p99_latency_s > 0:
                     note = f"{level} at {r:.2f} req/s"
                     where = point(shares, load)
                     out.append(
-                        calibration.Sample(label, rep.p99_latency_s, measured, split, note, where)
+                        calibration.Sample(
+                            label, rep.p99_latency_s, measured, split, note, where, tuple(p99s)
+                        )
                     )
     return out
 
