@@ -21,6 +21,7 @@ not a timed run of the whole pipeline. Pure; called by `tessera calibrate --prof
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -164,7 +165,7 @@ def calibrate(
     models = {m.profile.model.name for m in (*fit_on, *held_out)}
     if len(models) != 1:
         raise fields.FieldError("profiles", f"profiles of different models: {sorted(models)}")
-    hop = sorted(m.hop_latency_s for m in fit_on)[len(fit_on) // 2]
+    hop = statistics.median(m.hop_latency_s for m in fit_on)
     link = profile.Link(first.comm.intra_node.bandwidth_bytes_per_s, hop)
     comm = profile.CommSpec(intra_node=link, inter_node=link, allreduce_per_layer=0)
     timings = [t for m in fit_on for t in m.timings]
