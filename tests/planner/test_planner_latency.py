@@ -85,3 +85,22 @@ def test_quadrant_classes() -> None:
     assert [c.name for c in made] == ["SILO", "LILO", "SISO", "LISO"]
     assert (made[0].input_tokens, made[0].output_tokens) == (100, 500)
     assert (made[3].input_tokens, made[3].output_tokens) == (3000, 30)
+
+
+def test_three_waits_and_the_decode_stretch() -> None:
+    """Three Exp(1) waits sum to Erlang-3; atoms weight the subsets; the stretch keeps
+    the decode's mean and matches the compound-Poisson variance (issue 34)."""
+    w = queueing.AtomExp(1.0, 1.0)
+    assert queueing.survival(2.0, w, w, w) == pytest.approx(5 * math.exp(-2), rel=1e-3)
+    half = queueing.AtomExp(0.5, 2.0)
+    both = queueing.survival(1.0, half, queueing.NO_WAIT, queueing.AtomExp(1.0, 3.0))
+    assert both == pytest.approx(0.5 * math.exp(-3) + 0.5 * (3 * math.exp(-2) - 2 * math.exp(-3)))
+    shift, spread = queueing.stretch(0.04, 10.0, 0.5)
+    sd = math.sqrt(0.04 * 10.0) / 0.5
+    assert shift == pytest.approx(-sd) and spread.mean == pytest.approx(sd)
+    assert queueing.stretch(0.0, 10.0, 0.5) == (0.0, queueing.NO_WAIT)
+    # a replica whose decodes are stalled by long prefills has a longer P99 than the
+    # same mean without the spread
+    plain = queueing.Component(1.0, 10.0)
+    spread_out = queueing.Component(1.0, 10.0 + shift, queueing.NO_WAIT, queueing.NO_WAIT, spread)
+    assert queueing.mixture_quantile([spread_out]) > queueing.mixture_quantile([plain]) + sd

@@ -54,3 +54,20 @@ def test_correction_is_the_nearest_mix_interpolated_in_load() -> None:
     assert c.factor("A", (0.21, 0.79, 1.0)) == pytest.approx(0.9)  # below the loads: the end
     assert c.factor("A", (0.24, 0.76, 1.6)) == pytest.approx(1.3)
     assert c.factor("A", ()) == pytest.approx(1.12)  # no point: the median ratio
+
+
+def test_a_planner_label_resolves_to_its_shapes() -> None:
+    """Calibrated per replica shape (real agents' step profiles), a deployment named by
+    the planner's label takes its shapes' mean factor and largest error; a label with an
+    uncalibrated shape is not calibrated."""
+    s = [
+        cal.Sample("tp1pp1", 1.0, 1.2, "fit"),
+        cal.Sample("tp1pp1", 1.0, 1.1, "eval"),
+        cal.Sample("tp1pp2", 1.0, 1.0, "fit"),
+        cal.Sample("tp1pp2", 1.0, 1.3, "eval"),
+    ]
+    c = cal.fit(s)
+    assert c.error("1x tp1pp1") == pytest.approx(abs(1.2 - 1.1) / 1.1)
+    assert c.error("2x[tp1pp1 tp1pp2]") == pytest.approx(0.3 / 1.3)
+    assert c.price("2x[tp1pp1 tp1pp2]", 10.0) == pytest.approx(11.0)
+    assert c.lookup("1x tp2pp1") is None and c.price("1x tp2pp1", 10.0) == 10.0

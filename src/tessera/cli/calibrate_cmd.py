@@ -1,12 +1,12 @@
 """`tessera calibrate`: fit the latency model's calibration and report its error per layout.
 
-Registered by `tessera.cli.main`. Input: `--samples FILE`, a JSON list of measurements
-(`{"layout", "predicted_s", "measured_s", "split": "fit"|"eval", "point": [class shares
-..., load], "note"}`: the planner's P99 for a layout at a demand beside the P99 measured
-running it there, on agents or in the simulator). Output: the calibration
-(`cost.calibration.dump`, `--out FILE`), which the operator reads with
-`--switching-calibration FILE`, and the per-layout error table on stdout (`--json`: the
-document itself). The fit is `cost.calibration.fit`.
+Registered by `tessera.cli.main`. Input, one of: `--profiles FILE... --held-out FILE...`
+(real agents' `tessera profile` documents, or a GPU bench's; judged per layout
+`--layouts tp1pp1,...` by `cost.profile_calibration`; `--profile-out FILE` writes the fitted
+cost profile), or `--samples FILE` (a JSON list of `{"layout", "predicted_s",
+"measured_s", "split", "point", "note"}` measurements). Output: the calibration
+(`cost.calibration.dump`, `--out FILE`), read by the operator's `--switching-calibration`,
+and the per-layout error table (`--json`: the document).
 """
 
 from __future__ import annotations
@@ -20,7 +20,16 @@ from typing import Any
 
 def register(sub: Any) -> None:
     p = sub.add_parser("calibrate", help="fit the latency model's calibration to measured runs")
-    p.add_argument("--samples", type=Path, required=True, help="JSON list of measurements")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--samples", type=Path, help="JSON list of measurements")
+    src.add_argument(
+        "--profiles", type=Path, nargs="+", help="measured profiles to fit (tessera profile)"
+    )
+    p.add_argument(
+        "--held-out", type=Path, nargs="+", default=[], help="measured profiles to judge on"
+    )
+    p.add_argument("--layouts", default="", help="with --profiles: e.g. tp1pp1,tp1pp2")
+    p.add_argument("--profile-out", type=Path, default=None, help="write the fitted profile")
     p.add_argument("--out", type=Path, default=None, help="write the calibration here")
     p.add_argument("--json", action="store_true", help="print the calibration as JSON")
     p.set_defaults(func=_run)
@@ -54,7 +63,10 @@ def _run(args: argparse.Namespace) -> int:
     from tessera.cost import calibration
 
     try:
-        cal = calibration.fit(samples_from_json(json.loads(args.samples.read_text())))
+        if args.profiles:
+            cal = _from_profiles(args)
+        else:
+            cal = calibration.fit(samples_from_json(json.loads(args.samples.read_text())))
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"tessera calibrate: {exc}\n")
         return 1
@@ -71,3 +83,21 @@ def _run(args: argparse.Namespace) -> int:
             f"{e.raw_median:.1%} / {e.raw_max:.1%} | {e.median:.1%} / {e.max:.1%}\n"
         )
     return 0
+
+
+def _from_profiles(args: argparse.Namespace) -> Any:
+    """The calibration of the cost profile fitted to `--profiles`, judged on `--held-out`
+    (ValueError: unreadable, or no held-out profile)."""
+    from tessera.cost import profile_calibration as pc
+
+    if not args.held_out:
+        raise ValueError("--profiles needs --held-out (the error is measured on them)")
+
+    def read(paths: list[Path]) -> list[Any]:
+        return [pc.measured_from_json(json.loads(p.read_text()), p.name) for p in paths]
+
+    names = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    res = pc.calibrate(read(args.profiles), read(args.held_out), names)
+    if args.profile_out is not None:
+        args.profile_out.write_text(json.dumps(res.profile.to_json(), indent=2) + "\n")
+    return res.calibration

@@ -6,18 +6,19 @@ P99, measured P99, split)` ("fit" or held-out "eval"), each with an optional `po
 demand's class shares, then its load as a share of the sustainable rate). `fit` keeps the
 measured / predicted ratios per layout; the correction at a demand comes from the fit
 samples of the nearest calibrated mix, interpolated linearly in the load (a mix's own
-samples only: the ratio is not smooth between mixes; without points, the median ratio).
-It reports per layout the corrected and raw relative errors on held-out samples; a layout
-with no samples keeps the raw price and the largest raw error seen. `error(layout)` is the
-switching decision's hysteresis (`policies.switching.gain_threshold`). `dump` / `load`:
-JSON (`--switching-calibration FILE`). Pure; called by `sim/oserve_table2.py`, `tessera
-bench sim`, `tessera calibrate` and the operator's switching loop.
+samples only: the ratio is not smooth between mixes). It reports per layout the corrected
+and raw relative errors on held-out samples; a layout with no samples keeps the raw price
+and the largest raw error seen; a planner label of shapes calibrated one by one
+(`cost.profile_calibration`) takes its shapes' (`lookup`). `error(layout)` is the switching
+hysteresis (`policies.switching.gain_threshold`). `dump` / `load`: JSON. Pure; called by
+the simulator's Table 2, `tessera bench sim`, `tessera calibrate` and the operator.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import re
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ class Sample:
     split: str = "fit"
     note: str = ""  # e.g. the mix and the rate
     point: tuple[float, ...] = ()  # where in demand space (class shares, load share)
+    runs: tuple[float, ...] = ()  # each run's P99 when measured_s is their mean
 
     def __post_init__(self) -> None:
         if not (self.predicted_s > 0 and self.measured_s > 0):
@@ -81,9 +83,33 @@ class Calibration:
     # per layout: (point, measured / predicted) of each fit sample
     ratios: Mapping[str, tuple[tuple[tuple[float, ...], float], ...]] = field(default_factory=dict)
 
+    def lookup(self, layout: str) -> LayoutError | None:
+        """`layout`'s calibration; a deployment named by its replica shapes (a planner
+        label such as `2x[tp1pp1 tp1pp2]`) calibrated per shape (`tp1pp2`: real agents'
+        step profiles, `cost.profile_calibration`) takes its shapes' mean factor and
+        their largest errors. None: not calibrated."""
+        e = self.layouts.get(layout)
+        if e is not None:
+            return e
+        shapes = sorted(set(re.findall(r"tp\d+pp\d+(?:@\d+n)?", layout)))
+        found = [self.layouts[s] for s in shapes if s in self.layouts]
+        if not shapes or len(found) != len(shapes):
+            return None
+        return LayoutError(
+            layout,
+            statistics.mean(x.factor for x in found),
+            sum(x.fit_samples for x in found),
+            sum(x.eval_samples for x in found),
+            max(x.median for x in found),
+            max(x.max for x in found),
+            max(x.raw_median for x in found),
+            max(x.raw_max for x in found),
+            all(x.held_out for x in found),
+        )
+
     def factor(self, layout: str, point: tuple[float, ...] = ()) -> float:
         """The correction of `layout`'s price at `point` (module docstring)."""
-        e = self.layouts.get(layout)
+        e = self.lookup(layout)
         if e is None:
             return 1.0
         near = [(p, r) for p, r in self.ratios.get(layout, ()) if len(p) == len(point) and p]
@@ -101,7 +127,7 @@ class Calibration:
 
     def error(self, layout: str) -> float:
         """The relative error to expect of `price` on `layout` (the held-out max)."""
-        e = self.layouts.get(layout)
+        e = self.lookup(layout)
         return min(0.99, e.max if e is not None else self.unseen_error)
 
     def to_json(self) -> dict[str, Any]:

@@ -14,8 +14,12 @@ load into P99 TTFT and end-to-end latency:
   a service-time squared coefficient of variation ``scv`` (1: exponential, as above;
   0: deterministic, M/D/c, half the wait). Implemented by scaling ``1/theta``.
 
-A wait is an :class:`AtomExp` (an atom at 0 plus an exponential tail); the sum of two
-independent ones has a closed-form tail (:func:`survival`). Latency percentiles of a
+* **Decode stretch.** Prefills arrive at random and stall every decoding sequence, so a
+  request's decode time varies: :func:`stretch` is the compound-Poisson spread of the
+  prefill time landing inside it, as a shifted exponential (same mean, same variance).
+
+A wait is an :class:`AtomExp` (an atom at 0 plus an exponential tail); the sum of up to
+three independent ones has a closed-form tail (:func:`survival`). Latency percentiles of a
 mixture of such components are found by bisection on the summed survival function
 (:func:`mixture_quantile`).
 """
@@ -88,8 +92,63 @@ def single_wait(utilization: float, mean_service: float, scv: float = 1.0) -> At
     return AtomExp(utilization, rate)
 
 
-def survival(t: float, a: AtomExp, b: AtomExp = NO_WAIT) -> float:
-    """P(A + B > t) for independent waits ``a`` and ``b``."""
+def stretch(interrupt_rate: float, decode_s: float, prefill_share: float) -> tuple[float, AtomExp]:
+    """The spread of a decode of mean ``decode_s`` stalled by prefills, as ``(shift, wait)``.
+
+    The prefill time landing inside the decode is compound Poisson: variance
+    ``interrupt_rate * decode_s`` (``interrupt_rate = sum_k x_k P_k**2``, s²/s). Each extra
+    second of prefill stalls the decode and lets more prefills in, so the decode's
+    deviation is the prefill's over ``1 - prefill_share``. Returned as an exponential
+    wait of mean ``sd`` and a shift of ``-sd`` to the fixed part: mean kept, variance
+    matched, a right-skewed tail (a few long prompts make the spread)."""
+    if interrupt_rate <= 0 or decode_s <= 0 or not 0 <= prefill_share < 1:
+        return 0.0, NO_WAIT
+    sd = math.sqrt(interrupt_rate * decode_s) / (1 - prefill_share)
+    return -sd, AtomExp(1.0, 1 / sd)
+
+
+def _hypoexp_tail(rates: Sequence[float], t: float) -> float:
+    """P(sum of independent Exp(rates) > t), distinct rates nudged apart when equal."""
+    if not rates:
+        return 0.0
+    if len(rates) == 1:
+        return math.exp(-rates[0] * t)
+    rs: list[float] = []
+    for r in sorted(rates):
+        # equal rates make the closed form divide by 0: separate them by 1e-4 (relative)
+        rs.append(max(r, rs[-1] * (1 + 1e-4)) if rs else r)
+    out = 0.0
+    for i, ri in enumerate(rs):
+        coef = 1.0
+        for j, rj in enumerate(rs):
+            if j != i:
+                coef *= rj / (rj - ri)
+        out += coef * math.exp(-ri * t)
+    return min(1.0, max(0.0, out))
+
+
+def survival(t: float, a: AtomExp, b: AtomExp = NO_WAIT, c: AtomExp = NO_WAIT) -> float:
+    """P(A + B + C > t) for independent waits ``a``, ``b`` and ``c``."""
+    if t < 0:
+        return 1.0
+    if c.p == 0:
+        return _survival2(t, a, b)
+    waits = [w for w in (a, b, c) if w.p > 0]
+    total = 0.0
+    for mask in range(1 << len(waits)):
+        prob, rates = 1.0, []
+        for i, w in enumerate(waits):
+            if mask >> i & 1:
+                prob *= w.p
+                rates.append(w.rate)
+            else:
+                prob *= 1 - w.p
+        if prob > 0 and rates:
+            total += prob * _hypoexp_tail(rates, t)
+    return total
+
+
+def _survival2(t: float, a: AtomExp, b: AtomExp) -> float:
     if t < 0:
         return 1.0
 
@@ -108,12 +167,13 @@ def survival(t: float, a: AtomExp, b: AtomExp = NO_WAIT) -> float:
 
 @dataclass(frozen=True)
 class Component:
-    """One part of a latency mixture: a fixed latency plus a (sum of two) wait(s)."""
+    """One part of a latency mixture: a fixed latency plus a sum of up to three waits."""
 
     weight: float  # share of requests
     base: float  # seconds without waiting
     wait: AtomExp = NO_WAIT
     wait2: AtomExp = NO_WAIT
+    wait3: AtomExp = NO_WAIT  # the decode's stretch (`stretch`)
 
 
 def mixture_quantile(components: Sequence[Component], q: float = 0.99) -> float:
@@ -124,7 +184,7 @@ def mixture_quantile(components: Sequence[Component], q: float = 0.99) -> float:
     target = (1 - q) * total
 
     def excess(x: float) -> float:
-        return sum(c.weight * survival(x - c.base, c.wait, c.wait2) for c in components)
+        return sum(c.weight * survival(x - c.base, c.wait, c.wait2, c.wait3) for c in components)
 
     lo = min(c.base for c in components)
     hi = max(c.base for c in components) + 1.0

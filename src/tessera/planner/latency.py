@@ -17,7 +17,10 @@ This module prices a layout at a concrete demand (req/s per class) with queueing
   occupancy, plus two waits: for a slot (M/M/c, Erlang C with ``c`` servers at
   utilization ``rho``) and for the prefill server (M/M/1 at ``u``): short prompts queue
   behind long ones on a shared replica, which is what a heterogeneous layout avoids;
-* request latency of class j = TTFT + (out_j - 1) * TPOT.
+* request latency of class j = TTFT + (out_j - 1) * TPOT, the decode spread by the
+  prefills that land inside it (``queueing.stretch``: compound Poisson, variance
+  ``sum_k x_k P_k^2`` per second of decode, amplified by ``1 / (1 - u)``): near
+  saturation a shared replica's long prompts make the tail, not the mean.
 
 The P99s are quantiles of the demand-weighted mixture over (replica, class). The layout's
 routing is chosen by :meth:`LatencyModel.best_routing`: an LP minimising the summed
@@ -154,20 +157,25 @@ class LatencyModel:
         mu = lam / (rho * slots)
         slot = queueing.slot_wait(slots, lam, mu, self.scv)
         pre = queueing.single_wait(u, mean_occ, self.scv)
+        # prefill seconds² arriving per second: how unevenly prefills stall the decodes
+        interrupts = sum(xj * f.occupancy[j] ** 2 for j, xj in enumerate(x))
         total, norm, ttft, tpots = [], [], [], []
         for j, xj in enumerate(x):
             if xj <= 0:
                 continue
             first = f.first_token[j] + rnd + mean_occ
             out = classes[j].output_tokens
+            decode = (out - 1) * tpot
+            shift, spread = queueing.stretch(interrupts, decode, u)
             ttft.append(queueing.Component(xj, first, slot, pre))
-            total.append(queueing.Component(xj, first + (out - 1) * tpot, slot, pre))
+            total.append(queueing.Component(xj, first + decode + shift, slot, pre, spread))
             norm.append(
                 queueing.Component(
                     xj,
-                    (first + (out - 1) * tpot) / out,
+                    (first + decode + shift) / out,
                     queueing.scaled(slot, 1 / out),
                     queueing.scaled(pre, 1 / out),
+                    queueing.scaled(spread, 1 / out),
                 )
             )
             tpots.append((xj, tpot))

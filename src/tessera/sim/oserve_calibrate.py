@@ -1,17 +1,13 @@
-"""Calibrate the planner's latency model on the OServe cluster (simulation, issue 34).
+"""Calibrate the planner's latency model on the OServe cluster (simulation).
 
-The layouts the planner picks at any of Table 1's mixes S1-S5 (the heterogeneous choice
-and the best homogeneous one, `table1.choose`), each at every mix, are priced by the
-latency model (`LatencyModel.best_routing`, class-dedicated replicas allowed: the price
-the switching loop sees) and simulated with that routing: at two shares of the mix's
-sustainable rate (the *fit* samples: `FIT_LOADS`) and once at `EVAL_LOAD` between them
-with other arrivals (the *held-out* sample). `cost.calibration.fit` turns the samples
-into a correction per layout and demand point, and its error on the held-out runs. The
-measurement is the simulator, driven by the same cost profile as the planner (a measured
-`tessera profile` or the analytic H100 one), so the error is the queueing model's, not
-the step-time model's. `seed_spread` runs held-out points again with other arrival seeds
-(how much one run's P99 varies, the floor of a held-out error of one run). Called by
-`oserve_table2.table2`; every figure is a simulation.
+The layouts the planner picks at Table 1's mixes S1-S5 are priced by the latency model
+(`LatencyModel.best_routing`, the price the switching loop sees) and simulated with that
+routing: at `FIT_LOADS` of the mix's sustainable rate (fit samples, one seed) and at
+`EVAL_LOAD` with other arrivals (held out: the mean P99 of `EVAL_SEEDS`' runs, each kept).
+`cost.calibration.fit` turns them into a correction per layout and its held-out error.
+The simulator runs on the same cost profile as the planner, so the error is the queueing
+model's. `seed_spread` measures one run's P99 spread. Called by `oserve_table2.table2`;
+every figure is a simulation.
 """
 
 from __future__ import annotations
@@ -28,9 +24,12 @@ from tessera.sim import arrivals, engine
 from tessera.sim.oserve import GPUS, LOAD, NODES, _stats, build, router
 
 # fit at two loads (shares of the mix's sustainable rate), hold out a load between them
-# with other arrivals (another Poisson seed)
+# with other arrivals (other Poisson seeds); the held-out P99 is the mean of EVAL_SEEDS'
+# runs: one 300 s run's P99 varies by 3-15 % between seeds (`seed_spread`), which would
+# floor the held-out error whatever the model
 FIT_LOADS, EVAL_LOAD = (0.6, 0.75), 0.67
 FIT_SEED, EVAL_SEED = 11, 111
+EVAL_SEEDS = (EVAL_SEED, 211, 311)
 LOAD_WEIGHT = 2.0  # a calibration point's load coordinate, against the class shares'
 
 
@@ -72,11 +71,11 @@ def samples(
     out: list[calibration.Sample] = []
     for level, shares, sustainable, pick in picks:
         # every layout at every mix: a layout's error covers the mixes it may serve
-        runs = [("fit", x, FIT_SEED) for x in FIT_LOADS] + [("eval", EVAL_LOAD, EVAL_SEED)]
-        for split, load, seed in runs:
+        runs = [("fit", x, (FIT_SEED,)) for x in FIT_LOADS] + [("eval", EVAL_LOAD, EVAL_SEEDS)]
+        for split, load, seeds in runs:
             r = load * sustainable
             at = tuple(r * w / sum(shares) for w in shares)
-            arr = _arrivals(base, shares, r, span, seed)
+            arrs = [_arrivals(base, shares, r, span, seed) for seed in seeds]
             for label, layout in every.items():
                 try:
                     rep = _price(pick, layout, at)
@@ -84,14 +83,21 @@ def samples(
                     continue
                 if not rep.groups or not rep.p99_latency_s < float("inf"):
                     continue
-                built = build(pick, (layout, rep), "")
-                res = engine.Engine(built.replicas, router(base, built.shares)).run(arr, until=span)
-                measured = _stats(res, (warm, span))["p99_latency_s"]
-                if measured > 0 and rep.p99_latency_s > 0:
+                p99s = []
+                for arr in arrs:
+                    built = build(pick, (layout, rep), "")
+                    res = engine.Engine(built.replicas, router(base, built.shares)).run(
+                        arr, until=span
+                    )
+                    p99s.append(_stats(res, (warm, span))["p99_latency_s"])
+                measured = sum(p99s) / len(p99s)
+                if min(p99s) > 0 and rep.p99_latency_s > 0:
                     note = f"{level} at {r:.2f} req/s"
                     where = point(shares, load)
                     out.append(
-                        calibration.Sample(label, rep.p99_latency_s, measured, split, note, where)
+                        calibration.Sample(
+                            label, rep.p99_latency_s, measured, split, note, where, tuple(p99s)
+                        )
                     )
     return out
 
