@@ -66,12 +66,17 @@ def small_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-def test_compiled_decode_matches_hf(small_llama: Path, prompts: list[list[int]]) -> None:
+@pytest.mark.parametrize("freeze", ["0", "1"])
+def test_compiled_decode_matches_hf(
+    small_llama: Path, prompts: list[list[int]], freeze: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Staggered arrivals over a 2-stage pipeline: pure-decode steps run compiled on both
     stages (first stage from token ids, second from hidden states), and the mixed step of
     the late arrival splits (running decodes compiled, its prompt eagerly); greedy tokens
     equal transformers', log-probabilities within the oracle's tolerance; the warm-up
-    covered every step's shape (nothing compiled on a request's step)."""
+    covered every step's shape (nothing compiled on a request's step). Both graphs: the
+    default (unfrozen, the eager rows' packs as inputs) and the frozen one."""
+    monkeypatch.setenv(compile_policy.FREEZE_ENV, freeze)
     stages = helpers.load(small_llama, [(0, 1), (1, 2)])
     graphs = []
     for st in stages:
@@ -79,6 +84,7 @@ def test_compiled_decode_matches_hf(small_llama: Path, prompts: list[list[int]])
         g = decode_graph.CompiledDecode(r.model, r.device, r.page_size)
         g.warm_up(r.cache.layers())
         assert g.state == "ready" and g.compiles >= 2
+        assert g.freeze == (freeze == "1") and (g._graph_packs is None) == g.freeze
         r.decode_graph = g
         r.split_min_decodes = 1  # the late arrival's step: 3 decodes + 1 prompt
         graphs.append((g, g.compiles))
@@ -191,7 +197,25 @@ def test_env_switch_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not compile_policy.enabled_from_env(cpu)
 
 
-def test_load_reserve_books_the_packed_copy_only_where_it_fits(tiny_llama: Path) -> None:
+def test_packed_copies_frozen_and_unfrozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The frozen graph holds its own packed copy; the unfrozen one reads the eager rows'."""
+    f32, bf16 = torch.float32, torch.bfloat16
+    monkeypatch.delenv(compile_policy.FREEZE_ENV, raising=False)
+    assert not compile_policy.freeze(torch.device("cpu"))  # the default: unfrozen
+    assert compile_policy.copies(f32) == 1 and compile_policy.copies(f32, packs=False) == 0
+    assert compile_policy.copies(bf16) == 0  # packs are float32 only
+    monkeypatch.setenv(compile_policy.FREEZE_ENV, "1")
+    assert compile_policy.copies(f32) == 2 and compile_policy.copies(f32, packs=False) == 1
+    assert compile_policy.copies(bf16) == 1
+    assert not compile_policy.freeze(torch.device("cuda"))
+    monkeypatch.setenv(compile_policy.PACK_ENV, "0")
+    assert compile_policy.copies(f32) == 1
+
+
+def test_load_reserve_books_the_packed_copy_only_where_it_fits(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(compile_policy.FREEZE_ENV, "1")  # two copies: the graph's, the packs
     cfg = config.ModelConfig.from_path(tiny_llama)
     need = compile_policy.planned_packed_bytes(cfg, 0, 8, torch.float32)
     stages = helpers.load(tiny_llama, [(0, 8)])
@@ -259,8 +283,11 @@ def test_agent_books_the_packed_copy_and_starts_the_warm_up(
 ) -> None:
     """An agent with the path on (its default) holds the packed copy's bytes back from
     the KV pool, books them beside the block, starts the warm-up at load (not on a
-    request) and gives the bytes back at unload; a copy that does not fit turns it off."""
+    request) and gives the bytes back at unload; a copy that does not fit turns it off.
+    Frozen: two copies, the graph's and the eager rows' packs (unfrozen, the default, the
+    graph reads the packs: one copy, `test_packed_copies_frozen_and_unfrozen`)."""
     monkeypatch.setenv(compile_policy.ENV, "1")
+    monkeypatch.setenv(compile_policy.FREEZE_ENV, "1")
     monkeypatch.setattr(decode_graph, "CompiledDecode", _Stub)
     dev = devices.Device("cpu:0", "cpu", "virtual CPU device", 256 * MiB)
     hs = hosting.Hosting(

@@ -9,13 +9,13 @@ cache and the compiled C++ kernels. `configure` points all of them at one folder
 `--compile-cache DIR` / `$TESSERA_COMPILE_CACHE`, by default
 `$XDG_CACHE_HOME/tessera/compile` (`~/.cache/tessera/compile`), with one subfolder per torch
 version. What a restart with the same model shape, dtype and device finds there depends on
-freezing (`compile_policy.freeze`): a frozen decode graph (the default; its weights
-prepacked for MKL) bypasses the FX graph and AOT autograd caches (torch 2.13: "mkldnn
-tensors unpickleable", "Cannot cache a graph with freezing enabled"), so only its C++
-kernels and the prompt rows' graphs come from the cache and it is reported "warm"; an
-unfrozen one (`TESSERA_COMPILE_FREEZE=0`) comes whole from the cache ("cached": Dynamo's
-trace only). `Probe` tells the two apart: Inductor's process-wide hit, miss and bypass
-counters, read before and after a warm-up. Called by `server.serve` (at start) and
+freezing (`compile_policy.freeze`): the default decode graph (unfrozen, its packed weights
+graph inputs) comes whole from the cache ("cached": Dynamo's trace only); a frozen one
+(`TESSERA_COMPILE_FREEZE=1`; its weights prepacked as constants) bypasses the FX graph and
+AOT autograd caches (torch 2.13: "mkldnn tensors unpickleable", "Cannot cache a graph with
+freezing enabled"), so only its C++ kernels and the prompt rows' graphs come from the cache
+and it is reported "warm". `Probe` tells the two apart: Inductor's process-wide hit, miss
+and bypass counters, read before and after a warm-up. Called by `server.serve` (at start) and
 `decode_graph.CompiledDecode`.
 """
 

@@ -3,10 +3,11 @@
 `mode_from_env` reads `TESSERA_COMPILE_DECODE` over the process default (`set_default`,
 called by `tessera agent`), and `warm_before_ready` says whether a load answers only once
 the warm-up is over (the default: ready means warm); `freeze` whether the decode graph is
-compiled frozen; `packed_bytes` / `planned_packed_bytes` size the packed weight copy of a
-frozen graph; `load_reserve` decides, before a block's KV pool is sized, whether
-an agent holds that copy's bytes back, and `begin` then starts the warm-up or turns the
-path off with the reason. Called by `runner.py`, `hosting.py` and `server.py`.
+compiled frozen; `packed_bytes` / `planned_packed_bytes` size the packed weight copies it
+holds (a frozen graph's own, the eager rows' packs); `load_reserve` decides, before a
+block's KV pool is sized, whether an agent holds those bytes back, and `begin` then starts
+the warm-up or turns the path off with the reason. Called by `runner.py`, `hosting.py`
+and `server.py`.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ ENV = "TESSERA_COMPILE_DECODE"
 # The eager rows' prepacked projections (`packed_linear.py`), on with the compiled decode;
 # "0" turns them off (A/B).
 PACK_ENV = "TESSERA_PACK_PROMPTS"
-# The decode graph compiled with Inductor's `freezing` (weights prepacked as constants);
-# "0" compiles it unfrozen: slower steps, but a graph Inductor's caches keep across
-# restarts (a frozen one bypasses them: its prepacked weights cannot be pickled).
+# "1": the decode graph compiled with Inductor's `freezing` (weights prepacked as
+# constants), which Inductor's caches never keep (its prepacked weights cannot be
+# pickled), so every restart compiles it again. Default: unfrozen, over the eager rows'
+# packs passed as inputs (`packed_linear.GraphPacks`): kept whole by the caches.
 FREEZE_ENV = "TESSERA_COMPILE_FREEZE"
 # The compiled row-wise layer parts over those packs (`prompt_graph.py`); "0" turns them off.
 PROMPT_ENV = "TESSERA_COMPILE_PROMPTS"
@@ -80,9 +82,9 @@ def warm_before_ready(device: torch.device | None = None) -> bool:
 
 
 def freeze(device: torch.device | None = None) -> bool:
-    """Whether a CPU stage's decode graph is compiled frozen: on unless
-    `TESSERA_COMPILE_FREEZE=0` (`compile_cache.py` says what each costs a restart)."""
-    return env_flags.on(FREEZE_ENV) and (device is None or device.type == "cpu")
+    """Whether a CPU stage's decode graph is compiled frozen: only with
+    `TESSERA_COMPILE_FREEZE=1` (`compile_cache.py` says what each costs a restart)."""
+    return env_flags.strict(FREEZE_ENV, False) and (device is None or device.type == "cpu")
 
 
 def pack_prompts(device: torch.device | None = None) -> bool:
@@ -98,23 +100,25 @@ def compile_prompts(device: torch.device | None = None) -> bool:
     return env_flags.on(PROMPT_ENV) and pack_prompts(device)
 
 
-def copies(dtype: torch.dtype, device: torch.device | None = None) -> int:
+def copies(dtype: torch.dtype, device: torch.device | None = None, packs: bool = True) -> int:
     """Packed copies of a stage's projections the compiled decode holds: the frozen
-    graph's, plus the eager rows' (`packed_linear.py`, float32 only) when it is on."""
-    return 2 if dtype == torch.float32 and pack_prompts(device) else 1
+    graph's own (none unfrozen: it reads the eager rows' packs as inputs), plus the eager
+    rows' (`packed_linear.py`, float32 only) when `packs` and they are on."""
+    graph = 1 if freeze(device) else 0
+    eager = 1 if packs and dtype == torch.float32 and pack_prompts(device) else 0
+    return graph + eager
 
 
 def packed_bytes(model: model_mod.StageModel, packs: bool = True) -> int:
     """Bytes of the packed weight copies the compiled decode of a CPU stage holds: every
     projection of the stage's layers (the embedding is gathered from in place; the LM
-    head runs eagerly), once for the frozen graph and, with `packs`, once more for the
-    eager rows."""
+    head runs eagerly), times `copies`."""
     total = 0
     for layer in model.layers:
         for mod in layer.modules():
             if isinstance(mod, torch.nn.Linear):
                 total += mod.weight.nbytes + (mod.bias.nbytes if mod.bias is not None else 0)
-    return total * (copies(model.dtype_) if packs else 1)
+    return total * copies(model.dtype_, packs=packs)
 
 
 def planned_packed_bytes(
@@ -127,7 +131,7 @@ def planned_packed_bytes(
         for name, shape in block_tensors.shapes(cfg, start, end).items()
         if "_proj." in name
     )
-    return one * (copies(dtype) if packs else 1)
+    return one * copies(dtype, packs=packs)
 
 
 def load_reserve(

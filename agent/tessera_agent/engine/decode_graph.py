@@ -6,9 +6,16 @@ dispatches each from Python. Compiled, Inductor fuses the elementwise work (RMSN
 RoPE, residuals, SiLU x up) into generated kernels and runs the step with one guard check
 instead of hundreds of dispatches; decode attention is traced as slot-indexed reductions
 (`attention._decode_fused`) that become one kernel per layer reading the KV pool in place,
-instead of eager's gathered copies and SDPA. On CPU it compiles with Inductor's `freezing`: the
-weights become constants of the graph, prepacked once for MKL's matmul instead of being
-packed on every call (the larger share of the gain at batch 8).
+instead of eager's gathered copies and SDPA. On CPU its projections run over weights
+prepacked once in oneDNN's layout instead of being re-laid out on every call (the larger
+share of the gain at batch 8): by default the eager rows' packs (`packed_linear.StagePacks`)
+passed to the graph as inputs (`packed_linear.GraphPacks`, one `tessera::decode_linear` op
+per projection, which Inductor's code runs as a direct oneDNN call), so that Inductor's
+FX graph and AOT autograd caches keep the whole graph across restarts; with
+`TESSERA_COMPILE_FREEZE=1`, Inductor's `freezing` instead (the weights become constants,
+prepacked by Inductor; never taken from those caches in torch 2.13, so every restart
+compiles it again). Per-step CPU time of the two was level (docs/benchmarks-log.md,
+"Issue 29: the decode graph unfrozen over the packs").
 
 Life of a `CompiledDecode`:
 - **warm-up, never on a request's step.** `start` compiles on a background thread (or
@@ -23,11 +30,11 @@ Life of a `CompiledDecode`:
 - **loud fallbacks.** A warm-up or a compiled step that raises turns the path off for this
   stage with the traceback in the log (`state` "failed", `reason`); the step in hand is
   rerun eagerly (it rewrites the same KV slots with the same keys and values).
-- **memory.** The frozen graph holds a packed copy of the layers' projection weights
-  beside the parameters: `packed_bytes` (the agent books it on the device, `hosting.py`,
-  and turns the path off for a stage whose copy would not fit). The copy is tied to the
-  layer objects it was built from: when a memory shift or a drop swaps them, the compiled
-  code (and its copy) is dropped and warmed up again in the background.
+- **memory.** The packs hold a packed copy of the layers' projection weights beside the
+  parameters (a frozen graph one more): `packed_bytes` (the agent books it on the device,
+  `hosting.py`, and turns the path off for a stage whose copy would not fit). The copy is
+  tied to the layer objects it was built from: when a memory shift or a drop swaps them,
+  the compiled code (and its copy) is dropped and warmed up again in the background.
 
 When it is on, and what an agent holds back for it: `compile_policy.py`. Default: on for
 CPU stages of an agent process (`tessera agent`, and so `tessera up`,
@@ -97,6 +104,7 @@ def _forward(
     sin: torch.Tensor,
     kv: list[tuple[torch.Tensor, torch.Tensor]],
     fused: bool,
+    packs: packed_linear.GraphPacks | None,
 ) -> torch.Tensor:
     """The layers of `StageModel.forward` for a pure-decode step (traced by dynamo)."""
     md = attention.AttentionMetadata(
@@ -110,6 +118,7 @@ def _forward(
         cos=cos,
         sin=sin,
         decode_fused=fused,
+        packed=packs,
     )
     if model.embed_tokens is not None:
         x = model.embed_tokens(x)
@@ -167,6 +176,8 @@ class CompiledDecode:
         # A private copy of the code object: dynamo keeps compiled code per code object,
         # so this instance's graphs (and frozen weights) live and die with it.
         self.packs = None
+        self._graph_packs: packed_linear.GraphPacks | None = None
+        self.freeze = compile_policy.freeze(self.device)  # read once per graph
         fn = types.FunctionType(_forward.__code__.replace(), _forward.__globals__, "_forward")
         backend = compile_policy.counting_backend(self)
         if self.device.type == "cuda":  # CUDA graphs captured and replayed per shape
@@ -182,7 +193,7 @@ class CompiledDecode:
         # `torch.compile(options=...)` it did not take effect here).
         if self.device.type == "cuda":
             return contextlib.nullcontext()
-        freeze = compile_policy.freeze(self.device)
+        freeze = self.freeze
         patched: contextlib.AbstractContextManager[Any] = inductor_config.patch(freezing=freeze)
         return patched
 
@@ -202,13 +213,13 @@ class CompiledDecode:
         with self._lock:
             self._gen += 1
             self.state, self.reason = "off", reason
-            self.packs = None
+            self.packs = self._graph_packs = None
         log.warning("compiled decode off for layers [%d, %d): %s", *self._range(), reason)
 
     def drop_packs(self, reason: str) -> None:
         """Keep the graph but not the eager rows' packed projections (`packed_linear.py`)."""
         with self._lock:
-            self.with_packs, self.packs = False, None
+            self.with_packs, self.packs, self._graph_packs = False, None, None
         log.info("packed prompt projections off for layers [%d, %d): %s", *self._range(), reason)
 
     def _range(self) -> tuple[int, int]:
@@ -264,6 +275,8 @@ class CompiledDecode:
                 with self._lock:
                     if gen == self._gen and self.with_packs:
                         self.packs = packs
+                if not self.freeze:
+                    self._graph_packs = packed_linear.GraphPacks(self.model, packs)
             b, ctx, slots = self._shapes(kv_like)
             with torch.inference_mode():
                 self._run_synthetic(kv_like, 1, ctx, slots)
@@ -375,6 +388,7 @@ class CompiledDecode:
                 sin,
                 kv,
                 self.fused_attention,
+                self._graph_packs,
             )
 
     def __call__(
