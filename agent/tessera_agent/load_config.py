@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from tessera import blocks, dtypes
 from tessera.policies.overload import microbatch
+from tessera.rpc import transport
 from tessera_agent.engine import options as options_mod
 from tessera_agent.engine import scheduler
 
@@ -40,6 +41,8 @@ class LoadDefaults:
     engine: options_mod.EngineOptions = field(default_factory=options_mod.EngineOptions)
     # settle the heap after loads and unloads (gc_heap): agents only, which own their heap
     gc_settle: bool = False
+    # the agent's mTLS files, for its channels to other agents; None = plaintext
+    tls: transport.TlsFiles | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -159,12 +159,14 @@ def _run(args: argparse.Namespace) -> int:
 
     tracing.configure(os.environ)
     from tessera import gc_heap
+    from tessera.rpc import transport
     from tessera_agent import server
     from tessera_agent.engine import compile_cache, compile_policy, options
 
     try:
         engine = options.EngineOptions.from_env(os.environ, compile_default=args.compile_decode)
-    except ValueError as exc:
+        tls = transport.tls_from_dir(os.environ.get(transport.TLS_DIR_ENV, ""))
+    except (ValueError, FileNotFoundError) as exc:
         sys.stderr.write(f"tessera agent: {exc}\n")
         return 2
     if compile_policy.enabled(engine):  # before anything compiles
@@ -191,5 +193,6 @@ def _run(args: argparse.Namespace) -> int:
         cost_profile=args.cost_profile,
         engine=engine,
         gc_freeze=gc_heap.wanted(os.environ),
+        tls=tls,
     )
     return server.run(cfg)
