@@ -7,7 +7,14 @@
 # Versions are the agent lock's (requirements/agent.lock). Only what a CUDA image with
 # torch, transformers, safetensors, tokenizers, aiohttp, numpy, scipy, pyyaml, jinja2,
 # prometheus-client, nvidia-ml-py and uvloop lacks is fetched; pass more names to add.
-# Usage: scripts/gpu_wheels.sh DIR [PYTHON_VERSION] [EXTRA==VERSION ...]
+# FLASHINFER=1 adds FlashInfer (the `gpu` extra: `--attention-backend flashinfer`, measured
+# by `tessera bench gpu` under `attention`): flashinfer-python (FLASHINFER_VERSION, default
+# the newest), what it needs beyond the image's torch (TORCH_VERSION, default 2.11.0;
+# resolved with uv: UV, default the repository's .venv/bin/uv), and flashinfer-cubin of the
+# same version when PyPI has it. Its attention kernels are compiled on first use (nvcc)
+# unless a flashinfer-jit-cache wheel for the image's CUDA (flashinfer.ai/whl, not PyPI) is
+# put in DIR too (docs/gpu.md).
+# Usage: [FLASHINFER=1] scripts/gpu_wheels.sh DIR [PYTHON_VERSION] [EXTRA==VERSION ...]
 set -euo pipefail
 dir=${1:?usage: scripts/gpu_wheels.sh DIR [PYTHON_VERSION] [EXTRA==VERSION ...]}
 py=${2:-3.12}
@@ -20,6 +27,26 @@ for n in grpcio grpcio-health-checking protobuf cryptography cffi pycparser; do
   names+=("$p")
 done
 mkdir -p "$dir"
+if [ -n "${FLASHINFER:-}" ]; then
+  uv=${UV:-"$(dirname "$0")/../.venv/bin/uv"}
+  tmp=$(mktemp -d)
+  torch_pin="torch==${TORCH_VERSION:-2.11.0}"
+  printf '%s\n%s\n' "flashinfer-python${FLASHINFER_VERSION:+==$FLASHINFER_VERSION}" \
+    "$torch_pin" >"$tmp/fi.in"
+  echo "$torch_pin" >"$tmp/torch.in"
+  for f in fi torch; do
+    "$uv" pip compile --quiet --no-header --no-annotate --python-version "$py" \
+      --python-platform x86_64-manylinux_2_28 "$tmp/$f.in" -o "$tmp/$f.txt"
+  done
+  # FlashInfer's closure less torch's (the image has torch and its CUDA libraries) and
+  # less what the image has anyway.
+  keep=$(comm -23 <(grep -E '^[A-Za-z]' "$tmp/fi.txt" | sort) \
+    <(grep -E '^[A-Za-z]' "$tmp/torch.txt" | sort) |
+    grep -viE '^(numpy|requests|packaging|tqdm|nvidia-ml-py|certifi|charset-normalizer|idna|urllib3|pyyaml|protobuf)==' || true)
+  fiv=$(grep -E '^flashinfer-python==' "$tmp/fi.txt" | cut -d= -f3)
+  echo "flashinfer-python $fiv and: $keep" >&2
+  rm -rf "$tmp"
+fi
 plats=()
 for p in manylinux_2_34_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 \
          manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
@@ -27,4 +54,11 @@ for p in manylinux_2_34_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 \
 done
 python3 -m pip download --no-deps --only-binary=:all: --python-version "$py" \
   --implementation cp "${plats[@]}" -d "$dir" "${names[@]}" "$@"
+if [ -n "${FLASHINFER:-}" ]; then  # one at a time: a package without a wheel is named, not fatal
+  for p in $keep "flashinfer-cubin==$fiv"; do
+    python3 -m pip download --no-deps --only-binary=:all: --python-version "$py" \
+      --implementation cp "${plats[@]}" --platform any -d "$dir" "$p" >/dev/null ||
+      echo "gpu_wheels: no wheel of $p for Python $py (FlashInfer may miss it)" >&2
+  done
+fi
 ls -1 "$dir"

@@ -1,17 +1,13 @@
 """GPU check of the block engine: speed against the memory-bandwidth roofline, half precision.
 
-`tessera bench gpu --json` on one H100 / H200, no network: makes its own random-weight
-bfloat16 checkpoints (`random_checkpoint.py`: the 1B and the 3B shape) and prints one JSON
-object. Per shape: `ms_per_step_b1` (decode step at batch 1, 128-token prompt, 128 new),
-`roofline_ms_b1` (parameter bytes / the device's memory bandwidth: see `bandwidth`),
-`b1_vs_roofline`, `tok_s_b16` / `b64` / `b256` (generated tokens / wall time of a batch of
-128-token prompts, 128 new tokens each, prefill included), `ttft_ms_prompt2048`,
-`graph_capture_s`, `peak_gib` (torch's peak allocation), `logprob_ratio_vs_hf` (the
-half-precision oracle, `engine/logprob_oracle.py`); once: `tokens_match_fp32` (the engine in
-float32 against transformers, greedy) and `served_tok_s_c64` (the 1B shape through
-`tessera up`, 64 concurrent requests). Every part is guarded: a failure becomes a string
-under `errors` and the other parts still run; parts past `--budget-s` are skipped.
-`--device cpu --tiny` runs the same parts on a tiny shape (the CI smoke test).
+`tessera bench gpu --json` on one H100 / H200 with no network makes its own random-weight
+bfloat16 checkpoints (the 1B and 3B shapes) and prints one JSON object: per shape the
+decode step at batch 1 against the roofline, throughput at batch 16/64/256, TTFT at 2048
+tokens, graph capture time, peak memory and the half-precision log-prob oracle; once the
+float32 token match and the served throughput at 64 concurrent requests; first, the
+attention backends' times and choice (`bench_attention.py`, in a child process). Each
+part is guarded (a failure becomes a string under `errors`). Keys and their meaning:
+docs/gpu.md. `--device cpu --tiny` runs the same parts on a tiny shape (CI smoke test).
 """
 
 from __future__ import annotations
@@ -23,6 +19,8 @@ import functools
 import gc
 import json
 import platform
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -64,6 +62,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shapes", default="", help="comma list of 1b, 3b, tiny (default: 1b,3b)")
     parser.add_argument("--budget-s", type=float, default=330.0, help="skip parts after this")
     parser.add_argument("--skip-serve", action="store_true", help="no `tessera up` part")
+    parser.add_argument(
+        "--attention-only",
+        action="store_true",
+        help="only the attention backends' part (`attention`, bench_attention.py)",
+    )
+    parser.add_argument(
+        "--attention-timeout-s",
+        type=float,
+        default=150.0,
+        help="time limit of the attention backends' child process",
+    )
 
 
 class Parts:
@@ -88,6 +97,24 @@ class Parts:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def attention(device: torch.device, tiny: bool, timeout_s: float) -> dict[str, Any]:
+    """The attention backends' figures and choice (`bench_attention.py`), measured in a
+    child process with a time limit: a library that hangs compiling, or faults the CUDA
+    context, costs this part only."""
+    cmd = [sys.executable, "-m", "tessera_agent.bench_attention", "--device", str(device)]
+    cmd += ["--budget-s", str(max(timeout_s - 30.0, 10.0))] + (["--tiny"] if tiny else [])
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as exc:
+        tail = (exc.stderr or b"")[-600:]
+        raise RuntimeError(f"bench_attention ran past {timeout_s:.0f} s: {tail!r}") from None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"bench_attention exited {done.returncode}: {done.stderr[-600:]}")
+    res: dict[str, Any] = json.loads(lines[-1])
+    return res
 
 
 def bandwidth(device: torch.device) -> dict[str, Any]:
@@ -328,6 +355,12 @@ def _run(args: argparse.Namespace, parts: Parts, out: dict[str, Any]) -> None:
         raise ValueError(f"--shapes: {unknown} not in {sorted(random_checkpoint.SHAPES)}")
     if device.type == "cuda":
         out["device_name"] = parts.run("device_name", lambda: torch.cuda.get_device_name(device))
+    # Which attention backend to run (issue 29 item 3): early, so the budget never skips it.
+    att = parts.run("attention", lambda: attention(device, args.tiny, args.attention_timeout_s))
+    out["attention"] = att
+    out["attention_backend_choice"] = None if att is None else att["choice"]["attention_backend"]
+    if args.attention_only:
+        return
     bw = parts.run("bandwidth", lambda: bandwidth(device))
     out["bandwidth"] = bw
     out["roofline_bandwidth"] = "measured device copy (bytes read + written / time)"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 DEFAULT_DROP_THRESHOLD = 0.9
 DEFAULT_RESTORE_THRESHOLD = 0.5
+DEFAULT_RESTORE_HOLD_S = 1.0
 DEFAULT_UP_IDLE_FRACTION = 0.5
 DEFAULT_DOWN_VIOLATION_RATE = 0.05
 DEFAULT_BATCH_STEP = 5
@@ -28,6 +29,8 @@ class OverloadConfig:
     drop_threshold: float = DEFAULT_DROP_THRESHOLD  # fraction of the pool (0, 1]
     restore_threshold: float = DEFAULT_RESTORE_THRESHOLD  # fraction of the pre-drop pool
     head_of_line: int = 0  # queued requests counted in the demand; 0 = the whole queue
+    # a restore waits until the group's demand has stayed below the threshold this long
+    restore_hold_s: float = DEFAULT_RESTORE_HOLD_S
 
     def __post_init__(self) -> None:
         if not 0.0 < self.drop_threshold <= 1.0:
@@ -39,6 +42,8 @@ class OverloadConfig:
             )
         if self.head_of_line < 0:
             raise ValueError("head_of_line: must be >= 0")
+        if not self.restore_hold_s >= 0.0:
+            raise ValueError(f"restore_hold_s: must be >= 0, got {self.restore_hold_s}")
 
 
 @dataclass(frozen=True)

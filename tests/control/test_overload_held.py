@@ -146,7 +146,7 @@ def test_a_failed_restore_leaves_no_head_paused() -> None:
         )
     )
     loop = control.OverloadLoop(Driver())
-    cfg = overload.OverloadConfig(enabled=True)
+    cfg = overload.OverloadConfig(enabled=True, restore_hold_s=0.0)
 
     async def ticks() -> None:
         first = await loop.tick(MEMBERS, cfg, 8, obs, {})
@@ -159,3 +159,48 @@ def test_a_failed_restore_leaves_no_head_paused() -> None:
     assert len(takeovers) >= 2  # the first tick's takeover, then again after the failure
     head = overload_steps.BlockRef(A0, "r0", 0)
     assert overload_steps.Resume(head, num_pages=8) in ran[2]
+
+
+def test_a_restore_waits_until_demand_stayed_low_for_the_hold() -> None:
+    """A group whose demand just fell is not restored at once (a lull between arrivals
+    would restore it and the next arrivals drop it again); it is once demand stayed low
+    for `restore_hold_s`, and demand rising in between starts the hold again."""
+    import asyncio
+
+    from tessera.control import overload_driver
+    from tessera.policies.overload import monitor as overload
+
+    ran: list[tuple[overload_steps.Step, ...]] = []
+
+    class Driver(overload_driver.Driver):
+        async def run(self, steps: object) -> overload_driver.Report:
+            ran.append(tuple(steps))  # type: ignore[call-overload]
+            return overload_driver.Report()
+
+    def obs(used: int) -> observed.Observed:
+        o = _obs([_block("r0", 0, 0, 4, 2)], [_block("r0", 1, 4, 8, 2)])
+        load = (observed.ReplicaLoad("r0", 8, used),)
+        return observed.Observed(
+            (observed.AgentInfo("agent-0", A0, blocks=o.agents[0].blocks, kv=load), o.agents[1])
+        )
+
+    now = [100.0]
+    loop = control.OverloadLoop(Driver(), clock=lambda: now[0])
+    cfg = overload.OverloadConfig(enabled=True, restore_hold_s=1.0)
+
+    def restores() -> int:
+        return sum(any(isinstance(s, overload_steps.Compact) for s in r) for r in ran)
+
+    async def ticks() -> None:
+        assert (await loop.tick(MEMBERS, cfg, 8, obs(0), {})).restores == 0  # low since 100
+        now[0] = 100.6
+        assert (await loop.tick(MEMBERS, cfg, 8, obs(8), {})).restores == 0  # high again
+        now[0] = 101.2
+        assert (await loop.tick(MEMBERS, cfg, 8, obs(0), {})).restores == 0  # low since 101.2
+        now[0] = 102.0
+        assert (await loop.tick(MEMBERS, cfg, 8, obs(0), {})).restores == 0
+        now[0] = 102.3
+        assert (await loop.tick(MEMBERS, cfg, 8, obs(0), {})).restores == 1
+
+    asyncio.run(ticks())
+    assert restores() == 1

@@ -37,6 +37,11 @@ def test_bench_gpu_tiny_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     mem = out["served_detail"]["memory"]  # the agent's booking, from its Describe
     assert mem["device_capacity_gib"] == [2.0] and mem["gpu_memory_utilization"] == 0.9
     assert out["served_kv_pool_gib"] == mem["kv_pool_gib"] == 64 / 1024 and mem["kv_pages"] > 0
+    att = out["attention"]  # the backends' part, in its child process
+    assert att["backends"]["native"]["decode_ms_b64"] > 0
+    assert att["backends"]["flex"]["max_abs_diff"] < 1e-4  # float32 on CPU
+    assert "flashinfer" in att["backends"]["flashinfer"]["error"]
+    assert out["attention_backend_choice"] == att["choice"]["attention_backend"]
 
 
 def test_bench_gpu_failures_are_recorded_not_raised(capsys: pytest.CaptureFixture[str]) -> None:

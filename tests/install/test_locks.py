@@ -69,6 +69,23 @@ def test_torch_is_the_cpu_wheel_everywhere_it_is_locked() -> None:
     assert "torch" not in locks.pins(locks.CONTROL_PLANE_LOCK)
 
 
+def test_no_lock_pulls_the_gpu_extra_or_cuda_packages() -> None:
+    """CPU installs never pull CUDA: the `gpu` extra (FlashInfer) stays out of every lock,
+    as do CUDA runtimes and Triton (docs/gpu.md)."""
+    gpu = {locks.canonical(r.split(">")[0].split("=")[0]) for r in _extra("gpu")}
+    assert gpu == {"flashinfer-python"}
+    for lock in locks.LOCKS:
+        names = set(locks.pins(lock))
+        cuda = {n for n in names if n.startswith(("nvidia-", "cuda-", "triton", "flashinfer"))}
+        assert not (names & gpu) and cuda <= {"nvidia-ml-py"}, (lock.name, cuda)
+
+
+def _extra(name: str) -> list[str]:
+    pyproject = tomllib.loads((locks.ROOT / "pyproject.toml").read_text())
+    extra: list[str] = pyproject["project"]["optional-dependencies"][name]
+    return extra
+
+
 def test_the_venv_holds_exactly_the_dev_lock() -> None:
     """What the tests import is what the lock says (a stale .venv shows up here)."""
     wrong = {}

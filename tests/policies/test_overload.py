@@ -61,3 +61,19 @@ def test_thresholds_validated() -> None:
 def test_request_kv_bytes_rounds_to_pages() -> None:
     assert ov.request_kv_bytes(17, 0, 16, 64) == 128
     assert ov.request_kv_bytes(10, 6, 16, 64) == 64
+
+
+def test_restore_held_until_demand_stayed_low() -> None:
+    cfg = ov.OverloadConfig(enabled=True, restore_hold_s=1.0)
+    low = ov.assess_restore([ov.ReplicaKV("r0", 300, 10, (), 200)], cfg)
+    high = ov.assess_restore([ov.ReplicaKV("r0", 300, 150, (), 200)], cfg)
+    assert low.restore and not high.restore
+    first = ov.hold_restore(low, None, 10.0, cfg)
+    assert not first.decision.restore and first.below_since == 10.0
+    assert first.decision.reason == ov.REASON_HOLD_TIME
+    assert not ov.hold_restore(low, 10.0, 10.9, cfg).decision.restore
+    assert ov.hold_restore(low, 10.0, 11.0, cfg).decision == low
+    assert ov.hold_restore(high, 10.0, 11.0, cfg) == ov.HeldRestore(high, None)  # hold restarts
+    assert ov.hold_restore(low, None, 5.0, ov.OverloadConfig(restore_hold_s=0.0)).decision == low
+    with pytest.raises(ValueError, match="restore_hold_s"):
+        ov.OverloadConfig(restore_hold_s=-1.0)

@@ -14,6 +14,8 @@ engines split the batch:
   length are attended in one batched causal call over their own keys (no cache read);
 - other prefill chunks (a continued chunk, or one after a prefix-cache hit) read their
   context from the cache, one call each, with an explicit causal mask.
+A step planned by a kernel library (`attention_backend.py`: flex_attention, FlashInfer)
+carries its `StepKernel` in the metadata and every layer attends through it instead.
 Called by `runner.py` (metadata) and `model.py` (attention).
 """
 
@@ -65,6 +67,22 @@ class PromptRows(Protocol):
         kv: list[tuple[torch.Tensor, torch.Tensor]],
         packs: PackedRows,
     ) -> torch.Tensor | None: ...
+
+
+class StepKernel(Protocol):
+    """A library's attention for one step, planned once (`attention_backend.Backend.plan`)
+    and run by every layer after this step's keys and values are in the pool: q [T, nh,
+    hd] in (k, v [T, nkv, hd]: the step's own, which a fresh prompt may attend over
+    directly), [T, nh, hd] out, reading the pool's pages in place."""
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -129,6 +147,9 @@ class AttentionMetadata:
     # where Inductor fuses the indexed loads into its kernel; eager, it would materialise
     # the gather.
     decode_fused: bool = False
+    # A kernel library's plan for this step (`attention_backend.py`; set by the runner's
+    # eager steps when the stage's backend is not native): every layer attends through it.
+    kernel: StepKernel | None = None
 
 
 def configure(device: torch.device) -> None:
@@ -244,6 +265,8 @@ def paged_attention(
     nkv = k.shape[1]
     k_cache.index_copy_(0, md.slot_mapping, k)
     v_cache.index_copy_(0, md.slot_mapping, v)
+    if md.kernel is not None:
+        return md.kernel.attend(q, k, v, k_cache, v_cache)
     b = md.decode_rows.numel()
     if md.decode_leading and b == t:
         return _decode(q, md, k_cache, v_cache, scale, nkv)  # a pure decode step

@@ -2,13 +2,13 @@
 
 `EngineOptions` holds the engine switches a deployment may turn: the decode rows a mixed
 step needs before they run compiled apart from its prefill chunks (`split_min_decodes`),
-CUDA graphs, glibc's malloc thresholds, the compiled decode (`compile_policy.py`: its
-mode, freezing, packed prompt rows and their graphs, fused decode attention) and the
-release of helper threads' OpenMP teams (`omp_teams.py`). `tessera agent` builds it with
-`from_env` (the `$TESSERA_*` variables named below) into its `AgentConfig`; it reaches
-each `StageRunner` through `load_config.LoadDefaults`, `hosting` and `stage.load_stage`.
-In-process engines (tests, benches, `tessera generate`) get the defaults (compiled decode
-off) unless they pass their own.
+CUDA graphs, glibc's malloc thresholds, the attention backend stages attend with
+(`attention_backend`, from `tessera agent --attention-backend`; `attention_backend.py`),
+the compiled decode (`compile_policy.py`: its mode, freezing, packed prompt rows and their
+graphs, fused decode attention) and the release of helper threads' OpenMP teams
+(`omp_teams.py`). `tessera agent` builds it with `from_env` into its `AgentConfig`; it
+reaches each `StageRunner` through `load_config.LoadDefaults`, `hosting` and
+`stage.load_stage`. In-process engines get the defaults (compiled decode off).
 """
 
 from __future__ import annotations
@@ -72,6 +72,10 @@ def compile_mode(raw: str, default: bool) -> str:
     return "cpu" if default else "off"
 
 
+# Attention backends a stage may run (`attention_backend.py`; docs/gpu.md).
+ATTENTION_BACKENDS = ("auto", "native", "flex", "flashinfer")
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     split_min_decodes: int = SPLIT_MIN_DECODES  # NEVER: mixed steps are never split
@@ -83,12 +87,18 @@ class EngineOptions:
     compile_prompts: bool = True  # and those rows' layer parts compiled (prompt_graph.py)
     fused_decode_attn: bool = True  # compiled decode attends fused (attention._decode_fused)
     omp_release: bool = True  # helper threads release their OpenMP teams (omp_teams)
+    attention_backend: str = "auto"  # one of ATTENTION_BACKENDS; auto: native (docs/gpu.md)
 
     def __post_init__(self) -> None:
         if self.split_min_decodes < 1:
             raise ValueError("split_min_decodes: must be >= 1 (NEVER turns the split off)")
         if self.compile_decode not in COMPILE_MODES:
             raise ValueError(f"compile_decode: one of {COMPILE_MODES}, not {self.compile_decode!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend: {self.attention_backend!r} is not one of "
+                + ", ".join(ATTENTION_BACKENDS)
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], compile_default: bool = False) -> EngineOptions:

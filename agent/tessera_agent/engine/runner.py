@@ -13,6 +13,7 @@ import torch
 
 from tessera_agent.engine import (
     attention,
+    attention_backend,
     compile_policy,
     cuda_graphs,
     decode_graph,
@@ -68,6 +69,12 @@ class StageRunner:
         mode = compile_policy.mode(opts, device)
         if compile_decode is not None:
             mode = "on" if compile_decode else "off"
+        # A kernel library's attention for eager steps (`attention_backend.py`; None:
+        # native). The CPU's compiled decode traces the native paths, so a library
+        # backend turns it off; CUDA graphs replay the native decode (docs/gpu.md).
+        self.attention = self._attention_backend(opts.attention_backend)
+        if self.attention is not None:
+            mode = "off"
         self.decode_graph = (
             decode_graph.CompiledDecode(model, device, cache.layout.page_size, opts)
             # float32 only: Inductor fails to lower the fused decode in bfloat16 on CPU
@@ -96,6 +103,28 @@ class StageRunner:
         self.adapters: tuple[lora.Adapter, ...] = ()  # what `lora` was built from
         # Replicated layer runs of this stage (CoCoServe; layer_run.py, scaling_ops.py).
         self.runs: list[layer_run.ReplicatedRun] = []
+
+    def _attention_backend(self, name: str) -> attention_backend.Backend | None:
+        layers = list(self.model.layers)
+        if not layers:
+            return None
+        a = layers[0].self_attn
+        assert isinstance(a, model_mod.Attention)
+        return attention_backend.make(
+            name,
+            self.device,
+            self.model.dtype_,
+            self.cache.layout.page_size,
+            (a.nh, a.nkv, a.hd),
+            a.scale,
+        )
+
+    def _plan_attention(self, md: attention.AttentionMetadata, chunks: list[step.SeqChunk]) -> None:
+        """Plan the step's attention with the stage's library backend (none: native)."""
+        if self.attention is None or self.runs:
+            return
+        pool = self.cache.layers()[0][0]
+        md.kernel = self.attention.plan(chunks, pool.shape[0] // self.page_size)
 
     def attach_adapters(self, adapters: list[lora.Adapter]) -> None:
         """Serve these LoRA adapters on this stage (replaces the previous set)."""
@@ -210,6 +239,7 @@ class StageRunner:
             if len(rows) != graphed.shape[0]:
                 graphed = graphed[torch.tensor(rows, device=self.device)]
             return self.sampled(inp.step_id, graphed.float(), ids, params)
+        self._plan_attention(md, inp.chunks)
         compiled = None if self.runs else self._compiled(x, md, inp.chunks)
         if compiled is not None:
             hidden = compiled

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import socket
 import sys
@@ -27,6 +28,14 @@ def register(sub: Any) -> None:
         help="fraction of each GPU's memory this agent may use (as vLLM's): blocks book "
         "against fraction x total less what is in use at start; a block's KV pool is what "
         "its parameters and activation / CUDA-graph reserve leave (default 0.9)",
+    )
+    p.add_argument(
+        "--attention-backend",
+        default=os.environ.get("TESSERA_ATTENTION_BACKEND", "auto"),
+        help="auto, native, flex or flashinfer: the kernels stages attend over the paged KV "
+        "pool with (auto: native, the engine's own paths, until a GPU run of `tessera bench "
+        "gpu` measures a better one; flashinfer needs the `gpu` extra). docs/gpu.md "
+        "(default: $TESSERA_ATTENTION_BACKEND, else auto)",
     )
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
     p.add_argument(
@@ -164,7 +173,10 @@ def _run(args: argparse.Namespace) -> int:
     from tessera_agent.engine import compile_cache, compile_policy, options
 
     try:
-        engine = options.EngineOptions.from_env(os.environ, compile_default=args.compile_decode)
+        engine = dataclasses.replace(
+            options.EngineOptions.from_env(os.environ, compile_default=args.compile_decode),
+            attention_backend=args.attention_backend,
+        )
         tls = transport.tls_from_dir(os.environ.get(transport.TLS_DIR_ENV, ""))
     except (ValueError, FileNotFoundError) as exc:
         sys.stderr.write(f"tessera agent: {exc}\n")

@@ -1,12 +1,13 @@
 """The cluster a `tessera bench ... --via operator` run serves through, in one process.
 
 `Cluster` starts, each as its own process as on a cluster, the gateway (`tessera gateway`,
-reading a routes file), the test API server (KMock, a dev dependency) and the operator
-(`tessera operator` against it: the agents given, the caller's tick and resync periods,
-the gateway's admin URL, the checkpoint's folder the allowed model root, hostPath
-allowed), creates one ServingDeployment, waits for it Ready, mirrors
-its routes ConfigMap into the gateway's routes file (the kubelet's part) and waits for the
-gateway to route its replicas. Then the caller streams greedy requests to the gateway
+reading a routes file; `kv_dispatch=False` gives it the least-outstanding router, the rule
+`tessera bench overload`'s replay routes by), the test API server (KMock, a dev dependency)
+and the operator (`tessera operator` against it: the agents given, the caller's tick and
+resync periods, the gateway's admin URL, the checkpoint's folder the allowed model root,
+hostPath allowed), creates one ServingDeployment, waits for it Ready, mirrors its routes
+ConfigMap into the gateway's routes file (the kubelet's part) and waits for the gateway to
+route its replicas. Then the caller streams greedy requests to the gateway
 (`tessera.bench.client` over `Cluster.s`), patches the deployment (`patch`), reads it
 (`deployment`) and its events (`events`). Callers: `bench_overload_operator`,
 `bench_scaling_operator`.
@@ -127,13 +128,14 @@ class Cluster:
         manifest: dict[str, Any],
         work: Path,
         replicas: int,
+        kv_dispatch: bool = True,
         **operator: float,
     ) -> None:
         unknown = set(operator) - set(_FLAGS)
         if unknown:
             raise ValueError(f"operator settings not passed on: {sorted(unknown)}")
         self.agents, self.model, self.manifest, self.work = agents, model, manifest, work
-        self.replicas, self.operator = replicas, operator
+        self.replicas, self.operator, self.kv_dispatch = replicas, operator, kv_dispatch
         self.name: str = manifest["metadata"]["name"]
         self._stop = asyncio.Event()
         self._procs: list[subprocess.Popen[str]] = []
@@ -145,6 +147,8 @@ class Cluster:
         try:
             gw_cmd = [*main, "gateway", "--routes", str(routes), "--model-name", "tiny-llama"]
             gw_cmd += ["--model-path", str(self.model), "--port", "0", "--poll-interval", "0.2"]
+            if not self.kv_dispatch:
+                gw_cmd += ["--no-kv-dispatch"]
             gw, self.gateway = await asyncio.to_thread(
                 _spawn, gw_cmd, r"gateway listening on (http://\S+)", "the gateway"
             )

@@ -1,17 +1,12 @@
 """`tessera bench overload --via operator`: the same replay, served the way a cluster serves it.
 
-One run (policy off or on) on fresh agents: the test API server (KMock, a dev
-dependency) and the operator in threads of this process, a ServingDeployment of 4 whole
-replicas (`kvCacheBytes` = the bench's pool) with `spec.policies.overload.enabled` as
-asked, the gateway (`tessera.gateway.server`, in this process's event loop) reading the
-routes ConfigMap mirrored into a file (the kubelet's part), and the replay sent to the
-gateway's `/v1/completions` (streamed, greedy, token ids as the prompt); the cluster is
-`bench_operator_harness.Cluster`. The operator
-ticks the overload loop every `--tick-ms` and reads the gateway's calls over
-`GET /admin/v1/load`. Drops and restores are counted from the deployment's events
-(`OverloadDropped` / `OverloadRestored`); exchange and pause times from the loop's
-`OverloadShifted` events. Output: what `bench_overload._replay` returns, with each
-request's text instead of its tokens. Caller: `bench_overload.run`.
+One run (policy off or on) on fresh agents behind the test API server (KMock), the operator
+and the gateway, each its own process (`bench_operator_harness.Cluster`): a ServingDeployment
+of 4 whole replicas with `spec.policies.overload.enabled` as asked, the replay streamed to
+the gateway's `/v1/completions`. The gateway routes by least outstanding work, as the
+replay's router does (docs/overload.md says why). Drops, restores, exchange and pause times
+come from the loop's `OverloadShifted` events. Output: what `bench_overload._replay`
+returns, with each request's text. Caller: `bench_overload.run`.
 """
 
 from __future__ import annotations
@@ -56,6 +51,7 @@ async def _replay(
         manifest(model, kv_bytes, policy),
         work,
         replicas=4,
+        kv_dispatch=False,
         resync_seconds=10.0,  # the operator's default
         overload_tick_seconds=tick_s,
     ) as c:
@@ -82,13 +78,18 @@ async def _replay(
         "wall_s": wall,
         **harness.latency_ms(ttft, tpot),
         "lost": sum(not r.ok for r in rs),
-        "drops": sum(reason == "OverloadDropped" for reason, _ in items),
-        "restores": sum(reason == "OverloadRestored" for reason, _ in items),
+        "drops": sum(_count(m, "drops") for m in shifted),
+        "restores": sum(_count(m, "restores") for m in shifted),
         "fallbacks": sum(reason == "DropInsufficient" for reason, _ in items),
         "exchange_ms": sum(_ms(m, "exchange") for m in shifted),
         "paused_ms": sum(_ms(m, "paused") for m in shifted),
         "events": [f"{r}: {m}" for r, m in items if r.startswith(("Overload", "Drop"))],
     }
+
+
+def _count(message: str, key: str) -> int:
+    m = re.search(rf"([0-9]+) {key}", message)
+    return int(m.group(1)) if m else 0
 
 
 def _ms(message: str, key: str) -> float:

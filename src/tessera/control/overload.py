@@ -1,15 +1,18 @@
 """The overload loop (KunServe, issue 13), level-triggered: observe, decide, actuate, report.
 
 One `tick` per period for a deployment whose spec enables `spec.policies.overload`.
-Nothing is carried between ticks but gRPC channels and whether this loop has taken over
-the groups it found: an operator restarted mid-drop or mid-restore converges from what
-the agents report. Inputs of a tick: the planned whole replicas (`overload_held.Member`),
-the agents' report of this pass (`observed.Observed`), the calls on each replica as
-the gateway sees them (`gateway_load.Calls`; those the agent says wait are queued), the
+Nothing is carried between ticks but gRPC channels, whether this loop has taken over
+the groups it found, and since when each group's demand has been low enough to restore
+(`overload.hold_restore`; lost on a restart, which only delays a restore by one hold):
+an operator restarted mid-drop or mid-restore converges from what the agents report.
+Inputs of a tick: the planned whole replicas (`overload_held.Member`),
+the agents' report of this pass (`observed.Observed`), the calls on each replica as the
+gateway sees them (`gateway_load.Calls`; those the agent says wait are queued), the
 policy. Decision, pure: `overload_held.read` (groups, shifts cut short), then
-`overload.assess_restore` per group, `overload.assess` + `drop_plan.plan_drop` over the
-whole replicas, `overload_steps` for the steps. Actuation: `overload_driver.Driver`; its
-routes steps call `set_routes` (the operator writes the routes document it publishes).
+`overload.assess_restore` + `overload.hold_restore` per group, `overload.assess` +
+`drop_plan.plan_drop` over the whole replicas, `overload_steps` for the steps.
+Actuation: `overload_driver.Driver`; its routes steps call `set_routes` (the operator
+writes the routes document it publishes).
 Report: a `Tick` with Warning/Normal events and whether the agents changed (the operator
 then runs a reconcile pass at once: `status.overload`, the `Overloaded` condition and the
 `OverloadDropped` / `OverloadRestored` events come from there, from observation).
@@ -19,7 +22,8 @@ Caller: `tessera_operator.overload_loop` (a kopf timer, every 0.5 s as in `tesse
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tessera import blocks, observed, routes_doc
@@ -77,9 +81,12 @@ def _load(obs: observed.Observed) -> dict[str, observed.ReplicaLoad]:
 class OverloadLoop:
     """The loop of one deployment; `tick` once per period."""
 
-    def __init__(self, driver: overload_driver.Driver) -> None:
-        self.driver = driver
+    def __init__(
+        self, driver: overload_driver.Driver, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.driver, self.clock = driver, clock
         self.taken_over = False
+        self.below_since: dict[str, float] = {}  # head -> when its demand fell low enough
         self.runs = 0  # step lists handed to the driver (the agents may have changed)
 
     async def close(self) -> None:
@@ -146,13 +153,22 @@ class OverloadLoop:
             )
             return overload.ReplicaKV(rid, total * size.page_bytes, used * size.page_bytes, q, pre)
 
-        # 3. restore the groups whose demand fell
+        # 3. restore the groups whose demand fell (and stayed low for the hold)
+        now = self.clock()
+        heads = {g.head for g in held.groups}
+        self.below_since = {h: t for h, t in self.below_since.items() if h in heads}
         for g in held.groups:
             if g.head not in load:
                 continue
-            back = overload.assess_restore([kv(g.head, g.pre_drop_kv_bytes)], cfg)
-            if not back.restore:
+            look = overload.assess_restore([kv(g.head, g.pre_drop_kv_bytes)], cfg)
+            hold = overload.hold_restore(look, self.below_since.get(g.head), now, cfg)
+            if hold.below_since is None:
+                self.below_since.pop(g.head, None)
+            else:
+                self.below_since[g.head] = hold.below_since
+            if not hold.decision.restore:
                 continue
+            self.below_since.pop(g.head, None)
             try:
                 rep = await self._run(
                     overload_steps.restore_steps(g.group, steps_members, num_layers)

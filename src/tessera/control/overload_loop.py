@@ -10,7 +10,8 @@ Each `tick`: read every member leader's KV (`Describe`: pages in use and in the 
 and the queued requests' KV needs (a callback: the router knows the prompts waiting on
 each replica), build `policies.overload.ReplicaKV`s, and
 * for dropped groups: `overload.assess_restore`; a group whose demand fell below the
-  threshold gets `overload_steps.restore_steps`;
+  threshold (and stayed there for `restore_hold_s`, `overload.hold_restore`) gets
+  `overload_steps.restore_steps`;
 * otherwise `overload.assess` over the whole replicas; when it fires, `drop_plan.plan_drop`
   over the whole replicas for R; each new group gets `overload_steps.drop_steps`; a plan
   that cannot free R is a fallback (KV-centric: preempt and recompute) with an event
@@ -84,6 +85,7 @@ class OverloadLoop:
         self.queued_bytes, self.driver, self.describe = queued_bytes, driver, describe
         self.on_event = on_event
         self.dropped: dict[str, Dropped] = {}  # by head replica
+        self.below_since: dict[str, float] = {}  # head -> when its demand fell low enough
         self.stats = LoopStats()
 
     def _event(self, kind: str, reason: str, message: str) -> None:
@@ -116,10 +118,17 @@ class OverloadLoop:
         for head, d in list(self.dropped.items()):
             if head not in kv:
                 continue
-            back = overload.assess_restore(
+            look = overload.assess_restore(
                 [self._replica_kv(head, kv[head], d.pre_drop_pool_bytes)], self.cfg
             )
+            hold = overload.hold_restore(
+                look, self.below_since.pop(head, None), time.monotonic(), self.cfg
+            )
+            if hold.below_since is not None:
+                self.below_since[head] = hold.below_since
+            back = hold.decision
             if back.restore:
+                self.below_since.pop(head, None)
                 num_layers = len(self.layer_bytes)
                 steps = overload_steps.restore_steps(d.group, self.members, num_layers)
                 try:

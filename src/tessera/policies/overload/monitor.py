@@ -24,7 +24,11 @@ Restore (`restoreThreshold`, default 0.5, KunServe §4.4 "below 50 % of the GPU 
 drop)"): a dropped group restores when its whole demand (running + queued) is below
 `restoreThreshold` x the KV pools its members had before the drop. Using demand rather
 than use avoids restoring into a queue and dropping again at once; the gap between the
-two thresholds is the hysteresis.
+two thresholds is the hysteresis. A hysteresis in time as well (`hold_restore`): a group
+restores only once its demand has stayed below the threshold for `restore_hold_s` (1 s),
+so a lull between arrivals does not restore a group the next arrivals drop again; each
+such cycle pauses the head twice and moves the routes twice (docs/overload.md, "Why it
+was lower, measured").
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ REASON_OVERLOAD = "KVOverload"
 REASON_OK = "KVWithinPool"
 REASON_RESTORE = "DemandFell"
 REASON_HOLD = "DemandHigh"
+REASON_HOLD_TIME = "DemandFellRecently"
 
 
 @dataclass(frozen=True)
@@ -144,3 +149,34 @@ def assess_restore(group: Sequence[ReplicaKV], cfg: OverloadConfig) -> RestoreDe
         REASON_HOLD,
         f"KV demand {demand} bytes is not below {limit} bytes: stay dropped",
     )
+
+
+@dataclass(frozen=True)
+class HeldRestore:
+    """`assess_restore`'s decision held back until demand stayed low for `restore_hold_s`."""
+
+    decision: RestoreDecision
+    below_since: float | None  # when demand fell below the threshold; None while it is not
+
+
+def hold_restore(
+    decision: RestoreDecision, below_since: float | None, now: float, cfg: OverloadConfig
+) -> HeldRestore:
+    """Restore only once `decision` said restore at every look since `below_since` for
+    `cfg.restore_hold_s` seconds (`now`, `below_since`: one monotonic clock). The caller
+    keeps `below_since` per group between looks; losing it (a new operator) only delays a
+    restore by one hold."""
+    if not decision.restore:
+        return HeldRestore(decision, None)
+    since = now if below_since is None else below_since
+    if now - since >= cfg.restore_hold_s:
+        return HeldRestore(decision, since)
+    waiting = RestoreDecision(
+        False,
+        decision.demand_bytes,
+        decision.limit_bytes,
+        REASON_HOLD_TIME,
+        f"KV demand {decision.demand_bytes} bytes is below {decision.limit_bytes} bytes since "
+        f"{now - since:.2f} s: restore after {cfg.restore_hold_s:g} s",
+    )
+    return HeldRestore(waiting, since)
