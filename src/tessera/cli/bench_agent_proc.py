@@ -60,9 +60,10 @@ class AgentProc:
         await self.stub.UnloadBlock(pb.UnloadBlockRequest(replica_id=rid), timeout=60)
 
     async def generate(self, rid: str, variant: str, prompt: tuple[int, ...], n: int) -> list[int]:
+        from tessera.rpc import sampling as rpc_sampling
         from tessera.rpc.v1 import agent_pb2 as pb
 
-        params = pb.SamplingParams(max_tokens=n, ignore_eos=True)
+        params = rpc_sampling.to_proto(rpc_sampling.Sampling(max_tokens=n, ignore_eos=True))
         req = pb.GenerateRequest(
             replica_id=rid, prompt_token_ids=list(prompt), params=params, variant=variant
         )

@@ -145,7 +145,9 @@ async def _stream(
     agent: Any, pb: Any, rid: str, prompt: list[int], new: int
 ) -> tuple[list[int], list[float]]:
     """Greedy tokens of one request and the time each arrived."""
-    params = pb.SamplingParams(max_tokens=new, ignore_eos=True)
+    from tessera.rpc import sampling as rpc_sampling
+
+    params = rpc_sampling.to_proto(rpc_sampling.Sampling(max_tokens=new, ignore_eos=True))
     req = pb.GenerateRequest(replica_id=rid, prompt_token_ids=list(prompt), params=params)
     out: list[int] = []
     times: list[float] = []

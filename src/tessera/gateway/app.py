@@ -47,6 +47,7 @@ from tessera.gateway import (
 )
 from tessera.gateway import variants as gw_variants
 from tessera.observability import tracing
+from tessera.rpc import sampling as rpc_sampling
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +255,7 @@ class _Handlers:
             raise errors.bad_request(f"{param}: cannot be tokenized", param) from exc
 
     def _job(
-        self, request_id: str, prompt: list[int], p: request_params.Sampling, started: float
+        self, request_id: str, prompt: list[int], p: rpc_sampling.Sampling, started: float
     ) -> dispatch.Job:
         info = self.s.info
         if not prompt:
@@ -284,19 +285,10 @@ class _Handlers:
                 "context_length_exceeded",
             )
         stop_ids = {t for s in p.stop if (t := self.s.codec.single_token(s)) is not None}
-        return dispatch.Job(
-            request_id=request_id,
-            prompt_ids=tuple(prompt),
-            max_tokens=max_tokens,
-            temperature=p.temperature,
-            top_p=p.top_p,
-            top_k=p.top_k,
-            seed=p.seed,
-            stop_token_ids=tuple(sorted(stop_ids)),
-            ignore_eos=p.ignore_eos,
-            received_at=started,
-            logprobs=p.logprobs,
+        resolved = dataclasses.replace(
+            p, max_tokens=max_tokens, stop_token_ids=tuple(sorted(stop_ids))
         )
+        return dispatch.Job(request_id, tuple(prompt), resolved, started)
 
     # -- inventory ----------------------------------------------------------------------
     async def models(self, request: web.Request) -> web.StreamResponse:
@@ -357,8 +349,9 @@ def _nth(job: dispatch.Job, index: int, offset: int) -> dispatch.Job:
     prompt's `n`) when seeded."""
     if index == 0:
         return job
-    seed = None if job.seed is None else dispatch.seed_plus(job.seed, offset)
-    return dataclasses.replace(job, request_id=f"{job.request_id}.c{index}", seed=seed)
+    return dataclasses.replace(
+        job, request_id=f"{job.request_id}.c{index}", sampling=job.reseeded(offset)
+    )
 
 
 class _LogprobShape:
