@@ -8,7 +8,6 @@ agent's /metrics.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 
@@ -42,9 +41,9 @@ class AgentProc:
 
     @staticmethod
     def _layers(path: str) -> int:
-        import json
+        from tessera import model_facts
 
-        return int(json.loads((Path(path) / "config.json").read_text())["num_hidden_layers"])
+        return model_facts.num_layers(path)
 
     async def adapters(self, rid: str, pairs: list[tuple[str, str]]) -> None:
         from tessera.rpc.v1 import agent_pb2 as pb
