@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
-from tessera import api
-from tessera.control import agents, converge
+from tessera import api, model_facts
+from tessera.control import agents
 from tessera.cost import calibration as cost_calibration
 from tessera.cost import profile as cost_profile
 from tessera.policies.switching import candidates as switching_candidates
@@ -71,7 +71,7 @@ async def planner_candidates(
     `profile` that `layout: auto` would use, or None for its default), priced with the
     latency model's `calibration` when given (its per-layout error then sets the switching
     threshold); ValueError saying why there are none."""
-    shape = converge.model_facts(model_path, dep.spec.model.dtype)
+    shape = model_facts.served_shape(model_path, dep.spec.model.dtype)
     if shape is None:
         raise ValueError(f"model not readable: no config.json in {model_path}")
     obs = await agents.observe(refs)
