@@ -179,7 +179,7 @@ async def tick(
                 f"{out.exchange_s * 1e3:.1f} ms, paused {out.paused_s * 1e3:.1f} ms",
             )
         if out.acted:
-            _write_status(body, memo, ctx.kube, dep, whole, await seen.get())
+            _write_status(body, memo, ctx.kube, ctx.posted, dep, whole, await seen.get())
 
 
 def _now() -> str:
@@ -190,6 +190,7 @@ def _write_status(
     body: kopf.Body,
     memo: kopf.Memo,
     client: kube.Kube,
+    posted: overload_status.Posted,
     dep: api.ServingDeployment,
     whole: list[tuple[str, str]],
     obs: observed.Observed,
@@ -205,7 +206,7 @@ def _write_status(
         previous.update(written)  # the body predates our last write
     generation = int(body.metadata.get("generation") or 0)
     change = overload_status.patch(previous, found, generation, _now())
-    overload_status.record(body, previous.get("overload") or {}, {"groups": found})
+    posted.record(body, previous.get("overload") or {}, {"groups": found})
     if not change:
         return
     url = kube.path(f"{api.API_GROUP}/{api.API_VERSION}", PLURAL, dep.namespace, dep.name)

@@ -7,7 +7,7 @@ observation, without a reconcile pass). Input: a pass's `converge.Outcome`, or t
 whole replicas `status.plan` names and an observation. A *dropped group* is a replica
 the plan has whole that the agents hold as a pipeline: the overload loop
 (`tessera.control.overload_loop`) turned it and donor replicas into one (`docs/overload.md`).
-Each group lists its stages: agent, layers, KV pages. Pure, except `record`.
+Each group lists its stages: agent, layers, KV pages. Pure, except `Posted.record`.
 """
 
 from __future__ import annotations
@@ -115,7 +115,29 @@ def patch(
     return out
 
 
-def record(body: kopf.Body, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-    """Post the events for `changes` between the previous and the new `status.overload`."""
-    for reason, message in changes(old.get("groups") or [], new.get("groups") or []):
-        kopf.info(body, reason=reason, message=message)
+class Posted:
+    """The groups each deployment's events last announced, with the resourceVersion of
+    the body they were computed from (one per operator, in `reconciler.Context`). A pass
+    or tick that reads the same version again read a body older than its own status
+    write (the watch has not delivered it yet): it compares with what was announced, so
+    two passes over one stale status do not post `OverloadRestored` twice."""
+
+    def __init__(self) -> None:
+        self._by_uid: dict[str, tuple[str, list[dict[str, Any]]]] = {}
+
+    def record(self, body: kopf.Body, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        """Post the events for `changes` between the previous (`old`, or what was
+        announced from the same body version) and the new `status.overload`."""
+        meta = body.metadata
+        uid, version = (
+            str(meta.get("uid") or meta.get("name") or ""),
+            str(meta.get("resourceVersion") or ""),
+        )
+        before: Sequence[Mapping[str, Any]] = old.get("groups") or []
+        held = self._by_uid.get(uid)
+        if held is not None and version and held[0] == version:
+            before = held[1]
+        after = [dict(g) for g in new.get("groups") or []]
+        for reason, message in changes(before, after):
+            kopf.info(body, reason=reason, message=message)
+        self._by_uid[uid] = (version, after)
