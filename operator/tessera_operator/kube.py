@@ -84,10 +84,11 @@ class Kube:
         url: str,
         query: Sequence[tuple[str, str]] = (),
         body: Any = None,
+        content_type: str = "application/json",
     ) -> Any:
         headers = {"Accept": "application/json"}
         if body is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         req = self.api.param_serialize(
             method=method,
             resource_path=url,
@@ -112,8 +113,9 @@ class Kube:
         url: str,
         query: Sequence[tuple[str, str]] = (),
         body: Any = None,
+        content_type: str = "application/json",
     ) -> Any:
-        return await asyncio.to_thread(self._call, method, url, query, body)
+        return await asyncio.to_thread(self._call, method, url, query, body, content_type)
 
     async def get(self, url: str) -> dict[str, Any] | None:
         try:
@@ -140,6 +142,13 @@ class Kube:
 
     async def replace(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         doc: dict[str, Any] = await self.request("PUT", url, body=body)
+        return doc
+
+    async def merge_patch(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386) of `url`, e.g. an object's `/status`."""
+        doc: dict[str, Any] = await self.request(
+            "PATCH", url, body=body, content_type="application/merge-patch+json"
+        )
         return doc
 
 

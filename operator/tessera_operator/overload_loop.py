@@ -13,34 +13,50 @@ routes steps rewrite the routes ConfigMap the reconcile publishes (the same vers
 document, the same version: the gateway drains the donors); a step that takes replicas
 out waits until the gateway routes none of them (`GET /admin/v1/routes`; the ConfigMap
 reaches the gateway's file some time later), so the drain that follows sees every
-request the donors will get. When the agents changed, a reconcile pass runs at once
-under the same lock (the observation made anew): it writes `status.overload`, the
-`Overloaded` condition and the `OverloadDropped` / `OverloadRestored` events from what
-the agents now hold. The loop's own events (fallback, failures, a shift cut short and
-converged) are posted here. The loop object (whether it took over the groups it found)
-lives in kopf's per-object memo; nothing else is remembered, so a new operator converges
-from the agents.
+request the donors will get. When the agents changed, the tick observes them anew and
+writes `status.overload` and the `Overloaded` condition from what they now hold
+(`overload_status.patch`), and posts `OverloadDropped` / `OverloadRestored`; the status
+patch goes to the API server from a task of its own (`STATUS_KEY`, one write at a time,
+in order), so the next tick does not wait on it, nor on a reconcile pass: the loop's
+routes steps already wrote the routes, and the resync pass converges the rest and the
+same status from observation. The loop's own events (fallback, failures, a shift cut
+short and converged) are posted here. The loop object (whether it took over the groups
+it found) and the last status written live in kopf's per-object memo; nothing else is
+remembered, so a new operator converges from the agents.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import datetime
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from tessera import api, fields, routes_doc
+from tessera import api, fields, observed, routes_doc
 from tessera.control import gateway_load, overload_driver
 from tessera.control import overload as control
 from tessera.policies.overload import held as overload_held
 from tessera.policies.overload import steps as overload_steps
-from tessera_operator import config, discovery, gateway_objects, kube, owned, reconciler, timers
+from tessera_operator import (
+    config,
+    discovery,
+    gateway_objects,
+    kube,
+    overload_status,
+    owned,
+    reconciler,
+    timers,
+)
 
 log = logging.getLogger(__name__)
 LOOP_KEY = "overload_loop"
+PLURAL = "servingdeployments"
 WARNED_KEY = "overload_load_warned"
+STATUS_KEY = "overload_status_write"  # (the status as last written, its write task)
 
 
 def register(
@@ -163,4 +179,49 @@ async def tick(
                 f"{out.exchange_s * 1e3:.1f} ms, paused {out.paused_s * 1e3:.1f} ms",
             )
         if out.acted:
-            await reconciler.one_pass(body, patch, ctx, seen)
+            _write_status(body, memo, ctx.kube, ctx.posted, dep, whole, await seen.get())
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _write_status(
+    body: kopf.Body,
+    memo: kopf.Memo,
+    client: kube.Kube,
+    posted: overload_status.Posted,
+    dep: api.ServingDeployment,
+    whole: list[tuple[str, str]],
+    obs: observed.Observed,
+) -> None:
+    """After an acting tick: post the group events and start writing `status.overload`
+    and the `Overloaded` condition (module docstring); returns at once. The previous
+    status is the one this operator last wrote while the body has not caught up."""
+    found = overload_status.held_groups({rid for rid, _ in whole}, obs)
+    version = str(body.metadata.get("resourceVersion") or "")
+    written, read, before = memo.get(STATUS_KEY) or (None, None, None)
+    previous = dict(body.get("status") or {})
+    if written is not None and read == version:
+        previous.update(written)  # the body predates our last write
+    generation = int(body.metadata.get("generation") or 0)
+    change = overload_status.patch(previous, found, generation, _now())
+    posted.record(body, previous.get("overload") or {}, {"groups": found})
+    if not change:
+        return
+    url = kube.path(f"{api.API_GROUP}/{api.API_VERSION}", PLURAL, dep.namespace, dep.name)
+
+    async def write() -> None:
+        if before is not None:
+            await asyncio.gather(before, return_exceptions=True)  # writes stay in order
+        try:
+            await client.merge_patch(url + "/status", {"status": change})
+        except (kube.KubeError, OSError) as exc:  # the resync pass writes it from observation
+            log.warning("overload status of %s/%s not written: %s", dep.namespace, dep.name, exc)
+
+    state = {**previous, **change}
+    memo[STATUS_KEY] = (
+        {k: state.get(k) for k in ("overload", "conditions")},
+        version,
+        asyncio.get_running_loop().create_task(write()),
+    )

@@ -1,20 +1,23 @@
 """Overload drops as the operator reports them (issue 13): status, condition and events.
 
-Called by `status.build` (the `status.overload` document and the `Overloaded` condition)
-and by `reconciler._pass` (events when a group appears or goes). Input: a pass's
-`converge.Outcome` (the plan and what the agents hold). A *dropped group* is a replica
+Called by `status.build` (the `status.overload` document and the `Overloaded` condition),
+by `reconciler.one_pass` (events when a group appears or goes) and by the overload
+loop's tick after it acted (`patch`: the same two fields from the tick's new
+observation, without a reconcile pass). Input: a pass's `converge.Outcome`, or the
+whole replicas `status.plan` names and an observation. A *dropped group* is a replica
 the plan has whole that the agents hold as a pipeline: the overload loop
 (`tessera.control.overload_loop`) turned it and donor replicas into one (`docs/overload.md`).
-Each group lists its stages: agent, layers, KV pages. Pure, except `record`.
+Each group lists its stages: agent, layers, KV pages. Pure, except `Posted.record`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import kopf
 
+from tessera import observed
 from tessera.control import converge
 
 REASON_DROPPED = "LayersDropped"
@@ -26,9 +29,15 @@ def groups(out: converge.Outcome) -> list[dict[str, Any]]:
     and KV pages, sorted by head replica."""
     if out.plan is None or out.observed is None:
         return []
-    whole = {r.replica_id for r in out.plan.replicas if len(r.stages) == 1}
+    return held_groups(
+        {r.replica_id for r in out.plan.replicas if len(r.stages) == 1}, out.observed
+    )
+
+
+def held_groups(whole: Collection[str], obs: observed.Observed) -> list[dict[str, Any]]:
+    """`groups` from the planned whole replicas' ids and an observation of the agents."""
     stages: dict[str, list[tuple[int, dict[str, Any]]]] = {}
-    for a in out.observed.agents:
+    for a in obs.agents:
         for b in a.blocks:
             if b.replica_id in whole and b.num_stages > 1 and b.tp_rank == 0:
                 stage = {"agent": a.name, "layers": [b.start, b.end], "kvPages": b.kv_pages}
@@ -70,7 +79,65 @@ def changes(
     return out
 
 
-def record(body: kopf.Body, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-    """Post the events for `changes` between the previous and the new `status.overload`."""
-    for reason, message in changes(old.get("groups") or [], new.get("groups") or []):
-        kopf.info(body, reason=reason, message=message)
+def patch(
+    previous: Mapping[str, Any], found: Sequence[Mapping[str, Any]], generation: int, now: str
+) -> dict[str, Any]:
+    """The status merge patch that makes `status.overload` and the `Overloaded` condition
+    of `previous` (a status) say `found` (as `status.build` would), {} when they do.
+    Other conditions are kept as they are; the condition keeps its lastTransitionTime
+    unless its status flips."""
+    out: dict[str, Any] = {}
+    doc = {"groups": [dict(g) for g in found]} if found else None
+    if previous.get("overload") != doc:
+        out["overload"] = doc
+    conds = [dict(c) for c in previous.get("conditions") or []]
+    old = next((c for c in conds if c.get("type") == "Overloaded"), None)
+    if not found and old is None:  # shown once a drop was seen (status.conditions)
+        return out
+    ok, reason, message = condition(found)
+    status = "True" if ok else "False"
+    if old is not None and (old.get("status"), old.get("reason"), old.get("message")) == (
+        status,
+        reason,
+        message,
+    ):
+        return out
+    since = old.get("lastTransitionTime") if old and old.get("status") == status else None
+    new = {
+        "type": "Overloaded",
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since or now,
+        "observedGeneration": generation,
+    }
+    out["conditions"] = [new if c is old else c for c in conds] if old else [*conds, new]
+    return out
+
+
+class Posted:
+    """The groups each deployment's events last announced, with the resourceVersion of
+    the body they were computed from (one per operator, in `reconciler.Context`). A pass
+    or tick that reads the same version again read a body older than its own status
+    write (the watch has not delivered it yet): it compares with what was announced, so
+    two passes over one stale status do not post `OverloadRestored` twice."""
+
+    def __init__(self) -> None:
+        self._by_uid: dict[str, tuple[str, list[dict[str, Any]]]] = {}
+
+    def record(self, body: kopf.Body, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        """Post the events for `changes` between the previous (`old`, or what was
+        announced from the same body version) and the new `status.overload`."""
+        meta = body.metadata
+        uid, version = (
+            str(meta.get("uid") or meta.get("name") or ""),
+            str(meta.get("resourceVersion") or ""),
+        )
+        before: Sequence[Mapping[str, Any]] = old.get("groups") or []
+        held = self._by_uid.get(uid)
+        if held is not None and version and held[0] == version:
+            before = held[1]
+        after = [dict(g) for g in new.get("groups") or []]
+        for reason, message in changes(before, after):
+            kopf.info(body, reason=reason, message=message)
+        self._by_uid[uid] = (version, after)

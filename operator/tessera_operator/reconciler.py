@@ -56,6 +56,8 @@ class Context:
     candidates: switching_candidates.CandidateCache = field(
         default_factory=switching_candidates.CandidateCache
     )
+    # the overload groups last announced per deployment (duplicate events from a stale body)
+    posted: overload_status.Posted = field(default_factory=overload_status.Posted)
 
 
 def _now() -> str:
@@ -221,7 +223,7 @@ async def one_pass(
     replica_status.ready_events(
         body, previous.get("replicaSources") or [], new.get("replicaSources") or []
     )
-    overload_status.record(body, previous.get("overload") or {}, new.get("overload") or {})
+    ctx.posted.record(body, previous.get("overload") or {}, new.get("overload") or {})
     for key, value in status.merge_patch(previous, new).items():
         patch.status[key] = value
 

@@ -78,3 +78,39 @@ async def test_owners_of_a_replica_that_left_or_moved_are_forgotten() -> None:
     rs.update([config.ReplicaEndpoint("a", "127.0.0.1:2")])  # "b" leaves the routes
     aff.choose(["a"], [1, 2, 3], 8, "")
     assert aff.owners.lookup(keys, ["a", "b"]) == (None, 0)
+
+
+def test_throughput_is_per_stream() -> None:
+    """Eight streams each stepping every 0.1 s and two streams at the same step time
+    measure the same rate: one token per stream per step."""
+    big, small = kv_affinity.Throughput(), kv_affinity.Throughput()
+    for step in range(1, 11):
+        for s in range(8):
+            big.observe(1, 10.0 + 0.1 * step + 0.0125 * s, first=False, streams=8)
+        for s in range(2):
+            small.observe(1, 10.0 + 0.1 * step + 0.05 * s, first=False, streams=2)
+    assert big.rate == pytest.approx(10.0, rel=0.05)
+    assert small.rate == pytest.approx(10.0, rel=0.05)
+
+
+async def test_a_bigger_batch_does_not_keep_winning_new_requests() -> None:
+    """The burst skew (docs/overload.md): "a" runs 8 requests, "b" 2, both at one token
+    per stream every 0.1 s. Measured over all streams together "a" looked 4x faster, so
+    its estimated latency did not grow with its queue and it won the next request."""
+    aff, route = await _setup(limit=64)
+    tickets = [route.admit("a", 40, 50) for _ in range(8)]
+    tickets += [route.admit("b", 40, 50) for _ in range(2)]
+    for t in tickets:
+        route.progress(t, 1)  # prefilled, 49 tokens to go each
+    for step in range(1, 11):
+        for s in range(8):
+            aff.observe("a", 1, 10.0 + 0.1 * step + 0.0125 * s, first=False)
+        for s in range(2):
+            aff.observe("b", 1, 10.0 + 0.1 * step + 0.05 * s, first=False)
+    picks = []
+    for i in range(6):  # six new conversations (no owner), each admitted where it went
+        rid, reason = _pick(aff, list(range(1000 * i, 1000 * i + 40)))
+        assert reason == "lowest_latency"
+        picks.append(rid)
+        route.admit(rid, 40, 8)
+    assert picks == ["b"] * 6  # its outstanding work stays below "a"'s (386 < 392 tokens)

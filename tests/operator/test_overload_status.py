@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import kopf
 import pytest
 
 from tessera import blocks, observed, plan
@@ -45,6 +46,10 @@ def _outcome(dropped: bool) -> converge.Outcome:
     return out
 
 
+def _body(version: str) -> kopf.Body:
+    return kopf.Body({"metadata": {"name": "tiny", "uid": "u", "resourceVersion": version}})
+
+
 def _cond(st: dict[str, Any]) -> dict[str, Any]:
     return dict(status.condition(st, "Overloaded"))
 
@@ -74,14 +79,27 @@ def test_drop_and_restore_show_in_status_condition_and_events(
     c = _cond(dropped)
     assert (c["status"], c["reason"]) == ("True", "LayersDropped")
     assert c["message"] == "team.tiny.r0: a [0, 4) 220 KV pages | b [4, 8) 220 KV pages"
-    overload_status.record(object(), whole.get("overload") or {}, dropped["overload"])
+    seen = overload_status.Posted()
+    seen.record(_body("1"), whole.get("overload") or {}, dropped["overload"])
     assert posted == [("OverloadDropped", c["message"])]
+    # the overload tick writes the same two fields as a pass would
+    tick = overload_status.patch(whole, dropped["overload"]["groups"], 1, "T2")
+    assert tick["overload"] == dropped["overload"]
+    assert _cond(tick) == c
+    assert overload_status.patch(dropped, dropped["overload"]["groups"], 1, "T9") == {}
 
     back = status.build(_outcome(False), 1, dropped, "T3", "")
     assert status.merge_patch(dropped, back)["overload"] is None  # removed from the status
     c = _cond(back)
     assert (c["status"], c["reason"], c["lastTransitionTime"]) == ("False", "WholeReplicas", "T3")
-    overload_status.record(object(), dropped["overload"], back.get("overload") or {})
+    seen.record(_body("2"), dropped["overload"], back.get("overload") or {})
     assert posted[-1] == ("OverloadRestored", "team.tiny.r0: whole-model replicas again")
+    # a second pass over the same stale body (its status still shows the group): no
+    # second OverloadRestored; a body that caught up posts nothing either
+    seen.record(_body("2"), dropped["overload"], back.get("overload") or {})
+    seen.record(_body("3"), back.get("overload") or {}, back.get("overload") or {})
+    assert [r for r, _ in posted].count("OverloadRestored") == 1
+    tick = overload_status.patch(dropped, [], 1, "T3")
+    assert tick["overload"] is None and _cond(tick) == c
     again = status.build(_outcome(False), 1, back, "T4", "")
     assert status.merge_patch(back, again) == {}  # converged: nothing to write

@@ -14,8 +14,9 @@ policy. Decision, pure: `overload_held.read` (groups, shifts cut short), then
 Actuation: `overload_driver.Driver`; its routes steps call `set_routes` (the operator
 writes the routes document it publishes).
 Report: a `Tick` with Warning/Normal events and whether the agents changed (the operator
-then runs a reconcile pass at once: `status.overload`, the `Overloaded` condition and the
-`OverloadDropped` / `OverloadRestored` events come from there, from observation).
+then observes again and writes `status.overload`, the `Overloaded` condition and the
+`OverloadDropped` / `OverloadRestored` events from that observation, without waiting on
+the write; `tessera up` runs a reconcile pass).
 Caller: `tessera_operator.overload_loop` (a kopf timer, every 0.5 s as in `tessera up`).
 """
 

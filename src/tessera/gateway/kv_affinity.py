@@ -11,8 +11,11 @@ redirect, passing the ready replicas the request's model allows. The rule itself
   starts with. The page size is the one the leader reports (`Describe`), 16 until it has;
 - **how loaded each replica is**: requests in flight and outstanding tokens (the router's
   accounting, `policies.routing.Router`); the batch limit the leader reports
-  (`max_num_seqs`); tokens/s measured from the replica's own streams (`observe`, called
-  per chunk);
+  (`max_num_seqs`); tokens/s *per stream* measured from the replica's own streams
+  (`observe`, called per chunk, each chunk's tokens shared by the requests in flight
+  there), so a replica's estimated latency grows with its queue: an aggregate rate grows
+  with the batch, and a replica running a bigger batch kept looking as fast and kept
+  winning new requests (88 of 160 on one of four replicas in a burst);
 * **the plan's class shares** for the request's class (`Router.class_weights`), with a
   seeded draw for the weighted choice.
 
@@ -34,21 +37,24 @@ DECAY = 0.9  # weight of the past per sample in the throughput average
 
 
 class Throughput:
-    """Tokens/s of one replica from the gaps between its chunks (all its streams together),
-    an exponentially decayed average: it follows the aggregate rate of its batches."""
+    """Tokens/s per stream of one replica from the gaps between its chunks (all its
+    streams together, each chunk's tokens divided by the streams in flight), an
+    exponentially decayed average: about one over the replica's step time, not growing
+    with its batch as the aggregate rate does."""
 
     def __init__(self) -> None:
         self._last: float | None = None
         self._tokens = 0.0
         self._seconds = 0.0
 
-    def observe(self, tokens: int, now: float, first: bool) -> None:
-        """`tokens` arrived at `now`. A request's first chunk carries its prefill, whose
-        length is unknown here (cached or not), so it only marks the time."""
+    def observe(self, tokens: int, now: float, first: bool, streams: int = 1) -> None:
+        """`tokens` arrived at `now` while `streams` requests were in flight there. A
+        request's first chunk carries its prefill, whose length is unknown here (cached
+        or not), so it only marks the time."""
         last, self._last = self._last, now
         if first or last is None or not 0 < now - last <= IDLE_GAP_S:
             return
-        self._tokens = self._tokens * DECAY + tokens
+        self._tokens = self._tokens * DECAY + tokens / max(1, streams)
         self._seconds = self._seconds * DECAY + (now - last)
 
     @property
@@ -133,7 +139,8 @@ class KvAffinity:
 
     def observe(self, replica_id: str, tokens: int, now: float, first: bool) -> None:
         """A chunk of `tokens` tokens arrived from `replica_id` (dispatch.py, per chunk)."""
-        self._rates.setdefault(replica_id, Throughput()).observe(tokens, now, first)
+        streams = self._router.in_flight(replica_id)
+        self._rates.setdefault(replica_id, Throughput()).observe(tokens, now, first, streams)
 
     def finished(self, replica_id: str, tokens: Sequence[int], namespace: str) -> None:
         """A request ended on `replica_id` holding KV for `tokens` (prompt + generated):
