@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         path = tiny_checkpoint.make_tiny(Path(tmp) / "model", spec)
         cfg = config.ModelConfig.from_path(path)
         with local_agents.local_agents(2, "cpu:1x8GiB", 1, "copy") as (a, b):
-            src = pb_grpc.AgentStub(transport.sync_channel(a.address))
-            dst = pb_grpc.AgentStub(transport.sync_channel(b.address))
+            src = pb_grpc.AgentStub(transport.sync_channel(a.address, a.tls))
+            dst = pb_grpc.AgentStub(transport.sync_channel(b.address, b.tls))
             block: dict[str, Any] = {
                 "model_path": str(path),
                 "layer_start": 0,

@@ -169,8 +169,10 @@ def _compiled_vs_eager(model_path: Path, prompts: Tokens, new: int, rounds: int)
     }
 
 
-async def _generate_all(address: str, replica_id: str, prompts: Tokens, new: int) -> Tokens:
-    channel = transport.channel(address)
+async def _generate_all(
+    address: str, replica_id: str, prompts: Tokens, new: int, tls: Any
+) -> Tokens:
+    channel = transport.channel(address, tls)
     stub = pb_grpc.AgentStub(channel)
     params = rpc_sampling.to_proto(rpc_sampling.Sampling(max_tokens=new, ignore_eos=True))
 
@@ -193,9 +195,9 @@ async def _generate_all(address: str, replica_id: str, prompts: Tokens, new: int
         await channel.close()
 
 
-def _links(address: str) -> tuple[str, str]:
+def _links(address: str, tls: Any) -> tuple[str, str]:
     """(activations, results) of the "pipe" replica's leader block, as Describe says."""
-    channel = transport.sync_channel(address)
+    channel = transport.sync_channel(address, tls)
     try:
         d = pb_grpc.AgentStub(channel).Describe(pb.DescribeRequest())
     finally:
@@ -240,7 +242,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             local_agents.load_pipeline(mb3, str(model_path), split, "pipe", 64 << 20)
             deadline = time.monotonic() + 60  # the links form in the background
             while time.monotonic() < deadline:
-                links, links3 = _links(pipe[0].address), _links(mb3[0].address)
+                links, links3 = (
+                    _links(pipe[0].address, pipe[0].tls),
+                    _links(mb3[0].address, mb3[0].tls),
+                )
                 if links == links3 == ("gloo", "gloo"):
                     break
                 time.sleep(0.2)
@@ -248,16 +253,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 harness.timed_rounds(
                     [
                         lambda: asyncio.run(
-                            _generate_all(single[0].address, "single", prompts, new)
+                            _generate_all(single[0].address, "single", prompts, new, single[0].tls)
                         ),
-                        lambda: asyncio.run(_generate_all(pipe[0].address, "pipe", prompts, new)),
-                        lambda: asyncio.run(_generate_all(pipe[0].address, "plain", prompts, new)),
-                        lambda: asyncio.run(_generate_all(mb3[0].address, "pipe", prompts, new)),
+                        lambda: asyncio.run(
+                            _generate_all(pipe[0].address, "pipe", prompts, new, pipe[0].tls)
+                        ),
+                        lambda: asyncio.run(
+                            _generate_all(pipe[0].address, "plain", prompts, new, pipe[0].tls)
+                        ),
+                        lambda: asyncio.run(
+                            _generate_all(mb3[0].address, "pipe", prompts, new, mb3[0].tls)
+                        ),
                     ],
                     rounds,
                 )
             )
-            links_after = _links(pipe[0].address)
+            links_after = _links(pipe[0].address, pipe[0].tls)
         s_t8, p_t8, g_t8, m_t8 = (statistics.median(t) for t in (s_t, p_t, g_t, m_t))
     return {
         "hf_tok_s_b1": round(new / hf_t1, 1),

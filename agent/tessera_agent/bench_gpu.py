@@ -401,7 +401,7 @@ def _run(args: argparse.Namespace, parts: Parts, out: dict[str, Any]) -> None:
         if first is not None and not args.skip_serve:
             srv = parts.run(
                 "served_tok_s_c64",
-                lambda: bench_gpu_serve.served(first, device, args.tiny, Path(tmp)),
+                lambda: bench_gpu_serve.served(first, device, args.tiny, Path(tmp), args.tls),
             )
         out["served_tok_s_c64"] = None if srv is None else srv["tok_s"]
         out["served_detail"] = srv

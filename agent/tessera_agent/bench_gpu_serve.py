@@ -23,7 +23,7 @@ from tessera_agent import random_checkpoint
 GPU_MEMORY_UTILIZATION = 0.9  # the agent's default, passed explicitly so the JSON says it
 
 
-def served(path: Path, device: torch.device, tiny: bool, tmp: Path) -> dict[str, Any]:
+def served(path: Path, device: torch.device, tiny: bool, tmp: Path, tls: Any) -> dict[str, Any]:
     """`tessera up` on the checkpoint (one agent, one whole-model replica), 64 concurrent
     streaming requests of the same prompt / new-token lengths as `tok_s_b64`."""
     prompt, new = (16, 16) if tiny else (128, 128)
@@ -52,7 +52,7 @@ spec:
     flags += ["--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION)]
     with local_up.Up(tmp / "m.yaml", *flags, env={"TESSERA_COMPILE_DECODE": "0"}, what="gpu") as up:
         streams = trace.streams([(0.0, prompt, new)] * 64, random.Random(5))
-        memory = _memory(up.agents()[0])
+        memory = _memory(up.agents()[0], tls)
         t0 = asyncio.run(client.replay(up.url, "check", streams, timeout_s=600))
     failed = [s.error or "stream ended early" for s in streams if not s.ok]
     if failed:
@@ -67,14 +67,14 @@ spec:
     }
 
 
-def _memory(address: str) -> dict[str, Any]:
+def _memory(address: str, tls: Any) -> dict[str, Any]:
     """What the agent booked, from its Describe: the device budget the utilization knob
     gave, the replica's KV pool and the stage's compile / capture state."""
     from tessera.rpc import transport
     from tessera.rpc.v1 import agent_pb2 as pb
     from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
-    channel = transport.sync_channel(address)
+    channel = transport.sync_channel(address, tls)
     try:
         d = pb_grpc.AgentStub(channel).Describe(pb.DescribeRequest(), timeout=30)
     finally:

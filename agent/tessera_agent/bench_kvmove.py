@@ -58,8 +58,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 local_agents.load_pipeline(
                     [agent], str(path), [(0, cfg.num_layers)], rid, 256 << 20
                 )
-            src = pb_grpc.AgentStub(transport.sync_channel(a.address))
-            dst = pb_grpc.AgentStub(transport.sync_channel(b.address))
+            src = pb_grpc.AgentStub(transport.sync_channel(a.address, a.tls))
+            dst = pb_grpc.AgentStub(transport.sync_channel(b.address, b.tls))
             src_ref = [kv_move.StageRef(a.address, "src", 0, 0, cfg.num_layers)]
             dst_ref = [kv_move.StageRef(b.address, "dst", 0, 0, cfg.num_layers)]
             recompute: list[float] = []
@@ -81,12 +81,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 want_grpc = gen(src, "src", warm_grpc, 4)
                 t_cold, _ = _timed(lambda: gen(dst, "dst", cold, 1))  # noqa: B023
                 t_move, info = _timed(
-                    lambda: asyncio.run(kv_move.move_prefix(warm, src_ref, dst_ref))  # noqa: B023
+                    lambda: asyncio.run(kv_move.move_prefix(warm, src_ref, dst_ref, tls=a.tls))  # noqa: B023
                 )
                 t_first, _ = _timed(lambda: gen(dst, "dst", warm, 1))  # noqa: B023
                 t_grpc, _ = _timed(
                     lambda: asyncio.run(
-                        kv_move.move_prefix(warm_grpc, src_ref, dst_ref, via="grpc")  # noqa: B023
+                        kv_move.move_prefix(warm_grpc, src_ref, dst_ref, via="grpc", tls=a.tls)  # noqa: B023
                     )
                 )
                 match = match and gen(dst, "dst", warm, 4) == want

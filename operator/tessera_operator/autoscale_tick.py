@@ -101,7 +101,8 @@ async def tick(
         members = {rid: address[a] for rid, a in by_agent.items() if a in address}
         if not isinstance(loop, autoscale_loop.AutoscaleLoop):
             loop = memo[LOOP_KEY] = autoscale_loop.AutoscaleLoop(
-                autoscale_loop.Leaders(seen.channels), deployment=f"{dep.namespace}/{dep.name}"
+                autoscale_loop.Leaders(seen.channels, tls=cfg.tls),
+                deployment=f"{dep.namespace}/{dep.name}",
             )
         seen.retarget(refs)
         described = await seen.replies()  # the pass's observation, shared

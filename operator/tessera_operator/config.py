@@ -14,6 +14,7 @@ from typing import Any
 
 from tessera.control import agents
 from tessera.policies.security import admission
+from tessera.rpc import transport
 
 DEFAULT_AGENT_SELECTOR = "app.kubernetes.io/component=agent"
 
@@ -125,6 +126,8 @@ class OperatorConfig:
     agent_selector: str = DEFAULT_AGENT_SELECTOR  # label selector of the agent pods
     agent_namespace: str = ""  # where agent pods run ("": every namespace)
     agent_port: int = 50051  # gRPC port of the agent pods
+    # mTLS to the agents: the files `tessera operator` read from $TESSERA_TLS_DIR (None: none)
+    tls: transport.TlsFiles | None = None
     namespaces: tuple[str, ...] = ()  # served namespaces; empty: all
     resync_seconds: float = 10.0  # timer period that re-reconciles drift
     model_root: str = "/models"  # where PVC checkpoints are mounted (operator and gateways)

@@ -153,7 +153,10 @@ async def tick(
             return  # an agent of the plan is not discovered: the reconcile reports it
         if not isinstance(loop, control.OverloadLoop):
             driver = overload_driver.Driver(
-                chunk_pages=4, after_step=cfg.overload_step_hook, channels=seen.channels
+                chunk_pages=4,
+                after_step=cfg.overload_step_hook,
+                channels=seen.channels,
+                tls=cfg.tls,
             )
             loop = memo[LOOP_KEY] = control.OverloadLoop(driver)
         seen.retarget(refs)

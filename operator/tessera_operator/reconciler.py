@@ -51,13 +51,16 @@ class Context:
     config: config.OperatorConfig
     kube: kube.Kube
     # the agents' measured links, probed once per pair (issue 32; docs/scaling.md)
-    probe: link_probe.LinkProbe = field(default_factory=link_probe.LinkProbe)
+    probe: link_probe.LinkProbe = field(init=False)
     # planner candidates per planning problem, shared by every deployment (switching_loop)
     candidates: switching_candidates.CandidateCache = field(
         default_factory=switching_candidates.CandidateCache
     )
     # the overload groups last announced per deployment (duplicate events from a stale body)
     posted: overload_status.Posted = field(default_factory=overload_status.Posted)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "probe", link_probe.LinkProbe(self.config.tls))
 
 
 def _now() -> str:
@@ -72,7 +75,10 @@ def deployment_pass(memo: kopf.Memo) -> observation.Pass:
     if held is None:
         ctx = memo.get("ctx")
         fresh_s = ctx.config.overload_tick_seconds if isinstance(ctx, Context) else 0.0
-        held = memo["pass"] = observation.Pass([], channels=agents.Channels(), max_age_s=fresh_s)
+        tls = ctx.config.tls if isinstance(ctx, Context) else None
+        held = memo["pass"] = observation.Pass(
+            [], channels=agents.Channels(tls), max_age_s=fresh_s, tls=tls
+        )
     assert isinstance(held, observation.Pass)
     return held
 
@@ -182,6 +188,7 @@ async def _serve(
         published=published,
         publish=_routes_writer(ctx, body, dep, owner),
         rollout=_rollout(ctx),
+        tls=ctx.config.tls,
         replicas_cap=autoscale.plan_cap(
             dep.spec.scaling.enabled,
             dep.spec.layout.mode,
@@ -237,9 +244,11 @@ async def finalize(body: kopf.Body, memo: kopf.Memo, retry: int) -> None:
         meta = body.metadata
         prefix = plan.replica_prefix(meta.namespace or "default", meta.name or "")
         refs = await discovery.agent_refs(ctx.config, ctx.kube, {})
-        obs = await agents.observe(refs)
+        obs = await agents.observe(refs, tls=ctx.config.tls)
         actions = reconcile.delete_actions(obs, prefix)
-        results = await actuate.apply(actions, functools.partial(events.action, body))
+        results = await actuate.apply(
+            actions, functools.partial(events.action, body), tls=ctx.config.tls
+        )
         down = [a.name for a in obs.agents if not a.reachable]
         failed = [r.action.describe() for r in results if not r.ok]
         problems = [f"agent {n} unreachable" for n in down] + failed

@@ -30,6 +30,7 @@ import kopf
 from tessera import api, fields, model_facts, plan
 from tessera.control import agents, converge, gateway_itl, scaling_loop
 from tessera.policies.scaling import signal as sig
+from tessera.rpc import transport
 from tessera_operator import config, discovery, overload_loop, reconciler, timers
 
 LOOP_KEY = "scaling_loop"
@@ -49,7 +50,11 @@ def metrics_url(cfg: config.OperatorConfig, dep: api.ServingDeployment) -> str:
 
 
 async def _evict(
-    memo: kopf.Memo, refs: list[Any], dep: api.ServingDeployment, channels: agents.Channels | None
+    memo: kopf.Memo,
+    refs: list[Any],
+    dep: api.ServingDeployment,
+    channels: agents.Channels | None,
+    tls: transport.TlsFiles | None,
 ) -> list[str]:
     """Evict every layer run the agents report for the deployment's replicas."""
     memo.pop(LOOP_KEY, None)
@@ -61,6 +66,7 @@ async def _evict(
         1,
         lambda: sig.Hist((), (), 0.0, 0.0),
         channels=channels,
+        tls=tls,
     )
     return await asyncio.to_thread(loop.evict_found, plan.replica_prefix(dep.namespace, dep.name))
 
@@ -83,7 +89,7 @@ async def tick(
                 ctx = reconciler.context(memo)
                 refs = await discovery.agent_refs(cfg, ctx.kube, dep.spec.resources.node_selector)
                 try:
-                    lines = await _evict(memo, refs, dep, seen.channels)
+                    lines = await _evict(memo, refs, dep, seen.channels, cfg.tls)
                 finally:
                     seen.acted()
                 for line in lines:
@@ -113,7 +119,7 @@ async def tick(
                 return  # the reconcile reports an unreadable model
             at = [scaling_loop.AgentAt(r.name, r.address) for r in refs]
             loop = scaling_loop.ScalingLoop(
-                policy, target_s, at, hidden, lambda: hist, channels=seen.channels
+                policy, target_s, at, hidden, lambda: hist, channels=seen.channels, tls=cfg.tls
             )
             memo[LOOP_KEY] = loop
         else:

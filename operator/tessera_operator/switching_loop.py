@@ -86,6 +86,7 @@ async def default_candidates(
         cache if cache is not None else switching_candidates.CandidateCache(),
         cfg.switching_max_candidates,
         cfg.switching_calibration,
+        tls=cfg.tls,
     )
 
 

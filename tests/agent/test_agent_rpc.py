@@ -23,7 +23,7 @@ NEW = 10
 
 
 def _stub(agent: local_agents.AgentProcess) -> pb_grpc.AgentStub:
-    return pb_grpc.AgentStub(transport.sync_channel(agent.address))
+    return pb_grpc.AgentStub(transport.sync_channel(agent.address, tls=None))
 
 
 def load_replica(
@@ -113,7 +113,7 @@ def test_describe_list_unload_and_health(agents_factory: Start, tiny_llama: Path
     stub.UnloadBlock(pb.UnloadBlockRequest(replica_id="r0", stage_index=0))
     assert not stub.ListBlocks(pb.ListBlocksRequest()).blocks
     assert stub.Describe(pb.DescribeRequest()).devices[0].free_bytes == 256 << 20
-    health = health_pb2_grpc.HealthStub(transport.sync_channel(agent.address))
+    health = health_pb2_grpc.HealthStub(transport.sync_channel(agent.address, tls=None))
     resp = health.Check(health_pb2.HealthCheckRequest(service="tessera.rpc.v1.Agent"))
     assert resp.status == health_pb2.HealthCheckResponse.SERVING
 

@@ -57,7 +57,7 @@ def test_prefix_moves_across_different_splits_and_gives_hf_tokens(
 
     moved = asyncio.run(
         kv_move.move_prefix(
-            so_far, _refs([a, b], "src", [(0, 3), (3, 8)]), _refs([c], "one", [(0, 8)])
+            so_far, _refs([a, b], "src", [(0, 3), (3, 8)]), _refs([c], "one", [(0, 8)]), tls=None
         )
     )
     assert (moved.tokens, moved.pages, moved.layers) == (48, 3, 8)
@@ -74,6 +74,7 @@ def test_prefix_moves_across_different_splits_and_gives_hf_tokens(
             _refs([c], "one", [(0, 8)]),
             _refs([c, a], "piped", [(0, 6), (6, 8)]),
             via="grpc",
+            tls=None,
         )
     )
     assert moved.tokens == 48 and moved.transport == "grpc"
@@ -90,6 +91,7 @@ def test_prefix_moves_across_different_splits_and_gives_hf_tokens(
             [0, *range(400, 450)],
             _refs([c], "one", [(0, 8)]),
             _refs([a, b], "src", [(0, 3), (3, 8)]),
+            tls=None,
         )
     )
     assert nothing == kv_move.Moved(0, 0, 0)
@@ -117,7 +119,7 @@ def test_kv_move_falls_back_to_grpc_when_no_group_forms(
     monkeypatch.setattr(kv_move, "_plane", cuda)
     moved = asyncio.run(
         kv_move.move_prefix(
-            so_far, _refs([a], "src", [(0, 8)]), _refs([b], "dst", [(0, 8)]), timeout=20
+            so_far, _refs([a], "src", [(0, 8)]), _refs([b], "dst", [(0, 8)]), timeout=20, tls=None
         )
     )
     assert (moved.tokens, moved.transport) == (48, "grpc")
@@ -170,6 +172,7 @@ def test_kv_move_errors_name_the_cause(agents_factory: Start, tiny_llama: Path) 
                 prompt,
                 [kv_move.StageRef(a.address, "s", 0, 0, 8)],
                 [kv_move.StageRef(a.address, "missing", 0, 0, 8)],
+                tls=None,
             )
         )
     kv = stub.Describe(pb.DescribeRequest()).kv

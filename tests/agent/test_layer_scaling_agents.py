@@ -87,7 +87,7 @@ def test_replicate_evict_migrate_mid_decode_match_hf(
     assert {h.name for h in run.holders} == {mig.target, back.target}
     assert placed(back.target) >= 1
     # `tessera status` lists both holders of the run and says the home migrated
-    table = scaling_status.rows([(a.agent_id, a.address), (b.agent_id, b.address)])
+    table = scaling_status.rows([(a.agent_id, a.address), (b.agent_id, b.address)], tls=None)
     assert {(r[2], r[3]) for r in table} == {("[2, 6)", mig.target), ("[2, 6)", back.target)}
     assert any(r[4].startswith("home (migrated from") for r in table)
     # bad requests are refused with the cause

@@ -76,6 +76,7 @@ def test_block_copy_and_kv_move_over_nccl(  # pragma: no cover - no GPU in CI
             [kv_move.StageRef(a.address, "src", 0, 0, 8)],
             [kv_move.StageRef(b.address, "dst", 0, 0, 8)],
             timeout=60,
+            tls=None,
         )
     )
     assert (moved.tokens, moved.transport) == (48, "nccl")

@@ -38,7 +38,7 @@ PAGE = 16
 
 
 def _blocks(agent: local_agents.AgentProcess) -> dict[tuple[str, int], pb.BlockInfo]:
-    ch = transport.sync_channel(agent.address)
+    ch = transport.sync_channel(agent.address, tls=None)
     try:
         got = pb_grpc.AgentStub(ch).ListBlocks(pb.ListBlocksRequest()).blocks
     finally:
@@ -85,7 +85,7 @@ def test_drop_and_restore_mid_decode_on_local_agents(
     seen: dict[str, object] = {}
 
     async def main() -> list[list[int]]:
-        ch = transport.channel(a.address)
+        ch = transport.channel(a.address, tls=None)
         stub = pb_grpc.AgentStub(ch)
         outs: list[list[int]] = [[] for _ in chosen]
 
@@ -100,7 +100,7 @@ def test_drop_and_restore_mid_decode_on_local_agents(
             return next(k for k in desc.kv if k.replica_id == "ra")
 
         async def control() -> None:
-            driver = overload_driver.Driver(chunk_pages=3)
+            driver = overload_driver.Driver(chunk_pages=3, tls=None)
             while not (any(outs) and (await kv()).waiting):
                 await asyncio.sleep(0.01)
             seen["at_drop"] = await kv()
@@ -153,6 +153,6 @@ def test_drop_and_restore_mid_decode_on_local_agents(
         assert blk.kv_pages == PAGES and blk.param_bytes + blk.kv_bytes == budget
     # the donor is its own replica again
     tokens = local_agents.generate_tokens(
-        pb_grpc.AgentStub(transport.sync_channel(b.address)), "rb", chosen[1], 8
+        pb_grpc.AgentStub(transport.sync_channel(b.address, tls=None)), "rb", chosen[1], 8
     )
     assert tokens == wants[1][:8]

@@ -24,7 +24,7 @@ NEW = 8
 
 
 def _stub(agent: local_agents.AgentProcess) -> pb_grpc.AgentStub:
-    return pb_grpc.AgentStub(transport.sync_channel(agent.address))
+    return pb_grpc.AgentStub(transport.sync_channel(agent.address, tls=None))
 
 
 def load_tp(

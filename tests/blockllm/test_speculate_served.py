@@ -132,7 +132,7 @@ def test_up_serves_speculated_chains_with_transformers_tokens(tmp_path: Path) ->
                 assert out["choices"][0]["text"] == want, (v, k)
 
         agent0 = json.loads(state.read_text())["agents"][0]["address"]
-        stub = pb_grpc.AgentStub(transport.sync_channel(agent0))
+        stub = pb_grpc.AgentStub(transport.sync_channel(agent0, tls=None))
         d = stub.Describe(pb.DescribeRequest())
         got = {
             b.replica_id: b.speculate

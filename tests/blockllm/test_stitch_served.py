@@ -147,7 +147,7 @@ def test_up_serves_a_stitched_chain_with_the_in_process_chains_tokens(
         assert out["choices"][0]["text"] == text(hf_greedy(large, prompts[0], 12))
 
         agent0 = json.loads(state.read_text())["agents"][0]["address"]
-        stub = pb_grpc.AgentStub(transport.sync_channel(agent0))
+        stub = pb_grpc.AgentStub(transport.sync_channel(agent0, tls=None))
         d = stub.Describe(pb.DescribeRequest())
         front = next(b for b in d.blocks if b.replica_id == "default.fam.r0-fast.g1")
         assert front.model_path == str(small) and front.layer_end == 2

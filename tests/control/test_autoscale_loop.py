@@ -17,7 +17,7 @@ from tessera.rpc.v1 import agent_pb2 as pb
 
 class FakeLeaders(autoscale_loop.Leaders):
     def __init__(self, replicas: list[str]) -> None:
-        super().__init__()
+        super().__init__(tls=None)
         self.asleep = set(replicas)
         self.replicas = replicas
         self.busy: set[str] = set()

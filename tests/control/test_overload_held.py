@@ -145,7 +145,7 @@ def test_a_failed_restore_leaves_no_head_paused() -> None:
             obs.agents[1],
         )
     )
-    loop = control.OverloadLoop(Driver())
+    loop = control.OverloadLoop(Driver(tls=None))
     cfg = overload.OverloadConfig(enabled=True, restore_hold_s=0.0)
 
     async def ticks() -> None:
@@ -185,7 +185,7 @@ def test_a_restore_waits_until_demand_stayed_low_for_the_hold() -> None:
         )
 
     now = [100.0]
-    loop = control.OverloadLoop(Driver(), clock=lambda: now[0])
+    loop = control.OverloadLoop(Driver(tls=None), clock=lambda: now[0])
     cfg = overload.OverloadConfig(enabled=True, restore_hold_s=1.0)
 
     def restores() -> int:

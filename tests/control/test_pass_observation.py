@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import types
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -47,7 +48,7 @@ async def _agent() -> tuple[grpc.aio.Server, CountingAgent, str]:
     srv = transport.server()
     agent = CountingAgent()
     pb_grpc.add_AgentServicer_to_server(agent, srv)
-    port = transport.add_port(srv, "127.0.0.1:0", tls=False)
+    port = transport.add_port(srv, "127.0.0.1:0", tls=None)
     await srv.start()
     return srv, agent, f"127.0.0.1:{port}"
 
@@ -81,7 +82,7 @@ def test_an_observation_is_made_once_per_pass_and_again_after_an_actuator_acted(
         return observed.Observed(())
 
     async def go() -> None:
-        p = observation.Pass([agents.AgentRef("a0", "x:1")], observe)
+        p = observation.Pass([agents.AgentRef("a0", "x:1")], observe, tls=None)
         async with p.held() as seen:
             first = await seen.get()
             assert await seen.get() is first and len(calls) == 1  # shared in the pass
@@ -123,7 +124,7 @@ def test_a_scaling_tick_and_a_converge_pass_never_interleave() -> None:
     loop = SlowLoop(log)
 
     async def go() -> None:
-        p = observation.Pass([], lambda refs: asyncio.sleep(0, observed.Observed(())))
+        p = observation.Pass([], lambda refs: asyncio.sleep(0, observed.Observed(())), tls=None)
         stop = asyncio.Event()
         said: list[str] = []
         task = asyncio.create_task(
@@ -155,7 +156,7 @@ def test_a_cancelled_scaling_tick_holds_the_lock_until_its_thread_is_done() -> N
     loop = SlowLoop(log)
 
     async def go() -> None:
-        p = observation.Pass([])
+        p = observation.Pass([], tls=None)
         task = asyncio.create_task(
             up_policies.run_locked(loop, asyncio.Event(), 0.001, log.append, p)  # type: ignore[arg-type]
         )
@@ -170,6 +171,8 @@ def test_a_cancelled_scaling_tick_holds_the_lock_until_its_thread_is_done() -> N
 
 
 class _Gateway:
+    config = types.SimpleNamespace(tls=None)  # plaintext, as the agents
+
     def in_flight(self, replica_id: str) -> list[Any]:
         return []
 
@@ -183,9 +186,11 @@ def test_a_pass_and_the_overload_tick_in_it_describe_each_agent_once(tiny_llama:
         started = [await _agent(), await _agent()]
         refs = [agents.AgentRef(f"a{i}", addr) for i, (_, _, addr) in enumerate(started)]
         try:
-            p = observation.Pass(refs)
+            p = observation.Pass(refs, tls=None)
             async with p.held() as seen:
-                out = await converge.converge(dep, str(tiny_llama), refs, apply=False, shared=seen)
+                out = await converge.converge(
+                    dep, str(tiny_llama), refs, apply=False, shared=seen, tls=None
+                )
                 assert out.plan is not None and out.observed is not None, out.message
                 ov = up_overload.UpOverload(
                     out.plan,

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tessera.control import agents
 from tessera.control import scaling_driver as sd
 from tessera.policies.scaling import module_scaling as ms
 from tessera.rpc.v1 import agent_pb2 as pb
@@ -67,6 +68,7 @@ def _driver(
         )
     )
     d = sd.ScalingDriver(
+        channels=agents.Channels(None),
         origin=sd.Peer("a0", "a0:1"),
         replica_id="r0",
         num_layers=8,
@@ -140,6 +142,7 @@ def test_scale_down_evicts_another_replicas_layers_from_the_violating_device() -
     # no peer is idle to migrate to: phase 2 evicts r1's run from a0 through r1's driver.
     d, origin, peer = _driver(busy_peer=True)
     owner = sd.ScalingDriver(
+        channels=agents.Channels(None),
         origin=sd.Peer("a1", "a1:1"),
         replica_id="r1",
         num_layers=8,
@@ -201,6 +204,7 @@ def test_adopt_takes_the_runs_the_origin_reports() -> None:
         ]
     )
     d = sd.ScalingDriver(
+        channels=agents.Channels(None),
         origin=sd.Peer("a0", "a0:1"),
         replica_id="r0",
         num_layers=4,

@@ -106,6 +106,7 @@ def _loop(
         hidden=256,
         itl=lambda: next(feed),
         clock=lambda: now[0],
+        tls=None,
     )
     stubs = {"a0:1": origin, "a1:1": peer}
     loop._stub = lambda address: stubs[address]  # type: ignore[method-assign, assignment, return-value]
@@ -182,12 +183,12 @@ def test_a_sustained_calm_evicts_the_replicas_once_and_nothing_replicates_again(
 def test_for_up_reads_the_spec(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}))
     off = SimpleNamespace(policies=SimpleNamespace(scaling=ms.ScalingConfig()))
-    assert scaling_loop.for_up(off, str(tmp_path), [], None) is None
+    assert scaling_loop.for_up(off, str(tmp_path), [], None, tls=None) is None
     on = SimpleNamespace(
         policies=SimpleNamespace(scaling=ms.ScalingConfig(enabled=True)),
         slo=api.SLOSpec(tpot_p99_ms=80.0),
     )
-    loop = scaling_loop.for_up(on, str(tmp_path), [("a0", "a0:1")], None)
+    loop = scaling_loop.for_up(on, str(tmp_path), [("a0", "a0:1")], None, tls=None)
     assert loop is not None and loop.hidden == 64 and loop.target_s == 0.08
 
 

@@ -97,7 +97,7 @@ def _operator_pass(raw: Any) -> dict[str, Any]:
         out = converge.Outcome("InvalidSpec", str(exc), errors=[exc])
     else:
         path = converge.resolve_model_path(dep.spec, None, "/models")
-        out = asyncio.run(converge.converge(dep, path, [], apply=False))
+        out = asyncio.run(converge.converge(dep, path, [], apply=False, tls=None))
     return status.build(out, 1, {}, "2026-01-01T00:00:00Z", "")
 
 

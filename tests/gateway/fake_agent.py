@@ -59,6 +59,6 @@ async def start(replica_id: str = "r0") -> tuple[grpc.aio.Server, FakeLeader, st
     srv = transport.server()
     leader = FakeLeader(replica_id)
     pb_grpc.add_AgentServicer_to_server(leader, srv)
-    port = transport.add_port(srv, "127.0.0.1:0", tls=False)
+    port = transport.add_port(srv, "127.0.0.1:0", tls=None)
     await srv.start()
     return srv, leader, f"127.0.0.1:{port}"

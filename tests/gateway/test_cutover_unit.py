@@ -31,7 +31,7 @@ class _Harness:
     def __init__(self) -> None:
         self.now = 0.0
         self.gauges = metrics.GatewayMetrics()
-        self.replicas = replicas.ReplicaSet(self.gauges, clock=lambda: self.now)
+        self.replicas = replicas.ReplicaSet(self.gauges, clock=lambda: self.now, tls=None)
         self.table = inflight.InFlightTable()
         self.moves: list[tuple[tuple[int, ...], str, str]] = []
         self.cut = cutover.Cutover(

@@ -46,7 +46,7 @@ async def sleepy() -> AsyncIterator[tuple[SleepyLeader, str]]:
     srv = transport.server()
     lead = SleepyLeader("r0")
     pb_grpc.add_AgentServicer_to_server(lead, srv)
-    port = transport.add_port(srv, "127.0.0.1:0", tls=False)
+    port = transport.add_port(srv, "127.0.0.1:0", tls=None)
     await srv.start()
     yield lead, f"127.0.0.1:{port}"
     await srv.stop(None)

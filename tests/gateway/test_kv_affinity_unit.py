@@ -12,7 +12,7 @@ from tessera.policies.routing import kv_dispatch
 
 async def _setup(limit: int = 2) -> tuple[kv_affinity.KvAffinity, router.Router]:
     gauges = metrics.GatewayMetrics()
-    rs = replicas.ReplicaSet(gauges)
+    rs = replicas.ReplicaSet(gauges, tls=None)
     rs.update([config.ReplicaEndpoint(r, "127.0.0.1:1") for r in ("a", "b")])
     for st in rs.states().values():  # as a poll would leave them
         st.ready, st.max_num_seqs, st.page_size = True, limit, 16

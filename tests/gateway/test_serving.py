@@ -187,7 +187,7 @@ async def test_32_concurrent_requests_complete(
 
 
 async def _pages_used(address: str, replica: str) -> int:
-    channel = transport.channel(address)
+    channel = transport.channel(address, tls=None)
     try:
         reply = await pb_grpc.AgentStub(channel).Describe(pb.DescribeRequest())
         return next(int(kv.pages_used) for kv in reply.kv if kv.replica_id == replica)

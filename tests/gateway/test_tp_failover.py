@@ -35,7 +35,9 @@ C = "/v1/completions"
 
 
 def _group_state(agent: local_agents.AgentProcess, replica_id: str) -> tuple[str, str]:
-    d = pb_grpc.AgentStub(transport.sync_channel(agent.address)).Describe(pb.DescribeRequest())
+    d = pb_grpc.AgentStub(transport.sync_channel(agent.address, tls=None)).Describe(
+        pb.DescribeRequest()
+    )
     for b in d.blocks:
         if b.replica_id == replica_id and b.stage_index == 0:
             return b.group_state, b.group_reason

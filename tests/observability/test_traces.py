@@ -53,7 +53,7 @@ async def _agent(name: str) -> tuple[Any, Any, str]:
     svc = servicer.AgentServicer(name, devs, nvml, "test")
     srv = transport.server()
     pb_grpc.add_AgentServicer_to_server(svc, srv)
-    port = transport.add_port(srv, "127.0.0.1:0", False)
+    port = transport.add_port(srv, "127.0.0.1:0", None)
     await srv.start()
     return srv, svc, f"127.0.0.1:{port}"
 
@@ -136,7 +136,7 @@ async def test_a_transition_is_one_trace_of_its_pass_and_steps(
     refs = [agents.AgentRef(f"agent-{i}", a) for i, (_, _, a) in enumerate(started)]
     try:
         first = await converge.converge(
-            api.parse(bench_relayout.manifest(tiny_llama, 0)), str(tiny_llama), refs
+            api.parse(bench_relayout.manifest(tiny_llama, 0)), str(tiny_llama), refs, tls=None
         )
         assert first.reason == "Serving", first.message
         spans.clear()
@@ -145,6 +145,7 @@ async def test_a_transition_is_one_trace_of_its_pass_and_steps(
             str(tiny_llama),
             refs,
             published=first.routes,
+            tls=None,
         )
     finally:
         for srv, svc, _ in started:

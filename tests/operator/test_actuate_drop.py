@@ -51,7 +51,7 @@ async def test_drop_layers_runs_the_drop_steps(monkeypatch: pytest.MonkeyPatch, 
     async def publish(_: actions.CutOver) -> None:
         raise AssertionError("a drop publishes nothing")
 
-    (res,) = await actuate.execute(t, world, publish)
+    (res,) = await actuate.execute(t, world, publish, tls=None)
     group = drop_plan.Group(
         ("r0", "r1"), (drop_plan.Stage("r0", 0, 4), drop_plan.Stage("r1", 4, 8)), 0, True
     )

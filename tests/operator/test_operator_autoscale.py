@@ -50,7 +50,7 @@ def cached_agents() -> Iterator[list[local_agents.AgentProcess]]:
 
 
 def _sleeping(p: local_agents.AgentProcess) -> list[str]:
-    stub = pb_grpc.AgentStub(transport.sync_channel(p.address))
+    stub = pb_grpc.AgentStub(transport.sync_channel(p.address, tls=None))
     reply = stub.Describe(pb.DescribeRequest(), timeout=5)
     return [k.replica_id for k in reply.kv if k.sleeping]
 

@@ -68,7 +68,7 @@ TWO_REPLICAS = [
 
 
 def blocks(agent: local_agents.AgentProcess) -> list[tuple[str, int, int, int]]:
-    stub = pb_grpc.AgentStub(transport.sync_channel(agent.address))
+    stub = pb_grpc.AgentStub(transport.sync_channel(agent.address, tls=None))
     reply = stub.ListBlocks(pb.ListBlocksRequest(), timeout=5)
     return sorted((b.replica_id, b.stage_index, b.layer_start, b.layer_end) for b in reply.blocks)
 

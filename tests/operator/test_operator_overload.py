@@ -51,7 +51,7 @@ R0, R1 = "default.ovl.r0.g1", "default.ovl.r1.g1"
 
 def _drive(steps: list[overload_steps.Step]) -> None:
     async def go() -> None:
-        driver = overload_driver.Driver(chunk_pages=4)
+        driver = overload_driver.Driver(chunk_pages=4, tls=None)
         try:
             await driver.run(steps)
         finally:

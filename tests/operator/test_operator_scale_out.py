@@ -33,7 +33,7 @@ def _replica(name: str, agent: str) -> dict[str, Any]:
 
 
 def _greedy(agent: local_agents.AgentProcess, replica_id: str) -> list[int]:
-    stub = pb_grpc.AgentStub(transport.sync_channel(agent.address))
+    stub = pb_grpc.AgentStub(transport.sync_channel(agent.address, tls=None))
     req = pb.GenerateRequest(
         replica_id=replica_id,
         request_id=f"t-{replica_id}",

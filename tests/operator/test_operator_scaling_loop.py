@@ -147,7 +147,7 @@ _STUBS: dict[str, pb_grpc.AgentStub] = {}
 def _describe(a: local_agents.AgentProcess) -> pb.DescribeReply:
     """The agent's `Describe`, over one channel per agent for the test (polled often)."""
     if a.address not in _STUBS:
-        _STUBS[a.address] = pb_grpc.AgentStub(transport.sync_channel(a.address))
+        _STUBS[a.address] = pb_grpc.AgentStub(transport.sync_channel(a.address, tls=None))
     for attempt in range(3):  # a loaded machine may drop a connection now and then
         try:
             reply: pb.DescribeReply = _STUBS[a.address].Describe(pb.DescribeRequest(), timeout=10.0)

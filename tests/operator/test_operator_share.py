@@ -56,7 +56,7 @@ def test_operator_shares_equivalent_layers_when_opted_in(
     small = tiny_variants.make_tiny_finetune(tiny_llama, tmp_path / "a", layers=[2], std=0.002)
     med = tiny_variants.make_tiny_finetune(small, tmp_path / "med", layers=[5], seed=4, std=0.05)
     procs = agents_factory(2)
-    stubs = [pb_grpc.AgentStub(transport.sync_channel(p.address)) for p in procs]
+    stubs = [pb_grpc.AgentStub(transport.sync_channel(p.address, tls=None)) for p in procs]
     start_operator(refs(procs))
     body = manifest("share", tiny_llama, PIPE)
     body["spec"]["layout"]["kvCacheBytes"] = 8 << 20

@@ -136,7 +136,7 @@ async def _agents(n: int) -> list[tuple[grpc.aio.Server, CountingAgent, str]]:
         srv = transport.server()
         agent = CountingAgent()
         pb_grpc.add_AgentServicer_to_server(agent, srv)
-        port = transport.add_port(srv, "127.0.0.1:0", tls=False)
+        port = transport.add_port(srv, "127.0.0.1:0", tls=None)
         await srv.start()
         out.append((srv, agent, f"127.0.0.1:{port}"))
     return out
@@ -155,8 +155,8 @@ def test_a_pass_and_the_ticks_of_one_interval_describe_each_agent_once(
         clock = Clock()
         memo = kopf.Memo()
         memo["ctx"] = reconciler.Context(cfg, None)  # type: ignore[arg-type]
-        channels = agents.Channels()
-        memo["pass"] = observation.Pass([], channels=channels, max_age_s=0.5, clock=clock)
+        channels = agents.Channels(tls=None)
+        memo["pass"] = observation.Pass([], channels=channels, max_age_s=0.5, clock=clock, tls=None)
         patch = kopf.Patch()
 
         def describes() -> list[int]:
@@ -203,7 +203,7 @@ def test_an_agent_that_does_not_answer_is_down_for_the_autoscaler() -> None:
     """Given the pass's replies, a leader absent from them did not answer."""
 
     async def go() -> None:
-        loop = autoscale_loop.AutoscaleLoop()
+        loop = autoscale_loop.AutoscaleLoop(autoscale_loop.Leaders(tls=None))
         kv = pb.ReplicaKV(replica_id="r0", pages_total=4, pages_used=1)
         signals, down = await loop.observe(
             {"r0": "x:1", "r1": "y:1"},

@@ -40,7 +40,7 @@ TP2 = [
 
 
 def _blocks(agent: local_agents.AgentProcess) -> list[pb.BlockInfo]:
-    stub = pb_grpc.AgentStub(transport.sync_channel(agent.address))
+    stub = pb_grpc.AgentStub(transport.sync_channel(agent.address, tls=None))
     return list(stub.ListBlocks(pb.ListBlocksRequest(), timeout=5).blocks)
 
 
@@ -62,7 +62,7 @@ def test_operator_serves_a_tp2_replica(
     assert (lead.tp_rank, lead.tp_size, follower.tp_rank, follower.tp_size) == (0, 2, 1, 2)
     rid = lead.replica_id
     assert follower.replica_id == rid
-    stub = pb_grpc.AgentStub(transport.sync_channel(procs[0].address))
+    stub = pb_grpc.AgentStub(transport.sync_channel(procs[0].address, tls=None))
     wait_for(
         "the group to form",
         lambda: all(b.group_state == "ready" for p in procs for b in _blocks(p)),
@@ -101,7 +101,7 @@ def test_operator_places_both_ranks_on_one_agents_devices(
     )
     held = _blocks(agent)
     assert [(b.tp_rank, b.device) for b in held] == [(0, "cpu:0"), (1, "cpu:1")]
-    stub = pb_grpc.AgentStub(transport.sync_channel(agent.address))
+    stub = pb_grpc.AgentStub(transport.sync_channel(agent.address, tls=None))
     prompt = [0, 44, 45, 46]
     assert local_agents.generate_tokens(stub, held[0].replica_id, prompt, 8) == hf_greedy(
         tiny_llama, prompt, 8

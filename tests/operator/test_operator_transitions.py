@@ -71,7 +71,7 @@ def _routes(kube: client.ApiClient, name: str) -> dict[str, Any]:
 
 
 def _tokens(agent: local_agents.AgentProcess, replica: str) -> list[int]:
-    stub = pb_grpc.AgentStub(transport.sync_channel(agent.address))
+    stub = pb_grpc.AgentStub(transport.sync_channel(agent.address, tls=None))
     return local_agents.generate_tokens(stub, replica, PROMPT, 6)
 
 

@@ -53,7 +53,7 @@ def test_operator_adds_and_removes_variants(
     cfg = bad / "adapter_config.json"
     cfg.write_text(cfg.read_text().replace('"use_dora": false', '"use_dora": true'))
     procs = agents_factory(1)
-    stub = pb_grpc.AgentStub(transport.sync_channel(procs[0].address))
+    stub = pb_grpc.AgentStub(transport.sync_channel(procs[0].address, tls=None))
     start_operator(refs(procs))
     body = manifest("var", tiny_llama, ONE)
     body["spec"]["layout"]["kvCacheBytes"] = 8 << 20

@@ -31,7 +31,7 @@ async def _agent(name: str) -> tuple[Any, servicer.AgentServicer, str]:
     svc = servicer.AgentServicer(name, devs, nvml, "test", defaults=defaults)
     srv = transport.server()
     pb_grpc.add_AgentServicer_to_server(svc, srv)
-    port = transport.add_port(srv, "127.0.0.1:0", False)
+    port = transport.add_port(srv, "127.0.0.1:0", None)
     await srv.start()
     return srv, svc, f"127.0.0.1:{port}"
 
@@ -71,7 +71,7 @@ async def test_sleep_wake_and_a_request_that_wakes_one_agent(
     _, svc, address = two[0]
     await _load(two[:1], tiny_llama, [(0, 8)])
     want = hf_greedy(tiny_llama, PROMPT, 5)
-    async with transport.channel(address) as ch:
+    async with transport.channel(address, tls=None) as ch:
         stub = pb_grpc.AgentStub(ch)
         assert await _generate(stub, "a") == want
         dev = svc.memory.devices["cpu:0"]
@@ -103,7 +103,7 @@ async def test_the_leader_sleeps_and_wakes_a_two_agent_pipeline(
 ) -> None:
     await _load(two, tiny_llama, [(0, 4), (4, 8)])
     want = hf_greedy(tiny_llama, PROMPT, 5)
-    async with transport.channel(two[0][2]) as ch:
+    async with transport.channel(two[0][2], tls=None) as ch:
         stub = pb_grpc.AgentStub(ch)
         assert await _generate(stub, "a") == want
         await stub.SleepReplica(pb.SleepReplicaRequest(replica_id="r0"))

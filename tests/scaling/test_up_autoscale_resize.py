@@ -58,7 +58,7 @@ def _wait(what: str, check: Callable[[], Any], log: list[str], timeout: float = 
 
 def _held(refs: list[agents.AgentRef]) -> dict[str, dict[str, int]]:
     """Replica id -> its blocks' bytes by source, over every agent."""
-    obs = asyncio.run(agents.observe(refs))
+    obs = asyncio.run(agents.observe(refs, tls=None))
     out: dict[str, dict[str, int]] = {}
     for a in obs.agents:
         for b in a.blocks:

@@ -118,6 +118,6 @@ async def start(replica_id: str, script: Script) -> tuple[grpc.aio.Server, Scrip
     srv = transport.server()
     leader = ScriptedLeader(replica_id, script)
     pb_grpc.add_AgentServicer_to_server(leader, srv)
-    port = transport.add_port(srv, "127.0.0.1:0", tls=False)
+    port = transport.add_port(srv, "127.0.0.1:0", tls=None)
     await srv.start()
     return srv, leader, f"127.0.0.1:{port}"

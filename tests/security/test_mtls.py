@@ -11,6 +11,7 @@ PERMISSION_DENIED; a load outside the model root is refused with the reason.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,11 +76,15 @@ def test_pipeline_over_mtls_gives_transformers_tokens(
     secure_agents: list[local_agents.AgentProcess],
     pki_dirs: dict[str, Path],
     tiny_llama: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     a, b = secure_agents
-    monkeypatch.setenv(transport.TLS_DIR_ENV, str(pki_dirs[access.OPERATOR]))
-    local_agents.load_pipeline([a, b], str(tiny_llama), [(0, 4), (4, 8)], "piped")
+    as_operator = transport.TlsFiles.from_dir(pki_dirs[access.OPERATOR])
+    local_agents.load_pipeline(
+        [dataclasses.replace(x, tls=as_operator) for x in (a, b)],
+        str(tiny_llama),
+        [(0, 4), (4, 8)],
+        "piped",
+    )
     # replica "copied" runs b -> a; its stage 0 on b copies layers 0-4 from agent a's
     # "piped" stage 0 (agent-to-agent FetchTensors) instead of reading the checkpoint
     operator = _stub(a, pki_dirs[access.OPERATOR])
@@ -111,7 +116,6 @@ def test_pipeline_over_mtls_gives_transformers_tokens(
     other = [0, *range(400, 420)]
     want2 = hf_greedy(tiny_llama, other, 15)
     assert local_agents.generate_tokens(gateway, "piped", other, 12) == want2[:12]
-    monkeypatch.setenv(transport.TLS_DIR_ENV, str(pki_dirs[access.GATEWAY]))
     moved = asyncio.run(
         kv_move.move_prefix(
             other + want2[:12],
@@ -123,6 +127,7 @@ def test_pipeline_over_mtls_gives_transformers_tokens(
                 kv_move.StageRef(b.address, "copied", 0, 0, 4),
                 kv_move.StageRef(a.address, "copied", 1, 4, 8),
             ],
+            tls=transport.TlsFiles.from_dir(pki_dirs[access.GATEWAY]),
         )
     )
     assert moved.tokens == 32

@@ -59,7 +59,7 @@ def test_chains_cobatch_live_and_match_transformers(
         splits = [(0, 4), (4, 8)]
         local_agents.load_pipeline(agents, str(tiny_llama), splits, "base", 8 << 20)
         local_agents.load_pipeline(agents, str(ft), splits, "ft", 8 << 20)
-        stub = pb_grpc.AgentStub(transport.sync_channel(agents[0].address))
+        stub = pb_grpc.AgentStub(transport.sync_channel(agents[0].address, tls=None))
 
         def gen(rid: str, prompt: list[int]) -> list[int]:
             params = pb.SamplingParams(max_tokens=NEW, ignore_eos=True)

@@ -49,7 +49,7 @@ def legal(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def agent(tiny_llama: Path, legal: Path) -> Iterator[local_agents.AgentProcess]:
     a = local_agents.start_agent("kvd-0", "cpu:1x512MiB", 1)
     try:
-        stub = pb_grpc.AgentStub(transport.sync_channel(a.address))
+        stub = pb_grpc.AgentStub(transport.sync_channel(a.address, tls=None))
         for rid in REPLICAS:
             b = blocks.Block(str(tiny_llama), 0, 8, replica_id=rid, kv_bytes=8 << 20)
             stub.LoadBlock(rpc_blocks.load_request(b, max_num_seqs=2), timeout=120)
@@ -67,7 +67,7 @@ def agent(tiny_llama: Path, legal: Path) -> Iterator[local_agents.AgentProcess]:
 
 
 def _hits(a: local_agents.AgentProcess) -> dict[str, int]:
-    channel = transport.sync_channel(a.address)
+    channel = transport.sync_channel(a.address, tls=None)
     try:
         reply = pb_grpc.AgentStub(channel).Describe(pb.DescribeRequest(), timeout=10)
     finally:

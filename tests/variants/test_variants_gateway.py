@@ -78,7 +78,7 @@ def _peft_greedy(base: str, adapter: str, prompt: tuple[int, ...], new: int) -> 
 
 
 def _stub(address: str) -> pb_grpc.AgentStub:
-    return pb_grpc.AgentStub(transport.sync_channel(address))
+    return pb_grpc.AgentStub(transport.sync_channel(address, tls=None))
 
 
 def _set(agents: list[local_agents.AgentProcess], adapters: dict[str, Path]) -> None:

@@ -125,7 +125,7 @@ def test_up_adds_and_removes_variants_without_reloading_the_foundation(
             st, out = _post(url, "tiny-llama", PROMPT)
             assert out["choices"][0]["text"] == text(hf_greedy(tiny_llama, PROMPT, 8))
         agent = json.loads(state.read_text())["agents"][0]["address"]
-        stub = pb_grpc.AgentStub(transport.sync_channel(agent))
+        stub = pb_grpc.AgentStub(transport.sync_channel(agent, tls=None))
         before = {k.replica_id: k.prefix_hit_tokens for k in stub.Describe(pb.DescribeRequest()).kv}
         assert list(before) == ["default.tiny.r0.g1"] and before["default.tiny.r0.g1"] >= 16
 

@@ -127,6 +127,10 @@ def _runner(module_name: str) -> Any:
         # Agents a bench starts run eagerly unless asked: their decode compiles in the
         # background after each load (issue 16), which would move figures mid-run.
         os.environ.setdefault("TESSERA_COMPILE_DECODE", "0")
+        from tessera.rpc import transport
+
+        # the TLS files of the bench's clients of agents it reaches by address (None: plaintext)
+        args.tls = transport.tls_from_dir(os.environ.get(transport.TLS_DIR_ENV, ""))
         module = importlib.import_module(module_name)
         result: dict[str, Any] = module.run(args)
         result["provenance"] = harness.provenance()

@@ -76,7 +76,7 @@ def _leader_main(token_s: float, out: Any) -> None:
     async def serve() -> None:
         srv: grpc.aio.Server = transport.server()
         pb_grpc.add_AgentServicer_to_server(Leader(), srv)
-        port = transport.add_port(srv, "127.0.0.1:0", tls=False)
+        port = transport.add_port(srv, "127.0.0.1:0", tls=None)
         await srv.start()
         out.put(f"127.0.0.1:{port}")
         await srv.wait_for_termination()

@@ -29,7 +29,7 @@ class AgentProc:
         self.metrics_port = free_port()
         extra += ["--metrics-port", str(self.metrics_port)]
         self.proc = local_agents.start_agent(name, f"cpu:1x{capacity}B", 1, extra_args=extra)
-        self.channel = transport.channel(self.proc.address)
+        self.channel = transport.channel(self.proc.address, self.proc.tls)
         self.stub = pb_grpc.AgentStub(self.channel)
 
     async def load(self, rid: str, path: str, kv: int) -> None:

@@ -88,9 +88,9 @@ async def _replay(url: str, reqs: list[tuple[float, int, int]], seed: int) -> di
     }
 
 
-async def _awake(addresses: list[str], stop: asyncio.Event) -> list[tuple[float, int]]:
+async def _awake(addresses: list[str], stop: asyncio.Event, tls: Any) -> list[tuple[float, int]]:
     """(time, awake replicas) every 0.2 s until `stop`: the agents' own report."""
-    channels = [transport.channel(a) for a in addresses]
+    channels = [transport.channel(a, tls) for a in addresses]
     stubs = [pb_grpc.AgentStub(c) for c in channels]
     out: list[tuple[float, int]] = []
     try:
@@ -115,9 +115,11 @@ async def _awake(addresses: list[str], stop: asyncio.Event) -> list[tuple[float,
             await c.close()
 
 
-async def _measure(url: str, addresses: list[str], reqs: list[Any], seed: int) -> dict[str, Any]:
+async def _measure(
+    url: str, addresses: list[str], reqs: list[Any], seed: int, tls: Any
+) -> dict[str, Any]:
     stop = asyncio.Event()
-    poll = asyncio.ensure_future(_awake(addresses, stop))
+    poll = asyncio.ensure_future(_awake(addresses, stop, tls))
     t0 = time.perf_counter()
     got = await _replay(url, reqs, seed)
     stop.set()
@@ -133,10 +135,12 @@ async def _measure(url: str, addresses: list[str], reqs: list[Any], seed: int) -
     return got
 
 
-def _up(tmp: Path, name: str, manifest: str, reqs: list[Any], seed: int) -> dict[str, Any]:
+def _up(
+    tmp: Path, name: str, manifest: str, reqs: list[Any], seed: int, tls: Any
+) -> dict[str, Any]:
     (tmp / f"{name}.yaml").write_text(manifest)
     with local_up.Up(tmp / f"{name}.yaml", "--devices", "cpu:1x1GiB", what="autoscale") as up:
-        out = asyncio.run(_measure(up.url, up.agents(), reqs, seed))
+        out = asyncio.run(_measure(up.url, up.agents(), reqs, seed, tls))
         out["log"] = up.log
     return out
 
@@ -171,6 +175,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             _manifest(model, args.max_replicas, scaling, args.ttft_slo_ms),
             reqs,
             args.seed,
+            args.tls,
         )
         span = reqs[-1][0] or 1.0
         rate = len(reqs) / span
@@ -178,7 +183,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         mean_load = rate * service_s
         fixed_n = min(args.max_replicas, max(1, math.ceil(mean_load / QUEUE_PER_REPLICA)))
         fixed = _up(
-            Path(tmp), "fixed", _manifest(model, fixed_n, None, args.ttft_slo_ms), reqs, args.seed
+            Path(tmp),
+            "fixed",
+            _manifest(model, fixed_n, None, args.ttft_slo_ms),
+            reqs,
+            args.seed,
+            args.tls,
         )
     said = [x for x in auto["log"] if "autoscale" in x]
     return {

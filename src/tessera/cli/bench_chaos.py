@@ -86,7 +86,7 @@ class _Deployment:
                 await asyncio.to_thread(local_agents.start_agent, f"agent-{i}", "cpu:1x1GiB", 1)
             )
         self.refs = [agents.AgentRef(p.agent_id, p.address) for p in self.procs]
-        out = await converge.converge(self.dep, self.model_path, self.refs)
+        out = await converge.converge(self.dep, self.model_path, self.refs, tls=self.procs[0].tls)
         if out.reason != "Serving":
             raise SystemExit(f"tessera bench chaos: {out.reason}: {out.message}")
         self.gateway = await gw_server.start_gateway(
@@ -97,6 +97,7 @@ class _Deployment:
                 replicas=tuple(gw_config.ReplicaEndpoint(r, a) for r, a in self._leaders(out)),
                 poll_interval_s=0.25,
                 failure_backoff_s=0.5,
+                tls=self.procs[0].tls,
             )
         )
         self.supervisor = supervise.start(self.procs, "cpu:1x1GiB", 1, lambda s: None)
@@ -120,7 +121,9 @@ class _Deployment:
             if self.stop.is_set():
                 return
             self.passes += 1
-            out = await converge.converge(self.dep, self.model_path, self.refs, progress)
+            out = await converge.converge(
+                self.dep, self.model_path, self.refs, progress, tls=self.procs[0].tls
+            )
             if out.plan is not None:
                 from tessera.gateway import config as gw_config
 

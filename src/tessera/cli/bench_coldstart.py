@@ -84,6 +84,7 @@ class _Run:
 
     def __init__(self, model: Path, layers: int, refs: list[Any], probe: Any) -> None:
         self.model, self.layers, self.refs, self.probe = model, layers, refs, probe
+        self.tls = probe.tls  # the agents' TLS files (None: plaintext)
         self.published: Any = None
 
     async def converge(self, replicas: list[tuple[str, str]], apply: bool = True) -> Any:
@@ -105,6 +106,7 @@ class _Run:
                 apply=apply,
                 published=self.published,
                 rollout=rollout,
+                tls=self.tls,
             )
             self.published = out.routes
             if out.remaining is not None and not out.remaining.steps and out.serving:
@@ -116,8 +118,8 @@ class _Run:
         from tessera import reconcile
         from tessera.control import actuate, agents
 
-        obs = await agents.observe(self.refs)
-        await actuate.apply(reconcile.delete_actions(obs, "default.cold."))
+        obs = await agents.observe(self.refs, tls=self.tls)
+        await actuate.apply(reconcile.delete_actions(obs, "default.cold."), tls=self.tls)
         self.published = None
 
     async def first_token(self, address: str, replica_id: str, n: int) -> tuple[float, list[int]]:
@@ -128,7 +130,7 @@ class _Run:
         from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
         began = time.perf_counter()
-        channel = transport.channel(address)
+        channel = transport.channel(address, self.tls)
         first = 0.0
         tokens: list[int] = []
         try:
@@ -227,8 +229,9 @@ async def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     )
     try:
         refs = [agents.AgentRef(p.agent_id, p.address) for p in procs]
-        probe = link_probe.LinkProbe()
-        measured = await probe.links(links.LinkModel(), await agents.observe(refs), str(model))
+        probe = link_probe.LinkProbe(procs[0].tls)
+        obs = await agents.observe(refs, tls=probe.tls)
+        measured = await probe.links(links.LinkModel(), obs, str(model))
         run = _Run(model, layers, refs, probe)
         await run.converge([("r0", "agent-0")], apply=False)  # imports, first connections
         n = args.tokens
@@ -289,7 +292,7 @@ async def _from_zero(
     rid = next(r.replica_id for r in out.plan.replicas if r.name == at[0])
     try:
         got = await bench_wake.measure(
-            str(model), address, rid, args.rounds, args.zero_requests, args.tokens
+            str(model), address, rid, args.rounds, args.zero_requests, args.tokens, tls=run.tls
         )
     finally:
         await run.delete()

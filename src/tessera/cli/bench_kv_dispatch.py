@@ -117,13 +117,16 @@ async def _mode(
     shps: list[Shape],
     kv: bool,
     pauses: list[list[float]],
+    tls: Any,
 ) -> dict[str, Any]:
     import aiohttp
 
     from tessera import variant_routes
     from tessera.gateway import config, routes, server
 
-    cfg = config.GatewayConfig("tiny", str(model), port=0, poll_interval_s=0.2, kv_dispatch=kv)
+    cfg = config.GatewayConfig(
+        "tiny", str(model), port=0, poll_interval_s=0.2, kv_dispatch=kv, tls=tls
+    )
     gw = await server.start_gateway(cfg)
     gw.apply_routes(
         routes.Routes(
@@ -132,7 +135,7 @@ async def _mode(
         )
     )
     await gw.refresh()
-    before = _hits(address)
+    before = _hits(address, tls)
     latencies: list[float] = []
     done = 0
     try:
@@ -166,7 +169,7 @@ async def _mode(
             text = await (await s.get(gw.url + "/metrics")).text()
     finally:
         await gw.stop()
-    hits = sum(_hits(address).values()) - sum(before.values())
+    hits = sum(_hits(address, tls).values()) - sum(before.values())
     return {
         "prefix_hit_tokens": hits,
         "prompt_tokens": sum(len(p) for c in convs for p in c),
@@ -211,12 +214,12 @@ def _decisions(text: str) -> dict[str, float]:
     return out
 
 
-def _hits(address: str) -> dict[str, int]:
+def _hits(address: str, tls: Any) -> dict[str, int]:
     from tessera.rpc import transport
     from tessera.rpc.v1 import agent_pb2 as pb
     from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
-    channel = transport.sync_channel(address)
+    channel = transport.sync_channel(address, tls)
     try:
         reply = pb_grpc.AgentStub(channel).Describe(pb.DescribeRequest(), timeout=30)
     finally:
@@ -240,7 +243,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         legal = tiny_variants.make_tiny_lora(model, root / "legal", r=4, seed=11)
         agent = local_agents.start_agent("kvd-bench", "cpu:1x1GiB", 1)
         try:
-            stub = pb_grpc.AgentStub(transport.sync_channel(agent.address))
+            stub = pb_grpc.AgentStub(transport.sync_channel(agent.address, agent.tls))
             for rid in REPLICAS:
                 b = blocks.Block(str(model), 0, 8, replica_id=rid, kv_bytes=args.kv_mib << 20)
                 stub.LoadBlock(rpc_blocks.load_request(b), timeout=300)
@@ -266,7 +269,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     rng = random.Random((args.seed * 100 + rep) * 10 + i)  # fresh contents
                     convs = [_prompts(sh, rng) for sh in shps]
                     runs[name].append(
-                        asyncio.run(_mode(model, agent.address, convs, shps, kv, pauses))
+                        asyncio.run(_mode(model, agent.address, convs, shps, kv, pauses, agent.tls))
                     )
             results = {name: _summary(r) for name, r in runs.items()}
         finally:

@@ -189,12 +189,12 @@ async def _replay(
     policy: bool,
     tick_s: float,
 ) -> dict[str, Any]:
-    channels = {a.address: transport.channel(a.address) for a in agents}
+    channels = {a.address: transport.channel(a.address, a.tls) for a in agents}
     names = [f"r{i}" for i in range(len(agents))]
     stubs = {n: pb_grpc.AgentStub(channels[a.address]) for n, a in zip(names, agents, strict=True)}
     router = Router(stubs, per_page)
     members = {n: overload_steps.Member(n, a.address) for n, a in zip(names, agents, strict=True)}
-    driver = overload_driver.Driver(router.set_routes, chunk_pages=4)
+    driver = overload_driver.Driver(router.set_routes, chunk_pages=4, tls=agents[0].tls)
 
     async def describe(addr: str) -> pb.DescribeReply:
         reply: pb.DescribeReply = await pb_grpc.AgentStub(channels[addr]).Describe(
@@ -258,7 +258,7 @@ async def _replay(
 
 def _prefill_cost(agent: local_agents.AgentProcess, replica: str) -> lookahead.ChunkCost:
     """Eq. 1's alpha beta gamma fitted to measured prefill times (max_tokens 1, p = 0)."""
-    stub = pb_grpc.AgentStub(transport.sync_channel(agent.address))
+    stub = pb_grpc.AgentStub(transport.sync_channel(agent.address, agent.tls))
     samples = []
     for n in (4, 8, 16, 32, 48, 64) * 2:  # within the small pool
         t0 = time.perf_counter()

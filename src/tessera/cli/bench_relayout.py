@@ -158,7 +158,7 @@ class Run:
     cutover: dict[str, int] = field(default_factory=dict)  # the gateway's counters
 
 
-async def _held(addresses: list[str]) -> tuple[int, frozenset[str]]:
+async def _held(addresses: list[str], tls: Any) -> tuple[int, frozenset[str]]:
     """Bytes held by every block on the agents, and the replica ids they hold."""
     from tessera.rpc import transport
     from tessera.rpc.v1 import agent_pb2 as pb
@@ -166,7 +166,7 @@ async def _held(addresses: list[str]) -> tuple[int, frozenset[str]]:
 
     total, ids = 0, set()
     for address in addresses:
-        channel = transport.channel(address)
+        channel = transport.channel(address, tls)
         try:
             reply = await pb_grpc.AgentStub(channel).Describe(pb.DescribeRequest(), timeout=5)
         finally:
@@ -177,10 +177,10 @@ async def _held(addresses: list[str]) -> tuple[int, frozenset[str]]:
     return total, frozenset(ids)
 
 
-async def _sampler(addresses: list[str], run: Run, stop: asyncio.Event) -> None:
+async def _sampler(addresses: list[str], run: Run, stop: asyncio.Event, tls: Any) -> None:
     while not stop.is_set():
         try:
-            total, ids = await _held(addresses)
+            total, ids = await _held(addresses, tls)
             run.samples.append((time.perf_counter(), total, ids))
         except Exception:  # an agent busy past the timeout: skip this sample
             pass
@@ -270,7 +270,7 @@ async def drive(
     stop = asyncio.Event()
     async with client.session(900) as session:
         loop = asyncio.get_running_loop()
-        sampler = loop.create_task(_sampler(agents, run, stop))
+        sampler = loop.create_task(_sampler(agents, run, stop, args.tls))
         while not run.samples:
             await asyncio.sleep(0.05)
         run.t0 = time.perf_counter()

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.cli import local_agents
+from tessera.control import agents as agent_client
 from tessera.control import scaling_driver
 from tessera.policies.scaling import module_scaling as ms
 from tessera.rpc import sampling as rpc_sampling
@@ -69,12 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _stub(address: str) -> pb_grpc.AgentStub:
-    return pb_grpc.AgentStub(transport.sync_channel(address))
+def _stub(a: local_agents.AgentProcess) -> pb_grpc.AgentStub:
+    return pb_grpc.AgentStub(transport.sync_channel(a.address, a.tls))
 
 
 def _load(a: local_agents.AgentProcess, model: Path) -> None:
-    _stub(a.address).LoadBlock(
+    _stub(a).LoadBlock(
         pb.LoadBlockRequest(
             model_path=str(model),
             layer_start=0,
@@ -89,9 +90,9 @@ def _load(a: local_agents.AgentProcess, model: Path) -> None:
     )
 
 
-def _generate(address: str, prompt: list[int], tokens: int) -> int:
+def _generate(a: local_agents.AgentProcess, prompt: list[int], tokens: int) -> int:
     n = 0
-    for ch in _stub(address).Generate(
+    for ch in _stub(a).Generate(
         pb.GenerateRequest(
             replica_id="r0",
             prompt_token_ids=prompt,
@@ -103,17 +104,17 @@ def _generate(address: str, prompt: list[int], tokens: int) -> int:
     return n
 
 
-def _background(address: str, prompts: list[list[int]], tokens: int) -> list[threading.Thread]:
-    ts = [
-        threading.Thread(target=_generate, args=(address, p, tokens), daemon=True) for p in prompts
-    ]
+def _background(
+    a: local_agents.AgentProcess, prompts: list[list[int]], tokens: int
+) -> list[threading.Thread]:
+    ts = [threading.Thread(target=_generate, args=(a, p, tokens), daemon=True) for p in prompts]
     for t in ts:
         t.start()
     return ts
 
 
-def _running(address: str) -> int:
-    return sum(k.running for k in _stub(address).Describe(pb.DescribeRequest()).kv)
+def _running(a: local_agents.AgentProcess) -> int:
+    return sum(k.running for k in _stub(a).Describe(pb.DescribeRequest()).kv)
 
 
 def _wait(cond: Any, timeout: float = 120.0) -> bool:
@@ -143,7 +144,7 @@ def _op_table(
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     rng = random.Random(1)
-    sa = _stub(a.address)
+    sa = _stub(a)
     for n in sizes:
 
         def req(
@@ -159,11 +160,11 @@ def _op_table(
             )
 
         prompts = [[0, *(rng.randrange(5, 500) for _ in range(40))] for _ in range(4)]
-        ts = _background(a.address, prompts[:2], 200)
-        _wait(lambda: _running(a.address) >= 2)
+        ts = _background(a, prompts[:2], 200)
+        _wait(lambda: _running(a) >= 2)
         rep = sa.ScalingReplicate(req(target_address=b.address, self_address=a.address))
         rows.append(_row(rep, n))
-        ts += _background(a.address, prompts[2:], 200)  # these join the replica
+        ts += _background(a, prompts[2:], 200)  # these join the replica
 
         def joined(holder: str = rep.target) -> bool:
             runs = sa.Describe(pb.DescribeRequest()).scaling_runs
@@ -181,10 +182,14 @@ def _op_table(
 
 
 def _timed(
-    address: str, prompt: list[int], tokens: int, lat: list[float], lock: threading.Lock
+    a: local_agents.AgentProcess,
+    prompt: list[int],
+    tokens: int,
+    lat: list[float],
+    lock: threading.Lock,
 ) -> None:
     t0 = time.perf_counter()
-    _generate(address, prompt, tokens)
+    _generate(a, prompt, tokens)
     with lock:
         lat.append(time.perf_counter() - t0)
 
@@ -205,6 +210,7 @@ def _sweep(
         peers=[scaling_driver.Peer(b.agent_id, b.address)],
         cfg=ms.ScalingConfig(enabled=True),
         replica_bytes=4 << 20,  # one tiny layer's weights (1.5 MiB) plus its KV share
+        channels=agent_client.Channels(a.tls),
     )
     out: dict[str, Any] = {"throughput_ratio_by_load": {}, "p99_ratio_by_load": {}, "runs": []}
     for load in loads:
@@ -223,7 +229,7 @@ def _sweep(
             ts = []
             for p, g in zip(prompts, gaps, strict=True):
                 time.sleep(g)
-                t = threading.Thread(target=_timed, args=(a.address, p, tokens, lat, lock))
+                t = threading.Thread(target=_timed, args=(a, p, tokens, lat, lock))
                 t.start()
                 ts.append(t)
             for t in ts:

@@ -98,7 +98,7 @@ async def _served(args: argparse.Namespace, path: Path, zoo: Path) -> dict[str, 
     slow = {speculate_serve.SLOW_ENV: f"{layers[0]},{layers[1]},{args.bottleneck_ms:g}"}
     a = local_agents.start_agent("spec-a", f"cpu:1x{2 << 30}B", 1, env=slow)
     b = local_agents.start_agent("spec-b", f"cpu:1x{2 << 30}B", 1)
-    channel = transport.channel(a.address)
+    channel = transport.channel(a.address, a.tls)
     stub = pb_grpc.AgentStub(channel)
     try:
         for rid in RUNS:
@@ -116,7 +116,7 @@ async def _served(args: argparse.Namespace, path: Path, zoo: Path) -> dict[str, 
                     speculate_zoo=zoo_of if i == 1 else "",
                 )
                 where = b if i == 2 else a
-                ch = transport.channel(where.address)
+                ch = transport.channel(where.address, where.tls)
                 try:
                     req = rpc_blocks.load_request(blk)
                     await pb_grpc.AgentStub(ch).LoadBlock(req, timeout=180)

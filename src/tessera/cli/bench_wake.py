@@ -66,6 +66,8 @@ async def measure(
     rounds: int = 2,
     requests: int = 8,
     max_tokens: int = 8,
+    *,
+    tls: transport.TlsFiles | None,
 ) -> dict[str, Any]:
     """Sleep/wake and scale-from-zero figures of a loaded replica (module docstring)."""
     cfg = gw_config.GatewayConfig(
@@ -75,9 +77,10 @@ async def measure(
         replicas=(gw_config.ReplicaEndpoint(replica_id, address),),
         poll_interval_s=0.5,
         hold=hold.HoldConfig(max_held=max(requests, 1), deadline_s=300.0),
+        tls=tls,
     )
     gateway = await gw_server.start_gateway(cfg)
-    channel = transport.channel(address)
+    channel = transport.channel(address, tls)
     stub = pb_grpc.AgentStub(channel)
     try:
         awake = await _stream(gateway.url, max_tokens)
@@ -140,7 +143,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ready_s = time.perf_counter() - t0
             out = asyncio.run(
                 measure(
-                    str(model), agent.address, "r0", args.rounds, args.requests, args.max_tokens
+                    str(model),
+                    agent.address,
+                    "r0",
+                    args.rounds,
+                    args.requests,
+                    args.max_tokens,
+                    tls=agent.tls,
                 )
             )
         finally:

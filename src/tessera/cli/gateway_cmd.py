@@ -92,6 +92,7 @@ def register(sub: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     from tessera.gateway import config, hold, limits
     from tessera.observability import tracing
+    from tessera.rpc import transport
 
     tracing.configure(os.environ)
     try:
@@ -114,6 +115,7 @@ def _run(args: argparse.Namespace) -> int:
                 else args.generate_mux
             ),
             hold=hold.HoldConfig(max_held=args.hold_max, deadline_s=args.hold_deadline),
+            tls=transport.tls_from_dir(os.environ.get(transport.TLS_DIR_ENV, "")),
             limits=limits.Limits(
                 max_prompt_tokens=args.max_prompt_tokens,
                 max_tokens=args.max_tokens_limit,
@@ -124,9 +126,8 @@ def _run(args: argparse.Namespace) -> int:
         )
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         from tessera import event_loop
-        from tessera.rpc import transport
 
-        transport.warn_if_plaintext(logging.getLogger("tessera.gateway"))
+        transport.warn_if_plaintext(logging.getLogger("tessera.gateway"), cfg.tls)
 
         return event_loop.run(_serve(cfg))
     except (ValueError, OSError) as exc:

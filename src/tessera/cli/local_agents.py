@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from tessera.rpc import transport
     from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
 _LISTEN_RE = re.compile(r"listening on (\S+):(\d+)")
@@ -31,6 +32,9 @@ class AgentProcess:
     proc: subprocess.Popen[str]
     address: str = ""
     output: list[str] = field(default_factory=list)
+    # the TLS files this process's clients of the agent use: $TESSERA_TLS_DIR, read here
+    # (this module hands the environment on), as the agent's own when `env` sets none
+    tls: transport.TlsFiles | None = None
 
 
 def start_agent(
@@ -63,6 +67,9 @@ def start_agent(
         str(threads),
         *extra_args,
     ]
+    from tessera.rpc import transport
+
+    tls = transport.tls_from_dir(os.environ.get(transport.TLS_DIR_ENV, ""))
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -78,7 +85,7 @@ def start_agent(
         },
         start_new_session=True,
     )
-    agent = AgentProcess(agent_id, proc)
+    agent = AgentProcess(agent_id, proc, tls=tls)
     ready = threading.Event()
 
     def reader() -> None:
@@ -160,7 +167,7 @@ def load_pipeline(
 
     dp = None
     if data_plane and len(splits) > 1:
-        channel = transport.sync_channel(agents[0].address)
+        channel = transport.sync_channel(agents[0].address, agents[0].tls)
         try:
             store = pb_grpc.AgentStub(channel).Describe(pb.DescribeRequest()).store_address
         finally:
@@ -169,7 +176,7 @@ def load_pipeline(
 
     for i in reversed(range(len(splits))):
         a, b = splits[i]
-        channel = transport.sync_channel(agents[i].address)
+        channel = transport.sync_channel(agents[i].address, agents[i].tls)
         try:
             block = blocks.Block(
                 model_path,

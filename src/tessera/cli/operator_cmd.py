@@ -165,6 +165,7 @@ def build_config(args: argparse.Namespace) -> Any:
 
     from tessera.control import agents
     from tessera.policies.security import admission
+    from tessera.rpc import transport
     from tessera_operator import config
 
     tmpl: dict[str, Any] = {}
@@ -188,6 +189,7 @@ def build_config(args: argparse.Namespace) -> Any:
         agent_selector=args.agent_selector,
         agent_namespace=args.agent_namespace,
         agent_port=args.agent_port,
+        tls=transport.tls_from_dir(_env(transport.TLS_DIR_ENV)),
         namespaces=tuple(n.strip() for n in namespaces),
         resync_seconds=args.resync,
         overload_tick_seconds=args.overload_tick,
@@ -229,7 +231,7 @@ def _run(args: argparse.Namespace) -> int:
     from tessera.rpc import transport
     from tessera_operator import runner
 
-    transport.warn_if_plaintext(logging.getLogger("tessera.operator"))
+    transport.warn_if_plaintext(logging.getLogger("tessera.operator"), cfg.tls)
     if args.metrics_port:  # reconcile passes, transitions, switches (observability.control)
         control.serve(args.metrics_port)
     logging.getLogger("tessera.operator").info(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -68,7 +69,8 @@ def _run(args: argparse.Namespace) -> int:
     from tessera.rpc.v1 import agent_pb2 as pb
     from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
-    stub = pb_grpc.AgentStub(transport.sync_channel(args.agent))
+    tls = transport.tls_from_dir(os.environ.get(transport.TLS_DIR_ENV, ""))  # an entry point
+    stub = pb_grpc.AgentStub(transport.sync_channel(args.agent, tls))
     if args.model is None:
         try:
             blocks = stub.ListBlocks(pb.ListBlocksRequest(), timeout=30).blocks

@@ -19,12 +19,14 @@ from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
 
-def rows(addresses: Sequence[tuple[str, str]], timeout: float = 5.0) -> list[list[str]]:
+def rows(
+    addresses: Sequence[tuple[str, str]], tls: transport.TlsFiles | None, timeout: float = 5.0
+) -> list[list[str]]:
     """One row per holder of every run of the agents' stages."""
     out: list[list[str]] = []
     for name, address in addresses:
         try:
-            d = pb_grpc.AgentStub(transport.sync_channel(address)).Describe(
+            d = pb_grpc.AgentStub(transport.sync_channel(address, tls)).Describe(
                 pb.DescribeRequest(), timeout=timeout
             )
         except grpc.RpcError:
@@ -50,10 +52,12 @@ def rows(addresses: Sequence[tuple[str, str]], timeout: float = 5.0) -> list[lis
     return out
 
 
-def print_runs(console: Any, addresses: Sequence[tuple[str, str]]) -> None:
+def print_runs(
+    console: Any, addresses: Sequence[tuple[str, str]], tls: transport.TlsFiles | None
+) -> None:
     from rich.table import Table
 
-    found = rows(addresses)
+    found = rows(addresses, tls)
     if not found:
         return
     table = Table(title="layer runs (module scaling)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from typing import Any
 
@@ -18,7 +19,7 @@ from tessera import blocks
 
 
 def _variant_facts(
-    obs: Any,
+    obs: Any, tls: Any
 ) -> tuple[dict[tuple[str, str, int], tuple[str, ...]], dict[str, str]]:
     """Per (agent, replica, stage) the adapters attached (and a stitched front's stitch,
     issue 35), per agent its block zoo (issue 14)."""
@@ -33,7 +34,7 @@ def _variant_facts(
     for a in obs.agents:
         if not a.reachable:
             continue
-        channel = transport.sync_channel(a.address)
+        channel = transport.sync_channel(a.address, tls)
         try:
             d = pb_grpc.AgentStub(channel).Describe(pb.DescribeRequest(), timeout=5)
         except grpc.RpcError:  # the table shows "-" for what could not be read
@@ -87,7 +88,9 @@ def status(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from tessera.control import agents
+    from tessera.rpc import transport
 
+    tls = transport.tls_from_dir(os.environ.get(transport.TLS_DIR_ENV, ""))  # an entry point
     if args.agent:
         refs = agents.static_agents(args.agent)
         gateway = ""
@@ -102,8 +105,8 @@ def status(args: argparse.Namespace) -> int:
             return 1
         refs = [agents.AgentRef(a["name"], a["address"]) for a in state["agents"]]
         gateway = state.get("gateway", "")
-    obs = asyncio.run(agents.observe(refs))
-    extra = _variant_facts(obs)
+    obs = asyncio.run(agents.observe(refs, tls=tls))
+    extra = _variant_facts(obs, tls)
     console = Console()
     if gateway:
         console.print(f"gateway: {gateway}")
@@ -149,7 +152,7 @@ def status(args: argparse.Namespace) -> int:
     console.print(replicas)
     from tessera.cli import scaling_status
 
-    scaling_status.print_runs(console, [(r.name, r.address) for r in refs])
+    scaling_status.print_runs(console, [(r.name, r.address) for r in refs], tls)
     groups = overload_groups(rows)
     if groups:
         console.print(

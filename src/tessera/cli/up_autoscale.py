@@ -63,7 +63,9 @@ class UpAutoscale:
         say: Say,
     ) -> None:
         self.dep, self.members, self.gateway, self.say = dep, dict(members), gateway, say
-        self.loop = autoscale_loop.AutoscaleLoop(deployment=dep.name)
+        self.loop = autoscale_loop.AutoscaleLoop(
+            autoscale_loop.Leaders(tls=gateway.config.tls), deployment=dep.name
+        )
         self.cfg = dep.spec.scaling.config(dep.spec.slo.ttft_p99_ms / 1000.0)
         self.target: int | None = None  # the plan count asked for (desiredReplicas)
         self.resized = asyncio.Event()  # the count changed: a converge pass, now

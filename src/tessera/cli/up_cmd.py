@@ -233,10 +233,14 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             profile_mod.profile_from_json(json.loads(args.profile.read_text()))
         )
     settle_heap = gc_heap.wanted(os.environ)  # this process owns its heap (see gc_heap)
+    try:  # the TLS files of every channel to the agents (None: plaintext)
+        tls = transport.tls_from_dir(os.environ.get(transport.TLS_DIR_ENV, ""))
+    except FileNotFoundError as exc:
+        return _fail(str(exc))
     rollout = converge.Rollout(
         drain=transition.DrainPolicy(deadline_s=args.drain_deadline),
         sourcing=args.sourcing,
-        probe=link_probe.LinkProbe(),  # measured links for every new replica's sources
+        probe=link_probe.LinkProbe(tls),  # measured links for every new replica's sources
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -255,7 +259,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
     try:
         if args.agent:
             refs = agents.static_agents(args.agent)
-            if transport.tls_from_env() is None:
+            if tls is None:
                 console.print(f"[bold yellow]WARNING[/] {transport.PLAINTEXT_WARNING}")
         else:
             n = _local_agent_count(args, dep)
@@ -271,7 +275,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                     except RuntimeError as exc:  # e.g. --devices cuda without a GPU
                         return _fail(str(exc))
             refs = [agents.AgentRef(p.agent_id, p.address) for p in procs]
-            console.print(transport.describe_mode())
+            console.print(transport.describe_mode(tls))
             console.print(f"agents load checkpoints under {agent_args[1]} only")
             for p in procs:
                 console.print(
@@ -300,6 +304,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 auto,
                 on_steps=lambda t: bar.update(task, total=max(1, len(t.steps))),
                 rollout=rollout,
+                tls=tls,
             )
         if outcome.reason != "Serving" or outcome.plan is None or outcome.routes is None:
             return _fail(f"{outcome.reason}: {outcome.message}")
@@ -315,6 +320,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 arrival_span_s=args.arrival_span,
                 hold=up_autoscale.hold_config(dep.spec),
                 generate_mux=args.generate_mux,
+                tls=tls,
             )
         )
         gateway.apply_routes(gw_routes.from_doc(outcome.routes))  # with the class shares
@@ -352,6 +358,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 rollout=rollout,
                 shared=shared,
                 replicas_cap=autoscaler.cap(current) if autoscaler is not None else None,
+                tls=tls,
             )
             published = again.routes or published
             if autoscaler is not None and again.plan is not None:
@@ -380,10 +387,10 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         supervisor = supervise.start(procs, args.devices, threads, console.print, agent_args)
         # one pass at a time: a converge pass, an overload tick and a scaling tick never
         # overlap, and the loops ticked in a pass share its observation of the agents
-        deployment = observation.Pass(refs)
+        deployment = observation.Pass(refs, tls=tls)
         itl, at = gateway.service.metrics.itl, [(r.name, r.address) for r in refs]
         scaling = up_policies.ScalingPolicy(  # module scaling (issue 15), as the spec says
-            lambda spec: scaling_loop.for_up(spec, model_path, at, itl),
+            lambda spec: scaling_loop.for_up(spec, model_path, at, itl, tls),
             lambda lp: up_policies.run_locked(
                 lp, stop, args.scaling_interval, console.print, deployment
             ),
@@ -433,10 +440,10 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         if gateway is not None:
             await gateway.stop()
         if args.agent and refs:  # leave external agents as we found them
-            obs = await agents.observe(refs)
+            obs = await agents.observe(refs, tls=tls)
             from tessera import plan as plan_mod
 
-            await actuate.apply(reconcile.delete_actions(obs, plan_mod.owner_prefix(dep)))
+            await actuate.apply(reconcile.delete_actions(obs, plan_mod.owner_prefix(dep)), tls=tls)
         for p in procs:
             local_agents.stop_agent(p)
         with contextlib.suppress(FileNotFoundError):

@@ -77,7 +77,9 @@ class UpOverload:
         self.members = dict(overload_held.step_members(self.held))
         self.cfg, self.num_layers = cfg, num_layers
         self.gateway, self.published, self.say = gateway, published, say
-        self.loop = control.OverloadLoop(overload_driver.Driver(self.set_routes, chunk_pages=4))
+        self.loop = control.OverloadLoop(
+            overload_driver.Driver(self.set_routes, chunk_pages=4, tls=gateway.config.tls)
+        )
 
     @staticmethod
     def usable(p: plan.Plan, obs: observed.Observed) -> str:

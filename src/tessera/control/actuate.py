@@ -48,8 +48,10 @@ Progress = Callable[[Result], None]
 Publish = Callable[[actions.CutOver], Awaitable[None]]
 
 
-async def _block(action: actions.BlockAction, timeout: float) -> Result:
-    channel = transport.channel(action.address)
+async def _block(
+    action: actions.BlockAction, timeout: float, tls: transport.TlsFiles | None
+) -> Result:
+    channel = transport.channel(action.address, tls)
     stub = pb_grpc.AgentStub(channel)
     try:
         if isinstance(action, actions.UnloadBlock):
@@ -85,11 +87,13 @@ async def _block(action: actions.BlockAction, timeout: float) -> Result:
         await channel.close()
 
 
-async def _resize(action: actions.ResizeKV, timeout: float) -> Result:
+async def _resize(
+    action: actions.ResizeKV, timeout: float, tls: transport.TlsFiles | None
+) -> Result:
     """Pause the leader, resize its allocator and pool (a shrink reports the page moves),
     resize every other stage with those moves, unpause (issue 34)."""
     stages = sorted(action.stages, key=lambda s: s.block.stage_index)
-    channels = {s.address: transport.channel(s.address) for s in stages}
+    channels = {s.address: transport.channel(s.address, tls) for s in stages}
     stubs = {a: pb_grpc.AgentStub(c) for a, c in channels.items()}
 
     def op(s: actions.KVStage, name: str, **kw: Any) -> Any:
@@ -127,7 +131,9 @@ async def _resize(action: actions.ResizeKV, timeout: float) -> Result:
             await c.close()
 
 
-async def _drop(action: actions.DropLayers, timeout: float) -> Result:
+async def _drop(
+    action: actions.DropLayers, timeout: float, tls: transport.TlsFiles | None
+) -> Result:
     """Drive KunServe's drop steps for the group the action names (issue 34). The routes
     step is a no-op here: the transition's own `CutOver` took the donors out first."""
     group = drop_plan.Group(
@@ -137,7 +143,7 @@ async def _drop(action: actions.DropLayers, timeout: float) -> Result:
         True,
     )
     members = {s.replica_id: overload_steps.Member(s.replica_id, s.address) for s in action.stages}
-    driver = overload_driver.Driver(timeout_s=timeout)
+    driver = overload_driver.Driver(timeout_s=timeout, tls=tls)
     try:
         rep = await driver.run(overload_steps.drop_steps(group, members))
     except overload_driver.DriveError as exc:
@@ -155,11 +161,13 @@ async def apply(
     block_actions: Sequence[actions.BlockAction],
     progress: Progress | None = None,
     timeout: float = 300.0,
+    *,
+    tls: transport.TlsFiles | None,
 ) -> list[Result]:
     """Apply block actions in order, each regardless of the others (the finalizer)."""
     results = []
     for action in block_actions:
-        result = await _block(action, timeout)
+        result = await _block(action, timeout, tls)
         results.append(result)
         if progress is not None:
             progress(result)
@@ -172,6 +180,8 @@ async def execute(
     publish: Publish,
     progress: Progress | None = None,
     timeout: float = 300.0,
+    *,
+    tls: transport.TlsFiles | None,
 ) -> list[Result]:
     """Apply the steps of `t` that can be done now (see the module docstring)."""
     results: list[Result] = []
@@ -194,10 +204,10 @@ async def execute(
             except Exception as exc:  # a failed write of the routes: retried next pass
                 result = Result(a, False, "PUBLISH_FAILED", str(exc), step=step.id)
         elif isinstance(a, actions.ResizeKV):
-            done = await _resize(a, timeout)
+            done = await _resize(a, timeout, tls)
             result = Result(a, done.ok, done.code, done.message, step.id)
         elif isinstance(a, actions.DropLayers):
-            done = await _drop(a, timeout)
+            done = await _drop(a, timeout, tls)
             result = Result(a, done.ok, done.code, done.message, step.id)
         elif isinstance(a, actions.MoveKV):
             # requests are the gateway's: it moves the KV of its in-flight requests
@@ -205,7 +215,7 @@ async def execute(
                 a, False, "UNIMPLEMENTED", "KV moves are applied by the gateway", step=step.id
             )
         else:
-            done = await _block(a, timeout)
+            done = await _block(a, timeout, tls)
             result = Result(done.action, done.ok, done.code, done.message, step.id)
         results.append(result)
         control.current().step("transition", type(a).__name__, began, result.ok, a.describe())

@@ -112,20 +112,21 @@ class Channels:
     """One kept channel per agent address: the stubs the control loops observe and act
     through (a loop ticking many times a second must not open a channel per call)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: transport.TlsFiles | None) -> None:
+        self.tls = tls  # the process's TLS files (None: plaintext), for every channel
         self._async: dict[str, grpc.aio.Channel] = {}
         self._sync: dict[str, grpc.Channel] = {}
 
     def stub(self, address: str) -> pb_grpc.AgentStub:
         """An asyncio stub of the agent at `address` (its channel kept until `close`)."""
         if address not in self._async:
-            self._async[address] = transport.channel(address)
+            self._async[address] = transport.channel(address, self.tls)
         return pb_grpc.AgentStub(self._async[address])
 
     def sync_stub(self, address: str) -> pb_grpc.AgentStub:
         """A blocking stub, for a loop that runs in a thread (module scaling)."""
         if address not in self._sync:
-            self._sync[address] = transport.sync_channel(address)
+            self._sync[address] = transport.sync_channel(address, self.tls)
         return pb_grpc.AgentStub(self._sync[address])
 
     async def close(self) -> None:
@@ -138,9 +139,9 @@ class Channels:
 
 
 async def _describe(
-    ref: AgentRef, timeout: float, stub_for: StubFor | None
+    ref: AgentRef, timeout: float, stub_for: StubFor | None, tls: transport.TlsFiles | None
 ) -> tuple[observed.AgentInfo, pb.DescribeReply | None]:
-    channel = transport.channel(ref.address) if stub_for is None else None
+    channel = transport.channel(ref.address, tls) if stub_for is None else None
     stub = pb_grpc.AgentStub(channel) if stub_for is None else stub_for(ref.address)
     try:
         reply = await stub.Describe(pb.DescribeRequest(), timeout=timeout)
@@ -156,18 +157,26 @@ async def _describe(
 
 
 async def describe(
-    ref: AgentRef, timeout: float = 5.0, stub_for: StubFor | None = None
+    ref: AgentRef,
+    timeout: float = 5.0,
+    stub_for: StubFor | None = None,
+    *,
+    tls: transport.TlsFiles | None,
 ) -> observed.AgentInfo:
     """`Describe` of one agent, over `stub_for`'s channel when given (a loop ticking many
-    times a second keeps its channels), else a channel opened for this call."""
-    return (await _describe(ref, timeout, stub_for))[0]
+    times a second keeps its channels), else a channel opened for this call with `tls`."""
+    return (await _describe(ref, timeout, stub_for, tls))[0]
 
 
 async def observe_replies(
-    refs: Sequence[AgentRef], timeout: float = 5.0, stub_for: StubFor | None = None
+    refs: Sequence[AgentRef],
+    timeout: float = 5.0,
+    stub_for: StubFor | None = None,
+    *,
+    tls: transport.TlsFiles | None,
 ) -> tuple[observed.Observed, dict[str, pb.DescribeReply]]:
     """`observe`, and the replies of the agents that answered, by address."""
-    got = await asyncio.gather(*(_describe(r, timeout, stub_for) for r in refs))
+    got = await asyncio.gather(*(_describe(r, timeout, stub_for, tls) for r in refs))
     replies = {
         r.address: reply for r, (_, reply) in zip(refs, got, strict=True) if reply is not None
     }
@@ -175,6 +184,10 @@ async def observe_replies(
 
 
 async def observe(
-    refs: Sequence[AgentRef], timeout: float = 5.0, stub_for: StubFor | None = None
+    refs: Sequence[AgentRef],
+    timeout: float = 5.0,
+    stub_for: StubFor | None = None,
+    *,
+    tls: transport.TlsFiles | None,
 ) -> observed.Observed:
-    return (await observe_replies(refs, timeout, stub_for))[0]
+    return (await observe_replies(refs, timeout, stub_for, tls=tls))[0]

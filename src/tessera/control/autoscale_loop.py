@@ -31,6 +31,7 @@ from tessera.control import agents, gateway_demand
 from tessera.observability import control
 from tessera.policies.scaling import autoscale
 from tessera.policies.scaling import signal as sig
+from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 
 DESCRIBE_TIMEOUT_S = 2.0
@@ -81,8 +82,10 @@ class Leaders:
     """The loop's only I/O (tests replace it), over kept channels (`agents.Channels`: the
     operator's per deployment ones when given, else the loop's own)."""
 
-    def __init__(self, channels: agents.Channels | None = None) -> None:
-        self.channels = channels if channels is not None else agents.Channels()
+    def __init__(
+        self, channels: agents.Channels | None = None, *, tls: transport.TlsFiles | None
+    ) -> None:
+        self.channels = channels if channels is not None else agents.Channels(tls)
         self._own_channels = channels is None
 
     def stub(self, address: str) -> Any:
@@ -116,11 +119,11 @@ class AutoscaleLoop:
 
     def __init__(
         self,
-        leaders: Leaders | None = None,
+        leaders: Leaders,
         clock: Callable[[], float] = time.monotonic,
         deployment: str = "",
     ) -> None:
-        self.leaders = leaders or Leaders()
+        self.leaders = leaders
         self.clock = clock
         self.deployment = deployment
         self.memory = autoscale.Memory()

@@ -53,6 +53,7 @@ from tessera.policies.overload import desired as overload_desired
 from tessera.policies.transition import actions as step_actions
 from tessera.policies.transition import planner as transition
 from tessera.policies.variants import plan as variant_plan
+from tessera.rpc import transport
 
 Publish = Callable[[routes_doc.RoutesDoc, plan.Plan], Awaitable[None]]
 Transition = transition.Transition
@@ -200,6 +201,8 @@ async def converge(
     rollout: Rollout | None = None,
     shared: observation.Observation | None = None,
     replicas_cap: int | None = None,
+    *,
+    tls: transport.TlsFiles | None,
 ) -> Outcome:
     """One pass. `published` is the routes document the gateway was last given (None:
     none yet); `publish(doc, plan)` writes a new one (a cut-over: the replica set,
@@ -221,7 +224,7 @@ async def converge(
         )
     assert shape is not None
     prefix = plan.owner_prefix(dep)
-    seen = shared if shared is not None else observation.Observation(refs)
+    seen = shared if shared is not None else observation.Observation(refs, tls=tls)
     obs = await seen.get()
     link_model = rollout.links
     if rollout.probe is not None and apply:  # measured per agent pair, cached by the probe
@@ -240,7 +243,7 @@ async def converge(
         )
     overload_on = dep.spec.policies.overload.enabled
     chosen = variant_ops.resolve(dep.spec.variants, model_path)
-    sharing = await variant_ops.observed_sharing(chosen, obs)  # opted-in chains' own layers
+    sharing = await variant_ops.observed_sharing(chosen, obs, tls)  # opted-in chains' own layers
 
     def wanted(o: observed.Observed) -> tuple[overload_desired.Desired, transition.Target]:
         # an active overload drop is desired, not drift (docs/overload.md)
@@ -304,12 +307,16 @@ async def converge(
 
     if apply and t.steps:
         with control.action("transition", t.mode, deployment=prefix, steps=len(t.steps)):
-            out.results = await actuate.execute(t, world(obs, published), cut_over, progress)
+            out.results = await actuate.execute(
+                t, world(obs, published), cut_over, progress, tls=tls
+            )
         seen.acted()
         obs = await seen.get()
         out.observed = obs
     if chosen or (published is not None and published.variants):
-        await _variants(out, chosen, target, foundation, chains, prefix, apply, publish, desired)
+        await _variants(
+            out, chosen, target, foundation, chains, prefix, apply, publish, desired, tls
+        )
         obs = out.observed or obs
     now, now_target = wanted(obs)
     after = transition.plan(world(obs, out.routes), now_target)
@@ -352,6 +359,7 @@ async def _variants(
     apply: bool,
     publish: Publish | None,
     desired: plan.Plan,
+    tls: transport.TlsFiles | None,
 ) -> None:
     """LoRA adapters onto the foundation's stages, the variants' routes and status."""
     placed = [
@@ -359,7 +367,7 @@ async def _variants(
         for p in target.blocks
         if p.block.replica_id in foundation and p.block.tp_rank == 0
     ]
-    applied = await variant_ops.apply_adapters(chosen, placed, apply=apply)
+    applied = await variant_ops.apply_adapters(chosen, placed, apply=apply, tls=tls)
     lora = applied.lora_ready([v.name for v in chosen if v.kind == "lora"])
     if out.routes is not None:
         fids = [r for r in out.routes.replica_ids if r not in chains]
@@ -381,14 +389,15 @@ async def _variants(
                 if p.block.share_from and p.block.tp_rank == 0
             ],
             {rid: name for name, rids in per.items() for rid in rids},
+            tls,
         )
         of = {rid: name for name, rids in per.items() for rid in rids}
-        st = await stitch_ops.observe(target, of)
+        st = await stitch_ops.observe(target, of, tls)
         for v in chosen:
             if v.kind == "stitch":
                 where = stitch_ops.lines(target, v.name, per[v.name])
                 st[v.name] = {**st.get(v.name, {"point": list(v.point)}), "placement": where}
-        sp = await speculate_ops.observe(target, of)
+        sp = await speculate_ops.observe(target, of, tls)
         for v in chosen:
             if v.kind == "speculate":
                 where = speculate_ops.lines(target, v.name, per[v.name])

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import grpc
 
 from tessera.control import agents
+from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
@@ -65,6 +66,8 @@ async def move_prefix(
     dst: Sequence[StageRef],
     timeout: float = 120.0,
     via: str = "auto",
+    *,
+    tls: transport.TlsFiles | None,
 ) -> Moved:
     """Copy the K/V of `tokens`' cached prefix from replica `src` to replica `dst`
     (stages in order, stage 0 first); `via="grpc"` keeps to the gRPC streams."""
@@ -72,7 +75,7 @@ async def move_prefix(
         raise MoveError("move_prefix: both replicas need at least one stage")
     if via not in TRANSPORTS:
         raise MoveError(f"via {via!r}: expected one of {', '.join(TRANSPORTS)}")
-    channels = agents.Channels()  # the control plane's agent client; closed at the end
+    channels = agents.Channels(tls)  # the control plane's agent client; closed at the end
     stub = channels.stub
 
     src_leader, dst_leader = stub(src[0].address), stub(dst[0].address)

@@ -28,7 +28,10 @@ Agent = tuple[str, str]  # (name, address)
 
 
 class LinkProbe:
-    def __init__(self, nbytes: int = PROBE_BYTES, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, tls: transport.TlsFiles | None, nbytes: int = PROBE_BYTES, timeout_s: float = 60.0
+    ) -> None:
+        self.tls = tls  # the process's TLS files for the probes' channels
         self.nbytes, self.timeout_s = nbytes, timeout_s
         self.pairs: dict[tuple[Agent, Agent], float] = {}  # (source, target) -> bytes/s
         self.storage: dict[tuple[Agent, str], float] = {}  # (agent, model path) -> bytes/s
@@ -51,7 +54,7 @@ class LinkProbe:
 
     async def _probe(self, target: Agent, peers: list[Agent], model_path: str) -> None:
         by_address = {p[1]: p for p in peers}
-        channel = transport.channel(target[1])
+        channel = transport.channel(target[1], self.tls)
         self.probes += 1
         try:
             reply = await pb_grpc.AgentStub(channel).ProbeLinks(

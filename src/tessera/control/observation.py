@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 
 from tessera import observed
 from tessera.control import agents
+from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 
 Observe = Callable[[Sequence[agents.AgentRef]], Awaitable[observed.Observed]]
@@ -36,8 +37,11 @@ class Observation:
         channels: agents.Channels | None = None,
         max_age_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        tls: transport.TlsFiles | None,
     ) -> None:
         self.refs = tuple(refs)
+        self.tls = channels.tls if channels is not None else tls
         self._observe = observe
         self.channels = channels
         self.max_age_s, self._clock = max_age_s, clock
@@ -54,7 +58,7 @@ class Observation:
             else:
                 stub_for = self.channels.stub if self.channels is not None else None
                 self._now, self._replies = await agents.observe_replies(
-                    self.refs, stub_for=stub_for
+                    self.refs, stub_for=stub_for, tls=self.tls
                 )
             self._at = self._clock()
             self.latest = self._now
@@ -93,9 +97,11 @@ class Pass:
         channels: agents.Channels | None = None,
         max_age_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        tls: transport.TlsFiles | None,
     ) -> None:
         self.lock = asyncio.Lock()
-        self.observation = Observation(refs, observe, channels, max_age_s, clock)
+        self.observation = Observation(refs, observe, channels, max_age_s, clock, tls=tls)
 
     @contextlib.asynccontextmanager
     async def held(self, keep: bool = False) -> AsyncIterator[Observation]:

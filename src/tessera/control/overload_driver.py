@@ -24,6 +24,7 @@ import grpc
 
 from tessera.control import agents
 from tessera.policies.overload import steps as steps_mod
+from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
@@ -60,13 +61,15 @@ class Driver:
         drain_poll_s: float = 0.05,
         after_step: AfterStep | None = None,
         channels: agents.Channels | None = None,
+        *,
+        tls: transport.TlsFiles | None,
     ) -> None:
         self.set_routes, self.chunk_pages = set_routes, max(1, chunk_pages)
         self.after_step = after_step  # tests: stop the operator between two steps
         self.timeout_s, self.drain_poll_s = timeout_s, drain_poll_s
         # the control plane's kept channels (`agents.Channels`: the operator's per
         # deployment ones), or the driver's own, closed by `close`
-        self.channels = channels if channels is not None else agents.Channels()
+        self.channels = channels if channels is not None else agents.Channels(tls)
         self._own_channels = channels is None
 
     def stub(self, address: str) -> pb_grpc.AgentStub:

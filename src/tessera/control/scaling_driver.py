@@ -61,7 +61,7 @@ class ScalingDriver:
 
     gamma: float = 0.0  # measured transfer/compute share of a replicated layer (Eq. 4)
     batch_cap: int | None = None  # sequences per step set by Algorithm 2's phase 3, if any
-    channels: agents.Channels = field(default_factory=agents.Channels, repr=False)
+    channels: agents.Channels = field(kw_only=True, repr=False)  # the process's kept channels
 
     def __post_init__(self) -> None:
         self.state = sp.Placement.initial(self.origin.name, self.num_layers)

@@ -40,6 +40,7 @@ from tessera.control import scaling_driver as sd
 from tessera.policies.scaling import module_scaling as ms
 from tessera.policies.scaling import signal as sig
 from tessera.policies.scaling import speedup as sp
+from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
@@ -99,11 +100,13 @@ class ScalingLoop:
         min_gaps: int = 8,
         clock: Callable[[], float] = time.monotonic,
         channels: agent_client.Channels | None = None,
+        *,
+        tls: transport.TlsFiles | None,
     ) -> None:
         self.cfg, self.target_s, self.agents = cfg, tpot_target_s, list(agents)
         self.hidden, self.itl, self.min_gaps, self.clock = hidden, itl, min_gaps, clock
         self.drivers: dict[str, sd.ScalingDriver] = {}
-        self.channels = channels if channels is not None else agent_client.Channels()
+        self.channels = channels if channels is not None else agent_client.Channels(tls)
         self._prev: sig.Hist | None = None
         self._last_t: float | None = None
         self.calm_s = 0.0  # seconds no window violated (`scaling_signal.calm_for`)
@@ -315,7 +318,11 @@ class ScalingLoop:
 
 
 def for_up(
-    spec: object, model_path: str, agents: Sequence[tuple[str, str]], itl_histogram: object
+    spec: object,
+    model_path: str,
+    agents: Sequence[tuple[str, str]],
+    itl_histogram: object,
+    tls: transport.TlsFiles | None,
 ) -> ScalingLoop | None:
     """The loop `tessera up` runs for `spec` (an `api.ServingDeploymentSpec`), or None
     when its scaling policy is off."""
@@ -326,7 +333,7 @@ def for_up(
     target_s = spec.slo.tpot_p99_ms / 1e3  # type: ignore[attr-defined]
     return ScalingLoop(
         cfg, target_s, [AgentAt(a, addr) for a, addr in agents], hidden,
-        lambda: hist_of(itl_histogram),
+        lambda: hist_of(itl_histogram), tls=tls,
     )  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from tessera import variant_spec
 from tessera.control import variants as variant_ops
 from tessera.policies.transition import model as transition_model
 from tessera.policies.variants import speculate_chains
+from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 
 
@@ -44,7 +45,7 @@ def lines(target: transition_model.Target, variant: str, chain_ids: Sequence[str
 
 
 async def observe(
-    target: transition_model.Target, variant_of: Mapping[str, str]
+    target: transition_model.Target, variant_of: Mapping[str, str], tls: transport.TlsFiles | None
 ) -> dict[str, dict[str, object]]:
     """{variant: `status.variants[].speculate`}, summed over its chains' bottlenecks."""
     out: dict[str, dict[str, object]] = {}
@@ -55,7 +56,7 @@ async def observe(
         if name is None or not b.speculate_zoo:
             continue
         if p.address not in listed:
-            listed[p.address] = await variant_ops.list_blocks(p.address)
+            listed[p.address] = await variant_ops.list_blocks(p.address, tls)
         info = listed[p.address].get((b.replica_id, b.stage_index))
         if info is not None and info.HasField("speculate"):
             out[name] = add(out.get(name), info.speculate, (b.start, b.end))

@@ -20,6 +20,7 @@ from tessera.policies import placement
 from tessera.policies.transition import model as transition_model
 from tessera.policies.variants import plan as variant_plan
 from tessera.policies.variants import stitch_chains
+from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 
 Facts = Callable[[str], placement.ModelBytes | None]  # a checkpoint's bytes per unit
@@ -115,7 +116,7 @@ def lines(target: transition_model.Target, variant: str, chain_ids: Sequence[str
 
 
 async def observe(
-    target: transition_model.Target, variant_of: Mapping[str, str]
+    target: transition_model.Target, variant_of: Mapping[str, str], tls: transport.TlsFiles | None
 ) -> dict[str, dict[str, object]]:
     """{variant: `status.variants[].stitch`}, from the first loaded front block of its chains."""
     out: dict[str, dict[str, object]] = {}
@@ -126,7 +127,7 @@ async def observe(
         if name is None or name in out or not b.stitch_zoo:
             continue
         if p.address not in listed:
-            listed[p.address] = await variant_ops.list_blocks(p.address)
+            listed[p.address] = await variant_ops.list_blocks(p.address, tls)
         info = listed[p.address].get((b.replica_id, b.stage_index))
         if info is not None and info.HasField("stitch"):
             out[name] = stitch_json(info.stitch, b)

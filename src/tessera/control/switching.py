@@ -27,6 +27,7 @@ from tessera.policies.switching import candidates as switching_candidates
 from tessera.policies.switching import current as switching_current
 from tessera.policies.switching import decide as switching_decide
 from tessera.policies.switching import planner as switching_planner
+from tessera.rpc import transport
 
 ARRIVALS_PATH = "/admin/v1/arrivals"
 FETCH_TIMEOUT_S = 5.0
@@ -66,6 +67,8 @@ async def planner_candidates(
     cache: switching_candidates.CandidateCache | None = None,
     max_candidates: int = switching_planner.MAX_CANDIDATES,
     calibration: cost_calibration.Calibration | None = None,
+    *,
+    tls: transport.TlsFiles | None,
 ) -> SwitchingCandidates:
     """The planner's candidates for `dep` on the agents `refs` as observed now (the cost
     `profile` that `layout: auto` would use, or None for its default), priced with the
@@ -74,7 +77,7 @@ async def planner_candidates(
     shape = model_facts.served_shape(model_path, dep.spec.model.dtype)
     if shape is None:
         raise ValueError(f"model not readable: no config.json in {model_path}")
-    obs = await agents.observe(refs)
+    obs = await agents.observe(refs, tls=tls)
     made = await asyncio.to_thread(
         switching_candidates.build,
         dep,

@@ -63,14 +63,14 @@ def resolve(
 
 
 async def observe(
-    placed: Sequence[tuple[str, str, str, int, int]],
+    placed: Sequence[tuple[str, str, str, int, int]], tls: transport.TlsFiles | None
 ) -> list[variant_plan.HeldStage]:
     """The adapters attached to each (agent, address, replica, stage, stages) held."""
     by_addr: dict[str, dict[tuple[str, int], pb.BlockInfo]] = {}
     out = []
     for agent, address, rid, idx, n in placed:
         if address not in by_addr:
-            by_addr[address] = await _list(address)
+            by_addr[address] = await _list(address, tls)
         b = by_addr[address].get((rid, idx))
         if b is not None:
             out.append(variant_plan.HeldStage(agent, address, rid, idx, n, frozenset(b.variants)))
@@ -78,7 +78,9 @@ async def observe(
 
 
 async def observe_equivalence(
-    placed: Sequence[tuple[str, str, str, int, int]], variant_of: dict[str, str]
+    placed: Sequence[tuple[str, str, str, int, int]],
+    variant_of: dict[str, str],
+    tls: transport.TlsFiles | None,
 ) -> dict[str, dict[str, object]]:
     """{variant: its shareEquivalent report as status JSON}, from the first block of its
     chains (`placed`) that reports one (every stage carries the whole report)."""
@@ -89,7 +91,7 @@ async def observe_equivalence(
         if name is None or name in out:
             continue
         if address not in by_addr:
-            by_addr[address] = await _list(address)
+            by_addr[address] = await _list(address, tls)
         b = by_addr[address].get((rid, idx))
         if b is not None and b.HasField("equivalence"):
             out[name] = equivalence_json(b.equivalence)
@@ -97,7 +99,9 @@ async def observe_equivalence(
 
 
 async def observed_sharing(
-    variants: Sequence[variant_spec.VariantSpec], obs: observed.Observed
+    variants: Sequence[variant_spec.VariantSpec],
+    obs: observed.Observed,
+    tls: transport.TlsFiles | None,
 ) -> dict[str, variant_memory.ChainSharing]:
     """What each opted-in full fine-tune holds of its own, from the report its loaded
     chain's agents gave (none before its first load): the planner prices its chains by it."""
@@ -117,7 +121,7 @@ async def observed_sharing(
         for b in a.blocks
         if b.model_path in paths
     }
-    reports = await observe_equivalence(placed, of)
+    reports = await observe_equivalence(placed, of, tls)
     return {name: variant_memory.from_report(name, rep) for name, rep in reports.items()}
 
 
@@ -141,13 +145,17 @@ def equivalence_json(m: pb.VariantEquivalence) -> dict[str, object]:
     }
 
 
-async def list_blocks(address: str) -> dict[tuple[str, int], pb.BlockInfo]:
+async def list_blocks(
+    address: str, tls: transport.TlsFiles | None
+) -> dict[tuple[str, int], pb.BlockInfo]:
     """The agent's blocks (rank 0 of each stage), by (replica, stage); {} if unreachable."""
-    return await _list(address)
+    return await _list(address, tls)
 
 
-async def _list(address: str) -> dict[tuple[str, int], pb.BlockInfo]:
-    channel = transport.channel(address)
+async def _list(
+    address: str, tls: transport.TlsFiles | None
+) -> dict[tuple[str, int], pb.BlockInfo]:
+    channel = transport.channel(address, tls)
     try:
         reply = await pb_grpc.AgentStub(channel).ListBlocks(pb.ListBlocksRequest(), timeout=5.0)
         return {(b.replica_id, b.stage_index): b for b in reply.blocks if b.tp_rank == 0}
@@ -158,8 +166,13 @@ async def _list(address: str) -> dict[tuple[str, int], pb.BlockInfo]:
         await channel.close()
 
 
-async def _set(step: variant_plan.AdapterStep, paths: dict[str, str], drain_s: float) -> None:
-    channel = transport.channel(step.address)
+async def _set(
+    step: variant_plan.AdapterStep,
+    paths: dict[str, str],
+    drain_s: float,
+    tls: transport.TlsFiles | None,
+) -> None:
+    channel = transport.channel(step.address, tls)
     try:
         req = pb.VariantAdaptersRequest(
             replica_id=step.replica_id,
@@ -177,11 +190,13 @@ async def apply_adapters(
     placed: Sequence[tuple[str, str, str, int, int]],
     drain_timeout_s: float = DRAIN_TIMEOUT_S,
     apply: bool = True,
+    *,
+    tls: transport.TlsFiles | None,
 ) -> Applied:
     """Bring every foundation stage in `placed` to the deployment's LoRA adapters."""
     lora = [v for v in variants if v.kind == "lora"]
     paths = {v.name: v.path for v in lora}
-    out = Applied(held=await observe(placed))
+    out = Applied(held=await observe(placed, tls))
     wanted = [v.name for v in lora]
     for _ in range(len(wanted) + 1):
         steps = variant_plan.adapter_steps(out.held, wanted)
@@ -190,7 +205,7 @@ async def apply_adapters(
         failed = False
         for step in steps:
             try:
-                await _set(step, paths, drain_timeout_s)
+                await _set(step, paths, drain_timeout_s, tls)
                 out.steps.append(step)
             except grpc.aio.AioRpcError as exc:
                 details = exc.details() or exc.code().name
@@ -206,7 +221,7 @@ async def apply_adapters(
                 wanted = [n for n in wanted if n != who]
                 failed = True
                 break
-        out.held = await observe(placed)
+        out.held = await observe(placed, tls)
         if not failed:
             break
     return out

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from tessera import env_flags
 from tessera.gateway import hold as hold_mod
 from tessera.gateway import limits as limits_mod
+from tessera.rpc import transport
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ class GatewayConfig:
     # One multiplexed GenerateMux stream per replica (mux.py, the default); False: a
     # Generate call per request (`generate_mux_from`: $TESSERA_GENERATE_MUX=0).
     generate_mux: bool = True
+    # mTLS to the agents: the files `tessera gateway` read from $TESSERA_TLS_DIR (None: none)
+    tls: transport.TlsFiles | None = None
     # Requests held while no replica is awake (hold.py, issue 32): the bound and deadline.
     hold: hold_mod.HoldConfig = field(default_factory=hold_mod.HoldConfig)
 

@@ -33,6 +33,7 @@ from tessera.control import kv_move
 from tessera.gateway import config, inflight, metrics, replicas, routes, stage_chain
 from tessera.observability import tracing
 from tessera.policies.transition import drain
+from tessera.rpc import transport
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,9 @@ async def _move_prefix(
     tokens: tuple[int, ...],
     src: tuple[kv_move.StageRef, ...],
     dst: tuple[kv_move.StageRef, ...],
+    tls: transport.TlsFiles | None,
 ) -> kv_move.Moved:
-    return await kv_move.move_prefix(tokens, src, dst)
+    return await kv_move.move_prefix(tokens, src, dst, tls=tls)
 
 
 @dataclass
@@ -73,16 +75,21 @@ class Cutover:
         gauges: metrics.GatewayMetrics,
         clock: Callable[[], float] = time.monotonic,
         tick_s: float = TICK_S,
-        resolve: Resolve = stage_chain.resolve,
-        move_prefix: MovePrefix = _move_prefix,
+        resolve: Resolve | None = None,  # None: `stage_chain.resolve` with the set's TLS
+        move_prefix: MovePrefix | None = None,  # None: `kv_move.move_prefix`, likewise
     ) -> None:
         self._replicas = replica_set
         self._table = table
         self._metrics = gauges
         self._clock = clock
         self._tick_s = tick_s
-        self._resolve = resolve
-        self._move_prefix = move_prefix
+        tls = replica_set.tls
+        self._resolve: Resolve = resolve or (
+            lambda rid, leader: stage_chain.resolve(rid, leader, tls=tls)
+        )
+        self._move_prefix: MovePrefix = move_prefix or (
+            lambda tokens, src, dst: _move_prefix(tokens, src, dst, tls)
+        )
         self.version = 0
         self._leaving: dict[str, Leaving] = {}
         self._layouts: dict[str, stage_chain.Layout] = {}  # per replica id (immutable)

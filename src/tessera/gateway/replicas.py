@@ -79,7 +79,10 @@ class ReplicaSet:
         failure_backoff_s: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
         generate_mux: bool = False,  # the gateway passes GatewayConfig.generate_mux
+        *,
+        tls: transport.TlsFiles | None,  # GatewayConfig.tls: every channel to the agents
     ) -> None:
+        self.tls = tls
         self.mux = mux.MuxPool() if generate_mux else None
         self._metrics = gauges
         self._timeout = poll_timeout_s
@@ -149,7 +152,7 @@ class ReplicaSet:
         """The agent stub of the replica's leader (its channel is made on first use)."""
         address = self._states[replica_id].endpoint.address
         if address not in self._stubs:
-            channel = transport.channel(address)
+            channel = transport.channel(address, self.tls)
             self._stubs[address] = (channel, pb_grpc.AgentStub(channel))
         return self._stubs[address][1]
 

@@ -205,7 +205,11 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
     template = chat_template.ChatTemplate(info.chat_template, info.bos_token, info.eos_token)
     gauges = metrics.GatewayMetrics()
     replica_set = replicas.ReplicaSet(
-        gauges, cfg.poll_timeout_s, cfg.failure_backoff_s, generate_mux=cfg.generate_mux
+        gauges,
+        cfg.poll_timeout_s,
+        cfg.failure_backoff_s,
+        generate_mux=cfg.generate_mux,
+        tls=cfg.tls,
     )
     route = router.Router(seed=cfg.routing_seed)
     table = inflight.InFlightTable()

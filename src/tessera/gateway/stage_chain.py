@@ -34,7 +34,9 @@ class ChainError(Exception):
     """The chain could not be followed; the message says where."""
 
 
-async def resolve(replica_id: str, leader: str, timeout_s: float = 5.0) -> Layout:
+async def resolve(
+    replica_id: str, leader: str, timeout_s: float = 5.0, *, tls: transport.TlsFiles | None
+) -> Layout:
     """The stages of `replica_id` whose stage 0 is on the agent at `leader`."""
     stages: list[kv_move.StageRef] = []
     page_size = 0
@@ -42,7 +44,7 @@ async def resolve(replica_id: str, leader: str, timeout_s: float = 5.0) -> Layou
     while address:
         if index > 64:
             raise ChainError(f"replica {replica_id}: the stage chain does not end")
-        channel = transport.channel(address)
+        channel = transport.channel(address, tls)
         try:
             reply = await pb_grpc.AgentStub(channel).Describe(
                 pb.DescribeRequest(), timeout=timeout_s

@@ -82,7 +82,9 @@ class StatusPage:
         leaving = tuple(sorted(self.switch.leaving))
         starts = [ep.address for ep in self.s.replicas.endpoints]
         starts += [lv.endpoint.address for lv in self.switch.leaving.values()]
-        agents, shared = await describe_chain([a for a in dict.fromkeys(starts) if a])
+        agents, shared = await describe_chain(
+            [a for a in dict.fromkeys(starts) if a], self.s.replicas.tls
+        )
         states = self.s.replicas.states()
         return Snapshot(
             observed.Observed(tuple(agents)),
@@ -99,7 +101,9 @@ class StatusPage:
 SharedBytes = dict[tuple[str, str, int, int], int]
 
 
-async def describe_chain(addresses: list[str]) -> tuple[list[observed.AgentInfo], SharedBytes]:
+async def describe_chain(
+    addresses: list[str], tls: transport.TlsFiles | None
+) -> tuple[list[observed.AgentInfo], SharedBytes]:
     """Describe the agents at `addresses` and every next-stage agent their blocks name;
     also per block (agent, replica, stage, rank) its parameter bytes in shared pieces."""
     seen: dict[str, observed.AgentInfo] = {}
@@ -108,15 +112,17 @@ async def describe_chain(addresses: list[str]) -> tuple[list[observed.AgentInfo]
     while todo:
         batch = [a for a in dict.fromkeys(todo) if a not in seen]
         todo = []
-        for info, held in await asyncio.gather(*(_describe(a) for a in batch)):
+        for info, held in await asyncio.gather(*(_describe(a, tls) for a in batch)):
             seen[info.address] = info
             shared.update(held)
             todo += [b.next_address for b in info.blocks if b.next_address]
     return sorted(seen.values(), key=lambda a: a.name), shared
 
 
-async def _describe(address: str) -> tuple[observed.AgentInfo, SharedBytes]:
-    channel = transport.channel(address)
+async def _describe(
+    address: str, tls: transport.TlsFiles | None
+) -> tuple[observed.AgentInfo, SharedBytes]:
+    channel = transport.channel(address, tls)
     try:
         d = await pb_grpc.AgentStub(channel).Describe(
             pb.DescribeRequest(), timeout=DESCRIBE_TIMEOUT_S

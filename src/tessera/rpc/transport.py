@@ -6,13 +6,12 @@ here means every hop agrees on message-size limits (hidden states of a large pre
 are megabytes) and on security: when TLS is configured, every server demands a client
 certificate signed by the deployment's CA and every channel presents one.
 
-A channel or port takes the process's `TlsFiles` (None: plaintext, `tessera up`'s loopback
-mode), built once by the entry point from `TESSERA_TLS_DIR` (`tls_from_dir`: a folder
-holding `ca.crt`, `tls.crt`, `tls.key`, the layout of a Kubernetes TLS Secret, mounted by
-the chart); the agent passes its own down. `True` (the default, still used by the gateway,
-operator and command-line tools) reads `TESSERA_TLS_DIR` here. The files are read again
-for every server handshake and every new channel, so a rotated Secret is picked up
-without restarting agents.
+Every channel and port takes the process's `TlsFiles` (None: plaintext, `tessera up`'s
+loopback mode), built once by the entry point from `TESSERA_TLS_DIR` (`tls_from_dir`: a
+folder holding `ca.crt`, `tls.crt`, `tls.key`, the layout of a Kubernetes TLS Secret,
+mounted by the chart) and passed down; nothing here reads the environment. The files are
+read again for every server handshake and every new channel, so a rotated Secret is
+picked up without restarting agents.
 
 Agents are reached by changing pod IPs, so clients check the server's certificate against
 one DNS name every agent certificate carries (`AGENT_SERVER_NAME`), not the address.
@@ -21,7 +20,6 @@ one DNS name every agent certificate carries (`AGENT_SERVER_NAME`), not the addr
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,11 +84,6 @@ def tls_from_dir(folder: str) -> TlsFiles | None:
     return TlsFiles.from_dir(folder) if folder else None
 
 
-def tls_from_env() -> TlsFiles | None:
-    """The TLS files named by `TESSERA_TLS_DIR`, or None (plaintext) when it is unset."""
-    return tls_from_dir(os.environ.get(TLS_DIR_ENV, ""))
-
-
 # Said by every client that would talk to agents off this host without TLS (the operator,
 # a gateway, `tessera up --agent`): what an unauthenticated agent port gives away.
 PLAINTEXT_WARNING = (
@@ -100,32 +93,22 @@ PLAINTEXT_WARNING = (
 )
 
 
-def warn_if_plaintext(log: logging.Logger) -> bool:
+def warn_if_plaintext(log: logging.Logger, tls: TlsFiles | None) -> bool:
     """Log `PLAINTEXT_WARNING` when this process has no TLS files; True if it did."""
-    if os.environ.get(TLS_DIR_ENV, ""):
+    if tls is not None:
         return False
     log.warning(PLAINTEXT_WARNING)
     return True
 
 
-def describe_mode() -> str:
+def describe_mode(files: TlsFiles | None) -> str:
     """One line saying how this process's gRPC is protected (printed by `tessera up`)."""
-    files = tls_from_env()
     if files is None:
         return (
             f"gRPC is plaintext (loopback only; set {TLS_DIR_ENV} for mutual TLS, "
             "see docs/security.md)"
         )
     return f"gRPC uses mutual TLS with the certificate in {files.cert.parent}"
-
-
-def _resolve(tls: TlsFiles | bool | None) -> TlsFiles | None:
-    # True/default: from the environment; False or None: plaintext; TlsFiles: these files.
-    if tls is True:
-        return tls_from_env()
-    if tls is False or tls is None:
-        return None
-    return tls
 
 
 def _channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
@@ -141,10 +124,10 @@ def _channel_options(files: TlsFiles | None) -> list[tuple[str, Any]]:
     return [*OPTIONS, ("grpc.ssl_target_name_override", files.server_name)]
 
 
-def channel(address: str, tls: TlsFiles | bool | None = True) -> grpc.aio.Channel:
+def channel(address: str, tls: TlsFiles | None) -> grpc.aio.Channel:
     """An asyncio channel to `host:port` with Tessera's limits; mutual TLS with `tls`'s
     certificate, plaintext when it is None."""
-    files = _resolve(tls)
+    files = tls
     if files is None:
         return grpc.aio.insecure_channel(address, options=OPTIONS)
     return grpc.aio.secure_channel(
@@ -152,9 +135,9 @@ def channel(address: str, tls: TlsFiles | bool | None = True) -> grpc.aio.Channe
     )
 
 
-def sync_channel(address: str, tls: TlsFiles | bool | None = True) -> grpc.Channel:
+def sync_channel(address: str, tls: TlsFiles | None) -> grpc.Channel:
     """A blocking channel, for command-line tools that make a few calls."""
-    files = _resolve(tls)
+    files = tls
     if files is None:
         return grpc.insecure_channel(address, options=OPTIONS)
     return grpc.secure_channel(
@@ -201,9 +184,9 @@ def server(interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()) -> grpc.ai
     return grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
 
 
-def add_port(srv: grpc.aio.Server, address: str, tls: TlsFiles | bool | None = True) -> int:
+def add_port(srv: grpc.aio.Server, address: str, tls: TlsFiles | None) -> int:
     """Bind `address` (mutual TLS with `tls`, plaintext when None); returns the port."""
-    files = _resolve(tls)
+    files = tls
     if files is None:
         return int(srv.add_insecure_port(address))
     return int(srv.add_secure_port(address, server_credentials(files)))
