@@ -70,7 +70,9 @@ def deployment_pass(memo: kopf.Memo) -> observation.Pass:
     if held is None:
         ctx = memo.get("ctx")
         fresh_s = ctx.config.overload_tick_seconds if isinstance(ctx, Context) else 0.0
-        held = memo["pass"] = observation.Pass([], channels=agents.Channels(), max_age_s=fresh_s)
+        held = memo["pass"] = observation.Pass(
+            observation.Observation([], channels=agents.Channels(), max_age_s=fresh_s)
+        )
     assert isinstance(held, observation.Pass)
     return held
 

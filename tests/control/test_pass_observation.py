@@ -81,7 +81,7 @@ def test_an_observation_is_made_once_per_pass_and_again_after_an_actuator_acted(
         return observed.Observed(())
 
     async def go() -> None:
-        p = observation.Pass([agents.AgentRef("a0", "x:1")], observe)
+        p = observation.Pass(observation.Observation([agents.AgentRef("a0", "x:1")], observe))
         async with p.held() as seen:
             first = await seen.get()
             assert await seen.get() is first and len(calls) == 1  # shared in the pass
@@ -123,7 +123,9 @@ def test_a_scaling_tick_and_a_converge_pass_never_interleave() -> None:
     loop = SlowLoop(log)
 
     async def go() -> None:
-        p = observation.Pass([], lambda refs: asyncio.sleep(0, observed.Observed(())))
+        p = observation.Pass(
+            observation.Observation([], lambda refs: asyncio.sleep(0, observed.Observed(())))
+        )
         stop = asyncio.Event()
         said: list[str] = []
         task = asyncio.create_task(
@@ -155,7 +157,7 @@ def test_a_cancelled_scaling_tick_holds_the_lock_until_its_thread_is_done() -> N
     loop = SlowLoop(log)
 
     async def go() -> None:
-        p = observation.Pass([])
+        p = observation.Pass(observation.Observation([]))
         task = asyncio.create_task(
             up_policies.run_locked(loop, asyncio.Event(), 0.001, log.append, p)  # type: ignore[arg-type]
         )
@@ -183,7 +185,7 @@ def test_a_pass_and_the_overload_tick_in_it_describe_each_agent_once(tiny_llama:
         started = [await _agent(), await _agent()]
         refs = [agents.AgentRef(f"a{i}", addr) for i, (_, _, addr) in enumerate(started)]
         try:
-            p = observation.Pass(refs)
+            p = observation.Pass(observation.Observation(refs))
             async with p.held() as seen:
                 out = await converge.converge(dep, str(tiny_llama), refs, apply=False, shared=seen)
                 assert out.plan is not None and out.observed is not None, out.message
