@@ -29,7 +29,9 @@ ENTRY_POINTS = {
     "src/tessera/event_loop.py",  # which event loop a process's entry point starts
 }
 NOT_YET_MOVED = {
-    "src/tessera/rpc/transport.py",  # TESSERA_TLS_DIR
+    # TESSERA_TLS_DIR, for the default `tls=True` of channel/sync_channel/add_port: the
+    # agent passes `AgentConfig.tls` down; the gateway, operator, `up`, CLI and benches not yet
+    "src/tessera/rpc/transport.py",
 }
 
 

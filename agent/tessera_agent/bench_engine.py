@@ -44,6 +44,7 @@ import torch
 
 from tessera.bench import harness
 from tessera.cli import local_agents
+from tessera.rpc import sampling as rpc_sampling
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
@@ -171,7 +172,7 @@ def _compiled_vs_eager(model_path: Path, prompts: Tokens, new: int, rounds: int)
 async def _generate_all(address: str, replica_id: str, prompts: Tokens, new: int) -> Tokens:
     channel = transport.channel(address)
     stub = pb_grpc.AgentStub(channel)
-    params = pb.SamplingParams(max_tokens=new, ignore_eos=True)
+    params = rpc_sampling.to_proto(rpc_sampling.Sampling(max_tokens=new, ignore_eos=True))
 
     async def one(i: int, p: list[int]) -> list[int]:
         toks: list[int] = []

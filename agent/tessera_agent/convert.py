@@ -2,7 +2,8 @@
 
 Called by the servicer (requests in, replies out) and by the stage client (steps sent to
 the next stage and results read back). Blocks convert in `tessera.rpc.blocks`, shared
-with the operator.
+with the operator; the sending side of sampling settings is `tessera.rpc.sampling`, and
+`sampling_from_proto` is the only way they become the engine's `SamplingParams`.
 """
 
 from __future__ import annotations

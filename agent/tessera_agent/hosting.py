@@ -271,7 +271,10 @@ class Hosting:
             if self.defaults.block_zoo and copied:  # the holders' digests: no hashing again
                 known.update(
                     await load_sources.peer_digests(
-                        copied, cfg.num_layers, lambda rid, i: self.get(rid, i).stage
+                        copied,
+                        cfg.num_layers,
+                        lambda rid, i: self.get(rid, i).stage,
+                        self.defaults.tls,
                     )
                 )
             if parts:  # a switch plan's parts (issue 11)
@@ -288,6 +291,7 @@ class Hosting:
                     group.choose([dev.kind]),
                     read,
                     cached,
+                    tls=self.defaults.tls,
                 )
                 source = None
             elif source is None and (throttled or cached):  # cache, storage at its bandwidth
@@ -307,6 +311,7 @@ class Hosting:
                     self.store_address,
                     dev.torch_device(),
                     group.choose([dev.kind]),
+                    tls=self.defaults.tls,
                 )
             report = None
             if spec.share_from:  # issue 14: equivalent layers from the foundation's weights
@@ -437,6 +442,7 @@ class Hosting:
                     self.compute,
                     self.defaults.pipeline_microbatches,
                     self.defaults.microbatch_split,
+                    tls=self.defaults.tls,
                 )
             self._index(key, h)
             how = (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 
 from tessera.policies.overload import microbatch
+from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import hosted, load_config, stage_client, stitch_serve
 from tessera_agent.engine import replica, scheduler
@@ -38,15 +39,18 @@ def make_leader(
     compute: concurrent.futures.Executor,
     microbatches: int = 0,
     split: microbatch.SplitConfig | None = None,
+    *,
+    tls: transport.TlsFiles | None,
 ) -> replica.ReplicaEngine:
     """The replica engine; a pipeline keeps `microbatches` steps in flight (0: one per
-    stage, at least 2), cut by `split` (`tessera.policies.overload.microbatch`)."""
-    connect = connector(h)
+    stage, at least 2), cut by `split` (`tessera.policies.overload.microbatch`); `tls`:
+    the agent's mTLS files for the link to its next stage."""
+    connect = connector(h, tls)
     inflight = (microbatches or max(2, h.num_stages)) if connect is not None else None
     return replica.ReplicaEngine(h.stage.runner, compute, cfg, connect, inflight, split)
 
 
-def connector(h: hosted.Hosted) -> replica.DownstreamFactory | None:
+def connector(h: hosted.Hosted, tls: transport.TlsFiles | None) -> replica.DownstreamFactory | None:
     """How the leader reaches its next stage (None when the replica is whole); also used
     when an overload shift changes the replica's stages (`overload_shift`)."""
     st = h.stage
@@ -56,7 +60,7 @@ def connector(h: hosted.Hosted) -> replica.DownstreamFactory | None:
         hello: pb.StageHello = stitch_serve.hello(st.spec, st.stitch)
 
         async def connect() -> replica.Downstream:
-            ds = await stage_client.RemoteDownstream.connect(h.next_address, hello)
+            ds = await stage_client.RemoteDownstream.connect(h.next_address, hello, tls)
             ds.link = h.link_down  # hidden states over the data plane once it is formed
             ds.result_link = h.result_in  # and the sampled tokens back from the last stage
             if st.stitch is not None and h.leader is not None:

@@ -40,9 +40,9 @@ def filler(nbytes: int, chunk_bytes: int) -> Iterator[pb.TensorChunk]:
         sent += n
 
 
-async def pull(address: str, nbytes: int) -> pb.LinkRate:
+async def pull(address: str, nbytes: int, tls: transport.TlsFiles | None) -> pb.LinkRate:
     """Bytes per second of a pull of `nbytes` from the agent at `address`."""
-    channel = transport.channel(address)
+    channel = transport.channel(address, tls)
     try:
         stub = pb_grpc.AgentStub(channel)
         # one tiny call first: the connection's set-up is not the link's bandwidth
@@ -75,9 +75,11 @@ def storage_rate(model_path: str, bytes_per_s: float) -> float:
     return nbytes / max(time.perf_counter() - began, 1e-6)
 
 
-async def probe(request: pb.ProbeLinksRequest, storage_bytes_per_s: float) -> pb.ProbeLinksReply:
+async def probe(
+    request: pb.ProbeLinksRequest, storage_bytes_per_s: float, tls: transport.TlsFiles | None
+) -> pb.ProbeLinksReply:
     nbytes = request.nbytes or DEFAULT_BYTES
-    rates = [await pull(a, nbytes) for a in request.peers]  # one at a time: no contention
+    rates = [await pull(a, nbytes, tls) for a in request.peers]  # one at a time: no contention
     reply = pb.ProbeLinksReply(peers=rates)
     if request.model_path:
         try:

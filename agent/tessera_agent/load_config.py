@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from tessera import blocks, dtypes
 from tessera.policies.overload import microbatch
+from tessera.rpc import transport
 from tessera_agent.engine import options as options_mod
 from tessera_agent.engine import scheduler
 
@@ -42,6 +43,8 @@ class LoadDefaults:
     gc_settle: bool = False
     # benches: "start,end,ms" makes that block's steps slow on purpose (speculate_serve.slow_s)
     slow_block: str = ""
+    # the agent's mTLS files, for its channels to other agents; None = plaintext
+    tls: transport.TlsFiles | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -95,6 +95,7 @@ async def peer_digests(
     parts: Sequence[tuple[pb.BlockSource, int, int]],
     num_layers: int,
     lookup: Callable[[str, int], stage.Stage],
+    tls: transport.TlsFiles | None,
 ) -> dict[str, str]:
     """Digests of the pieces a load copies from other blocks, as their holders know them
     (`{piece: digest}`), so the copy is not hashed again: from the block itself on this
@@ -112,7 +113,7 @@ async def peer_digests(
                 continue
         else:
             if src.address not in listed:
-                listed[src.address] = await _list_digests(src.address)
+                listed[src.address] = await _list_digests(src.address, tls)
             have = listed[src.address].get((src.replica_id, src.stage_index), {})
         for u in range(u0, u1):
             piece = _piece(u, num_layers)
@@ -121,8 +122,10 @@ async def peer_digests(
     return out
 
 
-async def _list_digests(address: str) -> dict[tuple[str, int], dict[str, str]]:
-    channel = transport.channel(address)
+async def _list_digests(
+    address: str, tls: transport.TlsFiles | None
+) -> dict[tuple[str, int], dict[str, str]]:
+    channel = transport.channel(address, tls)
     try:
         reply = await pb_grpc.AgentStub(channel).ListBlocks(pb.ListBlocksRequest(), timeout=10.0)
     except grpc.aio.AioRpcError:

@@ -66,7 +66,7 @@ async def apply(hs: hosting.Hosting, req: pb.OverloadShiftRequest) -> pb.Overloa
         return _reply(h, held_pages=held)
     if op == "resume":
         eng = _leader(h)
-        await eng.resume(leader.connector(h), req.num_pages)
+        await eng.resume(leader.connector(h, hs.defaults.tls), req.num_pages)
         return _reply(h)
     if op == "compact":
         return await _compact(hs, h, req.num_pages)
@@ -271,7 +271,9 @@ async def _restore(
             stage_index=src.stage_index,
             transport="grpc",
         )
-        got, _ = await block_copy.fetch(source, names, hs.store_address, dev.torch_device())
+        got, _ = await block_copy.fetch(
+            source, names, hs.store_address, dev.torch_device(), tls=hs.defaults.tls
+        )
         tensors.update(got)
     if st.equivalence is not None:  # issue 14: accepted layers are the foundation's
         tensors = await asyncio.get_running_loop().run_in_executor(
@@ -292,7 +294,7 @@ async def _restore(
     spec = h.stage.spec
     if spec.stage_index == 0 and spec.num_stages == 1 and h.leader is None:
         cfg = leader.scheduler_config(h, hs.defaults)
-        h.leader = leader.make_leader(h, cfg, hs.compute)
+        h.leader = leader.make_leader(h, cfg, hs.compute, tls=hs.defaults.tls)
     log.info(
         "overload restore: %s holds layers [%d, %d) again, KV pool %d -> %d pages",
         h.holder,

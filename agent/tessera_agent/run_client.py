@@ -56,8 +56,10 @@ class RemoteHolder:
         self._loop = asyncio.get_running_loop()
 
     @classmethod
-    async def load(cls, address: str, req: pb.ScalingRunLoadRequest) -> RemoteHolder:
-        channel = transport.channel(address)
+    async def load(
+        cls, address: str, req: pb.ScalingRunLoadRequest, tls: transport.TlsFiles | None
+    ) -> RemoteHolder:
+        channel = transport.channel(address, tls)
         try:
             reply = await pb_grpc.AgentStub(channel).ScalingRunLoad(req, timeout=120.0)
         except grpc.aio.AioRpcError as exc:

@@ -106,7 +106,9 @@ class ScalingControl:
             )
 
         async def remote() -> run_holders.Holder:
-            return await run_client.RemoteHolder.load(req.target_address, load)
+            return await run_client.RemoteHolder.load(
+                req.target_address, load, self.hosting.defaults.tls
+            )
 
         return remote
 

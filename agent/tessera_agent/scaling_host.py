@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import booking, convert
 from tessera_agent.engine import config, dtypes, errors, loader, run_holders
@@ -42,9 +43,11 @@ class RunHost:
         compute: concurrent.futures.Executor,
         store_address: str = "",
         load_delay_s: float = 0.0,
+        tls: transport.TlsFiles | None = None,  # the agent's mTLS files for block copies
     ) -> None:
         self.agent_id, self.memory, self.compute = agent_id, memory, compute
         self.store_address, self.load_delay_s = store_address, load_delay_s
+        self.tls = tls
         self.runs: dict[str, HostedRun] = {}
         self._lock = asyncio.Lock()
 
@@ -79,7 +82,7 @@ class RunHost:
             if req.HasField("source"):
                 tensors, moved_by = await block_copy.fetch(
                     req.source, names, self.store_address, dev.torch_device(),
-                    group.choose([dev.kind]),
+                    group.choose([dev.kind]), tls=self.tls,
                 )  # fmt: skip
             else:
                 tensors = await loop.run_in_executor(None, loader.read_tensors, path, names)

@@ -64,6 +64,7 @@ class AgentConfig:
     engine: options.EngineOptions = field(default_factory=options.EngineOptions)
     slow_block: str = ""  # benches: $TESSERA_BENCH_SLOW_BLOCK (speculate_serve.slow_s)
     gc_freeze: bool = True  # settle the cycle collector at loads (gc_heap; $TESSERA_GC_FREEZE)
+    tls: transport.TlsFiles | None = None  # mTLS files ($TESSERA_TLS_DIR); None = plaintext
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -112,7 +113,7 @@ async def serve(cfg: AgentConfig) -> None:
     asyncio.get_running_loop().set_default_executor(omp_teams.ReleasingPool(release=release))
     if release:
         omp_teams.release()  # a team this thread may have built while starting up
-    tls = transport.tls_from_env()
+    tls = cfg.tls
     server = transport.server(
         (authz.Authorizer(tls=tls is not None, model_root=cfg.model_root or None),)
     )
@@ -127,6 +128,7 @@ async def serve(cfg: AgentConfig) -> None:
         engine=cfg.engine,
         gc_settle=cfg.gc_freeze,  # this process owns its heap: freeze it at loads
         slow_block=cfg.slow_block,
+        tls=tls,
     )
     rendezvous = store.serve(cfg.host)  # data-plane groups of replicas hosted here meet on it
     svc = servicer.AgentServicer(
@@ -141,7 +143,7 @@ async def serve(cfg: AgentConfig) -> None:
     pb_grpc.add_AgentServicer_to_server(svc, server)
     health_svc = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_svc, server)
-    port = transport.add_port(server, f"{cfg.host}:{cfg.port}", tls or False)
+    port = transport.add_port(server, f"{cfg.host}:{cfg.port}", tls)
     if tls is None:
         loopback = cfg.host in ("127.0.0.1", "localhost", "::1")
         logging.getLogger(__name__).log(
@@ -155,7 +157,7 @@ async def serve(cfg: AgentConfig) -> None:
         # Health only: it reveals serving state, nothing else, and kubelet cannot do mTLS.
         probes = transport.server()
         health_pb2_grpc.add_HealthServicer_to_server(health_svc, probes)
-        transport.add_port(probes, f"{cfg.host}:{cfg.health_port}", tls=False)
+        transport.add_port(probes, f"{cfg.host}:{cfg.health_port}", None)
         await probes.start()
     if cfg.metrics_port:
         svc.metrics.serve(cfg.host, cfg.metrics_port)

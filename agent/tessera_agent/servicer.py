@@ -82,7 +82,12 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
             agent_id, self.hosting, self.memory, self.compute
         )
         self.run_host = scaling_host.RunHost(
-            agent_id, self.memory, self.compute, store_address, defaults.run_load_delay_s
+            agent_id,
+            self.memory,
+            self.compute,
+            store_address,
+            defaults.run_load_delay_s,
+            defaults.tls,
         )
         self.metrics = metrics.AgentMetrics(self)
         self.sleepers = sleep.Sleepers(self.hosting, on_change=self.metrics.slept_or_woke)
@@ -219,7 +224,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
     async def ProbeLinks(
         self, request: pb.ProbeLinksRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ProbeLinksReply:
-        return await link_probe.probe(request, self.defaults.storage_bytes_per_s)
+        return await link_probe.probe(request, self.defaults.storage_bytes_per_s, self.defaults.tls)
 
     async def ProbeSend(
         self, request: pb.ProbeSendRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -355,7 +360,7 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.StageResult]:
         async for reply in stage_server.serve(
-            self.hosted, self.agent_id, self.compute, request_iterator, context
+            self.hosted, self.agent_id, self.compute, request_iterator, context, self.defaults.tls
         ):
             yield reply
 

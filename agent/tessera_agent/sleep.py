@@ -107,7 +107,12 @@ class Sleepers:
                 _slept(s, by_key.get(s.key), pages.get(s.key, 0)) for s in specs
             ]
             for address in self._peers(specs):
-                await _call(address, "SleepReplica", pb.SleepReplicaRequest(replica_id=replica_id))
+                await _call(
+                    address,
+                    "SleepReplica",
+                    pb.SleepReplicaRequest(replica_id=replica_id),
+                    self.host.defaults.tls,
+                )
             seconds = time.perf_counter() - t0
             self._changed(replica_id, "sleep", seconds)
             return Outcome(
@@ -122,7 +127,12 @@ class Sleepers:
             t0 = time.perf_counter()
             specs = [b.spec for b in slept]
             for address in self._peers(specs):  # downstream first: the leader connects to it
-                await _call(address, "WakeReplica", pb.WakeReplicaRequest(replica_id=replica_id))
+                await _call(
+                    address,
+                    "WakeReplica",
+                    pb.WakeReplicaRequest(replica_id=replica_id),
+                    self.host.defaults.tls,
+                )
             await self.host.restore(specs)
             del self.asleep[replica_id]
             seconds = time.perf_counter() - t0
@@ -168,8 +178,8 @@ def _slept(spec: blocks.Block, held: blocks.Block | None, pages: int) -> Slept:
     return Slept(spec, held.param_bytes if held else 0, held.kv_bytes if held else 0, pages)
 
 
-async def _call(address: str, method: str, request: Any) -> None:
-    channel = transport.channel(address)
+async def _call(address: str, method: str, request: Any, tls: transport.TlsFiles | None) -> None:
+    channel = transport.channel(address, tls)
     try:
         stub = pb_grpc.AgentStub(channel)
         await getattr(stub, method)(request, timeout=PEER_TIMEOUT_S)

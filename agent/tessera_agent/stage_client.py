@@ -49,9 +49,13 @@ class RemoteDownstream:
 
     @classmethod
     async def connect(
-        cls, address: str, hello: pb.StageHello, timeout: float = 30.0
+        cls,
+        address: str,
+        hello: pb.StageHello,
+        tls: transport.TlsFiles | None,
+        timeout: float = 30.0,
     ) -> RemoteDownstream:
-        channel = transport.channel(address)
+        channel = transport.channel(address, tls)
         try:
             stub = pb_grpc.AgentStub(channel)
             call = stub.StageStream()

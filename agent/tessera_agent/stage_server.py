@@ -20,6 +20,7 @@ import grpc
 import torch
 
 from tessera.observability import tracing
+from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import convert, grpc_status, hosted, speculate_serve, stage_client, stitch_serve
 from tessera_agent.engine import dtypes, errors, replica, step
@@ -114,6 +115,7 @@ async def serve(
     compute: concurrent.futures.Executor,
     request_iterator: AsyncIterator[pb.StageMessage],
     context: grpc.aio.ServicerContext[Any, Any],
+    tls: transport.TlsFiles | None,  # the agent's mTLS files, for the next stage's link
 ) -> AsyncIterator[pb.StageResult]:
     first = await anext(aiter(request_iterator), None)
     if first is None or not first.HasField("hello"):
@@ -126,7 +128,7 @@ async def serve(
         pages = h.stage.num_pages
         if h.stage.spec.stage_index < h.num_stages - 1:
             remote = await stage_client.RemoteDownstream.connect(
-                h.next_address, stitch_serve.hello(h.stage.spec, h.stage.stitch)
+                h.next_address, stitch_serve.hello(h.stage.spec, h.stage.stitch), tls
             )
             pages = min(pages, remote.num_pages)
             remote.link = h.link_down

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent.engine import config as config_mod
 from tessera_agent.engine import errors, loader, stage
@@ -77,6 +78,8 @@ async def gather(
     backend: str,
     read: Callable[[list[str]], dict[str, torch.Tensor]],
     have: Mapping[str, torch.Tensor] | None = None,
+    *,
+    tls: transport.TlsFiles | None,
 ) -> tuple[dict[str, torch.Tensor], str]:
     """(tensors by checkpoint name for layers [start, end), how they were moved). `read`
     reads names from storage (on the loader thread: the caller's `read_checkpoint`);
@@ -106,7 +109,10 @@ async def gather(
     loop = asyncio.get_running_loop()
     stored = loop.run_in_executor(None, read, rest) if rest else None
     fetched = await asyncio.gather(
-        *(block_copy.fetch(src, names, store_address, device, backend) for src, names in remote)
+        *(
+            block_copy.fetch(src, names, store_address, device, backend, tls=tls)
+            for src, names in remote
+        )
     )
     for (src, _), (tensors, moved_by) in zip(remote, fetched, strict=True):
         out.update(tensors)

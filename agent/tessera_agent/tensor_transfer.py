@@ -118,14 +118,19 @@ class Assembler:
 
 
 async def fetch(
-    source: pb.BlockSource, names: Sequence[str], timeout: float = 600.0, chunk_bytes: int = 0
+    source: pb.BlockSource,
+    names: Sequence[str],
+    timeout: float = 600.0,
+    chunk_bytes: int = 0,
+    *,
+    tls: transport.TlsFiles | None,
 ) -> dict[str, torch.Tensor]:
     """Copy the named tensors from the block `source` hosts; engine errors name the cause
     (UnavailableError when the source cannot be reached)."""
     if not source.address:
         raise errors.InvalidArgumentError("source.address: required to copy a block")
     received = Assembler()
-    channel = transport.channel(source.address)
+    channel = transport.channel(source.address, tls)
     try:
         stream = pb_grpc.AgentStub(channel).FetchTensors(
             pb.FetchTensorsRequest(

@@ -22,13 +22,11 @@ them.
 from __future__ import annotations
 
 import asyncio
-import json
-from pathlib import Path
 from typing import Any
 
 import kopf
 
-from tessera import api, plan
+from tessera import api, model_facts, plan
 from tessera.control import agents, converge, gateway_itl, scaling_loop
 from tessera.policies.scaling import signal as sig
 from tessera_operator import config, discovery, overload_loop, reconciler, timers
@@ -104,9 +102,7 @@ async def tick(
         if not isinstance(loop, scaling_loop.ScalingLoop):
             model_path = converge.resolve_model_path(dep.spec, None, cfg.model_root)
             try:
-                hidden = int(
-                    json.loads((Path(model_path) / "config.json").read_text())["hidden_size"]
-                )
+                hidden = int(model_facts.read_config(model_path)["hidden_size"])
             except (OSError, ValueError, KeyError):
                 return  # the reconcile reports an unreadable model
             at = [scaling_loop.AgentAt(r.name, r.address) for r in refs]

@@ -1,7 +1,8 @@
 """Semantic checks of a parsed ServingDeployment spec against its model and agents.
 
 `check_semantics()` checks a spec that `tessera.api.parse` accepted against the model's
-config and the known agents and returns every problem, each naming its field, e.g.
+shape (`tessera.model_facts.served_shape`) and the known agents and returns every
+problem, each naming its field, e.g.
 `spec.layout.replicas[1].stages[0].layers: end 12 exceeds the model's 8 layers`.
 Called by `tessera validate` and the operator's converge step. Pure.
 """
@@ -9,24 +10,15 @@ Called by `tessera validate` and the operator's converge step. Pure.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from tessera import fields, variant_spec
 from tessera.api import DeploymentSpec
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What semantic checks need to know about the checkpoint (from its config.json)."""
-
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
+from tessera.cost import model_shape
 
 
 def check_semantics(
     spec: DeploymentSpec,
-    model: ModelFacts | None,
+    model: model_shape.ModelShape | None,
     agents: Sequence[str] | None = None,
     max_tp: int = 0,
 ) -> list[fields.FieldError]:

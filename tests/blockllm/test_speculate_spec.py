@@ -14,6 +14,7 @@ import yaml
 
 from tessera import api, api_semantics, fields, variant_spec
 from tessera.cli import main as cli
+from tessera.cost import model_shape
 
 MANIFEST = """apiVersion: serving.tessera.dev/v1alpha1
 kind: ServingDeployment
@@ -71,10 +72,14 @@ def test_refusals_name_the_field_and_the_reason() -> None:
     assert why([1, 2]) == []  # served (issue 35): no refusal
     # the operator checks it too (InvalidSpec only for the layers)
     doc = yaml.safe_load(MANIFEST.format(model="/m", layers="[1, 2]", zoo="z"))
-    errs = api_semantics.check_semantics(api.parse(doc).spec, api_semantics.ModelFacts(4, 4, 2))
+    errs = api_semantics.check_semantics(
+        api.parse(doc).spec, model_shape.ModelShape("m", 64, 128, 4, 4, 2, 100, 16)
+    )
     assert errs == []
     doc = yaml.safe_load(MANIFEST.format(model="/m", layers="[1, 4]", zoo="z"))
-    errs = api_semantics.check_semantics(api.parse(doc).spec, api_semantics.ModelFacts(4, 4, 2))
+    errs = api_semantics.check_semantics(
+        api.parse(doc).spec, model_shape.ModelShape("m", 64, 128, 4, 4, 2, 100, 16)
+    )
     assert [str(e) for e in errs] == why([1, 4])
 
 

@@ -9,8 +9,10 @@ import pytest
 import yaml
 
 from tessera import api, api_semantics, fields
+from tessera.cost import model_shape
 
 ROOT = Path(__file__).resolve().parents[2]
+SHAPE_8_LAYERS = model_shape.ModelShape("m", 64, 128, 8, 4, 2, 100, 16)
 
 
 def _doc(**spec: Any) -> dict[str, Any]:
@@ -103,10 +105,7 @@ def test_semantic_errors_name_the_field() -> None:
             }
         )
     )
-    errs = [
-        str(e)
-        for e in api_semantics.check_semantics(dep.spec, api_semantics.ModelFacts(8, 4, 2), ["a0"])
-    ]
+    errs = [str(e) for e in api_semantics.check_semantics(dep.spec, SHAPE_8_LAYERS, ["a0"])]
     assert "spec.layout.replicas[1].stages[0].layers: end 12 exceeds the model's 8 layers" in errs
     assert any(
         e.startswith("spec.layout.replicas[2].stages[1].layers: starts at layer 4") for e in errs

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import dataclasses
 import types
 from pathlib import Path
 
@@ -74,19 +75,25 @@ def small_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-def test_compiled_decode_matches_hf(small_llama: Path, prompts: list[list[int]]) -> None:
+@pytest.mark.parametrize("freeze", ["0", "1"])
+def test_compiled_decode_matches_hf(
+    small_llama: Path, prompts: list[list[int]], freeze: str
+) -> None:
     """Staggered arrivals over a 2-stage pipeline: pure-decode steps run compiled on both
     stages (first stage from token ids, second from hidden states), and the mixed step of
     the late arrival splits (running decodes compiled, its prompt eagerly); greedy tokens
     equal transformers', log-probabilities within the oracle's tolerance; the warm-up
-    covered every step's shape (nothing compiled on a request's step)."""
+    covered every step's shape (nothing compiled on a request's step). Both graphs: the
+    default (unfrozen, the eager rows' packs as inputs) and the frozen one."""
+    opts = options.EngineOptions.from_env({options.FREEZE_ENV: freeze})
     stages = helpers.load(small_llama, [(0, 1), (1, 2)])
     graphs = []
     for st in stages:
         r = st.runner
-        g = decode_graph.CompiledDecode(r.model, r.device, r.page_size)
+        g = decode_graph.CompiledDecode(r.model, r.device, r.page_size, opts)
         g.warm_up(r.cache.layers())
         assert g.state == "ready" and g.compiles >= 2
+        assert g.freeze == (freeze == "1") and (g._graph_packs is None) == g.freeze
         r.decode_graph = g
         r.split_min_decodes = 1  # the late arrival's step: 3 decodes + 1 prompt
         graphs.append((g, g.compiles))
@@ -195,9 +202,28 @@ def test_env_switch_and_default() -> None:
     assert not compile_policy.enabled(opts("0", True), cpu)  # the off switch beats the default
 
 
+def test_packed_copies_frozen_and_unfrozen() -> None:
+    """The frozen graph holds its own packed copy; the unfrozen one reads the eager rows'."""
+    f32, bf16 = torch.float32, torch.bfloat16
+    on = options.EngineOptions(compile_decode="on")
+    assert not compile_policy.freeze(on, torch.device("cpu"))  # the default: unfrozen
+    assert compile_policy.copies(on, f32) == 1 and compile_policy.copies(on, f32, packs=False) == 0
+    assert compile_policy.copies(on, bf16) == 0  # packs are float32 only
+    frozen = options.EngineOptions.from_env({options.FREEZE_ENV: "1"}, compile_default=True)
+    assert frozen.compile_freeze
+    assert compile_policy.copies(frozen, f32) == 2
+    assert compile_policy.copies(frozen, f32, packs=False) == 1
+    assert compile_policy.copies(frozen, bf16) == 1
+    assert not compile_policy.freeze(frozen, torch.device("cuda"))
+    assert compile_policy.copies(dataclasses.replace(frozen, pack_prompts=False), f32) == 1
+    with pytest.raises(ValueError, match=options.FREEZE_ENV):
+        options.EngineOptions.from_env({options.FREEZE_ENV: "bogus"})
+
+
 def test_load_reserve_books_the_packed_copy_only_where_it_fits(tiny_llama: Path) -> None:
     cfg = config.ModelConfig.from_path(tiny_llama)
-    on = options.EngineOptions(compile_decode="on")
+    # frozen: two copies, the graph's and the packs
+    on = options.EngineOptions(compile_decode="on", compile_freeze=True)
     need = compile_policy.planned_packed_bytes(cfg, 0, 8, torch.float32, on)
     stages = helpers.load(tiny_llama, [(0, 8)])
     assert need == compile_policy.packed_bytes(stages[0].runner.model, on)  # the loaded layers'
@@ -262,8 +288,10 @@ def test_agent_books_the_packed_copy_and_starts_the_warm_up(
 ) -> None:
     """An agent with the path on (its default) holds the packed copy's bytes back from
     the KV pool, books them beside the block, starts the warm-up at load (not on a
-    request) and gives the bytes back at unload; a copy that does not fit turns it off."""
-    on = options.EngineOptions(compile_decode="on")
+    request) and gives the bytes back at unload; a copy that does not fit turns it off.
+    Frozen: two copies, the graph's and the eager rows' packs (unfrozen, the default, the
+    graph reads the packs: one copy, `test_packed_copies_frozen_and_unfrozen`)."""
+    on = options.EngineOptions(compile_decode="on", compile_freeze=True)
     monkeypatch.setattr(decode_graph, "CompiledDecode", _Stub)
     dev = devices.Device("cpu:0", "cpu", "virtual CPU device", 256 * MiB)
     hs = hosting.Hosting(

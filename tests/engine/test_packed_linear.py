@@ -5,6 +5,7 @@ log-probabilities (no compiling here: the graph stays "warming", every step eage
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ def test_packed_projection_matches_linear_and_falls_back(tiny_qwen2: Path) -> No
     m = st.runner.model
     packs = packed_linear.StagePacks(m)
     weights = sum(mod.weight.nbytes for mod in packed_linear.projections(m))
-    assert packs.nbytes == weights <= compile_policy.packed_bytes(m, ON) // 2  # booked with it
+    assert packs.nbytes == weights <= compile_policy.packed_bytes(m, ON)  # booked with the graph
     qkv = m.layers[0].self_attn.qkv_proj  # Qwen2: a biased projection
     assert qkv.bias is not None and packs.get(qkv) is not None
     g = torch.Generator().manual_seed(3)
@@ -52,10 +53,11 @@ def test_packed_projection_matches_linear_and_falls_back(tiny_qwen2: Path) -> No
 
 def test_pack_switch() -> None:
     cpu = torch.device("cpu")
-    assert compile_policy.copies(ON, torch.float32, cpu) == 2
-    assert compile_policy.copies(ON, torch.bfloat16, cpu) == 1  # packs are float32 only
+    frozen = dataclasses.replace(ON, compile_freeze=True)  # a frozen graph's copy, then the packs
+    assert compile_policy.copies(frozen, torch.float32, cpu) == 2
+    assert compile_policy.copies(frozen, torch.bfloat16, cpu) == 1  # packs are float32 only
     assert not compile_policy.pack_prompts(ON, torch.device("cuda"))
-    off = options.EngineOptions.from_env({options.PACK_ENV: "0"})
+    off = options.EngineOptions.from_env({options.PACK_ENV: "0", options.FREEZE_ENV: "1"})
     assert compile_policy.copies(off, torch.float32, cpu) == 1
 
 

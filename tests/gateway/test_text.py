@@ -18,6 +18,7 @@ from tessera.gateway import (
     stop_strings,
     tokenizer,
 )
+from tessera.rpc import sampling
 
 MIXED = "héllo 日本語 🎉 ok, Once upon a time\nnaïve café"
 
@@ -93,7 +94,7 @@ def _err(fn: object, *args: object) -> errors.ApiError:
 def test_request_validation() -> None:
     parse = request_params.parse_completion
     ok = parse({"model": "m", "prompt": "hi"}, "m")
-    assert ok.sampling == request_params.Sampling(max_tokens=16, temperature=1.0)
+    assert ok.sampling == sampling.Sampling(max_tokens=16, temperature=1.0)
     ok = parse(
         {
             "model": "m",
@@ -262,7 +263,8 @@ def test_first_token_is_an_event_even_before_its_character_completes(
                 last = i == len(ids) - 1
                 yield dispatch.Chunk((t,), "length" if last else None, "r0")
 
-    job = dispatch.Job("x", tuple(codec.encode("a")), len(ids), 1.0, 1.0, 0, None, (), True, 0.0)
+    params = sampling.Sampling(max_tokens=len(ids), temperature=1.0, ignore_eos=True)
+    job = dispatch.Job("x", tuple(codec.encode("a")), params, 0.0)
     gen = text_stream.TextGeneration(OneTokenAtATime(), codec.decode, job, ())  # type: ignore[arg-type]
 
     async def collect() -> list[text_stream.TextEvent]:

@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tessera.observability import dashboards
+from tessera.observability import dashboards, dashboards_loops
 from tests.observability import promql
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,7 +137,7 @@ def test_dashboards_pass_the_schema_and_the_lint() -> None:
 
 
 def test_the_elasticity_dashboard_annotates_every_control_loop_that_acts() -> None:
-    d = dashboards.elasticity()
+    d = dashboards_loops.elasticity()
     loops = {a["name"].split()[0] for a in d["annotations"]["list"] if "expr" in a}
     assert loops == {"transition", "overload", "scaling", "switching", "wake"}
 

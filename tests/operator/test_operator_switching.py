@@ -19,9 +19,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tessera import api
+from tessera import api, model_facts
 from tessera.cli import local_agents
-from tessera.control import converge
 from tessera.cost import analytic
 from tessera.policies.switching import candidates as switching_candidates
 from tessera_operator import switching_loop
@@ -223,7 +222,7 @@ def test_advisory_recommends_a_planner_layout_by_default(
     output); the spec's one two-stage replica is a candidate too, and two whole replicas
     are modelled ~7 % faster at the gateway's 1 short + 20 long req/s (minGain 0.05)."""
     procs = agents_factory(1, devices="cpu:2x512MiB")
-    shape = converge.model_facts(str(tiny_llama), "float32")
+    shape = model_facts.served_shape(str(tiny_llama), "float32")
     assert shape is not None
     stand_in = analytic.analytic_profile(shape, "h100-80gb")
     profile = dataclasses.replace(stand_in, device="cpu", source="measured")

@@ -128,7 +128,7 @@ def test_tp_candidates_are_valid_layouts() -> None:
             },
         }
     )
-    facts = api_semantics.ModelFacts(shape.num_layers, shape.num_heads, shape.num_kv_heads)
+    facts = shape
 
     def errors(replicas: list[dict[str, Any]]) -> list[str]:
         layout = {"mode": "explicit", "replicas": replicas}

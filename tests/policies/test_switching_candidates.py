@@ -84,7 +84,7 @@ def _structure(replicas: list[dict[str, Any]]) -> list[list[tuple[str, str, tupl
 
 def test_planner_layouts_become_valid_explicit_replicas(made: sc.Candidates) -> None:
     assert sc.SPEC in made.layouts and len(made.layouts) > 3
-    facts = api_semantics.ModelFacts(SHAPE.num_layers, SHAPE.num_heads, SHAPE.num_kv_heads)
+    facts = SHAPE
     for name, replicas in made.layouts.items():
         spec = api.parse_spec(
             {

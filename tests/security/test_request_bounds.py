@@ -9,13 +9,14 @@ from pathlib import Path
 import aiohttp
 
 from tessera.gateway import app, config, detokenize, dispatch, request_params, tokenizer
+from tessera.rpc import sampling
 from tests.gateway import helpers
 from tests.security import scripted_leader as sl
 
 M = helpers.MODEL
 
 
-def _parse(**fields: object) -> request_params.Sampling:
+def _parse(**fields: object) -> sampling.Sampling:
     return request_params.parse_completion({"model": "m", "prompt": "x", **fields}, "m").sampling
 
 
@@ -35,7 +36,7 @@ def test_seeds_wrap_inside_int64() -> None:
 
 
 def _job(rid: str = "cmpl-x", seed: int | None = 1) -> dispatch.Job:
-    return dispatch.Job(rid, (1, 2), 4, 0.0, 1.0, 0, seed, (), False, 0.0)
+    return dispatch.Job(rid, (1, 2), sampling.Sampling(max_tokens=4, seed=seed), 0.0)
 
 
 def test_choice_and_retry_ids_never_collide() -> None:

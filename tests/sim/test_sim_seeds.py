@@ -47,7 +47,7 @@ def _imports(path: Path) -> set[str]:
             {"tessera.planner.table1", "tessera.policies.routing.shares"},
         ),
         (
-            "oserve_table2.py",
+            "oserve_switcher.py",
             {
                 "tessera.planner.table1",
                 "tessera.planner.latency",
@@ -335,12 +335,12 @@ def test_switch_lands_and_loses_nothing(small_oserve) -> None:  # type: ignore[n
     """A switch applied mid-run: the old replicas hand their requests (KV kept) to the
     new ones, the router takes the new shares, every request finishes."""
     from tessera.policies.switching import gain as switching
-    from tessera.sim import oserve, oserve_table2
+    from tessera.sim import oserve, oserve_switcher
 
     prof, base, slo, (a, b) = small_oserve
     start = oserve.build(a, a.hetero, "g0-")
     target = oserve.build(b, b.homo, "g1-")
-    sw = oserve_table2.Switcher(
+    sw = oserve_switcher.Switcher(
         prof, base, slo, start, a.hetero[0], switching.SwitchingConfig(), nodes=1, gpus=4
     )
     arr = oserve.mix_arrivals(base, [(20.0, (0.25, 0.25, 0.25, 0.25))], 6.0)
@@ -354,12 +354,12 @@ def test_switch_lands_and_loses_nothing(small_oserve) -> None:  # type: ignore[n
 
 def test_the_switching_loop_decides_every_span(small_oserve) -> None:  # type: ignore[no-untyped-def]
     from tessera.policies.switching import gain as switching
-    from tessera.sim import oserve, oserve_table2
+    from tessera.sim import oserve, oserve_switcher
 
     prof, base, slo, (a, _) = small_oserve
     built = oserve.build(a, a.hetero, "g0-")
     cfg = switching.SwitchingConfig(enabled=True, mode="active", span_s=10.0, hold_spans=1)
-    sw = oserve_table2.Switcher(prof, base, slo, built, a.hetero[0], cfg, nodes=1, gpus=4)
+    sw = oserve_switcher.Switcher(prof, base, slo, built, a.hetero[0], cfg, nodes=1, gpus=4)
     s1, s5 = (oserve._shares(x) for x in ("S1", "S5"))
     arr = oserve.mix_arrivals(base, [(30.0, s1), (30.0, s5)], 8.0)
     eng = engine.Engine(built.replicas, oserve.router(base, built.shares), [sw], 1.0)
@@ -376,7 +376,7 @@ def test_the_switcher_runs_the_operators_span_step(small_oserve, monkeypatch) ->
     returned, at the step's forecast: the simulator composes no decision itself."""
     from tessera.policies.switching import gain as switching
     from tessera.policies.switching import step as switching_step
-    from tessera.sim import oserve, oserve_table2
+    from tessera.sim import oserve, oserve_switcher
 
     prof, base, slo, (a, _) = small_oserve
     real = switching_step.step
@@ -394,7 +394,7 @@ def test_the_switcher_runs_the_operators_span_step(small_oserve, monkeypatch) ->
     cfg = switching.SwitchingConfig(
         enabled=True, mode="active", span_s=10.0, hold_spans=1, min_gain=0.0
     )
-    sw = oserve_table2.Switcher(prof, base, slo, built, a.hetero[0], cfg, nodes=1, gpus=4)
+    sw = oserve_switcher.Switcher(prof, base, slo, built, a.hetero[0], cfg, nodes=1, gpus=4)
     s1, s5 = (oserve._shares(x) for x in ("S1", "S5"))
     arr = oserve.mix_arrivals(base, [(30.0, s1), (30.0, s5)], 8.0)
     eng = engine.Engine(built.replicas, oserve.router(base, built.shares), [sw], 1.0)
@@ -445,7 +445,7 @@ def test_switches_go_through_the_transition_planner(small_oserve, label: str, mo
     to one replica over every GPU) and the new layout loads beside them; every request
     finishes."""
     from tessera.policies.switching import gain as switching
-    from tessera.sim import oserve, oserve_table2
+    from tessera.sim import oserve, oserve_switcher
 
     prof, base, slo, (a, _) = small_oserve
     if a.hetero[0].label() == label:
@@ -453,7 +453,7 @@ def test_switches_go_through_the_transition_planner(small_oserve, label: str, mo
     layout, report = _target(a, label)
     start = oserve.build(a, a.hetero, "g0-")
     target = oserve.build(a, (layout, report), "g1-")
-    sw = oserve_table2.Switcher(
+    sw = oserve_switcher.Switcher(
         prof, base, slo, start, a.hetero[0], switching.SwitchingConfig(), nodes=1, gpus=4
     )
     sw._gen = 1
@@ -476,7 +476,7 @@ def test_one_replica_over_every_gpu_switches_by_shrinking_its_pool(small_oserve)
     and its KV pool all the memory left; its pool shrinks, the new layout loads beside
     it, the routes cut over, the old is freed and the new pools grow (issue 34)."""
     from tessera.policies.switching import gain as switching
-    from tessera.sim import oserve, oserve_table2
+    from tessera.sim import oserve, oserve_switcher
 
     prof, base, slo, (a, _) = small_oserve
     layout, report = _target(a, "1x[tp2pp2]")
@@ -484,7 +484,7 @@ def test_one_replica_over_every_gpu_switches_by_shrinking_its_pool(small_oserve)
         pytest.skip("the planner picked the one-replica layout")
     start = oserve.build(a, (layout, report), "g0-")
     target = oserve.build(a, a.hetero, "g1-")
-    sw = oserve_table2.Switcher(
+    sw = oserve_switcher.Switcher(
         prof, base, slo, start, layout, switching.SwitchingConfig(), nodes=1, gpus=4
     )
     sw._gen = 1

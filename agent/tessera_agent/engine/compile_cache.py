@@ -3,12 +3,13 @@ came from that cache.
 
 `configure` points Inductor's on-disk caches (FX graphs, AOT autograd, C++ kernels) at one
 folder per torch version under `--compile-cache DIR`, else `default_root(environ)`:
-`$TESSERA_COMPILE_CACHE`, else `$XDG_CACHE_HOME/tessera/compile`. A frozen decode graph
-(the default, `compile_policy.freeze`) bypasses the FX graph and AOT autograd caches
-(torch 2.13 cannot pickle its prepacked weights), so a restart finds only its C++
-kernels and the prompt rows' graphs ("warm"); an unfrozen one comes whole from the cache
-("cached"). `Probe` tells the two apart from Inductor's process-wide hit, miss and bypass
-counters around a warm-up. Called by `tessera agent` (at start, with its environment) and
+`$TESSERA_COMPILE_CACHE`, else `$XDG_CACHE_HOME/tessera/compile`. The default decode graph
+(unfrozen, its packed weights graph inputs: `compile_policy.freeze`) comes whole from the
+cache ("cached": Dynamo's trace only); a frozen one (`TESSERA_COMPILE_FREEZE=1`) bypasses
+the FX graph and AOT autograd caches (torch 2.13 cannot pickle its prepacked weights), so a
+restart finds only its C++ kernels and the prompt rows' graphs ("warm"). `Probe` tells the
+two apart from Inductor's process-wide hit, miss and bypass counters around a warm-up.
+Called by `tessera agent` (at start, with its environment) and
 `decode_graph.CompiledDecode`.
 """
 

@@ -3,10 +3,11 @@
 Every answer is read from the entry point's `options.EngineOptions`: `mode` / `enabled`
 (the compiled decode's mode for a device), `warm_before_ready` (a load answers only once
 the warm-up is over: ready means warm), `freeze`, `pack_prompts` and `compile_prompts`;
-`packed_bytes` / `planned_packed_bytes` size the packed weight copy of a frozen graph;
-`load_reserve` decides, before a block's KV pool is sized, whether an agent holds that
-copy's bytes back, and `begin` then starts the warm-up or turns the path off with the
-reason. Called by `runner.py`, `decode_graph.py`, `hosting.py` and `server.py`.
+`packed_bytes` / `planned_packed_bytes` size the packed weight copies it holds (a frozen
+graph's own, the eager rows' packs); `load_reserve` decides, before a block's KV pool is
+sized, whether an agent holds those bytes back, and `begin` then starts the warm-up or
+turns the path off with the reason. Called by `runner.py`, `decode_graph.py`, `hosting.py`
+and `server.py`.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def warm_before_ready(opts: Options, device: torch.device | None = None) -> bool
 
 
 def freeze(opts: Options, device: torch.device | None = None) -> bool:
-    """Whether a CPU stage's decode graph is compiled frozen: on unless
-    `TESSERA_COMPILE_FREEZE=0` (`compile_cache.py` says what each costs a restart)."""
+    """Whether a CPU stage's decode graph is compiled frozen: only with
+    `TESSERA_COMPILE_FREEZE=1` (`compile_cache.py` says what each costs a restart)."""
     return opts.compile_freeze and _cpu(device)
 
 
@@ -70,23 +71,27 @@ def compile_prompts(opts: Options, device: torch.device | None = None) -> bool:
     return opts.compile_prompts and pack_prompts(opts, device)
 
 
-def copies(opts: Options, dtype: torch.dtype, device: torch.device | None = None) -> int:
+def copies(
+    opts: Options, dtype: torch.dtype, device: torch.device | None = None, packs: bool = True
+) -> int:
     """Packed copies of a stage's projections the compiled decode holds: the frozen
-    graph's, plus the eager rows' (`packed_linear.py`, float32 only) when it is on."""
-    return 2 if dtype == torch.float32 and pack_prompts(opts, device) else 1
+    graph's own (none unfrozen: it reads the eager rows' packs as inputs), plus the eager
+    rows' (`packed_linear.py`, float32 only) when `packs` and they are on."""
+    graph = 1 if freeze(opts, device) else 0
+    eager = 1 if packs and dtype == torch.float32 and pack_prompts(opts, device) else 0
+    return graph + eager
 
 
 def packed_bytes(model: model_mod.StageModel, opts: Options, packs: bool = True) -> int:
     """Bytes of the packed weight copies the compiled decode of a CPU stage holds: every
     projection of the stage's layers (the embedding is gathered from in place; the LM
-    head runs eagerly), once for the frozen graph and, with `packs`, once more for the
-    eager rows."""
+    head runs eagerly), times `copies`."""
     total = 0
     for layer in model.layers:
         for mod in layer.modules():
             if isinstance(mod, torch.nn.Linear):
                 total += mod.weight.nbytes + (mod.bias.nbytes if mod.bias is not None else 0)
-    return total * (copies(opts, model.dtype_) if packs else 1)
+    return total * copies(opts, model.dtype_, packs=packs)
 
 
 def planned_packed_bytes(
@@ -104,7 +109,7 @@ def planned_packed_bytes(
         for name, shape in block_tensors.shapes(cfg, start, end).items()
         if "_proj." in name
     )
-    return one * (copies(opts, dtype) if packs else 1)
+    return one * copies(opts, dtype, packs=packs)
 
 
 def load_reserve(

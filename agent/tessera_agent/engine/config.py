@@ -8,10 +8,11 @@ of RoPE settings are accepted.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tessera import model_facts
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 
@@ -101,10 +102,7 @@ class ModelConfig:
 
     @classmethod
     def from_path(cls, model_path: str | Path) -> ModelConfig:
-        path = Path(model_path) / "config.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"model not found: no config.json in {model_path}")
-        return cls.from_dict(json.loads(path.read_text()))
+        return cls.from_dict(model_facts.read_config(model_path))
 
 
 def _rope(cfg: dict[str, Any]) -> RopeConfig:

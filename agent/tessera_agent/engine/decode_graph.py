@@ -2,16 +2,15 @@
 request path.
 
 Inductor fuses a decode step's elementwise work and traces decode attention as
-slot-indexed reductions (`attention._decode_fused`); on CPU the graph is compiled frozen
-(weights prepacked for MKL). `CompiledDecode` warms up on a background thread (`start`)
-or synchronously (`warm_up`) over a scratch KV pool, runs steps eagerly until `ready`,
-never recompiles on a request's step (an uncovered shape runs eagerly; a late compile is
-counted and logged), turns itself off loudly on a failure (the step is rerun eagerly),
-and rebuilds when a memory shift or drop swaps its layers. Its packed weights cost
-`packed_bytes` (booked by `hosting.py`). When it is on: `compile_policy.py` over the
-entry point's `EngineOptions` (on for an agent's CPU stages, off in-process). Greedy
-tokens are checked against `transformers` in `tests/engine/test_decode_graph.py`.
-Called by `runner.py` (`StageRunner.execute`), `compile_policy.begin` and `bench_engine.py`.
+slot-indexed reductions (`attention._decode_fused`). On CPU the projections run over the
+eager rows' prepacked weights passed as graph inputs (`packed_linear.GraphPacks`, one
+`tessera::decode_linear` op each), so Inductor's caches keep the whole graph across
+restarts; `compile_freeze` compiles it frozen instead. `CompiledDecode` warms up on a
+background thread (`start`) or synchronously (`warm_up`) over a scratch KV pool, runs steps
+eagerly until `ready`, never recompiles on a request's step, turns itself off loudly on a
+failure (the step is rerun eagerly), and rebuilds when a memory shift or drop swaps its
+layers. Its packs cost `packed_bytes` (booked by `hosting.py`); when it is on:
+`compile_policy.py`. Called by `runner.py`, `compile_policy.begin` and `bench_engine.py`.
 """
 
 from __future__ import annotations
@@ -66,6 +65,7 @@ def _forward(
     sin: torch.Tensor,
     kv: list[tuple[torch.Tensor, torch.Tensor]],
     fused: bool,
+    packs: packed_linear.GraphPacks | None,
 ) -> torch.Tensor:
     """The layers of `StageModel.forward` for a pure-decode step (traced by dynamo)."""
     md = attention.AttentionMetadata(
@@ -79,6 +79,7 @@ def _forward(
         cos=cos,
         sin=sin,
         decode_fused=fused,
+        packed=packs,
     )
     if model.embed_tokens is not None:
         x = model.embed_tokens(x)
@@ -144,6 +145,8 @@ class CompiledDecode:
         # A private copy of the code object: dynamo keeps compiled code per code object,
         # so this instance's graphs (and frozen weights) live and die with it.
         self.packs = None
+        self._graph_packs: packed_linear.GraphPacks | None = None
+        self.freeze = compile_policy.freeze(self.options, self.device)  # read once per graph
         fn = types.FunctionType(_forward.__code__.replace(), _forward.__globals__, "_forward")
         backend = compile_policy.counting_backend(self)
         if self.device.type == "cuda":  # CUDA graphs captured and replayed per shape
@@ -159,7 +162,7 @@ class CompiledDecode:
         # `torch.compile(options=...)` it did not take effect here).
         if self.device.type == "cuda":
             return contextlib.nullcontext()
-        freeze = compile_policy.freeze(self.options, self.device)
+        freeze = self.freeze
         patched: contextlib.AbstractContextManager[Any] = inductor_config.patch(freezing=freeze)
         return patched
 
@@ -179,13 +182,13 @@ class CompiledDecode:
         with self._lock:
             self._gen += 1
             self.state, self.reason = "off", reason
-            self.packs = None
+            self.packs = self._graph_packs = None
         log.warning("compiled decode off for layers [%d, %d): %s", *self._range(), reason)
 
     def drop_packs(self, reason: str) -> None:
         """Keep the graph but not the eager rows' packed projections (`packed_linear.py`)."""
         with self._lock:
-            self.with_packs, self.packs = False, None
+            self.with_packs, self.packs, self._graph_packs = False, None, None
         log.info("packed prompt projections off for layers [%d, %d): %s", *self._range(), reason)
 
     def _range(self) -> tuple[int, int]:
@@ -241,6 +244,8 @@ class CompiledDecode:
                 with self._lock:
                     if gen == self._gen and self.with_packs:
                         self.packs = packs
+                if not self.freeze:
+                    self._graph_packs = packed_linear.GraphPacks(self.model, packs)
             b, ctx, slots = self._shapes(kv_like)
             with torch.inference_mode():
                 self._run_synthetic(kv_like, 1, ctx, slots)
@@ -352,6 +357,7 @@ class CompiledDecode:
                 sin,
                 kv,
                 self.fused_attention,
+                self._graph_packs,
             )
 
     def __call__(

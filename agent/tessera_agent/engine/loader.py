@@ -23,7 +23,6 @@ from tessera_agent.engine import model as model_mod
 from tessera_agent.engine import tp as tp_mod
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "I8": 1, "U8": 1}
 
 
 def weight_map(model_path: Path) -> dict[str, Path]:

@@ -82,7 +82,7 @@ class EngineOptions:
     cuda_graphs: bool = True  # CUDA stages replay pure-decode steps from CUDA graphs
     malloc_tune: bool = True  # an agent fixes glibc's malloc thresholds (host_malloc.tune)
     compile_decode: str = "off"  # one of COMPILE_MODES (compile_policy.mode)
-    compile_freeze: bool = True  # CPU decode graphs compiled frozen (compile_policy.freeze)
+    compile_freeze: bool = False  # CPU decode graphs compiled frozen (compile_policy.freeze)
     pack_prompts: bool = True  # eager rows over packed projections, with the compiled decode
     compile_prompts: bool = True  # and those rows' layer parts compiled (prompt_graph.py)
     fused_decode_attn: bool = True  # compiled decode attends fused (attention._decode_fused)
@@ -122,7 +122,7 @@ class EngineOptions:
             cuda_graphs=on(CUDA_GRAPHS_ENV),
             malloc_tune=on(MALLOC_ENV),
             compile_decode=compile_mode(environ.get(COMPILE_ENV, ""), compile_default),
-            compile_freeze=on(FREEZE_ENV),
+            compile_freeze=env_flags.strict(environ, FREEZE_ENV, False),
             pack_prompts=on(PACK_ENV),
             compile_prompts=on(PROMPT_ENV),
             fused_decode_attn=attn == "fused",

@@ -4,18 +4,21 @@ packed once instead of on every eager matmul.
 `StagePacks` holds every layer projection of a stage packed with
 `torch.ops.mkldnn._reorder_linear_weight`; `linear` runs a projection of at least
 `MIN_ROWS` rows through `mkldnn._linear_pointwise` over it, rows padded to a multiple of
-`ROW_BUCKET` (fewer rows stay on `F.linear`). A pack is tied to the weight it was packed
-from: a swapped layer runs `F.linear`. Built by `CompiledDecode.warm_up` (CPU, float32,
-no LoRA, no TP; off with `EngineOptions.pack_prompts`), dropped with the graph; its bytes
-are booked with it (`compile_policy.packed_bytes`). Measured gains: docs (benchmarks-log,
-issue 16). Checked against `transformers` in `tests/engine/test_packed_linear.py`. Called
-by `model.py` (eager projections; `AttentionMetadata.packed`, set by `runner.py`).
+`ROW_BUCKET` (fewer rows stay on `F.linear`); the compiled decode graph reads the same packs
+as inputs (`GraphPacks`). A pack is tied to the weight it was packed from: a swapped layer
+runs `F.linear`. Built by `CompiledDecode.warm_up` (CPU, float32, no LoRA, no TP; off with
+`EngineOptions.pack_prompts`), dropped with the graph; its bytes are booked with it
+(`compile_policy.packed_bytes`). Measured gains: docs (benchmarks-log, issue 16). Checked
+against `transformers` in `tests/engine/test_packed_linear.py`. Called by `model.py`
+(eager projections; `AttentionMetadata.packed`, set by `runner.py`) and `decode_graph.py`.
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +104,28 @@ class StagePacks:
         return got[1]
 
 
+class GraphPacks:
+    """The packs as the compiled decode graph reads them (`decode_graph.py`, unfrozen):
+    every projection of any row count through its pack, rows not padded (the graph's
+    batch size is symbolic; oneDNN builds one kernel per batch size, as for the frozen
+    graph's own packs). The pack tensors become inputs of the graph, not constants, so
+    Inductor's FX graph and AOT autograd caches can hold the graph across restarts: a
+    list in projection order, so that the graph's input names (Dynamo names them by
+    where it found them) are the same in every process."""
+
+    graph: attention.PromptRows | None = None
+
+    def __init__(self, model: Stage, packs: StagePacks) -> None:
+        _register_lowering()
+        self._items = [(mod, packs.get(mod)) for mod in projections(model)]
+
+    def get(self, mod: nn.Module) -> torch.Tensor | None:
+        for m, pack in self._items:
+            if m is mod:
+                return pack
+        return None
+
+
 def _reorder(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w, _HINT_ROWS)  # type: ignore[no-any-return]
 
@@ -108,10 +133,14 @@ def _reorder(w: torch.Tensor) -> torch.Tensor:
 def linear(mod: nn.Module, x: torch.Tensor, packs: attention.PackedRows | None) -> torch.Tensor:
     """`mod(x)`, through the packed weight when there is one and `x` has enough rows."""
     t = x.shape[0]
-    if packs is not None and t >= MIN_ROWS:
+    whole = isinstance(packs, GraphPacks)  # the compiled decode: every row count, unpadded
+    if packs is not None and (whole or t >= MIN_ROWS):
         pack = packs.get(mod)
         if pack is not None:
             bias = mod.bias if isinstance(mod, nn.Linear) else None
+            if whole:
+                out: torch.Tensor = _decode_linear_op(x, pack, bias)
+                return out
             return run_packed(x, pack, bias)
     y: torch.Tensor = mod(x)
     return y
@@ -125,3 +154,33 @@ def run_packed(x: torch.Tensor, pack: torch.Tensor, bias: torch.Tensor | None) -
         x = F.pad(x, (0, 0, 0, padded - t))
     out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, pack, bias, "none", [], "")
     return out[:t]
+
+
+# Inductor lowers `mkldnn._linear_pointwise` only over a constant (frozen) weight, so the
+# graph calls this op instead; its lowering (`_lower_decode_linear`) makes Inductor's code
+# call the oneDNN op directly, as an extern kernel (no Python between them).
+@torch.library.custom_op("tessera::decode_linear", mutates_args=())
+def _decode_linear_op(
+    x: torch.Tensor, pack: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, pack, bias, "none", [], "")
+    return out
+
+
+@_decode_linear_op.register_fake
+def _(x: torch.Tensor, pack: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape[0], pack.shape[0])
+
+
+@functools.cache
+def _register_lowering() -> None:
+    """Once per process, before the first graph that calls the op compiles."""
+    from torch._inductor import lowering
+
+    onednn = torch.ops.mkldnn._linear_pointwise.default
+    # (untyped in torch: through a typed name)
+    extern: Callable[..., Callable[..., Any]] = vars(lowering)["fallback_handler"]
+
+    @lowering.register_lowering(torch.ops.tessera.decode_linear.default, type_promotion_kind=None)
+    def _lower_decode_linear(x: Any, pack: Any, bias: Any) -> Any:
+        return extern(onednn, add_to_fallback_set=False)(x, pack, bias, "none", [], "")

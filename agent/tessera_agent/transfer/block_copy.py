@@ -126,14 +126,17 @@ async def fetch(
     device: torch.device,
     backend: str = "gloo",
     timeout_s: float = 30.0,
+    *,
+    tls: transport.TlsFiles | None,
 ) -> tuple[dict[str, torch.Tensor], str]:
-    """(tensors by name, transport used): over a group when possible, else gRPC."""
+    """(tensors by name, transport used): over a group when possible, else gRPC; `tls`:
+    the agent's mTLS files for the call to the source (None = plaintext)."""
     if source.transport != grpc_transport.NAME and store_address:
         spec = group.GroupSpec(store_address, f"copy/{uuid.uuid4().hex}", 1, 2, backend, timeout_s)
         dp = pb.DataPlane(
             store_address=store_address, group=spec.name, backend=backend, timeout_s=timeout_s
         )
-        channel = transport.channel(source.address)
+        channel = transport.channel(source.address, tls)
         try:
             call = pb_grpc.AgentStub(channel).PushTensors(
                 pb.PushTensorsRequest(
@@ -158,5 +161,5 @@ async def fetch(
             log.warning("copy over %s failed, falling back to gRPC: %s", backend, exc)
         finally:
             await channel.close()
-    tensors = await tensor_transfer.fetch(source, names)
+    tensors = await tensor_transfer.fetch(source, names, tls=tls)
     return tensors, grpc_transport.NAME

@@ -147,7 +147,9 @@ async def agent_greedy(
 ) -> tuple[list[int], list[float]]:
     """Greedy tokens of one request straight to an agent's `Generate` (gRPC, `pb` its
     messages module) and the time each arrived; the benches that bypass the gateway."""
-    params = pb.SamplingParams(max_tokens=new, ignore_eos=True)
+    from tessera.rpc import sampling as rpc_sampling
+
+    params = rpc_sampling.to_proto(rpc_sampling.Sampling(max_tokens=new, ignore_eos=True))
     req = pb.GenerateRequest(replica_id=rid, prompt_token_ids=list(prompt), params=params)
     out: list[int] = []
     times: list[float] = []

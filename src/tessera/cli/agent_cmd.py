@@ -168,6 +168,7 @@ def _run(args: argparse.Namespace) -> int:
 
     tracing.configure(os.environ)
     from tessera import gc_heap
+    from tessera.rpc import transport
     from tessera_agent import server
     from tessera_agent.engine import compile_cache, compile_policy, options
 
@@ -176,7 +177,8 @@ def _run(args: argparse.Namespace) -> int:
             options.EngineOptions.from_env(os.environ, compile_default=args.compile_decode),
             attention_backend=args.attention_backend,
         )
-    except ValueError as exc:
+        tls = transport.tls_from_dir(os.environ.get(transport.TLS_DIR_ENV, ""))
+    except (ValueError, FileNotFoundError) as exc:
         sys.stderr.write(f"tessera agent: {exc}\n")
         return 2
     if compile_policy.enabled(engine):  # before anything compiles
@@ -204,5 +206,6 @@ def _run(args: argparse.Namespace) -> int:
         engine=engine,
         gc_freeze=gc_heap.wanted(os.environ),
         slow_block=os.environ.get("TESSERA_BENCH_SLOW_BLOCK", ""),
+        tls=tls,
     )
     return server.run(cfg)

@@ -23,12 +23,12 @@ advance and switched to for free (the most any switching could gain here).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 from pathlib import Path
 from typing import Any
 
+from tessera import model_facts
 from tessera.cost import analytic, model_shape
 from tessera.cost.capacity import RequestClass, Slo
 from tessera.planner import capacity_table
@@ -62,7 +62,7 @@ def _classes(args: argparse.Namespace) -> tuple[RequestClass, ...]:
 
 def run(args: argparse.Namespace, shares: list[float]) -> dict[str, Any]:
     """The model-output comparison (module docstring)."""
-    config = json.loads((ROOT / "examples/models" / MODEL / "config.json").read_text())
+    config = model_facts.read_config(ROOT / "examples/models" / MODEL)
     profile = analytic.analytic_profile(model_shape.from_hf_config(config, MODEL), "h100-80gb")
     base = _classes(args)
     pool = (PoolNode("n0", tuple(range(GPUS))),)

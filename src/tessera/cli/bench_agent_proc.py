@@ -8,7 +8,6 @@ agent's /metrics.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 
@@ -42,9 +41,9 @@ class AgentProc:
 
     @staticmethod
     def _layers(path: str) -> int:
-        import json
+        from tessera import model_facts
 
-        return int(json.loads((Path(path) / "config.json").read_text())["num_hidden_layers"])
+        return model_facts.num_layers(path)
 
     async def adapters(self, rid: str, pairs: list[tuple[str, str]]) -> None:
         from tessera.rpc.v1 import agent_pb2 as pb
@@ -60,9 +59,10 @@ class AgentProc:
         await self.stub.UnloadBlock(pb.UnloadBlockRequest(replica_id=rid), timeout=60)
 
     async def generate(self, rid: str, variant: str, prompt: tuple[int, ...], n: int) -> list[int]:
+        from tessera.rpc import sampling as rpc_sampling
         from tessera.rpc.v1 import agent_pb2 as pb
 
-        params = pb.SamplingParams(max_tokens=n, ignore_eos=True)
+        params = rpc_sampling.to_proto(rpc_sampling.Sampling(max_tokens=n, ignore_eos=True))
         req = pb.GenerateRequest(
             replica_id=rid, prompt_token_ids=list(prompt), params=params, variant=variant
         )

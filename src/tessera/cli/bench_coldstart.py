@@ -122,6 +122,7 @@ class _Run:
 
     async def first_token(self, address: str, replica_id: str, n: int) -> tuple[float, list[int]]:
         """(seconds to the first token, the greedy tokens) of one request."""
+        from tessera.rpc import sampling as rpc_sampling
         from tessera.rpc import transport
         from tessera.rpc.v1 import agent_pb2 as pb
         from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
@@ -135,7 +136,7 @@ class _Run:
                 replica_id=replica_id,
                 request_id=f"cold-{replica_id}-{time.monotonic_ns()}",
                 prompt_token_ids=PROMPT,
-                params=pb.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
+                params=rpc_sampling.to_proto(rpc_sampling.Sampling(max_tokens=n, ignore_eos=True)),
             )
             async for chunk in pb_grpc.AgentStub(channel).Generate(req, timeout=120):
                 if chunk.token_ids and not first:

@@ -49,6 +49,7 @@ from tessera.control import overload_driver, overload_loop
 from tessera.policies.overload import lookahead
 from tessera.policies.overload import monitor as overload
 from tessera.policies.overload import steps as overload_steps
+from tessera.rpc import sampling as rpc_sampling
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
@@ -152,7 +153,9 @@ class Router:
             name = self.pick()
             r.replica = name
             self.on[name].append(r)
-            params = pb.SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)
+            params = rpc_sampling.to_proto(
+                rpc_sampling.Sampling(max_tokens=r.max_tokens, ignore_eos=True)
+            )
             req = pb.GenerateRequest(replica_id=name, prompt_token_ids=r.prompt, params=params)
             r.task = asyncio.current_task()
             try:

@@ -42,6 +42,7 @@ from tessera.bench import options
 from tessera.cli import local_agents
 from tessera.control import scaling_driver
 from tessera.policies.scaling import module_scaling as ms
+from tessera.rpc import sampling as rpc_sampling
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
@@ -94,7 +95,7 @@ def _generate(address: str, prompt: list[int], tokens: int) -> int:
         pb.GenerateRequest(
             replica_id="r0",
             prompt_token_ids=prompt,
-            params=pb.SamplingParams(max_tokens=tokens, ignore_eos=True),
+            params=rpc_sampling.to_proto(rpc_sampling.Sampling(max_tokens=tokens, ignore_eos=True)),
         ),
         timeout=600.0,
     ):

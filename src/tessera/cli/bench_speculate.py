@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -73,7 +72,7 @@ async def _served(args: argparse.Namespace, path: Path, zoo: Path) -> dict[str, 
     """The four replicas over two agents (module docstring)."""
     import torch
 
-    from tessera import blocks
+    from tessera import blocks, model_facts
     from tessera.cli import local_agents
     from tessera.rpc import blocks as rpc_blocks
     from tessera.rpc import transport
@@ -86,7 +85,7 @@ async def _served(args: argparse.Namespace, path: Path, zoo: Path) -> dict[str, 
         surrogate_zoo,
     )
 
-    n = int(json.loads((path / "config.json").read_text())["num_hidden_layers"])
+    n = model_facts.num_layers(path)
     if n < 4:
         raise SystemExit(f"--model: {n} layers do not cut into 3 stages")
     cut = [0, n // 4, n // 2, n]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 import time
@@ -73,14 +72,14 @@ async def _served(family: Path, zoo: Path, point: tuple[int, int], new: int) -> 
     """The large model whole and the stitched chain, served by one agent (module docstring)."""
     import torch
 
-    from tessera import blocks
+    from tessera import blocks, model_facts
     from tessera.cli import bench_agent_proc
     from tessera.rpc import blocks as rpc_blocks
     from tessera.rpc.v1 import agent_pb2 as pb
     from tessera_agent import bench_stitch, stitch
 
     small, large = str(family / "small"), str(family / "large")
-    layers = int(json.loads((family / "large" / "config.json").read_text())["num_hidden_layers"])
+    layers = model_facts.num_layers(family / "large")
     agent = bench_agent_proc.AgentProc("stitch-bench", 2 << 30, zoo=True)
     try:
         here = agent.proc.address

@@ -41,7 +41,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tessera import blocks
+from tessera import blocks, model_facts
 from tessera.bench import harness, local_up, oracle, trace
 from tessera.cli import bench_relayout as rl
 from tessera.policies import device_links, links, placement
@@ -123,7 +123,7 @@ def planned(model: Path) -> list[dict[str, Any]]:
     """The switch plan and its LP bound for each switch of SEQUENCE (model output)."""
     from tessera.control import converge
 
-    shape = converge.model_facts(str(model), "float32")
+    shape = model_facts.served_shape(str(model), "float32")
     assert shape is not None
     mbytes = converge.switch_model(shape)
     link_model = device_links.from_agent_links(links.LinkModel())

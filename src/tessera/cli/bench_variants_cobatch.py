@@ -15,11 +15,12 @@ through both executors. Called by `bench_variants.run`.
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+from tessera import model_facts
 
 
 def run(root: Path, base: Path, chains: int, seqs: int, new: int, rounds: int) -> dict[str, Any]:
@@ -31,7 +32,7 @@ def run(root: Path, base: Path, chains: int, seqs: int, new: int, rounds: int) -
     from tessera_agent.engine import block_zoo, cobatch, replica, sampling, scheduler, stage, step
 
     torch.set_num_threads(1)  # as the bench's agents run
-    layers = int(json.loads((base / "config.json").read_text())["num_hidden_layers"])
+    layers = model_facts.num_layers(base)
     paths = [base] + [
         tiny_variants.make_tiny_finetune(
             base, root / f"co-ft{i}", layers=[i % layers, (i + 3) % layers], seed=100 + i

@@ -192,8 +192,9 @@ def generate_tokens(
 ) -> list[int]:
     """Greedy tokens of one request through an `AgentStub` of the replica's leader (EOS
     ignored, so exactly `max_tokens`). For benches; clients go through the gateway."""
+    from tessera.rpc import sampling as rpc_sampling
     from tessera.rpc.v1 import agent_pb2 as pb
 
-    params = pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    params = rpc_sampling.to_proto(rpc_sampling.Sampling(max_tokens=max_tokens, ignore_eos=True))
     req = pb.GenerateRequest(replica_id=replica_id, prompt_token_ids=prompt, params=params)
     return [t for ch in stub.Generate(req, timeout=300) for t in ch.token_ids]

@@ -62,7 +62,7 @@ def _loopback_latency(stub: Any) -> float:
 def _run(args: argparse.Namespace) -> int:
     import grpc
 
-    from tessera import fields
+    from tessera import fields, model_facts
     from tessera.cost import fit, model_shape, profile
     from tessera.rpc import transport
     from tessera.rpc.v1 import agent_pb2 as pb
@@ -82,7 +82,7 @@ def _run(args: argparse.Namespace) -> int:
             return 1
         args.model = Path(blocks[0].model_path)
     try:
-        config = json.loads((args.model / "config.json").read_text())
+        config = model_facts.read_config(args.model)
         shape = model_shape.from_hf_config(config, args.model.name)
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"tessera profile: --model {args.model}: {exc}\n")

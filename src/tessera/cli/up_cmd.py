@@ -449,15 +449,15 @@ def _overload(dep: Any, outcome: Any, gateway: Any, published: Any) -> Any:
     (said why)."""
     from rich.console import Console
 
+    from tessera import model_facts
     from tessera.cli import up_overload
-    from tessera.control import converge
 
     cfg = dep.spec.policies.overload
     if not cfg.enabled:
         return None
     say = Console(stderr=True).print
     why = up_overload.UpOverload.usable(outcome.plan, outcome.observed)
-    shape = converge.model_facts(outcome.plan.model_path, dep.spec.model.dtype)
+    shape = model_facts.served_shape(outcome.plan.model_path, dep.spec.model.dtype)
     if why or shape is None:
         say(why or "overload: model config unreadable; the loop is off")
         return None

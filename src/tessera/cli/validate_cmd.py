@@ -44,9 +44,10 @@ def check_document(
     doc: Any, base_dir: Path, schema: dict[str, Any], args: argparse.Namespace
 ) -> tuple[list[str], list[str]]:
     """(errors, notes) of one decoded document."""
-    from tessera import api, api_semantics, crd, fields
+    from tessera import api, api_semantics, crd, fields, model_facts
     from tessera.cli import variant_check
     from tessera.control import converge
+    from tessera.cost import model_shape
 
     errors = [str(e) for e in crd.validate(doc, schema)]
     _, dropped = crd.prune(doc, schema)
@@ -58,19 +59,19 @@ def check_document(
     except fields.FieldError as exc:
         return [str(exc)], []
     notes = []
-    facts: api_semantics.ModelFacts | None = None
+    facts: model_shape.ModelShape | None = None
     model_path = converge.resolve_model_path(dep.spec, base_dir, args.model_root)
     if args.no_model_check:
         notes.append(f"model checks skipped (--no-model-check); model path {model_path}")
     else:
-        shape = converge.model_facts(model_path, dep.spec.model.dtype)
+        shape = model_facts.served_shape(model_path, dep.spec.model.dtype)
         if shape is None:
             where = f"spec.model.{'pvc' if dep.spec.model.pvc else 'path'}"
             return [
                 f"{where}: model not readable: no config.json in {model_path} "
                 "(use --model-root for PVC models, or --no-model-check)"
             ], []
-        facts = api_semantics.ModelFacts(shape.num_layers, shape.num_heads, shape.num_kv_heads)
+        facts = shape
     agents = list(args.agent) or None
     if facts is not None:
         errors = [str(e) for e in api_semantics.check_semantics(dep.spec, facts, agents)]

@@ -13,9 +13,10 @@ messages `spec.variants[i].adapter: <reason>`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from tessera import model_facts
 
 ARCH_KEYS = (
     "num_hidden_layers",
@@ -38,7 +39,7 @@ def check(dep: Any, model_path: str) -> list[str]:
         return errors
     try:
         cfg = config_mod.ModelConfig.from_path(Path(model_path))
-        base = json.loads((Path(model_path) / "config.json").read_text())
+        base = model_facts.read_config(model_path)
     except (OSError, ValueError) as exc:
         return [f"spec.model.path: cannot read the foundation's config ({exc})"]
     for i, v in enumerate(resolved):
@@ -58,7 +59,7 @@ def check(dep: Any, model_path: str) -> list[str]:
             errors += _speculate(v, model_path, f"spec.variants[{i}].speculate", cfg.num_layers)
             continue
         try:
-            other = json.loads((Path(v.path) / "config.json").read_text())
+            other = model_facts.read_config(v.path)
         except (OSError, ValueError) as exc:
             errors.append(f"{where}: no readable config.json in {v.path} ({exc})")
             continue
@@ -78,7 +79,7 @@ def _stitch(v: Any, model_path: str, where: str, layers: int) -> list[str]:
 
     i, j = v.point
     try:
-        small = json.loads((Path(v.path) / "config.json").read_text())
+        small = model_facts.read_config(v.path)
     except (OSError, ValueError) as exc:
         return [f"{where}.small: no readable config.json in {v.path} ({exc})"]
     if i >= int(small.get("num_hidden_layers", 0)) or j >= layers:

@@ -1,18 +1,13 @@
 """Executor: applies a transition's steps (`tessera.policies.transition.planner`) to the world.
 
-Thin on purpose: block actions are one agent RPC each (`LoadBlock` with the block and an
-optional peer source, `UnloadBlock`, a rewire as a `LoadBlock` that differs only in its
-next-stage address); a `CutOver` calls the shell's `publish` (the operator writes the
-routes ConfigMap, `tessera up` its routes file); a `ResizeKV` is a few `OverloadShift`
-ops (pause the leader, resize each stage's pool, leader first; unpause); a `DropLayers`
-is KunServe's drop (`policies.overload_steps.drop_steps`, performed by the overload
-driver, `tessera.control.overload_driver`: the donors, already cut over and drained, drop
-to their stages; the head's held K/V for their layers moves to them); a `Drain` is a
-check of the observation (`transition.drained`), never a sleep. Steps run in plan order;
-a step whose dependencies failed or still wait is skipped, so one pass does everything
-that can be done now and the next pass re-plans from what it observes (level-triggered:
-no step counter survives a pass). Results are reported per step so callers raise events
-and conditions. Called by the operator's converge pass, its finalizer and `tessera up`.
+Inputs: a `Transition`, the observed `World`, the shell's `publish` for a `CutOver` (the
+operator's routes ConfigMap, `tessera up`'s routes file). Block actions are one agent RPC
+each (`LoadBlock`, `UnloadBlock`, a rewire as a `LoadBlock`); a `ResizeKV` is a few
+`OverloadShift` ops; a `DropLayers` is KunServe's drop, run by `overload_driver`; a
+`Drain` checks the observation, never sleeps. Steps run in plan order and a step behind a
+failed or waiting one is skipped: one pass does what can be done now, the next re-plans
+from what it observes. Returns one `Result` per step, for events and conditions.
+Called by the operator's converge pass, its finalizer and `tessera up`.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ transition is remembered between passes: the next pass re-plans from observation
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,8 +27,8 @@ from pathlib import Path
 from tessera import (
     api,
     api_semantics,
-    dtypes,
     fields,
+    model_facts,
     observed,
     plan,
     reconcile,
@@ -54,8 +53,6 @@ from tessera.policies.overload import desired as overload_desired
 from tessera.policies.transition import actions as step_actions
 from tessera.policies.transition import planner as transition
 from tessera.policies.variants import plan as variant_plan
-
-DTYPE_BYTES = dtypes.BYTES
 
 Publish = Callable[[routes_doc.RoutesDoc, plan.Plan], Awaitable[None]]
 Transition = transition.Transition
@@ -104,17 +101,6 @@ class Outcome:
         if self.remaining is None or not self.remaining.steps:
             return None
         return self.remaining.steps[0]
-
-
-def model_facts(model_path: str, dtype: str) -> model_shape.ModelShape | None:
-    """The model's shape from its config.json, or None when it is not readable."""
-    try:
-        cfg = json.loads((Path(model_path) / "config.json").read_text())
-        shape = model_shape.from_hf_config(cfg, Path(model_path).name)
-    except (OSError, ValueError):
-        return None
-    # "auto" resolves to the checkpoint's torch_dtype, as the agent will resolve it
-    return dataclasses.replace(shape, dtype_bytes=DTYPE_BYTES[dtypes.resolve(dtype, cfg)])
 
 
 def resolve_model_path(
@@ -223,15 +209,10 @@ async def converge(
     one this pass ends with is left there); None: the pass observes on its own.
     `replicas_cap`: the autoscaler's plan count for an auto layout (`plan.make_plan`)."""
     rollout = rollout or Rollout()
-    shape = model_facts(model_path, dep.spec.model.dtype)
-    facts = (
-        api_semantics.ModelFacts(shape.num_layers, shape.num_heads, shape.num_kv_heads)
-        if shape is not None
-        else None
-    )
-    errs = api_semantics.check_semantics(dep.spec, facts, [r.name for r in refs])
+    shape = model_facts.served_shape(model_path, dep.spec.model.dtype)
+    errs = api_semantics.check_semantics(dep.spec, shape, [r.name for r in refs])
     if errs:
-        if facts is None:
+        if shape is None:
             errs[0] = fields.FieldError(
                 "spec.model.path", f"model not readable: no config.json in {model_path}"
             )
@@ -277,7 +258,7 @@ async def converge(
         return held, speculate_ops.place(stitched.target, chosen).target
 
     def bytes_of(path: str) -> placement.ModelBytes | None:
-        found = model_facts(path, dep.spec.model.dtype)
+        found = model_facts.served_shape(path, dep.spec.model.dtype)
         return switch_model(found) if found is not None else None
 
     held, target = wanted(obs)

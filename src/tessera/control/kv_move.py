@@ -1,20 +1,13 @@
 """Move a request's computed KV prefix from one replica to another, over the agents' RPCs.
 
-`move_prefix(tokens, src, dst)` — the client side of the agent's KV-movement RPCs, for a
-control loop that migrates or drains a replica. It pins the prefix-cache pages that hold
-`tokens` on the source leader, reserves as many pages on the target leader, streams each
-global layer's K/V from the source stage that holds it to the target stage that holds it
-(the two replicas may split the model differently), registers the pages in the target's
-prefix cache under the tokens, and releases both holds, also on failure. A request then
-continued on the target with `tokens` as its prompt (the gateway's mid-stream continuation
-does exactly that) starts after the moved prefix instead of recomputing it.
-
-Transport: when both agents of a run of layers serve a rendezvous store
-(`Describe.store_address`), the K/V go directly from the exporting agent to the importing
-one over a fresh 2-rank torch.distributed group (gloo; NCCL when both stages sit on CUDA
-devices; `tessera_agent.transfer.kv_copy`); otherwise, or when that group cannot form, the
-layers are relayed through this client on the `ExportKV`/`ImportKV` gRPC streams.
-`Moved.transport` says which carried the bytes.
+`move_prefix(tokens, src, dst)`: pins the source leader's prefix-cache pages holding
+`tokens`, reserves as many on the target leader, streams each layer's K/V from the source
+stage holding it to the target stage holding it (the replicas may split the model
+differently), registers the pages in the target's prefix cache and releases both holds,
+also on failure. The K/V go agent to agent over a 2-rank group when both serve a
+rendezvous store (`tessera_agent.transfer.kv_copy`), else through this client on the
+`ExportKV`/`ImportKV` streams; `Moved.transport` says which. Caller: a control loop that
+migrates or drains a replica (the gateway's mid-stream continuation then skips the prefix).
 """
 
 from __future__ import annotations

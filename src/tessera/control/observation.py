@@ -1,18 +1,14 @@
 """One deployment's pass lock and the one observation of the agents its holder shares.
 
-`Pass(Observation(refs, ...))` pairs the deployment's lock with an `Observation`: `async
-with p.held() as obs` takes the lock and starts a pass with nothing observed; within it
-`await obs.get()` asks the agents for `Describe` once (`agents.observe_replies`) and every
-later `get` of that pass — the converge pass's, then a loop tick's scheduled in the same
-holding — returns the same `observed.Observed` (`replies()`: the same round's raw replies,
-for the loops that read fields `Observed` does not carry). An actuator that changed the
-agents calls `obs.acted()`, and the next `get` observes again (level-triggered: what a pass
-reports is what the agents hold after it acted). In the operator, whose ticks are separate
-timers, `held(keep=True)` keeps an observation younger than `max_age_s` (one overload tick)
-that no actuator invalidated, so a reconcile pass and the ticks of one interval share it.
-`latest` is the last observation made. `refs` may change between passes (`retarget`).
-Callers: `tessera up` (`cli/up_cmd`, `cli/up_overload`), the operator (`reconciler`,
-`overload_loop`, `scaling_tick`, `autoscale_tick`), `converge.converge` (`shared`).
+`Pass(Observation(refs, ...))` pairs the lock with an `Observation`: within `async with
+p.held() as obs`, the first `await obs.get()` asks the agents for `Describe`
+(`agents.observe_replies`) and later gets of that pass return the same `observed.Observed`
+(`replies()`: the raw replies). An actuator that changed the agents calls `obs.acted()`, so
+the next `get` observes again. `held(keep=True)` keeps an observation younger than
+`max_age_s` that no actuator invalidated (the operator's separate timers share it); `refs`
+may change (`retarget`). Callers: `tessera up` (`cli/up_cmd`, `cli/up_overload`), the
+operator (`reconciler`, `overload_loop`, `scaling_tick`, `autoscale_tick`),
+`converge.converge`.
 """
 
 from __future__ import annotations

@@ -28,13 +28,13 @@ writes the lines as events; `tessera bench scaling --via operator` tables them).
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tessera import model_facts
 from tessera.control import agents as agent_client
 from tessera.control import scaling_driver as sd
 from tessera.policies.scaling import module_scaling as ms
@@ -322,8 +322,7 @@ def for_up(
     cfg: ms.ScalingConfig = spec.policies.scaling  # type: ignore[attr-defined]
     if not cfg.enabled:
         return None
-    with open(f"{model_path}/config.json") as f:
-        hidden = int(json.load(f)["hidden_size"])
+    hidden = int(model_facts.read_config(model_path)["hidden_size"])
     target_s = spec.slo.tpot_p99_ms / 1e3  # type: ignore[attr-defined]
     return ScalingLoop(
         cfg, target_s, [AgentAt(a, addr) for a, addr in agents], hidden,

@@ -1,18 +1,13 @@
 """The predictive switching loop (OServe): one step per span — observe, decide, report.
 
-A `step` observes the gateway's per-class arrivals per span (`arrivals`, e.g.
-`fetch_arrivals` of `GET /admin/v1/arrivals`) and, when a span is complete, the candidate
-deployments (`candidates`: the shell's own, or `planner_candidates` — the planner's
-layouts for the model's config and the agents as observed through `agents.observe`,
-priced at a per-class demand, with the switch time between two of them); it decides with
-the pure `tessera.policies.switching.decide.decide` (forecast, cheapest candidate, gain
-vs switch cost, hysteresis; run in a thread: pricing every candidate can take seconds)
-and returns its `switching_decide.Outcome` — `status.switching`, an event, and in active
-mode the new explicit `spec.layout` — for the shell to write. The loop acts on no agent:
-the layout it reports is applied by the next reconcile pass (`converge`), a
-make-before-break transition. Anything that goes wrong (gateway unreachable, no
-candidates) becomes the outcome's reason. Caller: the operator's timer
-(`tessera_operator.switching_loop`), which schedules the steps and writes the outcome.
+Inputs: the gateway's per-class arrivals per span (`arrivals`, e.g. `fetch_arrivals`) and
+the candidate deployments (`candidates`, or `planner_candidates`: the planner's layouts
+for the observed agents, priced per class, with switch times). A complete span is decided
+by the pure `tessera.policies.switching.decide.decide` (in a thread: pricing can take
+seconds), returning a `switching_decide.Outcome` (status, an event, in active mode a new
+`spec.layout`) for the shell to write; the next reconcile pass applies the layout. Acts on
+no agent; a failure becomes the outcome's reason. Caller: the operator's timer
+(`tessera_operator.switching_loop`).
 """
 
 from __future__ import annotations
@@ -24,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
-from tessera import api
-from tessera.control import agents, converge
+from tessera import api, model_facts
+from tessera.control import agents
 from tessera.cost import calibration as cost_calibration
 from tessera.cost import profile as cost_profile
 from tessera.policies.switching import candidates as switching_candidates
@@ -76,7 +71,7 @@ async def planner_candidates(
     `profile` that `layout: auto` would use, or None for its default), priced with the
     latency model's `calibration` when given (its per-layout error then sets the switching
     threshold); ValueError saying why there are none."""
-    shape = converge.model_facts(model_path, dep.spec.model.dtype)
+    shape = model_facts.served_shape(model_path, dep.spec.model.dtype)
     if shape is None:
         raise ValueError(f"model not readable: no config.json in {model_path}")
     obs = await agents.observe(refs)

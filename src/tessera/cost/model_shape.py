@@ -2,8 +2,9 @@
 
 The cost model (``tessera.cost.analytic``, ``tessera.cost.fit``) derives parameter bytes,
 FLOPs per token and KV-cache bytes from a :class:`ModelShape`; the planner checks tensor
-parallel degrees against its head counts. Callers parse the JSON themselves and pass the
-decoded mapping to :func:`from_hf_config` (no file access here).
+parallel degrees against its head counts. Callers read the file with
+``tessera.model_facts.read_config`` and pass the decoded mapping to :func:`from_hf_config`
+(no file access here); element sizes come from ``tessera.dtypes``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tessera import dtypes, fields
-
-# torch_dtype strings in config.json -> bytes per parameter / per KV element.
-_DTYPE_BYTES: tuple[tuple[str, int], ...] = tuple(dtypes.STORED_BYTES.items())
 
 
 @dataclass(frozen=True)
@@ -126,12 +124,12 @@ class ModelShape:
 
 def dtype_bytes(torch_dtype: str, path: str = "torch_dtype") -> int:
     """Return bytes per element for a ``torch_dtype`` string of ``config.json``."""
-    key = torch_dtype.removeprefix("torch.")
-    for name, size in _DTYPE_BYTES:
-        if key == name:
-            return size
-    known = ", ".join(name for name, _ in _DTYPE_BYTES)
-    raise fields.FieldError(path, f"unsupported dtype {torch_dtype!r} (known: {known})")
+    try:
+        return dtypes.nbytes(torch_dtype)
+    except ValueError:
+        known = ", ".join(dtypes.STORED_BYTES)
+        message = f"unsupported dtype {torch_dtype!r} (known: {known})"
+        raise fields.FieldError(path, message) from None
 
 
 def from_hf_config(config: Mapping[str, Any], name: str, path: str = "config.json") -> ModelShape:

@@ -2,24 +2,24 @@
 
 Built by `server.start_gateway` from a `Service` (the loaded model, the dispatcher, the
 replica set, the metrics). Handlers stay thin: parse (`request_params`), tokenize, hand a
-`dispatch.Job` to `text_stream`, and format (`responses`). Any `errors.ApiError` becomes an
-OpenAI error body (the middleware); once a stream has started, it becomes an SSE error
-event followed by `data: [DONE]`. A client that disconnects cancels its handler (the
-runner enables handler cancellation), which cancels the agent call; so does a client that
-stops reading a stream for `Limits.write_timeout_s`. The body is read and parsed before
-admission (`body.middleware`); a prompt's text longer than the context could hold (the
-token budget times the longest token of the vocabulary) is refused before tokenizing.
+`dispatch.Job` to `text_stream`, and format (`responses`; a stream: `sse_response`). Any
+`errors.ApiError` becomes an OpenAI error body (the middleware); once a stream has
+started, it becomes an SSE error event followed by `data: [DONE]`. A client that
+disconnects cancels its handler (the runner enables handler cancellation), which cancels
+the agent call; so does a client that stops reading a stream for
+`Limits.write_timeout_s`. The body is read and parsed before admission
+(`body.middleware`); a prompt's text longer than the context could hold (the token
+budget times the longest token of the vocabulary) is refused before tokenizing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,28 +31,26 @@ from tessera.gateway import (
     auth,
     body,
     chat_template,
-    choices,
     dispatch,
     errors,
     hold,
     limits,
-    logprobs,
     metrics,
     model_info,
     replicas,
     request_params,
     responses,
+    sse_response,
     text_stream,
     tokenizer,
 )
 from tessera.gateway import variants as gw_variants
 from tessera.observability import tracing
+from tessera.rpc import sampling as rpc_sampling
 
 log = logging.getLogger(__name__)
 
 INLINE_TOKENIZE_CHARS = 16_384  # longer prompts are tokenized in a worker thread
-_UNBLOCKED = 16 << 10  # a transport buffer this small is far below asyncio's high-water mark
-CLIENT_CLOSED = 499  # status recorded when the client went away (nginx's convention)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -155,7 +153,7 @@ class _Handlers:
             status = exc.status
             raise
         except (asyncio.CancelledError, ConnectionResetError):
-            status = CLIENT_CLOSED
+            status = sse_response.CLIENT_CLOSED
             raise
         finally:
             m.in_flight.dec()
@@ -209,14 +207,14 @@ class _Handlers:
                 for i in range(sampling.n)
             ]
         shapes = [
-            _LogprobShape(kind, self.s.codec) if sampling.logprobs is not None else None
+            sse_response.LogprobShape(kind, self.s.codec) if sampling.logprobs is not None else None
             for _ in gens
         ]
         prompt_tokens = sum(len(p) for p in prompts)
         if self.s.holding is not None:  # valid, and no replica awake: wait for one to wake
             await self.s.holding.wait()
         if stream:
-            return await _stream(
+            return await sse_response.stream(
                 request, gens, meta, include_usage, shapes, prompt_tokens, lim.write_timeout_s
             )
         results = await _all_or_none([g.complete() for g in gens])
@@ -254,7 +252,7 @@ class _Handlers:
             raise errors.bad_request(f"{param}: cannot be tokenized", param) from exc
 
     def _job(
-        self, request_id: str, prompt: list[int], p: request_params.Sampling, started: float
+        self, request_id: str, prompt: list[int], p: rpc_sampling.Sampling, started: float
     ) -> dispatch.Job:
         info = self.s.info
         if not prompt:
@@ -284,19 +282,10 @@ class _Handlers:
                 "context_length_exceeded",
             )
         stop_ids = {t for s in p.stop if (t := self.s.codec.single_token(s)) is not None}
-        return dispatch.Job(
-            request_id=request_id,
-            prompt_ids=tuple(prompt),
-            max_tokens=max_tokens,
-            temperature=p.temperature,
-            top_p=p.top_p,
-            top_k=p.top_k,
-            seed=p.seed,
-            stop_token_ids=tuple(sorted(stop_ids)),
-            ignore_eos=p.ignore_eos,
-            received_at=started,
-            logprobs=p.logprobs,
+        resolved = dataclasses.replace(
+            p, max_tokens=max_tokens, stop_token_ids=tuple(sorted(stop_ids))
         )
+        return dispatch.Job(request_id, tuple(prompt), resolved, started)
 
     # -- inventory ----------------------------------------------------------------------
     async def models(self, request: web.Request) -> web.StreamResponse:
@@ -357,133 +346,6 @@ def _nth(job: dispatch.Job, index: int, offset: int) -> dispatch.Job:
     prompt's `n`) when seeded."""
     if index == 0:
         return job
-    seed = None if job.seed is None else dispatch.seed_plus(job.seed, offset)
-    return dataclasses.replace(job, request_id=f"{job.request_id}.c{index}", seed=seed)
-
-
-class _LogprobShape:
-    """Log-probabilities of one response in its endpoint's shape; for a completions
-    stream it keeps the running `text_offset`."""
-
-    def __init__(self, kind: str, codec: tokenizer.TextCodec) -> None:
-        self.kind, self.codec, self.offset = kind, codec, 0
-
-    def payload(self, entries: Sequence[dispatch.TokenLogprob]) -> dict[str, Any] | None:
-        if not entries:
-            return None
-        text = self.codec.token_text
-        if self.kind == "chat":
-            return logprobs.chat(entries, text, self.codec.token_bytes)
-        out = logprobs.completion(entries, text, self.offset)
-        self.offset += sum(len(t) for t in out["tokens"])
-        return out
-
-
-async def _stream(
-    request: web.Request,
-    gens: list[text_stream.TextGeneration],
-    meta: responses.Meta,
-    include_usage: bool,
-    shapes: list[_LogprobShape | None],
-    prompt_tokens: int,
-    write_timeout_s: float,
-) -> tuple[web.StreamResponse, int]:
-    """SSE response of every choice, interleaved. Headers go out with the first token's
-    chunk (its text may still be empty: an incomplete UTF-8 character is held back, and
-    vLLM streams that chunk too), so that failures (and retries on other replicas) before
-    it still produce a plain HTTP error."""
-    events = choices.merged(gens)
-    try:
-        first = await anext(events, None)
-    except BaseException:
-        await events.aclose()
-        raise
-
-    def chunk(
-        index: int,
-        text: str | None,
-        reason: str | None = None,
-        role: bool = False,
-        lp: dict[str, Any] | None = None,
-    ) -> bytes:
-        body = responses.chunk(meta, text, reason, role, include_usage, lp, index)
-        return responses.sse(body)
-
-    texts = [responses.TextChunks(meta, include_usage, i) for i in range(len(gens))]
-    resp = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    return dataclasses.replace(
+        job, request_id=f"{job.request_id}.c{index}", sampling=job.reseeded(offset)
     )
-
-    async def write(data: bytes) -> None:
-        """One write; a client that does not take it within the limit is dropped. Below
-        the transport's high-water mark a write cannot wait: no timer then."""
-        t = request.transport
-        if write_timeout_s <= 0 or (t is not None and t.get_write_buffer_size() < _UNBLOCKED):
-            await resp.write(data)
-            return
-        try:
-            async with asyncio.timeout(write_timeout_s):
-                await resp.write(data)
-        except TimeoutError:
-            if request.transport is not None:
-                request.transport.abort()
-            raise _ClientGone from None
-
-    try:
-        return await _stream_events(request, resp, events, first, gens, meta, include_usage,
-                                    shapes, prompt_tokens, write, chunk, texts)  # fmt: skip
-    except _ClientGone:
-        log.info("%s: the client read nothing for %gs; dropped", meta.id, write_timeout_s)
-        return resp, CLIENT_CLOSED
-
-
-class _ClientGone(Exception):
-    """A stream's client stopped reading (the write timeout)."""
-
-
-async def _stream_events(
-    request: web.Request,
-    resp: web.StreamResponse,
-    events: AsyncGenerator[choices.IndexedEvent, None],
-    first: choices.IndexedEvent | None,
-    gens: list[text_stream.TextGeneration],
-    meta: responses.Meta,
-    include_usage: bool,
-    shapes: list[_LogprobShape | None],
-    prompt_tokens: int,
-    write: Callable[[bytes], Awaitable[None]],
-    chunk: Callable[..., bytes],
-    texts: list[responses.TextChunks],
-) -> tuple[web.StreamResponse, int]:
-    status = 200
-    async with contextlib.aclosing(events):
-        await resp.prepare(request)
-        if meta.kind == "chat":
-            for i in range(len(gens)):
-                await write(chunk(i, "", role=True))
-        item = first
-        try:
-            while item is not None:
-                i, ev = item.index, item.event
-                shape = shapes[i]
-                lp = shape.payload(ev.logprobs) if shape else None
-                if ev.text or ev.finish_reason is None:  # a first token without text too
-                    await write(texts[i].event(ev.text) if lp is None else chunk(i, ev.text, lp=lp))
-                    lp = None
-                if ev.finish_reason is not None:
-                    await write(chunk(i, None, ev.finish_reason, lp=lp))
-                item = await anext(events, None)
-            if include_usage:
-                done = sum(g.completion_tokens for g in gens)
-                use = responses.usage(prompt_tokens, done)
-                await write(responses.sse(responses.usage_chunk(meta, use)))
-        except errors.ApiError as exc:
-            status = exc.status
-            await write(responses.sse(exc.body()))
-        except dispatch.ReplicaLost as exc:
-            status = 503
-            err = errors.unavailable(str(exc), code="replica_lost")
-            await write(responses.sse(err.body()))
-        await write(responses.DONE)
-        await resp.write_eof()
-    return resp, status

@@ -50,6 +50,7 @@ import grpc
 from tessera.gateway import errors, inflight, kv_affinity, limits, metrics, replicas, router
 from tessera.observability import tracing
 from tessera.policies.routing import retry
+from tessera.rpc import sampling as rpc_sampling
 from tessera.rpc.v1 import agent_pb2 as pb
 
 
@@ -64,35 +65,39 @@ class Job:
 
     request_id: str
     prompt_ids: tuple[int, ...]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int | None
-    stop_token_ids: tuple[int, ...]
-    ignore_eos: bool
+    sampling: rpc_sampling.Sampling  # `max_tokens` resolved, stop strings' token ids filled
     received_at: float  # monotonic time the HTTP request arrived (for TTFT)
-    logprobs: int | None = None  # None: not asked; N: each token's and the top N's
     variant: str = ""  # LoRA adapter the agent applies (issue 14); "" = none
     allowed: Callable[[str], bool] | None = None  # replicas serving the model; None = all
+
+    def __post_init__(self) -> None:
+        if self.sampling.max_tokens is None:
+            raise ValueError("Job: sampling.max_tokens must be resolved")
+
+    @property
+    def max_tokens(self) -> int:
+        assert self.sampling.max_tokens is not None  # __post_init__
+        return self.sampling.max_tokens
+
+    @property
+    def seed(self) -> int | None:
+        return self.sampling.seed
+
+    def reseeded(self, k: int) -> rpc_sampling.Sampling:
+        """The settings with seed + `k` (unchanged when unseeded)."""
+        seed = self.sampling.seed
+        return (
+            self.sampling
+            if seed is None
+            else dataclasses.replace(self.sampling, seed=seed_plus(seed, k))
+        )
 
     def request(self, replica_id: str, attempt: int) -> pb.GenerateRequest:
         return pb.GenerateRequest(
             replica_id=replica_id,
             request_id=self.request_id if attempt == 0 else f"{self.request_id}.r{attempt}",
             prompt_token_ids=list(self.prompt_ids),
-            params=pb.SamplingParams(
-                max_tokens=self.max_tokens,
-                temperature=self.temperature,
-                top_k=self.top_k,
-                top_p=self.top_p,
-                has_seed=self.seed is not None,
-                seed=self.seed or 0,
-                stop_token_ids=list(self.stop_token_ids),
-                ignore_eos=self.ignore_eos,
-                has_logprobs=self.logprobs is not None,
-                logprobs=self.logprobs or 0,
-            ),
+            params=rpc_sampling.to_proto(self.sampling),
             variant=self.variant,
         )
 
@@ -352,12 +357,10 @@ def _logprobs(ids: tuple[int, ...], msgs: Sequence[pb.TokenLogprobs]) -> tuple[T
 
 def _continuation(job: Job, generated: list[int]) -> Job:
     """The rest of `job` after `generated` tokens: same request, longer prompt."""
-    return dataclasses.replace(
-        job,
-        prompt_ids=job.prompt_ids + tuple(generated),
-        max_tokens=job.max_tokens - len(generated),
-        seed=None if job.seed is None else seed_plus(job.seed, len(generated)),
+    left = dataclasses.replace(
+        job.reseeded(len(generated)), max_tokens=job.max_tokens - len(generated)
     )
+    return dataclasses.replace(job, prompt_ids=job.prompt_ids + tuple(generated), sampling=left)
 
 
 def _api_error(end: retry.GiveUp) -> errors.ApiError:

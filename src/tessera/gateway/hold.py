@@ -1,19 +1,13 @@
 """Hold requests while the deployment has no replica awake, instead of failing them.
 
-A deployment scaled to zero, or whose replicas all sleep (`spec.scaling.idle`), has no
-ready replica. A valid generation request that arrives then (and while a wake can be
-expected: some replica sleeps, or none is routed at all; replicas that are merely down
-still fail at once, as before) waits here (a bounded queue, at most
-`HoldConfig.max_held` requests, each at most `deadline_s`) until a replica is ready, and
-then proceeds as usual; past its deadline it gets 503 with `Retry-After` (code
-`wake_timeout`), and one over the bound 503 at once (code `hold_queue_full`).
-While anything is held the holding wakes the sleeping replicas (`wake`, the agents'
-`WakeReplica`, once per hold episode) and refreshes readiness every `poll_s` (the
-gateway's Describe poll), and it counts the held requests: the demand the autoscaler
-reads (`held`, in `GET /admin/v1/load` and `tessera_gateway_held_requests`) to scale
-from zero. `max_held = 0` turns holding off (a 503 at once, as before).
-Called by the handlers (`app.py`) once a request is parsed and validated, before it is
-dispatched; built by `server.start_gateway`.
+A valid generation request that finds no ready replica while a wake can be expected (some
+replica sleeps, or none is routed) waits in a bounded queue (`HoldConfig.max_held`, each at
+most `deadline_s`) until one is ready; past its deadline it gets 503 `wake_timeout`, over
+the bound 503 `hold_queue_full`, both with `Retry-After`; `max_held = 0` turns it off.
+While anything is held it wakes the sleeping replicas (`WakeReplica`, once per episode),
+refreshes readiness every `poll_s`, and counts the held requests: the autoscaler's demand
+from zero (`GET /admin/v1/load`, `tessera_gateway_held_requests`; docs/scaling.md).
+Called by the handlers (`app.py`) before dispatch; built by `server.start_gateway`.
 """
 
 from __future__ import annotations

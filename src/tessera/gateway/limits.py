@@ -1,21 +1,12 @@
 """Request limits of the gateway: sizes per request, concurrency per key, load shedding.
 
-`Limits` is built once (CLI flags, `tessera up`, tests) and handed to `app.build`:
-- the body size is aiohttp's `client_max_size` (413, `GatewayConfig.max_body_bytes`);
-- `check_request` bounds prompt tokens, `max_tokens` and `n` (400, naming the field), and
-  caps an omitted `max_tokens` at the limit; called from the handlers once a prompt is
-  tokenized;
-- `Admission.middleware` counts the requests in flight per API key and in total, and
-  answers 429 with `Retry-After` instead of queueing without bound when a key is at its
-  limit or the deployment is saturated (more requests in flight than
-  `max_in_flight_per_replica` times the ready replicas).
-Time limits where a peer can stall (`body_timeout_s`: the whole body, read before
-admission by `body.middleware`, at most `body_bytes_in_flight` bytes of bodies at once;
-`write_timeout_s`: each write of a stream to a client that
-stopped reading; `first_token_timeout_s` and `token_timeout_s`: the token path, after
-which `dispatch` marks the replica failed and continues the request elsewhere;
-`request_timeout_s`: one request from arrival to its last token, 504 after it).
-A limit of 0 is off.
+`Limits` is built once (CLI flags, `tessera up`, tests) and handed to `app.build`. The
+body size is aiohttp's `client_max_size` (413); `check_request` bounds prompt tokens,
+`max_tokens` and `n` (400, naming the field) once a prompt is tokenized;
+`Admission.middleware` counts requests in flight per API key and in total and answers 429
+with `Retry-After` at a key's limit or when saturated. The time limits where a peer can
+stall (`body_timeout_s`, `body_bytes_in_flight`, `write_timeout_s`, the token timeouts
+`dispatch` acts on, `request_timeout_s`) are tabled in docs/gateway.md. A limit of 0 is off.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What the gateway needs to know about the served checkpoint, read once from its directory.
 
-`ModelInfo.load(path)` reads `config.json` (context length, vocabulary size),
+`ModelInfo.load(path)` reads `config.json` (context length, vocabulary size; through
+`tessera.model_facts`, the one reader),
 `tokenizer_config.json` (chat template, BOS/EOS strings) and, if present,
 `chat_template.jinja`. Called by `server.start_gateway`; the tokenizer itself is loaded by
 `tokenizer.py`.
@@ -8,10 +9,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tessera import model_facts
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class ModelInfo:
     def load(cls, path: str | Path) -> ModelInfo:
         """Read the checkpoint directory; ValueError naming the file when it is unusable."""
         root = Path(path)
-        cfg = _read_json(root / "config.json", required=True)
+        cfg = _read_json(root / model_facts.CONFIG, required=True)
         tok_cfg = _read_json(root / "tokenizer_config.json", required=False)
         context = cfg.get("max_position_embeddings") or tok_cfg.get("model_max_length")
         if not isinstance(context, int):
@@ -62,13 +64,7 @@ def _read_json(path: Path, required: bool) -> dict[str, Any]:
         if required:
             raise ValueError(f"{path}: not found (is this a Hugging Face checkpoint directory?)")
         return {}
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON ({exc})") from exc
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return obj
+    return model_facts.read_object(path)
 
 
 def _chat_template(value: object) -> str | None:

@@ -1,4 +1,5 @@
-"""OpenAI request bodies → validated plain dataclasses (pure; raises `errors.ApiError`).
+"""OpenAI request bodies → validated plain dataclasses (pure; raises `errors.ApiError`);
+the sampling settings become the one wire type, `tessera.rpc.sampling.Sampling`.
 
 Called by the handlers in `app.py` for `/v1/completions` and `/v1/chat/completions`.
 Defaults follow OpenAI: `temperature` 1.0, `top_p` 1.0, `max_tokens` 16 for completions
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.gateway import errors
+from tessera.rpc import sampling as rpc_sampling
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MAX_LOGPROBS = 20  # alternatives per token, as the agents allow
@@ -38,24 +40,9 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
-class Sampling:
-    """How to sample and when to stop, as the client asked."""
-
-    max_tokens: int | None  # None: up to the end of the context
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    logprobs: int | None = None  # None: not asked; N: each token's and the top N's
-    n: int = 1  # choices, each its own generation (seed + index when seeded)
-
-
-@dataclass(frozen=True)
 class CompletionRequest:
     prompts: tuple[str | tuple[int, ...], ...]  # texts, or token ids given by the client
-    sampling: Sampling
+    sampling: rpc_sampling.Sampling
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage
 
@@ -69,7 +56,7 @@ class ChatMessage:
 @dataclass(frozen=True)
 class ChatRequest:
     messages: tuple[ChatMessage, ...]
-    sampling: Sampling
+    sampling: rpc_sampling.Sampling
     stream: bool = False
     include_usage: bool = False
 
@@ -148,7 +135,7 @@ def _chat_logprobs(body: Mapping[str, Any]) -> int | None:
 
 def _sampling(
     body: Mapping[str, Any], default_max: int | None, max_key: str, logprobs: int | None
-) -> Sampling:
+) -> rpc_sampling.Sampling:
     n = _int(body, "n", 1)
     if not 1 <= n <= MAX_CHOICES:
         raise errors.bad_request(f"n: must be in [1, {MAX_CHOICES}], got {n}", "n")
@@ -177,7 +164,7 @@ def _sampling(
     seed = _opt_int(body, "seed")
     if seed is not None and not INT64_MIN <= seed <= INT64_MAX:
         raise errors.bad_request(f"seed: must be in [{INT64_MIN}, {INT64_MAX}], got {seed}", "seed")
-    return Sampling(
+    return rpc_sampling.Sampling(
         max_tokens=max_tokens,
         temperature=temperature,
         top_p=top_p,

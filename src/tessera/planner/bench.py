@@ -15,12 +15,12 @@ S1-S5 class mixes, also model output.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tessera import model_facts
 from tessera.cost import analytic, model_shape
 from tessera.cost.capacity import RequestClass, Slo
 from tessera.cost.profile import Profile
@@ -62,7 +62,7 @@ def _classes(trace: Path, k: int, seed: int) -> tuple[RequestClass, ...]:
 
 
 def _profile(name: str) -> Profile:
-    config = json.loads((ROOT / "examples/models" / name / "config.json").read_text())
+    config = model_facts.read_config(ROOT / "examples/models" / name)
     return analytic.analytic_profile(model_shape.from_hf_config(config, name), DEVICE)
 
 

@@ -8,12 +8,11 @@ and the CLI are the only planner code that touches files.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tessera import api, fields
+from tessera import api, fields, model_facts
 from tessera.cost import model_shape
 from tessera.cost.capacity import RequestClass, Slo
 from tessera.cost.model_shape import ModelShape
@@ -45,13 +44,13 @@ class PlannerInputs:
 
 def read_model_shape(model_dir: Path, name: str) -> ModelShape:
     """Read ``model_dir/config.json`` into a :class:`ModelShape`."""
-    path = model_dir / "config.json"
+    path = model_dir / model_facts.CONFIG
     try:
-        config = json.loads(path.read_text())
+        config = model_facts.read_config(model_dir)
     except FileNotFoundError:
         raise fields.FieldError("spec.model.path", f"{path} does not exist") from None
-    except json.JSONDecodeError as exc:
-        raise fields.FieldError("spec.model.path", f"{path}: invalid JSON ({exc})") from None
+    except ValueError as exc:
+        raise fields.FieldError("spec.model.path", str(exc)) from None
     return model_shape.from_hf_config(config, name, path=str(path))
 
 

@@ -6,12 +6,13 @@ here means every hop agrees on message-size limits (hidden states of a large pre
 are megabytes) and on security: when TLS is configured, every server demands a client
 certificate signed by the deployment's CA and every channel presents one.
 
-TLS is configured by one environment variable, `TESSERA_TLS_DIR`: a folder holding
-`ca.crt`, `tls.crt` and `tls.key` (the layout of a Kubernetes TLS Secret, and of the Secrets
-cert-manager writes), mounted from a Secret by the chart. Unset, channels and servers are
-plaintext: that is `tessera up`'s loopback mode, which says so when it starts. The files are
-read again for every new server handshake (`dynamic_ssl_server_credentials`) and for every
-new channel, so a rotated Secret is picked up without restarting agents.
+A channel or port takes the process's `TlsFiles` (None: plaintext, `tessera up`'s loopback
+mode), built once by the entry point from `TESSERA_TLS_DIR` (`tls_from_dir`: a folder
+holding `ca.crt`, `tls.crt`, `tls.key`, the layout of a Kubernetes TLS Secret, mounted by
+the chart); the agent passes its own down. `True` (the default, still used by the gateway,
+operator and command-line tools) reads `TESSERA_TLS_DIR` here. The files are read again
+for every server handshake and every new channel, so a rotated Secret is picked up
+without restarting agents.
 
 Agents are reached by changing pod IPs, so clients check the server's certificate against
 one DNS name every agent certificate carries (`AGENT_SERVER_NAME`), not the address.
@@ -80,10 +81,14 @@ class TlsFiles:
         return self.ca.read_bytes(), self.cert.read_bytes(), self.key.read_bytes()
 
 
+def tls_from_dir(folder: str) -> TlsFiles | None:
+    """The TLS files in `folder` (an entry point's `$TESSERA_TLS_DIR`); None when it is ""."""
+    return TlsFiles.from_dir(folder) if folder else None
+
+
 def tls_from_env() -> TlsFiles | None:
     """The TLS files named by `TESSERA_TLS_DIR`, or None (plaintext) when it is unset."""
-    folder = os.environ.get(TLS_DIR_ENV, "")
-    return TlsFiles.from_dir(folder) if folder else None
+    return tls_from_dir(os.environ.get(TLS_DIR_ENV, ""))
 
 
 # Said by every client that would talk to agents off this host without TLS (the operator,
@@ -115,7 +120,7 @@ def describe_mode() -> str:
 
 
 def _resolve(tls: TlsFiles | bool | None) -> TlsFiles | None:
-    # True/default: from the environment; False: plaintext; TlsFiles: these files.
+    # True/default: from the environment; False or None: plaintext; TlsFiles: these files.
     if tls is True:
         return tls_from_env()
     if tls is False or tls is None:
@@ -136,8 +141,9 @@ def _channel_options(files: TlsFiles | None) -> list[tuple[str, Any]]:
     return [*OPTIONS, ("grpc.ssl_target_name_override", files.server_name)]
 
 
-def channel(address: str, tls: TlsFiles | bool = True) -> grpc.aio.Channel:
-    """An asyncio channel to `host:port` with Tessera's limits; mutual TLS when configured."""
+def channel(address: str, tls: TlsFiles | bool | None = True) -> grpc.aio.Channel:
+    """An asyncio channel to `host:port` with Tessera's limits; mutual TLS with `tls`'s
+    certificate, plaintext when it is None."""
     files = _resolve(tls)
     if files is None:
         return grpc.aio.insecure_channel(address, options=OPTIONS)
@@ -146,7 +152,7 @@ def channel(address: str, tls: TlsFiles | bool = True) -> grpc.aio.Channel:
     )
 
 
-def sync_channel(address: str, tls: TlsFiles | bool = True) -> grpc.Channel:
+def sync_channel(address: str, tls: TlsFiles | bool | None = True) -> grpc.Channel:
     """A blocking channel, for command-line tools that make a few calls."""
     files = _resolve(tls)
     if files is None:
@@ -195,8 +201,8 @@ def server(interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()) -> grpc.ai
     return grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
 
 
-def add_port(srv: grpc.aio.Server, address: str, tls: TlsFiles | bool = True) -> int:
-    """Bind `address` (mutual TLS when configured, else plaintext); returns the port."""
+def add_port(srv: grpc.aio.Server, address: str, tls: TlsFiles | bool | None = True) -> int:
+    """Bind `address` (mutual TLS with `tls`, plaintext when None); returns the port."""
     files = _resolve(tls)
     if files is None:
         return int(srv.add_insecure_port(address))

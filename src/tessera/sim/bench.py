@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tessera import model_facts
 from tessera.cost import analytic
 from tessera.cost.model_shape import from_hf_config
 from tessera.cost.profile import Profile
@@ -89,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def profile_of(model: str, device: str = "h100-80gb") -> Profile:
-    cfg = json.loads((MODELS / model / "config.json").read_text())
+    cfg = model_facts.read_config(MODELS / model)
     return analytic.analytic_profile(from_hf_config(cfg, model), device)
 
 
