@@ -41,27 +41,19 @@ _STAMP = re.compile(r"^(\d\d:\d\d:\d\d),(\d\d\d) ")
 
 
 def _manifest(tmp: Path, model: Path) -> Path:
+    from tessera.bench import deployment, local_up
+
+    stages = [{"agent": "agent-0", "device": "cpu:0", "layers": [0, 8]}]
+    doc = deployment.manifest("restart", model, [{"name": "r0", "stages": stages}], 64 << 20)
+    doc["spec"]["model"]["dtype"] = "float32"
     path = tmp / "m.yaml"
-    path.write_text(
-        f"""apiVersion: serving.tessera.dev/v1alpha1
-kind: ServingDeployment
-metadata: {{name: restart}}
-spec:
-  model: {{name: tiny, path: {model}, dtype: float32}}
-  layout:
-    mode: explicit
-    kvCacheBytes: 67108864
-    replicas:
-      - name: r0
-        stages:
-          - {{agent: agent-0, device: cpu:0, layers: [0, 8]}}
-  gateway: {{port: 8000}}
-"""
-    )
+    local_up.write_yaml(path, doc)
     return path
 
 
 def _up_once(manifest: Path, tmp: Path, env: dict[str, str]) -> dict[str, Any]:
+    from tessera.bench import deployment
+
     cmd = [sys.executable, "-m", "tessera.cli.main", "up", "-f", str(manifest), "--port", "0"]
     cmd += ["--agents", "1", "--state-file", str(tmp / "state.json")]
     t0 = time.perf_counter()
@@ -86,7 +78,12 @@ def _up_once(manifest: Path, tmp: Path, env: dict[str, str]) -> dict[str, Any]:
         if not url:
             raise RuntimeError("`tessera up` failed: " + " | ".join(log[-8:]))
         body = json.dumps(
-            {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 16, "stream": True}
+            {
+                "model": deployment.MODEL,
+                "prompt": "Once upon a time",
+                "max_tokens": 16,
+                "stream": True,
+            }
         ).encode()
         req = urllib.request.Request(
             url + "/v1/completions", body, {"Content-Type": "application/json"}

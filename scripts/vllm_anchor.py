@@ -311,6 +311,17 @@ def _wait_http(url: str, proc: subprocess.Popen[str], timeout: float) -> None:
 
 
 @contextlib.contextmanager
+def _stopped(proc: subprocess.Popen[str]) -> Iterator[None]:
+    """The server's process group terminated (and waited for) however the block ends."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+
+
+@contextlib.contextmanager
 def vllm_server(
     vpy: Path, model: Path, port: int, log: Path, threads: int = THREADS, bind: str = "auto"
 ) -> Iterator[str]:
@@ -329,13 +340,9 @@ def vllm_server(
             text=True,
         )
     url = f"http://127.0.0.1:{port}"
-    try:
+    with _stopped(proc):
         _wait_http(url, proc, 900)
         yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
 
 
 def _tessera_up_cmd(model: Path, tmp: Path, port: int, threads: int = 0) -> list[str]:
@@ -383,15 +390,11 @@ def tessera_server(
             if m and "serving" in line:
                 url = m.group(1).rstrip("/")
                 break
-    try:
+    with _stopped(proc):
         if not url:
             raise RuntimeError(f"tessera up failed; see {log}")
         _wait_http(url, proc, 300)
         yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
 
 
 def _client_args(url: str, model: Path, rate: float, num: int, out: Path, seed: int) -> list[str]:

@@ -97,6 +97,26 @@ async def _serve(
     return [t for t, _ in got], [s for _, s in got]
 
 
+def speculation_run(
+    tpot_s: float,
+    off_s: float,
+    hit_rate: float | None,
+    speculated_steps: int,
+    mixed_steps: int,
+    tokens_equal: bool,
+) -> dict[str, Any]:
+    """One speculating run's row of the JSON, its TPOT against `off_s` (no speculation);
+    also the agents' path's (`tessera.cli.bench_speculate`)."""
+    return {
+        "hit_rate": None if hit_rate is None else round(hit_rate, 3),
+        "speculated_steps": speculated_steps,
+        "mixed_steps": mixed_steps,
+        "tpot_ms": round(tpot_s * 1000, 2),
+        "latency_ratio": round(tpot_s / off_s, 3),
+        "tokens_equal": tokens_equal,
+    }
+
+
 def run(
     path: Path,
     bounds: list[int],
@@ -137,14 +157,9 @@ def run(
     for mode in modes[1:]:
         t = statistics.median(tpot[mode])
         st = stats[mode]
-        runs[mode] = {
-            "hit_rate": round(st.hit_rate, 3),
-            "speculated_steps": st.speculated_steps,
-            "mixed_steps": st.mixed_steps,
-            "tpot_ms": round(t * 1000, 2),
-            "latency_ratio": round(t / off, 3),
-            "tokens_equal": tokens[mode] == tokens["off"],
-        }
+        runs[mode] = speculation_run(
+            t, off, st.hit_rate, st.speculated_steps, st.mixed_steps, tokens[mode] == tokens["off"]
+        )
     return {
         "label": "measured, this machine's CPU (float32), in-process replica engine "
         "(continuous batching, paged KV), delays made on purpose",

@@ -22,7 +22,6 @@ lives in kopf's per-object memo; a new operator starts from what the leaders rep
 
 from __future__ import annotations
 
-import copy
 import datetime
 import logging
 from collections.abc import Mapping
@@ -30,7 +29,6 @@ from typing import Any
 
 import kopf
 
-from tessera import api, fields
 from tessera.control import autoscale_loop, gateway_demand, observation
 from tessera.policies.scaling import autoscale
 from tessera_operator import config, discovery, overload_loop, reconciler, timers
@@ -68,10 +66,9 @@ async def tick(
     body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, cfg: config.OperatorConfig
 ) -> None:
     """One tick (module docstring)."""
-    try:
-        dep = api.parse(copy.deepcopy(dict(body)))
-    except fields.FieldError:
-        return  # the reconciler reports the invalid spec
+    dep = timers.deployment(body)
+    if dep is None:
+        return
     loop = memo.get(LOOP_KEY)
     if not dep.spec.scaling.enabled:
         if isinstance(loop, autoscale_loop.AutoscaleLoop):
@@ -88,14 +85,12 @@ async def tick(
     async with deployment.held(keep=True) as seen:
         ctx = reconciler.context(memo)
         base = overload_loop.load_url(cfg, dep).removesuffix("/admin/v1/load")
-        try:
-            demand = await gateway_demand.fetch(base, cfg.gateway_admin_token)
-        except ValueError as exc:
-            if not memo.get(WARNED_KEY):
-                kopf.warn(body, reason="GatewayDemandUnavailable", message=str(exc))
-                memo[WARNED_KEY] = True
+        fetch = gateway_demand.fetch(base, cfg.gateway_admin_token)
+        demand = await timers.from_gateway(
+            body, memo, WARNED_KEY, "GatewayDemandUnavailable", fetch
+        )
+        if demand is None:
             return
-        memo.pop(WARNED_KEY, None)
         refs = await discovery.agent_refs(cfg, ctx.kube, dep.spec.resources.node_selector)
         address = {r.name: r.address for r in refs}
         members = {rid: address[a] for rid, a in by_agent.items() if a in address}

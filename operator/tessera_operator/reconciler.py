@@ -77,7 +77,7 @@ def deployment_pass(memo: kopf.Memo) -> observation.Pass:
         fresh_s = ctx.config.overload_tick_seconds if isinstance(ctx, Context) else 0.0
         tls = ctx.config.tls if isinstance(ctx, Context) else None
         held = memo["pass"] = observation.Pass(
-            [], channels=agents.Channels(tls), max_age_s=fresh_s, tls=tls
+            observation.Observation([], channels=agents.Channels(tls), max_age_s=fresh_s, tls=tls)
         )
     assert isinstance(held, observation.Pass)
     return held

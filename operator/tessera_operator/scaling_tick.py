@@ -22,12 +22,11 @@ them.
 from __future__ import annotations
 
 import asyncio
-import copy
 from typing import Any
 
 import kopf
 
-from tessera import api, fields, model_facts, plan
+from tessera import api, model_facts, plan
 from tessera.control import agents, converge, gateway_itl, scaling_loop
 from tessera.policies.scaling import signal as sig
 from tessera.rpc import transport
@@ -75,9 +74,8 @@ async def tick(
     body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, cfg: config.OperatorConfig
 ) -> None:
     """One tick (module docstring)."""
-    try:
-        dep = api.parse(copy.deepcopy(dict(body)))
-    except fields.FieldError:
+    dep = timers.deployment(body)
+    if dep is None:
         return
     policy, target_s = dep.spec.policies.scaling, dep.spec.slo.tpot_p99_ms / 1e3
     deployment = reconciler.deployment_pass(memo)
@@ -96,14 +94,10 @@ async def tick(
                     kopf.info(body, reason="ModuleScaling", message=line)
                 await reconciler.one_pass(body, patch, ctx, seen)
         return
-    try:
-        hist = await gateway_itl.fetch(metrics_url(cfg, dep), cfg.gateway_admin_token)
-    except ValueError as exc:
-        if not memo.get(WARNED_KEY):
-            kopf.warn(body, reason="GatewayMetricsUnavailable", message=str(exc))
-            memo[WARNED_KEY] = True
+    fetch = gateway_itl.fetch(metrics_url(cfg, dep), cfg.gateway_admin_token)
+    hist = await timers.from_gateway(body, memo, WARNED_KEY, "GatewayMetricsUnavailable", fetch)
+    if hist is None:
         return
-    memo.pop(WARNED_KEY, None)
     if deployment.lock.locked():
         return
     async with deployment.held(keep=True) as seen:

@@ -82,7 +82,9 @@ def test_an_observation_is_made_once_per_pass_and_again_after_an_actuator_acted(
         return observed.Observed(())
 
     async def go() -> None:
-        p = observation.Pass([agents.AgentRef("a0", "x:1")], observe, tls=None)
+        p = observation.Pass(
+            observation.Observation([agents.AgentRef("a0", "x:1")], observe, tls=None)
+        )
         async with p.held() as seen:
             first = await seen.get()
             assert await seen.get() is first and len(calls) == 1  # shared in the pass
@@ -124,7 +126,11 @@ def test_a_scaling_tick_and_a_converge_pass_never_interleave() -> None:
     loop = SlowLoop(log)
 
     async def go() -> None:
-        p = observation.Pass([], lambda refs: asyncio.sleep(0, observed.Observed(())), tls=None)
+        p = observation.Pass(
+            observation.Observation(
+                [], lambda refs: asyncio.sleep(0, observed.Observed(())), tls=None
+            )
+        )
         stop = asyncio.Event()
         said: list[str] = []
         task = asyncio.create_task(
@@ -156,7 +162,7 @@ def test_a_cancelled_scaling_tick_holds_the_lock_until_its_thread_is_done() -> N
     loop = SlowLoop(log)
 
     async def go() -> None:
-        p = observation.Pass([], tls=None)
+        p = observation.Pass(observation.Observation([], tls=None))
         task = asyncio.create_task(
             up_policies.run_locked(loop, asyncio.Event(), 0.001, log.append, p)  # type: ignore[arg-type]
         )
@@ -186,7 +192,7 @@ def test_a_pass_and_the_overload_tick_in_it_describe_each_agent_once(tiny_llama:
         started = [await _agent(), await _agent()]
         refs = [agents.AgentRef(f"a{i}", addr) for i, (_, _, addr) in enumerate(started)]
         try:
-            p = observation.Pass(refs, tls=None)
+            p = observation.Pass(observation.Observation(refs, tls=None))
             async with p.held() as seen:
                 out = await converge.converge(
                     dep, str(tiny_llama), refs, apply=False, shared=seen, tls=None

@@ -156,7 +156,9 @@ def test_a_pass_and_the_ticks_of_one_interval_describe_each_agent_once(
         memo = kopf.Memo()
         memo["ctx"] = reconciler.Context(cfg, None)  # type: ignore[arg-type]
         channels = agents.Channels(tls=None)
-        memo["pass"] = observation.Pass([], channels=channels, max_age_s=0.5, clock=clock, tls=None)
+        memo["pass"] = observation.Pass(
+            observation.Observation([], channels=channels, max_age_s=0.5, clock=clock, tls=None)
+        )
         patch = kopf.Patch()
 
         def describes() -> list[int]:

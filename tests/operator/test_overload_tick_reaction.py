@@ -120,7 +120,9 @@ def test_an_acting_tick_returns_before_its_status_is_written(posted: list[str]) 
 
         memo = kopf.Memo()
         memo["ctx"] = reconciler.Context(cfg, client)  # type: ignore[arg-type]
-        memo["pass"] = observation.Pass([], observe=observe, max_age_s=0.5, tls=None)
+        memo["pass"] = observation.Pass(
+            observation.Observation([], observe=observe, max_age_s=0.5, tls=None)
+        )
         memo[overload_loop.LOOP_KEY] = ActingLoop(overload_driver.Driver(tls=None))
         patch = kopf.Patch()
         body = _body()

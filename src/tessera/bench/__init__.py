@@ -8,6 +8,8 @@ scenario; what two of them would otherwise copy lives here, one concept a module
   quiet-machine check and the provenance (machine, commit, date) stamped on every JSON;
 - `client`: the one streaming client of the gateway's OpenAI-compatible API (SSE);
 - `trace`: the shared conversation trace, scaled into (arrival, prompt, output) rows;
+- `options`: the command-line options several benchmarks share (seed, rate, tiny model,
+  `--via`);
 - `local_up`: a tiny checkpoint and a `tessera up` process to drive;
 - `oracle`: greedy `transformers` texts, the correctness check of served tokens.
 

@@ -7,8 +7,10 @@ events arrive (a bench may watch it mid-flight: `ttft` set means tokens are flow
 time to first token, the time of each text chunk, the text, the usage count and
 whether a finish reason arrived. Any failure (HTTP status, an `error` event, the
 connection) is recorded in `error`, never raised. `replay` sends many on their
-schedule over one session. `events` decodes a server-sent event stream (the one parser:
-`send` and the gateway tests read streams through it). Called by the serving benchmarks
+schedule over one session. `agent_greedy` streams one request straight from an
+agent's gRPC `Generate` (the benches that bypass the gateway). `events` decodes a
+server-sent event stream (the one parser: `send` and the gateway tests read streams
+through it). Called by the serving benchmarks
 (`tessera.cli.bench_*`, `tessera_agent.bench_gpu_serve`) and tests.
 """
 
@@ -138,3 +140,21 @@ async def replay(
         t0 = time.perf_counter()
         await asyncio.gather(*(send(sess, url, model, s, t0) for s in streams))
     return t0
+
+
+async def agent_greedy(
+    stub: Any, pb: Any, rid: str, prompt: list[int], new: int
+) -> tuple[list[int], list[float]]:
+    """Greedy tokens of one request straight to an agent's `Generate` (gRPC, `pb` its
+    messages module) and the time each arrived; the benches that bypass the gateway."""
+    from tessera.rpc import sampling as rpc_sampling
+
+    params = rpc_sampling.to_proto(rpc_sampling.Sampling(max_tokens=new, ignore_eos=True))
+    req = pb.GenerateRequest(replica_id=rid, prompt_token_ids=list(prompt), params=params)
+    out: list[int] = []
+    times: list[float] = []
+    async for ch in stub.Generate(req, timeout=600):
+        now = time.perf_counter()
+        out.extend(ch.token_ids)
+        times.extend([now] * len(ch.token_ids))
+    return out, times

@@ -47,8 +47,10 @@ with `tessera_agent.engine_batch`); pure ones beside what they measure
 (`tessera.planner.bench`, `tessera.workload.bench`, `tessera.policies.transition.plan_bench`,
 `tessera.sim.bench`, `tessera_operator.bench_reconcile`). What they share is
 `tessera.bench`: `harness` (interleaved rounds, medians of per-round ratios, the
-quiet-machine check, provenance), `client` (the one SSE client of the gateway), `trace`,
-`local_up` (a `tessera up` to drive) and `oracle` (greedy `transformers` texts).
+quiet-machine check, provenance), `client` (the one SSE client of the gateway, and the
+gRPC `agent_greedy` of the benches that bypass it), `trace`, `options` (the command-line
+options several benches share), `local_up` (a `tessera up` to drive) and `oracle` (greedy
+`transformers` texts).
 """
 
 

@@ -6,7 +6,8 @@ bench scales them: prompt tokens `clip(round(ContextTokens * input_scale), 1, ma
 output tokens `clip(round(GeneratedTokens * output_scale), 1, max_output)` (EOS ignored),
 arrival gaps divided by `time_scale`. `add_arguments` declares those knobs with a
 bench's defaults; `load` reads the first `requests` rows; `streams` turns rows into
-`client.Stream`s with random prompt ids. `$TESSERA_TRACE` names another trace file: the
+`client.Stream`s with random prompt ids; a `Replay` pairs rows and prompts with the
+checkpoint they are served by. `$TESSERA_TRACE` names another trace file: the
 `tessera bench` entry point reads it. Called by the serving benchmarks.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import random
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -23,6 +25,15 @@ from tessera.bench import client
 TRACE = Path(__file__).resolve().parents[3].parent / "shared/traces/azure_llm_2023_conv.csv"
 
 Row = tuple[float, int, int]  # (arrival s after the first, prompt tokens, output tokens)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What a bench replays against a checkpoint: the rows and each row's prompt ids."""
+
+    model: Path
+    reqs: list[Row]
+    prompts: list[list[int]]
 
 
 def add_arguments(

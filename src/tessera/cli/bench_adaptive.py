@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from tessera.bench import harness, local_up, oracle, trace
+from tessera.bench import harness, local_up, options, oracle, trace
 from tessera.cli import bench_relayout
 from tessera.cli.bench_adaptive_replay import (
     CANDIDATES,
@@ -73,14 +73,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spans", type=int, default=12, help="spans in the replay")
     parser.add_argument("--span", type=float, default=4.0, help="span length (s)")
     parser.add_argument("--phase-spans", type=int, default=4, help="spans per mix phase")
-    parser.add_argument("--rate", type=float, default=2.0, help="requests per second")
+    options.add_rate(parser, 2.0)
     parser.add_argument("--low-share", type=float, default=0.1)
     parser.add_argument("--high-share", type=float, default=0.9)
     parser.add_argument("--calib-spans", type=int, default=2)
     trace.add_arguments(parser, max_input=256, max_output=48)
     parser.add_argument("--min-gain", type=float, default=0.1)
     parser.add_argument("--drain-deadline", type=float, default=2.0)
-    parser.add_argument("--seed", type=int, default=0)
+    options.add_seed(parser)
     parser.add_argument(
         "--reference", type=int, default=48, help="requests compared with transformers (0: none)"
     )

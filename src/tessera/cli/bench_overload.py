@@ -43,7 +43,7 @@ from typing import Any
 
 import grpc
 
-from tessera.bench import harness, oracle, trace
+from tessera.bench import harness, options, oracle, trace
 from tessera.cli import bench_overload_bubble, local_agents
 from tessera.control import overload_driver, overload_loop
 from tessera.policies.overload import lookahead
@@ -76,12 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--pool-pages", type=int, default=6)
     parser.add_argument("--tick-ms", type=float, default=50.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--via",
-        choices=("replay", "operator"),
-        default="replay",
-        help="replay: this process routes and runs the loop (as `tessera up`); operator: "
+    options.add_seed(parser)
+    options.add_via(
+        parser,
+        "replay",
+        "this process routes and runs the loop (as `tessera up`)",
         "the operator runs it against the test API server, requests go through a gateway",
     )
     parser.add_argument("--check-tokens", action=argparse.BooleanOptionalAction, default=True)
@@ -277,9 +276,7 @@ def _bubbles(queue: list[int], cost: lookahead.ChunkCost) -> tuple[float, float,
 
 
 def _run_once(
-    model: Path,
-    reqs: list[tuple[float, int, int]],
-    prompts: list[list[int]],
+    replay: trace.Replay,
     args: Any,
     per_page: int,
     layer_bytes: tuple[int, ...],
@@ -292,11 +289,24 @@ def _run_once(
     try:
         for i, a in enumerate(agents):
             local_agents.load_pipeline(
-                [a], str(model), [(0, 8)], f"r{i}", args.pool_pages * per_page, data_plane=False
+                [a],
+                str(replay.model),
+                [(0, 8)],
+                f"r{i}",
+                args.pool_pages * per_page,
+                data_plane=False,
             )
         cost = _prefill_cost(agents[0], "r0") if policy else None
         res = asyncio.run(
-            _replay(agents, reqs, prompts, per_page, layer_bytes, policy, args.tick_ms / 1e3)
+            _replay(
+                agents,
+                replay.reqs,
+                replay.prompts,
+                per_page,
+                layer_bytes,
+                policy,
+                args.tick_ms / 1e3,
+            )
         )
         return res, cost
     finally:
@@ -334,10 +344,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 **bub,
             }
+        replay = trace.Replay(model, reqs, prompts)
         if args.via == "operator":
-            return _via_operator(model, reqs, prompts, args, per_page, bub)
-        off, _ = _run_once(model, reqs, prompts, args, per_page, layer_bytes, False)
-        on, cost = _run_once(model, reqs, prompts, args, per_page, layer_bytes, True)
+            return _via_operator(replay, args, per_page, bub)
+        off, _ = _run_once(replay, args, per_page, layer_bytes, False)
+        on, cost = _run_once(replay, args, per_page, layer_bytes, True)
         match = None
         if args.check_tokens:
             want = _reference(model, prompts, [o for _, _, o in reqs])
@@ -400,9 +411,7 @@ def _compared(
 
 
 def _via_operator(
-    model: Path,
-    reqs: list[tuple[float, int, int]],
-    prompts: list[list[int]],
+    replay: trace.Replay,
     args: argparse.Namespace,
     per_page: int,
     bub: dict[str, Any],
@@ -412,11 +421,12 @@ def _via_operator(
     from tessera.cli import bench_overload_operator as via
 
     kv = args.pool_pages * per_page
-    off = via.run_once(model, reqs, prompts, kv, False, args.tick_ms / 1e3)
-    on = via.run_once(model, reqs, prompts, kv, True, args.tick_ms / 1e3)
+    off = via.run_once(replay, kv, False, args.tick_ms / 1e3)
+    on = via.run_once(replay, kv, True, args.tick_ms / 1e3)
     match = None
     if args.check_tokens:
-        texts = oracle.greedy_texts(model, list(zip(prompts, [o for _, _, o in reqs], strict=True)))
+        outs = [o for _, _, o in replay.reqs]
+        texts = oracle.greedy_texts(replay.model, list(zip(replay.prompts, outs, strict=True)))
         match = all(
             r.text == w
             for res in (off, on)
@@ -426,7 +436,7 @@ def _via_operator(
     return {
         "bench": "overload",
         "via": "operator",
-        **_compared(args, len(reqs), off, on),
+        **_compared(args, len(replay.reqs), off, on),
         "drops": on["drops"],
         "restores": on["restores"],
         "fallbacks": on["fallbacks"],

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tessera.bench import client, deployment, harness
+from tessera.bench import client, deployment, harness, trace
 from tessera.cli import bench_operator_harness as h
 from tessera.cli import local_agents
 
@@ -37,9 +37,7 @@ def manifest(model: Path, kv_bytes: int, policy: bool) -> dict[str, Any]:
 
 async def _replay(
     agents: list[local_agents.AgentProcess],
-    model: Path,
-    reqs: list[tuple[float, int, int]],
-    prompts: list[list[int]],
+    replay: trace.Replay,
     kv_bytes: int,
     policy: bool,
     tick_s: float,
@@ -47,15 +45,18 @@ async def _replay(
 ) -> dict[str, Any]:
     async with h.Cluster(
         agents,
-        model,
-        manifest(model, kv_bytes, policy),
+        replay.model,
+        manifest(replay.model, kv_bytes, policy),
         work,
         replicas=4,
         kv_dispatch=False,
         resync_seconds=10.0,  # the operator's default
         overload_tick_seconds=tick_s,
     ) as c:
-        rs = [client.Stream(prompts[i], out, at) for i, (at, _, out) in enumerate(reqs)]
+        rs = [
+            client.Stream(p, out, at)
+            for p, (at, _, out) in zip(replay.prompts, replay.reqs, strict=True)
+        ]
         start = time.perf_counter()
         await asyncio.gather(*(client.send(c.s, c.gateway, deployment.MODEL, r, start) for r in rs))
         wall = time.perf_counter() - start
@@ -97,14 +98,7 @@ def _ms(message: str, key: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def run_once(
-    model: Path,
-    reqs: list[tuple[float, int, int]],
-    prompts: list[list[int]],
-    kv_bytes: int,
-    policy: bool,
-    tick_s: float,
-) -> dict[str, Any]:
+def run_once(replay: trace.Replay, kv_bytes: int, policy: bool, tick_s: float) -> dict[str, Any]:
     """One replay on 4 fresh agents (module docstring)."""
     agents = [
         local_agents.start_agent(f"op-{'on' if policy else 'off'}-{i}", "cpu:1x256MiB", 1)
@@ -112,9 +106,7 @@ def run_once(
     ]
     try:
         with tempfile.TemporaryDirectory(prefix="tessera-overload-op-") as tmp:
-            return asyncio.run(
-                _replay(agents, model, reqs, prompts, kv_bytes, policy, tick_s, Path(tmp))
-            )
+            return asyncio.run(_replay(agents, replay, kv_bytes, policy, tick_s, Path(tmp)))
     finally:
         for a in agents:
             local_agents.stop_agent(a)

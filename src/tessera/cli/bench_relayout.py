@@ -39,44 +39,29 @@ from pathlib import Path
 from typing import Any
 
 from tessera import blocks
-from tessera.bench import client, harness, local_up, oracle, trace
+from tessera.bench import client, harness, local_up, options, oracle, trace
 
 ROOT = Path(__file__).resolve().parents[3]
 WHOLE = [{"agent": "agent-0", "device": "cpu:0", "layers": [0, 8]}]
+
+
+def _stage(agent: str, first: int, last: int) -> dict[str, Any]:
+    return {"agent": agent, "device": "cpu:0", "layers": [first, last]}
+
+
+def _whole_and_split(first: str, second: str, cut: int) -> list[dict[str, Any]]:
+    """Replica r0 whole on agent-0; r1 in two stages, layers [0, cut) on `first`."""
+    stages = [_stage(first, 0, cut), _stage(second, cut, 8)]
+    return [{"name": "r0", "stages": WHOLE}, {"name": "r1", "stages": stages}]
+
+
 LAYOUTS: list[tuple[str, list[dict[str, Any]]]] = [
     (
         "2 whole",
-        [
-            {"name": "r0", "stages": WHOLE},
-            {"name": "r1", "stages": [{"agent": "agent-1", "device": "cpu:0", "layers": [0, 8]}]},
-        ],
+        [{"name": "r0", "stages": WHOLE}, {"name": "r1", "stages": [_stage("agent-1", 0, 8)]}],
     ),
-    (
-        "1 whole + 2-stage 0-4|4-8",
-        [
-            {"name": "r0", "stages": WHOLE},
-            {
-                "name": "r1",
-                "stages": [
-                    {"agent": "agent-0", "device": "cpu:0", "layers": [0, 4]},
-                    {"agent": "agent-1", "device": "cpu:0", "layers": [4, 8]},
-                ],
-            },
-        ],
-    ),
-    (
-        "1 whole + 2-stage 0-6|6-8",
-        [
-            {"name": "r0", "stages": WHOLE},
-            {
-                "name": "r1",
-                "stages": [
-                    {"agent": "agent-1", "device": "cpu:0", "layers": [0, 6]},
-                    {"agent": "agent-0", "device": "cpu:0", "layers": [6, 8]},
-                ],
-            },
-        ],
-    ),
+    ("1 whole + 2-stage 0-4|4-8", _whole_and_split("agent-0", "agent-1", 4)),
+    ("1 whole + 2-stage 0-6|6-8", _whole_and_split("agent-1", "agent-0", 6)),
 ]
 SEQUENCE = [0, 1, 2, 0]  # layouts in order: start, then three transitions
 
@@ -93,7 +78,7 @@ def transition_arguments(
     parser.add_argument("--long-tokens", type=int, default=long_tokens)
     parser.add_argument("--long-requests", type=int, default=2)
     parser.add_argument("--drain-deadline", type=float, default=2.0)
-    parser.add_argument("--seed", type=int, default=0)
+    options.add_seed(parser)
     parser.add_argument("--transition-timeout", type=float, default=timeout_s)
 
 

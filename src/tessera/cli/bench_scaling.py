@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tessera.bench import options
 from tessera.cli import local_agents
 from tessera.control import agents as agent_client
 from tessera.control import scaling_driver
@@ -55,13 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=12, help="requests per load and policy")
     p.add_argument("--tokens", type=int, default=24, help="output tokens per request")
     p.add_argument("--sizes", default="1,2,4,8", help="layers per operation in op_table")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--via",
-        choices=("up", "operator"),
-        default="up",
-        help="up: this process drives the agents (as `tessera up`); operator: the operator's "
-        "loop does, against the test API server, requests go through a gateway",
+    options.add_seed(p)
+    options.add_via(
+        p,
+        "up",
+        "this process drives the agents (as `tessera up`)",
+        "the operator's loop does, against the test API server, requests go through a gateway",
     )
     p.add_argument("--tick-s", type=float, default=1.0, help="--via operator: the loop's tick")
     p.add_argument("--tpot-ms", type=float, default=1000.0, help="--via operator: the TPOT SLO")

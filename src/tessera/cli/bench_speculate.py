@@ -17,9 +17,10 @@ import asyncio
 import itertools
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from tessera.bench import client
 
 KV_BYTES = 8 << 20
 RUNS = ("off", "lowrank", "pseudo", "pseudo_half")
@@ -77,7 +78,12 @@ async def _served(args: argparse.Namespace, path: Path, zoo: Path) -> dict[str, 
     from tessera.rpc import transport
     from tessera.rpc.v1 import agent_pb2 as pb
     from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
-    from tessera_agent import bench_speculate, speculate_serve, surrogate_zoo
+    from tessera_agent import (
+        bench_speculate,
+        bench_speculate_engine,
+        speculate_serve,
+        surrogate_zoo,
+    )
 
     n = model_facts.num_layers(path)
     if n < 4:
@@ -126,7 +132,9 @@ async def _served(args: argparse.Namespace, path: Path, zoo: Path) -> dict[str, 
         tokens: dict[str, list[list[int]]] = {}
         for _ in range(1 if args.quick else args.rounds):
             for rid in RUNS:  # turns, so drift in the machine's load hits all alike
-                got = await asyncio.gather(*(_stream(stub, pb, rid, p, new) for p in prompts))
+                got = await asyncio.gather(
+                    *(client.agent_greedy(stub, pb, rid, p, new) for p in prompts)
+                )
                 tokens[rid] = [t for t, _ in got]
                 for _, times in got:
                     if len(times) > 1:
@@ -146,14 +154,14 @@ async def _served(args: argparse.Namespace, path: Path, zoo: Path) -> dict[str, 
         t = statistics.median(tpot[rid])
         s = held[rid]
         seen = s.hits + s.misses
-        runs[rid] = {
-            "hit_rate": round(s.hits / seen, 3) if seen else None,
-            "speculated_steps": s.speculated_steps,
-            "mixed_steps": s.mixed_steps,
-            "tpot_ms": round(t * 1000, 2),
-            "latency_ratio": round(t / off, 3),
-            "tokens_equal": tokens[rid] == tokens["off"],
-        }
+        runs[rid] = bench_speculate_engine.speculation_run(
+            t,
+            off,
+            s.hits / seen if seen else None,
+            s.speculated_steps,
+            s.mixed_steps,
+            tokens[rid] == tokens["off"],
+        )
     return {
         "label": "measured: two local agent processes on this machine's CPU, one torch thread "
         "each, float32; the bottleneck made slow on purpose; median over requests of "
@@ -168,18 +176,3 @@ async def _served(args: argparse.Namespace, path: Path, zoo: Path) -> dict[str, 
         "latency_ratio": runs["lowrank"]["latency_ratio"],
         "runs": runs,
     }
-
-
-async def _stream(
-    stub: Any, pb: Any, rid: str, prompt: list[int], new: int
-) -> tuple[list[int], list[float]]:
-    """Greedy tokens of one request and the time each arrived."""
-    params = pb.SamplingParams(max_tokens=new, ignore_eos=True)
-    req = pb.GenerateRequest(replica_id=rid, prompt_token_ids=list(prompt), params=params)
-    out: list[int] = []
-    times: list[float] = []
-    async for ch in stub.Generate(req, timeout=600):
-        now = time.perf_counter()
-        out.extend(ch.token_ids)
-        times.extend([now] * len(ch.token_ids))
-    return out, times

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tessera.bench import client
+
 CHAIN_KV_BYTES = 16 << 20
 
 
@@ -111,7 +113,7 @@ async def _served(family: Path, zoo: Path, point: tuple[int, int], new: int) -> 
             for rid in ("large", "stitched"):
                 tokens[rid] = []
                 for prompt in bench_stitch.PROMPTS:
-                    got, times = await _stream(agent, pb, rid, prompt, new)
+                    got, times = await client.agent_greedy(agent.stub, pb, rid, prompt, new)
                     tokens[rid].append(got)
                     if len(times) > 1:  # tokens may arrive several to a chunk
                         gaps[rid].append((times[-1] - times[0]) / (len(times) - 1))
@@ -138,20 +140,3 @@ async def _served(family: Path, zoo: Path, point: tuple[int, int], new: int) -> 
         }
     finally:
         await agent.close()
-
-
-async def _stream(
-    agent: Any, pb: Any, rid: str, prompt: list[int], new: int
-) -> tuple[list[int], list[float]]:
-    """Greedy tokens of one request and the time each arrived."""
-    from tessera.rpc import sampling as rpc_sampling
-
-    params = rpc_sampling.to_proto(rpc_sampling.Sampling(max_tokens=new, ignore_eos=True))
-    req = pb.GenerateRequest(replica_id=rid, prompt_token_ids=list(prompt), params=params)
-    out: list[int] = []
-    times: list[float] = []
-    async for ch in agent.stub.Generate(req, timeout=600):
-        now = time.perf_counter()
-        out.extend(ch.token_ids)
-        times.extend([now] * len(ch.token_ids))
-    return out, times

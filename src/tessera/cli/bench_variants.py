@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tessera.bench import options
 from tessera.cli import bench_variants_share
 from tessera.cli.bench_agent_proc import AgentProc
 
@@ -52,13 +53,12 @@ MiB = 1 << 20
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="3,6,12", help="variant counts, comma-separated")
     p.add_argument("--requests-per-variant", type=int, default=6)
-    p.add_argument("--rate", type=float, default=8.0, help="request arrivals per second")
+    options.add_rate(p, 8.0, "request arrivals")
     p.add_argument("--new", type=int, default=12, help="tokens generated per request")
     p.add_argument("--diff-layers", type=int, default=2, help="layers a full fine-tune changes")
     p.add_argument("--kv-mib", type=int, default=4, help="KV pool per replica (MiB)")
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
+    options.add_tiny_model(p, hidden=256, layers=8)
+    options.add_seed(p)
     p.add_argument(
         "--cobatch-rounds",
         type=int,

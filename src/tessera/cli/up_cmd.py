@@ -387,7 +387,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         supervisor = supervise.start(procs, args.devices, threads, console.print, agent_args)
         # one pass at a time: a converge pass, an overload tick and a scaling tick never
         # overlap, and the loops ticked in a pass share its observation of the agents
-        deployment = observation.Pass(refs, tls=tls)
+        deployment = observation.Pass(observation.Observation(refs, tls=tls))
         itl, at = gateway.service.metrics.itl, [(r.name, r.address) for r in refs]
         scaling = up_policies.ScalingPolicy(  # module scaling (issue 15), as the spec says
             lambda spec: scaling_loop.for_up(spec, model_path, at, itl, tls),

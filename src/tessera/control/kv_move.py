@@ -236,17 +236,7 @@ async def _over_group(
     importing = asyncio.ensure_future(
         stub(run.target.address).ImportKV(one_header(), timeout=timeout)
     )
-    export = stub(run.source.address).ExportKV(
-        pb.ExportKVRequest(
-            replica_id=run.source.replica_id,
-            stage_index=run.source.stage_index,
-            page_ids=src_pages,
-            layer_start=run.start,
-            layer_end=run.end,
-            data_plane=dp,
-        ),
-        timeout=timeout,
-    )
+    export = stub(run.source.address).ExportKV(_export(run, src_pages, dp), timeout=timeout)
     try:
         async for _ in export:  # nothing comes on the stream; it ends when all is sent
             pass
@@ -255,6 +245,18 @@ async def _over_group(
         importing.cancel()  # a failed export leaves no importer waiting for the group
         export.cancel()
     return int(reply.layers)
+
+
+def _export(run: _Run, src_pages: list[int], dp: pb.DataPlane | None = None) -> pb.ExportKVRequest:
+    """The exporter's request for `run`'s layers of `src_pages` (over `dp` where given)."""
+    return pb.ExportKVRequest(
+        replica_id=run.source.replica_id,
+        stage_index=run.source.stage_index,
+        page_ids=src_pages,
+        layer_start=run.start,
+        layer_end=run.end,
+        data_plane=dp,
+    )
 
 
 async def _over_stream(
@@ -273,16 +275,7 @@ async def _over_stream(
             page_ids=dst_pages,
         )
         yield pb.KVImportMessage(header=header)
-        export = stub(run.source.address).ExportKV(
-            pb.ExportKVRequest(
-                replica_id=run.source.replica_id,
-                stage_index=run.source.stage_index,
-                page_ids=src_pages,
-                layer_start=run.start,
-                layer_end=run.end,
-            ),
-            timeout=timeout,
-        )
+        export = stub(run.source.address).ExportKV(_export(run, src_pages), timeout=timeout)
         async for kv in export:
             yield pb.KVImportMessage(layer=kv)
 

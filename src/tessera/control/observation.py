@@ -1,13 +1,14 @@
 """One deployment's pass lock and the one observation of the agents its holder shares.
 
-`Pass` pairs the lock with an `Observation`: within `async with p.held() as obs`, the first
-`await obs.get()` asks the agents for `Describe` (`agents.observe_replies`) and later gets
-of that pass return the same `observed.Observed` (`replies()`: the raw replies). An
-actuator that changed the agents calls `obs.acted()`, so the next `get` observes again.
-`held(keep=True)` keeps an observation younger than `max_age_s` that no actuator
-invalidated (the operator's separate timers share it); `refs` may change (`retarget`).
-Callers: `tessera up` (`cli/up_cmd`, `cli/up_overload`), the operator (`reconciler`,
-`overload_loop`, `scaling_tick`, `autoscale_tick`), `converge.converge`.
+`Pass(Observation(refs, ...))` pairs the lock with an `Observation`: within `async with
+p.held() as obs`, the first `await obs.get()` asks the agents for `Describe`
+(`agents.observe_replies`) and later gets of that pass return the same `observed.Observed`
+(`replies()`: the raw replies). An actuator that changed the agents calls `obs.acted()`, so
+the next `get` observes again. `held(keep=True)` keeps an observation younger than
+`max_age_s` that no actuator invalidated (the operator's separate timers share it); `refs`
+may change (`retarget`). Callers: `tessera up` (`cli/up_cmd`, `cli/up_overload`), the
+operator (`reconciler`, `overload_loop`, `scaling_tick`, `autoscale_tick`),
+`converge.converge`.
 """
 
 from __future__ import annotations
@@ -90,18 +91,9 @@ class Pass:
     """A deployment's pass lock and its shared `Observation`: a converge pass and the
     loops' ticks take the lock, so they never interleave."""
 
-    def __init__(
-        self,
-        refs: Sequence[agents.AgentRef],
-        observe: Observe | None = None,
-        channels: agents.Channels | None = None,
-        max_age_s: float = 0.0,
-        clock: Callable[[], float] = time.monotonic,
-        *,
-        tls: transport.TlsFiles | None,
-    ) -> None:
+    def __init__(self, observation: Observation) -> None:
         self.lock = asyncio.Lock()
-        self.observation = Observation(refs, observe, channels, max_age_s, clock, tls=tls)
+        self.observation = observation
 
     @contextlib.asynccontextmanager
     async def held(self, keep: bool = False) -> AsyncIterator[Observation]:

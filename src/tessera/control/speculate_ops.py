@@ -49,16 +49,10 @@ async def observe(
 ) -> dict[str, dict[str, object]]:
     """{variant: `status.variants[].speculate`}, summed over its chains' bottlenecks."""
     out: dict[str, dict[str, object]] = {}
-    listed: dict[str, dict[tuple[str, int], pb.BlockInfo]] = {}
-    for p in target.blocks:
-        b = p.block
-        name = variant_of.get(b.replica_id)
-        if name is None or not b.speculate_zoo:
-            continue
-        if p.address not in listed:
-            listed[p.address] = await variant_ops.list_blocks(p.address, tls)
-        info = listed[p.address].get((b.replica_id, b.stage_index))
-        if info is not None and info.HasField("speculate"):
+    async for name, b, info in variant_ops.variant_blocks(
+        target, variant_of, lambda _, b: bool(b.speculate_zoo), tls
+    ):
+        if info.HasField("speculate"):
             out[name] = add(out.get(name), info.speculate, (b.start, b.end))
     return out
 

@@ -120,16 +120,10 @@ async def observe(
 ) -> dict[str, dict[str, object]]:
     """{variant: `status.variants[].stitch`}, from the first loaded front block of its chains."""
     out: dict[str, dict[str, object]] = {}
-    listed: dict[str, dict[tuple[str, int], pb.BlockInfo]] = {}
-    for p in target.blocks:
-        b = p.block
-        name = variant_of.get(b.replica_id)
-        if name is None or name in out or not b.stitch_zoo:
-            continue
-        if p.address not in listed:
-            listed[p.address] = await variant_ops.list_blocks(p.address, tls)
-        info = listed[p.address].get((b.replica_id, b.stage_index))
-        if info is not None and info.HasField("stitch"):
+    async for name, b, info in variant_ops.variant_blocks(
+        target, variant_of, lambda name, b: name not in out and bool(b.stitch_zoo), tls
+    ):
+        if info.HasField("stitch"):
             out[name] = stitch_json(info.stitch, b)
     return out
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
-from tessera import observed, variant_spec
+from tessera import blocks, observed, variant_spec
+from tessera.policies.transition import model as transition_model
 from tessera.policies.variants import memory as variant_memory
 from tessera.policies.variants import plan as variant_plan
 from tessera.rpc import transport
@@ -225,3 +226,24 @@ async def apply_adapters(
         if not failed:
             break
     return out
+
+
+async def variant_blocks(
+    target: transition_model.Target,
+    variant_of: Mapping[str, str],
+    wanted: Callable[[str, blocks.Block], bool],
+    tls: transport.TlsFiles | None,
+) -> AsyncIterator[tuple[str, blocks.Block, pb.BlockInfo]]:
+    """(variant, block, its agent's `BlockInfo`) for each target block of a variant that
+    `wanted(variant, block)` keeps and its agent lists; each agent is asked once."""
+    listed: dict[str, dict[tuple[str, int], pb.BlockInfo]] = {}
+    for p in target.blocks:
+        b = p.block
+        name = variant_of.get(b.replica_id)
+        if name is None or not wanted(name, b):
+            continue
+        if p.address not in listed:
+            listed[p.address] = await list_blocks(p.address, tls)
+        info = listed[p.address].get((b.replica_id, b.stage_index))
+        if info is not None:
+            yield name, b, info

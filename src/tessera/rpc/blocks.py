@@ -8,6 +8,8 @@ executor, and the local launchers; nowhere else marshals a block by hand.
 
 from __future__ import annotations
 
+import dataclasses
+
 from tessera import blocks, dtypes
 from tessera.policies.transition import actions
 from tessera.rpc.v1 import agent_pb2 as pb
@@ -66,21 +68,9 @@ def share(b: blocks.Block) -> pb.VariantShare | None:
 
 
 def from_proto(m: pb.BlockInfo) -> blocks.Block:
-    return blocks.Block(
-        model_path=m.model_path,
-        start=m.layer_start,
-        end=m.layer_end,
-        replica_id=m.replica_id,
-        stage_index=m.stage_index,
-        device=m.device,
-        dtype=m.dtype or dtypes.AUTO,
-        kv_bytes=m.kv_bytes,
-        page_size=m.page_size or blocks.DEFAULT_PAGE_SIZE,
-        num_stages=m.num_stages or 1,
-        next_address=m.next_stage_address,
-        generation=m.generation,
-        tp_size=m.tp_size or 1,
-        tp_rank=m.tp_rank,
+    """The block an agent reports, with what it observed of it (transport, group, counts)."""
+    return dataclasses.replace(
+        _block(m, dtypes.AUTO, blocks.DEFAULT_PAGE_SIZE),
         param_bytes=m.param_bytes,
         transport=m.transport,
         group_state=m.group_state,
@@ -89,12 +79,6 @@ def from_proto(m: pb.BlockInfo) -> blocks.Block:
         kv_pages=m.kv_pages,
         results=m.results,
         compile=m.compile,
-        share_from=m.share.foundation_path,
-        share_threshold=m.share.threshold if m.share.foundation_path else 0.0,
-        stitch_zoo=m.stitch.zoo,
-        stitch_to=m.stitch.next_model_path,
-        stitch_at=m.stitch.next_layer_start,
-        speculate_zoo=m.speculate.zoo,
     )
 
 
@@ -165,25 +149,30 @@ def from_load_request(
 ) -> blocks.Block:
     """The block a request asks for, `dtype` and `page_size` filling what it leaves unset
     (and one stage, tensor-parallel size 1). ValueError for an invalid shard."""
+    return _block(req, dtype, page_size)
+
+
+def _block(m: pb.BlockInfo | pb.LoadBlockRequest, dtype: str, page_size: int) -> blocks.Block:
+    """The fields a load request and a report share; `dtype`, `page_size` where unset."""
     return blocks.Block(
-        model_path=req.model_path,
-        start=req.layer_start,
-        end=req.layer_end,
-        replica_id=req.replica_id,
-        stage_index=req.stage_index,
-        device=req.device,
-        dtype=req.dtype or dtype,
-        kv_bytes=req.kv_bytes,
-        page_size=req.page_size or page_size,
-        num_stages=req.num_stages or 1,
-        next_address=req.next_stage_address,
-        generation=req.generation,
-        tp_size=req.tp_size or 1,
-        tp_rank=req.tp_rank,
-        share_from=req.share.foundation_path,
-        share_threshold=req.share.threshold if req.share.foundation_path else 0.0,
-        stitch_zoo=req.stitch.zoo,
-        stitch_to=req.stitch.next_model_path,
-        stitch_at=req.stitch.next_layer_start,
-        speculate_zoo=req.speculate.zoo,
+        model_path=m.model_path,
+        start=m.layer_start,
+        end=m.layer_end,
+        replica_id=m.replica_id,
+        stage_index=m.stage_index,
+        device=m.device,
+        dtype=m.dtype or dtype,
+        kv_bytes=m.kv_bytes,
+        page_size=m.page_size or page_size,
+        num_stages=m.num_stages or 1,
+        next_address=m.next_stage_address,
+        generation=m.generation,
+        tp_size=m.tp_size or 1,
+        tp_rank=m.tp_rank,
+        share_from=m.share.foundation_path,
+        share_threshold=m.share.threshold if m.share.foundation_path else 0.0,
+        stitch_zoo=m.stitch.zoo,
+        stitch_to=m.stitch.next_model_path,
+        stitch_at=m.stitch.next_layer_start,
+        speculate_zoo=m.speculate.zoo,
     )
