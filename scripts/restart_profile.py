@@ -117,7 +117,7 @@ def _agent_once(model: Path, env: dict[str, str]) -> dict[str, Any]:
         from tessera.rpc import transport
         from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
-        channel = transport.sync_channel(agent.address)
+        channel = transport.sync_channel(agent.address, agent.tls)
         try:
             d = pb_grpc.AgentStub(channel).Describe(pb.DescribeRequest())
         finally:
