@@ -255,7 +255,10 @@ async def drive(
     stop = asyncio.Event()
     async with client.session(900) as session:
         loop = asyncio.get_running_loop()
-        sampler = loop.create_task(_sampler(agents, run, stop, args.tls))
+        # `tessera bench` sets `args.tls` from the environment; callers that parse this
+        # bench's own arguments (bench_switch, bench_relayout_full, tests) run plaintext
+        tls = getattr(args, "tls", None)
+        sampler = loop.create_task(_sampler(agents, run, stop, tls))
         while not run.samples:
             await asyncio.sleep(0.05)
         run.t0 = time.perf_counter()
