@@ -41,9 +41,10 @@ demo: $(STAMP)
 	$(BIN)/tessera demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src agent operator tests
-	$(BIN)/ruff format --check src agent operator tests
+	$(BIN)/ruff check src agent operator tests scripts
+	$(BIN)/ruff format --check src agent operator tests scripts
 	$(BIN)/mypy src/tessera agent/tessera_agent operator/tessera_operator
+	$(BIN)/mypy --strict scripts/*.py
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q -p no:cacheprovider tests/test_import_cycles.py
 

@@ -62,7 +62,7 @@ with tempfile.TemporaryDirectory() as tmp:
     eng.generate(p(2, 128, shape.vocab, 0), 4)
     for b in (1, 64):
         steps.clear()
-        _, times, _, wall = eng.generate(p(b, 128, shape.vocab, b), 32)
+        _tokens, times, _logprobs, wall = eng.generate(p(b, 128, shape.vocab, b), 32)
         t0 = times[0]
         print(f"b{b}: token to token {1e3 * (t0[-1] - t0[1]) / (len(t0) - 2):.3f} ms")
         g = [s[2] for s in steps if s[1]]

@@ -120,7 +120,7 @@ def _worker(system: str, model: str, prompts_file: str, new: int) -> None:
     one JSON line. `prompt_set` names a list in the prompts file (default "short")."""
     sets: dict[str, list[list[int]]] = json.loads(Path(prompts_file).read_text())
     if system == "vllm":
-        from vllm import LLM, SamplingParams  # type: ignore[import-not-found]
+        from vllm import LLM, SamplingParams
 
         llm = LLM(model=model, dtype="float32", max_model_len=1024, seed=0)
 
@@ -148,7 +148,6 @@ def _worker(system: str, model: str, prompts_file: str, new: int) -> None:
 
         from tessera import gc_heap  # as an agent process does after a load (and vLLM)
 
-        gc_heap.install()
         gc_heap.settle("anchor worker ready")
 
     print(json.dumps({"ready": True}), flush=True)
@@ -276,14 +275,14 @@ def offline(
     cases = [("b1", 1, new, "short"), ("b8", 8, new, "short")]
     cases.append((f"b{BIG_BATCH}_p64", BIG_BATCH, 32, "long"))
     try:
-        for key, b, n, name in cases:
-            tess.run(b, n, name), vllm.run(b, n, name)  # warm-up
+        for key, b, steps, name in cases:
+            tess.run(b, steps, name), vllm.run(b, steps, name)  # warm-up
             ts, vs, ratios = [], [], []
             same = True
             for _ in range(rounds):
-                t, v = tess.run(b, n, name), vllm.run(b, n, name)
-                ts.append(b * n / t["seconds"])
-                vs.append(b * n / v["seconds"])
+                t, v = tess.run(b, steps, name), vllm.run(b, steps, name)
+                ts.append(b * steps / t["seconds"])
+                vs.append(b * steps / v["seconds"])
                 ratios.append(ts[-1] / vs[-1])
                 same = same and t["tokens"] == v["tokens"]
             out[f"engine_tok_s_{key}"] = round(statistics.median(ts), 1)
@@ -539,11 +538,11 @@ def serving(
                     runs.setdefault((name, rate), []).append(res)
 
     def med(name: str, rate: int, key: str) -> float:
-        return float(statistics.median(x[key] for x in runs[(name, rate)]))
+        return float(statistics.median(float(x[key]) for x in runs[(name, rate)]))
 
     def ratio(rate: int, key: str) -> float:
         pairs = zip(runs[("tessera", rate)], runs[("vllm", rate)], strict=True)
-        return round(statistics.median(t[key] / v[key] for t, v in pairs), 3)
+        return round(statistics.median(float(t[key]) / float(v[key]) for t, v in pairs), 3)
 
     out: dict[str, Any] = {
         "serve_tpot_p50_vs_vllm": ratio(8, "median_tpot_ms"),
