@@ -35,7 +35,6 @@ def test_transitions_under_load_lose_nothing_and_match_transformers() -> None:
             "16",
         ]
     )
-    args.tls = None  # `tessera bench` sets it from the environment (bench.py); plaintext here
     out = bench_relayout.run(args)
     assert out["requests_sent"] == 16 + 3 * 2
     assert out["lost"] == 0, out["lost_examples"]

@@ -16,7 +16,6 @@ def test_tiny_autoscale_bench() -> None:
     p = argparse.ArgumentParser()
     bench_autoscale.add_arguments(p)
     args = p.parse_args(["--tiny"])
-    args.tls = None  # `tessera bench` sets it from the environment (bench.py); plaintext here
     out = bench_autoscale.run(args)
     assert out["lost_autoscale"] == 0 and out["lost_fixed"] == 0, out["failures"]
     assert out["p99_ttft_ms_autoscale"] > 0 and out["p99_ttft_ms_fixed"] > 0

@@ -35,3 +35,10 @@ def add_via(parser: argparse.ArgumentParser, local: str, local_help: str, op_hel
         default=local,
         help=f"{local}: {local_help}; operator: {op_help}",
     )
+
+
+def add_tls(parser: argparse.ArgumentParser) -> None:
+    """`args.tls` (no flag), None: the TLS files of the agents the benchmark reaches by
+    address; None is plaintext. `tessera bench` fills it from the environment, so a caller
+    that parses a benchmark's own arguments gets plaintext unless it sets it."""
+    parser.set_defaults(tls=None)

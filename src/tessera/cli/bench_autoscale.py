@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tessera.bench import client, harness, local_up, trace
+from tessera.bench import client, harness, local_up, options, trace
 from tessera.cli import bench_overload, bench_serve
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
@@ -46,6 +46,7 @@ QUEUE_PER_REPLICA = 2.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     bench_serve.add_arguments(parser)
+    options.add_tls(parser)
     parser.set_defaults(requests=150, time_scale=1.5, max_output=32)
     parser.add_argument("--tiny", action="store_true", help="a few seconds' replay (tests)")
     parser.add_argument("--burst", type=float, nargs=2, default=(0.4, 0.6))

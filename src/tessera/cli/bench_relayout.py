@@ -75,6 +75,7 @@ def transition_arguments(
     parser: argparse.ArgumentParser, long_tokens: int, timeout_s: float
 ) -> None:
     """The knobs of a replay with transitions (also `bench switch`'s)."""
+    options.add_tls(parser)
     parser.add_argument("--long-tokens", type=int, default=long_tokens)
     parser.add_argument("--long-requests", type=int, default=2)
     parser.add_argument("--drain-deadline", type=float, default=2.0)
@@ -255,10 +256,7 @@ async def drive(
     stop = asyncio.Event()
     async with client.session(900) as session:
         loop = asyncio.get_running_loop()
-        # `tessera bench` sets `args.tls` from the environment; callers that parse this
-        # bench's own arguments (bench_switch, bench_relayout_full, tests) run plaintext
-        tls = getattr(args, "tls", None)
-        sampler = loop.create_task(_sampler(agents, run, stop, tls))
+        sampler = loop.create_task(_sampler(agents, run, stop, args.tls))
         while not run.samples:
             await asyncio.sleep(0.05)
         run.t0 = time.perf_counter()
