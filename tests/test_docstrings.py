@@ -14,23 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TREES = ("src", "agent", "operator")
 MAX_LINES = 15
 TOO_LONG = {
-    "src/tessera/cli/bench_abuse.py",
-    "src/tessera/cli/bench_adaptive.py",
-    "src/tessera/cli/bench_adaptive_model.py",
-    "src/tessera/cli/bench_autoscale.py",
-    "src/tessera/cli/bench_chaos.py",
-    "src/tessera/cli/bench_coldstart.py",
-    "src/tessera/cli/bench_kv_dispatch.py",
     "src/tessera/cli/bench_overload.py",
-    "src/tessera/cli/bench_relayout.py",
-    "src/tessera/cli/bench_relayout_full.py",
-    "src/tessera/cli/bench_scaling.py",
-    "src/tessera/cli/bench_scaling_operator.py",
-    "src/tessera/cli/bench_stitch.py",
-    "src/tessera/cli/bench_switch.py",
-    "src/tessera/cli/bench_variants.py",
-    "src/tessera/cli/bench_wake.py",
-    "src/tessera/cli/up_policies.py",
     "src/tessera/control/converge.py",
     "src/tessera/control/overload.py",
     "src/tessera/control/overload_loop.py",
