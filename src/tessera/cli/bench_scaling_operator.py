@@ -7,10 +7,10 @@ offered load, the same requests with `spec.policies.scaling.enabled` false then 
 provokes the replication with `tpotP99Ms` 1 ms and 4 running requests until
 `status.scaling.layerRuns` lists a run, then restores `--tpot-ms`; `evictAfterSeconds` is an
 hour); turned off, the loop evicts the runs. Op table: the operations the loop applied, read
-back from its `ModuleScaling` events (`scaling_loop.op_line`); the loop chooses the sizes. For a
-migration (Algorithm 2's first phase) the bench waits `--migrate-wait-s` and reports the loop's
-own line when none comes. Output: the parts `bench_scaling.run` reports; caller:
-`bench_scaling.run`.
+back from its `ModuleScaling` events (`scaling_loop.op_line`); the loop chooses the sizes. For
+a migration (Algorithm 2's first phase, under a 1 ms target nothing meets) the bench waits
+`--migrate-wait-s` and reports the loop's own line when none comes. Output: the parts
+`bench_scaling.run` reports; caller: `bench_scaling.run`.
 """
 
 from __future__ import annotations

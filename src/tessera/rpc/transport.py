@@ -5,10 +5,11 @@ actuator and the command-line tools, so every hop agrees on message-size limits 
 chunk's hidden states are megabytes) and on security: with TLS, every server demands a client
 certificate signed by the deployment's CA and every channel presents one. Each takes the
 process's `TlsFiles` (None: plaintext, `tessera up`'s loopback mode), built once by the entry
-point (`tls_from_dir`: `ca.crt`, `tls.crt`, `tls.key`, a Kubernetes TLS Secret's layout);
-nothing here reads the environment. Files are re-read per handshake and channel, so a rotated
-Secret needs no restart. Clients check the server certificate against one DNS name every agent
-certificate carries (`AGENT_SERVER_NAME`), not the changing pod address.
+point from `TESSERA_TLS_DIR` (`tls_from_dir`: `ca.crt`, `tls.crt`, `tls.key`, a Kubernetes TLS
+Secret's layout, mounted by the chart); nothing here reads the environment. Files are re-read
+per handshake and channel, so a rotated Secret needs no restart. Clients check the server
+certificate against one DNS name every agent certificate carries (`AGENT_SERVER_NAME`), not the
+changing pod address.
 """
 
 from __future__ import annotations

@@ -3,12 +3,12 @@ and the measured links.
 
 `switch_sources.assign` chooses a peer block or storage for every unit range of a block to load
 (0 the embedding, 1..L the layers, L+1 final norm and head); `refine` applies what only the
-agents know: units the target agent's host cache holds (`observed.AgentInfo.host_cache`) come
-from there (`host`, the fastest); a gRPC peer part whose measured link
+agents know: (1) units the target agent's host cache holds (`observed.AgentInfo.host_cache`)
+come from there (`host`, the fastest); (2) a gRPC peer part whose measured link
 (`links.LinkModel.pairs`) is slower than the target's measured storage read is read from
-storage; while it shortens the load, the last unit of the slowest gRPC part moves to storage
-(`balance`). Data-plane parts keep the plan's choice (the probe measures gRPC only). A cached
-piece matches by model path and dtype ("auto" takes any: the agent checks digests).
+storage; (3) while it shortens the load, the last unit of the slowest gRPC part moves to
+storage (`balance`). Data-plane parts keep the plan's choice (the probe measures gRPC only). A
+cached piece matches by model path and dtype ("auto" takes any: the agent checks digests).
 Tensor-parallel blocks keep the planner's rule. Pure; called by `policies.transition_steps`;
 docs/scaling.md.
 """
