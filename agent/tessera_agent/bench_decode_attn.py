@@ -1,19 +1,14 @@
 """Decode attention in the compiled decode graph: fused slot-indexed reductions vs gather + SDPA.
 
 `tessera bench decode-attn --json [--quick] [--threads N]`. On the default tiny checkpoint
-(8 layers, hidden 256, 4 heads / 2 KV heads, head_dim 64, float32; generated into a
-temporary folder), one process builds two `CompiledDecode` graphs over the same layers:
-one tracing `attention._decode_fused` (the default), one tracing eager's gather + SDPA
-(an agent's `TESSERA_DECODE_ATTN=gather`). For each (batch, context range) it draws
-contexts at random in the range and pages at random over a KV pool filled with noise, then
-times whole
-decode steps (all layers) through each graph, alternating graphs round by round on the
-same inputs and pool. Reported per shape (`b{B}_ctx{lo}_{hi}`): median CPU milliseconds
-per step (`time.process_time`, robust to other processes on a shared machine) and wall
-milliseconds for each path (and the fastest round's wall time, `*_wall_min_ms`: the least
-disturbed by other processes), `cpu_speedup` (gather / fused, the median of per-round
-ratios), and `max_abs_diff` between the two paths' hidden states. `recompiles`: graphs
-built after the warm-ups (0 expected: every shape is covered by them).
+(generated into a temporary folder, float32), one process builds two `CompiledDecode` graphs
+over the same layers: one tracing `attention._decode_fused` (the default), one tracing eager's
+gather + SDPA (`TESSERA_DECODE_ATTN=gather`). Per (batch, context range) it draws random
+contexts and pages over a noise-filled KV pool and times whole decode steps through each
+graph, alternating round by round. Reported per shape (`b{B}_ctx{lo}_{hi}`): median CPU and
+wall milliseconds per step for each path (`*_wall_min_ms`: the fastest round), `cpu_speedup`
+(gather / fused, median of per-round ratios), `max_abs_diff` between the paths' hidden
+states, and `recompiles` after the warm-ups (0 expected).
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
 """Engine throughput against Hugging Face transformers, single agent vs 2-stage pipeline.
 
-`tessera bench engine --json [--quick]`. All figures come from one run on the default tiny
-checkpoint (generated into a temporary folder), greedy, 64 new tokens per request, EOS
-ignored on both sides so every request produces the same number of tokens:
-- `hf_tok_s_b{1,8}`: `transformers` `generate` in this process;
-- `engine_tok_s_b{1,8}`: the Tessera engine in this process (same torch threads as HF);
-- `single_agent_tok_s_b8`: one agent process holding the whole model, driven over gRPC;
-- `pipeline2_tok_s_b8`: two agent processes (layers 0-4 and 4-8), driven over gRPC, each
-  agent with half the threads of the single agent so both use the same cores; the hidden
-  states cross between the stages on a gloo link (`pipeline_activations`) and the sampled
-  tokens come back on a gloo return link (`pipeline_results`); the steps themselves (chunks,
-  block tables) travel on the gRPC stage stream;
-- `pipeline2_grpc_tok_s_b8`: the same two agents serving a second replica of the same
-  split loaded without a data plane (hidden states and tokens inside the gRPC messages);
-  `links_on_vs_off_b8` is the median of per-round speed-ups of the first over the second;
-- `pipeline2_mb3_tok_s_b8`: two more agents (`--pipeline-microbatches 3`) serving the
-  split with links and three microbatches in flight instead of two (one per stage);
-  `mb3_vs_mb2_b8` is its median per-round speed-up over `pipeline2_tok_s_b8`.
-- with `--compile`: `compiled_vs_eager_b8`, the engine with its decode steps compiled
-  (`engine/decode_graph.py`) against the eager engine, interleaved, plus the wall time of
-  loading the compiled engine and warming it up (`compile_s`, mostly compiling) and
-  `tokens_match_compiled`.
-The machine is shared and noisy, so compared runs are interleaved: each round times HF then
-the engine (and the single agent, the pipeline with links, the pipeline without) back to
-back, after one warm-up round. Throughputs are medians over rounds; ratios are medians of
-the per-round ratios.
+`tessera bench engine --json [--quick] [--compile]`. One run on the default tiny checkpoint,
+greedy, 64 new tokens per request, EOS ignored on both sides. Keys: `hf_tok_s_b{1,8}` and
+`engine_tok_s_b{1,8}` (in this process, same threads); `single_agent_tok_s_b8` (one agent over
+gRPC); `pipeline2_tok_s_b8` (two agents, layers 0-4 and 4-8, half the threads each, hidden
+states and returned tokens on gloo links); `pipeline2_grpc_tok_s_b8` (the same split without a
+data plane; `links_on_vs_off_b8` compares them); `pipeline2_mb3_tok_s_b8` (three microbatches
+in flight; `mb3_vs_mb2_b8`); with `--compile`, `compiled_vs_eager_b8`, `compile_s` and
+`tokens_match_compiled`. Compared runs are interleaved round by round after one warm-up;
+throughputs are medians over rounds, ratios medians of per-round ratios.
 """
 
 from __future__ import annotations

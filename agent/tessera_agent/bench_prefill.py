@@ -1,20 +1,14 @@
 """Prefill steps: compiled prompt rows (`engine/prompt_graph.py`) against the eager layers.
 
 `tessera bench prefill --json [--quick] [--threads N] [--batch B] [--prompt-len L]
-[--new-tokens N] [--tune-malloc]`. One stage holding the whole default tiny checkpoint (generated
-into a temporary folder), its projections packed (`packed_linear.py`) and its decode steps
-eager (no decode graph is compiled: this isolates the many-row steps), serves `--batch`
-prompts of `--prompt-len` tokens (default 128 x 64: 4 prefill steps of 2048 rows) to
-`--new-tokens` tokens (default 1: prefill only) in this process, once with the compiled
-prompt rows and once with them off, alternating in every round on the same weights (the
-machine is shared and noisy; CPU seconds are the steadier figure). Prints:
-- `prompt_warmup_s`: compiling the pair (or loading it from Inductor's disk cache);
-- `{eager,compiled}_{wall,cpu}_s`: medians over the rounds, of wall and process CPU time;
-- `cpu_ratio`, `wall_ratio`: medians of the per-round eager / compiled ratios (> 1: the
-  compiled rows are cheaper);
-- `tokens_match`: the two paths' greedy tokens agree; `compiled_steps`, `recompiles`;
-- `malloc_tuned`: `--tune-malloc` set the agent's malloc thresholds (as `tessera agent`
-  does) before anything ran; without it, glibc's defaults (as in-process engines run).
+[--new-tokens N] [--tune-malloc]`. One stage holding the default tiny checkpoint (packed
+projections, eager decode) serves `--batch` prompts of `--prompt-len` tokens (default 128 x 64)
+to `--new-tokens` tokens (default 1: prefill only), with the compiled prompt rows on and off
+alternately in every round on the same weights. Keys: `prompt_warmup_s` (compiling or loading
+from Inductor's cache); `{eager,compiled}_{wall,cpu}_s` (medians); `cpu_ratio`, `wall_ratio`
+(medians of per-round eager / compiled, > 1: compiled is cheaper); `tokens_match`,
+`compiled_steps`, `recompiles`; `malloc_tuned` (`--tune-malloc` set the agent's malloc
+thresholds as `tessera agent` does).
 """
 
 from __future__ import annotations

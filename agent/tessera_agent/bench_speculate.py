@@ -1,22 +1,14 @@
 """Speculative execution of a bottleneck block: hit rate and latency, speculation on vs off.
 
-`tessera bench speculate --json [--quick] [--model PATH]`. In this process, on a tiny
-checkpoint (made here unless `--model`) cut into 4 blocks of equal layers
-(`block_parts`). Made slow on purpose: block 1 sleeps `--bottleneck-ms` per step (the
-bottleneck) and every other block `--hop-ms` (standing for a transfer between agents).
-The policy (`policies.speculation.pick`, k=1) chooses the block from measured per-block
-times. Runs, each on the same prompts, greedy: `off` (no speculation); `lowrank` (a rank
-`--rank` surrogate fitted here, `surrogate.fit_low_rank`, at the default tolerance);
-`pseudo` and `pseudo_half` (BlockLLM §7.3's pseudo surrogates: a copy of the block without
-its delay, right every step / every other step). Reported per run: `hit_rate`,
-`tpot_ms` (median decode step; the modes take turns, `--rounds` times), `latency_ratio`
-(tpot on / off), `tokens_equal` (against `off`, and `off` against `transformers`) and
-`paper_rule_share` (the guesses the paper's cosine >= 0.95 rule would have kept, which
-this tolerance does not).
-The top-level `runs`, `hit_rate` and `latency_ratio` are the engine path's
-(`bench_speculate_engine`: the replica engine, continuous batching and paged KV, every
-prompt at once); the parts' chain's figures are under `parts_path`.
-Measured on this machine's CPU.
+`tessera bench speculate --json [--quick] [--model PATH]`. In this process, a tiny checkpoint
+cut into 4 equal blocks; block 1 sleeps `--bottleneck-ms` per step and the others `--hop-ms`
+(standing for a transfer). `policies.speculation.pick` (k=1) chooses the block. Modes, on the
+same prompts, greedy: `off`, `lowrank` (a rank `--rank` surrogate, `surrogate.fit_low_rank`),
+`pseudo` and `pseudo_half` (BlockLLM §7.3: an undelayed copy, right every / every other step).
+Per mode: `hit_rate`, `tpot_ms`, `latency_ratio` (on / off), `tokens_equal` (against `off`,
+and `off` against `transformers`), `paper_rule_share`. The top-level `runs`, `hit_rate` and
+`latency_ratio` are the engine path's (`bench_speculate_engine`); the parts chain's figures are
+under `parts_path`.
 """
 
 from __future__ import annotations

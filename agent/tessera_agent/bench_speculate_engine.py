@@ -1,20 +1,13 @@
 """`tessera bench speculate`'s engine path: speculation inside the replica engine's stepping.
 
-A replica engine (`engine.replica.ReplicaEngine`: the scheduler's continuous batching,
-paged KV pools) over a checkpoint cut into 4 stages of equal layers, in this process; the
-3 stages after the leader are a `speculative_stages.SpeculativeStages`. Stage 1 (the
-bottleneck) sleeps `bottleneck_ms` per step and stages 2-3 `hop_ms` (standing for a
-transfer between agents); the leader runs undelayed. Every mode serves the same prompts as
-one concurrent batch, greedy, prefix caching off (so the pseudo surrogate sees every
-token): `off` (the stages in turn), `lowrank` (the fitted low-rank surrogate on each row),
-`pseudo` (a copy of the stage with a KV pool of its own: right every step) and
-`pseudo_half` (that copy, wrong on every other step). Per mode: `hit_rate` (per
-sequence-step), `tpot_ms` (median over requests of (last token - first) / tokens),
-`latency_ratio` (on / off), `tokens_equal` (against `off`, and `off` against the oracle the
-caller passes). `inflight` is how many steps the leader keeps in the stages at once: 1
-(each step waits for the last; speculation can hide the stages after the bottleneck) or 2
-(two microbatches pipelined: the bottleneck stage is busy all the time, so hiding the
-stages after it gains nothing, and a miss's recompute costs). Called by
+A `ReplicaEngine` (continuous batching, paged KV) over a checkpoint cut into 4 equal stages in
+this process; the 3 stages after the leader are a `speculative_stages.SpeculativeStages`, stage
+1 (the bottleneck) sleeping `bottleneck_ms` per step and stages 2-3 `hop_ms`. Every mode serves
+the same prompts as one batch, greedy, prefix caching off: `off`, `lowrank`, `pseudo` (a copy
+of the stage with its own KV pool) and `pseudo_half` (wrong every other step). Per mode:
+`hit_rate` (per sequence-step), `tpot_ms`, `latency_ratio` (on / off), `tokens_equal`.
+`inflight` is how many steps the leader keeps in the stages: 1 (speculation can hide the stages
+after the bottleneck) or 2 (pipelined: nothing to hide, a miss costs). Called by
 `bench_speculate.run`.
 """
 

@@ -1,18 +1,12 @@
 """A stitched chain across two widths against the large model alone (BlockLLM §4.4).
 
-`tessera bench stitch --json [--quick] [--family DIR] [--zoo DIR]`. In this process, on
-CPU, float32: the tiny family (`tiny_family`: small hidden 64 x 4 layers, large hidden 128
-x 6 layers, trained here on one synthetic language unless `--family` names one made by
-`tessera model make-family`); a stitching block trained between them (`stitch.train`,
-every default point) and stored in the zoo folder with its quality; then, on held-out
-sequences, per point: `cosine` (LM head cosine of the next-token distributions, the
-paper's Table 3 measure) and `top1_agreement` against the large model alone, and the
-small model alone as the floor. At the served point (the middle one): `param_bytes_saved`
-(the large model's embedding and front layers the chain does not hold, less the stitch;
-the small front is the small model's own, held for it anyway), `param_bytes_ratio` (the
-chain's bytes / the large model's), greedy `tpot_ratio` (median decode step, stitched
-chain / large alone, one thread; on models this small it is mostly per-call overhead)
-and the greedy tokens' agreement. The paper's
+`tessera bench stitch --json [--quick] [--family DIR] [--zoo DIR]`. In this process, CPU,
+float32: the tiny family (`tiny_family`, or `--family` from `tessera model make-family`), a
+stitching block trained between its two widths (`stitch.train`) and stored in the zoo. On
+held-out sequences, per point: `cosine` (LM head cosine, the paper's Table 3 measure) and
+`top1_agreement` against the large model, the small model alone as the floor. At the served
+(middle) point: `param_bytes_saved`, `param_bytes_ratio` (chain / large model), greedy
+`tpot_ratio` (stitched / large, one thread) and the greedy tokens' agreement. The paper's
 Table 3 stands beside it, labelled as the paper's.
 """
 

@@ -1,21 +1,13 @@
-"""Sharing equivalent layers of a full fine-tune with its foundation, at load (issue 14).
+"""Sharing equivalent layers of a full fine-tune with its foundation, at load.
 
-A full fine-tune's block loaded with `share_from` (the user's `shareEquivalent` opt-in)
-is served from mixed weights: every decoder layer the equivalence report accepts
-(`equivalence.share_report`: bit-identical, or logit-lens cosine >= the threshold) is
-read from the *foundation's* checkpoint instead of the fine-tune's, so its content
-address is the foundation piece's and the block zoo (`block_zoo.BlockZoo.adopt`) points
-it at the piece the foundation already holds: the alias costs no bytes. Layers below the
-threshold keep the fine-tune's own weights. The embedding and the final norm + head are
-never substituted (they are shared only when identical).
-
-The report is computed here, on the agent, because the agent holds both checkpoints and
-torch (the control plane's core imports neither). It runs once per pair of checkpoints:
-`ReportCache` keys it by the two checkpoints' content digests, the threshold and the
-calibration set, so the stages of a chain on one agent, a reload, or a reconcile that
-finds the chain loaded do not recompute it. The loaded stage keeps its report; the
+A fine-tune's block loaded with `share_from` (the user's `shareEquivalent` opt-in) reads every
+decoder layer the equivalence report accepts (`equivalence.share_report`: bit-identical, or
+logit-lens cosine >= the threshold) from the foundation's checkpoint, so its content address is
+the foundation piece's and the block zoo aliases it at no cost. Other layers keep the
+fine-tune's weights; embedding and final norm + head are shared only when identical. The report
+runs on the agent (it holds both checkpoints and torch), once per pair: `ReportCache` keys it by
+both checkpoints' digests, the threshold and the calibration set. The loaded stage keeps it; the
 servicer reports it in `BlockInfo.equivalence` (`to_proto`).
-
 Called by `hosting.Hosting.load` (on its loader thread) and the servicer's block listing.
 """
 

@@ -1,20 +1,14 @@
 """Generation RPCs of the agent: one request's chunks, and many requests over one stream.
 
-Called by the servicer's `Generate` (one server-streaming call per request) and
-`GenerateMux` (issue 16: the gateway keeps one bidirectional stream per replica). Both run
-a request the same way, `chunks`: the replica's leader engine (`ReplicaEngine
-.generate_batches`: a request's ready events come grouped, and leaving the generator
-cancels the request and frees its pages), the same validation and the same metrics
-(prompt/generated tokens, requests by outcome). Failures are `EngineError`s; `Generate`
-ends its call with their gRPC status, `GenerateMux` sends them as that one request's
-error entry (code name + message) and the stream goes on.
-
-`serve` is the multiplexed stream: a reader task takes `start` and `cancel` messages, a
-task per request runs `chunks` and posts its news, and the stream's single writer (the
-generator itself) sends every request's news ready at once in ONE `GenerateMuxReply`, so
-a decode step costs one gRPC message for the whole batch instead of one per request. The
-stream ends when the caller half-closed and its requests finished; a cancelled stream
-cancels them all (their pages are freed).
+Called by the servicer's `Generate` (one server-streaming call per request) and `GenerateMux`
+(one bidirectional stream per replica, kept by the gateway). Both run a request through
+`chunks`: the leader engine's `ReplicaEngine.generate_batches` (leaving the generator cancels
+the request and frees its pages), the same validation and metrics. Failures are
+`EngineError`s: `Generate` ends its call with their gRPC status; `GenerateMux` sends them as that
+request's error entry (code name + message) and the stream goes on. `serve`: a reader task takes
+`start` and `cancel` messages, a task per request runs `chunks`, and the single writer sends all
+news ready at once in ONE `GenerateMuxReply` (one message per decode step for the batch). The
+stream ends when the caller half-closed and its requests finished; cancelling it cancels them.
 """
 
 from __future__ import annotations

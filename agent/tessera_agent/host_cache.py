@@ -1,20 +1,13 @@
 """The host-memory block cache: an agent's unloaded pieces kept in host RAM, LRU, bounded.
 
-A block unloaded from a device leaves its pieces (the block zoo's unit: the embedding,
-each decoder layer, the final norm plus head) here, keyed by content identity: the
-zoo's SHA-256 over the piece's checkpoint tensors (`block_zoo.digest`: names with the
-layer index replaced by `*`, dtype, shape, bytes) and the dtype it was served in. An
-index `(model path, piece, dtype) -> digest` lets a later load find a piece without
-reading (or hashing) its checkpoint: a reload of the same model, or a variant whose
-checkpoint declares the same digest (`index_digests`), takes it from here. The cache
-holds at most `budget_bytes`; putting past it evicts the least recently used pieces.
-Every entry is booked in the agent's memory booking as host memory (`booking.Booking.
-book_host`). Tensors are held under checkpoint names, on the host: pinned when the
-agent's devices are CUDA (`devices.host_copy`: faster, asynchronous copies back), plain
-memory on CPU (a CPU agent's unloaded tensors are kept as they are: no copy at all).
-
-One per agent (`hosting.Hosting`), filled by its unload and read by its loads; its
-contents are reported in `Describe` (so sourcing sees them) and its counters in metrics.
+A block unloaded from a device leaves its zoo pieces here, keyed by the zoo's content digest
+(`block_zoo.digest`) and serving dtype. An index `(model path, piece, dtype) -> digest` lets a
+later load (a reload, or a variant declaring the same digests, `index_digests`) find a piece
+without reading or hashing its checkpoint. At most `budget_bytes`; past it the least recently
+used pieces are evicted. Entries are booked as host memory (`booking.Booking.book_host`);
+tensors are pinned when the devices are CUDA (`devices.host_copy`), kept as they are on CPU.
+One per agent (`hosting.Hosting`), filled by its unload and read by its loads; contents are
+reported in `Describe` (for sourcing), counters in metrics.
 """
 
 from __future__ import annotations

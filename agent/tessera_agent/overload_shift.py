@@ -1,24 +1,15 @@
-"""Apply one overload-shift op to a hosted block (issue 13, KunServe): the agent side.
+"""Apply one overload-shift op to a hosted block (KunServe): the agent side.
 
-Called by the servicer's `OverloadShift` (which only translates the proto). The driver
-(`tessera.control.overload_driver`) sequences the ops over the members of a group; each op here
-is small and checks its preconditions:
-
-* `pause` / `resume`: the leader schedules no step (and waits for the ones in flight) /
-  runs again over its current stages, raising its allocator to `num_pages`;
-* `drop`: keep layers [start, end) (`engine.memory_shift.drop_layers`: freed parameter
-  bytes become KV pages in place) and take the new identity: a donor replica's block
-  becomes stage i of the head's replica (its own leader must have no request left);
-* `compact`: the leader moves held pages below `num_pages` (or the pool it would keep
-  holding every layer again) and reports the moves; `move_pages` copies them on a stage;
-* `resize` / `unpause` (issue 34, a transition on a full device): the leader (paused)
-  resizes its allocator to `num_pages` (a shrink moves held pages below the limit and
-  reports the moves), every stage copies the moves it is given and shrinks or grows its
-  pool, and the booking follows; `unpause` lets the leader schedule again;
-* `restore`: hold [start, end) again, pulling the missing layers from peers
-  (`transfer.block_copy.fetch`, by checkpoint name), with the new identity; a block that
-  becomes a whole stage 0 gets a leader again.
-
+Called by the servicer's `OverloadShift` (which only translates the proto); the driver
+(`tessera.control.overload_driver`) sequences the ops over a group, each op checking its
+preconditions. `pause` / `resume`: the leader stops scheduling (waiting for steps in flight) /
+runs again, raising its allocator to `num_pages`. `drop`: keep layers [start, end)
+(`memory_shift.drop_layers`) and take the new identity (a donor becomes stage i of the head's
+replica). `compact`: the leader moves held pages below `num_pages` and reports the moves;
+`move_pages` copies them on a stage. `resize` / `unpause` (a transition on a full device): the
+paused leader resizes its allocator, stages copy the moves and resize their pools, booking
+follows. `restore`: hold [start, end) again, pulling missing layers from peers
+(`transfer.block_copy.fetch`); a block becoming a whole stage 0 gets a leader again.
 Tensor changes run on the agent's compute thread, between steps.
 """
 

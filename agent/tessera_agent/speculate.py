@@ -1,18 +1,14 @@
 """Speculative execution of bottleneck blocks with surrogates (BlockLLM §5.2).
 
-A `SpeculativeChain` runs a model's `block_parts.Part`s one after another, except at the
-blocks that have a surrogate: there the real block starts on a worker thread, the
-surrogate guesses its output at once, and the downstream blocks run from the guess while
-the block computes. When the real output arrives it is compared with the guess
-(`policies.speculation.agrees`): agreed, the downstream result is kept (a hit); not, the
-downstream blocks' caches are cut back to where they were and they run again from the
-real output (a miss). So the tokens are those of the chain without speculation whenever a
-kept guess is within the tolerance, which is tight by default; the tests check right,
-wrong and half-right surrogates against the plain chain and `transformers`.
-
-Inputs: the parts, a surrogate per speculated block (any callable hidden -> hidden, e.g.
-`surrogate.LowRank`), a `Tolerance`. Callers: `tessera bench speculate` and tests. It
-runs beside the engine (a chain of `transformers` parts), not inside `engine/`.
+A `SpeculativeChain` runs a model's `block_parts.Part`s in turn, except at blocks with a
+surrogate: the real block starts on a worker thread, the surrogate guesses its output, and the
+downstream blocks run from the guess. When the real output arrives it is compared
+(`policies.speculation.agrees`): agreed, the result is kept (a hit); not, the downstream
+caches are cut back and rerun from the real output (a miss). So tokens equal the plain chain's
+whenever kept guesses are within the (tight) tolerance; tests check this against `transformers`.
+Inputs: the parts, a surrogate per speculated block (hidden -> hidden, e.g.
+`surrogate.LowRank`), a `Tolerance`. Callers: `tessera bench speculate`, tests. Runs beside
+the engine (a chain of `transformers` parts), not inside `engine/`.
 """
 
 from __future__ import annotations

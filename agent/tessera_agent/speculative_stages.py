@@ -1,26 +1,15 @@
 """Speculative execution of a bottleneck stage inside the engine's stepping (BlockLLM §5.2).
 
-`SpeculativeStages` is a `replica.Downstream`: the stages after a replica's leader, run in
-this process (as `stage.LocalDownstream`), one single-thread executor each, driven by the
-leader's `ReplicaEngine`. So continuous batching (the scheduler) and the stages' paged KV
-pools are the engine's own. At the bottleneck stage `b`, each step:
-
-1. the stage computes on its own thread;
-2. the surrogate guesses its output rows at once, and the stages after `b` run from the
-   guess while it computes;
-3. per sequence of the batch, the guessed rows are compared with the real ones
-   (`policies.speculation.agrees`, a float32-exact tolerance): a sequence that agrees keeps
-   the downstream result (a hit);
-4. the sequences that disagree (misses) run again through the stages after `b`, from the
-   real rows, as a step of their chunks alone. Their KV slots are the same (block table and
-   positions), so the recompute overwrites what the guess wrote there before any later
-   step reads it: every pool ends up holding what the non-speculative path writes.
-
-A step with a sampled chunk that is not greedy runs without speculation (a recompute would
-draw from its sampler twice). Speculation may change speed, never tokens. The surrogate is
-any callable from the bottleneck's step input (hidden rows and chunks) to guessed rows.
-`delay_s` makes a stage slow on purpose (benches, tests). Callers: tests,
-`tessera bench speculate` (`bench_speculate_engine`).
+`SpeculativeStages` is a `replica.Downstream`: the stages after a leader, in this process, one
+single-thread executor each, driven by the leader's `ReplicaEngine` (its batching and paged KV).
+At the bottleneck stage `b`, each step: the stage computes on its thread while the surrogate
+guesses its rows and the stages after `b` run from the guess; per sequence, guessed and real
+rows are compared (`policies.speculation.agrees`, float32-exact): agreeing sequences keep the
+result, the others rerun after `b` from the real rows as a step of their own. Their KV slots
+are the same, so the rerun overwrites the guess's writes before any later step reads them.
+A step with a non-greedy sampled chunk runs unspeculated. Guarantee: speed may change, tokens
+never. The surrogate maps the bottleneck's step input to guessed rows; `delay_s` slows a stage
+on purpose. Callers: tests, `tessera bench speculate` (`bench_speculate_engine`).
 """
 
 from __future__ import annotations

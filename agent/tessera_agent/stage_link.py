@@ -1,19 +1,14 @@
 """Stage-to-stage hidden states over the data plane: a 2-rank group per pipeline link.
 
-When a replica with several stages is loaded with a `data_plane`, the rank-0 blocks of
-stages i and i+1 form the group `<group>/link<i>` in the background (rank 0 sends, rank
-1 receives). The step itself (chunks, block tables, sampling parameters) and the sampled
-tokens still travel on the `StageStream` gRPC stream, which orders everything; a step
-whose hidden states follow on the link says so (`StageStep.hidden_on_link`) and the
-receiver posts a point-to-point receive for them, tagged with the step id. Sends and
-receives each run on one thread of their own, in stream order, so the two ends never
-wait on different steps. Until the link is formed, after it fails, or when no data plane
-was given, the hidden states travel in the gRPC message as before (the fallback).
-A second kind of link, `<group>/return`, carries the sampled token ids of a step from the
-last stage straight back to the leader (`StageStep.result_on_link`), past the middle
-stages; its gRPC result is then an empty acknowledgement, still in stream order.
-Created by `hosting.Hosting.load`; used by `stage_client` (send) and `stage_server`
-(receive).
+A replica loaded with a `data_plane` forms, in the background, the group `<group>/link<i>`
+between the rank-0 blocks of stages i and i+1 (rank 0 sends). The step itself and the sampled
+tokens still travel on the `StageStream` gRPC stream, which orders everything; a step whose
+hidden states follow on the link says so (`StageStep.hidden_on_link`) and the receiver posts a
+receive tagged with the step id. Sends and receives each run on one thread, in stream order.
+Until the link forms, after it fails, or without a data plane, hidden states travel in the gRPC
+message. A `<group>/return` link carries sampled token ids from the last stage to the leader
+(`StageStep.result_on_link`); its gRPC result is then an empty acknowledgement.
+Created by `hosting.Hosting.load`; used by `stage_client` (send) and `stage_server` (receive).
 """
 
 from __future__ import annotations

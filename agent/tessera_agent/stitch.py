@@ -1,22 +1,15 @@
 """Stitching blocks between models of different widths (BlockLLM §4.4).
 
-A stitching block is one linear layer from the small model's hidden size (+1) to the
-large model's: the extra input is the stitching point's position, the sum of the head
-block's and the tail block's positions in their own models (normalised by the sum of the
-layer counts), so one stitch serves every stitching point. A *stitched chain* runs the
-small model's embedding and layers `[0, i)`, the stitch, then the large model's layers
-`[j, L)`, final norm and head: it answers the large model's requests with the small
-model's front blocks (`block_parts`).
-
-`train` keeps both models frozen: a least-squares start over every point at once (small
-hidden states + position -> the large model's hidden states at the same point), then a
-distillation (KL to the large model's next-token distribution through its frozen tail)
-moving from the shallowest point to the deepest, as the paper does. `measure` scores it
-on held-out sequences against the large model alone: the LM head cosine of the two
-next-token distributions (Table 3's measure) and top-1 agreement. `save`/`load` keep it
-in the zoo folder, content-addressed by the two checkpoints' digests, with its quality;
-`StitchedChain.from_zoo` is a chain opting in to serve through it. Callers: `tessera model
-stitch`, `tessera bench stitch`, tests.
+A stitching block is one linear layer from the small model's hidden size (+1: the stitching
+point's position, normalised) to the large model's, so one stitch serves every point. A
+*stitched chain* runs the small model's embedding and layers [0, i), the stitch, then the
+large model's layers [j, L), final norm and head (`block_parts`). `train` keeps both models
+frozen: a least-squares start over every point, then distillation (KL to the large model's
+next-token distribution) from the shallowest point to the deepest. `measure` scores it on
+held-out sequences (LM head cosine, Table 3's measure, and top-1 agreement). `save`/`load`
+keep it in the zoo folder, addressed by both checkpoints' digests, with its quality;
+`StitchedChain.from_zoo` serves through it. Callers: `tessera model stitch`, `tessera bench
+stitch`, tests.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """The replica autoscaler on the cluster: a kopf timer that ticks `tessera.control.autoscale_loop`.
 
-Registered by `handlers.build_registry` (`register`): a timer every
-`cfg.autoscale_tick_seconds` (1 s) per ServingDeployment; a tick does nothing unless
-`spec.scaling.enabled` and `status.plan` names replicas. A tick reads the gateway's
-demand (`GET /admin/v1/load` and `/metrics` of the gateway Service, or
-`cfg.gateway_admin_url`), takes the deployment's pass (`reconciler.deployment_pass`; a
-tick that finds a pass running skips: a sleep never interleaves with a load), finds each
-planned replica's leader (its stage 0's agent, discovered) and runs one
-`AutoscaleLoop.tick` over the pass's observation (the `Describe` replies the reconcile
-pass and the other loops of one tick interval share; dropped when it woke or slept a
-replica), acting over the pass's kept channels. A new plan count (`desiredReplicas`)
-runs a reconcile pass at once, under the same lock, planning that count (the pass reads
-the count this tick writes), so a resize waits for no resync; while that resize's
-transition has steps left (a drain), each tick runs the next pass. Its events
-are posted (`ScaleFromZero`, `ReplicaWoke`, `ReplicaSlept`, `ScaleToZero`, `WakeFailed`,
-...) and `status.autoscaling` is written (awake, desired, the sleepers, the reason, the
-last wake's seconds, and `desiredReplicas`: the plan count of an auto layout, which the
-next reconcile pass plans; docs/scaling.md). The loop (channels, hysteresis memory)
-lives in kopf's per-object memo; a new operator starts from what the leaders report.
+Registered by `handlers.build_registry` (`register`): every `cfg.autoscale_tick_seconds` (1 s)
+per ServingDeployment, doing nothing unless `spec.scaling.enabled` and `status.plan` names
+replicas. A tick reads the gateway's demand (`GET /admin/v1/load` and `/metrics`, or
+`cfg.gateway_admin_url`), takes the deployment's pass (`reconciler.deployment_pass`; skips if
+one runs, so a sleep never interleaves with a load) and runs one `AutoscaleLoop.tick` over the
+pass's shared observation and kept channels, on each planned replica's leader. A new plan count
+(`desiredReplicas`) runs a reconcile pass at once under the same lock; while that resize has
+steps left, each tick runs the next pass. Events are posted (`ScaleFromZero`, `ReplicaWoke`,
+`WakeFailed`, ...) and `status.autoscaling` written (docs/scaling.md). The loop lives in kopf's
+per-object memo; a new operator starts from what the leaders report.
 """
 
 from __future__ import annotations

@@ -1,28 +1,16 @@
 """The overload loop on the cluster: a kopf timer that ticks `tessera.control.overload`.
 
-Registered by `handlers.build_registry` (`register`): a timer every
-`cfg.overload_tick_seconds` (0.5 s, as `tessera up`) per ServingDeployment; a tick does
-nothing unless `spec.policies.overload.enabled` and `status.plan` names at least two
-whole replicas. A tick takes the deployment's pass (`reconciler.deployment_pass`; a
-tick that finds a pass running skips, so a tick and a reconcile pass never interleave)
-and its observation of the agents (made once per tick interval for the reconcile pass
-and every loop of the deployment, and again after any of them acted), reads the
-gateway's calls per replica (`GET /admin/v1/load` of the gateway Service, or
-`cfg.gateway_admin_url`), and runs the loop, acting over the pass's kept channels. Its
-routes steps rewrite the routes ConfigMap the reconcile publishes (the same versioned
-document, the same version: the gateway drains the donors); a step that takes replicas
-out waits until the gateway routes none of them (`GET /admin/v1/routes`; the ConfigMap
-reaches the gateway's file some time later), so the drain that follows sees every
-request the donors will get. When the agents changed, the tick observes them anew and
-writes `status.overload` and the `Overloaded` condition from what they now hold
-(`overload_status.patch`), and posts `OverloadDropped` / `OverloadRestored`; the status
-patch goes to the API server from a task of its own (`STATUS_KEY`, one write at a time,
-in order), so the next tick does not wait on it, nor on a reconcile pass: the loop's
-routes steps already wrote the routes, and the resync pass converges the rest and the
-same status from observation. The loop's own events (fallback, failures, a shift cut
-short and converged) are posted here. The loop object (whether it took over the groups
-it found) and the last status written live in kopf's per-object memo; nothing else is
-remembered, so a new operator converges from the agents.
+Registered by `handlers.build_registry` (`register`): every `cfg.overload_tick_seconds` (0.5 s)
+per ServingDeployment, doing nothing unless `spec.policies.overload.enabled` and `status.plan`
+names at least two whole replicas. A tick takes the deployment's pass
+(`reconciler.deployment_pass`; skips if one runs) and its shared observation, reads the
+gateway's calls per replica (`GET /admin/v1/load`, or `cfg.gateway_admin_url`) and runs the
+loop over the pass's kept channels. Routes steps rewrite the routes ConfigMap (same document,
+same version); a step taking replicas out waits until the gateway routes none of them
+(`GET /admin/v1/routes`). When the agents changed, it writes `status.overload` and the
+`Overloaded` condition (`overload_status.patch`, from its own task, `STATUS_KEY`, in order) and
+posts `OverloadDropped` / `OverloadRestored` and the loop's own events. The loop object and the
+last status written live in kopf's memo; a new operator converges from the agents.
 """
 
 from __future__ import annotations

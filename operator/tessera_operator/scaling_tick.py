@@ -1,22 +1,15 @@
 """The module-scaling loop on the cluster: a kopf timer that ticks `tessera.control.scaling_loop`.
 
-Registered by `handlers.build_registry` (`register`): a timer every
-`cfg.scaling_tick_seconds` (5 s, as `tessera up --scaling-interval`) per
-ServingDeployment; a tick does nothing unless `spec.policies.scaling.enabled` and
-`spec.slo.tpotP99Ms` is set. A tick reads the gateway's inter-token histogram
-(`GET /metrics` of the gateway Service, or `cfg.gateway_admin_url`), takes the
-deployment's pass (`reconciler.deployment_pass`; a tick finding a pass running skips)
-and runs one `ScalingLoop.tick` (in a thread: its gRPC calls block) over the discovered
-agents as the pass observed them (the `Describe` replies the reconcile pass and the
-other loops of one tick interval share), acting over the pass's kept channels. Each line
-it returns becomes a `ModuleScaling` event; when it acted, the observation is dropped and
-a reconcile pass runs at once under the same lock, which writes `status.scaling.layerRuns` and the
-`LayerRunAdded` / `LayerRunRemoved` events from what the agents report. Turned off, the
-loop evicts every layer run the agents report for the deployment's replicas (while
-`status.scaling.layerRuns` lists any). The loop object (its drivers and the last window's
-histogram) lives in kopf's per-object memo; a new operator's drivers adopt the runs the
-agents report (`ScalingDriver.adopt`), so a restart neither places them again nor loses
-them.
+Registered by `handlers.build_registry` (`register`): every `cfg.scaling_tick_seconds` (5 s)
+per ServingDeployment, doing nothing unless `spec.policies.scaling.enabled` and
+`spec.slo.tpotP99Ms` is set. A tick reads the gateway's inter-token histogram (`GET /metrics`,
+or `cfg.gateway_admin_url`), takes the deployment's pass (`reconciler.deployment_pass`; skips
+if one runs) and runs one `ScalingLoop.tick` in a thread over the pass's shared observation and
+kept channels. Each returned line becomes a `ModuleScaling` event; when it acted, a reconcile
+pass runs at once under the same lock (writing `status.scaling.layerRuns` and the
+`LayerRunAdded` / `LayerRunRemoved` events). Turned off, the loop evicts every layer run the
+agents report. The loop lives in kopf's per-object memo; a new operator's drivers adopt the
+runs the agents report (`ScalingDriver.adopt`).
 """
 
 from __future__ import annotations

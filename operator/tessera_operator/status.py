@@ -1,24 +1,14 @@
 """The ServingDeployment status from one reconcile pass: conditions, phase, plan, transition.
 
-Pure; called by `reconciler.py`, which writes the result last, as a merge patch of only
-what changed (`merge_patch`), so a converged pass writes nothing. Conditions:
-
-* `Ready`: True (reason Serving) while a complete generation serves: every replica the
-  routes name has every block loaded — also while a transition runs or is stalled (the
-  old layout serving); else False with the pass's reason.
-* `Progressing`: True while a transition runs (reason Switching: a generation serves;
-  Loading: none serves yet), its message the plan generation and the step it is on;
-  else False with the pass's reason.
-* `Degraded`: True when an agent is unreachable or an action failed after a plan exists.
-* `PlanValid`: True (reason Planned) when a plan was made; else False with the reason.
-* kstatus conventions (Flux, Argo CD, `kubectl wait`): `Reconciling` True while work is
-  under way (Loading, Switching); `Stalled` True when the pass cannot proceed (invalid
-  spec, no capacity, a transition that cannot be done, a failed action, an unreachable
-  agent), with the reason and message saying why. Never both True.
-
-`status.transition` (generation, mode, steps left, the next step) is present while a
-transition has steps left; `status.plan.generation` is the plan generation (the routes
-version). `lastTransitionTime` changes only when a condition's status flips.
+Pure; called by `reconciler.py`, which writes it last as a merge patch of what changed
+(`merge_patch`: a converged pass writes nothing). Conditions: `Ready` (a complete generation
+serves, also during or stalled in a transition), `Progressing` (a transition runs: Switching or
+Loading, message the generation and step), `Degraded` (an agent unreachable or an action failed
+after a plan exists), `PlanValid`; and kstatus's `Reconciling` (work under way) and `Stalled`
+(the pass cannot proceed, with why), never both True. `status.transition` (generation, mode,
+steps left, next step) is present while a transition has steps left; `status.plan.generation`
+is the routes version. `lastTransitionTime` changes only when a condition's status flips.
+Details in docs/operator.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
 """The switching loop's timer: schedules `tessera.control.switching.step`, writes what it reports.
 
-Registered by `handlers.build_registry` (`register`): a kopf timer every
-`cfg.switching_tick_seconds` per ServingDeployment; a tick does nothing unless
-`spec.policies.switching.enabled` and `spanSeconds` have passed since the last step
-(kept in kopf's per-object memo; turned off, `status.switching` is cleared). A step
-(`tessera.control.switching`: observe the arrivals and candidates, decide with
-`tessera.policies.switching.decide`, report) gets from here where to read: the
-deployment's gateway Service (`GET /admin/v1/arrivals`, or `cfg.switching_arrivals_url`
-formatted with `namespace` and `name`), and the candidates — `cfg.switching_candidates(dep,
-classes)` when set, else `default_candidates`: the planner's, over the agents this
-operator discovers (planner candidates cached across spans in the operator's
-`reconciler.Context.candidates`, at most
-`cfg.switching_max_candidates`, priced with `cfg.switching_profile`). What it reports is
-written here: `status.switching` (own key; the reconciler keeps it), an event on a
-recommendation or a switch, and in **active** mode a merge patch of `spec.layout` with
-the candidate's explicit replicas (as an HPA writes its target's `spec.replicas`), which
-the update handler's reconcile pass applies as a make-before-break transition. No step
-switches while a transition is still running (`status.transition`). Switching an `auto`
-spec writes an explicit layout: from then on the loop owns `spec.layout`;
-`status.switching.specLayout` and `lastSwitch.layoutWas` say so, and setting `layout:
-auto` again hands the placement back to the auto planner. **Advisory** mode writes the
-recommendation only. The tick takes no pass lock: it acts on no agent.
+Registered by `handlers.build_registry` (`register`): every `cfg.switching_tick_seconds` per
+ServingDeployment, stepping when `spec.policies.switching.enabled` and `spanSeconds` have
+passed since the last step (kopf memo; turned off, `status.switching` is cleared). It gives the
+step where to read: arrivals from the gateway Service (`GET /admin/v1/arrivals`, or
+`cfg.switching_arrivals_url`) and candidates (`cfg.switching_candidates`, else
+`default_candidates`: the planner's over the discovered agents, cached in
+`reconciler.Context.candidates`). It writes `status.switching`, an event per recommendation or
+switch, and in active mode a merge patch of `spec.layout` (explicit replicas), applied by the
+update handler as a make-before-break transition; none while `status.transition` runs. Switching
+an `auto` spec hands `spec.layout` to the loop until `layout: auto` is set again. Advisory mode
+writes the recommendation only. No pass lock: it acts on no agent (docs/switching.md).
 """
 
 from __future__ import annotations

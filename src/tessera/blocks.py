@@ -1,17 +1,12 @@
 """One block identity: a layer range of one stage of one replica of one layout generation.
 
-`Block` is the single declaration of what a block is, used on every side of the
-operator ↔ agent boundary: the reconcile core and the transition planner describe wanted
-blocks with it, the operator's observation (`observed.AgentInfo.blocks`) reports held
-ones with it, and the agent engine loads one from it (`engine.stage` calls it `BlockSpec`,
-an alias). Its only conversion to and from the proto lives in `tessera.rpc.blocks`.
-
-Replica ids are opaque strings to the gateway and the agents; the operator builds them
-as `<namespace>.<deployment>.<name>.g<generation>` (`replica_id()`), so a replica whose
-layout changes gets a new id and its new blocks coexist with the old ones on the same
-agent until the old ones are freed. `generation` is the layout generation the replica was
-introduced in (also carried as a block field, so an agent reports it).
-
+`Block` is the single declaration of a block on both sides of the operator ↔ agent boundary:
+the reconcile core and transition planner describe wanted blocks with it, the operator's
+observation (`observed.AgentInfo.blocks`) reports held ones, and the agent engine loads one from
+it (`engine.stage.BlockSpec` is an alias). Its proto conversion lives in `tessera.rpc.blocks`.
+Replica ids are opaque to the gateway and agents; the operator builds them as
+`<namespace>.<deployment>.<name>.g<generation>` (`replica_id()`), so a replica whose layout
+changes gets a new id and its blocks coexist with the old ones until those are freed.
 Pure data; no I/O.
 """
 

@@ -1,22 +1,14 @@
 """Page allocator of a replica: which KV pages each sequence owns, and a prefix cache.
 
-Torch-free accounting, owned by the replica leader's scheduler (the agent imports it
-through `tessera_agent.engine.page_allocator`) and by each simulated replica of
-`tessera.sim`. Every stage of the replica has a pool of at
-least `num_pages` pages of the same page size, so one allocator's block tables are valid
-on every stage (as in vLLM's pipeline-parallel design); stages just follow them.
-
-Prefix caching (automatic, at page granularity): once every stage has computed a full
-page of a sequence, the page is registered under a key naming all the tokens up to its end:
-the content id of the page before it plus its own tokens. Content ids are never reused, and
-keys are compared exactly (not by a hash), so two different prefixes never share a page,
-while each lookup costs one page of tokens, not the whole prefix. A chain starts from its
-namespace's root id (0 for the foundation, one per LoRA variant), so a prefix cached under
-one adapter is never reused under another: its K/V differ. A new sequence whose prompt starts
-with registered pages shares them (reference counts) and starts computing after them.
-Shared pages are only ever read: a sequence writes beyond its cached prefix, into pages of
-its own. Pages nobody holds stay cached until they are needed: fresh pages are taken
-first, then the least recently released cached page is evicted.
+Torch-free accounting, owned by the replica leader's scheduler (via
+`tessera_agent.engine.page_allocator`) and by `tessera.sim`'s replicas. Every stage has a pool
+of at least `num_pages` pages of one page size, so one allocator's block tables are valid on
+every stage. Prefix caching, per page: a page computed by every stage is registered under the
+content id of the page before it plus its own tokens. Ids are never reused and keys compared
+exactly, so different prefixes never share a page; each chain starts from its namespace's root
+id (0 for the foundation, one per LoRA variant), so K/V never cross adapters. Shared pages are
+only read: a sequence writes beyond its cached prefix, into its own pages. Unheld pages stay
+cached: fresh pages are taken first, then the least recently released cached page is evicted.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """The routes document's schema: one place for the operator (writer) and the gateway (reader).
 
-The operator (`tessera_operator.gateway_objects.routes`) and `tessera up` write it; the
-gateway re-reads it (`tessera.gateway.routes`) and answers `GET /admin/v1/routes` with
-`AdminRoutes`. JSON form:
-
-    {"version": 3,                      # plan generation the replicas belong to
-     "drainDeadlineSeconds": 30.0,      # how long leaving replicas may keep requests
-     "cutOverAt": 1763800000.0,         # unix time this replica set was published
-     "model": "NAME", "modelPath": "DIR",
-     "replicas": [{"id": "ns.dep.r0.g3", "address": "host:port"}, ...],
-     "classShares": {"CLASS": {"ns.dep.r0.g3": 1.0}},
-     "classes": [{"name": "CLASS", "inputTokens": 512, "outputTokens": 128}]}
-
-Cut-over semantics: every change of the replica set is a cut-over, even at the same
-`version` (a transition done in the freeing order publishes several documents of one
-version, each dropping the replicas about to be freed). Replicas named by the previous
-document but not by the new one are *leaving*: the gateway sends them no new requests;
-their in-flight requests finish within `drainDeadlineSeconds` or have their KV moved to
-a surviving replica and continue there. The operator frees a leaving replica's blocks
-once the agents report it idle, or `cutOverAt + drainDeadlineSeconds + grace` has
-passed. Documents written before this field set existed parse as version 0 with the
-default deadline. Pure.
+Written by the operator (`tessera_operator.gateway_objects.routes`) and `tessera up`; re-read by
+the gateway (`tessera.gateway.routes`), which answers `GET /admin/v1/routes` with `AdminRoutes`.
+JSON: `version` (plan generation), `drainDeadlineSeconds`, `cutOverAt` (unix time published),
+`model`, `modelPath`, `replicas` (`id`, `address`), `classShares`, `classes`.
+Every change of the replica set is a cut-over, even at one `version`. Replicas named before but
+not now are leaving: no new requests; in-flight ones finish within `drainDeadlineSeconds` or
+have their KV moved. Older documents parse as version 0 with the default deadline. Pure;
+semantics in docs/transitions.md.
 """
 
 from __future__ import annotations

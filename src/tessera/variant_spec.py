@@ -1,37 +1,15 @@
 """`spec.variants` of a ServingDeployment: the fine-tunes served beside the foundation.
 
-Each variant is a LoRA adapter (a PEFT directory, `adapter`) served on the foundation's
-own replicas, or a full fine-tune (a checkpoint of the same architecture, `checkpoint`)
-served on replicas of its own whose blocks share every layer identical to the
-foundation's (the agents' block zoo). Requests choose one by the OpenAI `model` field.
-
-    variants:
-      - name: legal
-        adapter: adapters/legal          # PEFT adapter_config.json + adapter_model.safetensors
-      - name: med
-        checkpoint: finetunes/med        # full fine-tune, same architecture
-        shareEquivalent: true            # opt-in: share layers equivalent to the model's
-        threshold: 0.98                  # logit-lens cosine they must reach (default 0.98)
-      - name: fast
-        stitch:                          # the model's requests through a smaller model's
-          small: family/small            #   front blocks and a trained stitching block
-          point: [2, 3]                  #   small layers [0, 2) -> stitch -> layers [3, L)
-          zoo: zoo                       #   the folder `tessera model stitch --zoo` wrote
-      - name: quick
-        speculate:                       # the model itself, its bottleneck block speculated
-          layers: [2, 3]                 #   the bottleneck block: the model's layers [2, 3)
-          zoo: zoo                       #   the folder holding its surrogate (surrogate.save)
-
-A `speculate` entry (issue 35) serves the model's own tokens on chains of its own, the
-bottleneck block speculated on across the stage stream; it is checked (`refusals`: a block
-before and after it; `cli/variant_check`: the zoo holds a surrogate for these layers of
-this checkpoint), docs/variants.md.
-
-Relative paths resolve like `spec.model.path`. Why here and not a resource of their own:
-variants share the deployment's replicas, lifecycle and memory budget, and the reconcile
-pass must place them together with the layout (docs/variants.md). Parsed by `api.parse`;
-checked against the checkpoints by `tessera validate`/`tessera up` (`cli/variant_check`);
-applied by `tessera up` and the operator. Pure.
+Each entry has a `name` (chosen by the OpenAI `model` field of a request) and one of:
+`adapter` (a PEFT LoRA directory, served on the foundation's own replicas); `checkpoint` (a full
+fine-tune of the same architecture on replicas of its own, sharing identical layers through the
+agents' block zoo; `shareEquivalent` / `threshold` opt in to equivalent ones); `stitch` (`small`,
+`point`, `zoo`: the requests through a smaller model's front blocks and a stitching block);
+`speculate` (`layers`, `zoo`: the model itself, its bottleneck block speculated; `refusals`
+needs a block before and after it). Relative paths resolve like `spec.model.path`. Parsed by
+`api.parse`; checked against the checkpoints by `tessera validate`/`tessera up`
+(`cli/variant_check`); applied by `tessera up` and the operator. Pure; docs/variants.md has
+the YAML and why variants are not a resource of their own.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """Attention over the paged KV cache, and the per-step metadata every layer shares.
 
-`build_metadata` turns a step's chunks into tensors once per step (positions, KV slots,
-the decode gather table and mask, prefill segments); `paged_attention` is called by every
-layer's `Attention.forward` (`model.py`) with that metadata. Three paths, the way serving
-engines split the batch:
-- decode: every sequence contributing one query token is attended in one batched call
-  over its gathered pages; when the decodes are the first rows of the step (the scheduler
-  puts running sequences first) they are sliced, not gathered and scattered; inside the
-  compiled decode graph (`decode_graph.py`) the same attention is written as slot-indexed
-  reductions (`_decode_fused`) that Inductor turns into one kernel reading the pool in
-  place, with no gathered copy (`TESSERA_DECODE_ATTN=gather`: the gather + SDPA there too);
-- fresh prefill: consecutive prompt chunks that start at position 0 and have the same
-  length are attended in one batched causal call over their own keys (no cache read);
-- other prefill chunks (a continued chunk, or one after a prefix-cache hit) read their
-  context from the cache, one call each, with an explicit causal mask.
-A step planned by a kernel library (`attention_backend.py`: flex_attention, FlashInfer)
-carries its `StepKernel` in the metadata and every layer attends through it instead.
+`build_metadata` turns a step's chunks into tensors once per step (positions, KV slots, the
+decode gather table and mask, prefill segments); `paged_attention` is called by every layer's
+`Attention.forward` with it. Three paths: decode rows attended in one batched call over their
+gathered pages (sliced, not gathered, when they lead the step; in the compiled decode graph,
+slot-indexed reductions `_decode_fused` reading the pool in place, unless
+`TESSERA_DECODE_ATTN=gather`); fresh same-length prompt chunks from position 0 in one batched
+causal call over their own keys; other prefill chunks read their context from the cache, one
+call each, with an explicit causal mask. A step planned by a kernel library
+(`attention_backend.py`) carries its `StepKernel` and every layer attends through it.
 Called by `runner.py` (metadata) and `model.py` (attention).
 """
 

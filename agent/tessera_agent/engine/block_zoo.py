@@ -1,19 +1,13 @@
 """The block zoo: content-addressed parameters, loaded once per agent and shared by chains.
 
-Fine-tunes of one foundation share most of their layers bit for bit. A stage's parameters
-are cut into *pieces*: each decoder layer, the embedding, and the final norm plus LM head.
-A piece's address is a SHA-256 of its checkpoint tensors (names with the layer index
-replaced by `*`, dtype, shape, raw bytes: the digest of `block_digest`), together with
-the layer index, the dtype it is served in and the device. When a stage is loaded,
-`BlockZoo.adopt` points each piece whose address is already held at the held
-`nn.Parameter`s (the freshly read copy is dropped) and registers the others; every piece
-counts the stages that use it and is freed with the last one (`release`). So a full
-fine-tune differing from its foundation in k layers adds only those k layers' bytes.
-
-Modules are never shared, only parameters: each chain keeps its own layer modules, so a
-LoRA wrapper attached on one chain (`lora.attach`) never appears in another.
-Tensor-parallel shards are not pooled (their slices differ per rank).
-
+A stage's parameters are cut into pieces (each decoder layer, the embedding, the final norm
+plus LM head). A piece's address is the SHA-256 of its checkpoint tensors (`block_digest`:
+names with the layer index as `*`, dtype, shape, bytes) with the layer index, serving dtype
+and device. `BlockZoo.adopt` points each piece already held at the held `nn.Parameter`s and
+registers the others; pieces are reference-counted per stage and freed with the last
+(`release`). So a fine-tune differing from its foundation in k layers adds only k layers.
+Only parameters are shared, never modules (a LoRA wrapper on one chain never appears in
+another); tensor-parallel shards are not pooled.
 One zoo per agent (`hosting.Hosting`); called by `stage.load_stage` and at unload.
 """
 

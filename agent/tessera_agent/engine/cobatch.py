@@ -1,20 +1,14 @@
 """The agent's compute thread, co-batching the steps of chains that share block instances.
 
-Every engine on an agent (replica leaders, later pipeline stages) submits its steps to one
-compute thread. `CoBatchExecutor` is that thread: a `concurrent.futures.Executor` (every
-other job, such as attaching adapters or moving pages, runs as before, in submission
-order) with `submit_step(runner, inp)` for steps. When several steps are queued at once
-and their stages share zoo pieces, it asks `tessera.policies.serving.block_batching.plan` which of
-them run together and runs them as one co-step (`costep.run`): one pass per shared
-instance and layer, each within its batch limit; the rest wait for the next co-step,
-ahead of newer steps. With one step queued, or nothing shared, the step runs alone through
-its own `solo` callable (`StageRunner.execute`, compiled decode included): the common path
-costs one queue hand-off, like the `ThreadPoolExecutor(1)` it replaces.
-
-The queue is a `SimpleQueue` drained by the thread into its own deque, so submitting takes
-no Python lock. `submit_step` is reached through `run_step`, which falls back to
-`run_in_executor` on any other executor. Counters (`stats`) feed the agent's metrics and
-the tests. Created by the agent servicer (`--no-cobatch` keeps the plain executor).
+`CoBatchExecutor` is a `concurrent.futures.Executor` (other jobs run in submission order) with
+`submit_step(runner, inp)`. When several queued steps share zoo pieces it asks
+`policies.serving.block_batching.plan` which run together and runs them as one co-step
+(`costep.run`); the rest wait for the next co-step, ahead of newer steps. One step, or nothing
+shared: the step runs alone through its `solo` callable (`StageRunner.execute`), costing one
+queue hand-off. Submitting takes no Python lock (a `SimpleQueue` drained into a deque).
+`run_step` reaches `submit_step`, falling back to `run_in_executor` on any other executor;
+`stats` feeds metrics and tests. Created by the agent servicer (`--no-cobatch` keeps the plain
+executor).
 """
 
 from __future__ import annotations

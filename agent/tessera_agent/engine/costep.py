@@ -1,18 +1,13 @@
 """One co-step: the steps of several chains run layer by layer, shared instances batched.
 
-Given steps of several `StageRunner`s and a `block_batching.CoStep` plan, runs every
-pass of the plan in order. A pass over an instance used by several steps concatenates
-their hidden rows and runs the layer's norms, projections and MLP once over all of them;
-attention stays per chain (its own paged KV cache, positions and RoPE); LoRA wrappers add
-their deltas on their own chain's rows only (`LoraLinear.add_delta`). A pass of one step
-calls that chain's own layer module, exactly as the solo path does. Last stages batch the
-final norm + LM head the same way when they share it, then sample per chain.
-
-What each step runs equals `StageRunner.execute` on it alone (the same modules, the same
-parameters, the rows computed together): the same greedy tokens, which the oracle tests
-check. The compiled decode graph (`decode_graph.py`) is not used in a co-step. Called
-on the agent's compute thread by `cobatch.CoBatchExecutor`; `uses()` describes a runner's
-instances for the plan.
+Given several `StageRunner`s' steps and a `block_batching.CoStep` plan, runs every pass in
+order. A pass over a shared instance concatenates the steps' hidden rows and runs norms,
+projections and MLP once; attention stays per chain (own KV cache, positions, RoPE); LoRA
+deltas apply to their own chain's rows only. A single-step pass calls the chain's own layer
+module. Last stages batch a shared final norm + LM head, then sample per chain.
+Guarantee: each step computes what `StageRunner.execute` computes alone (same greedy tokens;
+the oracle tests check). The compiled decode graph is not used here. Called on the compute
+thread by `cobatch.CoBatchExecutor`; `uses()` describes a runner's instances for the plan.
 """
 
 from __future__ import annotations

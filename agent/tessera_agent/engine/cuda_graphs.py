@@ -1,20 +1,14 @@
 """Pure-decode steps replayed from CUDA graphs captured once per (batch, context) bucket.
 
-The way serving engines do it (vLLM's `capture_model`, SGLang's `CudaGraphRunner`): a
-decode step of B sequences whose longest context is L is padded up to the smallest
-captured bucket (B', L') and replayed from that bucket's graph. Every bucket owns static
-input buffers (token ids or hidden states, positions, KV slots to write, the gather table
-and additive mask of the KV slots to read) that the step's metadata is copied into; the
-KV pool is the stage's own (static: it is never reallocated while graphs are held).
-Context lengths are data (the mask), so no step records or compiles a graph. Padded
-rows repeat row 0 (same token, same slot: they write the values row 0 writes); padded
-context columns read slot 0 under a -inf mask.
-
-Capture happens on the thread that runs the steps (`StageRunner.capture_graphs`, or the
-first pure-decode step); the graph API is injectable so the bucket and buffer logic runs
-on CPU in tests (`FakeGraphs`: capture runs the function, replay runs it again into the
-same output). Used by `runner.py` on CUDA unless `TESSERA_CUDA_GRAPHS=0`
-(`options.EngineOptions`).
+As in vLLM's `capture_model`: a decode step of B sequences with longest context L is padded to
+the smallest captured bucket (B', L') and replayed from its graph. Each bucket owns static input
+buffers (ids or hidden states, positions, slots to write, gather table and additive mask) that
+the step's metadata is copied into; the KV pool is the stage's own and is never reallocated
+while graphs are held. Context lengths are data, so no step compiles a graph. Padded rows
+repeat row 0; padded context columns read slot 0 under a -inf mask.
+Capture runs on the step thread (`StageRunner.capture_graphs` or the first pure-decode step);
+the graph API is injectable (`FakeGraphs` runs it on CPU in tests). Used by `runner.py` on
+CUDA unless `TESSERA_CUDA_GRAPHS=0` (`options.EngineOptions`).
 """
 
 from __future__ import annotations

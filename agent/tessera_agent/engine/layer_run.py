@@ -1,20 +1,14 @@
 """A replicated run of consecutive decoder layers: the batch split between holders.
 
-CoCoServe (§3.1) replicates a run of layers [start, end) of a stage onto other devices;
-at that run each step's batch is split between the holders in proportion to their
-measured speed, each sub-batch's hidden states go to its holder, stay there through the
-whole run, and come back in order. The split is sticky per request
-(`tessera.policies.scaling.request_split`): a holder keeps the K/V of the requests it serves for
-the run's layers, so a request never moves unless its K/V moves with it (`move`).
-
-Holders (`run_holders.py`): the stage's own layers inline, a copy on another device of
-this agent, or one on another agent (`run_client.RemoteHolder`). All holders use the
-leader's page ids: a replica's KV pool has the same pages, and a page is written only on
-the holder that served the request writing it; `page_copies` records
-which holders hold a valid copy of each page (a write leaves one, a copy adds one). Pages
-shared through the prefix cache are copied to a request's holder when it first arrives
-(only the pages it lacks). Called by `runner.StageRunner.execute` (`forward`) and by
-`scaling_ops` (attach, move) between steps on the compute thread.
+CoCoServe (§3.1): a run of layers [start, end) is replicated onto other devices and each step's
+batch is split between the holders in proportion to their measured speed; a sub-batch's hidden
+states stay on its holder through the run and come back in order. The split is sticky per
+request (`policies.scaling.request_split`): a holder keeps the K/V of its requests for the run,
+so a request moves only with its K/V (`move`). Holders (`run_holders.py`): the stage's own
+layers, a copy on another device, or another agent's (`run_client.RemoteHolder`); all use the
+leader's page ids, and `page_copies` records which holders hold a valid copy of each page.
+Prefix-cached pages are copied to a request's holder on arrival. Called by
+`runner.StageRunner.execute` (`forward`) and `scaling_ops` (attach, move) on the compute thread.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """LoRA adapters served beside their foundation: PEFT files in, batched per-token deltas out.
 
-A LoRA variant of a model adds `scale · B(A x)` to some of its linear projections. Many
-variants share one copy of the foundation's weights: `attach()` wraps a stage's fused
-projections (qkv, o, gate/up, down) in `LoraLinear`, which runs the base matmul once for the
-whole batch and then adds each token's own adapter delta in one gathered, batched pass
-(the S-LoRA / Punica idea in plain torch: the adapters' A and B matrices are stacked into
-one tensor per projection, zero-padded to the largest rank, and `index_select`ed by each
-token's adapter slot; slot -1 means "the foundation alone").
-
-Inputs are PEFT's saved format (`adapter_config.json` + `adapter_model.safetensors`, keys
-like `base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight`). `read_adapter()`
-validates an adapter against the foundation's config and says exactly what does not fit
-(rank, target modules, shapes, unsupported PEFT options), at validation and at load.
-
-Called by the stage loader when a replica serves variants; the runner sets
-`LoraContext.token_slots` before each forward. The fused-projection wrappers keep working
-whatever the base module is (a plain `nn.Linear` today, a sharded linear under tensor
-parallelism as long as it keeps the full output layout).
+A LoRA variant adds `scale · B(A x)` to some linear projections. `attach()` wraps a stage's
+fused projections (qkv, o, gate/up, down) in `LoraLinear`: the base matmul once for the batch,
+then each token's adapter delta in one gathered pass (S-LoRA / Punica in plain torch: A and B
+stacked per projection, zero-padded to the largest rank, `index_select`ed by the token's slot;
+slot -1 is the foundation alone). Inputs: PEFT's saved format (`adapter_config.json` +
+`adapter_model.safetensors`); `read_adapter()` validates one against the foundation's config
+and names what does not fit (rank, targets, shapes, unsupported options). Called by the stage
+loader for replicas serving variants; the runner sets `LoraContext.token_slots` before each
+forward. Works over any base module keeping the full output layout (sharded linears included).
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
-"""Shift device memory between a running block's parameters and its KV pool (issue 13).
+"""Shift device memory between a running block's parameters and its KV pool (KunServe).
 
-On an agent's device the parameters and the KV pool of a block share one budget. When a
-KunServe drop plan (`tessera.policies.overload.drop_plan`) tells a block to keep fewer layers,
-`drop_layers` releases the dropped layers' weights (and the embedding or LM head when
-the block no longer starts or ends the model) and their K/V, and spends every freed byte
-on new KV pages for the layers it keeps: the pool grows in place, existing pages keep
-their ids and contents, so running requests keep their block tables. `grow_pool` spends
-bytes freed elsewhere on the device (a co-located block that dropped layers). The replica
-leader then raises its page allocator with `PageAllocator.add_pages` to the smallest pool
-among its stages (`allocator_target`).
-
-Callers run these on the stage's compute thread between steps (they change the tensors a
-step reads). The KV of running requests for the layers a block drops must have been
-copied to the peer that keeps them first (`PagedKVCache.export_sequence` /
-`import_sequence`; the coordinated exchange of the live executor). Restore is the
-inverse: `PageAllocator.compact` moves held pages below the smaller pool
-(`restored_pages`), `move_pages` copies their K/V on every stage, and `restore_layers`
-shrinks the pool and loads the layers back (from a peer's tensors or the checkpoint),
-after which the running requests' KV for those layers is copied back from the peer.
-How this maps to GPUs
-(CUDA virtual-memory remapping, or several page arenas) is in docs/overload.md.
+Parameters and KV pool share one device budget. When a drop plan
+(`policies.overload.drop_plan`) tells a block to keep fewer layers, `drop_layers` frees the
+dropped layers' weights (and embedding or head if no longer needed) and K/V and spends the bytes
+on new KV pages: the pool grows in place, pages keep their ids and contents, running requests
+keep their block tables. `grow_pool` spends bytes freed elsewhere on the device. The leader
+then raises its allocator to the smallest pool among its stages (`allocator_target`).
+Restore is the inverse: `PageAllocator.compact` (`restored_pages`), `move_pages`, then
+`restore_layers` shrinks the pool and reloads the layers. Callers run these on the compute
+thread between steps, after the dropped layers' live KV went to the peer that keeps them
+(`PagedKVCache.export_sequence` / `import_sequence`). GPU mapping: docs/overload.md.
 """
 
 from __future__ import annotations

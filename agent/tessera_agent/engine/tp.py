@@ -1,20 +1,12 @@
 """Tensor parallelism of one stage: which slice of every layer a TP rank holds.
 
-Megatron-style sharding, decided here once and applied by the loader (`shard_tensors`),
-the model (`StageModel(..., shard)` builds the local shapes) and the KV cache (each rank
-stores only its KV heads):
-
-- attention: q heads and KV heads split evenly across ranks (q/k/v projections are
-  column-parallel, rows sliced by head); `o_proj` is row-parallel (columns sliced by q head)
-  and its partial sums are all-reduced;
-- MLP: `gate_proj`/`up_proj` column-parallel, `down_proj` row-parallel, all-reduced;
-- embeddings and LM head are replicated on every rank (no vocab-parallel gather: the tiny
-  and mid-size models Tessera targets keep the vocab matrix small next to the layers, and a
-  replicated head lets each rank produce the same logits without another collective);
-- norms replicated.
-
-A tp that does not divide the attention heads, the KV heads or the MLP width is refused
-with the reason (`check`). Pure shape logic: no process group is touched here.
+Megatron-style sharding, decided here once and applied by the loader (`shard_tensors`), the
+model (`StageModel(..., shard)` builds local shapes) and the KV cache (each rank stores its
+KV heads only): q and KV heads split evenly (q/k/v column-parallel; `o_proj` row-parallel,
+all-reduced); `gate_proj`/`up_proj` column-parallel, `down_proj` row-parallel, all-reduced;
+embeddings, LM head and norms replicated (no vocab-parallel gather: each rank produces the
+same logits without another collective). A tp that does not divide the heads, KV heads or MLP
+width is refused with the reason (`check`). Pure shape logic: no process group is touched.
 """
 
 from __future__ import annotations

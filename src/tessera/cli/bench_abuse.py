@@ -1,22 +1,15 @@
 """Abuse benchmark: the gateway under hostile clients keeps serving everyone else.
 
-`tessera bench abuse --json [--phase-s S]` starts a gateway in its own process (so its
-resident memory is its own) in front of a *simulated* replica: a scripted leader in a
-third process that streams one token every `--token-ms` (no model runs; the gateway's
-handling is what is measured). Then, for a clean phase and one phase per attack, it runs
-for `--phase-s` seconds: a /health probe every 50 ms, a steady stream of normal streamed
-completions (`--rate` per second, 16 tokens each), and the attack:
-- `stop_flood`: bodies with 10,000 stop strings (`--attack-rate` per second);
-- `max_body`: bodies of just under 2 MiB (a 2M-character prompt) and just over (same rate);
-- `slow_bodies`: 200 connections that send headers and half a body, then stall;
-- `never_read`: 32 streamed requests (1,000 tokens) whose clients never read;
-- `deep_json`: bodies nested 100,000 deep (same rate).
-A flood at whatever rate the machine allows measures CPU, not hardening (every request,
-good or bad, costs the event loop something): bound it in front of the gateway.
-Reported per phase: /health p99 latency, p99 TTFT of the normal requests and its ratio to
-the clean phase, the gateway's RSS growth over the phase's start, the 5xx count (normal,
-attack and probe answers), and each attack's answers by status. Targets (issue 31): /health
-p99 <= 100 ms, TTFT ratio <= 2, RSS growth <= 100 MB, no 5xx.
+`tessera bench abuse --json [--phase-s S]` runs a gateway in its own process (its RSS is its
+own) in front of a simulated replica (a scripted leader streaming a token every `--token-ms`:
+the gateway's handling is measured, no model runs). A clean phase, then one phase per attack,
+each `--phase-s` seconds of /health probes every 50 ms, normal streamed completions (`--rate`
+per second) and the attack: `stop_flood` (10,000 stop strings), `max_body` (just under and over
+2 MiB), `slow_bodies` (200 stalled half bodies), `never_read` (32 unread streams), `deep_json`
+(nesting 100,000 deep), at `--attack-rate`. A flood at any rate measures CPU, not hardening:
+bound it in front of the gateway. Per phase: /health p99, normal p99 TTFT and its ratio to the
+clean phase, RSS growth, 5xx count, attack answers by status. Targets: /health p99 <= 100 ms,
+TTFT ratio <= 2, RSS growth <= 100 MB, no 5xx (docs/gateway.md).
 """
 
 from __future__ import annotations

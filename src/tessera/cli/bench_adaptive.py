@@ -1,43 +1,17 @@
 """Adaptive benchmark: predictive switching vs the best static layout on local agents (Proof 2).
 
-`tessera bench adaptive --json [--spans N] [--span S] [--phase-spans P] [--rate R]`
-builds a time-compressed replay from the shared conversation trace whose class mix shifts
-between spans, as OServe's Table 2 traces do: the trace's requests (token counts scaled
-as in `bench serve`) are typed into two k-means classes (`workload.classes`), and each
-phase of P spans of S seconds draws R req/s with the long-prompt class at a low share,
-then a high one, alternately (`--low-share`, `--high-share`). The requests of
-calibration and of the replay are disjoint parts of the trace.
-
-One `tessera up` (2 local agents, tiny llama, gateway arrival spans of S seconds) serves
-everything, the layout changed by rewriting its manifest (the live transition path):
-
-1. **calibration** (profiling, before the replay): each candidate layout
-   (`bench_relayout.LAYOUTS[0]` "2 whole", `[1]` "1 whole + 2-stage 0-4|4-8") serves
-   `--calib-spans` spans of each mix; its measured P99 request latency per mix is the
-   loop's cost table (``price`` interpolates it linearly in the long class's share);
-   the measured transition time between them is the switch time;
-2. **static**: each layout serves the whole replay; the one with the lowest P99 is the
-   best static layout chosen with hindsight;
-3. **adaptive**: the replay again, starting on the layout calibration prices best for the
-   first phase; after each gateway span the bench reads `GET /admin/v1/arrivals` and runs
-   the loop's pure step (`policies.switching_step`: forecast with the method best on the
-   recent window, the cheapest layout at the forecast, gain vs switch cost, hysteresis)
-   in active mode; a switch rewrites the manifest while requests flow;
-4. **adaptive_from_other**: the same, starting on the other layout (a wrong initial
-   deployment), so the switch path runs under load even when one layout is best for
-   every mix.
-
-Reported: `p99_latency_ratio` (best static P99 / adaptive P99: > 1 means switching won),
-`throughput_ratio` (adaptive / best static generated tokens per second), `switches`,
-`lost` (adaptive requests that did not complete), the same for `adaptive_from_other`,
-`tokens_match` (the `--reference` completed adaptive requests sent nearest a switch, of
-both runs, decode greedily as `transformers` does), `forecast_rrmse` (pooled one-step
-RRMSE of each method over the adaptive run's recorded spans, and of the loop's selected
-forecasts), the calibration table, every run's P99/throughput, the loop's steps, and
-`model_output` (`bench_adaptive_model`: the same loop on the planner's GPU candidates,
-analytic cost model, labelled as model output). With 0 switches the adaptive run serves
-the best static layout and its ratio measures run-to-run noise. Measured on a CPU shared
-with other work: docs/benchmarks.md says what the figures can show.
+`tessera bench adaptive --json [--spans N] [--span S] [--phase-spans P] [--rate R]`. A
+time-compressed replay of the shared trace, typed into two k-means classes, whose mix shifts
+every P spans between `--low-share` and `--high-share` of the long-prompt class (calibration
+and replay use disjoint requests). One `tessera up` (2 local agents, tiny llama) serves it all,
+layouts changed by rewriting its manifest: calibration (each layout of
+`bench_relayout.LAYOUTS[:2]` at each mix: the cost table `price` interpolates, and the switch
+time); static (each layout over the replay; the best P99 with hindsight); adaptive (the loop's
+pure step, `policies.switching_step`, after each gateway span, in active mode) and
+`adaptive_from_other` (started on the other layout). Keys: `p99_latency_ratio` (best static /
+adaptive, > 1: switching won), `throughput_ratio`, `switches`, `lost`, `tokens_match`,
+`forecast_rrmse`, the calibration table, and `model_output` (`bench_adaptive_model`, labelled
+as model output). With 0 switches the ratio is run-to-run noise; docs/switching.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """Model output beside Proof 2: the predictive loop on the planner's GPU candidates over the
 same shifting mix (`tessera bench adaptive` → `model_output`; no server, nothing measured).
 
-What the measured bench cannot show on 2 shared CPU cores (no layout there trades one
-class against another) the cost model can: two classes k-means-fitted on the shared
-trace's raw token counts, llama-2-13b on one node of 4 H100s (analytic profile), the
-candidates of `policies.switching_planner` (every layout of the exhaustive enumeration,
-priced by the latency objective, switched by the greedy switch plan). The replay's spans
-keep the bench's phases of long-class shares, each at a total rate of ``LOAD`` times the
-best layout's sustainable rate at that span's mix (the load stays, the mix shifts); each
-span's
-arrivals are Poisson draws (seeded) at its true rates, ``SPAN_S`` seconds long. Every
-static layout is priced at each span's true demand; the loop (`switching_step.step`,
-active, the bench's `--min-gain`) sees only the drawn counts and starts on the layout
-best for the first span; a span in which it switches costs ``1 + disruption *
-switch_s / span`` times its latency. Reported per policy: the mean over spans of the
-span's modelled P99 request latency (a static layout that cannot serve a span is
-infinite), ``p99_latency_ratio`` = best static (with hindsight) / loop, and
-``oracle_p99_latency_ratio`` = best static / the best layout of every span known in
-advance and switched to for free (the most any switching could gain here).
+The cost model shows what 2 shared CPU cores cannot (a layout trading one class against
+another): two k-means classes of the shared trace, llama-2-13b on one node of 4 H100s (analytic
+profile), the candidates of `policies.switching_planner`. Spans keep the bench's phases of
+long-class shares at ``LOAD`` times the best layout's sustainable rate, arrivals drawn Poisson
+(seeded) per ``SPAN_S`` span. Static layouts are priced at each span's true demand; the loop
+(`switching_step.step`, active, the bench's `--min-gain`) sees only drawn counts and pays
+``1 + disruption * switch_s / span`` in a span where it switches. Reported per policy: the
+mean modelled P99 over spans (infinite when a layout cannot serve a span),
+``p99_latency_ratio`` (best static / loop) and ``oracle_p99_latency_ratio`` (best static / the
+best layout per span, switched for free: the most switching could gain).
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
-"""Autoscaling benchmark (issue 32): the shared trace with a burst through `tessera up`, the
-replica autoscaler on vs a fixed replica count sized for the mean load.
+"""Autoscaling benchmark: the replica autoscaler vs a fixed count sized for the mean, in a burst.
 
-`tessera bench autoscale --json` makes the tiny checkpoint and replays the first
-`--requests` requests of the shared conversation trace (read in place; arrival gaps divided
-by `--time-scale`; lengths scaled to the tiny model as `tessera bench serve` does) with a
-burst: the arrival rate is multiplied by 4 for the requests in `--burst` (a window of the
-replay). Greedy, streamed, TTFT and end-to-end times at the client. Two runs of
-`tessera up`, each on its own local agents (one whole-model replica per agent):
-
-* autoscale: `--max-replicas` replicas planned, `spec.scaling` on (min 1, idle replicas
-  sleep after `--sleep-after` s; the queue, KV use and the TTFT SLO scale out);
-* fixed: the count sized for the mean: ceil(L / queuePerReplica), L = mean arrival rate x
-  the median end-to-end time the autoscaled run measured (Little's law), all awake.
-
-Replica-seconds: the awake replicas (the agents' `Describe`, polled every 0.2 s) integrated
-over the replay. Keys: p99_ttft_ms_{autoscale,fixed}, p50_ttft_ms_*, replica_seconds_*,
-fixed_replicas, sizing, lost_* (requests that did not complete), wakes, sleeps.
+`tessera bench autoscale --json` replays the first `--requests` of the shared trace (gaps
+divided by `--time-scale`, lengths scaled as `tessera bench serve` does) on the tiny checkpoint,
+the arrival rate x4 within `--burst`; greedy, streamed, times at the client. Two runs of
+`tessera up` on their own local agents (one whole replica per agent): autoscale
+(`--max-replicas` planned, `spec.scaling` on, min 1, sleep after `--sleep-after` s) and fixed
+(ceil(L / queuePerReplica) awake, L by Little's law from the autoscaled run). Replica-seconds:
+awake replicas (polled every 0.2 s) integrated over the replay. Keys:
+p99_ttft_ms_{autoscale,fixed}, p50_ttft_ms_*, replica_seconds_*, fixed_replicas, sizing,
+lost_*, wakes, sleeps.
 """
 
 from __future__ import annotations

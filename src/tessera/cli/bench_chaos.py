@@ -1,22 +1,14 @@
-"""Chaos benchmark: replay the shared trace while agents are SIGKILLed mid-decode and the
-reconcile loop is killed mid-pass; nothing may be lost and greedy tokens must not change.
+"""Chaos benchmark: agents and the reconcile loop killed mid-replay; nothing lost, tokens equal.
 
-`tessera bench chaos --json [--requests N] [--time-scale X]` composes what `tessera up`
-runs, in one process so the bench can interrupt each part: three local agent processes
-(replica r0 whole on agent-0; replica r1 a 2-stage pipeline on agent-1 and agent-2),
-converged by the operator's reconcile core; `tessera.cli.supervise` restarting dead
-agents; the reconcile loop re-converging (reloading a restarted agent's blocks); and the
-gateway. After a short warm-up, the trace's first N requests (greedy, streamed; transforms
-as in `tessera bench serve`) are replayed twice: clean, then with chaos:
-1. at 25% of the replay, SIGKILL agent-2 (r1's last stage, mid-decode): r1's running
-   streams fail over to r0; the supervisor restarts agent-2; the next reconcile pass is
-   killed (its task cancelled) as soon as it has applied one action, then started afresh;
-2. once r1 is back, and no earlier than 55% of the replay, SIGKILL agent-0 (r0).
-`tokens_match` compares streamed texts (decoded from the tokens), request by request.
-Reported: `requests_sent`, `completed`, `lost` (requests without a full, error-free
-answer), `tokens_match` (every chaos-run text equals the clean run's, greedy),
-`p99_ttft_ratio_vs_clean`, `recovery_s` per kill (kill to both replicas ready at the
-gateway), and what was killed when.
+`tessera bench chaos --json [--requests N] [--time-scale X]` composes what `tessera up` runs, in
+one process so each part can be interrupted: three local agents (r0 whole on agent-0; r1 a
+2-stage pipeline on agent-1 and agent-2), the reconcile core, `tessera.cli.supervise`
+restarting dead agents, and the gateway. The trace's first N requests are replayed clean, then
+with chaos: at 25 % SIGKILL agent-2 (r1 fails over to r0; the next reconcile pass is cancelled
+after one action and restarted); once r1 is back and past 55 %, SIGKILL agent-0. Keys:
+`requests_sent`, `completed`, `lost`, `tokens_match` (each chaos-run text equals the clean
+run's), `p99_ttft_ratio_vs_clean`, `recovery_s` per kill (to both replicas ready), and what was
+killed when.
 """
 
 from __future__ import annotations

@@ -1,31 +1,16 @@
-"""Cold start of a replica from storage, from a peer and from the host cache (issue 32).
-`tessera bench coldstart --json [--tiny]` starts three local agent processes whose
-checkpoint reads are throttled to `--storage-bandwidth` (default 200 MB/s per agent: the
-agent's own checkpoint reader, `switch_fetch.read_checkpoint`, makes every read take at
-least bytes / bandwidth, as a network volume would; the file itself sits in the page
-cache), agent-2 with a host block cache (`--host-cache`); writes a random float32 Llama
-checkpoint of at least 500 MB (`random_checkpoint`; `--tiny`: a 2-layer one for tests);
-measures the links once (`link_probe.LinkProbe`, as the operator and `tessera up` do,
-before any timing); and converges spec changes through the operator's reconcile core
-(`converge`, the path every shell applies), timing each from the spec change to the new
-replica's first token of a greedy request (ready = it serves a request). Per round:
-1. `storage`: replica r0 on agent-0, nothing held anywhere: every byte from storage;
-2. `peer`: replica r1 added on agent-1: sourced from r0 on agent-0 (the switch plan's
-   parts over the measured links);
-3. `host_cache`: r1 leaves and r2 comes on agent-2, then r2 leaves (its pieces stay in
-   agent-2's host cache) and comes back (timed): sourced from the host cache;
-then every block is unloaded (the finalizer's path). `ready_s_*` are the medians over
-`--rounds` rounds (the single figures are in `runs`). `tokens_match`: every replica's
-greedy tokens are equal, and equal to transformers' greedy in float32 (the correctness
-oracle; `--no-hf` skips it). Each replica's bytes by source (as its agent reports them)
-and the measured links are reported. Decode runs
-eagerly (benches set `TESSERA_COMPILE_DECODE=0`: a compile warm-up would dominate every
-figure). Then sleep and wake (`bench_wake.measure`, after the rounds): r2 on agent-2 (the
-host cache) behind an in-process gateway is put to sleep `--rounds` times and a burst of
-`--zero-requests` requests arrives while no replica is awake (the gateway holds them and
-wakes it): `first_token_s_from_zero` (the first request's TTFT at the client, median over
-the rounds), `lost` (requests that did not complete with the awake replica's text),
-`wake_s` (a `WakeReplica` call's wall time; target <= 0.2 x `ready_s_storage`).
+"""Cold start of a replica from storage, from a peer and from the host cache.
+
+`tessera bench coldstart --json [--tiny]`: three local agents whose checkpoint reads are
+throttled to `--storage-bandwidth` (200 MB/s, as a network volume), agent-2 with a host block
+cache; a random float32 Llama checkpoint of at least 500 MB (`--tiny`: 2 layers); links measured
+once (`link_probe.LinkProbe`); spec changes converged by the reconcile core, each timed from the
+change to the new replica's first greedy token. Per round: `storage` (r0, every byte from
+storage), `peer` (r1 sourced from r0), `host_cache` (r2 back on agent-2 from its host cache).
+`ready_s_*` are medians over `--rounds` (single runs in `runs`); `tokens_match` against
+transformers' float32 greedy (`--no-hf` skips); bytes by source and the links are reported.
+Decode is eager (`TESSERA_COMPILE_DECODE=0`). Then sleep and wake (`bench_wake.measure`):
+`first_token_s_from_zero`, `lost`, `wake_s` (target <= 0.2 x `ready_s_storage`).
+docs/scaling.md.
 """
 
 from __future__ import annotations

@@ -1,40 +1,16 @@
 """KV dispatch: prefix-cache hits of multi-turn conversations, KV-owner-first vs the router.
 
-`tessera bench kvdispatch --json`. One local agent holds two replicas of a tiny model
-(whole, one stage each, the LoRA adapter `legal` on both). A gateway in this process
-serves multi-turn conversations in two modes, `--repeats` times each, interleaved, each
-run with fresh token contents and the same lengths and timing:
-
-* **kv_dispatch**: KV-owner-first dispatch (`gateway/kv_affinity.py`, the default);
-* **router**: `GatewayConfig.kv_dispatch=False`, the previous rule. That is least
-  outstanding tokens, with a prefix-affinity hint at 32/64/128-token prefixes while the
-  owner's outstanding tokens exceed the least loaded's by no more than the prefix.
-
-Conversations are built from the Azure LLM 2023 conversation trace
-(`../shared/traces/azure_llm_2023_conv.csv`, read in place). The trace has no conversation
-ids, so the *structure* is synthetic. Consecutive rows, scaled down to the tiny model's
-context, give a first prompt (ContextTokens / 8), each answer (GeneratedTokens / 16) and
-each new user message (the next row's ContextTokens / 16). Turn k's prompt is turn k-1's
-prompt, a stand-in for its answer (random tokens of the answer's length, as a chat
-template re-tokenizes the answer text) and the new message. Half of the conversations use
-the `legal` variant. Conversations start at seeded random offsets within `--spread-s`.
-Within one, each turn waits a seeded think time (up to `--think-s`) after the last answer.
-
-Reported per mode:
-
-* `prefix_hit_tokens`: the agents' counters;
-* `prompt_tokens`;
-* `hit_rate`: hits / prompt tokens;
-* `reusable_tokens`: full pages of each turn's previous prompt, what perfect affinity
-  could hit;
-* `hit_of_reusable`;
-* latency p50/p95 per turn;
-* `turns_completed`;
-* the gateway's decisions by reason.
-
-Every request is greedy with EOS ignored. Token correctness is tested elsewhere
-(`tests/variants/test_kv_dispatch_gateway.py`). Numbers from a shared machine carry its
-contention.
+`tessera bench kvdispatch --json`. One local agent holds two whole replicas of a tiny model
+(LoRA adapter `legal` on both); a gateway in this process serves multi-turn conversations,
+`--repeats` times per mode, interleaved, fresh tokens each run: `kv_dispatch`
+(`gateway/kv_affinity.py`, the default) and `router` (`GatewayConfig.kv_dispatch=False`: least
+outstanding tokens with a prefix-affinity hint). The trace has no conversation ids, so the
+structure is synthetic, lengths from consecutive Azure conversation rows scaled down: turn k's
+prompt is turn k-1's prompt, a stand-in answer and the next message; half use `legal`; seeded
+start offsets (`--spread-s`) and think times (`--think-s`). Per mode: `prefix_hit_tokens`,
+`prompt_tokens`, `hit_rate`, `reusable_tokens` (what perfect affinity could hit),
+`hit_of_reusable`, latency p50/p95, `turns_completed`, decisions by reason. Greedy, EOS ignored;
+token correctness is tested in `tests/variants/test_kv_dispatch_gateway.py`.
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
 """Relayout benchmark: live layout transitions of `tessera up` under trace load.
 
-`tessera bench relayout --json [--requests N] [--time-scale X]` makes the tiny
-checkpoint, starts `tessera up` (2 local agents) on a manifest with 2 whole-model
-replicas, replays the first N requests of the shared conversation trace (time-compressed
-by X, streamed, greedy) and, during the replay, rewrites the manifest: 2 whole replicas →
-1 whole + a 2-stage pipeline (layers 0-4 | 4-8) → the pipeline split at other layers and
-on the other agents (0-6 | 6-8) → back to 2 whole replicas. `tessera up` watches its
-manifest and runs each transition (make-before-break; in-flight requests on leaving
-replicas drain or have their KV moved). At each transition `--long-requests` (2) long
-greedy requests (`--long-tokens`) are started and decoding before the manifest changes
-(least-outstanding routing spreads them over both replicas, so one runs on the replica
-that leaves), so the move path runs even when the trace's requests are short; they are
-counted with the others.
-
-Reported: `requests_sent`, `requests_completed` (every token arrived, no error), `lost`,
-`tokens_match` (every completed greedy text equals `transformers`' greedy decode of the
-same prompt, computed after the replay), `transition_s` (per transition: manifest written
-→ the gateway routes only the new replicas, none is leaving, and the agents hold no block
-of a replica the routes do not name), `p99_ttft_steady_ms` / `p99_ttft_during_ms`
-(requests sent outside / inside a transition window), `extra_bytes_peak` (the largest,
-over transitions, of the bytes held by all agents' blocks — parameters plus KV pools,
-sampled every 0.1 s from `Describe` — above the larger of the two layouts' steady
-totals), and the gateway's cut-over counters (drained / moved / recomputed). Prompts and
-output lengths follow `bench serve`'s transforms.
+`tessera bench relayout --json [--requests N] [--time-scale X]` starts `tessera up` (2 local
+agents, tiny checkpoint) with 2 whole replicas, replays the shared trace's first N requests
+(time-compressed by X, streamed, greedy, `bench serve`'s transforms) and rewrites the manifest
+meanwhile: 2 whole → 1 whole + a 0-4|4-8 pipeline → 0-6|6-8 on the other agents → 2 whole. At
+each transition `--long-requests` long requests are decoding first, so the KV move path runs.
+Keys: `requests_sent`, `requests_completed`, `lost`, `tokens_match` (against `transformers`'
+greedy), `transition_s` (manifest written → the gateway routes only new replicas, none leaving,
+no block of an unrouted replica held), `p99_ttft_steady_ms` / `p99_ttft_during_ms`,
+`extra_bytes_peak` (peak bytes held by all agents' blocks, sampled every 0.1 s, above the larger
+steady layout), and the gateway's cut-over counters (drained / moved / recomputed).
 """
 
 from __future__ import annotations

@@ -1,24 +1,15 @@
-"""Relayout on agents whose memory is full: one replica, no room beside it (issue 34).
+"""Relayout on agents whose memory is full: one replica, no room beside it.
 
-`bench_relayout`'s replay and checks, on a deployment that make-before-break cannot
-switch: one 2-stage replica over both local agents (layers 0-4 | 4-8), each agent's
-declared memory (`--capacity-mib`, default 96 MiB) holding its stage's parameters plus a
-KV pool of `capacity - 18 MiB` (`kvCacheBytes`; the tiny model's largest stage, [0, 6),
-holds 17.4 MiB of parameters), so the new layout (0-6 | 6-8, stages swapped between the
-agents) finds no room and no second replica can serve while one is freed: the planner
-used to end this `InsufficientMemory`. Now the serving replica's KV pool shrinks
-(`ResizeKV`), the new replica loads beside it with a cut pool, the routes cut over, the
-old is drained and freed and the new pool grows; then back. Reported as
-`bench_relayout.run` reports (lost, tokens_match, transition_s, extra_bytes_peak), plus
-`incoming_param_bytes` (the new layouts' parameters: the bound on extra_bytes_peak).
-Scenario `drop` (`--scenario drop`, issue 34's drop-style transition): two whole replicas,
-one per agent, each agent's memory (default 34 MiB) holding 23.5 MiB of parameters and a
-10 MiB pool, switched to one replica 0-4 | 4-8 with its stages on the other agent than
-the drop's: 11.8 MiB of parameters beside a whole replica leave no KV even with the pool
-empty, and the freeing order keeps only one whole replica (`InsufficientMemory` before
-drops). The two whole replicas drop replicated layers into one pipeline, whose grown
-pools then shrink for the new replica.
-Called by `tests/e2e/test_relayout_full.py`.
+`bench_relayout`'s replay and checks on deployments make-before-break cannot switch. Default:
+one 0-4 | 4-8 replica over both local agents, each agent's memory (`--capacity-mib`, 96 MiB)
+holding its stage's parameters plus a pool of `capacity - 18 MiB`, switched to 0-6 | 6-8 with
+stages swapped: the serving pool shrinks (`ResizeKV`), the new replica loads beside it, the
+routes cut over, the old is freed and the new pool grows; then back. `--scenario drop`: two
+whole replicas (34 MiB per agent: 23.5 MiB parameters, 10 MiB pool) switched to one 0-4 | 4-8
+replica, which needs a drop-style transition (the two whole replicas drop into one pipeline
+first). Reported as `bench_relayout.run` reports (lost, tokens_match, transition_s,
+extra_bytes_peak), plus `incoming_param_bytes` (the bound on extra_bytes_peak). Called by
+`tests/e2e/test_relayout_full.py`.
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
 """Module-level scaling benchmark (CoCoServe): layer replication on local agents.
 
-`tessera bench scaling --json` makes the tiny checkpoint, starts two local agents (each
-one device `cpu:0`, one torch thread), loads a whole-model replica on agent-0 and leaves
-agent-1 idle. Two parts:
-
-- `op_table` (CoCoServe Table 2): for 1, 2, 4 and all layers, with requests decoding:
-  replicate layers [0, n) onto agent-1 (weights copied from agent-0), let new requests
-  join the replica, evict it (its requests' K/V come back), then migrate agent-0's own
-  layers [0, n) to agent-1 (weights and every running request's K/V); time, pause of the
-  step loop and bytes of each. The replica is reloaded between sizes.
-- load sweep: at each offered load (Poisson arrivals, req/s) the same requests are sent
-  with the policy off (no replica) and on (the scaling driver observes agent-1 idle and
-  applies Algorithm 1: replicas while the modelled speedup rises), interleaved per load;
-  `throughput_ratio_by_load` (output tokens/s, on / off) and `p99_ratio_by_load`
-  (request latency, on / off).
-
-`--via operator` (`bench_scaling_operator`): the same keys, but the operator's loop acts
-(test API server, a gateway in front; the op table is what the loop applied).
-
-What a 2-core machine can show: the operations (correct tokens, time, bytes, pause) and
-the split working end to end. What it cannot: a speedup. The two agents share the same
-two cores with each other (and, on this project's machine, with other engineers' work),
-so a replica adds no compute; the sweep measures the overhead of the split (hidden states
-over gRPC and back), not CoCoServe's gain from idle devices.
+`tessera bench scaling --json`: the tiny checkpoint, two local agents (one `cpu:0` device and
+one torch thread each), a whole replica on agent-0, agent-1 idle. `op_table` (CoCoServe Table
+2): for 1, 2, 4 and all layers, with requests decoding, replicate layers [0, n) onto agent-1,
+let requests join, evict, then migrate agent-0's own layers [0, n); time, step-loop pause and
+bytes of each. Load sweep: per offered load (Poisson, req/s) the same requests with the policy
+off and on (the driver applies Algorithm 1), interleaved: `throughput_ratio_by_load` and
+`p99_ratio_by_load` (on / off). `--via operator` (`bench_scaling_operator`): the same keys,
+the operator's loop acting. On a 2-core machine shared by both agents a replica adds no
+compute: the sweep measures the split's overhead, not CoCoServe's gain from idle devices;
+the operations (tokens, time, bytes, pause) are what it shows.
 """
 
 from __future__ import annotations

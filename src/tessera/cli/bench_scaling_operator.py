@@ -1,27 +1,16 @@
 """`tessera bench scaling --via operator`: the module-scaling loop as a cluster runs it.
 
-Two fresh agents (agent-0 holds one whole replica, agent-1 idle) behind
-`bench_operator_harness.Cluster`: the test API server (KMock), the operator ticking the
-scaling loop every `--tick-s` (it reads the gateway's inter-token histogram), and the
-gateway, to which every request is streamed (greedy, token ids as the prompt).
-
-- load sweep: at each offered load (Poisson arrivals, req/s) the same requests with
-  `spec.policies.scaling.enabled` false (no layer run), then true (the operator's loop
-  replicates onto the idle agent, which it does only under a TPOT violation: the bench
-  sets `tpotP99Ms` 1 ms and keeps 4 requests running, as Algorithm 1 gains nothing for a
-  batch of one, until `status.scaling.layerRuns` lists a run, then sets `--tpot-ms`
-  again; `evictAfterSeconds` is an hour, so the run stays while the load is measured);
-  turned off again, the loop evicts the runs. Request latency is the gateway's, sent to
-  last token.
-- op table: every agent operation the operator's loop applied, read back from its
-  `ModuleScaling` events (`scaling_loop.op_line`: the agent's own `ScalingOpReply`).
-  The loop chooses the sizes, not the bench. Migration is Algorithm 2's first phase: with
-  no run placed and one request at a time running (Algorithm 1, which the loop tries
-  first under a violation, gains nothing for a batch of one), the bench turns the policy
-  on with `spec.slo.tpotP99Ms` 1 ms (every gap violates) and waits `--migrate-wait-s` for
-  the loop to migrate; when it does not, the reason (the loop's own line) is reported.
-
-Output: the parts `bench_scaling.run` reports. Caller: `bench_scaling.run`.
+Two fresh agents (agent-0 a whole replica, agent-1 idle) behind
+`bench_operator_harness.Cluster`: the test API server, the operator ticking the scaling loop
+every `--tick-s`, and the gateway every request streams through (greedy). Load sweep: per
+offered load, the same requests with `spec.policies.scaling.enabled` false then true (the bench
+provokes the replication with `tpotP99Ms` 1 ms and 4 running requests until
+`status.scaling.layerRuns` lists a run, then restores `--tpot-ms`; `evictAfterSeconds` is an
+hour); turned off, the loop evicts the runs. Op table: the operations the loop applied, read
+back from its `ModuleScaling` events (`scaling_loop.op_line`); the loop chooses the sizes. For
+a migration (Algorithm 2's first phase, under a 1 ms target nothing meets) the bench waits
+`--migrate-wait-s` and reports the loop's own line when none comes. Output: the parts
+`bench_scaling.run` reports; caller: `bench_scaling.run`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """A stitched chain across two widths against the large model alone, in-process and served.
 
-`tessera bench stitch --json [--quick] [--family DIR] [--zoo DIR] [--no-served]`. First the
-in-process figures of `tessera_agent.bench_stitch` (the family, the stitch trained and
-stored in the zoo, quality per point, bytes saved, the paper's Table 3 beside them); its
-`tpot_ratio` there is renamed `inprocess_tpot_ratio`. Then, served through an agent (one
-`tessera agent` process, one torch thread, the block zoo on): the large model whole, and
-the stitched chain at the served point as two blocks (the small front, which applies the
-stitch, and the large model's tail, whose layers the zoo shares with the whole model),
-each asked the same greedy requests in turn, three rounds. `tpot_ratio` is the median
-time per output token of the chain over the large model's, from the streamed token
-arrivals (per request: from the first token to the last, over the tokens between);
-`served.tokens_equal` says whether every served chain's tokens equal the same
-stitched chain run in-process in float32 (its oracle). The composition lives here, in the
-CLI, because it starts an agent process.
+`tessera bench stitch --json [--quick] [--family DIR] [--zoo DIR] [--no-served]`. First
+`tessera_agent.bench_stitch`'s in-process figures (its `tpot_ratio` renamed
+`inprocess_tpot_ratio`). Then, served through one `tessera agent` process (one torch thread,
+block zoo on): the large model whole and the stitched chain as two blocks (the small front
+applying the stitch, the large tail sharing the whole model's layers), asked the same greedy
+requests in turn, three rounds. `tpot_ratio`: median time per output token, chain / large,
+from streamed arrivals; `served.tokens_equal`: every served chain's tokens equal the same chain
+run in-process in float32. It lives in the CLI because it starts an agent process.
 """
 
 from __future__ import annotations

@@ -1,35 +1,16 @@
-"""Switch benchmark (issue 11, Proof 1): a layout switch by peer copies vs by reloading.
+"""Switch benchmark (Proof 1): a layout switch by peer copies vs by reloading.
 
-`tessera bench switch --json` makes a tiny checkpoint (wider than the default so that
-parameter bytes matter: `--hidden 512`, ~100 MB), and runs `tessera up` (2 local agents)
-twice on the same trace load, once per mode:
-
-* `peer`: `--sourcing switch`: each load's parameters come in parts chosen by the OServe
-  switch plan (`policies.switch_sources`: blocks on the same agent first, then the
-  least-loaded peer link; the data plane between agents that have it, gRPC otherwise);
-* `reload`: `--sourcing storage`: the same transitions reading every block from storage.
-
-Storage speed: a node's page cache would serve the checkpoint far faster than a cluster's
-network storage, so both runs' agents read the checkpoint through a throttled reader at a
-declared bandwidth (`--storage-bandwidth`, default 100 MB/s per agent: the agent's
-`--storage-bandwidth` / `$TESSERA_STORAGE_BYTES_PER_S`); peer copies are not throttled.
-
-With `--rounds N` the two modes alternate N times (peer, reload, peer, reload, ...) and
-times are medians over rounds, `peer_vs_reload` the median of the per-round ratios (the
-machine's load changes between runs). Each run starts at 2 whole replicas and, during
-the replay, rewrites the manifest twice
-(`bench_relayout.LAYOUTS`): → 1 whole + a 2-stage pipeline (0-4 | 4-8) → the pipeline
-split at other layers on the other agents (0-6 | 6-8). Long requests decode on the
-leaving replica at each switch (their KV moves). Reported:
-`switch_s_peer` / `switch_s_reload` (per mode, the sum over the two switches of manifest
-written → the gateway cuts over to the new replicas: the pre-allocate + copy phase the
-source choice changes; `*_per_switch` lists and `complete_s_*` up to the old blocks being
-freed are beside them), `peer_vs_reload` (reload time / peer time), `bytes_moved` (the
-switch plan's bytes over agent links per switch, local copies included, and
-`bytes_between_agents`), `plan_vs_bound` (per switch, the greedy plan's modelled time over
-its LP lower bound; *model output*, default link figures), `p99_ttft_during_vs_steady`
-(peer run: requests sent inside a switch window vs outside), `lost` (both runs) and
-`tokens_match` (every completed greedy text equals `transformers`).
+`tessera bench switch --json` makes a tiny but wider checkpoint (`--hidden 512`, ~100 MB) and
+runs `tessera up` (2 local agents) on the same trace load in two modes: `peer` (`--sourcing
+switch`: parts chosen by the OServe switch plan, `policies.switch_sources`) and `reload`
+(`--sourcing storage`). Both read storage through a throttle (`--storage-bandwidth`, 100 MB/s
+per agent, standing for network storage); peer copies are not throttled. `--rounds N`
+alternates the modes; times are medians, ratios medians of per-round ratios. Each run switches
+twice during the replay (`bench_relayout.LAYOUTS`), with long requests decoding on the leaving
+replica. Keys: `switch_s_peer` / `switch_s_reload` (sum over switches of manifest written →
+cut-over; `*_per_switch`, `complete_s_*`), `peer_vs_reload`, `bytes_moved`
+(`bytes_between_agents`), `plan_vs_bound` (greedy plan / LP bound, model output),
+`p99_ttft_during_vs_steady`, `lost`, `tokens_match` (against `transformers`).
 """
 
 from __future__ import annotations

@@ -1,35 +1,16 @@
 """Variants: shared blocks (LoRA batched + block zoo) vs one full copy per variant, same memory.
 
-`tessera bench variants --json`. For 3, 6 and 12 variants of a tiny foundation (a third
-full fine-tunes differing in `--diff-layers` layers, the rest LoRA adapters), the same
-mixed request stream (Poisson arrivals, each request a random variant) is served twice on a
-local agent process, with the same device memory budget:
-
-* **shared** (Tessera): one foundation replica serving every LoRA adapter in mixed
-  batches, plus one chain per full fine-tune whose identical blocks the agent's zoo shares;
-  the budget is set to exactly what this needs (parameters + one KV pool per replica);
-* **per model**: an agent with the zoo off (`--no-block-zoo`) holding one full copy per
-  variant (a LoRA variant is its own copy of the foundation with its one adapter), each
-  with the same KV pool. When the budget cannot hold every copy, a copy not resident is
-  swapped in on demand (least recently used idle copy unloaded, the variant's loaded from
-  the checkpoint): what a per-model deployment in that memory must do.
-
-Clients call the leader's `Generate` directly (no gateway), greedy, EOS ignored, so every
-request yields exactly `--new` tokens. Reported per size: `param_bytes_shared` (the zoo's
-bytes + adapters), `param_bytes_per_model` (every copy, as if all were resident),
-`throughput_ratio` (shared / per model, output tokens per second over the stream),
-`p95_latency_ratio` (shared / per model, request latency from arrival to last token),
-`swaps`, and `tokens_match` (every request's tokens equal under both). The agents run with
-one torch thread each; numbers from a shared machine carry its contention.
-
-The shared configuration runs twice on the same stream, back to back: with per-block
-batching across chains (the default: `engine/cobatch.py`) and with it off
-(`--no-cobatch`: each chain's step alone). `cobatch_throughput_ratio` and
-`cobatch_p95_latency_ratio` compare the two (on / off); `*_no_cobatch` fields give the
-ratios against per-model copies as before; `cobatch_*` counts come from the co-batched
-agent's `/metrics` (steps run co-batched or alone, passes over several chains' rows,
-waits for partners). `cobatch_in_process` is the engine's effect without gRPC
-(`bench_variants_cobatch`): 5 chains sharing blocks, saturated, on vs off per round.
+`tessera bench variants --json`. For 3, 6 and 12 variants of a tiny foundation (a third full
+fine-tunes differing in `--diff-layers` layers, the rest LoRA adapters), one mixed Poisson
+stream is served twice on a local agent with the same memory budget: shared (one foundation
+replica serving every adapter, one chain per fine-tune sharing blocks through the zoo; the
+budget is exactly what this needs) and per model (`--no-block-zoo`, one full copy per variant;
+copies that do not fit are swapped in LRU on demand). Clients call the leader's `Generate`
+(greedy, EOS ignored, `--new` tokens each). Per size: `param_bytes_shared`,
+`param_bytes_per_model`, `throughput_ratio` and `p95_latency_ratio` (shared / per model),
+`swaps`, `tokens_match`. The shared run is repeated without co-batching (`--no-cobatch`):
+`cobatch_throughput_ratio`, `cobatch_p95_latency_ratio` (on / off), `*_no_cobatch`, `cobatch_*`
+counts from `/metrics`, and `cobatch_in_process` (`bench_variants_cobatch`, without gRPC).
 """
 
 from __future__ import annotations

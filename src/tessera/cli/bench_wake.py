@@ -1,19 +1,14 @@
-"""Wake and scale-from-zero benchmark (issue 32): `wake_s`, `first_token_s_from_zero`, `lost`.
+"""Wake and scale-from-zero benchmark: `wake_s`, `first_token_s_from_zero`, `lost`.
 
-`tessera bench wake --json` makes a checkpoint (`--layers`, `--hidden`; the default is
-about 510 MB in float32, `--tiny` the test's few MB), starts one local agent with a host
-block cache (and `--storage-bandwidth`: the agent's own throttle of checkpoint reads, bytes
-per second, 0 unthrottled), loads one whole-model replica (`ready_s_storage`: the
-LoadBlock's wall time from storage) and an in-process gateway holding requests while no
-replica is awake. Then, `--rounds` times: the replica is put to sleep (zero awake), a
-burst of `--requests` greedy streamed completions arrives; the gateway holds them and
-wakes the replica; `first_token_s_from_zero` is the first request's TTFT at the client,
-`lost` counts requests that did not complete with the awake answer's text. `wake_s` is a
-separate sleep/wake pair's `WakeReplica` wall time (restore from the host cache; the
-agent's own figure is `wake_s_agent`), timed once the sleep's clean-up is over (the
-agent reclaims the unloaded blocks' heap on its event loop just after a sleep; a real
-wake comes long after). `measure(...)` is the function `tessera bench
-coldstart` (or anyone) calls with its own agent and checkpoint.
+`tessera bench wake --json` makes a checkpoint (`--layers`, `--hidden`: about 510 MB float32 by
+default, `--tiny` a few MB), starts one local agent with a host block cache (and
+`--storage-bandwidth`, 0 unthrottled), loads a whole replica (`ready_s_storage`) and an
+in-process gateway holding requests while no replica is awake. `--rounds` times: the replica
+sleeps, a burst of `--requests` greedy streams arrives, the gateway holds them and wakes it;
+`first_token_s_from_zero` is the first request's TTFT at the client, `lost` the requests not
+completed with the awake answer's text. `wake_s`: a separate sleep/wake pair's `WakeReplica`
+wall time (`wake_s_agent`: the agent's own), timed after the sleep's clean-up is over.
+`measure(...)` is what `tessera bench coldstart` calls with its own agent and checkpoint.
 """
 
 from __future__ import annotations

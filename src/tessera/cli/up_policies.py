@@ -1,22 +1,13 @@
 """Module scaling in `tessera up` follows the manifest: a policy edit takes effect live.
 
-`tessera up` starts the module-scaling loop (`scaling_loop`) when the manifest's
-`spec.policies.scaling.enabled`. Before, it read the policy once at start; now every
-applied manifest edit goes through `ScalingPolicy.sync(spec)`:
-
-- turned on: the loop starts (made by `make`, i.e. `scaling_loop.for_up`);
-- changed (thresholds, steps, the TPOT target): the running loop takes the new policy at
-  its next tick (`ScalingLoop.reconfigure`), its layer replicas kept;
-- turned off: the loop stops, and the layer replicas it added are evicted
-  (`ScalingLoop.release`), so the replicas serve as their manifest says.
-
-The loop ticks every `--scaling-interval` seconds, each tick a pass of the deployment's
-`observation.Pass` (`run_locked`: the lock the converge pass and the overload tick
-take), so a scaling tick and a reconcile pass never interleave, as in the operator's
-scaling timer.
-
-Caller: `up_cmd._serve` (after each converge pass, under the pass lock), and at exit.
-The overload policy is still read once at start; an edit of it is reported as needing a
+Every applied manifest edit goes through `ScalingPolicy.sync(spec)`: turned on, the loop
+starts (`make`, i.e. `scaling_loop.for_up`); changed (thresholds, steps, the TPOT target), the
+running loop takes the new policy at its next tick (`ScalingLoop.reconfigure`), its layer
+replicas kept; turned off, the loop stops and evicts the layer replicas it added
+(`ScalingLoop.release`). The loop ticks every `--scaling-interval` seconds inside the
+deployment's `observation.Pass` (`run_locked`), so a tick and a reconcile pass never
+interleave. Caller: `up_cmd._serve` (after each converge pass, under the pass lock), and at
+exit. The overload policy is read once at start; an edit of it is reported as needing a
 restart (`overload_note`).
 """
 

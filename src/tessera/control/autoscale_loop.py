@@ -1,20 +1,14 @@
-"""The replica autoscale loop (issue 32): observe, decide purely, wake or sleep, report.
+"""The replica autoscale loop: observe, decide purely, wake or sleep, report.
 
-One `tick` per period for a deployment whose `spec.scaling.enabled`. Observe: every
-planned replica's leader (`Describe`: asleep or not, running and waiting requests, KV
-pages) and the gateway's `gateway_demand.Demand` (held requests, calls with no token,
-the replicas with calls, the TTFT histogram). The loop carries only what the hysteresis
-needs (`autoscale.Memory`), when each replica last had a request (its idle time), the
-previous TTFT histogram (the window's p99) and gRPC channels: an operator restarted
-converges from what the leaders report. Decide: `policies.autoscale.decide`. Actuate:
-`WakeReplica` on the leaders to wake (concurrently: a request may be waiting),
-`SleepReplica` on those to sleep (an agent refuses a replica with requests; that is not
-an error, the next tick looks again); a new plan count (`Decision.replicas`, an auto
-layout growing or shrinking) is only reported: the caller writes it where the next
-reconcile pass reads it (`status.autoscaling.desiredReplicas`). Report: a `Tick` with
-Normal/Warning events (`ReplicaWoke`, `ReplicaSlept`, `ScaleFromZero`, `ScaleToZero`,
-`WakeFailed`, `ReplicasResized`, ...), the decision, and the wake seconds. Callers:
-`tessera_operator.autoscale_tick` (a kopf timer) and `tessera.cli.up_autoscale`.
+One `tick` per period for a deployment whose `spec.scaling.enabled`. Observe: each planned
+replica's leader (`Describe`: asleep, running and waiting requests, KV pages) and the gateway's
+`gateway_demand.Demand`. State is only the hysteresis memory (`autoscale.Memory`), each
+replica's last request time, the previous TTFT histogram and channels, so a restarted operator
+converges from the leaders. Decide: `policies.autoscale.decide`. Actuate: `WakeReplica`
+(concurrently) and `SleepReplica` (an agent refusing a busy replica is not an error); a new
+plan count (`Decision.replicas`) is only reported, for the caller to write where the next
+reconcile pass reads it. Report: a `Tick` with events, the decision and wake seconds.
+Callers: `tessera_operator.autoscale_tick` and `tessera.cli.up_autoscale`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """A thin driver of module-level scaling for one replica stage: observe, decide, apply.
 
-Observes the agents (`Describe`): a device's idle share is 1 when nothing runs on its
-agent (no running request on a replica it leads, no layer run held for another, none
-being replicated onto it: the origin's `scaling_pending`) and 0 otherwise — the only
-idle signal a CPU agent reports today; free memory comes from the device's booking;
-gamma (Eq. 4) is measured from the runs it made (`measure_gamma`: a replica's seconds
-per token at a run against the origin's) and, until a peer's link is given, sets the
-link term of the next decisions. Decides with the pure policy (`module_scaling.scale_up`
-/ `scale_down`, turned into layer-run operations by `run_plan`), and applies the
-operations with the origin agent's `ScalingReplicate` / `ScalingMigrate` /
-`ScalingEvict`, and Algorithm 2's batch cut with the leader's `ScalingBatchLimit`
-(`restore_batch` lifts it). Keeps the modelled placement it applied, which `adopt`
-resets to what the agents report (runs placed and replications in flight). Used by
-`tessera bench scaling` and by the periodic loop (`scaling_loop.ScalingLoop`, which
-decides when to call `tick_up` / `tick_down`).
+Observes the agents (`Describe`): a device's idle share is 1 when nothing runs on its agent and
+0 otherwise; free memory comes from its booking; gamma (Eq. 4) is measured from runs it made
+(`measure_gamma`). Decides with the pure policy (`module_scaling.scale_up` / `scale_down`,
+turned into layer-run operations by `run_plan`) and applies them with the origin agent's
+`ScalingReplicate` / `ScalingMigrate` / `ScalingEvict`, and Algorithm 2's batch cut with the
+leader's `ScalingBatchLimit` (`restore_batch` lifts it). Keeps the placement it applied, which
+`adopt` resets to what the agents report. Used by `tessera bench scaling` and the periodic
+loop (`scaling_loop.ScalingLoop`, which decides when to call `tick_up` / `tick_down`).
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
-"""The periodic module-scaling loop (issue 15): observe, decide purely, drive.
+"""The periodic module-scaling loop: observe, decide purely, drive.
 
-Where it runs: in `tessera up` (beside the agents it supervises and the in-process
-gateway whose inter-token latencies are the SLO signal), every `--scaling-interval`
-seconds, when the manifest's `spec.policies.scaling.enabled` (`for_up`; a manifest edit
-that changes the policy re-tunes, starts or stops the loop: `cli/up_policies.py`), and
-in the operator (`tessera_operator/scaling_tick.py`: the gateway's histogram pulled over
-`GET /metrics`, the lines written as `ModuleScaling` events).
-
-Each `tick`: read the gateway's histogram (`itl`), take the window since the last tick
-(`policies.scaling_signal.window`) and how long no window has violated (`calm_for`);
-observe once (one `Describe` per agent, or the replies of the caller's shared
-observation: each replica whose single stage an agent leads gets its
-`scaling_driver.ScalingDriver`, made once with the other agents as peers and
-re-adopting every tick the runs its leader reports; pipelined and tensor-parallel
-replicas are skipped, the driver's runs being of one stage); decide
-(`scaling_signal.decide`); then per replica: "up" runs `measure_gamma` and `tick_up`
-(Algorithm 1) and, when that places nothing, `tick_down` (Algorithm 2: migrate, evict,
-cut the batch; the window's mean gap is the step time, the TPOT target its budget, the
-batch the replica's running requests up to its cap); "restore" lifts a batch cut;
-"evict" evicts the replica's layer replicas (`evict_all`). A failing replica is
-reported and the loop goes on. Returns one line per action; `run` calls it in a thread.
-Every agent operation a tick (or an eviction) applied adds one `op_line` (its
-`ScalingOpReply`: seconds, pause, bytes), which `parse_op_line` reads back (the operator
-writes the lines as events; `tessera bench scaling --via operator` tables them).
+Runs in `tessera up` every `--scaling-interval` seconds when `spec.policies.scaling.enabled`
+(`for_up`; re-tuned on manifest edits by `cli/up_policies.py`), and in the operator
+(`tessera_operator/scaling_tick.py`). Each `tick`: read the gateway's inter-token histogram,
+take the window since the last tick (`policies.scaling_signal.window`, `calm_for`); observe
+once (one `ScalingDriver` per single-stage replica, re-adopting its leader's runs; pipelined
+and tensor-parallel replicas are skipped); decide (`scaling_signal.decide`); then per replica
+"up" (`measure_gamma`, `tick_up`, else `tick_down`), "restore" (lift a batch cut) or "evict"
+(`evict_all`). A failing replica is reported and the loop goes on. Returns one line per action
+(`run` calls it in a thread); each agent operation adds an `op_line` (seconds, pause, bytes)
+that `parse_op_line` reads back (operator events, `tessera bench scaling --via operator`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """Admin endpoints of the gateway: `GET /admin/v1/routes`, `/arrivals` and `/load`.
 
-Installed on the application by `server.start_gateway`. The executor of a transition
-(operator or `tessera up`) reads it to see which routes version the gateway serves and
-how many requests still run on each leaving replica:
-`{"version": int, "replicas": [ids], "leaving": {replica_id: in-flight requests}}`
-(`tessera.routes_doc.AdminRoutes`). `/admin/v1/arrivals` is the per-class arrivals per
-span the switching loop forecasts from (`arrivals.ArrivalRecorder.snapshot`).
-`/admin/v1/load` is what only the gateway sees of each replica's load, for the overload
-loop the operator runs (`tessera.control.overload`): `{"replicas": {replica_id:
-{"inFlight": n, "calls": [[prompt_tokens, max_tokens, started], ...]}}}`, the calls
-most likely waiting first (no token yet, then the longest without one); `started` is 1
-once a call had a token (`tessera.control.gateway_load` reads it); `"held": n` counts the
-requests held for a replica to wake (`hold.py`: the autoscaler's demand from zero,
-`tessera.control.gateway_demand`).
+Installed by `server.start_gateway`. `/admin/v1/routes` (`tessera.routes_doc.AdminRoutes`:
+`{"version", "replicas", "leaving": {replica_id: in-flight requests}}`) tells a transition's
+executor (operator or `tessera up`) which version the gateway serves and what still runs on
+leaving replicas. `/admin/v1/arrivals` is the per-class arrivals per span the switching loop
+forecasts from (`arrivals.ArrivalRecorder.snapshot`). `/admin/v1/load` is each replica's load as
+only the gateway sees it, for the overload loop: `{"replicas": {id: {"inFlight": n, "calls":
+[[prompt_tokens, max_tokens, started], ...]}}, "held": n}`, calls most likely waiting first;
+`started` is 1 once a call had a token (`tessera.control.gateway_load`); `held` counts requests
+held for a replica to wake (`hold.py`, read by `tessera.control.gateway_demand`).
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
-"""Per-class arrivals per span: what the switching loop forecasts from (issue 11, item 4).
+"""Per-class arrivals per span: what the switching loop forecasts from.
 
-Every admitted generation request is typed on arrival by a `ClassRouter`
-`(prompt_tokens, max_tokens) -> class name` and counted in the current span. The class
-rule is the live classifier (`tessera.workload.live_classes`: prompt length, the
-client's `max_tokens` and each class's output-length estimate) when one was given
-(`live_class_router`), else the routes document's class centroids with `max_tokens` as
-the output guess (`policies.routing.centroid_class_router`). Spans are
-``[k * span_s, (k + 1) * span_s)`` seconds of the recorder's clock; only complete spans
-are reported, as `workload.counts` does (a truncated span would look like a drop in
-demand). Requests whose class is unknown count as ``"unclassified"``.
-
-Exposed by the gateway at ``GET /admin/v1/arrivals`` (`snapshot`, schema below) and as
-the counter ``tessera_gateway_class_arrivals_total{class}``. Read by the operator's
-switching loop (`tessera.control.switching`) and by ``tessera bench adaptive``.
-
-    {"spanSeconds": 10.0, "classes": ["c0", "c1"], "firstSpan": 3,
-     "spans": [[4, 1], [6, 0]],          # complete spans, oldest first, [span][class]
-     "current": [1, 0], "currentElapsedSeconds": 2.5, "unclassified": 0}
+Every admitted generation request is typed on arrival by a `ClassRouter` `(prompt_tokens,
+max_tokens) -> class name` and counted in the current span: the live classifier
+(`tessera.workload.live_classes`, `live_class_router`) when given, else the routes document's
+centroids (`policies.routing.centroid_class_router`); unknown classes count as
+``"unclassified"``. Spans are ``[k * span_s, (k + 1) * span_s)`` of the recorder's clock; only
+complete spans are reported (a truncated one would look like a drop in demand). Exposed at
+``GET /admin/v1/arrivals`` (`snapshot`: ``spanSeconds``, ``classes``, ``firstSpan``, ``spans``
+[span][class] oldest first, ``current``, ``currentElapsedSeconds``, ``unclassified``) and as
+``tessera_gateway_class_arrivals_total{class}``. Read by the operator's switching loop
+(`tessera.control.switching`) and ``tessera bench adaptive``.
 """
 
 from __future__ import annotations

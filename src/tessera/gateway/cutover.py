@@ -1,22 +1,15 @@
 """The versioned replica set's cut-over: switch atomically, then drain or move the rest.
 
-`GatewayHandle` hands every routes document to `Cutover.apply`. It switches the routable
-replicas at once (one synchronous `ReplicaSet.update` in the event loop: every request
-routed after it sees only the new set); replicas the previous document named that the new
-one does not become *leaving*. Every change of the set is such a cut-over, also at the
-same `version` (the plan generation): a transition done in the freeing order publishes
-several documents of one version (`tessera.routes_doc`). A document with a lower version
-is stale and ignored.
-
-While any replica is leaving, a task ticks every `tick_s`: it reads the attempts running
-on leaving replicas (`inflight.InFlightTable`), asks `policies.drain.decide` which drain
-and which move (and where), and for each move copies the request's KV prefix to the
-target (`kv_move.move_prefix`, stages found by `stage_chain.resolve`) while the source
-keeps decoding, then redirects the attempt: the dispatcher continues it on the target
-with the moved prefix as a prefix-cache hit. A failed copy still redirects (the target
-recomputes the prefix; greedy output is the same). A leaving replica with no attempt left
-is dropped from the leaving set; the executor frees its blocks once its agents report it
-idle (or the deadline plus a grace passed). `snapshot` is `GET /admin/v1/routes`.
+`GatewayHandle` hands every routes document to `Cutover.apply`, which switches the routable
+replicas at once (one synchronous `ReplicaSet.update`: every request routed after it sees only
+the new set); replicas the previous document named and the new one does not become leaving.
+Every change of the set is a cut-over, also at the same `version`; a lower version is stale and
+ignored. While any replica is leaving, a task ticks every `tick_s`: it reads the attempts on
+leaving replicas (`inflight.InFlightTable`), asks `policies.drain.decide` which drain and which
+move where, copies each moved request's KV prefix to its target (`kv_move.move_prefix`) while
+the source keeps decoding, then redirects the attempt (the dispatcher continues it there with a
+prefix-cache hit; a failed copy still redirects: the target recomputes). A leaving replica with
+no attempt left is dropped from the set. `snapshot` is `GET /admin/v1/routes`.
 """
 
 from __future__ import annotations

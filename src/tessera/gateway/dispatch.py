@@ -1,38 +1,17 @@
 """Runs one generation on a replica over gRPC, retrying elsewhere before the first token.
 
-Called by `text_stream.py` for every completion request. Each attempt asks `kv_affinity`
-(KV owner first; the router when `kv_dispatch` is off) for a ready replica, streams the
-leader's tokens (on the replica's multiplexed `GenerateMux` stream, `mux.py`, or one
-`Generate` call per request) and yields token chunks (their timing feeds `kv_affinity`). Agent
-errors:
-
-* INVALID_ARGUMENT → 400 (the request itself is bad; no retry);
-* RESOURCE_EXHAUSTED (the request is larger than that replica's whole KV pool) → try the
-  other replicas; 400 if none can hold it;
-* anything else (UNAVAILABLE, NOT_FOUND, FAILED_PRECONDITION, ...) → the replica is marked
-  failed and the request moves to another ready replica. Before the first token it simply
-  starts there; after tokens were yielded it *continues* there: the prompt becomes the
-  original prompt plus the tokens generated so far and `max_tokens` what is left, so the
-  client's stream goes on where it stopped (greedy output is unchanged; a seeded sampler
-  continues with seed + tokens so far, so a resumed request is a valid sample but not the
-  one an uninterrupted run would give). `ReplicaLost` is raised only when no replica is
-  left to continue on; 503 when every replica failed before the first token.
-
-A cut-over (`cutover.py`) may *redirect* a running attempt: after copying its KV prefix
-to a surviving replica it cancels the call, and the request continues there the same
-way, without counting a failure (the attempts are registered in `inflight.InFlightTable`).
-
-Which error means what (reject, retry with or without marking the replica failed, the
-error a request ends with) is decided by `tessera.policies.routing.retry`; this module applies it.
-
-Time limits (`limits.Limits`): a replica that sends no chunk within
-`first_token_timeout_s` of the request starting there, or within `token_timeout_s` of its
-previous chunk, is treated as crashed (marked failed; the request continues elsewhere);
-past `request_timeout_s` from arrival the request ends with 504. The routing ticket and
-the in-flight record of an attempt are released on every path out of it.
-
-Leaving the generator early (client disconnect, stop string) cancels the gRPC call, and
-the agent frees the request's KV pages.
+Called by `text_stream.py` per completion request. Each attempt asks `kv_affinity` for a ready
+replica, streams the leader's tokens (its `GenerateMux` stream, `mux.py`, or one `Generate`
+call) and yields token chunks. Errors, as `tessera.policies.routing.retry` decides:
+INVALID_ARGUMENT → 400; RESOURCE_EXHAUSTED (larger than that replica's KV pool) → other
+replicas, 400 if none fits; anything else marks the replica failed and moves the request:
+before the first token it starts over, after it continues (prompt + tokens so far, the
+remaining `max_tokens`; greedy output unchanged, a seeded sampler continues with seed + tokens
+so far). `ReplicaLost` when no replica is left to continue on, 503 when all failed before the
+first token. A cut-over may redirect an attempt (`inflight.InFlightTable`) without a failure.
+Limits (`limits.Limits`): no chunk within `first_token_timeout_s` or `token_timeout_s` counts
+as a crash; past `request_timeout_s` the request ends with 504. Leaving the generator early
+cancels the call (the agent frees the pages); tickets and in-flight records are always released.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
-"""The gateway's inputs to KV-owner-first dispatch, and applying its decision (issue 14).
+"""The gateway's inputs to KV-owner-first dispatch, and applying its decision.
 
 `dispatch.Dispatcher` asks `KvAffinity.choose` for every attempt that is not a cut-over
-redirect, passing the ready replicas the request's model allows. The rule itself is pure
-(`tessera.policies.routing.kv_dispatch`); this module only gathers what it needs:
-
-* **where the KV lives**: a `PrefixOwners` LRU of page-aligned prompt prefixes, namespaced
-  by the request's LoRA variant. A full fine-tune runs on replicas of its own, so its
-  prefixes can only name those. Each choice records the prompt's pages on the chosen
-  replica. `finished` records prompt + generated tokens, which a conversation's next turn
-  starts with. The page size is the one the leader reports (`Describe`), 16 until it has;
-- **how loaded each replica is**: requests in flight and outstanding tokens (the router's
-  accounting, `policies.routing.Router`); the batch limit the leader reports
-  (`max_num_seqs`); tokens/s *per stream* measured from the replica's own streams
-  (`observe`, called per chunk, each chunk's tokens shared by the requests in flight
-  there), so a replica's estimated latency grows with its queue: an aggregate rate grows
-  with the batch, and a replica running a bigger batch kept looking as fast and kept
-  winning new requests (88 of 160 on one of four replicas in a burst);
-* **the plan's class shares** for the request's class (`Router.class_weights`), with a
-  seeded draw for the weighted choice.
-
-Each decision bumps `tessera_gateway_dispatch_decisions_total{reason}`.
+redirect, with the ready replicas the request's model allows. The rule is pure
+(`tessera.policies.routing.kv_dispatch`); this module gathers its inputs: where the KV lives (a
+`PrefixOwners` LRU of page-aligned prompt prefixes, namespaced by LoRA variant; each choice
+records the prompt's pages on the chosen replica, `finished` adds the generated tokens; page
+size from the leader's `Describe`, 16 until then); how loaded each replica is (requests in
+flight and outstanding tokens from `policies.routing.Router`, the leader's `max_num_seqs`, and
+tokens/s per stream measured by `observe` per chunk, so estimated latency grows with the queue;
+docs/overload.md says why not an aggregate rate); and the plan's class shares
+(`Router.class_weights`) with a seeded draw. Each decision bumps
+`tessera_gateway_dispatch_decisions_total{reason}`.
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
-"""One multiplexed `GenerateMux` stream per replica: the gateway's token path (issue 16).
+"""One multiplexed `GenerateMux` stream per replica: the gateway's token path.
 
-Owned by `replicas.ReplicaSet` (its `generate`), used by `dispatch.Dispatcher._attempt`
-for every attempt when `GatewayConfig.generate_mux` is on. Instead of one server-streaming
-`Generate` call per request (one gRPC message per request per decode step, ~140 µs of CPU
-on both ends), each replica gets ONE long-lived bidirectional stream to its leader agent:
-the gateway writes `start` and `cancel` messages, the agent answers with one message per
-batch of news covering every request on the stream (`tessera_agent.generate_mux`).
-
-`MuxCall` has the shape the dispatcher and the cut-over rely on from a grpc.aio call:
-async iteration of `GenerateChunk`s, ending after the chunk with a finish reason; a
-request's failure is raised as a `grpc.aio.AioRpcError` with the agent's code and message
-(the same branches as the per-request call); `cancel()` returns False once the request
-ended, otherwise tells the agent to cancel it (its pages are freed) and makes the reader
-raise `asyncio.CancelledError`, as a cancelled grpc.aio call does.
-
-A stream is opened lazily on a replica's first request, and *retired* (`drop`) when the
-replica is removed, moves or is marked failed: no new request goes on it, the running
-ones finish, then the gateway half-closes it. When a stream breaks (the agent is gone),
-every request still on it fails with the stream's status, and the dispatcher retries or
-continues each on another replica as it does for a failed per-request call.
-
-An agent without `GenerateMux` (an older release, mid rolling upgrade) answers the stream
-UNIMPLEMENTED: its requests, which had nothing delivered yet, go on as per-request
-`Generate` calls, and the replica takes per-request calls until it is dropped (removed,
-moved or failed: a new leader is asked for a stream again). Nothing fails and the replica
-is not marked failed.
+Owned by `replicas.ReplicaSet` (`generate`), used by `dispatch.Dispatcher._attempt` when
+`GatewayConfig.generate_mux` is on: instead of one `Generate` call per request (a message per
+request per decode step), each replica gets one bidirectional stream to its leader; the gateway
+writes `start` and `cancel`, the agent answers with one message per batch of news
+(`tessera_agent.generate_mux`). `MuxCall` behaves like a grpc.aio call: iterates
+`GenerateChunk`s up to the one with a finish reason, raises `grpc.aio.AioRpcError` with the
+agent's code, and `cancel()` (False once ended) cancels on the agent and raises
+`asyncio.CancelledError` in the reader. Streams open lazily and are retired (`drop`) when the
+replica is removed, moves or fails. A broken stream fails its requests with its status, for the
+dispatcher to retry or continue. An agent answering UNIMPLEMENTED (an older release) gets
+per-request `Generate` calls until the replica is dropped; nothing fails.
 """
 
 from __future__ import annotations

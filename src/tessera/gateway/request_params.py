@@ -1,19 +1,15 @@
 """OpenAI request bodies → validated plain dataclasses (pure; raises `errors.ApiError`);
 the sampling settings become the one wire type, `tessera.rpc.sampling.Sampling`.
 
-Called by the handlers in `app.py` for `/v1/completions` and `/v1/chat/completions`.
-Defaults follow OpenAI: `temperature` 1.0, `top_p` 1.0, `max_tokens` 16 for completions
-and "the rest of the context" for chat. Extensions: `top_k` (0 or -1 = off) and
-`ignore_eos`. Log-probabilities: `logprobs` (0-20 alternatives) for completions,
-`logprobs: true` plus `top_logprobs` (0-20) for chat; `n` (1-16) choices, each generated on
-its own (seed + index when a seed is given). Parameters the gateway cannot honour
-(`best_of` > 1, `echo`, penalties, `logit_bias`, tools, ...) are rejected with 400 rather than
-silently ignored; unknown fields and `user` are ignored. Every number is range-checked
-against what the agent's wire types hold (`seed` int64, `top_k`/`max_tokens` int32,
-`temperature` a finite float32); a temperature below `GREEDY_BELOW` (or a `top_p` so
-small that it keeps one token) is greedy; at most `MAX_STOPS` stop strings of at most
-`MAX_STOP_CHARS` characters (as OpenAI). `prompt` may be a list of prompts (texts or
-token-id lists), each answered with `n` choices.
+Called by the handlers in `app.py` for `/v1/completions` and `/v1/chat/completions`. Defaults
+follow OpenAI (`temperature` 1.0, `top_p` 1.0, `max_tokens` 16 for completions, the rest of the
+context for chat). Extensions: `top_k` (0 or -1 = off), `ignore_eos`. `logprobs` /
+`top_logprobs` (0-20), `n` (1-16, seed + index per choice), `prompt` as a list of texts or
+token-id lists. Parameters it cannot honour (`best_of` > 1, `echo`, penalties, `logit_bias`,
+tools, ...) are 400, never ignored; unknown fields and `user` are ignored. Numbers are
+range-checked against the wire types; a temperature below `GREEDY_BELOW` (or a one-token
+`top_p`) is greedy; at most `MAX_STOPS` stops of `MAX_STOP_CHARS` characters. docs/gateway.md
+has the full table.
 """
 
 from __future__ import annotations

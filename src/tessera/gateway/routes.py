@@ -1,23 +1,14 @@
 """The routes file: replicas and class shares published to the gateway as JSON.
 
-The Kubernetes operator writes it into a ConfigMap mounted in the gateway pod; the
-gateway (`server.py`) re-reads it whenever its mtime changes. Format:
-
-    {"model": "NAME", "modelPath": "DIR",
-     "replicas": [{"id": "r0", "address": "host:port"}, ...],
-     "classShares": {"CLASS": {"r0": 0.7, "r1": 0.3}, ...},
-     "classes": [{"name": "CLASS", "inputTokens": 512, "outputTokens": 128}, ...],
-     "version": 3, "drainDeadlineSeconds": 30}
-
-Only `replicas` is required; a replica whose `address` is still empty (its leader agent
-is not known yet) is left out until a later version of the file names it. `classes`
-(representative token counts, as in the ServingDeployment spec) let the gateway classify
-requests for `classShares`. `version` (the plan generation, default 0) and
-`drainDeadlineSeconds` drive the cut-over (`cutover.py`): replicas the previous document
-named that a new one does not are *leaving*; their in-flight requests finish there within
-the deadline or move. A document with a lower version than the one served is ignored. A
-change is detected by mtime, size or inode, so the atomic
-symlink swap of a mounted ConfigMap counts.
+The operator writes it into a ConfigMap mounted in the gateway pod (`tessera up` hands the same
+document to its in-process gateway); the gateway (`server.py`) re-reads the file when its
+mtime, size or inode changes (so a ConfigMap's atomic symlink swap counts). Schema:
+`tessera.routes_doc` (`model`, `modelPath`, `replicas`, `classShares`, `classes`, `version`,
+`drainDeadlineSeconds`). Only `replicas` is required; a replica with an empty `address` (leader
+not known yet) is left out until a later version names it. `classes` (representative token
+counts) let the gateway classify requests for `classShares`. `version` and
+`drainDeadlineSeconds` drive the cut-over (`cutover.py`); a document older than the one served
+is ignored.
 """
 
 from __future__ import annotations

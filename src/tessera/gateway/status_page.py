@@ -1,19 +1,14 @@
 """The gateway's read-only status page: `GET /status` (HTML), `/status/layout.svg`, and
 `GET /admin/v1/status` (the same facts as JSON).
 
-What it shows: every replica's stages on agents and devices as a picture drawn server-side
-(`tessera.observability.layout_svg`: which layers where, shared blocks hatched, leaving
-replicas dashed, KV pages used), each replica's readiness and KV use, the last action of
-every control loop (`tessera.observability.control`, when the loops run in this process,
-as in `tessera up`), and the plan's class shares. The page re-fetches itself every
-`REFRESH_S` seconds (a meta refresh: no script, no front-end build).
-
-Facts are gathered per request: `Describe` of every replica's leader, then of each next
-stage's agent (`next_address`), so stages on agents the routes do not name show too;
-answers are cached for `CACHE_S`. With API keys configured the page needs one, as
-`Authorization: Bearer KEY` or as HTTP Basic (any user, the key as password: a browser
-asks for it). Installed by `server.start_gateway` (`install`); it also exposes the control
-loops' metrics on the gateway's /metrics.
+Shows every replica's stages on agents and devices, drawn server-side
+(`tessera.observability.layout_svg`: layers, shared blocks hatched, leaving replicas dashed, KV
+pages used), readiness and KV use, each control loop's last action
+(`tessera.observability.control`, when the loops run in this process) and the class shares; a
+meta refresh every `REFRESH_S` (no script). Facts are gathered per request (`Describe` of every
+leader, then each next stage's agent) and cached for `CACHE_S`. With API keys configured the
+page needs one (`Authorization: Bearer KEY`, or HTTP Basic with the key as password). Installed
+by `server.start_gateway` (`install`); it also exposes the loops' metrics on /metrics.
 """
 
 from __future__ import annotations

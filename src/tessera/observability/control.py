@@ -1,21 +1,14 @@
 """What the control loops did: Prometheus metrics, a trace and a recent-actions list per action.
 
-Every control action (a reconcile pass, a transition and each of its steps, an overload
-drop or restore, a layer-run replication or eviction, a layout switch, a wake) is run
-inside `Recorder.action(loop, action, **attributes)`, which
-- counts it in `tessera_control_actions_total{loop,action,outcome}` and times it in
-  `tessera_control_action_duration_seconds{loop,action}`,
-- stamps `tessera_control_last_action_timestamp_seconds{loop}` (the dashboards'
-  annotations),
-- opens a `tessera.control.<loop>.<action>` span (tracing on: `tracing.py`), nested
-  actions being child spans,
-- and keeps the last `keep` actions for the gateway's status page (`recent()`).
-`condition(...)` sets `tessera_control_condition{deployment,type,status}` (1 for the
-status a condition has now).
-
-The process's recorder is `current()`: the loops of `tessera up` and of the operator
-report to it, `tessera up`'s gateway serves its metrics on /metrics and its actions on
-the status page. One per process on purpose, as `logging` is; tests make their own.
+Every control action (reconcile pass, transition step, overload drop or restore, layer-run
+change, switch, wake) runs inside `Recorder.action(loop, action, **attributes)`, which counts it
+in `tessera_control_actions_total{loop,action,outcome}`, times it in
+`tessera_control_action_duration_seconds{loop,action}`, stamps
+`tessera_control_last_action_timestamp_seconds{loop}`, opens a `tessera.control.<loop>.<action>`
+span (`tracing.py`), and keeps the last `keep` actions for the status page (`recent()`).
+`condition(...)` sets `tessera_control_condition{deployment,type,status}`. The process's
+recorder is `current()` (one per process, as `logging`): the loops of `tessera up` and the
+operator report to it; tests make their own.
 """
 
 from __future__ import annotations

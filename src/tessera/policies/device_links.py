@@ -1,20 +1,14 @@
 """The device link model switch plans are timed with: per-device links by tier, and storage.
 
-A device sends and receives over two tiers, each a separate per-device, per-direction
-resource: intra-node (NVLink/NVSwitch) and inter-node (the GPU's NIC share). Storage is
-one shared resource (a cluster's network storage, or a local page cache) with an
-aggregate read bandwidth. An optional per-device limit caps everything a device sends (and
-everything it receives) over all tiers together, e.g. its copy engines or a PCIe switch.
-A plan's time is its busiest resource's bytes over that resource's bandwidth (transfers
-overlap; latency terms are ignored because parameter shards are hundreds of MB).
-Finer than the transition planner's agent-level ``tessera.policies.links.LinkModel``
-(whether to copy one block or read it): a switch plan moves many shards at once, so it
-needs each device's links as separate resources. :func:`from_agent_links` takes that
-model's figures (local = intra-node, network = inter-node, storage), so measured links
-(``tessera bench copy``) serve both. Built by the switch planner's callers directly, from
-the planner's :class:`~tessera.cost.profile.CommSpec` (:func:`from_comm`) or from the
-agent-level model; read by
-``tessera.policies.switching.switch_plan`` and ``tessera.policies.switching.switch_bound``.
+A device sends and receives over two tiers, each a separate per-device, per-direction resource:
+intra-node (NVLink/NVSwitch) and inter-node (its NIC share); storage is one shared resource
+with an aggregate read bandwidth; an optional per-device limit caps all a device sends (or
+receives) over every tier (copy engines, a PCIe switch). A plan's time is its busiest
+resource's bytes over its bandwidth (transfers overlap; latency is ignored: shards are hundreds
+of MB). Finer than the transition planner's agent-level ``policies.links.LinkModel``, whose
+figures :func:`from_agent_links` takes (local = intra-node, network = inter-node), so measured
+links (``tessera bench copy``) serve both; :func:`from_comm` builds it from the planner's
+``CommSpec``. Read by ``policies.switching.switch_plan`` and ``switch_bound``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """The one place where gRPC channels and servers are made (limits, keepalive, mutual TLS).
 
-Called by the agent (its server and its connections to peer stages, block copies, KV
-moves), the gateway, the operator's actuator and the command-line tools. Keeping options
-here means every hop agrees on message-size limits (hidden states of a large prefill chunk
-are megabytes) and on security: when TLS is configured, every server demands a client
-certificate signed by the deployment's CA and every channel presents one.
-
-Every channel and port takes the process's `TlsFiles` (None: plaintext, `tessera up`'s
-loopback mode), built once by the entry point from `TESSERA_TLS_DIR` (`tls_from_dir`: a
-folder holding `ca.crt`, `tls.crt`, `tls.key`, the layout of a Kubernetes TLS Secret,
-mounted by the chart) and passed down; nothing here reads the environment. The files are
-read again for every server handshake and every new channel, so a rotated Secret is
-picked up without restarting agents.
-
-Agents are reached by changing pod IPs, so clients check the server's certificate against
-one DNS name every agent certificate carries (`AGENT_SERVER_NAME`), not the address.
+Called by the agent (server, peer stages, block copies, KV moves), the gateway, the operator's
+actuator and the command-line tools, so every hop agrees on message-size limits (a prefill
+chunk's hidden states are megabytes) and on security: with TLS, every server demands a client
+certificate signed by the deployment's CA and every channel presents one. Each takes the
+process's `TlsFiles` (None: plaintext, `tessera up`'s loopback mode), built once by the entry
+point from `TESSERA_TLS_DIR` (`tls_from_dir`: `ca.crt`, `tls.crt`, `tls.key`, a Kubernetes TLS
+Secret's layout, mounted by the chart); nothing here reads the environment. Files are re-read
+per handshake and channel, so a rotated Secret needs no restart. Clients check the server
+certificate against one DNS name every agent certificate carries (`AGENT_SERVER_NAME`), not the
+changing pod address.
 """
 
 from __future__ import annotations

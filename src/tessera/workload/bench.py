@@ -1,18 +1,13 @@
 """Per-class arrival forecasting: LSTM vs baselines (RRMSE).
 
 `tessera bench predictor --json [--trace PATH]` (dispatched by tessera.cli.bench). Reads a
-trace, fits k-means request classes on the training part, bins per-class arrivals into
-spans, trains every forecaster on the first 90 % of spans, and scores one-step-ahead
-rolling predictions on the last 10 % with RRMSE (definitions in `rrmse`). Hyperparameters
-are chosen on the training spans only. All figures are computed, none are stored.
-
-``forecast_quality`` repeats the comparison with a validation window before the test
-spans (`quality`): per class, at the bench span and at the planner's span
-(``--planner-span-s``, default 60 s as in OServe), with a seasonal baseline and the
-selector that picks the method best on the recent validation window.
-``live_classification`` is the misclassification rate of arrival-time classes
-(`live_classes`, fitted on the training spans) on the test spans, against a baseline
-that types by the nearest centroid input length alone.
+trace, fits k-means classes on the training part, bins per-class arrivals into spans, trains
+every forecaster on the first 90 % of spans, and scores one-step-ahead rolling predictions on
+the last 10 % with RRMSE (`rrmse`); hyperparameters come from the training spans only.
+``forecast_quality`` repeats it with a validation window (`quality`), per class, at the bench
+span and the planner's (``--planner-span-s``), with a seasonal baseline and a best-on-recent
+selector. ``live_classification`` is the misclassification rate of arrival-time classes
+(`live_classes`) against a nearest-centroid-input baseline. Keys: docs/workload.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Workload classes: k-means typing of requests on (log input, log output) token counts.
 
 Callers: the planner (``fit_classes`` on a trace, then ``class_rates`` and the token-space
-``centroids`` to plan per class), the gateway's router (``WorkloadClasses.classify`` per
-request, pure numpy) and the predictor benchmark. Features are ``log1p(tokens)`` so that a
-request with zero output tokens is still typed. scikit-learn is used only to fit.
-
-Choosing k when not given (the criterion): for every k in 2..8 (capped by the number of
-distinct points − 1), fit k-means on a subsample of at most 3,000 requests drawn with the
-seed, and score it with the silhouette coefficient on that same subsample. The chosen k
-is the smallest whose score is within SILHOUETTE_TOLERANCE (0.01) of the best score: the
-silhouette curve of real traces is flat past a few classes (on the Azure conversation
-trace k=3..8 all score 0.62–0.65), and every extra class costs the planner state and
-splits the arrivals into noisier series. The final k-means is then fit on all requests.
-Class ids are stable: classes are sorted by log-space centroid (input, then output), so
-class 0 has the shortest prompts.
+``centroids``), the gateway's router (``WorkloadClasses.classify`` per request, pure numpy) and
+the predictor benchmark. Features are ``log1p(tokens)`` (zero outputs are still typed);
+scikit-learn is used only to fit. Without a given k: for k in 2..8 (capped by distinct points −
+1), k-means on a seeded subsample of at most 3,000 requests, scored by silhouette on it; the
+chosen k is the smallest within SILHOUETTE_TOLERANCE (0.01) of the best (docs/workload.md says
+why), then fit on all requests. Class ids are stable: sorted by log-space centroid (input, then
+output), so class 0 has the shortest prompts.
 """
 
 from __future__ import annotations

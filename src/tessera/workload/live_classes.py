@@ -1,25 +1,15 @@
 """Live request classes: type a request on arrival, before its output length is known.
 
-The planner's classes are k-means types over (input, output) tokens
-(``tessera.workload.classes``), but on arrival the gateway knows only the prompt length
-and, when the client sets it, ``max_tokens``. The decision (docs/switching.md, "Live
-classes"): the most probable class given what is known, estimated from the training
-trace:
-
-* the log1p(input) axis is cut into ``bins`` quantile bins of the training requests;
-* for every (bin, class) the classifier keeps the training count and quantiles of the
-  class's output lengths in that bin;
-* a request in bin b with ``max_tokens = m`` gets ``argmax_c n[b,c] * F[b,c](m)``, where
-  ``F[b,c](m)`` is the share of class c's outputs in bin b at most m (the output can
-  never exceed ``max_tokens``); without ``max_tokens`` F is 1, so the class is the
-  most frequent one for that prompt length. Counts are smoothed by one prior-weighted
-  pseudo-request so empty bins fall back to the class shares.
-
-This is the Bayes rule for 0-1 loss at the bin resolution. Each class's expected output
-(``expected_output``) is the mean of its training outputs, capped by ``max_tokens``:
-the per-class output-length estimate the cost model prices a live request with. Callers:
-the gateway's router (``classify`` per request, numpy only), the predictor benchmark
-(``misclassification`` on the shared trace) and tests.
+On arrival the gateway knows the prompt length and, if set, ``max_tokens``, not the output
+length the planner's classes (``tessera.workload.classes``) use. The rule (docs/switching.md,
+"Live classes"): the log1p(input) axis is cut into ``bins`` quantile bins; per (bin, class) the
+training count and output-length quantiles are kept; a request in bin b with ``max_tokens = m``
+gets ``argmax_c n[b,c] * F[b,c](m)`` (F: share of class c's outputs in bin b at most m; 1
+without ``max_tokens``), counts smoothed by one prior-weighted pseudo-request. That is the
+Bayes rule for 0-1 loss at the bin resolution. ``expected_output`` (the class's mean training
+output, capped by ``max_tokens``) is what the cost model prices a live request with. Callers:
+the gateway's router (``classify``, numpy only), the predictor benchmark
+(``misclassification``) and tests.
 """
 
 from __future__ import annotations

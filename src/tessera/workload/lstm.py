@@ -1,23 +1,14 @@
 """LSTM forecaster of per-class arrivals: the only module of the core that imports torch.
 
-Callers: the predictor benchmark and, optionally, the planner's control loop (through the
-`forecaster.Forecaster` protocol). The model reads the last `window` spans of per-class
-counts (default 50, as in the OServe design) and predicts the next span's counts.
-
-* Scaling: inputs and targets are divided per class by the class's mean count over the
-  training history, so every series is ~1 and the MSE loss weighs classes comparably.
-* Net: one LSTM layer and a linear head. With ``residual`` (the default) the head predicts
-  a correction to the exponentially smoothed level of the window, whose smoothing factor
-  is chosen on the training history exactly as `baselines.ExpSmoothing` chooses it — a
-  hybrid in the spirit of ES-RNN. With only a few hundred training windows in a one-hour
-  trace, a plain LSTM (``residual=False``) overfits level shifts; the residual form
-  starts from a sound forecast and learns what smoothing misses.
-* Training: Adam on mini-batches for `epochs` epochs; the last `validation_fraction` of
-  the training windows is held out and the weights of the epoch with the lowest
-  validation loss are kept. Everything is chosen within the history given to ``fit``.
-* Determinism: initialisation and batch order come from `seed` inside a forked RNG (the
-  caller's global torch RNG is left untouched) with deterministic algorithms on, so a
-  seed gives the same predictions for the same thread count.
+Callers: the predictor benchmark and, optionally, the planner's control loop (through
+`forecaster.Forecaster`). Reads the last `window` spans of per-class counts (default 50) and
+predicts the next span's. Inputs and targets are divided per class by its training mean. One
+LSTM layer and a linear head; with ``residual`` (default) the head corrects the window's
+exponentially smoothed level (smoothing chosen as `baselines.ExpSmoothing` does: ES-RNN-like;
+docs/workload.md says why). Adam on mini-batches for `epochs`; the epoch with the lowest loss
+on the held-out last `validation_fraction` of windows is kept. Deterministic: a forked RNG from
+`seed` (the caller's global RNG untouched) and deterministic algorithms, so a seed gives the
+same predictions for the same thread count.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """RRMSE, the forecast error figure: relative root mean squared error.
 
-Callers: forecaster hyperparameter selection (on the training split only) and the
-predictor benchmark. For actual counts y and predictions ŷ, both (T spans × C classes):
-
-* per class c:  ``RRMSE_c = sqrt(mean_t (ŷ[t,c] − y[t,c])²) / mean_t y[t,c]``
-* overall (pooled over cells): ``RRMSE = sqrt(mean_{t,c} (ŷ[t,c] − y[t,c])²) / mean_{t,c}
-  y[t,c]`` — the RMSE over every (span, class) cell divided by the mean cell count. Errors
-  in different classes do not cancel (unlike an RRMSE of the summed series), and each class
-  weighs by its volume (unlike a mean of per-class RRMSEs, which rare, noisy classes
-  dominate).
-* total: the RRMSE of the summed-over-classes series, ``sqrt(mean_t (Σ_c ŷ − Σ_c y)²) /
-  mean_t Σ_c y`` — how well the total rate is predicted, reported alongside.
-
-A class (or series) whose actual mean is 0 has an undefined RRMSE: NaN.
-
-Reference, not a model: ``poisson_floor`` estimates the RRMSE that even an oracle knowing
-each span's true rate would have if arrivals are Poisson. Its expected squared error per
-cell is the rate itself, so the floor is ``sqrt(mean y) / mean y = 1 / sqrt(mean y)``
-(per class, or pooled over cells) — about 0.27 for 13 requests per span.
+Callers: forecaster hyperparameter selection (training split only) and the predictor benchmark.
+For counts y and predictions ŷ (T spans × C classes): per class
+``RRMSE_c = sqrt(mean_t (ŷ − y)²) / mean_t y``; overall, pooled over cells,
+``sqrt(mean_{t,c} (ŷ − y)²) / mean_{t,c} y`` (errors in different classes do not cancel, each
+class weighs by its volume); total, the RRMSE of the summed series. A series whose actual mean
+is 0 gives NaN. ``poisson_floor`` is a reference, not a model: the RRMSE an oracle knowing each
+span's true rate would still have with Poisson arrivals, ``1 / sqrt(mean y)`` (about 0.27 at 13
+requests per span).
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Request traces: read the Azure and BurstGPT CSVs and Tessera's own JSONL into `Request`s.
 
-Callers: the planner (``read_azure_csv`` / ``read_trace`` to learn the workload it plans
-for), the gateway (``append_jsonl`` / ``to_jsonl_line`` as it serves), and the predictor
-benchmark. Every reader returns requests sorted by arrival time, with timestamps in
-seconds since the earliest request of the file. A malformed row raises `TraceError`
-naming the file and the 1-based line (``trace.csv:17: GeneratedTokens: 'abc' is not an
-integer``); a trace with no requests raises `TraceError` too.
-
-Formats:
-
-* Azure LLM inference trace CSV — header ``TIMESTAMP,ContextTokens,GeneratedTokens``,
-  timestamps like ``2023-11-16 18:15:46.6805900`` (any number of fractional digits).
-* BurstGPT CSV — header ``Timestamp,Model,Request tokens,Response tokens,Total tokens,Log
-  Type``; ``Timestamp`` is in seconds.
-* Tessera JSONL — one object per line: ``timestamp`` (float seconds), ``input_tokens``,
-  ``output_tokens`` and an optional integer ``class``; blank lines are ignored.
+Callers: the planner (``read_azure_csv`` / ``read_trace``), the gateway (``append_jsonl`` /
+``to_jsonl_line`` as it serves) and the predictor benchmark. Readers return requests sorted by
+arrival, timestamps in seconds since the file's earliest request. A malformed row raises
+`TraceError` naming the file and 1-based line; so does a trace with no requests. Formats: Azure
+CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``, timestamps like ``2023-11-16
+18:15:46.6805900``); BurstGPT CSV (``Timestamp`` in seconds, ``Request tokens``, ``Response
+tokens``, ...); Tessera JSONL (``timestamp`` seconds, ``input_tokens``, ``output_tokens``,
+optional integer ``class``; blank lines ignored).
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
-"""What reconcile should consider desired while an overload drop is active (issue 13).
+"""What reconcile should consider desired while an overload drop is active.
 
-The overload loop (`tessera.control.overload_loop`) turns a whole replica (the *head*) and one
-or more *donor* replicas into one pipeline: the head's block keeps layers [0, k) as
-stage 0 of n, each donor's block is renamed to the head's replica as a later stage, and
-the donors leave the routes. A level-triggered reconcile comparing that with the plan
-would see drift (the head holds other layers, the donors are missing) and undo it: an
-unload and reload under load. `desired(target, observed, enabled)` rewrites the plan's
-`transition.Target` so that, while `spec.policies.overload.enabled`, the dropped layout
-*is* the target: the held blocks of the group are kept verbatim, the head's planned
-whole block and the donors' blocks are left out, and the donors are not routed.
-
-Derived from observation only (nothing remembered, so an operator restart or a second
-shell sees the same): a *dropped group* is a replica the target has whole (one stage,
-no tensor parallelism) that agents hold as blocks with more than one stage. A donor is
-a whole target replica whose block is held nowhere and whose planned (agent, device)
-holds a later stage of a group. Half-applied steps (mid-drop, mid-restore) are kept the
-same way: any held stage of a group is desired until the loop finishes or an operator
-looks (the loop's Warning event names a failed step). With the policy disabled the
-target is returned unchanged (a dropped layout is then drift, undone by reconcile).
-
-Pure; called by `tessera.control.converge` (the operator and `tessera up`).
+The overload loop turns a whole replica (the head) and donor replicas into one pipeline: the
+head keeps layers [0, k) as stage 0, each donor's block becomes a later stage of the head's
+replica, and donors leave the routes. A level-triggered reconcile would see that as drift and
+undo it. `desired(target, observed, enabled)` rewrites the plan's `transition.Target` so that,
+while `spec.policies.overload.enabled`, the held blocks of every dropped group are kept
+verbatim, the head's planned whole block and the donors' blocks are left out, and donors are
+not routed. Derived from observation only (a restart sees the same): a dropped group is a
+target whole replica held as several stages; a donor is a whole target replica held nowhere
+whose planned (agent, device) holds a later stage of a group; half-applied steps are kept the
+same way. Disabled, the target is returned unchanged. Pure; called by `tessera.control.converge`.
 """
 
 from __future__ import annotations

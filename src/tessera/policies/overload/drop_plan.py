@@ -1,30 +1,16 @@
 """KunServe drop plan: which replicas form cooperative pipelines to free KV memory.
 
-Input: the replicas of one model (the layers each holds), the bytes of every layer, the
-existing groups and the bytes R the overload monitor (`overload.py`) says the queue
-needs. Output: a `DropPlan` naming the new groups, each group's pipeline stages (which
-member keeps which layers, the rest are dropped) and the bytes freed per member; or a
-fallback decision (KV-centric preempt/recompute, advise scale-out) when no grouping
-frees R. Called by the operator's overload actuator and by `tessera bench overload`.
-
-The algorithm is KunServe's Figure 6: groups start as one replica each; a min-heap keyed
-by group size; pop the two smallest groups, merge them, and count as freed one copy of
-the layers both held (the duplicated layers); repeat until freed >= R or one group is
-left. Merging the smallest groups first keeps pipelines short, and the performance loss
-of a drop grows with the number of stages a request crosses (KunServe §4.1, Figure 5).
-O(N log N) for N replicas (plus the stage assignment below, O(k L^2) per group). A
-group never gets more members than the layers it holds: a member without a layer would
-have no KV to grow, so merging stops there (a 4-layer model pipelines at most 4 ways).
-
-Stage assignment ("balanced by the cost model"): a merged group of k members holding L
-layers is cut into k contiguous stages minimising the slowest stage (a linear-partition
-dynamic programme over per-layer costs; the first stage also pays the embedding and the
-last the LM head, so the cut moves a layer off them when that balances better). Per-layer
-costs come from the cost profile's decode model (`layer_costs_from_profile`); uniform by
-default. Stages are matched to members that already hold all of the stage's layers
-(bipartite matching), so applying a plan only ever drops layers, never loads them. When
-no such matching exists (groups with odd partial layouts) each layer stays with a member
-that holds it, in contiguous runs (a member may then own two runs of the pipeline).
+Input: one model's replicas (the layers each holds), every layer's bytes, existing groups and
+the bytes R the overload monitor says the queue needs. Output: a `DropPlan` (new groups, each
+group's stages: which member keeps which layers, bytes freed per member) or a fallback
+(preempt/recompute, advise scale-out) when no grouping frees R. Called by the overload loop
+and `tessera bench overload`. Algorithm (KunServe Figure 6): a min-heap by group size; merge
+the two smallest, counting one copy of the layers both held as freed, until freed >= R or one
+group is left (short pipelines lose least). A group never has more members than layers. Stages:
+k members over L layers cut into k contiguous stages minimising the slowest (a linear-partition
+DP over per-layer costs, `layer_costs_from_profile`, uniform by default), matched to members
+already holding every layer of their stage, so applying a plan only drops layers; without such
+a matching each layer stays with a holder, in contiguous runs. docs/overload.md has more.
 """
 
 from __future__ import annotations

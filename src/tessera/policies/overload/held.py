@@ -1,25 +1,15 @@
 """Dropped groups as the agents hold them, and the steps that finish a shift cut short.
 
-Pure; the level the overload loop acts from (issue 30): nothing is remembered between
-ticks, so an operator restarted in the middle of a drop or a restore converges from
-what the agents report. Input: the planned whole replicas (`Member`: replica id, agent
-name, address) and the agents' blocks (`observed.Observed`). `read` sorts each member:
-
-* *whole*: it holds layers [0, L) as a one-stage replica;
-* the *head* of a dropped group: its stage 0 holds [0, e) and stages 1..k-1 of its
-  replica on other agents cover [e, L); each later stage is given back to a donor member
-  on that stage's agent that holds nothing of its own (`HeldGroup`);
-* a *stray*: the head holds [0, L) again (or still) while stages of its replica sit on
-  other agents: a drop whose donors shifted before the head did, or a restore whose
-  donors were not given back yet (`Stray`). `stray_steps` gives those stages back to
-  their donors (each restores [0, L) from the head) and resumes the head: whole
-  replicas again, every running request still on the head.
-
-`takeover_steps` is what a loop that starts does first: a drop or a restore cut short
-between its head's pause and resume leaves the head paused, which no RPC reports; so
-each group's head is paused and resumed with its allocator at the smallest stage pool,
-and each whole member resumed (a no-op for one that was not paused). Caller:
-`tessera.control.overload`.
+Pure; the level the overload loop acts from: nothing is remembered between ticks, so an
+operator restarted mid-drop or mid-restore converges from what the agents report. Input: the
+planned whole replicas (`Member`: replica id, agent name, address) and the agents' blocks
+(`observed.Observed`). `read` sorts each member: whole (holds [0, L) as one stage); head of a
+dropped group (`HeldGroup`: stage 0 holds [0, e), later stages on donors' agents cover [e, L));
+stray (`Stray`: the head holds [0, L) while stages of its replica sit elsewhere; `stray_steps`
+gives them back to their donors and resumes the head). `takeover_steps` is a starting loop's
+first act: a shift cut short between pause and resume leaves a head paused (no RPC reports
+it), so each head is paused and resumed at its smallest stage pool and each whole member
+resumed. Caller: `tessera.control.overload`.
 """
 
 from __future__ import annotations

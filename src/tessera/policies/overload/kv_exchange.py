@@ -1,27 +1,14 @@
 """Which bytes move when a drop is applied or restored, in what chunks, in what order.
 
-KunServe §4.2 (coordinated KV exchange) and §4.4 (restore). Input: a group of the drop
-plan (`drop_plan.Group`: the pipeline stages), the layers each member held before the
-drop, the running requests (where their KV is, how many tokens), the KV bytes of one
-token in one layer, the link bandwidth and one stage step's seconds. Output: `Transfer`s
-(a request's KV for a run of layers, or a run of parameters, from one member to another,
-cut into chunks), and `next_transfer`, the arbiter that picks what goes on a link next.
-Called by the live executor (operator actuator / agent transfer loop) when it lands, and
-by `tessera bench overload`.
-
-Decisions:
-- Drop: a running request's KV lives on the member that served it whole; after the drop,
-  each stage's member needs that request's KV for the stage's layers. One transfer per
-  (request, stage on another member), for the layers the source held.
-- Restore: each member pulls back the parameters of the layers it dropped from the member
-  that kept them; running requests get a home member (the least loaded by KV bytes, so
-  the group's requests spread evenly) and gather their KV for all layers there.
-- Requests with the least KV move first (shortest job first: the mean stall of the
-  requests waiting for their KV is smallest).
-- Chunks take about one stage step on the link (bandwidth x step seconds, whole pages,
-  at least one page), so a pending activation never waits longer than one chunk.
-- Priority on a link: activations, then KV chunks, then parameter chunks (restore pulls
-  run below activations, as the paper's coordinated transfer does).
+KunServe §4.2 (coordinated KV exchange) and §4.4 (restore). Input: a drop-plan group, the
+layers each member held before, the running requests (where their KV is, how many tokens), KV
+bytes per token per layer, link bandwidth and one stage step's seconds. Output: `Transfer`s
+(a request's KV or a run of parameters between members, in chunks) and `next_transfer`, the
+link arbiter. Drop: one transfer per (request, stage on another member). Restore: members pull
+back dropped parameters; running requests gather their KV on a home member (the least loaded by
+KV bytes). Least KV moves first (shortest job first); chunks take about one stage step on the
+link (whole pages, at least one), so an activation waits at most one chunk; link priority is
+activations, then KV, then parameters. Called by the live executor and `tessera bench overload`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """KunServe lookahead microbatching: cost-balanced microbatches for a pipeline (§4.3).
 
-Input: the queued work as `Chunk`s (a request's next c tokens after p prefix tokens), a
-fitted `ChunkCost`, a minimum microbatch size, and for the comparison the pipeline's
-stage count. Output: a list of `Microbatch`es of balanced modelled cost (Figure 11:
-split the batch recursively at half its cost until a microbatch would be smaller than
-the minimum), token-count chunking for comparison (Sarathi-style equal token budgets),
-and `bubble_fraction`, the idle share of a pipeline running a microbatch sequence.
-Called by the dropped-replica scheduler (when it lands) and `tessera bench overload`.
-
-Cost model (KunServe Eq. 1): a chunk of c tokens after p prefix tokens costs
-    alpha * (p*c + c*c + c) + beta * c + gamma
-and a microbatch costs the sum of its chunks minus (|b|-1) * gamma (Eq. 3: the batch
-loads the weights once; the paper calls this gamma and lambda in two places, we fit one).
-alpha, beta, gamma come from a non-negative least-squares fit (scipy) to timing samples:
-`samples_from_timings` turns `tessera profile`'s prefill `LayerTiming`s (p = 0, c = the
-prompt length) into `ChunkSample`s; those give alpha through the c^2 + c term, which the
-prefix term shares by the paper's model. Samples with a prefix can be added directly.
-`cost_from_profile` reads the same coefficients off a stored profile's prefill model.
+Input: queued work as `Chunk`s (a request's next c tokens after p prefix tokens), a fitted
+`ChunkCost`, a minimum microbatch size and the stage count. Output: `Microbatch`es of balanced
+modelled cost (Figure 11: split recursively at half the cost until below the minimum),
+token-count chunking for comparison (Sarathi-style), and `bubble_fraction`. Cost (Eq. 1): a
+chunk costs ``alpha * (p*c + c*c + c) + beta * c + gamma``; a microbatch the sum of its chunks
+minus (|b|-1) * gamma (Eq. 3). alpha, beta, gamma come from a non-negative least-squares fit
+(scipy) to `ChunkSample`s (`samples_from_timings` from `tessera profile`'s prefill timings), or
+off a stored profile (`cost_from_profile`). Called by `microbatch.py` (the dropped pipeline's
+leader) and `tessera bench overload`.
 """
 
 from __future__ import annotations

@@ -1,39 +1,16 @@
-"""How a pipelined replica's leader forms its next microbatch (issue 13, KunServe §4.3).
+"""How a pipelined replica's leader forms its next microbatch (KunServe §4.3).
 
-Input: a `Window`, the work the leader could schedule now, in the scheduler's own order
-(idle running sequences oldest first, then waiting ones FCFS) as `lookahead.Chunk`s
-(prefix = tokens already in the KV cache, tokens = tokens still to compute), plus the
-replica's state (pipelined? dropped by an overload shift? how many microbatches in flight
-at most?) and a `SplitConfig`. Output: a `Budget` for the scheduler's next step, a cap on
-sequences and/or tokens. Called by the leader (`tessera_agent.engine.replica`) each time
-it fills a free pipeline slot; pure, torch-free, unit-tested without an engine.
-
-Splits:
-* "count" (the engine's default): each microbatch gets ceil(unfinished / max_inflight)
-  sequences, whatever their token counts.
-* "token_count": the window is cut into max_inflight microbatches of equal token counts
-  (Sarathi-style); the next step takes the first one's tokens.
-* "lookahead": the window is split by `lookahead.lookahead_split` into up to max_inflight
-  microbatches of equal modelled cost (Eq. 1); the next step takes the first one's tokens.
-  A decode after a long context costs alpha*(p+2)+beta+gamma, not "one token", so a window
-  with long-context decodes at its head gives them a smaller share of tokens.
-* "auto": "lookahead" while the replica is dropped (an overload shift made it a pipeline)
-  and the window is deep, "count" otherwise.
-
-Deep (the default rule, `lookahead.use_lookahead`): the window holds at least
-2 x stages x min_tokens tokens to compute, i.e. every microbatch in flight could get two
-microbatches of `min_tokens` (default 32) tokens. Below that the queue is shallow: mostly
-decodes, whose per-token costs differ little, and splitting by cost buys nothing.
-
-The window is the work in scheduler order up to max_inflight x max_batched_tokens tokens
-(what the next round of microbatches could hold): the first microbatch of its split is a
-prefix of that order, so the scheduler applies it as a plain token budget.
-
-The cost model comes from `tessera profile` output when the agent has one
-(`chunk_cost(profile, num_layers)`), else `DEFAULT_COST`: an order-of-magnitude default
-(alpha 2e-8 s, beta 5e-5 s, gamma 1e-3 s per stage), not a measurement; only the ratios
-matter for the split, and they put the quadratic attention term level with the linear
-one at p*c = 2500 token pairs.
+Input: a `Window` (the work schedulable now, in scheduler order, as `lookahead.Chunk`s), the
+replica's state (pipelined, dropped, max microbatches in flight) and a `SplitConfig`. Output: a
+`Budget` (a cap on sequences and/or tokens) for the next step. Splits: "count" (default,
+ceil(unfinished / max_inflight) sequences), "token_count" (equal token counts), "lookahead"
+(equal modelled cost, `lookahead.lookahead_split`: long-context decodes get fewer tokens),
+"auto" (lookahead while dropped and the window is deep, i.e. `lookahead.use_lookahead`: at
+least 2 x stages x min_tokens tokens; count otherwise). The window is at most max_inflight x
+max_batched_tokens tokens, so the first microbatch is a prefix of scheduler order, applied as a
+token budget. Cost from `tessera profile` output (`chunk_cost`), else `DEFAULT_COST`, an
+order-of-magnitude default, not a measurement (docs/overload.md). Called by the leader
+(`tessera_agent.engine.replica`) per free pipeline slot; pure, torch-free.
 """
 
 from __future__ import annotations

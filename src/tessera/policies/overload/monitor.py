@@ -1,34 +1,15 @@
 """KunServe overload monitor: when does a replica's KV demand overflow, and when to restore.
 
-Input: per replica, a `ReplicaKV` snapshot (the KV pool, the bytes running requests hold,
-the bytes each queued request needs, the pool it had before any drop), and an
-`OverloadConfig` built from `spec.policies.overload`. Output: an `OverloadDecision` (fire
-or not, the bytes R the drop plan must free, a reason and a per-replica verdict) and a
-`RestoreDecision` per dropped group. Called by the operator's overload loop and by
-`tessera bench overload`; the drop itself is planned by `drop_plan.py`.
-
-Demand, not use: KV demand = KV held by running requests + KV needed by the head-of-line
-queued requests (KunServe §4.1 computes "the memory demand of all queued requests"). A
-replica whose queue is blocked on memory has demand above its pool even while its pool
-is merely full, which is what makes the signal early.
-
-Threshold (`dropThreshold`, default 0.9): a replica fires when its queue is not empty and
-its demand reaches `dropThreshold` x pool. Demand above the pool always fires (the queue
-cannot be admitted); the 10 % margin fires "about to overflow": running requests grow by
-a token per step each, so a pool at 90 % with a queue is minutes of decode, not hours,
-from preempting. A replica with an empty queue never fires: it is full but not
-overloaded. R = the queued demand of the firing replicas (conservative: it ignores the
-free pages running requests will grow into, as the paper does).
-
-Restore (`restoreThreshold`, default 0.5, KunServe §4.4 "below 50 % of the GPU (without
-drop)"): a dropped group restores when its whole demand (running + queued) is below
-`restoreThreshold` x the KV pools its members had before the drop. Using demand rather
-than use avoids restoring into a queue and dropping again at once; the gap between the
-two thresholds is the hysteresis. A hysteresis in time as well (`hold_restore`): a group
-restores only once its demand has stayed below the threshold for `restore_hold_s` (1 s),
-so a lull between arrivals does not restore a group the next arrivals drop again; each
-such cycle pauses the head twice and moves the routes twice (docs/overload.md, "Why it
-was lower, measured").
+Input: per replica a `ReplicaKV` snapshot (pool, bytes held by running requests, bytes each
+queued request needs, the pre-drop pool) and an `OverloadConfig` from
+`spec.policies.overload`. Output: an `OverloadDecision` (fire or not, the bytes R to free, a
+reason, per-replica verdicts) and a `RestoreDecision` per dropped group. Demand, not use: held
+KV + KV needed by the queued requests, so a memory-blocked queue signals early. A replica with
+a queue fires at demand >= `dropThreshold` (0.9) x pool; an empty queue never fires. R is the
+firing replicas' queued demand. A group restores when its whole demand stays below
+`restoreThreshold` (0.5) x its pre-drop pools for `restore_hold_s` (1 s, `hold_restore`); the
+gap between thresholds and the hold are the hysteresis. Called by the overload loop and
+`tessera bench overload`; the drop itself is `drop_plan.py`. Rationale: docs/overload.md.
 """
 
 from __future__ import annotations

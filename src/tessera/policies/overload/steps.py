@@ -1,26 +1,15 @@
-"""The ordered steps that apply a KunServe drop or restore to live replicas (issue 13).
+"""The ordered steps that apply a KunServe drop or restore to live replicas.
 
-Pure: `drop_steps(group, members)` and `restore_steps(group, members)` turn one group of
-a `drop_plan.DropPlan` (its stages: which member keeps which layers) and where each
-member runs (`Member`: replica id, agent address) into the steps the driver
-(`tessera.gateway.overload`) performs over the agents' `OverloadShift`, `ExportKV` and
-`ImportKV` RPCs and the gateway's routes. The member that keeps layer 0 is the *head*:
-its replica (id, leader, scheduler, running requests) becomes the group's pipeline; the
-other members are *donors*: their blocks become its later stages in place.
-
-Drop (Figure 6 applied; §4.2's exchange):
-  routes without the donors -> donors drain -> pause the head (its running requests stay
-  in its scheduler, their K/V still) -> each donor drops to its stage's layers and becomes
-  stage i of the head's replica (its pool grows) -> the head's held pages' K/V for each
-  donor stage's layers goes to that donor, page ids unchanged, in chunks of about one
-  stage step -> the head drops to stage 0's layers (its pool grows) -> resume with the
-  allocator raised to the smallest grown pool: queued requests start at once.
-Restore (§4.4), the inverse, with every running request coming home to the head:
-  pause the head -> compact its held pages below the pool it keeps when whole -> the
-  donors copy the same page moves -> the head pulls its dropped layers back from the
-  donors -> each running request's K/V for those layers comes back, in chunks -> resume
-  whole -> each donor pulls the layers it dropped from the head and is its own whole
-  replica again -> routes with the donors.
+Pure: `drop_steps(group, members)` and `restore_steps(group, members)` turn one drop-plan group
+and where each member runs (`Member`: replica id, agent address) into the steps the driver
+performs over the agents' `OverloadShift`, `ExportKV` and `ImportKV` RPCs and the routes. The
+member keeping layer 0 is the head (its replica becomes the pipeline); the others are donors
+(their blocks become its later stages in place). Drop: routes without the donors, donors
+drain, pause the head, each donor drops to its stage's layers as stage i, the head's K/V for
+each donor stage moves there (page ids unchanged, chunks of about one stage step), the head
+drops to stage 0, resume at the smallest grown pool. Restore, the inverse: pause, compact the
+head's pages (donors copy the moves), pull dropped layers and running K/V back to the head,
+resume whole, donors reload their layers, routes with the donors.
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
 """Which instance of a block serves a request next: the KV-cache owner first (BlockLLM §5).
 
-A block (a layer range) may run as several instances — replicas of a hot shared block, or
-the same block in several variants' chains. Each instance has its own queue and batch
-limit. A request that already ran on an instance keeps its KV cache there, so sending it
-elsewhere means moving that KV (or recomputing it). The rule:
-
-1. The instance that holds the request's KV, while it has room in its batch.
-2. Otherwise the instance with the lowest estimated latency for this request:
-   queueing (tokens queued ahead / its throughput) + compute (the request's tokens / its
-   throughput) + transfer (the request's KV bytes over the link to it, zero on the owner).
-
-An instance that cannot receive KV at all (`receives_kv=False`: the gateway choosing a
-replica has no dispatch-time KV move, so a replica other than the owner recomputes the
-prefix in its prefill) pays recomputing instead of moving: the request's `kv_tokens` (its
-cached prefix) over the instance's throughput.
-
-Estimates closer than `tolerance` (relative) count as equal; among those, the lowest
-`rank` wins (e.g. fewer in flight, then least recently picked), so equal idle instances
-share sequential traffic instead of the one measured faster by noise taking it all.
-
-Pure: plain frozen dataclasses in, a `Dispatch` decision out. Called by the simulator
-(`tessera.sim.blockllm`) and, through `policies.kv_dispatch`, by the gateway for every
-request (`tessera.gateway.kv_affinity`).
+A block may run as several instances (replicas of a hot shared block, or the same block in
+several variants' chains), each with its queue and batch limit; a request's KV stays on the
+instance it ran on. The rule: the instance holding the request's KV while its batch has room;
+otherwise the lowest estimated latency: queueing (tokens ahead / throughput) + compute (its
+tokens / throughput) + transfer (its KV bytes over the link, zero on the owner; an instance with
+`receives_kv=False` pays recomputing its `kv_tokens` instead). Estimates within `tolerance`
+(relative) are equal; among those the lowest `rank` wins (fewer in flight, then least recently
+picked), so equal idle instances share sequential traffic. Pure: frozen dataclasses in, a
+`Dispatch` out. Called by the simulator (`tessera.sim.blockllm`) and, through
+`policies.routing.kv_dispatch`, by the gateway (`tessera.gateway.kv_affinity`).
 """
 
 from __future__ import annotations

@@ -1,40 +1,17 @@
 """Which replica serves a request: the one holding its KV cache first (BlockLLM §5, live).
 
-The gateway's dispatch rule (issue 14), called through `tessera.gateway.kv_affinity` for
-every attempt of every request. It has three parts.
-
-**Where the KV lives: `PrefixOwners`.** Agents cache the KV of prompt prefixes at page
-granularity, per variant (`tessera.kvpages`: a LoRA adapter's chain has its own
-namespace). The gateway remembers, in a bounded LRU, which replica last computed each
-page-aligned prefix. The key chains a hash over the full pages, starting from the
-request's namespace (its variant), so a prefix served under one adapter never names an
-owner for a request of another. It is a hint: the agent may have evicted the pages since,
-which costs only the prefill.
-
-**How loaded each replica is: `Candidate`.** The gateway's own view: requests in flight
-there and their outstanding tokens, tokens/s measured from its streams, and the batch
-limit the leader reports (`Describe`'s `max_num_seqs`).
-
-**The rule: `decide`.**
-1. The candidates are the replicas allowed for the request's model (done by the caller).
-   When the plan gives the request's class shares, they are narrowed to the replicas with
-   a positive share (the plan's candidate set), as the class router does.
-2. The KV owner among them, while its batch has room: `kv_owner`.
-3. No owner, and the plan gives shares: a weighted choice by the shares (`class_share`).
-   The plan's shares decide where a new conversation starts; its KV decides where it
-   continues. Follow-ups land where their first turn did, which was itself a share
-   choice, so the shares still hold over conversations.
-4. Otherwise the lowest estimated latency, from `block_dispatch.choose`: queue (outstanding
-   tokens over throughput) + compute (the request's uncached tokens over throughput) +
-   transfer. The gateway does not move KV at dispatch, so "transfer" on a non-owner is
-   recomputing the owner's cached prefix (`receives_kv=False`). The reason is
-   `owner_full` when an owner existed but had no room, else `lowest_latency`. Estimates
-   within `TIE` of the best are equal. Among those, fewer requests in flight wins, then the
-   replica picked least recently. Rates measured on shared machines differ by that much
-   from noise alone, and equal idle replicas should share sequential traffic.
-
-Pure: no I/O, and `PrefixOwners` is the only state. Tested in
-`tests/policies/test_kv_dispatch.py`.
+The gateway's dispatch rule, called through `tessera.gateway.kv_affinity` for every attempt.
+`PrefixOwners`: a bounded LRU of which replica last computed each page-aligned prompt prefix,
+keyed by a hash chain over full pages from the request's variant namespace (so prefixes never
+cross adapters); a hint only (evicted pages cost just the prefill). `Candidate`: the gateway's
+view of a replica's load (requests in flight, outstanding tokens, measured tokens/s, the
+leader's `max_num_seqs`). `decide`: among the replicas allowed for the model (narrowed to the
+plan's positive class shares when given), the KV owner while its batch has room (`kv_owner`);
+no owner and shares given, a weighted share choice (`class_share`: shares pick where a
+conversation starts, its KV where it continues); else the lowest estimated latency
+(`block_dispatch.choose`, recomputing the owner's prefix on a non-owner; `owner_full` or
+`lowest_latency`), estimates within `TIE` equal, then fewer in flight, then least recently
+picked. Pure: `PrefixOwners` is the only state.
 """
 
 from __future__ import annotations

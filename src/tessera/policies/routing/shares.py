@@ -1,31 +1,16 @@
 """Which replica serves a request: per-class shares when set, else the replica that holds
 the prompt's prefix in its KV cache when that is worth it, else least outstanding tokens.
 
-Pure logic, no I/O; called by the gateway (`tessera.gateway.dispatch`, through the
-re-export `tessera.gateway.router`) for every attempt of every request, and by the cluster
-simulator (`tessera.sim`).
-
-Outstanding tokens of a replica = over the requests the gateway has in flight there, the
-prompt tokens not yet prefilled plus the `max_tokens` not yet generated. The gateway
-cannot see prefill progress, so a prompt counts until the request's first token arrives.
-Ties go to fewer in-flight requests, then to the replica picked least recently, so idle
-replicas share sequential traffic.
-
-Per-workload-class hook: a `ClassRouter` `(prompt_tokens, max_tokens) -> class name`
-(see `centroid_class_router` and `workload_class_router`) plus shares
-`{class name: {replica id: share}}` — what the planner's `Deployment.class_shares(name)`
-returns. When the request's class has shares, the replica is a weighted choice (seeded
-RNG) among ready replicas with a positive share; otherwise least outstanding tokens.
-
-Prefix affinity (the KV-cache owner first): agents cache the KV pages of prompt prefixes
-they computed, so a request whose prompt starts like an earlier one is cheaper where that
-one ran. The router remembers, for prompt prefixes of 32, 64, 128, ... tokens (up to the
-whole prompt but its last token), the replica it last sent them to (at most
-`PREFIX_ENTRIES`, least recently used dropped). A request goes to the owner of its longest
-remembered prefix when that replica is ready and its outstanding tokens exceed the least
-loaded replica's by no more than the prefix length — the prefill the cache saves — so a
-hot system prompt still spreads once its owner is busy. It is a hint: the agent may have
-evicted the pages, which costs only the prefill.
+Pure; called by the gateway (`tessera.gateway.dispatch`, via `tessera.gateway.router`) per
+attempt, and by the simulator (`tessera.sim`). Outstanding tokens of a replica: over its
+in-flight requests, prompt tokens until the first token arrives plus `max_tokens` not yet
+generated; ties go to fewer in flight, then least recently picked. Class shares: a
+`ClassRouter` `(prompt_tokens, max_tokens) -> class` (`centroid_class_router`,
+`workload_class_router`) and `{class: {replica id: share}}` (the planner's
+`Deployment.class_shares`) make a seeded weighted choice among ready replicas with a positive
+share. Prefix affinity: the router remembers the replica it last sent prefixes of 32, 64, 128,
+... tokens to (`PREFIX_ENTRIES`, LRU) and prefers the owner of the longest one while its
+outstanding tokens exceed the least loaded's by at most the prefix length.
 """
 
 from __future__ import annotations

@@ -1,34 +1,16 @@
 """Replica autoscaling on serving signals: how many replicas stay awake, which wake, which sleep.
 
-Input: `Signals` (per planned replica: awake or asleep, its running and waiting requests,
-its KV use, how long it has been idle; the gateway's held requests, its calls with no
-token yet and the observed p99 TTFT), the `AutoscaleConfig` from `spec.scaling`, and the
-loop's `Memory` (when it last scaled out and in, since when the load has been calm).
-Output: a `Decision` (the desired awake count, the replicas to wake and to put to sleep,
-a reason for status and events, the new memory). Pure; called by
-`tessera.control.autoscale_loop` each tick (the operator's timer and `tessera up`).
-
-Rules, in order:
-* from zero: no replica awake and any demand (held or queued) -> enough replicas for the
-  queue (at least one), at once (no cooldown: a request waits);
-* out: the queue per awake replica above `queue_per_replica`, the mean KV use above
-  `kv_high`, or the p99 TTFT above the SLO -> more replicas (the queue's count, at least
-  one more), at most one scale-out per `up_cooldown_s`;
-* idle: with no demand, an awake replica idle for `sleep_after_s` sleeps (down to the
-  minimum; a minimum of 0 is scale to zero);
-* in: calm (no queue, KV use below `kv_low`, TTFT within the SLO) for
-  `scale_down_after_s`, and that long since the last scale step -> one replica fewer.
-  The gap between `kv_low` and `kv_high` and the calm window are the hysteresis.
-Bounds: the count stays in [min, max] (max 0: every planned replica). Only a replica with
-no running or waiting request is put to sleep, so scaling in never drops a request.
-
-Resizing the plan (`Signals.resizable`: an auto layout): when the queue wants more
-replicas than the plan holds, even with every sleeper woken, `Decision.replicas` asks
-for a bigger plan (up to `max`; the reconcile adds and sources them). When a replica is
-to stop and its leader's host cache has no room for its blocks, the plan is shrunk by
-one instead of putting it to sleep (down to max(1, min); the reconcile drains the plan's
-last replica); with room it sleeps (a wake is cheaper than a load). One resize at a time:
-while a shrink is pending (`target` below the plan) none other is asked.
+Input: `Signals` (per planned replica: awake, running and waiting requests, KV use, idle time;
+the gateway's held requests, calls without a token, p99 TTFT), `AutoscaleConfig` (`spec.scaling`)
+and the loop's `Memory`. Output: a `Decision` (awake count, replicas to wake and to sleep, a
+reason, the new memory). Rules in order: from zero with any demand, enough replicas at once;
+out when the queue per replica, mean KV use (`kv_high`) or p99 TTFT is too high, at most once
+per `up_cooldown_s`; idle replicas sleep after `sleep_after_s` (down to the minimum, 0 = scale
+to zero); in by one after `scale_down_after_s` calm (`kv_low`; hysteresis). The count stays in
+[min, max]; only a replica with no request sleeps, so scaling in drops none. With
+`Signals.resizable` (an auto layout) `Decision.replicas` grows or shrinks the plan (shrink when
+a stopping replica's host cache has no room), one resize at a time (docs/scaling.md). Pure;
+called by `tessera.control.autoscale_loop` each tick.
 """
 
 from __future__ import annotations

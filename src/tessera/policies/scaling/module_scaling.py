@@ -1,31 +1,16 @@
 """CoCoServe module-level scaling: Algorithm 1 (scale up) and Algorithm 2 (scale down).
 
-Input: a replica's `speedup.Placement` (which layers are replicated where), the devices
-(`speedup.Device`: capacity, link, free memory, idle share), the workload shape, and a
-`ScalingConfig` from `spec.policies.scaling`. Output: plans of typed actions
-(`Replicate`, `Migrate`, `Evict`, `ReduceBatch`) plus the modelled result. Called by the
-`tessera/control/scaling_driver.py` (applied through `run_plan.py`) and `tessera bench scaling`.
-
-Scale up (Algorithm 1): devices whose idle share exceeds `up_idle_fraction` are
-eligible, most idle first; each may take free_bytes // replica_bytes replicas; candidate
-layers are ordered by continuity (layers extending a run the device already holds, then
-the longest run of layers it could take, then by index); a replica is added only when
-the modelled speedup (Eq. 3, heterogeneous) rises. So the speedup never decreases and
-memory is never overcommitted (property-tested).
-
-Scale down (Algorithm 2, errata: the pseudocode's g and P' are read as the overloaded
-source device and the running state): runs only when the observed SLO-violation rate
-exceeds `down_violation_rate`. Whether the source still violates is modelled: the
-source's per-step seconds must fit the SLO's step budget (TPOT). Phase 1 migrates the
-heaviest modules off the source to the most idle device with room (at most
-`max_migrations`); phase 2 evicts replicas hosted on the source, least speedup lost
-first; phase 3 cuts the batch by `batch_step` until the step fits or the batch is 1.
-Each phase stops as soon as the model says the violation is resolved.
-
-Defaults (the paper gives none): up_idle_fraction 0.5 (a device at least half idle, so a
-replica never takes the compute its own work needs); down_violation_rate 0.05 (5 % of
-requests over their SLO, the usual p95 service objective); batch_step 5 (the paper's
-example of delta-bs); max_migrations 4 (§3.3: migrate a few whole layers, not the model).
+Input: a replica's `speedup.Placement`, the devices (`speedup.Device`: capacity, link, free
+memory, idle share), the workload shape and a `ScalingConfig` (`spec.policies.scaling`). Output:
+plans of typed actions (`Replicate`, `Migrate`, `Evict`, `ReduceBatch`) plus the modelled
+result. Scale up: devices idler than `up_idle_fraction`, most idle first, take replicas of
+layers ordered by continuity, each added only if the modelled speedup (Eq. 3) rises: speedup
+never decreases, memory is never overcommitted (property-tested). Scale down, when violations
+exceed `down_violation_rate` and the source's modelled step misses the TPOT budget: migrate the
+heaviest modules off it (at most `max_migrations`), evict its hosted replicas (least speedup
+lost first), cut the batch by `batch_step`; each phase stops once the model says it is
+resolved. Defaults and the pseudocode's errata: docs/module-scaling.md. Called by
+`control/scaling_driver.py` (via `run_plan.py`) and `tessera bench scaling`.
 """
 
 from __future__ import annotations

@@ -1,29 +1,16 @@
 """Sources of a new replica's blocks: the switch plan's parts, refined by the host caches
-and the measured links (issue 32).
+and the measured links.
 
-`switch_sources.assign` chooses, per block to load, a peer block or storage for every
-unit range (0 the embedding, 1..L the layers, L+1 the final norm and head). `refine`
-then applies what only the agents know:
-1. units the target agent's host block cache holds (`observed.AgentInfo.host_cache`)
-   come from there: a `host` part (the fastest source: host memory to the device, no
-   network, no storage);
-2. a part from a peer over gRPC whose measured link (`links.LinkModel.pairs`) is slower
-   than the target agent's measured storage read (`LinkModel.storage`) is read from
-   storage instead;
-3. storage and the peers run in parallel (the agent fetches every part at once): while it
-   shortens the block's load, the last unit of the gRPC peer part that would finish last
-   moves to storage (`balance`), so a peer link and the target's storage both carry a
-   share in proportion to their measured rates.
-Steps 2 and 3 need both rates measured, and act on gRPC parts only: the probe
-(`ProbeLinks`) measures gRPC, and a data-plane copy (gloo/NCCL) is at least as fast, so
-a data-plane part keeps the plan's choice rather than being judged by a lower bound.
-A block with no parts from the plan gets parts when its agent's cache holds any of its
-units (the rest: storage). Tensor-parallel blocks keep the planner's own rule.
-
-A cached piece matches a block when its model path matches and its dtype is the block's
-(a block served "auto" takes any: the agent checks the digest-keyed cache and reads
-storage for what it does not find, so a wrong guess costs only the storage read it
-would have made anyway). Pure. Called by `policies.transition_steps`.
+`switch_sources.assign` chooses a peer block or storage for every unit range of a block to load
+(0 the embedding, 1..L the layers, L+1 final norm and head); `refine` applies what only the
+agents know: (1) units the target agent's host cache holds (`observed.AgentInfo.host_cache`)
+come from there (`host`, the fastest); (2) a gRPC peer part whose measured link
+(`links.LinkModel.pairs`) is slower than the target's measured storage read is read from
+storage; (3) while it shortens the load, the last unit of the slowest gRPC part moves to
+storage (`balance`). Data-plane parts keep the plan's choice (the probe measures gRPC only). A
+cached piece matches by model path and dtype ("auto" takes any: the agent checks digests).
+Tensor-parallel blocks keep the planner's rule. Pure; called by `policies.transition_steps`;
+docs/scaling.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Sticky per-request split of a replicated run of layers (CoCoServe §3.1, made correct).
 
-Input: the holders of a replicated run (the origin and its replicas) with their measured
-speeds, the current assignment of running requests to holders, and the requests that
-joined or left. Output: a `Split` mapping every running request to the holder whose KV
-cache serves it at that run. Called by the engine's replicated run
-(`tessera_agent.engine.layer_run`) when a request first reaches it, and by tests.
-
-Why sticky: with continuous batching the batch changes every step, but a request's K/V
-for the replicated layers lives on the holder that computed them; sending its hidden
-states anywhere else would attend to nothing. So a request keeps its holder for its whole
-life (the paper does not say; this is the decision that makes replication correct). New
-requests go where the running count is furthest below the speed-proportional share
-(largest deficit, ties to the earlier holder); a holder that is evicted hands its
-requests back to the origin, whose KV they receive.
+Input: the holders of a replicated run (origin and replicas) with measured speeds, the current
+assignment of running requests, and the requests that joined or left. Output: a `Split` mapping
+every running request to the holder whose KV cache serves it at that run. Invariant: a request
+keeps its holder for life, since its K/V for the run lives there (the paper leaves this open).
+New requests go to the holder furthest below its speed-proportional share (ties to the earlier
+holder); an evicted holder hands its requests back to the origin, which receives their KV.
+Called by the engine's replicated run (`tessera_agent.engine.layer_run`) and tests.
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """When the periodic module-scaling loop scales up, scales down or lifts a batch cut.
 
-Inputs: the gateway's inter-token latency histogram (cumulative bucket counts, as
-Prometheus keeps them: `tessera_gateway_inter_token_latency_seconds`) at the previous
-tick and now, the deployment's TPOT target (`spec.slo.tpotP99Ms`) and
-`spec.policies.scaling`. Caller: `tessera.control.scaling_loop.ScalingLoop` (run by `tessera up`).
-
-The window's SLO-violation rate is the share of its inter-token gaps above the target
-(the gateway observes gaps, not whole requests: a per-token proxy for the paper's
-per-request rate). A target inside a bucket is interpolated linearly, as Prometheus'
-`histogram_quantile` does; gaps above the largest finite bound count as late. The
-window's mean gap is the observed per-step seconds Algorithm 2 compares with the target.
-
-`decide`: "up" when a target is set, the window has at least `min_gaps` gaps and the
-rate exceeds `downViolationRate` (the loop replicates onto idle devices, Algorithm 1,
-and when that places nothing relieves the device, Algorithm 2); else, in a calm window
-(rate at most half the threshold: the band in between is hysteresis), "restore" while a
-batch cut is in force, then "evict" once layer replicas are placed and the violation has
-been absent for `evictAfterSeconds` in a row (`calm_for`); else "hold". A replica is
-placed only under a violation and evicted only after a sustained calm, so a calm window
-never replicates and a violating one never evicts: the loop does not flap.
+Inputs: the gateway's cumulative inter-token latency histogram
+(`tessera_gateway_inter_token_latency_seconds`) at the previous tick and now, the TPOT target
+(`spec.slo.tpotP99Ms`) and `spec.policies.scaling`. The window's violation rate is its share of
+gaps above the target (interpolated inside a bucket as `histogram_quantile` does; above the
+largest finite bound counts late); its mean gap is the step time Algorithm 2 compares. `decide`:
+"up" with a target, at least `min_gaps` gaps and the rate above `downViolationRate`; in a calm
+window (rate at most half the threshold), "restore" while a batch cut is in force, then "evict"
+once replicas are placed and calm has lasted `evictAfterSeconds` (`calm_for`); else "hold". So
+the loop does not flap. Caller: `tessera.control.scaling_loop.ScalingLoop`.
 """
 
 from __future__ import annotations

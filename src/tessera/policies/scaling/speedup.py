@@ -1,20 +1,14 @@
 """CoCoServe's speedup model of layer replication (§4.1, Eqs. 1-4).
 
-Input: a replication state (`Placement`: for each layer of one model replica, the devices
-holding a replica besides the origin), the devices' compute capacity and link bandwidth
-to the origin, and the workload shape (hidden size d, batch bs, sequence length l).
-Output: the modelled speedup S(P) = W(P0) / (W(P) + T(P)). Used by `module_scaling.py`
-(Algorithms 1 and 2) and by `tessera bench scaling`.
-
-    W(P) = sum_i max_j d^2 * bs_ij * l / C_ij            (Eq. 1, compute)
-    T(P) = delta * sum_i sum_{j>1} d * bs_ij * l / B_ij   (Eq. 2, scatter/gather traffic)
-
-The batch at layer i is split across its p_i holders in proportion to their capacity
-(the split Tessera applies, `request_split.py`), so the max in Eq. 1 is the common
-finish time. On identical devices that split is even and S reduces to Eq. 4,
-S = 1 / (gamma + (1 - gamma) / n * sum_i 1/p_i) with gamma = delta*C / (d*B) (tested).
-gamma is measured, not guessed: it is delta x (one layer's activation transfer time) /
-(one layer's compute time) for the same batch (`gamma_from_times`, `gamma_from_profile`).
+Input: a `Placement` (per layer of one replica, the devices holding a copy besides the origin),
+the devices' compute capacity and link bandwidth to the origin, and the workload shape (hidden
+d, batch bs, length l). Output: S(P) = W(P0) / (W(P) + T(P)) with
+``W(P) = sum_i max_j d^2 * bs_ij * l / C_ij`` (Eq. 1) and
+``T(P) = delta * sum_i sum_{j>1} d * bs_ij * l / B_ij`` (Eq. 2). The batch at a layer is split
+in proportion to capacity (as `request_split.py` does); on identical devices S reduces to Eq. 4,
+``1 / (gamma + (1 - gamma) / n * sum_i 1/p_i)`` (tested). gamma is measured
+(`gamma_from_times`, `gamma_from_profile`), not guessed. Used by `module_scaling.py` and
+`tessera bench scaling`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """Who may call which agent RPC, and which checkpoint paths a load may name (pure).
 
 Inputs: the RPC's method name, the caller's role (the Organizational Unit of its client
-certificate, or `None` on a plaintext loopback deployment where no one is authenticated),
-and for loads the requested path and the agent's configured model root. Called by the
-agent's authorization interceptor (`tessera_agent.authz`), which applies the decision.
-
-Roles follow what each component needs, nothing more:
-- `operator` places blocks (loads, unloads, profiles) and observes agents;
-- `gateway` runs requests (Generate, Cancel) and moves KV between replicas of its own
-  deployment (it already sees every prompt, so reading KV reveals nothing it does not
-  hold); which deployment is `tessera.policies.security.tenancy`'s check of its URI SAN;
-- `agent` is a peer: stage streams to the next stage and block copies (FetchTensors,
-  PushTensors);
-- `admin` is a person's tool (`tessera profile`, benches): everything.
-Reading weights (FetchTensors) is thus open to agents only, reading KV (ExportKV and the
-pins around it) to gateways, and ExportKV/ImportKV also to the operator, whose overload
-driver moves a dropped stage's pages.
+certificate, or `None` on a plaintext loopback deployment) and, for loads, the path and the
+agent's model root. Called by the agent's authorization interceptor (`tessera_agent.authz`).
+Roles get what they need, nothing more: `operator` places blocks and observes agents (and moves
+KV for its overload driver); `gateway` runs requests and moves KV within its own deployment
+(`policies.security.tenancy` checks its URI SAN); `agent` peers stream stages and copy blocks;
+`admin` (a person's tools) may do everything. So weights are readable by agents only, KV by
+gateways and the operator. Every new agent RPC needs a rule here; the table is in
+docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """Continuous-batching policy: which sequences run in the next step, with how many tokens.
 
-Pure and torch-free (the cluster simulator imports it). The agent's scheduler
-(`tessera_agent.engine.scheduler`) applies it: it owns the sequences and the page
-allocator, offers running sequences a place in `running_order`, asks `chunk_size` how many tokens
-each (and then each waiting sequence, FCFS) gets, and `preemption_victim` whom to evict when the KV
-pool is full. `plan_batch` composes the same rules over plain views for a simulator or a
-test that has no page allocator.
-
-The rules, in the spirit of vLLM's and nano-vllm's schedulers:
-- running sequences first, oldest first, so decodes are never starved by new prompts
-  (a steady time per output token);
-- then waiting sequences in arrival order (FCFS), each given the rest of its prompt up to
-  the remaining token budget (chunked prefill: a long prompt spans steps and mixes with
-  decodes);
-- a step is bounded by `max_num_seqs` sequences and `max_batched_tokens` tokens. A token
-  budget well above the number of running sequences is what keeps the time to first token
-  low at saturation: many queued prompts are admitted in one step instead of one per step;
-- under memory pressure the newest idle running sequence is preempted (recomputed later),
-  which protects the oldest requests' latency.
+Pure and torch-free (the simulator imports it). Applied by the agent's scheduler
+(`tessera_agent.engine.scheduler`, which owns sequences and the page allocator) through
+`running_order`, `chunk_size` and `preemption_victim`; `plan_batch` composes the same rules over
+plain views for simulators and tests. Rules (as vLLM and nano-vllm): running sequences first,
+oldest first (decodes are never starved); then waiting ones FCFS, each given the rest of its
+prompt up to the token budget (chunked prefill); at most `max_num_seqs` sequences and
+`max_batched_tokens` tokens per step (a budget well above the running count keeps TTFT low at
+saturation); under memory pressure the newest idle running sequence is preempted.
 """
 
 from __future__ import annotations

@@ -1,33 +1,15 @@
 """Per-block batching across chains: which pending steps run together, in which passes.
 
-Several chains (a foundation replica and full fine-tunes' replicas) on one agent share
-block instances: the zoo points their layer modules at the same parameters
-(`tessera_agent.engine.block_zoo`). Their steps all go to the agent's one compute thread.
-Rather than run each step alone, the compute thread runs a *co-step*: at every layer, the
-rows of all admitted steps whose layer is the same instance go through its projections and
-MLP in one *pass*; a chain's own (differing) layers are their own instances and run on its
-rows alone. BlockLLM §5 ("Batching"): a block queues what arrives and packs it with its
-neighbours up to its batch limit; with nothing queued it runs the batch directly.
-
-The rules (`plan`):
-- every block instance has a batch limit in rows per pass (`BatchLimits`: a default, and
-  overrides per piece label such as `layer.3` or `final`);
-- pending steps are taken in priority order: the most passed-over first, then arrival
-  order. The first always runs (alone in its passes if it exceeds a limit), so no chain
-  starves: a step passed over climbs ahead of every newer one;
-- another step joins if it shares an instance with a step already admitted, its chain has
-  no step admitted yet (one step per chain: a chain's KV cache and adapter slots belong to
-  one step at a time), and adding its rows keeps every instance it uses within its limit.
-  Steps that do not fit wait for the next co-step (the instance's next pass);
-- a step that shares nothing with the admitted ones waits too: running it in the same
-  co-step would only delay the others' results.
-
-`expected` and `linger_s` say whom the compute thread waits for, and how long: chains
-resubmit one by one (each handles its results on the event loop first), and taking
-whichever comes first alone would leave the chains alternating, never batched. So before
-running a step, the thread waits briefly for the other chains that share its instances,
-still have work, and were seen lately, but have no step queued yet. Pure and torch-free;
-applied by `tessera_agent.engine.cobatch`.
+Chains sharing block instances on one agent (the zoo, `tessera_agent.engine.block_zoo`) send
+their steps to one compute thread, which runs a co-step: at every layer, the rows of all
+admitted steps using the same instance go through it in one pass (BlockLLM §5). `plan`: every
+instance has a batch limit in rows per pass (`BatchLimits`, overridable per piece label such as
+`layer.3`); steps are taken most passed-over first, then by arrival; the first always runs (no
+chain starves); another joins if it shares an instance with an admitted step, its chain has no
+step admitted (one step per chain), and every instance stays within its limit; the rest wait
+for the next co-step. `expected` and `linger_s` say whom the thread briefly waits for (chains
+sharing its instances, with work, seen lately, nothing queued), else chains would alternate and
+never batch. Pure and torch-free; applied by `tessera_agent.engine.cobatch` (docs/variants.md).
 """
 
 from __future__ import annotations

@@ -1,32 +1,16 @@
 """The action vocabulary of live reconfiguration: what a transition plan asks shells to do.
 
-Every elastic mechanism (layout switch, parameter drop, layer replication, variants) is a
-transition made of these actions. Policies (`policies.transition` and the ones that come
-after it) return them inside `Step`s; the operator's executor
+Every elastic mechanism (switch, drop, replication, variants) is a transition of these
+actions. Policies return them inside `Step`s; the operator's executor
 (`tessera.control.actuate`), `tessera up` and the gateway apply them. Pure data.
-
-* `LoadBlock`: load a block on an agent, from the checkpoint or copied from a peer that
-  holds the tensors (`PeerSource`).
-* `UnloadBlock`: free a block (parameters and KV pool).
-* `Rewire`: point a loaded stage at a new downstream (next stage's agent address).
-* `MoveKV`: move a request's computed prefix (KV pages) from one replica to another; the
-  gateway applies it to long in-flight requests of a leaving replica (`tessera.control.kv_move`).
-* `Drain`: wait until a replica that no route names any more has no request running or
-  waiting (observed), or its drain deadline has passed.
-* `CutOver`: publish a new routes document (`tessera.routes_doc`): the gateway sends new
-  requests to its replicas only; replicas of its previous document that it no longer
-  names are leaving.
-* `ResizeKV`: shrink or grow a running replica's KV pool to `num_pages` on every stage
-  (shrink: the leader's allocator compacts live pages below the limit first; never below
-  the pages its requests hold), so a full device makes room for a new layout (issue 34).
-* `DropLayers`: KunServe's parameter drop applied to whole replicas (issue 34, a drop-style
-  transition): the members become one pipeline that keeps the head's id, each holding
-  its stage's layers; the freed parameter memory becomes KV pool, which a following
-  `ResizeKV` can give to the incoming layout.
-
-Later actions (restore layers, replicate a layer, load an adapter) join the
-`Action` union; every action has `kind` (a stable name used in status and events) and
-`describe()`.
+`LoadBlock` (from the checkpoint or a peer, `PeerSource`); `UnloadBlock` (parameters and KV
+pool); `Rewire` (a stage's downstream address); `MoveKV` (a request's computed prefix to
+another replica, `tessera.control.kv_move`); `Drain` (until a replica no route names is idle
+or past its deadline); `CutOver` (publish a routes document, `tessera.routes_doc`);
+`ResizeKV` (a running replica's pool to `num_pages` on every stage, compacting first, never
+below the pages its requests hold); `DropLayers` (KunServe's drop over whole replicas: one
+pipeline keeping the head's id, the freed bytes becoming KV pool). Every action has `kind` (a
+stable name for status and events) and `describe()`.
 """
 
 from __future__ import annotations

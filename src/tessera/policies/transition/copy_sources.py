@@ -1,25 +1,15 @@
-"""Copy sources of a transition's loads, chosen by the OServe switch plan (issue 11).
+"""Copy sources of a transition's loads, chosen by the OServe switch plan.
 
-The transition planner (`policies.transition`) loads each new block either from storage or
-from one peer that holds all of its layers. A layout switch can do better: a new block's
-layers may be held in parts by several old blocks (a stage boundary moved), some of them on
-the new block's own agent. `assign` runs the greedy switch plan (`policies.switch_plan`,
-OServe Algorithm 2: intra-node sources first, then the least-loaded pair link; storage only
-for parameters no block holds) over the blocks the agents hold and the blocks to load, and
-returns, per block to load, its *parts*: unit ranges (`policies.placement`: 0 the
-embedding, 1..L the layers, L+1 the final norm and lm_head) with the peer block to copy
-each from, or storage. Each peer part names the transport between the two agents: `local`
-(the same agent: a copy in its memory), the data plane (both agents have a rendezvous
-store; gRPC stays the fallback) or gRPC.
-
-Mapping onto the switch plan: a node is an agent and every block is a device of its own
-(`(agent, slot)`), since a new block is always new memory even on the device of an old one
-(new generation, new replica id: nothing is ever "in place" except a block that stays).
-So intra-node means "the same agent" and the pair counters are per pair of blocks. Only
-unsharded blocks (tp 1) take part; tensor-parallel loads keep the planner's own rule.
-
-Pure. Called by `policies.transition_steps` when `World.sourcing == "switch"`, and by
-`tessera bench switch` (to report the plan and its LP bound).
+A new block's layers may be held in parts by several old blocks (a stage boundary moved).
+`assign` runs the greedy switch plan (`policies.switch_plan`, OServe Algorithm 2: intra-node
+sources first, then the least-loaded pair link; storage only for what no block holds) over the
+held blocks and the blocks to load, and returns per block its parts: unit ranges
+(`policies.placement`: 0 embedding, 1..L layers, L+1 final norm and lm_head) each with a peer
+block or storage, and for peers the transport (`local` on the same agent, the data plane when
+both agents have a rendezvous store, else gRPC). A node is an agent and every block a device of
+its own (`(agent, slot)`): a new block is always new memory. Only tp-1 blocks take part. Pure;
+called by `policies.transition_steps` when `World.sourcing == "switch"` and by
+`tessera bench switch`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Map a target deployment onto physical devices so that the most bytes stay in place.
 
-The planner places a target deployment on GPUs in a canonical order, but any relabelling
-that keeps each node's devices together is equivalent for serving (links are uniform
-inside a node and nodes of one size are interchangeable), while it decides how many bytes
-a switch must move. OServe leaves this open; here it is solved exactly over that group of
-relabellings, as two nested assignment problems (``scipy.optimize.linear_sum_assignment``):
-
-* inner, per (target node M, physical node N): match M's devices to N's devices,
-  maximising the bytes each target device needs that the physical device already holds;
-* outer: match target nodes to physical nodes, maximising the inner optima.
-
-The objective is a sum over target devices of a term that depends only on the device's
-own image, and a node relabelling fixes which node each device lands on, so for a fixed
-outer matching the inner problems are independent: the nested solution is the optimum
-over all node-preserving relabellings. Ties prefer the identity (a bonus far below one
-shard's bytes), so an already-canonical target is left as given. Called by
-``tessera.policies.switching.switch_plan``.
+Any relabelling that keeps each node's devices together serves the same, but decides how many
+bytes a switch moves. Solved exactly over those relabellings as two nested assignment problems
+(``scipy.optimize.linear_sum_assignment``): inner, per (target node, physical node), match
+devices maximising the bytes each target device already finds in place; outer, match nodes
+maximising the inner optima. The objective is separable per device, so the nested solution is
+the optimum over all node-preserving relabellings. Ties prefer the identity (a bonus far below
+one shard), so a canonical target stays as given. Called by
+``tessera.policies.switching.switch_plan``; docs/switching.md.
 """
 
 from __future__ import annotations

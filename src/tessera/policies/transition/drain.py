@@ -1,29 +1,15 @@
 """Which in-flight requests on leaving replicas finish there and which move, and where.
 
-When the gateway's routes switch to a new version, replicas of the old version that the
-new one no longer names are *leaving*: they take no new requests, but requests already
-running on them must not be lost. `decide` is the pure rule the gateway's cut-over
-controller (`tessera.gateway.cutover`) applies every tick while any replica is leaving:
-
-* a request expected to finish before the drain deadline (its tokens left at its observed
-  decode rate, plus a safety margin) stays and **drains** on its replica;
-* a longer one **moves**: its computed KV prefix is copied to a surviving replica
-  (`kv_move.move_prefix`) and the request continues there (the gateway's mid-stream
-  continuation path), so its client's stream goes on where it stopped;
-* a request that has no token yet (queued on its replica, or in its prefill) **moves at
-  once**, with nothing copied, to the least loaded survivor whatever its free pages: it
-  waits there as it waited on its replica, but for a replica that stays (a leaving
-  replica under an overload drop would otherwise serve its whole queue before it can
-  leave; `tessera bench overload --via operator` measured it);
-* once the deadline has passed, every request still on a leaving replica moves;
-* a request moves only to a survivor whose free KV pages can hold its whole sequence
-  (prompt, generated and remaining tokens); among those, the least loaded after the moves
-  already decided this tick (fewest in-flight requests per KV page free, ties by id) wins.
-  A request no survivor can hold stays (`stranded`): it drains as long as its replica
-  lives, and the caller retries the decision on the next tick.
-
-Inputs and outputs are frozen dataclasses; no I/O, no clock (the caller passes elapsed
-times). Tested in `tests/policies/test_drain.py`.
+Leaving replicas (named by the old routes, not the new) take no new requests, but their running
+requests must not be lost. `decide` is the rule the gateway's cut-over
+(`tessera.gateway.cutover`) applies every tick: a request expected to finish before the drain
+deadline (tokens left at its decode rate, plus a margin) drains; a longer one moves (its KV
+prefix copied to a survivor, `kv_move.move_prefix`, the stream continuing there); one with no
+token yet moves at once, nothing copied, to the least loaded survivor; after the deadline
+everything moves. A target survivor's free KV pages must hold the whole sequence; among those
+the least loaded after this tick's moves wins (ties by id). A request no survivor can hold is
+`stranded`: it drains while its replica lives and is retried next tick. Frozen dataclasses in
+and out; no I/O, no clock (the caller passes elapsed times).
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
-"""Drop-style transitions (issue 34): whole replicas drop replicated layers into one
+"""Drop-style transitions: whole replicas drop replicated layers into one
 pipeline, so the incoming layout finds room where even shrunk KV pools leave none.
 
-On a full cluster each device holds a whole replica's parameters and a KV pool. A new
-layout whose parameters do not fit beside them even with the pools at their floor is
-`InsufficientMemory` for shrink-pools, and the freeing order cannot retire the last
-serving replica. KunServe's drop (issue 13: `drop_plan`, `overload_steps`, the agents'
-`OverloadShift`) frees parameter memory while every request keeps running: whole
-replicas holding the same layers merge into one pipeline, each member keeping its
-stage's layers; the head keeps its id, scheduler and running requests (their K/V for the
-donors' layers moves to the donors); the freed parameter bytes become KV pool in place,
-which a following `ResizeKV` gives to the incoming layout (shrink-pools).
-
-`plan(world, target, replan)`, called by `policies.transition.plan` when its plan is
-blocked `InsufficientMemory` and `World.drop_layers`: the head is the first routed whole
-replica (one stage, one TP rank) of this deployment that the target does not keep; the
-donors are the other whole replicas of the same model, those already out of the routes
-first (an interrupted drop cut them over), merged one at a time (KunServe merges the
-smallest groups first; whole replicas are all of size one) until the planner, run again
-(`replan`) on the observation the drop would leave (`after_drop`), is no longer blocked.
-Its steps: a `CutOver` without the routed donors, a `Drain` of each donor, one
-`DropLayers` (mode `drop-layers`). The pass after it observes the pipeline and plans the
-rest. Stages are cut by `drop_plan.balanced_cuts` over uniform layer costs. Pure.
+KunServe's drop frees parameter memory while every request keeps running: whole replicas of
+one model merge into one pipeline keeping the head's id, scheduler and requests; the freed
+bytes become KV pool, which a following `ResizeKV` gives to the incoming layout. `plan(world,
+target, replan)`, called by `policies.transition.plan` when blocked `InsufficientMemory` and
+`World.drop_layers`: the head is the first routed whole replica the target does not keep; the
+donors (already unrouted ones first) are merged one at a time until the planner, rerun
+(`replan`) on the observation after the drop (`after_drop`), is no longer blocked. Steps: a
+`CutOver` without the routed donors, a `Drain` per donor, one `DropLayers` (mode
+`drop-layers`); the next pass plans the rest. Stages are cut by `drop_plan.balanced_cuts`.
+Pure; docs/transitions.md.
 """
 
 from __future__ import annotations

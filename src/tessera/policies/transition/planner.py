@@ -1,39 +1,17 @@
 """Transition planner: from what the agents hold to a desired plan, without losing a request.
 
-`plan(world, target)` is pure. `world` is what can be observed (the agents' blocks,
-devices and per-replica load, the routes last published to the gateway, the time), plus
-the free memory per device and a link model; `target` is the desired blocks and replica
-set of one plan generation. It returns a `Transition`: ordered `Step`s (each naming the
-steps it waits for) in the action vocabulary of `policies.actions`.
-
-Order of a transition:
-1. replicas of this deployment that no route names are drained and unloaded first
-   (leftovers of an interrupted or reverted transition);
-2. **make-before-break**: missing blocks of the target are loaded while the old
-   replicas keep serving, each from a peer holding its tensors when the link model says
-   that beats storage, last stage first;
-3. one `CutOver` publishes the target's replica set; the replicas it drops are leaving;
-4. each leaving replica is drained (idle as observed, or its deadline plus a grace has
-   passed) and only then unloaded.
-When a device cannot hold the new blocks beside the old, the old replicas' KV pools
-shrink to make room (**shrink-pools**, `transition_shrink`: every replica keeps serving)
-when that suffices; else old replicas are retired one at a time before the loads that
-need their memory (**freeing order**: a `CutOver` drops the replica while at least one
-other complete replica keeps serving, then it is drained and unloaded), and what is
-still short is taken from the pools left. When even that cannot make room, whole
-replicas drop replicated layers into one pipeline first (**drop-layers**,
-`transition_drop`: KunServe's drop keeps every request running) where the plan after
-the drop would not be blocked. Otherwise the transition is `blocked` with a condition
-reason and message, and its steps only clean up unrouted leftovers: the old layout
-keeps serving. The new replicas' pools grow to the target's budgets once the old are
-freed.
-
-Level-triggered: the plan depends only on the observation, so re-planning after any
-prefix of the steps (or after an operator restart) continues where things stand, and a
-converged system plans nothing. Called by the operator's executor
-(`tessera.control.actuate`) and by `tessera up`; `drained` and `complete_replicas`
-are the observations the executor and status use. The data types live in
-`transition_model` (named from here), the step builder in `transition_steps`.
+`plan(world, target)` is pure. `world`: the agents' blocks, devices and per-replica load, the
+routes last published, the time, free memory per device and a link model; `target`: the desired
+blocks and replica set of one plan generation. Returns a `Transition` of ordered `Step`s in the
+`policies.actions` vocabulary: unrouted leftovers drained and unloaded first; missing blocks
+loaded while the old replicas serve (make-before-break, peer or storage by the link model, last
+stage first); one `CutOver`; leaving replicas drained, then unloaded. When a device lacks room,
+in turn: shrink-pools (`transition_shrink`), the freeing order (retire old replicas one at a
+time while another serves), drop-layers (`transition_drop`); else `blocked` with a reason, the
+old layout serving (docs/transitions.md). Level-triggered: re-planning after any prefix of the
+steps continues where things stand; a converged system plans nothing. Called by
+`tessera.control.actuate` and `tessera up`; types in `transition_model`, steps built in
+`transition_steps`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """Room on a full device: shrink the serving replicas' KV pools, load beside them, grow
-the new pools once the old are gone (issue 34, OServe switching on a full cluster).
+the new pools once the old are gone (OServe switching on a full cluster).
 
-Agents give a block's KV pool the memory left after its parameters, so make-before-break
-finds no room, and the freeing order needs a second complete replica to keep serving.
-`make_room` (called by `policies.transition.plan` when make-before-break has no room and
-`World.resize_kv`: first on its own, since every replica keeps serving, then for what the
-freeing order leaves short) shrinks the KV pools of the old routed replicas with blocks on the
-short devices (`actions.ResizeKV`: the leader's allocator compacts live pages below the
-limit, `kvpages.PageAllocator.compact`), never below the pages their requests hold plus
-`World.kv_headroom`, by what the new blocks' parameters and `ASK_NEW_KV_SHARE` of their KV
-need, and gives the new blocks the KV budget that is then free (at least
-`MIN_NEW_KV_SHARE` of what the target asks). `grow` restores the new replicas' pools to
-the target's budgets after the old replicas are unloaded. When even the floors leave too
-little room, the transition is blocked `WaitingForKV` (the old layout's requests hold the
-pages: it waits until they finish or move, and re-plans) or `InsufficientMemory`
-(parameters alone do not fit). Pure; used only by `policies.transition`.
+`make_room`, called by `policies.transition.plan` when make-before-break has no room and
+`World.resize_kv` (alone first, then for what the freeing order leaves short), shrinks the KV
+pools of old routed replicas on the short devices (`actions.ResizeKV`, compacting live pages)
+never below their requests' pages plus `World.kv_headroom`, by what the new blocks' parameters
+and `ASK_NEW_KV_SHARE` of their KV need, and gives the new blocks the budget then free (at least
+`MIN_NEW_KV_SHARE` of the target's). `grow` restores the new pools to the target's budgets
+after the old replicas are unloaded. Too little room even at the floors: blocked `WaitingForKV`
+(requests hold the pages; re-plans later) or `InsufficientMemory` (parameters alone do not
+fit). Pure; used only by `policies.transition`.
 """
 
 from __future__ import annotations

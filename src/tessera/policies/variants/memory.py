@@ -1,18 +1,12 @@
 """Parameter bytes of full fine-tunes' chains beside their foundation: what sharing saves.
 
-A full fine-tune's chain mirrors a foundation replica's stages (`variant_plan.
-with_full_chains`). On an agent that already holds the foundation's pieces (the block zoo),
-the chain costs only the units it holds itself: the decoder layers that differ from the
-foundation's and were not accepted as equivalent (`shareEquivalent`), and the embedding or
-the final norm + head when those differ. Where the foundation is not held, or without the
-zoo, it costs every unit of its stages, as one full copy per model does.
-
-Units are `placement`'s: 0 the embedding, 1..L the decoder layers (layer i is unit i + 1),
-L + 1 the final norm + lm_head; a stage of tp ranks holds 1/tp of each unit per device.
-
-`fit_variants` places chains greedily, in the order given, into the free bytes the
-foundation's devices have left, so a planner (or a user sizing a deployment) sees how many
-variants one memory budget serves with sharing and without. Pure; called by
+A full fine-tune's chain mirrors a foundation replica's stages. On an agent holding the
+foundation's pieces (the block zoo) it costs only its own units: layers that differ and were
+not accepted as equivalent (`shareEquivalent`), and the embedding or final norm + head when
+they differ; elsewhere, every unit of its stages. Units are `placement`'s (0 the embedding,
+layer i is unit i + 1, L + 1 the final norm + lm_head); a stage of tp ranks holds 1/tp of each
+unit per device. `fit_variants` places chains greedily into the bytes the foundation's devices
+have left, showing how many variants a budget serves with and without sharing. Pure; called by
 `variant_plan.with_full_chains` (a chain's planned `param_bytes`) and tests.
 """
 

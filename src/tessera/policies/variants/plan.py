@@ -1,25 +1,15 @@
 """Variants of a deployment as blocks, adapter sets, routes and status: pure decisions.
 
-A deployment serves its foundation plus variants (`tessera.variant_spec`):
-* a **full fine-tune** gets one chain per foundation replica, on the same agents with the
-  same stage split, loading the fine-tune's checkpoint (`with_full_chains` adds them to the
-  transition target). On each agent the block zoo shares every layer identical to the
-  foundation's (and, with `shareEquivalent`, every layer the agent's equivalence report
-  accepts), so the chain holds only its own layers. Its planned `param_bytes` are those
-  layers' bytes when the caller knows the sharing (`variant_memory`), else 0 (the agent
-  books what it holds).
-  Removing the variant drops its chains from the target, so the transition drains and
-  unloads them like any leaving replica: requests in flight finish;
-* a **LoRA adapter** is attached to every stage of every foundation replica
-  (`adapter_steps`: the ordered `VariantAdapters` calls that reach the wanted sets — on
-  removal the leader first, which waits for the adapter's requests in flight, then the
-  followers; on adding the followers first, then the leader, which then admits requests).
-
-`routes` lists the variants for the gateway (a full fine-tune with its replicas, always,
-so the foundation never routes to its chains; a LoRA variant once attached everywhere);
-`status` says for each variant where it is loaded, whether it is ready, and why not.
-Called by the operator's converge pass (`tessera.control.variants`), which `tessera up`
-also runs.
+A deployment serves its foundation plus variants (`tessera.variant_spec`). A full fine-tune gets
+one chain per foundation replica, on the same agents and stage split (`with_full_chains` adds
+them to the transition target); the zoo shares identical (or accepted equivalent) layers, so
+its planned `param_bytes` are its own layers' (`variant_memory`), or 0 when unknown. Removing it
+drops its chains, drained like any leaving replica. A LoRA adapter is attached to every stage
+of every foundation replica (`adapter_steps`: the ordered `VariantAdapters` calls; on removal
+the leader first, on adding the followers first). `routes` lists variants for the gateway (a
+full fine-tune always, a LoRA one once attached everywhere); `status` says where each is
+loaded and why it is not ready. Called by the converge pass (`tessera.control.variants`),
+which the operator and `tessera up` run.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
-"""Stitched chains of a deployment (BlockLLM §4.4, issue 35): their blocks and their agents.
+"""Stitched chains of a deployment (BlockLLM §4.4): their blocks and their agents.
 
-A `stitch` variant (`tessera.variant_spec`) serves the deployment's model through a
-smaller model's front. Per foundation replica it is one chain of two blocks:
-* the front: the small model's embedding and layers `[0, i)`, carrying the stitch to the
-  model's layer `j` (`Block.stitch_zoo`, `stitch_to`, `stitch_at`; the agent applies it,
-  `tessera_agent.stitch_serve`);
-* the tail: the model's layers `[j, L)`, final norm and head.
-
-Where each block goes is BlockLLM's locality-aware placement
-(`placement_locality.place`): the two blocks exchange every token's hidden states, so
-they are a co-used pair. Pieces already on an agent (the block zoo) are not paid again:
-the tail's layers are the foundation's, so on an agent holding them it costs only its KV
-pool. With room, both blocks land on one agent, the one that holds the most of their
-pieces; without, they spread. A chain already held stays where it is (level-triggered:
-a pass never moves a loaded chain). `locality=False` is the fragmentation-minimising best
-fit, for comparison. Pure; called by the operator's converge pass, which `tessera up`
-runs; `lines()` is what `tessera up` prints and the variant's status shows.
+A `stitch` variant (`tessera.variant_spec`) serves the model through a smaller model's front:
+per foundation replica, a chain of two blocks, the front (the small model's embedding and layers
+[0, i), carrying the stitch to layer j: `Block.stitch_zoo`, `stitch_to`, `stitch_at`, applied by
+`tessera_agent.stitch_serve`) and the tail (the model's layers [j, L), final norm and head).
+Placement is BlockLLM's locality-aware `placement_locality.place`: pieces already on an agent
+are not paid again, so both blocks land on the agent holding most of their pieces when there
+is room, else they spread. A chain already held stays (level-triggered). `locality=False` is
+the best-fit baseline. Pure; called by the converge pass (operator and `tessera up`);
+`lines()` is what `tessera up` prints and the variant's status shows.
 """
 
 from __future__ import annotations
