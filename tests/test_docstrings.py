@@ -34,7 +34,6 @@ TOO_LONG = {
     "src/tessera/cli/bench_wake.py",
     "src/tessera/cli/up_policies.py",
     "src/tessera/control/autoscale_loop.py",
-    "src/tessera/control/converge.py",
     "src/tessera/control/overload.py",
     "src/tessera/control/overload_loop.py",
     "src/tessera/control/scaling_driver.py",
