@@ -16,7 +16,7 @@ import grpc
 
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import grpc_status, hosting, kv_transfer
-from tessera_agent.engine import errors, replica, stage
+from tessera_agent.engine import errors, kv_pins, replica, stage
 from tessera_agent.transfer import group, kv_copy
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -33,7 +33,7 @@ class KVRPCs:
         return self.hosting.get(replica_id, stage_index).stage
 
     @staticmethod
-    def _pin_reply(pin: replica.Pin) -> pb.PinReply:
+    def _pin_reply(pin: kv_pins.Pin) -> pb.PinReply:
         return pb.PinReply(
             pin_id=pin.pin_id,
             page_ids=list(pin.page_ids),
