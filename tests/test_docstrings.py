@@ -144,7 +144,6 @@ TOO_LONG = {
     "operator/tessera_operator/scaling_tick.py",
     "operator/tessera_operator/status.py",
     "operator/tessera_operator/switching_loop.py",
-    "operator/tessera_operator/testing/apiserver.py",
 }
 
 
