@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from tessera_agent import bench_gpu, random_checkpoint
+from tessera_agent import bench_gpu_engine, random_checkpoint
 
 dev = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cuda")
 tiny = dev.type == "cpu"
@@ -22,7 +22,7 @@ shape = (
 )
 with tempfile.TemporaryDirectory() as tmp:
     path = random_checkpoint.make(Path(tmp) / "m", shape, "bfloat16", dev.type)
-    eng = bench_gpu.Engine(path, dev, "auto", 2 << 30, fake_graphs=tiny)
+    eng = bench_gpu_engine.Engine(path, dev, "auto", 2 << 30, fake_graphs=tiny)
     r = eng.stage.runner
     steps: list[tuple[int, bool, float, int]] = []
     orig = r.execute
@@ -58,7 +58,7 @@ with tempfile.TemporaryDirectory() as tmp:
         return out
 
     r.execute = timed  # type: ignore[method-assign]
-    p = bench_gpu._prompts
+    p = bench_gpu_engine.prompts
     eng.generate(p(2, 128, shape.vocab, 0), 4)
     for b in (1, 64):
         steps.clear()

@@ -3,9 +3,10 @@
 Thin by design (route_guide style): every method converts the request
 (`tessera.rpc.blocks`, `convert`), delegates (`hosting` loads, rewires, unloads and looks
 blocks up; `booking` holds the memory; `leader` builds replica engines with the
-`load_config.LoadDefaults`; `kv_transfer`, `tensor_transfer`, `stage_server` and the
-engine do the work) and maps `EngineError`s to gRPC statuses whose message names the
-cause. Created by `server.py`; one instance per agent process.
+`load_config.LoadDefaults`; `stage_server`, `generate_mux` and the engine do the work)
+and maps `EngineError`s to gRPC statuses (`grpc_status`) whose message names the cause.
+The KV, tensor and `Scaling*` RPCs are mixins (`kv_rpc`, `tensor_rpc`, `scaling_rpc`).
+Created by `server.py`; one instance per agent process.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -30,8 +31,7 @@ from tessera_agent import (
     generate_mux,
     grpc_status,
     hosting,
-    kv_transfer,
-    link_probe,
+    kv_rpc,
     load_config,
     load_sources,
     metrics,
@@ -41,17 +41,18 @@ from tessera_agent import (
     scaling_rpc,
     sleep,
     stage_server,
-    tensor_transfer,
+    tensor_rpc,
     variants,
 )
 from tessera_agent.engine import cobatch as cobatch_mod
-from tessera_agent.engine import errors, profiler, replica, stage
-from tessera_agent.transfer import block_copy, group, kv_copy
+from tessera_agent.engine import errors, profiler
 
 log = logging.getLogger(__name__)
 
 
-class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
+class AgentServicer(
+    kv_rpc.KVRPCs, tensor_rpc.TensorRPCs, scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer
+):
     def __init__(
         self,
         agent_id: str,
@@ -182,169 +183,6 @@ class AgentServicer(scaling_rpc.ScalingRPCs, pb_grpc.AgentServicer):
         if not self.sleepers.forget(request.replica_id, request.stage_index):
             await self.hosting.unload(request.replica_id, request.stage_index, rank)
         return pb.UnloadBlockReply(unloaded=True)
-
-    @grpc_status.unary
-    async def PushTensors(
-        self, request: pb.PushTensorsRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.PushTensorsReply:
-        st = self._stage(request.replica_id, request.stage_index)
-        tensors = tensor_transfer.held(st, list(request.names))
-        dp = request.data_plane
-        if not dp.store_address or not dp.group:
-            raise errors.InvalidArgumentError("data_plane: store_address and group needed")
-        try:
-            spec = group.GroupSpec(
-                dp.store_address,
-                dp.group,
-                0,
-                2,
-                dp.backend or "gloo",
-                dp.timeout_s or group.DEFAULT_TIMEOUT_S,
-            )
-        except ValueError as exc:
-            raise errors.InvalidArgumentError(f"data_plane: {exc}") from exc
-        try:
-            sent = await asyncio.get_running_loop().run_in_executor(
-                self.hosting.loader, block_copy.push, tensors, spec
-            )
-        except group.GroupError as exc:  # a group that cannot form or breaks
-            raise errors.UnavailableError(str(exc)) from exc
-        return pb.PushTensorsReply(bytes=sent)
-
-    @grpc_status.streaming
-    async def FetchTensors(
-        self, request: pb.FetchTensorsRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[pb.TensorChunk]:
-        st = self._stage(request.replica_id, request.stage_index)
-        tensors = tensor_transfer.held(st, list(request.names))
-        for chunk in tensor_transfer.chunks(tensors, request.chunk_bytes):
-            yield chunk
-
-    # -- link probes (issue 32) --------------------------------------------------------------
-    async def ProbeLinks(
-        self, request: pb.ProbeLinksRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.ProbeLinksReply:
-        return await link_probe.probe(request, self.defaults.storage_bytes_per_s, self.defaults.tls)
-
-    async def ProbeSend(
-        self, request: pb.ProbeSendRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[pb.TensorChunk]:
-        for chunk in link_probe.filler(min(request.nbytes, 1 << 30), request.chunk_bytes):
-            yield chunk
-
-    # -- KV movement --------------------------------------------------------------------
-    def _leader(self, replica_id: str) -> replica.ReplicaEngine:
-        return self.hosting.leader(replica_id)
-
-    def _stage(self, replica_id: str, stage_index: int) -> stage.Stage:
-        return self.hosting.get(replica_id, stage_index).stage
-
-    @staticmethod
-    def _pin_reply(pin: replica.Pin) -> pb.PinReply:
-        return pb.PinReply(
-            pin_id=pin.pin_id,
-            page_ids=list(pin.page_ids),
-            num_tokens=pin.num_tokens,
-            page_size=pin.page_size,
-        )
-
-    @grpc_status.unary
-    async def PinPrefix(
-        self, request: pb.PinPrefixRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.PinReply:
-        leader = self._leader(request.replica_id)
-        return self._pin_reply(await leader.pin_prefix(list(request.token_ids)))
-
-    @grpc_status.unary
-    async def ReservePages(
-        self, request: pb.ReservePagesRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.PinReply:
-        leader = self._leader(request.replica_id)
-        return self._pin_reply(await leader.reserve_pages(request.num_pages))
-
-    @grpc_status.unary
-    async def CommitPrefix(
-        self, request: pb.CommitPrefixRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.CommitPrefixReply:
-        leader = self._leader(request.replica_id)
-        n = await leader.commit_prefix(request.pin_id, list(request.token_ids))
-        return pb.CommitPrefixReply(registered_pages=n)
-
-    @grpc_status.unary
-    async def ReleasePin(
-        self, request: pb.ReleasePinRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.ReleasePinReply:
-        self._leader(request.replica_id).release_pin(request.pin_id)
-        return pb.ReleasePinReply(released=True)
-
-    @staticmethod
-    async def _kv_over_group(
-        fn: Callable[[stage.Stage, list[int], int, int, group.GroupSpec], int],
-        st: stage.Stage,
-        pages: list[int],
-        start: int,
-        end: int,
-        spec: group.GroupSpec,
-    ) -> int:
-        """Run one end of a KV move over the data plane on a worker thread; a group that
-        cannot form or breaks is UNAVAILABLE (the client falls back to the stream)."""
-        try:
-            return await asyncio.get_running_loop().run_in_executor(
-                None, fn, st, pages, start, end, spec
-            )
-        except group.GroupError as exc:
-            raise errors.UnavailableError(str(exc)) from exc
-
-    @grpc_status.streaming
-    async def ExportKV(
-        self, request: pb.ExportKVRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[pb.KVLayer]:
-        st = self._stage(request.replica_id, request.stage_index)
-        if request.HasField("data_plane"):  # the layers go over a group, not the stream
-            await self._kv_over_group(
-                kv_copy.push,
-                st,
-                list(request.page_ids),
-                request.layer_start,
-                request.layer_end,
-                kv_copy.pair_spec(request.data_plane, kv_copy.EXPORTER),
-            )
-            return
-        layers = kv_transfer.export_layers(
-            st, list(request.page_ids), request.layer_start, request.layer_end
-        )
-        for layer in layers:
-            yield layer
-
-    @grpc_status.unary
-    async def ImportKV(
-        self,
-        request_iterator: AsyncIterator[pb.KVImportMessage],
-        context: grpc.aio.ServicerContext[Any, Any],
-    ) -> pb.ImportKVReply:
-        n = 0
-        first = await anext(request_iterator, None)
-        if first is None or not first.HasField("header"):
-            raise errors.InvalidArgumentError("ImportKV: the first message must be a header")
-        head = first.header
-        st = self._stage(head.replica_id, head.stage_index)
-        pages = kv_transfer.valid_pages(st, head.page_ids)
-        if head.HasField("data_plane"):  # the layers come over a group
-            n = await self._kv_over_group(
-                kv_copy.receive,
-                st,
-                pages,
-                head.layer_start,
-                head.layer_end,
-                kv_copy.pair_spec(head.data_plane, kv_copy.IMPORTER, self.store_address),
-            )
-            return pb.ImportKVReply(layers=n)
-        async for msg in request_iterator:
-            if not msg.HasField("layer"):
-                raise errors.InvalidArgumentError("ImportKV: one header, then layers")
-            kv_transfer.import_layer(st, pages, msg.layer)
-            n += 1
-        return pb.ImportKVReply(layers=n)
 
     # -- overload shifts (issue 13) ---------------------------------------------------------
     @grpc_status.unary

@@ -3,7 +3,7 @@
 Called by `status.build` (the `status.overload` document and the `Overloaded` condition),
 by `reconciler.one_pass` (events when a group appears or goes) and by the overload
 loop's tick after it acted (`patch`: the same two fields from the tick's new
-observation, without a reconcile pass). Input: a pass's `converge.Outcome`, or the
+observation, without a reconcile pass). Input: a pass's `outcome.Outcome`, or the
 whole replicas `status.plan` names and an observation. A *dropped group* is a replica
 the plan has whole that the agents hold as a pipeline: the overload loop
 (`tessera.control.overload_loop`) turned it and donor replicas into one (`docs/overload.md`).
@@ -18,13 +18,13 @@ from typing import Any
 import kopf
 
 from tessera import observed
-from tessera.control import converge
+from tessera.control import outcome
 
 REASON_DROPPED = "LayersDropped"
 REASON_WHOLE = "WholeReplicas"
 
 
-def groups(out: converge.Outcome) -> list[dict[str, Any]]:
+def groups(out: outcome.Outcome) -> list[dict[str, Any]]:
     """Dropped groups: planned whole replicas held as pipelines, with each stage's layers
     and KV pages, sorted by head replica."""
     if out.plan is None or out.observed is None:

@@ -25,7 +25,7 @@ from typing import Any
 import kopf
 
 from tessera import api, fields, plan, reconcile, routes_doc
-from tessera.control import actuate, agents, converge, link_probe, observation
+from tessera.control import actuate, agents, converge, link_probe, observation, outcome
 from tessera.policies.scaling import autoscale
 from tessera.policies.security import admission
 from tessera.policies.switching import candidates as switching_candidates
@@ -117,7 +117,7 @@ def _rollout(ctx: Context) -> converge.Rollout:
 
 def _routes_writer(
     ctx: Context, body: kopf.Body, dep: api.ServingDeployment, owner: dict[str, Any]
-) -> converge.Publish:
+) -> outcome.Publish:
     """The cut-over of a transition: write the routes ConfigMap now (the gateway re-reads
     it)."""
 
@@ -133,7 +133,7 @@ async def _apply_gateway(
     body: kopf.Body,
     dep: api.ServingDeployment,
     owner: dict[str, Any],
-    out: converge.Outcome,
+    out: outcome.Outcome,
     model_path: str,
     routes_cm: dict[str, Any] | None,
 ) -> None:
@@ -164,16 +164,16 @@ async def _routes_config_map(ctx: Context, dep: api.ServingDeployment) -> dict[s
 
 async def _serve(
     ctx: Context, body: kopf.Body, raw: dict[str, Any], seen: observation.Observation | None
-) -> tuple[converge.Outcome, str]:
+) -> tuple[outcome.Outcome, str]:
     """One pass's outcome, and the gateway endpoint ("" while nothing is planned)."""
     try:
         dep = api.parse(raw)
     except fields.FieldError as exc:
-        return converge.Outcome("InvalidSpec", str(exc), errors=[exc]), ""
+        return outcome.Outcome("InvalidSpec", str(exc), errors=[exc]), ""
     model_path = converge.resolve_model_path(dep.spec, None, ctx.config.model_root)
     verdict = admission.admit(dep.spec, model_path, ctx.config.admission)
     if not verdict.allowed:  # nothing is planned, loaded or created for a refused spec
-        return converge.Outcome(verdict.reason, verdict.message), ""
+        return outcome.Outcome(verdict.reason, verdict.message), ""
     refs = await discovery.agent_refs(ctx.config, ctx.kube, dep.spec.resources.node_selector)
     owner = gateway_objects.owner_reference(raw)
     routes_cm = await _routes_config_map(ctx, dep)

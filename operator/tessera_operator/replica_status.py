@@ -16,10 +16,10 @@ from typing import Any
 
 import kopf
 
-from tessera.control import converge
+from tessera.control import outcome
 
 
-def sources(out: converge.Outcome) -> list[dict[str, Any]]:
+def sources(out: outcome.Outcome) -> list[dict[str, Any]]:
     """`[{replicaId, readySeconds, source: {peer, host, storage}}]` of the plan's replicas
     whose every block is loaded and reports its load."""
     if out.plan is None or out.observed is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tessera.control import converge
+from tessera.control import outcome
 from tessera.policies.security import admission
 from tessera_operator import overload_status, replica_status, scaling
 
@@ -45,7 +45,7 @@ PHASES = {
 }
 
 
-def _wanted(out: converge.Outcome) -> dict[str, tuple[bool, str, str]]:
+def _wanted(out: outcome.Outcome) -> dict[str, tuple[bool, str, str]]:
     """type -> (status, reason, message) for this pass."""
     reason, msg = out.reason, out.message
     serving = out.whole or (reason == "Serving" and out.routes is None)
@@ -75,7 +75,7 @@ def _wanted(out: converge.Outcome) -> dict[str, tuple[bool, str, str]]:
     }
 
 
-def transition_status(out: converge.Outcome) -> dict[str, Any] | None:
+def transition_status(out: outcome.Outcome) -> dict[str, Any] | None:
     """`status.transition` while steps are left, else None."""
     t = out.remaining
     if t is None or not t.steps:
@@ -96,7 +96,7 @@ def transition_status(out: converge.Outcome) -> dict[str, Any] | None:
 
 
 def conditions(
-    out: converge.Outcome,
+    out: outcome.Outcome,
     generation: int,
     previous: Sequence[Mapping[str, Any]],
     now: str,
@@ -126,7 +126,7 @@ def conditions(
 
 
 def build(
-    out: converge.Outcome,
+    out: outcome.Outcome,
     generation: int,
     previous: Mapping[str, Any],
     now: str,

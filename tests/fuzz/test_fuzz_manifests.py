@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from tessera import api, crd, fields
 from tessera.cli import validate_cmd
-from tessera.control import converge
+from tessera.control import converge, outcome
 from tessera_operator import status
 
 EXAMPLES = 150
@@ -94,7 +94,7 @@ def _operator_pass(raw: Any) -> dict[str, Any]:
     try:
         dep = api.parse(copy.deepcopy(raw))
     except fields.FieldError as exc:
-        out = converge.Outcome("InvalidSpec", str(exc), errors=[exc])
+        out = outcome.Outcome("InvalidSpec", str(exc), errors=[exc])
     else:
         path = converge.resolve_model_path(dep.spec, None, "/models")
         out = asyncio.run(converge.converge(dep, path, [], apply=False, tls=None))

@@ -22,7 +22,8 @@ from kubernetes import client
 from tessera.control import agents
 from tessera.policies.security import admission
 from tessera_operator import config
-from tessera_operator.testing import apiserver, background
+from tessera_operator.testing import background
+from tessera_operator.testing import rbac_usage as rbac_rules
 
 RBAC_FILE = Path(__file__).with_name("rbac_usage.json")
 GROUP, VERSION, PLURAL = "serving.tessera.dev", "v1alpha1", "servingdeployments"
@@ -36,7 +37,7 @@ def rbac_usage() -> Iterator[set[tuple[str, str, str]]]:
     if not seen:
         return
     if os.environ.get("TESSERA_UPDATE_RBAC_USAGE") == "1":
-        RBAC_FILE.write_text(apiserver.dumps_usage(seen))
+        RBAC_FILE.write_text(rbac_rules.dumps_usage(seen))
         return
     committed = {
         (r["verb"], r["apiGroup"], r["resource"]) for r in json.loads(RBAC_FILE.read_text())

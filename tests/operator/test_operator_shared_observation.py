@@ -27,6 +27,7 @@ from tessera.control import (
     gateway_itl,
     gateway_load,
     observation,
+    outcome,
 )
 from tessera.policies.scaling import signal as sig
 from tessera.policies.security import admission
@@ -100,10 +101,10 @@ def fakes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
     admission and the routes ConfigMap read."""
     seen: list[observation.Observation | None] = []
 
-    async def fake_converge(*args: Any, shared: Any = None, **kw: Any) -> converge.Outcome:
+    async def fake_converge(*args: Any, shared: Any = None, **kw: Any) -> outcome.Outcome:
         seen.append(shared)
         obs = await shared.get()
-        return converge.Outcome("Serving", "", observed=obs)
+        return outcome.Outcome("Serving", "", observed=obs)
 
     async def no_cm(ctx: Any, dep: Any) -> None:
         return None

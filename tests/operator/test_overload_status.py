@@ -8,7 +8,7 @@ import kopf
 import pytest
 
 from tessera import blocks, observed, plan
-from tessera.control import converge
+from tessera.control import outcome
 from tessera_operator import overload_status, status
 
 PLAN = plan.Plan(
@@ -27,7 +27,7 @@ def _block(rid: str, i: int, n: int, start: int, end: int, pages: int) -> blocks
     )
 
 
-def _outcome(dropped: bool) -> converge.Outcome:
+def _outcome(dropped: bool) -> outcome.Outcome:
     if dropped:  # r1's block is stage 1 of r0: the overload loop merged them
         held = {
             "a": (_block("team.tiny.r0", 0, 2, 0, 4, 220),),
@@ -41,7 +41,7 @@ def _outcome(dropped: bool) -> converge.Outcome:
     obs = observed.Observed(
         tuple(observed.AgentInfo(n, f"{n}:1", blocks=held[n]) for n in ("a", "b"))
     )
-    out = converge.Outcome("Serving", "serving", plan=PLAN, observed=obs)
+    out = outcome.Outcome("Serving", "serving", plan=PLAN, observed=obs)
     out.ready_replicas = ["team.tiny.r0"]
     return out
 

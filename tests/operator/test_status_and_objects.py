@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tessera import api, observed, plan, routes_doc
-from tessera.control import converge
+from tessera.control import outcome
 from tessera.policies.transition import planner as transition
 from tessera_operator import config, gateway_objects, owned, status
 from tests.operator import kstatus
@@ -36,8 +36,8 @@ PLAN = plan.Plan(
 )
 
 
-def _outcome(reason: str, ready: int = 2, with_plan: bool = True) -> converge.Outcome:
-    out = converge.Outcome(reason, f"{reason} message", plan=PLAN if with_plan else None)
+def _outcome(reason: str, ready: int = 2, with_plan: bool = True) -> outcome.Outcome:
+    out = outcome.Outcome(reason, f"{reason} message", plan=PLAN if with_plan else None)
     out.ready_replicas = ["team.tiny.r0", "team.tiny.r1"][:ready]
     return out
 
@@ -90,7 +90,7 @@ def test_transition_status_and_kstatus() -> None:
     old = routes_doc.RoutesDoc((routes_doc.RouteReplica("team.tiny.r0", "h:1"),), 1)
     world = transition.World(observed.Observed(), "team.tiny.", old)
     target = transition.Target(2, (), (routes_doc.RouteReplica("team.tiny.r1", "h:1"),))
-    moving = converge.Outcome("Switching", "generation 2: next: cut over", plan=PLAN)
+    moving = outcome.Outcome("Switching", "generation 2: next: cut over", plan=PLAN)
     moving.routes, moving.serving = old, ["team.tiny.r0"]
     moving.remaining = transition.plan(world, target)
     st = status.build(moving, 3, {}, "T1", "")
@@ -105,7 +105,7 @@ def test_transition_status_and_kstatus() -> None:
     assert st["phase"] == "Progressing"
     assert _kstatus(st) == "InProgress" and _kstatus(st, generation=4) == "InProgress"
 
-    stuck = converge.Outcome("InsufficientMemory", "replica r1 needs 5 bytes", plan=PLAN)
+    stuck = outcome.Outcome("InsufficientMemory", "replica r1 needs 5 bytes", plan=PLAN)
     stuck.routes, stuck.serving = old, ["team.tiny.r0"]
     st = status.build(stuck, 3, st, "T2", "")
     conds = {c["type"]: c for c in st["conditions"]}
@@ -119,12 +119,12 @@ def test_transition_status_and_kstatus() -> None:
     assert st["phase"] == "Degraded" and "transition" not in st
     assert _kstatus(st) == "Failed"
 
-    done = converge.Outcome("Serving", "2 replicas serving", plan=PLAN)
+    done = outcome.Outcome("Serving", "2 replicas serving", plan=PLAN)
     done.routes, done.serving = _routed("team.tiny.r1"), ["team.tiny.r1"]
     st = status.build(done, 3, st, "T3", "")
     assert _kstatus(st) == "Current" and status.condition(st, "Ready")["status"] == "True"
     # a routed replica lost (agent down): not a complete generation
-    down = converge.Outcome("AgentUnreachable", "agent b", plan=PLAN)
+    down = outcome.Outcome("AgentUnreachable", "agent b", plan=PLAN)
     down.routes, down.serving = _routed("team.tiny.r0", "team.tiny.r1"), ["team.tiny.r0"]
     st = status.build(down, 3, st, "T4", "")
     assert status.condition(st, "Ready")["status"] == "False" and _kstatus(st) == "Failed"

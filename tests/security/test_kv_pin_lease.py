@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tessera_agent.engine import errors, replica, scheduler
+from tessera_agent.engine import errors, kv_pins, replica, scheduler
 
 
 def _engine(pages: int = 8) -> replica.ReplicaEngine:
@@ -40,4 +40,4 @@ def test_a_reserved_pin_is_freed_after_its_lease() -> None:
 
 
 def test_the_default_lease_is_finite() -> None:
-    assert 0 < replica.PIN_LEASE_S <= 600
+    assert 0 < kv_pins.PIN_LEASE_S <= 600

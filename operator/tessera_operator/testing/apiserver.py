@@ -1,37 +1,26 @@
 """A stateful Kubernetes API server for tests and benches: KMock's emulator, made stricter.
 
 Used by `tests/operator/` and `tessera bench reconcile` (through `background.py`) to run
-the real operator against something that behaves like an API server. KMock 0.8's
-`KubernetesEmulator` serves discovery, list, watch and naive create/patch/delete; this
-subclass fills the gaps the operator and kopf 1.45 run into:
-
-* `metadata.resourceVersion` (one global counter), `uid`, `creationTimestamp`,
-  `generation` (bumped on spec changes only) and `generateName`;
-* merge-patch (RFC 7386: `null` deletes), JSON-patch (RFC 6902, with `test`, which kopf's
-  finalizer patches rely on; a failed test answers 422), strategic-merge-patch (treated
-  as a merge patch) and PUT (replace, with optimistic concurrency: 409 on a stale
-  resourceVersion); no-op writes change nothing and emit no watch event;
+the real operator against something that behaves like an API server. On `store.Store`
+(stamped objects, watch replay, selectors) this adds what the operator and kopf 1.45 need:
+* create with `generateName`; `generation` bumped on spec changes only;
+* merge-patch (RFC 7386), JSON-patch (RFC 6902, with `test`: a failed test answers 422),
+  strategic-merge-patch (as a merge patch) and PUT (409 on a stale resourceVersion);
+  no-op writes change nothing and emit no watch event;
 * the `status` subresource isolated from the main resource, both ways;
 * deletion with finalizers (deletionTimestamp, gone when the last finalizer leaves);
-* label and field selectors on list and watch; watch from a resourceVersion replays
-  the events since then;
-* custom resources validated against their CRD's openAPIV3Schema, with defaults applied
-  and unknown fields pruned (422 `Invalid` with `causes` naming the fields, as a real
-  server answers);
+* custom resources defaulted, pruned and validated against their CRD's schema (422);
 * every resource request of the operator recorded as (verb, apiGroup, resource), which
-  the tests compare with `tests/operator/rbac_usage.json` (the chart's RBAC source).
+  the tests compare with `tests/operator/rbac_usage.json` (`rbac_usage`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import copy
-import datetime
-import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import aiohttp.web
@@ -41,7 +30,7 @@ import kmock
 from kmock._internal import apps, rendering
 
 from tessera import crd as crd_schema
-from tessera_operator.testing import selectors
+from tessera_operator.testing import rbac_usage, store
 
 OPERATOR_AGENTS = ("kopf/", "tessera-operator/")  # User-Agent prefixes of the operator
 
@@ -63,18 +52,6 @@ _NAMESPACES_RE = re.compile(r"^/api/v1/namespaces(/[^/]+)?/?$")
 CRDS = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 
 
-class ApiError(kmock.KubernetesError):
-    """An error answered as a `Status` object (reason as a real server spells it)."""
-
-
-def _now() -> str:
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _key(res: kmock.resource) -> str:
-    return f"{res.group}/{res.plural}" if res.group else str(res.plural)
-
-
 def _spec_of(body: Mapping[str, Any]) -> dict[str, Any]:
     """Everything but metadata and status: what `generation` counts changes of."""
     return {k: v for k, v in body.items() if k not in ("metadata", "status")}
@@ -94,7 +71,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 
 @attrs.define(kw_only=True)
-class ApiServer(kmock.KubernetesEmulator):
+class ApiServer(store.Store):
     """The emulator with the fixes listed in the module docstring.
 
     `crds` are CRD manifests: each becomes a served resource (kind, names, scope,
@@ -107,13 +84,7 @@ class ApiServer(kmock.KubernetesEmulator):
     counts: collections.Counter[tuple[str, str, str]] = attrs.field(
         factory=collections.Counter, init=False
     )  # the operator's resource requests by (verb, apiGroup, resource)
-    _rv: int = attrs.field(default=0, init=False)
-    _log: dict[kmock.resource, list[tuple[int, dict[str, Any]]]] = attrs.field(
-        factory=dict, init=False
-    )
     _schemas: dict[kmock.resource, dict[str, Any]] = attrs.field(factory=dict, init=False)
-    _kinds: dict[kmock.resource, str] = attrs.field(factory=dict, init=False)
-    _namespaced: dict[kmock.resource, bool] = attrs.field(factory=dict, init=False)
     _status_sub: set[kmock.resource] = attrs.field(factory=set, init=False)
     _replies: dict[int, dict[str, Any]] = attrs.field(factory=dict, init=False)
 
@@ -163,17 +134,6 @@ class ApiServer(kmock.KubernetesEmulator):
 
     # -- recording -------------------------------------------------------------------
 
-    @staticmethod
-    def verb(request: kmock.Request) -> str:
-        method = str(request.method.value)
-        if method == "GET":
-            if request.params.get("watch") in ("true", "1"):
-                return "watch"
-            return "get" if request.name else "list"
-        if method == "DELETE":
-            return "delete" if request.name else "deletecollection"
-        return {"POST": "create", "PATCH": "patch", "PUT": "update"}.get(method, method.lower())
-
     def _record(self, request: kmock.Request) -> None:
         agent = request.headers.get("User-Agent", "")
         if not agent.startswith(self.operator_agents) or request.resource is None:
@@ -181,7 +141,7 @@ class ApiServer(kmock.KubernetesEmulator):
         plural = str(request.resource.plural)
         if request.subresource:
             plural += f"/{request.subresource}"
-        key = (self.verb(request), str(request.resource.group), plural)
+        key = (rbac_usage.verb(request), str(request.resource.group), plural)
         self.usage.add(key)
         self.counts[key] += 1
 
@@ -205,9 +165,11 @@ class ApiServer(kmock.KubernetesEmulator):
             return await super()._handle(request)  # discovery
         self._record(request)
         if res not in self._kinds:
-            raise ApiError(404, "NotFound", f"the server could not find resource {_key(res)}")
+            raise store.ApiError(
+                404, "NotFound", f"the server could not find resource {store.key(res)}"
+            )
         if request.namespace is not None and not self._namespaced[res]:
-            raise ApiError(404, "NotFound", f"{_key(res)} is not namespaced")
+            raise store.ApiError(404, "NotFound", f"{store.key(res)} is not namespaced")
         method = request.method.value
         async with self._lock:
             if method == "POST" and request.name is None:
@@ -224,7 +186,7 @@ class ApiServer(kmock.KubernetesEmulator):
         return await apps.RawHandler._handle(self, request)
 
     def _serve_rewritten(self, request: kmock.Request) -> kmock.Payload:
-        verb = self.verb(request)
+        verb = rbac_usage.verb(request)
         if verb == "watch":
             return self._serve_watch(request)
         if verb in ("get", "list"):
@@ -239,42 +201,6 @@ class ApiServer(kmock.KubernetesEmulator):
 
     async def _serve_delete(self, request: kmock.Request) -> kmock.Payload:
         return self._replies.pop(id(request))
-
-    # -- storage ---------------------------------------------------------------------
-
-    def _get(self, res: kmock.resource, ns: str | None, name: str) -> dict[str, Any] | None:
-        key = (res, ns, name)
-        if key not in self.objects or self.objects[key].deleted:
-            return None
-        return copy.deepcopy(self.objects[key].raw)
-
-    def _put(self, res: kmock.resource, ns: str | None, name: str, body: dict[str, Any]) -> None:
-        key = (res, ns, name)
-        if key in self.objects:
-            self.objects[key].history.append(body)
-        else:
-            self.objects[key] = body
-
-    def _stamp(self, body: dict[str, Any], old: Mapping[str, Any] | None) -> dict[str, Any]:
-        self._rv += 1
-        meta = body.setdefault("metadata", {})
-        meta["resourceVersion"] = str(self._rv)
-        if old is None:
-            meta["uid"] = str(uuid.uuid4())
-            meta["creationTimestamp"] = _now()
-            meta["generation"] = 1
-        return body
-
-    async def _emit(self, res: kmock.resource, kind: str, body: dict[str, Any]) -> None:
-        event = {"type": kind, "object": copy.deepcopy(body)}
-        self._log.setdefault(res, []).append((self._rv, event))
-        await self._buses[res].put(event)
-
-    def _namespace_of(self, request: kmock.Request, body: Mapping[str, Any]) -> str | None:
-        assert request.resource is not None
-        if not self._namespaced[request.resource]:
-            return None
-        return request.namespace or (body.get("metadata") or {}).get("namespace") or "default"
 
     # -- validation ------------------------------------------------------------------
 
@@ -295,7 +221,7 @@ class ApiServer(kmock.KubernetesEmulator):
                 }
                 for e in errors
             ]
-            raise ApiError(
+            raise store.ApiError(
                 422,
                 "Invalid",
                 f'{self._kinds[res]}.{res.group} "{name}" is invalid: '
@@ -310,20 +236,22 @@ class ApiServer(kmock.KubernetesEmulator):
         res = request.resource
         assert res is not None
         if request.subresource:
-            raise ApiError(405, "MethodNotAllowed", "create on a subresource")
+            raise store.ApiError(405, "MethodNotAllowed", "create on a subresource")
         if not isinstance(request.data, dict):
-            raise ApiError(400, "BadRequest", "the body must be a JSON object")
+            raise store.ApiError(400, "BadRequest", "the body must be a JSON object")
         body = copy.deepcopy(request.data)
         meta = body.setdefault("metadata", {})
         if not meta.get("name"):
             if not meta.get("generateName"):
-                raise ApiError(422, "Invalid", "metadata.name: Required value")
+                raise store.ApiError(422, "Invalid", "metadata.name: Required value")
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         ns = self._namespace_of(request, body)
         if ns is not None:
             meta["namespace"] = ns
         if self._get(res, ns, meta["name"]) is not None:
-            raise ApiError(409, "AlreadyExists", f'{_key(res)} "{meta["name"]}" already exists')
+            raise store.ApiError(
+                409, "AlreadyExists", f'{store.key(res)} "{meta["name"]}" already exists'
+            )
         if res in self._status_sub:
             body.pop("status", None)
         for key in ("resourceVersion", "uid", "generation", "deletionTimestamp"):
@@ -339,23 +267,23 @@ class ApiServer(kmock.KubernetesEmulator):
             try:
                 result: dict[str, Any] = jsonpatch.apply_patch(old, request.data)
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
-                raise ApiError(422, "Invalid", f"the JSON patch failed: {exc}") from exc
+                raise store.ApiError(422, "Invalid", f"the JSON patch failed: {exc}") from exc
             return result
         if ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
             patched: dict[str, Any] = merge_patch(old, request.data)
             return patched
-        raise ApiError(415, "UnsupportedMediaType", f"unsupported patch type {ctype!r}")
+        raise store.ApiError(415, "UnsupportedMediaType", f"unsupported patch type {ctype!r}")
 
     def _replaced(self, request: kmock.Request, old: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(request.data, dict):
-            raise ApiError(400, "BadRequest", "the body must be a JSON object")
+            raise store.ApiError(400, "BadRequest", "the body must be a JSON object")
         want = (request.data.get("metadata") or {}).get("resourceVersion")
         have = old["metadata"]["resourceVersion"]
         if want and want != have:
-            raise ApiError(
+            raise store.ApiError(
                 409,
                 "Conflict",
-                f"Operation cannot be fulfilled on {_key(request.resource)} "  # type: ignore[arg-type]
+                f"Operation cannot be fulfilled on {store.key(request.resource)} "  # type: ignore[arg-type]
                 f'"{request.name}": the object has been modified (resourceVersion {want} '
                 f"!= {have})",
             )
@@ -367,7 +295,7 @@ class ApiServer(kmock.KubernetesEmulator):
         ns = request.namespace if self._namespaced[res] else None
         old = self._get(res, ns, request.name)
         if old is None:
-            raise ApiError(404, "NotFound", f'{_key(res)} "{request.name}" not found')
+            raise store.ApiError(404, "NotFound", f'{store.key(res)} "{request.name}" not found')
         new = change(request, old)
         if request.subresource == "status":
             new = (
@@ -376,7 +304,7 @@ class ApiServer(kmock.KubernetesEmulator):
                 else {k: v for k, v in old.items() if k != "status"}
             )
         elif request.subresource:
-            raise ApiError(404, "NotFound", f"subresource {request.subresource} not served")
+            raise store.ApiError(404, "NotFound", f"subresource {request.subresource} not served")
         elif res in self._status_sub:
             new = {k: v for k, v in new.items() if k != "status"}
             if "status" in old:
@@ -417,11 +345,11 @@ class ApiServer(kmock.KubernetesEmulator):
         ns = request.namespace if self._namespaced[res] else None
         old = self._get(res, ns, request.name)
         if old is None:
-            raise ApiError(404, "NotFound", f'{_key(res)} "{request.name}" not found')
+            raise store.ApiError(404, "NotFound", f'{store.key(res)} "{request.name}" not found')
         meta = old["metadata"]
         if meta.get("finalizers"):
             if not meta.get("deletionTimestamp"):
-                meta["deletionTimestamp"] = _now()
+                meta["deletionTimestamp"] = store.now()
                 meta["deletionGracePeriodSeconds"] = 0
                 old = self._stamp(old, old)
                 self._put(res, ns, request.name, old)
@@ -431,89 +359,3 @@ class ApiServer(kmock.KubernetesEmulator):
         self.objects[(res, ns, request.name)].delete()
         await self._emit(res, "DELETED", old)
         return old
-
-    # -- reads -----------------------------------------------------------------------
-
-    def _matcher(self, request: kmock.Request) -> selectors.Matcher:
-        label = selectors.labels(request.params.get("labelSelector", ""))
-        try:
-            field = selectors.fields(request.params.get("fieldSelector", ""))
-        except ValueError as exc:
-            raise ApiError(400, "BadRequest", str(exc)) from exc
-        return lambda obj: label(obj) and field(obj)
-
-    def _visible(self, request: kmock.Request, obj: Mapping[str, Any]) -> bool:
-        meta = obj.get("metadata") or {}
-        if request.namespace is not None and meta.get("namespace") != request.namespace:
-            return False
-        return request.name is None or meta.get("name") == request.name
-
-    async def _serve_fetch(self, request: kmock.Request) -> kmock.Payload:
-        res = request.resource
-        assert res is not None and request.name is not None
-        obj = self._get(res, request.namespace, request.name)
-        if obj is None:
-            raise ApiError(404, "NotFound", f'{_key(res)} "{request.name}" not found')
-        return obj
-
-    async def _serve_list(self, request: kmock.Request) -> kmock.Payload:
-        res = request.resource
-        assert res is not None
-        match = self._matcher(request)
-        async with self._lock:
-            items = [
-                copy.deepcopy(obj.raw)
-                for (r, _, _), obj in self.objects.items()
-                if r == res and not obj.deleted
-            ]
-            rv = self._rv
-        items = [o for o in items if self._visible(request, o) and match(o)]
-        items.sort(key=lambda o: (o["metadata"].get("namespace") or "", o["metadata"]["name"]))
-        return {
-            "apiVersion": f"{res.group}/{res.version}".lstrip("/"),
-            "kind": f"{self._kinds[res]}List",
-            "metadata": {"resourceVersion": str(rv)},
-            "items": items,
-        }
-
-    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[kmock.Payload]:
-        res = request.resource
-        assert res is not None
-        match = self._matcher(request)
-        since = int(request.params.get("resourceVersion") or 0)
-        timeout = float(request.params.get("timeoutSeconds") or 0) or None
-        yield b""  # send the headers now: the stream is open even if nothing happens
-        async with self._lock:
-            if since:
-                backlog = [ev for rv, ev in self._log.get(res, []) if rv > since]
-            else:
-                backlog = [
-                    {"type": "ADDED", "object": copy.deepcopy(obj.raw)}
-                    for (r, _, _), obj in self.objects.items()
-                    if r == res and not obj.deleted
-                ]
-            mark = await self._buses[res].mark()
-        try:
-            async with asyncio.timeout(timeout):
-                for event in backlog:
-                    if self._visible(request, event["object"]) and match(event["object"]):
-                        yield event
-                async for event in self._buses[res].stream(since=mark):
-                    if self._visible(request, event["object"]) and match(event["object"]):
-                        yield event
-        except TimeoutError:
-            return
-        finally:
-            await self._buses[res].unmark(mark)
-
-
-def usage_rules(usage: Iterable[tuple[str, str, str]]) -> list[dict[str, str]]:
-    """The recorded (verb, apiGroup, resource) set in the `rbac_usage.json` format."""
-    return [
-        {"apiGroup": g, "resource": r, "verb": v}
-        for v, g, r in sorted(set(usage), key=lambda t: (t[1], t[2], t[0]))
-    ]
-
-
-def dumps_usage(usage: Iterable[tuple[str, str, str]]) -> str:
-    return json.dumps(usage_rules(usage), indent=2) + "\n"

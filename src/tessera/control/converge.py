@@ -2,25 +2,22 @@
 
 `converge()` is what the operator's handlers and timer call and what `tessera up` runs:
 1. semantic checks of the spec against the model's config.json and the known agents;
-2. observe the agents (`Describe`; through the pass's shared `observation.Observation`
-   when the shell gives one, so the loops ticked in the same pass reuse it);
-3. plan (`tessera.plan.make_plan`), the generation floored at the routes version
-   already published;
+2. observe the agents (`Describe`, through the pass's shared `observation.Observation`);
+3. plan (`tessera.plan.make_plan`), the generation floored at the routes version published;
 4. plan the transition from what the agents hold and the routes published
    (`tessera.policies.transition.planner.plan`);
 5. execute the steps that can be done now (`actuate.execute`; a cut-over calls the
-   shell's `publish`), observe again (the agents changed) and re-plan to say where
-   things stand.
-It returns everything the caller needs to write status, conditions and events; it never
-raises for a bad spec or an unreachable agent — those become a `reason`. Nothing of a
-transition is remembered between passes: the next pass re-plans from observation.
+   shell's `publish`), the variants' part (`converge_variants`), observe and re-plan.
+It returns an `outcome.Outcome` for the caller to write status, conditions and events; it
+never raises for a bad spec or an unreachable agent — those become a `reason`. Nothing of
+a transition is remembered between passes: the next pass re-plans from observation.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,13 +30,14 @@ from tessera import (
     plan,
     reconcile,
     routes_doc,
-    variant_spec,
 )
 from tessera.control import (
     actuate,
     agents,
+    converge_variants,
     link_probe,
     observation,
+    outcome,
     speculate_ops,
     stitch_ops,
     variant_place,
@@ -54,54 +52,6 @@ from tessera.policies.transition import actions as step_actions
 from tessera.policies.transition import planner as transition
 from tessera.policies.variants import plan as variant_plan
 from tessera.rpc import transport
-
-Publish = Callable[[routes_doc.RoutesDoc, plan.Plan], Awaitable[None]]
-Transition = transition.Transition
-
-
-@dataclass
-class Outcome:
-    """What one pass saw and did. `reason` is a condition reason: "Serving" when done,
-    "Switching" while a transition runs with a complete generation serving, "Loading"
-    while none serves yet, or why the pass could not proceed."""
-
-    reason: str
-    message: str
-    plan: plan.Plan | None = None
-    transition: Transition | None = None  # as planned at the pass's start
-    remaining: Transition | None = None  # as re-planned at its end
-    results: list[actuate.Result] = field(default_factory=list)
-    observed: observed.Observed | None = None
-    errors: list[fields.FieldError] = field(default_factory=list)
-    ready_replicas: list[str] = field(default_factory=list)
-    routes: routes_doc.RoutesDoc | None = None  # published at the end of the pass
-    serving: list[str] = field(default_factory=list)  # routed replicas with every block
-    variants: list[variant_plan.VariantStatus] = field(default_factory=list)  # issue 14
-
-    @property
-    def whole(self) -> bool:
-        """A complete generation serves: the routes name replicas, each with every block
-        loaded (the old set during a transition, the new one after its cut-over)."""
-        return (
-            self.routes is not None
-            and bool(self.routes.replicas)
-            and len(self.serving) == len(self.routes.replicas)
-        )
-
-    @property
-    def failed(self) -> list[actuate.Result]:
-        return [r for r in self.results if not r.ok and not r.waiting]
-
-    @property
-    def actions(self) -> list[step_actions.Action]:
-        return [s.action for s in self.transition.steps] if self.transition else []
-
-    @property
-    def current_step(self) -> step_actions.Step | None:
-        """The first step still to do, when a transition runs."""
-        if self.remaining is None or not self.remaining.steps:
-            return None
-        return self.remaining.steps[0]
 
 
 def resolve_model_path(
@@ -197,13 +147,13 @@ async def converge(
     apply: bool = True,
     on_steps: Callable[[transition.Transition], None] | None = None,
     published: routes_doc.RoutesDoc | None = None,
-    publish: Publish | None = None,
+    publish: outcome.Publish | None = None,
     rollout: Rollout | None = None,
     shared: observation.Observation | None = None,
     replicas_cap: int | None = None,
     *,
     tls: transport.TlsFiles | None,
-) -> Outcome:
+) -> outcome.Outcome:
     """One pass. `published` is the routes document the gateway was last given (None:
     none yet); `publish(doc, plan)` writes a new one (a cut-over: the replica set,
     version, deadline and time, filled with the model, classes and class shares of
@@ -219,7 +169,7 @@ async def converge(
             errs[0] = fields.FieldError(
                 "spec.model.path", f"model not readable: no config.json in {model_path}"
             )
-        return Outcome(
+        return outcome.Outcome(
             "InvalidSpec", "; ".join(str(e) for e in errs), errors=errs, routes=published
         )
     assert shape is not None
@@ -234,7 +184,7 @@ async def converge(
     try:
         desired = plan.make_plan(dep, shape, obs, model_path, auto, floor, replicas_cap)
     except plan.PlanError as exc:
-        return Outcome(
+        return outcome.Outcome(
             exc.reason,
             exc.message,
             observed=obs,
@@ -285,7 +235,7 @@ async def converge(
         )
 
     t = transition.plan(world(obs, published), target)
-    out = Outcome("Serving", "", plan=desired, transition=t, observed=obs, routes=published)
+    out = outcome.Outcome("Serving", "", plan=desired, transition=t, observed=obs, routes=published)
     if on_steps is not None:
         on_steps(t)  # e.g. size a progress bar before anything is applied
 
@@ -314,7 +264,7 @@ async def converge(
         obs = await seen.get()
         out.observed = obs
     if chosen or (published is not None and published.variants):
-        await _variants(
+        await converge_variants.apply(
             out, chosen, target, foundation, chains, prefix, apply, publish, desired, tls
         )
         obs = out.observed or obs
@@ -347,61 +297,3 @@ async def converge(
         )
     )
     return out
-
-
-async def _variants(
-    out: Outcome,
-    chosen: Sequence[variant_spec.VariantSpec],
-    target: transition.Target,
-    foundation: list[str],
-    chains: set[str],
-    prefix: str,
-    apply: bool,
-    publish: Publish | None,
-    desired: plan.Plan,
-    tls: transport.TlsFiles | None,
-) -> None:
-    """LoRA adapters onto the foundation's stages, the variants' routes and status."""
-    placed = [
-        (p.agent, p.address, p.block.replica_id, p.block.stage_index, p.block.num_stages)
-        for p in target.blocks
-        if p.block.replica_id in foundation and p.block.tp_rank == 0
-    ]
-    applied = await variant_ops.apply_adapters(chosen, placed, apply=apply, tls=tls)
-    lora = applied.lora_ready([v.name for v in chosen if v.kind == "lora"])
-    if out.routes is not None:
-        fids = [r for r in out.routes.replica_ids if r not in chains]
-        want = variant_plan.routes(chosen, fids, lora)
-        if want != out.routes.variants and apply:
-            doc = dataclasses.replace(out.routes, variants=want)
-            if publish is not None:
-                await publish(doc, desired)
-            out.routes = doc
-    if out.observed is not None:
-        complete = frozenset(transition.complete_replicas(out.observed, prefix))
-        per = {
-            v.name: [variant_plan.variant_replica_id(f, v.name) for f in foundation] for v in chosen
-        }
-        eq = await variant_ops.observe_equivalence(
-            [
-                (p.agent, p.address, p.block.replica_id, p.block.stage_index, p.block.num_stages)
-                for p in target.blocks
-                if p.block.share_from and p.block.tp_rank == 0
-            ],
-            {rid: name for name, rids in per.items() for rid in rids},
-            tls,
-        )
-        of = {rid: name for name, rids in per.items() for rid in rids}
-        st = await stitch_ops.observe(target, of, tls)
-        for v in chosen:
-            if v.kind == "stitch":
-                where = stitch_ops.lines(target, v.name, per[v.name])
-                st[v.name] = {**st.get(v.name, {"point": list(v.point)}), "placement": where}
-        sp = await speculate_ops.observe(target, of, tls)
-        for v in chosen:
-            if v.kind == "speculate":
-                where = speculate_ops.lines(target, v.name, per[v.name])
-                sp[v.name] = {**sp.get(v.name, {"layers": list(v.layers)}), "placement": where}
-        out.variants = variant_plan.status(
-            chosen, applied.held, per, complete, applied.errors, eq, st, sp
-        )
