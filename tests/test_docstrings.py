@@ -43,7 +43,6 @@ TOO_LONG = {
     "src/tessera/sim/relayout.py",
     "src/tessera/sim/replica.py",
     "src/tessera/sim/steptime.py",
-    "agent/tessera_agent/hosting.py",
 }
 
 

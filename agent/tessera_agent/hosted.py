@@ -7,8 +7,10 @@ next-stage address; a rewire replaces the spec with the new address.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
+from tessera import blocks
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera_agent import load_sources, stage_link, tp_member
 from tessera_agent.engine import replica, stage
@@ -55,3 +57,23 @@ class Hosted:
     @property
     def holder(self) -> str:
         return f"{self.stage.spec.replica_id}/{self.stage.spec.stage_index}"
+
+
+def observed(h: Hosted) -> blocks.Block:
+    """The block as held: its bytes and, for a TP rank, its group's state."""
+    state, reason = h.tp.status() if h.tp is not None else ("", "")
+    return dataclasses.replace(
+        h.stage.spec,
+        param_bytes=h.stage.param_bytes,
+        kv_bytes=h.stage.kv_bytes,
+        transport=h.tp.backend if h.tp is not None else "",
+        group_state=state,
+        group_reason=reason,
+        activations=""
+        if h.stage.spec.is_last or h.stage.spec.tp_rank
+        else ("gloo" if h.link_down is not None and h.link_down.ready else "grpc"),
+        results=""
+        if h.stage.spec.stage_index or h.stage.spec.tp_rank or h.stage.spec.is_last
+        else ("gloo" if h.result_in is not None and h.result_in.ready else "grpc"),
+        compile=h.compile_status,
+    )

@@ -1,22 +1,14 @@
-"""The blocks an agent hosts: load (from the checkpoint or a peer), rewire, unload, look up.
+"""The blocks an agent hosts: load (from the host cache, a peer or storage), rewire, unload.
 
 One `Hosting` per agent process, owned by the servicer, which only translates protos to
-calls of it. Loads are serialised (one lock) and run on a loader thread; each is
-validated (`load_check`) before anything is read or transferred, books its bytes on its
-device (`booking`) and, for stage 0, gets its replica engine (`leader`). Blocks are
-keyed by (replica id, stage): blocks of a new layout generation carry a new replica id,
-so they load beside the old generation's and both serve until the old one is unloaded.
-An agent may hold several tensor-parallel ranks of one stage, each on its own declared
-device (a node agent serving tp=2 on cuda:0 and cuda:1): `hosted` answers for the stage
-with the lowest rank held here (rank 0 when held: Generate, stage streams, KV and
-metrics go to it) and `more_ranks` holds the others, keyed by (replica, stage, rank).
-A load of a block already held with the same layout is answered as already loaded; one
-that differs only in its next-stage address rewires the stage.
-Every load takes what the agent's host block cache holds first (`host_cache`,
-`load_sources`), then its peers' parts or source, then storage, and records the bytes
-from each and its time to ready; every unload leaves its pieces in that cache.
-`offload` and `restore` are the sleep/wake pair built on it (a replica's blocks to the
-cache and back).
+calls of it. Loads are serialised (one lock) and run on a loader thread: validated first
+(`load_check`), tensors fetched (`load_fetch`), built and booked on the device (`booking`),
+wired (`load_wire`) and, for stage 0, given their replica engine (`leader`); a compiled
+decode is warm before the load answers. Blocks are keyed by (replica id, stage), so a new
+layout generation (a new replica id) loads beside the old one. Several TP ranks of one
+stage may be held here, each on its own device: `hosted` answers for the stage with its
+lowest rank held here, `more_ranks` holds the others. Unloads (`unload`) keep pieces in
+the host block cache; sleep and wake (`sleep.offload` / `sleep.restore`) build on both.
 """
 
 from __future__ import annotations
@@ -28,7 +20,6 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
@@ -45,26 +36,24 @@ from tessera_agent import (
     leader,
     load_check,
     load_config,
+    load_fetch,
     load_sources,
+    load_wire,
     sleep_shards,
     speculate_serve,
-    stage_link,
     stitch_serve,
-    switch_fetch,
     tp_member,
+    unload,
 )
 from tessera_agent.engine import (
     block_zoo,
     compile_policy,
     decode_graph,
     errors,
-    layer_run,
-    loader,
     omp_teams,
     replica,
     stage,
 )
-from tessera_agent.transfer import block_copy, group
 
 log = logging.getLogger(__name__)
 
@@ -148,27 +137,7 @@ class Hosting:
         """Every hosted block (every rank) with the bytes it holds, in key order."""
         every = [(k[0], k[1], h.stage.spec.tp_rank, h) for k, h in self.hosted.items()]
         every += [(*k, h) for k, h in self.more_ranks.items()]
-        return [(self.observed(h), h.stage) for *_, h in sorted(every, key=lambda e: e[:3])]
-
-    @staticmethod
-    def observed(h: hosted.Hosted) -> blocks.Block:
-        """The block as held: its bytes and, for a TP rank, its group's state."""
-        state, reason = h.tp.status() if h.tp is not None else ("", "")
-        return dataclasses.replace(
-            h.stage.spec,
-            param_bytes=h.stage.param_bytes,
-            kv_bytes=h.stage.kv_bytes,
-            transport=h.tp.backend if h.tp is not None else "",
-            group_state=state,
-            group_reason=reason,
-            activations=""
-            if h.stage.spec.is_last or h.stage.spec.tp_rank
-            else ("gloo" if h.link_down is not None and h.link_down.ready else "grpc"),
-            results=""
-            if h.stage.spec.stage_index or h.stage.spec.tp_rank or h.stage.spec.is_last
-            else ("gloo" if h.result_in is not None and h.result_in.ready else "grpc"),
-            compile=h.compile_status,
-        )
+        return [(hosted.observed(h), h.stage) for *_, h in sorted(every, key=lambda e: e[:3])]
 
     # -- changes ------------------------------------------------------------------------
     async def load(
@@ -222,20 +191,7 @@ class Hosting:
             same = {h.stage.spec.tp_rank: h for h in self.ranks_of(*key)}
             if spec.tp_rank in same or (same and spec.tp_size == 1):
                 return self._again(same.get(spec.tp_rank) or self.hosted[key], spec)
-            for h in same.values():  # ranks of one stage held here: one device per rank
-                have = h.stage.spec
-                if have.tp_size != spec.tp_size or have.device == spec.device:
-                    why = (
-                        f"is already on {have.device}; rank {spec.tp_rank} needs a device "
-                        "of its own"
-                        if have.tp_size == spec.tp_size
-                        else f"is held here; rank {spec.tp_rank} of tp={spec.tp_size} does "
-                        "not fit it (unload it first: a new layout takes a new replica id)"
-                    )
-                    raise errors.FailedPreconditionError(
-                        f"replica {spec.replica_id} stage {spec.stage_index}: rank "
-                        f"{have.tp_rank} of tp={have.tp_size} {why}"
-                    )
+            load_check.check_ranks([h.stage.spec for h in same.values()], spec)
             dev = self.memory.device(spec.device)
             loop = asyncio.get_running_loop()
             copy = source is not None or bool(parts)
@@ -243,76 +199,21 @@ class Hosting:
             cfg = planned[0]
             load_check.check_against_model(spec, cfg)
             group_spec = convert.group_from_proto(data_plane, spec, dev.kind)
-            tensors, moved_by = None, ""
-            throttled = self.defaults.storage_bytes_per_s > 0
-            read = load_sources.counting(
-                functools.partial(
-                    switch_fetch.read_checkpoint,
-                    Path(spec.model_path),
-                    bytes_per_s=self.defaults.storage_bytes_per_s,
-                )
+            got = await load_fetch.fetch(
+                spec,
+                cfg,
+                planned[1],
+                dev,
+                source,
+                parts,
+                kept,
+                defaults=self.defaults,
+                pool=self.loader,
+                cache=self.host_cache,
+                stage_of=lambda rid, i: self.get(rid, i).stage,
+                store_address=self.store_address,
             )
-            cached: dict[str, torch.Tensor] = {}
-            known: dict[str, str] = {}
-            if kept is not None:  # a woken TP rank's own slices, kept in host memory
-                cached = dict(kept)
-            elif source is None:  # the host cache first, whatever else the load names
-                cached, known = await loop.run_in_executor(
-                    self.loader,
-                    load_sources.from_cache,
-                    self.host_cache,
-                    spec,
-                    cfg,
-                    dev.torch_device(),
-                )
-            copied = [(p.source, p.unit_start, p.unit_end) for p in parts]
-            if source is not None:  # the whole block from one peer
-                copied = [(source, 0, cfg.num_layers + 2)]
-            if self.defaults.block_zoo and copied:  # the holders' digests: no hashing again
-                known.update(
-                    await load_sources.peer_digests(
-                        copied,
-                        cfg.num_layers,
-                        lambda rid, i: self.get(rid, i).stage,
-                        self.defaults.tls,
-                    )
-                )
-            if parts:  # a switch plan's parts (issue 11)
-                stage.kv_pages(spec, cfg, planned[1], dev.free_bytes)
-                tensors, moved_by = await switch_fetch.gather(
-                    parts,
-                    cfg,
-                    spec.start,
-                    spec.end,
-                    Path(spec.model_path),
-                    lambda rid, i: self.get(rid, i).stage,
-                    self.store_address,
-                    dev.torch_device(),
-                    group.choose([dev.kind]),
-                    read,
-                    cached,
-                    tls=self.defaults.tls,
-                )
-                source = None
-            elif source is None and (throttled or cached):  # cache, storage at its bandwidth
-                names = loader.checkpoint_names(cfg, spec.start, spec.end)
-                rest = [n for n in names if n not in cached]
-                tensors = dict(cached)
-                if rest:
-                    tensors.update(await loop.run_in_executor(self.loader, read, rest))
-                tensors = {n: tensors[n] for n in names}
-                moved_by = f"{len(cached)} tensors from the host cache" if cached else ""
-            if source is not None:  # refuse before transferring anything when it cannot fit
-                stage.kv_pages(spec, cfg, planned[1], dev.free_bytes)
-                names = loader.checkpoint_names(cfg, spec.start, spec.end)
-                tensors, moved_by = await block_copy.fetch(
-                    source,
-                    names,
-                    self.store_address,
-                    dev.torch_device(),
-                    group.choose([dev.kind]),
-                    tls=self.defaults.tls,
-                )
+            tensors, cached, known, source = got.tensors, got.cached, got.known, got.source
             report = None
             if spec.share_from:  # issue 14: equivalent layers from the foundation's weights
                 report, tensors = await loop.run_in_executor(
@@ -381,7 +282,7 @@ class Hosting:
             if self.defaults.engine.omp_release:  # the loop thread's team, if it built one
                 omp_teams.release()
             h = hosted.Hosted(loaded)
-            h.sources = load_sources.tally(tensors, cached, read.bytes_read, planned[1])
+            h.sources = load_sources.tally(tensors, cached, got.reader.bytes_read, planned[1])
             h.data_plane = data_plane
             self.memory.book(dev.id, h.holder, loaded.own_param_bytes + loaded.kv_bytes)
             if graph_bytes:
@@ -393,47 +294,13 @@ class Hosting:
             )
             self._settle_when_warm(loaded.runner.decode_graph, h.holder)
             if loaded.runner.graphs is not None:  # CUDA graphs: captured before ready
-                took = await loop.run_in_executor(self.compute, loaded.runner.capture_graphs)
-                g = loaded.runner.graphs
-                log.info(
-                    "%s: %d CUDA graphs captured in %s s (%d past the budget; error: %s)",
-                    h.holder,
-                    len(g.buckets),
-                    "-" if took is None else f"{took:.1f}",
-                    g.skipped,
-                    g.error,
-                )
-                if loaded.runner.graphs.pool_bytes:
-                    graphs_holder = f"{h.holder}/cuda-graphs"
-                    self.memory.book(dev.id, graphs_holder, loaded.runner.graphs.pool_bytes)
-                if reserve is not None and g.capture_s is not None:
-                    left = reserve.total_bytes - reserve.graph_bytes
-                    self.memory.book(dev.id, f"{h.holder}/reserve", left)
+                await load_wire.capture_graphs(h, self.memory, dev.id, reserve, self.compute)
             if loaded.pieces is not None:  # each new piece is booked once, for every user
                 for piece in loaded.pieces.adopted.new:
                     self.memory.book(dev.id, piece.holder, self.zoo.nbytes(piece))
             if group_spec is not None:  # forms in the background; rank 0's steps wait for it
                 h.tp = tp_member.TPMember(loaded, group_spec, dev.torch_device())
-            if data_plane is not None and data_plane.store_address and spec.tp_rank == 0:
-                t = data_plane.timeout_s or group.DEFAULT_TIMEOUT_S
-                dp = (data_plane.store_address, data_plane.group)
-                if not spec.is_last:  # stage links: rank 0 to rank 0, formed in the background
-                    h.link_down = stage_link.StageLink(
-                        stage_link.link_spec(*dp, spec.stage_index, 0, t)
-                    )
-                if spec.stage_index > 0:
-                    h.link_up = stage_link.StageLink(
-                        stage_link.link_spec(*dp, spec.stage_index - 1, 1, t)
-                    )
-                if spec.num_stages > 1 and (spec.is_last or spec.stage_index == 0):
-                    # the sampled tokens' way back: last stage (rank 0) to leader (rank 1)
-                    back = stage_link.StageLink(
-                        stage_link.return_spec(*dp, 0 if spec.is_last else 1, t)
-                    )
-                    if spec.is_last:
-                        h.result_out = back
-                    else:
-                        h.result_in = back
+            load_wire.link_stages(h, spec, data_plane)
             if spec.stage_index == 0 and spec.tp_rank == 0:
                 cfg_s = leader.scheduler_config(h, self.defaults, max_num_seqs, max_batched_tokens)
                 h.leader = leader.make_leader(
@@ -446,9 +313,9 @@ class Hosting:
                 )
             self._index(key, h)
             how = (
-                f"copied from {source.address} over {moved_by}"
+                f"copied from {source.address} over {got.moved_by}"
                 if source is not None
-                else moved_by or "from the checkpoint"
+                else got.moved_by or "from the checkpoint"
             ) + f" in {fetched_at - began:.2f} s"
             log.info(
                 "loaded %s layers [%d, %d) on %s (generation %d), %s (built in %.2f s)",
@@ -468,63 +335,12 @@ class Hosting:
         every = [*self.hosted.values(), *self.more_ranks.values()]
         return [h for h in every if h.stage.spec.replica_id == replica_id]
 
-    async def offload(self, replica_id: str) -> list[blocks.Block]:
-        """Unload every block (every rank) of `replica_id` held here, leaving their pieces
-        in the host cache (a TP rank's slices in `shards`) and releasing their KV pools;
-        returns the blocks, for `restore`. A TP stage with a rank on another agent is
-        refused (its group would be left without this rank)."""
-        ranks = self.ranks(replica_id)
-        for h in ranks:
-            spec = h.stage.spec
-            here = sum(1 for o in ranks if o.stage.spec.stage_index == spec.stage_index)
-            if spec.tp_size > here:
-                raise errors.FailedPreconditionError(
-                    f"replica {replica_id} stage {spec.stage_index}: {here} of its "
-                    f"{spec.tp_size} TP ranks are on agent {self.agent_id}; a replica sleeps "
-                    "only with every rank of its TP stages on one agent"
-                )
-        specs = sorted((h.stage.spec for h in ranks), key=lambda b: (-b.stage_index, b.tp_rank))
-        loop = asyncio.get_running_loop()
-        for h in ranks:
-            if h.stage.spec.tp_size > 1:
-                await loop.run_in_executor(
-                    self.loader, self.shards.park, h.stage, h.data_plane, self._host_copy
-                )
-        for stage_index in sorted({b.stage_index for b in specs}, reverse=True):
-            await self.unload(replica_id, stage_index)
-        return specs
-
-    async def restore(self, specs: Sequence[blocks.Block]) -> list[Loaded]:
-        """Load blocks again (as `offload` returned them), from the host cache as far as
-        it still holds them (a TP rank from its kept slices, in a group named afresh),
-        storage for the rest; last stage first, ranks in order."""
-        self.shards.wakes += 1
-        planes: dict[int, pb.DataPlane | None] = {}  # one new group per stage
-        out = []
-        for b in sorted(specs, key=lambda b: (-b.stage_index, b.tp_rank)):
-            parked = self.shards.take(b.key)
-            if parked is None:
-                out.append(await self.load(b))
-                continue
-            if b.stage_index not in planes:
-                planes[b.stage_index] = self.shards.renamed(parked.data_plane)
-            dp = planes[b.stage_index]
-            out.append(await self.load(b, data_plane=dp, kept=parked.tensors))
-        return out
-
     def _again(self, h: hosted.Hosted, spec: blocks.Block) -> Loaded:
-        have = h.stage.spec
-        if have == spec:
-            return Loaded(h, "already loaded")
-        if have == dataclasses.replace(spec, next_address=have.next_address):
+        how = load_check.again(h.stage.spec, spec)
+        if how == "rewired":
             h.stage.spec = spec  # new streams and the leader's next connect use it
             log.info("rewired %s to %s", h.holder, spec.next_address or "(last stage)")
-            return Loaded(h, "rewired")
-        raise errors.FailedPreconditionError(
-            f"replica {spec.replica_id} stage {spec.stage_index} is already loaded "
-            f"with layers [{have.start}, {have.end}) on {have.device}; unload it first "
-            "(a new layout takes a new replica id)"
-        )
+        return Loaded(h, how)
 
     def _index(self, key: Key, h: hosted.Hosted) -> None:
         """File a new rank: the stage's lowest rank held here answers for it."""
@@ -559,7 +375,7 @@ class Hosting:
                         self.hosted[key] = self.more_ranks.pop(rest[0])
                 else:
                     del self.more_ranks[(*key, rank)]
-                await self._unload_one(h)
+                await unload.release(h, self.memory, self.host_cache, self.loader, self._host_copy)
         if self.defaults.gc_settle:  # once this frame has let go of them: reclaim the stage
             asyncio.get_running_loop().call_soon(
                 functools.partial(gc_heap.settle, f"unloaded {replica_id}/{stage_index}", True)
@@ -579,30 +395,3 @@ class Hosting:
         task = asyncio.get_running_loop().create_task(settle())
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
-
-    async def _unload_one(self, h: hosted.Hosted) -> None:
-        replica_id = h.stage.spec.replica_id
-        if h.leader is not None:
-            await h.leader.close()
-        if h.tp is not None:  # rank 0 stops its followers; a follower lets go
-            await asyncio.get_running_loop().run_in_executor(None, h.tp.close)
-        h.close_links()
-        speculate_serve.close(h.stage.speculate)
-        layer_run.close_runs(h.stage.runner.runs)  # replicas of its layer runs go too
-        for d in self.memory.devices.values():  # and their bookings on this agent
-            for k in [k for k in d.used if k.startswith(f"run:{replica_id}/")]:
-                del d.used[k]
-        self.memory.release(h.stage.spec.device, h.holder)
-        self.memory.release(h.stage.spec.device, f"{h.holder}/decode-graph")
-        self.memory.release(h.stage.spec.device, f"{h.holder}/cuda-graphs")
-        self.memory.release(h.stage.spec.device, f"{h.holder}/reserve")
-        freed: list[block_zoo.PieceKey] | None = None
-        if h.stage.pieces is not None:  # pieces no other block uses are freed
-            freed = h.stage.pieces.release()
-            for piece in freed:
-                self.memory.release(h.stage.spec.device, piece.holder)
-        if self.host_cache.budget_bytes > 0:  # ... and kept in host memory while room lasts
-            await asyncio.get_running_loop().run_in_executor(
-                self.loader, load_sources.keep, self.host_cache, h.stage, freed, self._host_copy
-            )
-        log.info("unloaded %s rank %d", h.holder, h.stage.spec.tp_rank)

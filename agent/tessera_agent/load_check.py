@@ -1,10 +1,14 @@
-"""Validation of a block to load: what the request alone says, then against the model.
+"""Validation of a block to load: what the request alone says, against the ranks of its
+stage held here, then against the model.
 
 Called by `hosting.Hosting.load` before anything is read or transferred, so a bad
-request fails fast with an `EngineError` (INVALID_ARGUMENT) naming the field.
+request fails fast with an `EngineError` (INVALID_ARGUMENT or FAILED_PRECONDITION)
+naming the field or the block in the way.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from tessera import blocks
 from tessera_agent.engine import config as config_mod
@@ -38,3 +42,33 @@ def check_against_model(b: blocks.Block, cfg: config_mod.ModelConfig) -> None:
         raise errors.InvalidArgumentError(
             "next_stage_address: required for a stage that does not end the model"
         )
+
+
+def check_ranks(held: list[blocks.Block], spec: blocks.Block) -> None:
+    """Ranks of one stage held here need one device each and the same TP size."""
+    for have in held:
+        if have.tp_size != spec.tp_size or have.device == spec.device:
+            why = (
+                f"is already on {have.device}; rank {spec.tp_rank} needs a device of its own"
+                if have.tp_size == spec.tp_size
+                else f"is held here; rank {spec.tp_rank} of tp={spec.tp_size} does "
+                "not fit it (unload it first: a new layout takes a new replica id)"
+            )
+            raise errors.FailedPreconditionError(
+                f"replica {spec.replica_id} stage {spec.stage_index}: rank "
+                f"{have.tp_rank} of tp={have.tp_size} {why}"
+            )
+
+
+def again(have: blocks.Block, spec: blocks.Block) -> str:
+    """A load of a block already held: "already loaded" when the same, "rewired" when only
+    its next-stage address differs; anything else is refused."""
+    if have == spec:
+        return "already loaded"
+    if have == dataclasses.replace(spec, next_address=have.next_address):
+        return "rewired"
+    raise errors.FailedPreconditionError(
+        f"replica {spec.replica_id} stage {spec.stage_index} is already loaded "
+        f"with layers [{have.start}, {have.end}) on {have.device}; unload it first "
+        "(a new layout takes a new replica id)"
+    )

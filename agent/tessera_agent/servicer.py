@@ -30,6 +30,7 @@ from tessera_agent import (
     devices,
     generate_mux,
     grpc_status,
+    hosted,
     hosting,
     kv_rpc,
     load_config,
@@ -165,7 +166,7 @@ class AgentServicer(
             request.switch_sources,
         )
         st = done.hosted.stage
-        held = self.hosting.observed(done.hosted)
+        held = hosted.observed(done.hosted)
         return pb.LoadBlockReply(
             block=self._with_load(
                 variants.annotate(

@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ from tessera import blocks
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
-from tessera_agent import hosting
+from tessera_agent import hosted, hosting
 from tessera_agent.engine import errors
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class Sleepers:
 
     def _held(self, replica_id: str) -> list[blocks.Block]:
         """Every rank of every stage of the replica held here, as held."""
-        return sorted((self.host.observed(h) for h in self.host.ranks(replica_id)),
+        return sorted((hosted.observed(h) for h in self.host.ranks(replica_id)),
                       key=lambda b: b.key)  # fmt: skip
 
     def _peers(self, specs: list[blocks.Block]) -> list[str]:
@@ -101,7 +101,7 @@ class Sleepers:
                     "sleeps only when idle"
                 )
             t0 = time.perf_counter()
-            specs = await self.host.offload(replica_id)
+            specs = await offload(self.host, replica_id)
             by_key = {b.key: b for b in held}
             self.asleep[replica_id] = [
                 _slept(s, by_key.get(s.key), pages.get(s.key, 0)) for s in specs
@@ -133,7 +133,7 @@ class Sleepers:
                     pb.WakeReplicaRequest(replica_id=replica_id),
                     self.host.defaults.tls,
                 )
-            await self.host.restore(specs)
+            await restore(self.host, specs)
             del self.asleep[replica_id]
             seconds = time.perf_counter() - t0
             self._changed(replica_id, "wake", seconds)
@@ -185,3 +185,50 @@ async def _call(address: str, method: str, request: Any, tls: transport.TlsFiles
         await getattr(stub, method)(request, timeout=PEER_TIMEOUT_S)
     finally:
         await channel.close()
+
+
+# -- the blocks' side: to the host cache and back -------------------------------------
+async def offload(host: hosting.Hosting, replica_id: str) -> list[blocks.Block]:
+    """Unload every block (every rank) of `replica_id` held here, leaving their pieces
+    in the host cache (a TP rank's slices in `shards`) and releasing their KV pools;
+    returns the blocks, for `restore`. A TP stage with a rank on another agent is
+    refused (its group would be left without this rank)."""
+    ranks = host.ranks(replica_id)
+    for h in ranks:
+        spec = h.stage.spec
+        here = sum(1 for o in ranks if o.stage.spec.stage_index == spec.stage_index)
+        if spec.tp_size > here:
+            raise errors.FailedPreconditionError(
+                f"replica {replica_id} stage {spec.stage_index}: {here} of its "
+                f"{spec.tp_size} TP ranks are on agent {host.agent_id}; a replica sleeps "
+                "only with every rank of its TP stages on one agent"
+            )
+    specs = sorted((h.stage.spec for h in ranks), key=lambda b: (-b.stage_index, b.tp_rank))
+    loop = asyncio.get_running_loop()
+    for h in ranks:
+        if h.stage.spec.tp_size > 1:
+            await loop.run_in_executor(
+                host.loader, host.shards.park, h.stage, h.data_plane, host._host_copy
+            )
+    for stage_index in sorted({b.stage_index for b in specs}, reverse=True):
+        await host.unload(replica_id, stage_index)
+    return specs
+
+
+async def restore(host: hosting.Hosting, specs: Sequence[blocks.Block]) -> list[hosting.Loaded]:
+    """Load blocks again (as `offload` returned them), from the host cache as far as
+    it still holds them (a TP rank from its kept slices, in a group named afresh),
+    storage for the rest; last stage first, ranks in order."""
+    host.shards.wakes += 1
+    planes: dict[int, pb.DataPlane | None] = {}  # one new group per stage
+    out = []
+    for b in sorted(specs, key=lambda b: (-b.stage_index, b.tp_rank)):
+        parked = host.shards.take(b.key)
+        if parked is None:
+            out.append(await host.load(b))
+            continue
+        if b.stage_index not in planes:
+            planes[b.stage_index] = host.shards.renamed(parked.data_plane)
+        dp = planes[b.stage_index]
+        out.append(await host.load(b, data_plane=dp, kept=parked.tensors))
+    return out

@@ -17,7 +17,7 @@ import torch._dynamo.utils
 
 from tessera import blocks
 from tessera.rpc import blocks as rpc_blocks
-from tessera_agent import booking, devices, hosting, load_config, metrics, tiny_checkpoint
+from tessera_agent import booking, devices, hosted, hosting, load_config, metrics, tiny_checkpoint
 from tessera_agent.engine import compile_cache, compile_policy, options
 
 MiB = 1 << 20
@@ -107,7 +107,7 @@ def test_load_answers_once_warm_and_reports_it(one_layer: Path, cache: Path) -> 
         g = loaded.hosted.stage.runner.decode_graph
         assert g is not None and g.state == "ready" and g.warmed and g.compiles >= 2
         assert g.warmup_s > 0 and g.status == "warm"
-        info = rpc_blocks.to_proto(hs.observed(loaded.hosted))
+        info = rpc_blocks.to_proto(hosted.observed(loaded.hosted))
         assert info.compile == "warm" and rpc_blocks.from_proto(info).compile == "warm"
         state = types.SimpleNamespace(
             agent_id="a0", devices={dev.id: dev}, hosted=hs.hosted, compute=None
@@ -135,7 +135,7 @@ def test_second_load_with_the_same_cache_reports_cached(one_layer: Path, cache: 
         again = await hs.load(blocks.Block(str(one_layer), 0, 1, replica_id="r1"))
         g2 = again.hosted.stage.runner.decode_graph
         assert g2 is not None and g2.status == "cached"
-        assert hs.observed(again.hosted).compile == "cached"
+        assert hosted.observed(again.hosted).compile == "cached"
         assert g2.warmup_s < g1.warmup_s
         await hs.unload("r1", 0)
 

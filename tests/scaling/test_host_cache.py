@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tessera import blocks
-from tessera_agent import booking, devices, host_cache, hosting, load_config
+from tessera_agent import booking, devices, host_cache, hosting, load_config, sleep
 from tessera_agent.engine import sampling
 from tests.conftest import hf_greedy
 
@@ -102,11 +102,11 @@ def test_variant_with_declared_digests_and_offload_restore(
     async def run() -> None:
         h = _hosting(64 * MiB)
         await h.load(_block(tiny_llama, "r0"))
-        specs = await h.offload("r0")  # sleep: blocks to the cache, KV pool released
+        specs = await sleep.offload(h, "r0")  # sleep: blocks to the cache, KV pool released
         assert [b.replica_id for b in specs] == ["r0"] and not h.hosted
         dev = h.memory.devices["cpu:0"]
         assert dev.free_bytes == dev.capacity_bytes
-        woke = await h.restore(specs)  # wake: every piece from the cache
+        woke = await sleep.restore(h, specs)  # wake: every piece from the cache
         assert woke[0].hosted.sources.host > 0 and woke[0].hosted.sources.storage == 0
         await h.unload("r0", 0)
         variant = tmp_path / "variant"
