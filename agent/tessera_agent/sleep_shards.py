@@ -5,7 +5,7 @@ rank's slice of a layer. A sleeping TP rank's parameters are kept here instead, 
 (replica, stage, rank), as the rank held them (already sliced), with the data plane its
 group formed on, and booked as host memory; waking loads the rank from them
 (`loader.load_stage` takes sliced tensors as they are) into a group of a new name on the
-same store, so no key of the old group is met again. Called by `hosting.Hosting.offload`
+same store, so no key of the old group is met again. Called by `sleep.offload`
 and `restore`.
 """
 
