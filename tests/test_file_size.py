@@ -14,7 +14,6 @@ MAX_LINES = 400
 TOO_LONG = {
     "agent/tessera_agent/engine/decode_graph.py",
     "src/tessera/cli/bench_overload.py",
-    "src/tessera/cli/up_cmd.py",
 }
 
 

@@ -180,14 +180,14 @@ def test_sharing_fits_more_variants_in_the_same_memory() -> None:
 def test_up_prints_the_report_in_the_variant_line() -> None:
     from types import SimpleNamespace
 
-    from tessera.cli import up_cmd
+    from tessera.cli import up_report
 
     (st,) = variant_plan.status(
         [V("med", "full", "/ft/med", True)], [], {"med": ["c"]}, frozenset({"c"}), {},
         {"med": REPORT},
     )  # fmt: skip
     lines: list[str] = []
-    up_cmd._report_variants(SimpleNamespace(variants=[st]), lines.append, {})
+    up_report.report_variants(SimpleNamespace(variants=[st]), lines.append, {})
     assert lines == [
         "variant med (full): Ready: 1/1 chains hold every block; equivalent layers shared "
         "[1], own [2] (cosine >= 0.98); measured vs the fine-tune alone: top-1 agreement "

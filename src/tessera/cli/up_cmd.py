@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tessera.cli import status_cmd
+from tessera.cli import status_cmd, up_args
 
 STATE_FILE = Path(".tessera/up.json")
 OVERLOAD_TICK_S = 0.5  # the overload loop's period (spec.policies.overload.enabled)
@@ -32,80 +32,7 @@ OVERLOAD_TICK_S = 0.5  # the overload loop's period (spec.policies.overload.enab
 
 def register(sub: Any) -> None:
     p = sub.add_parser("up", help="serve a ServingDeployment manifest locally")
-    p.add_argument("-f", "--file", type=Path, required=True, help="ServingDeployment manifest")
-    p.add_argument(
-        "--agents",
-        type=int,
-        default=0,
-        help="local agents to start (default: as many as the layout names, or 2)",
-    )
-    p.add_argument(
-        "--devices",
-        default="cpu:1x2GiB",
-        help="devices of each local agent (cpu:1x2GiB, cuda, cuda:N; see `tessera agent`)",
-    )
-    p.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=0.9,
-        help="fraction of each GPU's memory a local agent may use (its flag of that name)",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=0,
-        help="torch threads per local agent (default: the cores less one for the gateway / agents)",
-    )
-    p.add_argument(
-        "--agent",
-        action="append",
-        default=[],
-        help="use a running agent NAME=HOST:PORT instead of local ones (repeat)",
-    )
-    p.add_argument(
-        "--model-root",
-        type=Path,
-        default=None,
-        help="folder the local agents may load checkpoints from (their --model-root; "
-        "default: the one holding the model and every variant of the manifest)",
-    )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=None, help="gateway port (default: manifest)")
-    p.add_argument(
-        "--profile",
-        type=Path,
-        default=None,
-        help="cost profile JSON (from `tessera profile`) for layout: auto",
-    )
-    p.add_argument("--reconcile-interval", type=float, default=10.0)
-    p.add_argument(
-        "--scaling-interval",
-        type=float,
-        default=5.0,
-        help="seconds between module-scaling ticks (when spec.policies.scaling.enabled)",
-    )
-    p.add_argument(
-        "--arrival-span", type=float, default=10.0, help="span of the gateway's arrival counts (s)"
-    )
-    p.add_argument(
-        "--watch-interval",
-        type=float,
-        default=1.0,
-        help="seconds between checks of the manifest (a saved change is applied)",
-    )
-    p.add_argument(
-        "--drain-deadline",
-        type=float,
-        default=30.0,
-        help="seconds a leaving replica's requests may finish there before they move",
-    )
-    p.add_argument(
-        "--sourcing",
-        choices=("switch", "block", "storage"),
-        default="switch",
-        help="where a transition's loads copy parameters from: switch (the OServe switch "
-        "plan: parts from peers, same agent first), block (one peer holding all), storage",
-    )
+    up_args.add_arguments(p)
     p.add_argument("--state-file", type=Path, default=STATE_FILE)
     p.set_defaults(func=_up)
     s = sub.add_parser("status", help="replicas, stages, blocks and KV use per agent")
@@ -201,6 +128,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         up_autoscale,
         up_overload,
         up_policies,
+        up_report,
         up_watch,
     )
     from tessera.control import actuate, agents, converge, link_probe, observation, scaling_loop
@@ -310,7 +238,7 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             return _fail(f"{outcome.reason}: {outcome.message}")
         port = args.port if args.port is not None else dep.spec.gateway.port
         published = outcome.routes
-        leaders = _leaders(outcome)
+        leaders = up_report.leaders(outcome)
         gateway = await gw_server.start_gateway(
             gw_config.GatewayConfig(
                 model_name=dep.spec.model.name,
@@ -325,18 +253,18 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
         gateway.apply_routes(gw_routes.from_doc(outcome.routes))  # with the class shares
         await gateway.refresh()
-        _write_state(args.state_file, dep, refs, gateway.url)
+        up_report.write_state(args.state_file, dep, refs, gateway.url)
         console.print(
             f"[bold green]serving[/] {dep.spec.model.name}: "
             f"{len(leaders)} replicas ({outcome.plan.source}) at {gateway.url}"
         )
-        sys.stdout.write(_curl_example(gateway.url, dep.spec.model.name))
+        sys.stdout.write(up_report.curl_example(gateway.url, dep.spec.model.name))
         sys.stdout.flush()
         if settle_heap:  # before traffic: later passes skip all this
             gc_heap.settle("tessera up serving")
         said = said_overload = ""
         seen: dict[str, str] = {}
-        _report_variants(outcome, console.print, seen)
+        up_report.report_variants(outcome, console.print, seen)
 
         async def one_pass(current: Any, shared: observation.Observation) -> bool:
             """A converge pass toward `current`, then an overload tick over the pass's own
@@ -362,8 +290,10 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             )
             published = again.routes or published
             if autoscaler is not None and again.plan is not None:
-                autoscaler.follow(current, _members(again))  # its replicas, added or removed
-            _report_variants(again, console.print, seen)
+                autoscaler.follow(
+                    current, up_report.members(again)
+                )  # its replicas, added or removed
+            up_report.report_variants(again, console.print, seen)
             if scaling is not None and await scaling.sync(current.spec):  # an edit, now
                 shared.acted()  # it evicted layer replicas
             if overload is not None:  # the pass's observation serves the loop's tick
@@ -405,11 +335,11 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 *(_outside_root(d, model_path, agent_args[1]) if procs else []),
             ],
         )
-        overload = _overload(dep, outcome, gateway, lambda: published)
+        overload = up_overload.start(dep, outcome, gateway, lambda: published)
         if overload is not None:
             overload_task = loop.create_task(overload.run(stop, deployment, OVERLOAD_TICK_S))
         started = up_autoscale.start(  # replica autoscaling, sleep, zero (issue 32)
-            dep, _members(outcome), gateway, stop, deployment.lock, console.print
+            dep, up_report.members(outcome), gateway, stop, deployment.lock, console.print
         )
         if started is not None:
             autoscaler, autoscale_task = started
@@ -448,92 +378,3 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             local_agents.stop_agent(p)
         with contextlib.suppress(FileNotFoundError):
             args.state_file.unlink()
-
-
-def _overload(dep: Any, outcome: Any, gateway: Any, published: Any) -> Any:
-    """The overload loop beside the gateway (an `up_overload.UpOverload`) when
-    `spec.policies.overload.enabled`; None when it is off or cannot run on this plan
-    (said why)."""
-    from rich.console import Console
-
-    from tessera import model_facts
-    from tessera.cli import up_overload
-
-    cfg = dep.spec.policies.overload
-    if not cfg.enabled:
-        return None
-    say = Console(stderr=True).print
-    why = up_overload.UpOverload.usable(outcome.plan, outcome.observed)
-    shape = model_facts.served_shape(outcome.plan.model_path, dep.spec.model.dtype)
-    if why or shape is None:
-        say(why or "overload: model config unreadable; the loop is off")
-        return None
-    ov = up_overload.UpOverload(
-        outcome.plan, outcome.observed, cfg, shape.num_layers, gateway, published, say
-    )
-    say(
-        f"overload loop on {len(ov.members)} replicas (drop at {cfg.drop_threshold}, "
-        f"restore below {cfg.restore_threshold})"
-    )
-    return ov
-
-
-def _report_variants(outcome: Any, say: Any, seen: dict[str, str]) -> None:
-    """Print each variant's state when it changes (issue 14), and forget removed ones."""
-    now = {v.name: v for v in outcome.variants}
-    for name in sorted(set(seen) - set(now)):
-        say(f"variant {name}: removed")
-        del seen[name]
-    for name, v in now.items():
-        line = f"variant {name} ({v.kind}): {v.reason}: {v.message}"
-        if v.ready:
-            line += f" (on {', '.join(v.loaded_on)})"
-        if seen.get(name) != line:
-            say(line)
-            seen[name] = line
-
-
-def _leaders(outcome: Any) -> list[tuple[str, str]]:
-    obs = outcome.observed
-    out = []
-    for r in outcome.plan.replicas:
-        agent = obs.agent(r.stages[0].agent) if obs else None
-        if agent is not None and r.replica_id in outcome.ready_replicas:
-            out.append((r.replica_id, agent.address))
-    return out
-
-
-def _members(outcome: Any) -> dict[str, str]:
-    """Every planned replica's leader address (the autoscaler's members)."""
-    obs = outcome.observed
-    out = {}
-    for r in outcome.plan.replicas:
-        agent = obs.agent(r.stages[0].agent) if obs else None
-        if agent is not None:
-            out[r.replica_id] = agent.address
-    return out
-
-
-def _curl_example(url: str, model: str) -> str:
-    body = json.dumps({"model": model, "prompt": "Once upon a time", "max_tokens": 16})
-    return (
-        f"\nTry:\n  curl -s {url}/v1/completions -H 'Content-Type: application/json' "
-        f"-d '{body}'\n\nPress Ctrl-C to stop.\n"
-    )
-
-
-def _write_state(path: Path, dep: Any, refs: list[Any], url: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps(
-            {
-                "deployment": dep.name,
-                "namespace": dep.namespace,
-                "gateway": url,
-                "pid": os.getpid(),
-                "agents": [{"name": r.name, "address": r.address} for r in refs],
-            },
-            indent=2,
-        )
-        + "\n"
-    )

@@ -147,3 +147,28 @@ def guarded(
             return await one_pass(current, seen)
 
     return run
+
+
+def start(dep: Any, outcome: Any, gateway: Any, published: Any) -> UpOverload | None:
+    """The overload loop beside the gateway (an `UpOverload`) when
+    `spec.policies.overload.enabled`; None when it is off or cannot run on this plan
+    (said why)."""
+    from rich.console import Console
+
+    from tessera import model_facts
+
+    cfg = dep.spec.policies.overload
+    if not cfg.enabled:
+        return None
+    say = Console(stderr=True).print
+    why = UpOverload.usable(outcome.plan, outcome.observed)
+    shape = model_facts.served_shape(outcome.plan.model_path, dep.spec.model.dtype)
+    if why or shape is None:
+        say(why or "overload: model config unreadable; the loop is off")
+        return None
+    ov = UpOverload(outcome.plan, outcome.observed, cfg, shape.num_layers, gateway, published, say)
+    say(
+        f"overload loop on {len(ov.members)} replicas (drop at {cfg.drop_threshold}, "
+        f"restore below {cfg.restore_threshold})"
+    )
+    return ov
