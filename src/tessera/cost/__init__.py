@@ -3,14 +3,10 @@
 Pure code over plain dataclasses, no I/O. The planner (``tessera.planner``) calls it to
 turn a deployment candidate into per-class request capacities; ``tessera profile`` (the
 CLI) feeds it measured layer timings through :func:`tessera.cost.fit.fit_profile`.
-
-Modules, one concept each:
-
-* ``fields``       -- validation errors that name the offending field (``a.b[2].c``).
-* ``model_shape``  -- transformer dimensions read from a Hugging Face ``config.json``.
-* ``profile``      -- the per-layer cost profile and its JSON schema.
-* ``analytic``     -- profiles derived from peak FLOP/s and HBM bandwidth (A100, H100).
-* ``fit``          -- least-squares fit of a profile from measured layer timings.
-* ``latency``      -- per-stage prefill/decode time, TP all-reduce and PP hop costs.
-* ``capacity``     -- sustainable request rate of one replica for one workload class.
+Modules: ``model_shape`` (dimensions from a Hugging Face ``config.json``), ``profile``
+(the per-layer cost profile, its JSON schema), ``analytic`` (profiles from peak FLOP/s and
+HBM bandwidth), ``fit`` (least-squares fit to measured timings), ``latency`` (per-stage
+prefill/decode, TP all-reduce, PP hops), ``capacity`` (one replica's sustainable rate per
+class), ``queueing`` (tail-latency math), ``calibration`` / ``profile_calibration`` (the
+model's error against measured latencies).
 """

@@ -1,23 +1,15 @@
 """Sustainable request rate of one replica for one workload class under an SLO.
 
-The planner (``tessera.planner.capacity_table``) calls :func:`replica_capacity` for each
-candidate replica shape and workload class; the resulting rates are the ``cap[k][j]`` of
-the assignment LP. The model (documented in docs/planner.md, "Capacity model"):
-
-* A replica keeps ``b`` sequences in flight (continuous batching). With ``pp`` stages the
-  batch is split into ``min(b, pp)`` micro-batches; one decode round, in which every
-  sequence gains one token, takes ``R(b) = max(sum_s T_s(m), n_mb * max_s T_s(m))``.
-* A prompt of ``L_in`` tokens occupies the bottleneck stage for ``P = max_s Tpre_s(L_in)``
-  and reaches its first token after ``L_pre = sum_s Tpre_s(L_in)``.
-* Each request costs ``P`` of prefill and ``steps * R(b) / b`` of decode time, so the
-  rate is ``b / (steps * R(b) + P * b)`` with ``steps = L_out - 1``.
-* Prefills stall decoding, so the mean time per output token is ``R(b) + P * b / steps``;
-  TTFT is modeled as ``L_pre + R(b) + P`` (finish the running round and one queued
-  prefill). Both must stay within ``slo_headroom`` times the p99 targets.
-* KV for ``L_in + L_out`` tokens per sequence must fit next to each stage's weights.
-
-``b`` is the largest integer meeting all constraints (they all tighten as ``b`` grows, and
-the rate grows with ``b``), capped by ``max_batch``.
+The planner (``tessera.planner.capacity_table``) calls :func:`replica_capacity` per
+candidate replica shape and class; the rates are the ``cap[k][j]`` of the assignment LP.
+Model (docs/planner.md, "Capacity model"): ``b`` sequences in flight in ``min(b, pp)``
+micro-batches; a decode round takes ``R(b) = max(sum_s T_s(m), n_mb * max_s T_s(m))``; a
+prompt holds the bottleneck stage for ``P = max_s Tpre_s(L_in)``; the rate is
+``b / (steps * R(b) + P * b)`` with ``steps = L_out - 1``. TPOT ``R(b) + P * b / steps``
+and TTFT ``sum_s Tpre_s(L_in) + R(b) + P`` must stay within ``slo_headroom`` times the p99
+targets, and KV for ``L_in + L_out`` tokens per sequence must fit beside each stage's
+weights. ``b`` is the largest integer meeting all constraints (each tightens as ``b``
+grows, the rate grows with it), capped by ``max_batch``. Seconds; rates in req/s.
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """The per-layer cost profile of one model on one device, and its JSON form.
 
-A :class:`Profile` is what the planner prices deployments with. It is produced either
-analytically (``tessera.cost.analytic``, labelled ``"source": "analytic"``) or by fitting
-measured layer timings (``tessera.cost.fit``, ``"source": "measured"``), and is stored as
-the JSON document described in ``docs/planner.md`` ("Profile schema"). Parsing errors
-name the offending field, e.g. ``layer.decode_s.per_seq: must be >= 0``.
-
-Latency model of one decoder layer at tensor-parallel degree ``tp`` (seconds)::
+A :class:`Profile` is what the planner prices deployments with: analytic
+(``tessera.cost.analytic``, ``"source": "analytic"``) or fitted to measured layer timings
+(``tessera.cost.fit``, ``"source": "measured"``), stored as the JSON document of
+docs/planner.md ("Profile schema"); parse errors name the field
+(``layer.decode_s.per_seq: must be >= 0``). One decoder layer at TP degree ``tp``, seconds::
 
     prefill(n, tp)    = fixed + (per_tp + per_token * n + per_token_sq * n**2) / tp
     decode(b, c, tp)  = fixed + (per_tp + per_seq * b + per_seq_ctx * b * c) / tp
 
-``n`` is a prompt's length, ``b`` the number of sequences in a decode step and ``c`` their
-context length. The TP all-reduce is *not* included; ``tessera.cost.latency`` adds it from
-the ``comm`` section (or the cluster's links).
+``n``: prompt length; ``b``: sequences in a decode step; ``c``: their context length. The
+TP all-reduce is not included: ``tessera.cost.latency`` adds it from ``comm`` or the links.
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
 """Queueing approximations for tail latency: Erlang C waits and mixture quantiles.
 
-Pure math, no model knowledge. ``tessera.planner.latency`` uses it to turn a replica's
-load into P99 TTFT and end-to-end latency:
-
-* **Slot wait (M/M/c).** A replica keeps ``c`` sequences in flight; a request waits for a
-  free slot. With Poisson arrivals at ``lam`` and exponential holding times of mean
-  ``1/mu``, the wait is 0 with probability ``1 - C`` and otherwise exponential with rate
-  ``theta = c*mu - lam``, where ``C`` is the Erlang C probability of waiting.
-* **Prefill wait (M/M/1).** Prompts are prefilled one at a time on the bottleneck stage:
-  with prefill utilization ``u`` and mean prefill time ``p``, the wait is 0 with
-  probability ``1 - u`` and otherwise exponential with rate ``(1 - u) / p``.
-* Non-exponential service (M/G/c, Allen-Cunneen): waits scale by ``(1 + scv) / 2`` for
-  a service-time squared coefficient of variation ``scv`` (1: exponential, as above;
-  0: deterministic, M/D/c, half the wait). Implemented by scaling ``1/theta``.
-
-* **Decode stretch.** Prefills arrive at random and stall every decoding sequence, so a
-  request's decode time varies: :func:`stretch` is the compound-Poisson spread of the
-  prefill time landing inside it, as a shifted exponential (same mean, same variance).
-
-A wait is an :class:`AtomExp` (an atom at 0 plus an exponential tail); the sum of up to
-three independent ones has a closed-form tail (:func:`survival`). Latency percentiles of a
-mixture of such components are found by bisection on the summed survival function
-(:func:`mixture_quantile`).
+Pure math, no model knowledge; ``tessera.planner.latency`` uses it to turn a replica's load
+into P99 TTFT and end-to-end latency (docs/switching.md, "Latency-aware objective"). Slot
+wait (M/M/c): 0 with probability ``1 - C`` (Erlang C), else exponential at rate
+``theta = c*mu - lam``. Prefill wait (M/M/1 on the bottleneck stage): 0 with probability
+``1 - u``, else exponential at rate ``(1 - u) / p``. Non-exponential service
+(Allen-Cunneen) scales waits by ``(1 + scv) / 2`` (``scv = 0``: M/D/c, half the wait).
+:func:`stretch`: the compound-Poisson spread of prefills stalling a request's decode, as a
+shifted exponential of the same mean and variance. A wait is an :class:`AtomExp` (atom at
+0 plus an exponential tail); :func:`survival` sums up to three in closed form, and
+:func:`mixture_quantile` bisects a mixture's summed survival for a percentile.
 """
 
 from __future__ import annotations
