@@ -1,18 +1,15 @@
 """Exact workload-class assignment: split each class's demand over replicas by LP.
 
-Given per-class demand ``d[j]`` (req/s), each replica's capacity ``cap[k][j]`` (req/s of
-class j if the replica served only j) and optional per-pair limits, choose rates
-``x[k][j] >= 0``. A replica time-shares between classes, so its load is
-``sum_j x[k][j] / cap[k][j] <= 1`` (its utilization). Two objectives:
-
-* ``throughput``: maximize ``sum x`` with ``sum_k x[k][j] <= d[j]``;
-* ``makespan``: serve all demand, ``sum_k x[k][j] = d[j]``, minimizing the largest
-  utilization ``t``. ``1 / t`` is the factor by which the whole demand mix could grow.
-
-Both are solved by ``scipy.optimize.linprog(method="highs")``. The result carries a
-:class:`Certificate`: the dual objective rebuilt from HiGHS's marginals, the duality gap,
-and the stationarity and sign residuals of the dual. Called by the CLI
-(``tessera plan assign``), ``tessera.planner.evaluate`` (the search's inner loop) and tests.
+Inputs: per-class demand ``d[j]`` (req/s), each replica's capacity ``cap[k][j]`` (req/s of
+class j if it served only j), optional per-pair limits. Output: rates ``x[k][j] >= 0``
+with each replica's utilization ``sum_j x[k][j] / cap[k][j] <= 1`` (it time-shares).
+Objectives: ``throughput`` maximizes ``sum x`` with ``sum_k x[k][j] <= d[j]``;
+``makespan`` serves all demand (``sum_k x[k][j] = d[j]``) minimizing the largest
+utilization ``t`` (``1 / t``: how far the whole mix could grow). Solved by
+``scipy.optimize.linprog(method="highs")``; the :class:`Certificate` carries the dual
+objective rebuilt from HiGHS's marginals, the duality gap and the dual's stationarity and
+sign residuals. Callers: ``tessera plan assign``, ``tessera.planner.evaluate`` (the
+search's inner loop), tests.
 """
 
 from __future__ import annotations

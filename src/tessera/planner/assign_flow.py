@@ -1,20 +1,14 @@
 """Max-flow form of the assignment, solved by preflow-push, to cross-check the LP.
 
-Network: source -> class j (capacity ``d[j]``) -> replica k (capacity ``limit[k][j]``,
-edge present only when ``cap[k][j] > 0``) -> sink (capacity ``c[k]``). A flow's value is
-the served rate. The LP's shared constraint ``sum_j x[k][j] / cap[k][j] <= 1`` is not a
-flow constraint in general, but it is sandwiched:
-
-* with ``c[k] = max_j cap[k][j]`` every LP-feasible x is a feasible flow, so the max flow
-  is an *upper bound* on the LP optimum;
-* with ``c[k] = min_j cap[k][j]`` (over the replica's edges) every feasible flow is
-  LP-feasible, so the max flow is a *lower bound*.
-
-The two coincide, and the flow form is exact, when each replica's capacity is the same for
-every class it can serve -- in particular when each replica serves a single class.
-Capacities are scaled to integers (floored for the lower bound, ceiled for the upper) so
-preflow-push runs on exact arithmetic; both bounds stay valid. Called by tests and by
-``tessera.planner.assign_input`` (the ``flow_check`` field of ``tessera plan assign``).
+Network: source -> class j (capacity ``d[j]``) -> replica k (``limit[k][j]``, an edge only
+where ``cap[k][j] > 0``) -> sink (``c[k]``); a flow's value is the served rate. The LP's
+``sum_j x[k][j] / cap[k][j] <= 1`` is not a flow constraint, but it is sandwiched: with
+``c[k] = max_j cap[k][j]`` the max flow is an upper bound on the LP optimum, with
+``c[k] = min_j cap[k][j]`` (over the replica's edges) a lower bound. They coincide, and the
+flow form is exact, when each replica's capacity is the same for every class it serves
+(e.g. one class per replica). Capacities are scaled to integers (floored for the lower
+bound, ceiled for the upper), so both bounds stay valid on exact arithmetic. Callers:
+tests and ``tessera.planner.assign_input`` (``flow_check`` of ``tessera plan assign``).
 """
 
 from __future__ import annotations

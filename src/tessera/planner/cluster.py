@@ -1,21 +1,17 @@
 """The cluster description the planner places replicas on (``--cluster CLUSTER.yaml``).
 
-Format (documented in docs/planner.md, "Cluster file")::
+Format (docs/planner.md, "Cluster file", has every field)::
 
     kind: Cluster
     metadata: {name: 2x8-h100}
     spec:
-      interconnect:              # optional; absent figures come from the profile
-        intraNodeGBps: 450       # NVLink, per GPU, one direction, nominal
-        intraNodeLatencyUs: 8
-        interNodeGBps: 50        # NIC per GPU (400 Gb/s InfiniBand), nominal
-        interNodeLatencyUs: 15
-        efficiency: 0.7          # achievable share of nominal bandwidth
+      interconnect: {intraNodeGBps: 450, interNodeGBps: 50, efficiency: 0.7}  # optional
       nodes:
         - {name: gpu-0, gpus: 8, gpuType: h100-80gb, gpuMemory: 80Gi}
 
-``gpuType: cpu`` nodes (``gpus: 0``) may appear; the planner ignores them. The CLI decodes
-the YAML and calls :func:`cluster_from_doc`; errors name the field.
+Absent interconnect figures come from the profile; ``gpuType: cpu`` nodes (``gpus: 0``)
+are ignored. The CLI decodes the YAML and calls :func:`cluster_from_doc`; errors name the
+field.
 """
 
 from __future__ import annotations

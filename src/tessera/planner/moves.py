@@ -1,26 +1,16 @@
 """Neighbourhood of a layout for the flow-guided local search.
 
-A move removes, per *unit*, some node configurations (one node each) and spanning
-replicas from one node-size group and adds others over the same nodes; ``apply`` repeats
-it ``m`` times (``m`` doubles while the move keeps improving, so large clusters converge in
-few steps). Kinds:
-
-* **reshape / split / grow** -- one replica on a node becomes another shape (same, fewer
-  or more GPUs), the node's freed GPUs refilled;
-* **transfer** -- two replicas on a node give their GPUs to a larger replica (a saturated
-  shape takes GPUs from an under-used one), the remainder refilled;
-* **pair** -- the same across two nodes: two replicas on different nodes become one
-  larger replica, and the two nodes' remaining replicas are repacked (first-fit
-  decreasing) around it;
-* **clone** -- nodes copy another node configuration present in the layout;
-* **price** -- nodes take the best configuration under the current dual prices;
-* **span / unspan** -- whole nodes join into a multi-node replica, or one is broken up.
-
-"Flow-guided": the makespan LP's class prices ``y_j`` (how much the bottleneck grows per
-unit of class j demand) value a replica of shape s at ``max_j y_j cap[s][j]`` -- the most
-bottleneck work it can absorb. Refills pick the best-valued shapes by a small knapsack,
-and candidates are tried in order of predicted value gain. Called by
-``tessera.planner.search``.
+A move removes, per unit, some node configurations and spanning replicas from one
+node-size group and adds others over the same nodes; ``apply`` repeats it ``m`` times (``m``
+doubles while the move keeps improving). Kinds: reshape / split / grow (one replica on a
+node changes shape, freed GPUs refilled); transfer (two replicas on a node give their GPUs
+to a larger one); pair (the same across two nodes, the rest repacked first-fit
+decreasing); clone (copy another node configuration of the layout); price (the best
+configuration under the current dual prices); span / unspan (whole nodes join into a
+multi-node replica, or one is broken up). Flow-guided: the makespan LP's class prices
+``y_j`` value a shape s at ``max_j y_j cap[s][j]``; refills pick the best-valued shapes by
+a small knapsack and candidates are tried by predicted value gain. Called by
+``tessera.planner.search``; docs/planner.md, "Deployment search".
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """Deployment search: heterogeneous replicas co-optimized with the class assignment.
 
-Entry point for the operator's reconcile core (``layout: auto``) and the CLI:
-:func:`plan` returns a :class:`~tessera.planner.deployment.Deployment`. Methods:
-
-* ``heuristic`` (default) -- start from the best few homogeneous layouts and apply
-  flow-guided moves (``tessera.planner.moves``) in order of predicted dual-value gain,
-  accepting only strict improvements; for an improving move the number of nodes it
-  touches doubles while the score keeps rising. Stops after ``patience`` consecutive
-  non-improving candidates, or when a whole neighbourhood fails. Ties in the order are
-  broken by a seeded RNG, so a seed fixes the result.
-* ``exhaustive`` -- every layout (``tessera.planner.exhaustive``), small clusters only.
-* ``homogeneous`` -- the best single shape copied (``tessera.planner.homogeneous``).
-
-The objective is the largest multiple of the demand mix served within the SLO
-(``tessera.planner.evaluate``).
+Entry point for the operator's reconcile core (``layout: auto``) and the CLI: :func:`plan`
+returns a :class:`~tessera.planner.deployment.Deployment`. The objective is the largest
+multiple of the demand mix served within the SLO (``tessera.planner.evaluate``). Methods:
+``heuristic`` (default) starts from the best few homogeneous layouts and applies
+flow-guided moves (``tessera.planner.moves``) by predicted dual-value gain, accepting only
+strict improvements, until ``patience`` non-improving candidates in a row or a whole
+neighbourhood fails; ties are broken by a seeded RNG, so a seed fixes the result.
+``exhaustive`` tries every layout (small clusters only); ``homogeneous`` copies the best
+single shape. docs/planner.md, "Deployment search".
 """
 
 from __future__ import annotations

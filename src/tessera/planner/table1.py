@@ -1,28 +1,15 @@
 """OServe Table 1 in model form: heterogeneous vs best homogeneous P99 latency over S1-S5.
 
-``tessera bench planner`` reports ``oserve_table1`` from :func:`run`. Classes are the
-paper's four types cut from the shared trace at its median input and median output
-length (SI/LI = short/long input, SO/LO = short/long output; each class's tokens are the
-medians of its quadrant), mixed in the five compositions of the paper's Table 1 (S1-S5,
-shares in the order SILO/LILO/SISO/LISO); CV is the population standard deviation of
-the four shares over their mean (it reproduces the paper's column). Setup as the paper:
-Llama-2-70B on 16 H100s (2 nodes of 8).
-
-Load: for each mix the total rate is a fraction (``LOADS``: 0.7, then 0.9) of the best
-homogeneous layout's sustainable rate at that mix (throughput objective), so the
-baseline runs busy but stable. Candidates: every layout of the exhaustive enumeration
-(``exhaustive.layouts``) over every feasible shape (throughput pruning is not exact for
-latency) and every homogeneous layout; each is priced by ``tessera.planner.latency``
-with its best routing; the best ``DEDICATE_TOP`` are priced again allowing some replicas
-of a shape to serve one class alone (OServe routes whole classes to a replica). The
-heterogeneous result is the best candidate; the baseline is the best homogeneous layout
-with class-oblivious routing (every replica the same mix, as vLLM static), both
-preferring layouts that meet the SLO; and ``speedup`` the
-baseline's modelled P99 request latency over the heterogeneous one's. ``switch_plans``:
-the greedy switch plan (``tessera.policies.switching.switch_plan``) and its LP bound between
-consecutive levels' heterogeneous deployments as the planner places them, with the
-profile's links and ``STORAGE_BYTES_PER_S`` for storage. Model output from the analytic
-cost model, not a measurement.
+``tessera bench planner`` reports ``oserve_table1`` from :func:`run`; :func:`choose` also
+picks the layouts the simulator runs. Setup as the paper: Llama-2-70B on 2 x 8 H100s, the
+shared trace cut at median input and output length into SILO/LILO/SISO/LISO, mixed as
+S1-S5 (CV: population std of the shares over their mean). Load: ``LOADS`` of the best
+homogeneous layout's sustainable rate at each mix. Candidates: every exhaustive and
+homogeneous layout, priced by ``tessera.planner.latency`` with its best routing; the
+best ``DEDICATE_TOP`` again with class-dedicated replicas. Baseline: the best homogeneous
+layout with class-oblivious routing; ``speedup`` is its P99 over the heterogeneous one's.
+``switch_plans``: the greedy switch plan and its LP bound between consecutive levels.
+Model output from the analytic cost model, not a measurement; docs/switching.md.
 """
 
 from __future__ import annotations
