@@ -1,41 +1,17 @@
 """The switching loop's default candidates: planner deployments as `spec.layout` replicas
 (pure).
 
-The operator's switching loop (`tessera_operator.switching_loop`) needs, each span, named
-candidate layouts in the CRD's explicit form, a price at a per-class demand and a switch
-time. Without an injected source it builds them here from what it already knows, the way
-`layout: auto` is planned (`planner.auto`): the deployment (model shape, workload classes,
-SLO, `resources.gpus`), the agents as observed (each reachable agent is a node, its devices
-of the profile's kind its GPUs) and a cost profile (the analytic profile of the agents' GPU
-type when they all are H100/A100 80GB, else a measured profile of their device kind when
-one is given; otherwise no candidates). The problem's classes are the gateway's arrival
-classes, in their order, matched by name to the spec's workload classes (no workload:
-the planner's single ``default`` class).
-
-Candidates are every layout of the planner's exhaustive enumeration placed on those
-devices (`policies.switching_planner.candidates`: latency-objective price, greedy
-switch-plan time), named by `Layout.label()`, each turned into explicit replicas
-(`replicas_json`: replica ``r<k>``, a stage per pipeline stage on its node's agent, its
-first device, ``tp`` and, when the tp devices are not consecutive, ``ranks``). The spec's
-own explicit layout joins as ``"spec"`` (priced through the same model from its shapes
-and devices), so the current deployment is always a candidate even when the planner
-would have split layers differently; a planner layout identical to it comes first and
-is reported as current. An `auto` spec has no explicit layout: what the auto planner placed
-(``status.plan``, given as ``placed``; `policies.switching_current`) joins as ``"auto"``,
-priced the same way, so an `auto` spec has a current candidate too.
-
-TP: ``max_tp`` stays 1 by default, as for `auto`. With ``max_tp`` above 1 the planner's
-tp shapes put a stage's ranks on one node's devices, and here a node is an agent; agents
-host several ranks of a stage, one per device (issue 12), so such candidates pass the
-operator's semantic check
-(`tests/policies/test_switching_auto.py::test_tp_candidates_are_valid_layouts`). The
-default stays 1 until `layout: auto` plans tp too, so the loop and the auto planner agree.
-
-Across spans: `CandidateCache` keeps the priced planner candidates (capacity table,
-placements, the latency model's per-shape facts, switch times) per planning problem (model
-shape, profile, pool, classes, SLO, caps), so a span only prices; at most
-``max_candidates`` planner layouts are kept (`switching_planner.cap`). Every figure is model
-output. Caller: the switching loop (`tessera.control.switching.planner_candidates`); tests.
+Input: the deployment (model shape, classes, SLO, `resources.gpus`), the agents as
+observed (each reachable agent a node, its devices of the profile's kind its GPUs), a cost
+profile (analytic for H100/A100 80GB, else a given measured one; otherwise no candidates)
+and the gateway's arrival classes (matched by name to the spec's; none: ``default``).
+Output: every exhaustive layout on those devices (`switching.planner.candidates`), named
+by `Layout.label()`, as explicit replicas (``r<k>``, a stage per pipeline stage, its first
+device, ``tp``, ``ranks`` when not consecutive), plus the spec's own layout as ``"spec"``
+or, for `layout: auto`, the placed ``status.plan`` as ``"auto"``, so the current
+deployment is always a candidate. ``max_tp`` stays 1, as for `auto`. `CandidateCache`
+keeps priced planner candidates per planning problem, at most ``max_candidates``. Model
+output. Caller: `tessera.control.switching.planner_candidates`; tests.
 """
 
 from __future__ import annotations

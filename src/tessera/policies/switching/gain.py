@@ -1,30 +1,17 @@
 """Whether the forecast workload pays for switching to the planner's new deployment.
 
-Called once per span by the operator's switching loop (forecast -> plan -> decide) and by
-``tessera bench adaptive``; pure. Inputs are the modelled per-request latency of the
-current and the candidate deployment at the forecast rates (``tessera.planner.latency``;
-``inf`` when a deployment cannot serve the forecast), the forecast request rate, the
-switch plan's time (``tessera.policies.switching.switch_plan``) and the hysteresis state carried
-from the previous span. Units are request-seconds over the coming span:
-
-* ``expected_gain = rate * (span - switch) * (L_current - L_candidate)``: what the new
-  deployment saves once it runs;
-* ``switch_cost = rate * switch * disruption * L_ref``: during the switch each request is
-  slowed by ``disruption`` times its latency (copies compete with serving for links and
-  memory bandwidth; 1.0 = latency doubles), ``L_ref`` being the current latency (the
-  candidate's when the current cannot serve).
-
-Rules, in order (the first that applies gives the reason): disabled; the candidate is
-the current deployment; relative gain ``L_current / L_candidate - 1`` below the
-threshold: ``minGain``, or, when both deployments carry the latency model's measured
-relative error ``e`` (`DeploymentCost.model_error`, from `tessera.cost.calibration`), the
-smallest gain the model cannot have invented, ``(1 + e_candidate) / (1 - e_current) - 1``
-(hysteresis from the model's error, issue 34);
-the switch takes a whole span or more; the gain does not pay for the switch; a switch
-happened less than ``cooldown_spans`` ago; the candidate has not won ``hold_spans`` spans
-in a row (hysteresis: a mix flickering between two deployments never switches). When the
-current deployment cannot serve the forecast at all, cooldown and hold are waived. Then
-``active`` mode switches and ``advisory`` mode recommends (and changes nothing).
+Pure; :func:`decide` runs once per span in the operator's switching loop and ``tessera bench
+adaptive``. Inputs: the modelled per-request latency of the current and the candidate
+deployment at the forecast rates (``tessera.planner.latency``; ``inf`` when unservable),
+the forecast rate, the switch plan's time, the hysteresis state. In request-seconds over
+the span: ``expected_gain = rate * (span - switch) * (L_current - L_candidate)``,
+``switch_cost = rate * switch * disruption * L_ref`` (``L_ref``: the current latency, the
+candidate's when the current cannot serve). Rules, the first match gives the reason:
+disabled; candidate is current; relative gain below ``minGain`` or, given the model's
+measured errors ``e`` (`tessera.cost.calibration`), ``(1 + e_cand) / (1 - e_cur) - 1``;
+switch takes a span or more; gain below cost; within ``cooldown_spans``; not won
+``hold_spans`` in a row (both waived when the current cannot serve). Then ``active``
+switches, ``advisory`` recommends. docs/switching.md, "The loop and its decision".
 """
 
 from __future__ import annotations

@@ -1,29 +1,17 @@
 """Switching candidates from the planner: layouts priced by the latency objective, switch
 times from the greedy switch plan (pure).
 
-The predictive step (`policies.switching_step`) needs candidate deployments, a price at a
-forecast demand and a switch time. For a GPU pool with a cost profile this module
-supplies them from the planner's own pieces: the layouts of the exhaustive enumeration
-(`planner.exhaustive.layouts`, or any given list), each materialized on the pool's GPUs
-(`planner.deployment.materialize`), named by `Layout.label()`; ``price(name, demand)`` is
-the modelled P99 request latency of that deployment with its best routing at the demand
-(`planner.latency.LatencyModel.deployment`, queueing included; ``inf`` when it cannot
-serve it); ``switch_seconds(a, b)`` the greedy switch plan's time between the two
-placements (`policies.switch_plan.plan` over `placement.from_deployment`, the profile's
-links and ``storage_bytes_per_s`` for reloads). Demand is per class in the order of
-``problem.classes``. Every figure is model output. Callers: the switching loop's candidate
-source (operator config) and tests.
-
-Large pools: the enumeration grows fast (66 layouts on 2x8 GPUs, 1001 on 4x8) and every
-candidate is priced each span, so `candidates` keeps at most ``max_candidates`` of them
-(`cap`, default `MAX_CANDIDATES`): the layouts are ranked by the planner's throughput
-objective (`Evaluator` score: the largest multiple of the demand served within the SLO)
-at the problem's expected mix and at each single-class mix (the corners of the mix
-simplex, where a heterogeneous layout's reason to exist shows most), and taken round-robin
-from those rankings, best first, skipping repeats, until the cap; ties keep the
-enumeration order. A `PlannedCandidates` is reusable across spans (the caller caches it
-per problem); `extended` adds per-span deployments (the spec's own layout, the auto
-planner's placement) without caching their switch times.
+For a GPU pool with a cost profile: the exhaustive enumeration's layouts (or a given
+list), each materialized on the pool's GPUs (`planner.deployment.materialize`), named by
+`Layout.label()`; ``price(name, demand)`` is the modelled P99 request latency with the best
+routing at a per-class demand (order of ``problem.classes``; `planner.latency`, queueing
+included; ``inf`` when it cannot serve); ``switch_seconds(a, b)`` is the greedy switch
+plan's time (`switching.switch_plan.plan`, the profile's links, ``storage_bytes_per_s``).
+`candidates` keeps at most ``max_candidates`` (`cap`, default `MAX_CANDIDATES`), taken
+round-robin from the throughput rankings at the expected mix and at each single-class mix.
+`PlannedCandidates` is reusable across spans; `extended` adds per-span deployments without
+caching their switch times. Model output. Callers: the switching loop's candidate source,
+`switching.candidates`, tests. docs/switching.md, "The loop".
 """
 
 from __future__ import annotations

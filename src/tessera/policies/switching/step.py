@@ -1,32 +1,16 @@
 """One span of the predictive switching loop: forecast, plan, decide (OServe §5; pure).
 
 Called every ``spanSeconds`` by the operator's switching loop
-(``tessera.control.switching``) and by ``tessera bench adaptive``. Inputs: the
-recorded per-span per-class arrival counts (the gateway's ``/admin/v1/arrivals``, oldest
-span first), the name of the current deployment, the candidate deployments, a pricing
-function ``price(name, demand) -> modelled P99 request latency (s)`` at a per-class
-demand in req/s (``inf`` when the deployment cannot serve it; e.g. the planner's
-latency objective, ``tessera.planner.latency``), a switch-time function
-``switch_seconds(from, to)`` (e.g. the greedy switch plan's time,
-``tessera.policies.switching.switch_plan``), the decision's config and the hysteresis state;
-optionally ``model_error(name)``, the latency model's measured relative error for a
-deployment (``tessera.cost.calibration``), which sets the gain a switch needs.
-
-1. **Forecast** (:func:`forecast`): every method (last value, moving average,
-   exponential smoothing, seasonal naive; hyperparameters chosen on the spans before the
-   validation window only) makes one-step forecasts of each of the last ``window``
-   spans, each from the spans before it; the method with the lowest pooled RRMSE there
-   forecasts the next span (ties: the earlier, cheaper method). This is
-   ``workload.selector``'s rule, recomputed from the counts so the step keeps no state
-   besides the hysteresis. Until two spans are recorded, last value.
-2. **Plan**: the candidate with the lowest modelled latency at the forecast demand (the
-   current deployment wins ties, so equal candidates never switch).
-3. **Decide**: ``policies.switching.decide`` (gain over the span vs switch time ×
-   disruption, minGain, cooldown and hold-spans hysteresis, advisory vs active).
-
-Returns a :class:`LoopStep` (the forecast with each method's RRMSE, every candidate's
-modelled latency, the decision and the next hysteresis state), whose ``to_json`` is
-the operator's ``status.switching`` body.
+(``tessera.control.switching``) and by ``tessera bench adaptive``. Inputs: per-span
+per-class arrival counts (the gateway's ``/admin/v1/arrivals``, oldest first), the current
+deployment's name, the candidates, ``price(name, demand)`` (modelled P99 latency in s at a
+per-class demand in req/s, ``inf`` when unservable), ``switch_seconds(from, to)``, the
+decision's config, the hysteresis state, optionally ``model_error(name)``. Forecast: the
+method with the lowest pooled RRMSE over the last ``window`` spans (``workload.selector``'s
+rule, recomputed so the step keeps no state but the hysteresis; last value until two
+spans). Plan: the lowest modelled latency at the forecast (the current wins ties). Decide:
+``switching.gain.decide``. Returns a :class:`LoopStep` whose ``to_json`` is the
+operator's ``status.switching``. docs/switching.md, "The step".
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
 """Greedy parameter switch plan (OServe Algorithm 2): which device sends each shard where.
 
-Input: the source placement (what runs now), the target placement (what should run), the
-model's bytes and a :class:`~tessera.policies.device_links.DeviceLinks`. Steps:
-
-1. Shards at the finest common split of both placements (``tessera.policies.transition.shards``).
-2. Map the target onto physical devices so that the most bytes stay in place
-   (``tessera.policies.transition.device_map``; optional, on by default).
-3. For every shard m and every target device t that needs m and does not hold it now:
-   sources are the devices holding m in the source placement. Sources on t's node are
-   tried first; among the candidates the one whose link to t carries the fewest bytes so
-   far (the pair counter C[s→t] of the paper) wins; ties go to the source that has sent
-   the fewest bytes in total, then to the lowest device. Only a shard that no device holds
-   is read from storage.
-4. Time: each transfer loads its sender's and receiver's links of its tier (and the
-   device totals, and storage); the plan takes its busiest resource's bytes over that
-   resource's bandwidth (``tessera.policies.device_links``).
-
-Old parameters stay where they are until cut-over (targets are pre-allocated), so every
-source holds its shards for the whole switch. The result is plain data; the executor of
-the transition machinery applies it. The LP lower bound is ``switching.switch_bound``.
-Callers: the operator's switching loop, ``tessera bench switch``, tests.
+Input: the source placement (what runs now), the target placement, the model's bytes and a
+:class:`~tessera.policies.device_links.DeviceLinks`. Shards are cut at the finest common
+split of both placements (``policies.transition.shards``); the target is mapped onto
+physical devices keeping the most bytes in place (``transition.device_map``, on by
+default). Each shard a target device needs and lacks comes from a device holding it in the
+source: same-node sources first, then the one whose link to the target carries the fewest
+bytes so far (the paper's C[s→t]), then the fewest bytes sent in total, then the lowest
+device; only a shard no device holds is read from storage. The plan's time is its busiest
+resource's bytes over that resource's bandwidth. Old parameters stay until cut-over, so
+every source holds its shards for the whole switch. Plain data, applied by the transition
+executor; LP lower bound: ``switching.switch_bound``. Callers: the operator's switching
+loop, ``tessera bench switch``, tests. docs/switching.md, "Switch plan".
 """
 
 from __future__ import annotations
