@@ -18,14 +18,6 @@ TOO_LONG = {
     "src/tessera/control/overload.py",
     "src/tessera/control/overload_loop.py",
     "src/tessera/planner/latency.py",
-    "src/tessera/sim/blockllm.py",
-    "src/tessera/sim/blockllm_placement.py",
-    "src/tessera/sim/cocoserve.py",
-    "src/tessera/sim/cocoserve_down.py",
-    "src/tessera/sim/oserve.py",
-    "src/tessera/sim/oserve_table1.py",
-    "src/tessera/sim/relayout.py",
-    "src/tessera/sim/replica.py",
     "src/tessera/sim/steptime.py",
 }
 

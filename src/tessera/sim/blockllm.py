@@ -2,26 +2,16 @@
 variants, shared blocks vs one copy per model.
 
 Input: the analytic Llama-2-7B profile on 8 H100s (one instance per GPU, tp1), request
-lengths sampled from the shared Azure conversation trace, each request tagged with a
-variant drawn from a Zipf(1) popularity. Output: rows for `tessera bench sim`
-(`blockllm_variants`). Every figure is a simulation. Called by `tessera.sim.bench`.
-
-Modes (memory accounting from the cost model's `MemorySpec`):
-- `per_model` (PM): every variant is a full copy; each GPU holds ceil(V / 8) copies
-  (every variant once, the spare slots to the most popular by requests per copy); its
-  KV pool is what the copies leave. A step runs each variant present in the batch
-  through its own weights (per-model engines time-share the GPU).
-- `shared_blocks` (BlockLLM): the variants share every layer except the last
-  `SPECIFIC_LAYERS` (fine-tuned blocks, BlockLLM's zoo after equivalence); each GPU holds
-  the shared blocks once and the specific blocks of several variants (popular ones on
-  more GPUs, `shared_placement`); a step batches all requests through the shared
-  blocks (one weight read) and each variant's requests through its own specific blocks.
-
-Both modes dispatch a new request with the real `policies.block_dispatch.choose` over the
-instances holding its variant (queued tokens, running batch, modelled tokens/s); a
-running request stays with its KV (the KV-owner rule). Simplifications: per-model
-engines on one GPU share one KV pool and one scheduler (optimistic for PM); no
-speculative execution or block migration.
+lengths from the shared Azure conversation trace, each request tagged with a variant of
+Zipf(1) popularity. Output: the `blockllm_variants` rows of `tessera bench sim`; called by
+`tessera.sim.bench`. Modes (memory from the cost model's `MemorySpec`): `per_model`, full
+copies, ceil(V / 8) per GPU (`per_model_copies`), each variant in a step run through its
+own weights; `shared_blocks`, variants share all but the last `SPECIFIC_LAYERS`, each GPU
+holds the shared blocks once and several variants' specific ones (`shared_placement`), a
+step batching everything through the shared blocks. Both dispatch new requests with the
+real `policies.block_dispatch.choose`; running requests stay with their KV. Per-model
+engines on a GPU share one KV pool and scheduler (optimistic for them). Every figure is a
+simulation; results and reading: docs/simulation.md, "BlockLLM".
 """
 
 from __future__ import annotations

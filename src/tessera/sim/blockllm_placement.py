@@ -1,22 +1,16 @@
 """BlockLLM's locality-aware placement through a simulation: bytes across servers and P95
-latency with `policies.placement_locality.place` on (locality) and off (frag-min).
+latency with `policies.variants.locality.place` on (locality) and off (frag-min).
 
-Input: the analytic Llama-2-7B profile (H100), request lengths from the shared Azure
-conversation trace. The zoo: `FAMILIES` foundations, each cut into 4 blocks of 8 layers
-(embedding in the first, final norm + head in the last) plus `VARIANTS` fine-tunes that
-replace the last block; a request picks a family uniformly and then the foundation or a
-variant by Zipf(1) popularity, so its chain is (b0, b1, b2, last). The chains' observed
-traffic (requests x hidden-state bytes per hop) feeds the placement; `SERVERS` servers
-each hold 1.1x the zoo's bytes / `SERVERS`, less than a family, so some chains must cross.
-
-Timing, per request and per step (its prefill, then each decoded token): each block adds
-its decode/prefill seconds from the profile (no batching contention, the same in both
-modes); each hop sends the step's hidden states: inside a server over the intra-node link,
-across servers through the sending server's one egress link (FIFO, inter-node bandwidth and
-latency), where requests queue behind each other. Two inter-server links run: the
-profile's InfiniBand and an assumed 25 Gb/s TCP link (`TCP`), since with batch-1 hidden
-states the first leaves hops nearly free. Every figure is a simulation. Called by
-`tessera.sim.bench` (part `blockllm`, key `blockllm_placement`).
+Input: the analytic Llama-2-7B profile (H100), Azure-trace request lengths. The zoo:
+`FAMILIES` foundations of 4 blocks of 8 layers plus `VARIANTS` fine-tunes replacing the last
+block; a request's chain is (b0, b1, b2, last), family uniform, variant by Zipf(1). The
+chains' traffic feeds the placement; `SERVERS` servers each hold 1.1x the zoo's bytes /
+`SERVERS`, so some chains must cross. Per request and step, each block adds its profile
+seconds (no batching contention) and each hop sends the hidden states: over the intra-node
+link inside a server, else through the sender's one FIFO egress link. Two inter-server
+links: the profile's InfiniBand and an assumed 25 Gb/s TCP (`TCP`). Every figure is a
+simulation. Called by `tessera.sim.bench` (part `blockllm`, key `blockllm_placement`);
+results in docs/variants.md, "Locality-aware placement".
 """
 
 from __future__ import annotations

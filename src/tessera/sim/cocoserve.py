@@ -1,30 +1,17 @@
-"""CoCoServe through the simulator: throughput and latency vs load with and without
-layer replication into idle GPUs.
+"""CoCoServe's layer replication in the simulator: the replicated replica and its plan.
 
-Input: the analytic Llama-2-13B profile on H100s, request lengths sampled from the shared
-Azure conversation trace, Poisson arrivals at a sweep of rates. Output: rows for
-`tessera bench sim` (`cocoserve_load`). Every figure is a simulation. Called by
-`tessera.sim.bench`.
-
-Setup (after CoCoServe Fig. 10: two instances, helped or not): two replicas, one H100
-each (tp1), and two more H100s that another tenant leaves mostly idle (`IDLE` of their
-compute, `HELPER_FREE_BYTES` of free memory). Modes: `two_instances` (no replication),
-`layer_replication` (each replica's layers replicated into one helper by the real
-Algorithm 1, `policies.module_scaling.scale_up` over `policies.speedup`'s model, and
-scaled down by the real Algorithm 2, `module_scaling.scale_down`, on SLO violations:
-`sim.cocoserve_down`), `replication_up_only` (Algorithm 1 alone, for comparison), and
-`four_instances` (the helpers as two more whole replicas: the upper reference, using
-their compute in full).
-
-How a replication plan is applied (`ReplicatedReplica`): every running request is
-pinned to one holder by `policies.request_split.assign` (sticky; speed-proportional
-for newcomers); at layer i a request runs on its holder if that holder has layer i, else
-on the origin. A step's time is, per layer, the slowest holder's share (the layer's
-weight read on every holder, its tokens' GEMM / attention / KV-read work, divided by the
-holder's available speed) plus, for the helpers, the hidden states out and back over
-their link (`delta` = 2, as Eq. 2). A helper keeps its requests' KV for the layers it
-holds in the memory the plan left free (`_pooled_pages`: one allocator sized by whichever
-device's share fills first).
+Setup (after CoCoServe Fig. 10): two Llama-2-13B replicas on one H100 each (tp1) and two
+H100s another tenant leaves mostly idle (`IDLE` of their compute, `HELPER_FREE_BYTES`
+free). `MODES`: `two_instances`; `layer_replication` (Algorithm 1,
+`policies.module_scaling.scale_up` over `policies.speedup`, via `plan_replication`, and
+Algorithm 2 on SLO violations, `sim.cocoserve_down`); `replication_up_only`;
+`four_instances` (the helpers as whole replicas, the upper reference). `ReplicatedReplica`:
+each running request pinned to a holder by `policies.request_split.assign`; at layer i it
+runs on its holder if that holds layer i, else on the origin; a step is per layer the
+slowest holder's share (weight read, GEMM, attention, KV reads over its available speed)
+plus the helpers' hidden states out and back (`DELTA` = 2, Eq. 2). Helpers keep KV in the
+memory the plan left (`_pooled_pages`). Callers: `sim.cocoserve_load`, `sim.cocoserve_down`.
+Every figure is a simulation; docs/simulation.md, "CoCoServe".
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
-"""CoCoServe's scale down in the simulator: Algorithm 2 (`policies.module_scaling.
-scale_down`: migrate, then evict, then reduce the batch) run on SLO violations of the
-layer-replicated replicas (`cocoserve.ReplicatedReplica`), its actions applied.
+"""CoCoServe's scale down in the simulator: Algorithm 2 (`policies.module_scaling.scale_down`:
+migrate, evict, reduce batch) run on SLO violations of `cocoserve.ReplicatedReplica`s.
 
-Input: the replicas' observations since the last look (`cocoserve.Observed`: steps, their
-seconds and batch, each holder's busy seconds, finished requests' TTFT / TPOT), the SLO
-(TTFT and TPOT; the TPOT is the step budget) and the devices (an origin GPU, its helper
-with `cocoserve.IDLE` of its compute left by its tenant). Output: the replicas changed in
-place and a record per decision. Called by `cocoserve.load_rows` as an engine controller.
-
-Every `period_s` per replica: the violation rate is the share of requests finished in the
-period over the TTFT or the TPOT target. The source is the bottleneck: the holder that set
-the most of the steps' time (per layer run, the slowest holder). What the policy can move
-off it: the layers whose home it is (modules, each its share of the source's busy
-seconds, bytes = the layer's weights plus its KV in use) and, on a helper, the layer
-replicas it hosts (each its share). `scale_down` decides; the simulator only applies:
-`Migrate` makes the target the layer's home (its work and the hidden states' trip move
-there), `Evict` removes the replica (`Placement.remove`), `ReduceBatch` lowers the
-replica's `max_num_seqs`. The helpers' free memory went to KV room when replication was
-planned, so phase 1 finds no destination in the CoCoServe rows. Simplifications: the KV
-pool keeps its size after a migration or eviction, and Algorithm 1 is not re-run after a
-scale down (replication is planned once, at the start).
+Input: the replicas' observations since the last look (`cocoserve.Observed`), the SLO (its
+TPOT is the step budget) and the devices. Output: the replicas changed in place and a
+record per decision. Called by `cocoserve_load.load_rows` as an engine controller. Every
+`period_s` per replica the violation rate is the share of requests finished over the TTFT
+or TPOT target; the source is the holder that set most of the steps' time; its modules are
+the layers it is home to (bytes: weights plus KV in use) and, on a helper, the replicas it
+hosts. `scale_down` decides, the simulator applies: `Migrate` moves the layer's home,
+`Evict` calls `Placement.remove`, `ReduceBatch` lowers `max_num_seqs`. Simplifications:
+the KV pool keeps its size after a move, and Algorithm 1 is not re-run after a scale down.
+Results: docs/simulation.md, "CoCoServe".
 """
 
 from __future__ import annotations

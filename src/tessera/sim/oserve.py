@@ -1,24 +1,15 @@
-"""OServe through the simulator: Table 1 (heterogeneous + assignment vs the best static
-homogeneous deployment as the class mix skews) and Table 2 (shifting mixes, re-planned
-per span with the switching decision).
+"""OServe through the simulator: Table 1 (heterogeneous + assignment vs the best homogeneous
+layout per mix as the class mix skews), and the pieces the other OServe parts build on.
 
 Input: the analytic Llama-2-70B profile on 2 x 8 H100s, the four quadrant classes of the
-shared Azure trace and the paper's S1-S5 mixes (`tessera.planner.table1`). Output: rows
-for `tessera bench sim` (`oserve_table1`, `oserve_table2`). Every figure is a
-simulation. Called by `tessera.sim.bench`; Table 2 (`table2_rows`, the `Switcher`) is in
-`sim/oserve_table2.py`, which builds on this module.
-
-What is imported, not re-implemented: the layouts and their routing come from the
-planner's latency objective (`planner.table1.choose`: `planner.latency.LatencyModel.
-best_routing` over the exhaustive layouts, with class-dedicated replicas), the replicas'
-GPUs from `planner.deployment.materialize`; the router is the gateway's
-(`policies.routing.Router` with the routing's per-replica class shares); in Table 2 every
-span runs the operator's span step, `policies.switching_step.step` (its forecast, its
-choice of the cheapest candidate, `policies.switching.decide`), with the candidate from
-`table1.choose` at that forecast and the switch time from `policies.switch_plan.plan`.
-A switch is applied after the plan's time plus the time to move the running requests'
-KV over the inter-node link; old replicas stop taking requests and hand theirs (KV kept)
-to the new ones.
+shared Azure trace and the paper's S1-S5 mixes (`tessera.planner.table1`). Output: the
+`oserve_table1` rows of `tessera bench sim` (`table1_rows`), at `LOAD` of the best
+homogeneous layout's sustainable rate. Layouts and routing are imported, not
+re-implemented: `planner.table1.choose`, GPUs by `planner.deployment.materialize`
+(`build`), the gateway's `policies.routing.Router` with the routing's class shares
+(`router`). Callers: `tessera.sim.bench`, and `oserve_table1`, `oserve_table2`,
+`oserve_switcher`, `oserve_calibrate` (which import `build`, `router`, `mix_arrivals`).
+Every figure is a simulation; docs/simulation.md, "OServe Table 1".
 """
 
 from __future__ import annotations

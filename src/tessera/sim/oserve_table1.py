@@ -1,21 +1,15 @@
 """OServe Table 1's baseline and load, varied: why our speedups sit below the paper's.
 
-`oserve.table1_rows` compares the planner's heterogeneous layout with the *best
-homogeneous layout for each mix*, at 0.7 of that layout's sustainable rate. The paper's
-baseline is "vLLM (static)": one parallel configuration for the whole experiment (its
-§6.2 names vLLM's best deployments for two spans, (DP=8, TP=2) and (DP=2, TP=8), and a
-static one losing up to 2.7x), and it does not state Table 1's load. `sensitivity` runs
-the same mixes with both baselines beside each other, at `LOADS`:
-
-* `best_homogeneous`: as `table1_rows` (re-optimised per mix, least-outstanding routing);
-* `static_dp8_tp2` / `static_dp2_tp8`: eight `tp2` or two `tp8` replicas at every mix
-  (the paper's vLLM deployments at its spans P1 and P6), least-outstanding routing; null
-  with the reason when the planner's model finds no routing that sustains the rate on it;
-
-and the heterogeneous layout with its routing, each simulated on the same arrivals.
-Input: the analytic Llama-2-70B profile, the quadrant classes, the planner's SLO.
-Output: rows for `tessera bench sim --parts oserve_table1_sensitivity`. Every figure is a
-simulation. Called by `tessera.sim.bench`.
+`oserve.table1_rows` divides by the best homogeneous layout for each mix, at 0.7 of its
+sustainable rate; the paper divides by "vLLM (static)", one configuration for the whole
+run, at an unstated load. `sensitivity` runs the same mixes at `LOADS` against both:
+`best_homogeneous` (as `table1_rows`), `static_dp8_tp2` / `static_dp2_tp8` (eight `tp2` or
+two `tp8` replicas at every mix, the paper's vLLM deployments, least-outstanding routing;
+null with the reason when the model finds no routing that sustains the rate), and the
+heterogeneous layout with its routing, all on the same arrivals. Input: the analytic
+Llama-2-70B profile, the quadrant classes, the planner's SLO. Output: rows for `tessera
+bench sim --parts oserve_table1_sensitivity`; called by `tessera.sim.bench`. Every figure
+is a simulation; results: docs/simulation.md, "Why our OServe speedups sit far below".
 """
 
 from __future__ import annotations

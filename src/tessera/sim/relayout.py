@@ -1,34 +1,17 @@
 """Deployment changes in the simulator go through the transition planner.
 
 Input: the simulated cluster serving one layout (`oserve.Built`, generation g) and the
-layout to move to (generation g + 1). The world the operator would observe is built from
-the simulated replicas: one agent per node whose single device is the node's usable HBM,
-one block per pipeline stage (parameters from the cost model's `MemorySpec`, KV the
-stage's share of its replica's pool: agents give the KV pool all the memory left, so a
-full cluster has no room to load a new layout beside the old one), each replica's load
-(running and waiting requests) from its simulated queues, and the routes last
-published. `policies.transition.plan` turns that into steps; `Executor` applies them to
-the simulated cluster with modelled delays, as the operator's executor would:
-
-- `LoadBlock`: the link model's time (`policies.links.LinkModel`: a peer copy over the
-  node's NVLink or the inter-node network, else a storage read); the new replica serves
-  once every stage is loaded and a cut-over routes it;
-- `CutOver`: the router takes the routed replicas' class shares (the old layout's for
-  old replicas, the new layout's for new ones); replicas it drops stop taking requests;
-- `Drain`: `transition.drained` on the world as observed now (idle, or the drain
-  deadline plus grace has passed: whatever is still running is then handed to a new
-  replica and recomputed, counted in `cut_at_deadline`);
-- `UnloadBlock`: frees the replica's memory (it has left the simulation);
-- `ResizeKV` (a full cluster, issue 34): the replica's page allocator resizes at once
-  (`PageAllocator.resize`: a shrink compacts held pages below the limit; copying pages
-  on a GPU takes milliseconds, not modelled) and its blocks' KV budgets follow; a new
-  replica loaded with a cut KV budget starts with the pages that budget holds.
-
-A `blocked` transition (e.g. even the shrunk pools leave no room) changes nothing: the
-old layout keeps serving, as in production. Called by `oserve.Switcher`.
-Simplifications: a node's GPUs are one device (tensor-parallel ranks are not separate
-blocks), steps whose dependencies are met run concurrently, and the plan is not
-re-planned between steps (the real executor is level-triggered).
+layout to move to (g + 1). It builds the world the operator would observe: one agent per
+node whose one device is the node's usable HBM, a block per pipeline stage (parameters
+from `MemorySpec`, KV the stage's share of the pool, which takes all memory left), each
+replica's load from its queues, the routes last published. `policies.transition.plan` turns
+it into steps; `Executor` applies them with modelled delays: `LoadBlock` the link model's
+time; `CutOver` re-points the router's class shares; `Drain` waits for
+`transition.drained` (past the deadline, what runs is recomputed on a new replica,
+`cut_at_deadline`); `UnloadBlock` frees memory; `ResizeKV` resizes the page allocator at
+once (`PageAllocator.resize`). A `blocked` transition changes nothing. Simplifications: a
+node's GPUs are one device, ready steps run concurrently, no re-planning between steps.
+Called by `oserve_switcher.Switcher`; docs/simulation.md, "The model".
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """A simulated replica: continuous batching with the real policy over the real KV pages.
 
 Input: the replica's step model (`steptime.StepModel`), its KV pool in pages, batch
-limits; requests pushed by the engine. Output: (macro-)steps with their duration, and
-per request its first-token and finish times. Called by `tessera.sim.engine`.
-
-What runs next is decided by `tessera.policies.serving.batching` exactly as the agent's scheduler
-(`tessera_agent.engine.scheduler.schedule`) applies it: running sequences in
-`running_order`, each given `chunk_size` tokens and its pages grown in the real
-`tessera.kvpages.PageAllocator`, the newest idle sequence preempted
-(`preemption_victim`, recompute) when the pool is full; then waiting sequences FCFS
-until the budget or the pool runs out. Prefix caching is off (the simulator has no token
-ids). Pipeline stages: one round per step (see `steptime`), no overlap of rounds.
-
-Macro-steps (speed): when a step is decodes only and nothing waits that could be admitted,
-the policy's answer repeats until a sequence finishes, so up to `max_macro` identical steps
-are booked at once (pages grown up front) and cut short by the engine when a request
-arrives. Decode time uses the context at the macro-step's start (drift <= max_macro tokens
-per sequence).
+limits; requests pushed by the engine. Output: (macro-)steps with their duration, and per
+request its first-token and finish times. Called by `tessera.sim.engine`. What runs next
+is `tessera.policies.serving.batching` applied as the agent's scheduler applies it:
+running sequences in `running_order`, each given `chunk_size` tokens and pages from the
+real `tessera.kvpages.PageAllocator`, the newest idle one preempted (recompute) when the
+pool is full; then waiting sequences FCFS. Prefix caching is off (no token ids); pipeline
+stages run one round per step. Macro-steps: when a step is decodes only and nothing
+waiting can be admitted, up to `max_macro` identical steps are booked at once (pages grown
+up front, decode time from the starting context), cut short by the engine on an arrival.
 """
 
 from __future__ import annotations
