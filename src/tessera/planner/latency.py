@@ -79,7 +79,7 @@ INFEASIBLE = LatencyReport(math.inf, math.inf, math.inf, math.inf, math.inf, Fal
 @dataclass(frozen=True)
 class _ShapeFacts:
     first_token: tuple[float, ...]  # [j] pipeline prefill latency
-    occupancy: tuple[float, ...]  # [j] bottleneck-stage prefill time
+    occupancy: tuple[float, ...]  # [j] a prompt's stall on the decodes (slowest stage)
     batch: tuple[int, ...]  # [j] capacity model's batch
     rates: tuple[float, ...]  # [j] capacity (req/s)
 
@@ -108,7 +108,17 @@ class LatencyModel:
                     for s in lay.stages
                 ]
                 first.append(sum(pre))
-                occ.append(max(pre))
+                # the stall a prompt puts on the decodes it shares a step with: its tokens
+                # at the step's per-token cost, on the slowest stage (a pipelined round
+                # is the slowest stage's work on every microbatch)
+                occ.append(
+                    max(
+                        stage_latency.stage_chunk_seconds(
+                            self.problem.profile, s, cls.input_tokens, lay.tp, lay.intra
+                        )
+                        for s in lay.stages
+                    )
+                )
             found = _ShapeFacts(
                 tuple(first), tuple(occ), tuple(c.batch for c in info.capacities), info.rates
             )
