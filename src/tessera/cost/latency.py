@@ -2,8 +2,11 @@
 
 Adds the pieces the per-layer profile leaves out: the tensor-parallel all-reduce (ring
 algorithm over the intra-node link) and the pipeline hop to the next stage (intra- or
-inter-node). Called by ``tessera.cost.capacity`` (replica capacity) and
-``tessera.cost.fit`` (to strip modeled all-reduce time from measured samples).
+inter-node). ``stage_cost``: a stage's linear step-time coefficients, the one step model
+of the simulator (``tessera.sim.steptime``) and of a prompt's stall on the decodes it
+shares a step with (``stage_chunk_seconds``, ``tessera.planner.latency``). Called by
+``tessera.cost.capacity`` (replica capacity) and ``tessera.cost.fit`` (to strip modeled
+all-reduce time from measured samples).
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ This module prices a layout at a concrete demand (req/s per class) with queueing
 * slots ``c``: the utilization-weighted mean of the capacity model's batch per class;
   the mean busy slots are ``n = rho * c``, the decode round is ``R(n)`` at the mix's
   mean context (``tessera.cost.capacity.decode_round_seconds``);
-* prefill: prompts run one at a time on the bottleneck stage, prefill utilization
-  ``u = sum_j x_j P_j``; decoding progresses only between prefills, so
-  ``TPOT = R(n) / (1 - u)`` for every sequence on the replica;
+* prefill: a prompt of class j stalls every decode by ``P_j``, its chunk's cost in a
+  step shared with decodes on the slowest stage (``cost.latency.stage_chunk_seconds``:
+  the simulator's step costs, no second weight read); prefill utilization
+  ``u = sum_j x_j P_j``, and ``TPOT = R(n) / (1 - u)`` for every sequence on the replica;
 * TTFT of class j = its pipeline prefill latency + ``R(n)`` + the mix's mean prefill
   occupancy, plus two waits: for a slot (M/M/c, Erlang C with ``c`` servers at
   utilization ``rho``) and for the prefill server (M/M/1 at ``u``): short prompts queue

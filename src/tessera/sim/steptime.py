@@ -8,7 +8,8 @@ count, their summed context, and the prefill chunks. Output: seconds. Called by
 Per stage and microbatch the time is the profile's per-layer terms (fixed overhead, weight
 read, GEMM per token, attention per token pair and per context token) times the stage's
 layers, plus the tensor-parallel all-reduce (`cost.latency.layer_allreduce_seconds`), the
-LM head on the last stage and the hop to the next stage. A chunk of n prompt tokens after
+LM head on the last stage and the hop to the next stage (`cost.latency.stage_cost`, which
+the planner's latency model prices a prompt's stall with). A chunk of n prompt tokens after
 k cached ones costs the quadratic attention term of ((k+n)^2 - k^2). Decode and prefill
 in one step share a single weight read. Pipeline: the batch is split into m = min(pp,
 sequences) microbatches flowing through the stages back to back; a round, in which every
