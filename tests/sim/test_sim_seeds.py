@@ -523,6 +523,9 @@ def test_bench_parts_are_checked() -> None:
     args = parser.parse_args(["--skip-scale", "--parts", "kunserve,nope"])
     with pytest.raises(SystemExit, match="nope"):
         bench.run(args)
+    # the latency model's error alone (Table 2's first phase) runs only when asked for
+    assert "oserve_model_error" in bench.PARTS
+    assert "oserve_model_error" not in bench.DEFAULT_PARTS
 
 
 def test_seed_plots_from_the_recorded_json(tmp_path: Path) -> None:

@@ -2,8 +2,11 @@
 
 Adds the pieces the per-layer profile leaves out: the tensor-parallel all-reduce (ring
 algorithm over the intra-node link) and the pipeline hop to the next stage (intra- or
-inter-node). Called by ``tessera.cost.capacity`` (replica capacity) and
-``tessera.cost.fit`` (to strip modeled all-reduce time from measured samples).
+inter-node). ``stage_cost``: a stage's linear step-time coefficients, the one step model
+of the simulator (``tessera.sim.steptime``) and of a prompt's stall on the decodes it
+shares a step with (``stage_chunk_seconds``, ``tessera.planner.latency``). Called by
+``tessera.cost.capacity`` (replica capacity) and ``tessera.cost.fit`` (to strip modeled
+all-reduce time from measured samples).
 """
 
 from __future__ import annotations
@@ -80,3 +83,45 @@ def stage_param_bytes(profile: Profile, stage: StageSpec) -> int:
     if stage.last:
         total += profile.memory.lm_head_param_bytes
     return total
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Linear coefficients of one stage's time for one microbatch."""
+
+    const: float  # per step: overheads and the weight read
+    per_token: float  # GEMMs, all-reduce and hop payload per query token
+    per_pair: float  # attention per (query, key) token pair in prefill
+    per_ctx: float  # KV read per decode sequence and context token
+    per_logit: float  # LM head per sampled row (last stage only)
+
+
+def stage_cost(profile: Profile, stage: StageSpec, tp: int, intra: Link) -> StageCost:
+    """The stage's linear coefficients from the profile."""
+    pre, dec, L = profile.prefill, profile.decode, stage.layers
+    ar0 = layer_allreduce_seconds(profile, 0.0, tp, intra)
+    ar1 = layer_allreduce_seconds(profile, 1.0, tp, intra) - ar0
+    const = L * (max(pre.fixed, dec.fixed) + max(pre.per_tp, dec.per_tp) / tp + ar0)
+    per_token = L * (max(pre.per_token, dec.per_seq) / tp + ar1)
+    per_logit = 0.0
+    if stage.last:
+        head = profile.lm_head_decode
+        const += head.fixed + head.per_tp / tp
+        per_logit = head.per_seq / tp
+    if stage.hop is not None:
+        const += stage.hop.latency_s
+        per_token += profile.memory.activation_bytes_per_token / stage.hop.bandwidth_bytes_per_s
+    return StageCost(
+        const, per_token, L * pre.per_token_sq / tp, L * dec.per_seq_ctx / tp, per_logit
+    )
+
+
+def stage_chunk_seconds(
+    profile: Profile, stage: StageSpec, tokens: float, tp: int, intra: Link
+) -> float:
+    """Time a ``tokens``-long prompt adds to one stage's work in a continuous-batching step
+    it shares with decodes (`stage_cost`: the step's per-token and attention terms; the
+    weight read is the decodes' already). The stall every decoding sequence on the
+    replica sees per prompt; the simulator's step (`sim.steptime`) charges exactly this."""
+    c = stage_cost(profile, stage, tp, intra)
+    return c.per_token * tokens + c.per_pair * tokens * tokens + c.per_logit

@@ -10,9 +10,10 @@ This module prices a layout at a concrete demand (req/s per class) with queueing
 * slots ``c``: the utilization-weighted mean of the capacity model's batch per class;
   the mean busy slots are ``n = rho * c``, the decode round is ``R(n)`` at the mix's
   mean context (``tessera.cost.capacity.decode_round_seconds``);
-* prefill: prompts run one at a time on the bottleneck stage, prefill utilization
-  ``u = sum_j x_j P_j``; decoding progresses only between prefills, so
-  ``TPOT = R(n) / (1 - u)`` for every sequence on the replica;
+* prefill: a prompt of class j stalls every decode by ``P_j``, its chunk's cost in a
+  step shared with decodes on the slowest stage (``cost.latency.stage_chunk_seconds``:
+  the simulator's step costs, no second weight read); prefill utilization
+  ``u = sum_j x_j P_j``, and ``TPOT = R(n) / (1 - u)`` for every sequence on the replica;
 * TTFT of class j = its pipeline prefill latency + ``R(n)`` + the mix's mean prefill
   occupancy, plus two waits: for a slot (M/M/c, Erlang C with ``c`` servers at
   utilization ``rho``) and for the prefill server (M/M/1 at ``u``): short prompts queue
@@ -79,7 +80,7 @@ INFEASIBLE = LatencyReport(math.inf, math.inf, math.inf, math.inf, math.inf, Fal
 @dataclass(frozen=True)
 class _ShapeFacts:
     first_token: tuple[float, ...]  # [j] pipeline prefill latency
-    occupancy: tuple[float, ...]  # [j] bottleneck-stage prefill time
+    occupancy: tuple[float, ...]  # [j] a prompt's stall on the decodes (slowest stage)
     batch: tuple[int, ...]  # [j] capacity model's batch
     rates: tuple[float, ...]  # [j] capacity (req/s)
 
@@ -108,7 +109,17 @@ class LatencyModel:
                     for s in lay.stages
                 ]
                 first.append(sum(pre))
-                occ.append(max(pre))
+                # the stall a prompt puts on the decodes it shares a step with: its tokens
+                # at the step's per-token cost, on the slowest stage (a pipelined round
+                # is the slowest stage's work on every microbatch)
+                occ.append(
+                    max(
+                        stage_latency.stage_chunk_seconds(
+                            self.problem.profile, s, cls.input_tokens, lay.tp, lay.intra
+                        )
+                        for s in lay.stages
+                    )
+                )
             found = _ShapeFacts(
                 tuple(first), tuple(occ), tuple(c.batch for c in info.capacities), info.rates
             )

@@ -44,12 +44,16 @@ PARTS = (
     "kunserve",
     "oserve_table1",
     "oserve_table1_sensitivity",
+    "oserve_model_error",
     "oserve_table2",
     "cocoserve",
     "blockllm",
 )
-# the Table 1 sensitivity (baseline and load varied) runs only when asked for
-DEFAULT_PARTS = tuple(p for p in PARTS if p != "oserve_table1_sensitivity")
+# the Table 1 sensitivity (baseline and load varied) runs only when asked for, and the
+# latency model's error alone (Table 2's first phase) too
+DEFAULT_PARTS = tuple(
+    p for p in PARTS if p not in ("oserve_table1_sensitivity", "oserve_model_error")
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -201,7 +205,12 @@ def _part(part: str, args: argparse.Namespace) -> dict[str, Any]:
     plots = Path(args.plots) if args.plots else None
     if part == "kunserve":
         return {"kunserve_burst": kunserve_burst(args.quick, plots)}
-    if part in ("oserve_table1", "oserve_table1_sensitivity", "oserve_table2"):
+    if part in (
+        "oserve_table1",
+        "oserve_table1_sensitivity",
+        "oserve_model_error",
+        "oserve_table2",
+    ):
         from tessera.sim import oserve, oserve_table1, oserve_table2
 
         prof = profile_of("llama-2-70b")
@@ -211,6 +220,9 @@ def _part(part: str, args: argparse.Namespace) -> dict[str, Any]:
         if part == "oserve_table1_sensitivity":
             rows = oserve_table1.sensitivity(prof, base, planner_bench.SLO, args.quick)
             return {"oserve_table1_sensitivity": rows}
+        if part == "oserve_model_error":
+            _, error = oserve_table2.model_error(prof, base, planner_bench.SLO, args.quick)
+            return {"planner_model_error": error}
         return oserve_table2.table2(prof, base, planner_bench.SLO, args.quick)
     if part == "cocoserve":
         from tessera.sim import cocoserve_load

@@ -49,31 +49,41 @@ MODES: tuple[tuple[str, bool, bool], ...] = (
 def table2(
     profile: Profile, base: tuple[RequestClass, ...], slo: Slo, quick: bool
 ) -> dict[str, Any]:
-    """The latency model calibrated on Table 1's mixes (`sim.oserve_calibrate`), then
-    Table 2's rows with it: `{"planner_model_error", "oserve_table2"}`."""
+    """The latency model calibrated on Table 1's mixes (`model_error`), then Table 2's
+    rows with it: `{"planner_model_error", "oserve_table2"}`."""
+    cal, error = model_error(profile, base, slo, quick)
+    return {
+        "planner_model_error": error,
+        "oserve_table2": table2_rows(profile, base, slo, quick, cal),
+    }
+
+
+def model_error(
+    profile: Profile, base: tuple[RequestClass, ...], slo: Slo, quick: bool
+) -> tuple[calibration_.Calibration, dict[str, Any]]:
+    """The latency model calibrated on the mixes of Table 2's traces
+    (`sim.oserve_calibrate`, then `cost.calibration.fit`), and its error per layout as
+    JSON (`tessera bench sim --parts oserve_model_error` runs only this)."""
     traces_ = (TRACES[0], TRACES[-1]) if quick else TRACES
     levels = sorted({lv for _, lvs, _, _ in traces_ for lv in lvs})
     samples = oserve_calibrate.samples(profile, base, slo, quick, levels)
     cal = calibration_.fit(samples)
-    return {
-        "planner_model_error": {
-            "label": "simulation: the planner's latency model vs simulated runs of the same "
-            "layouts (fit at two loads, one seed; errors on held-out runs at another load: "
-            "the mean P99 of three other seeds)",
-            **cal.to_json(),
-            "samples": [
-                {
-                    "layout": x.layout,
-                    "split": x.split,
-                    "at": x.note,
-                    "model_p99_s": round(x.predicted_s, 3),
-                    "sim_p99_s": x.measured_s,
-                    **({"sim_p99_by_seed": list(x.runs)} if x.runs else {}),
-                }
-                for x in samples
-            ],
-        },
-        "oserve_table2": table2_rows(profile, base, slo, quick, cal),
+    return cal, {
+        "label": "simulation: the planner's latency model vs simulated runs of the same "
+        "layouts (fit at two loads, one seed; errors on held-out runs at another load: "
+        "the mean P99 of three other seeds)",
+        **cal.to_json(),
+        "samples": [
+            {
+                "layout": x.layout,
+                "split": x.split,
+                "at": x.note,
+                "model_p99_s": round(x.predicted_s, 3),
+                "sim_p99_s": x.measured_s,
+                **({"sim_p99_by_seed": list(x.runs)} if x.runs else {}),
+            }
+            for x in samples
+        ],
     }
 
 

@@ -8,7 +8,8 @@ count, their summed context, and the prefill chunks. Output: seconds. Called by
 Per stage and microbatch the time is the profile's per-layer terms (fixed overhead, weight
 read, GEMM per token, attention per token pair and per context token) times the stage's
 layers, plus the tensor-parallel all-reduce (`cost.latency.layer_allreduce_seconds`), the
-LM head on the last stage and the hop to the next stage. A chunk of n prompt tokens after
+LM head on the last stage and the hop to the next stage (`cost.latency.stage_cost`, which
+the planner's latency model prices a prompt's stall with). A chunk of n prompt tokens after
 k cached ones costs the quadratic attention term of ((k+n)^2 - k^2). Decode and prefill
 in one step share a single weight read. Pipeline: the batch is split into m = min(pp,
 sequences) microbatches flowing through the stages back to back; a round, in which every
@@ -21,41 +22,11 @@ stages pays the whole trip alone).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from tessera.cost.latency import StageSpec, layer_allreduce_seconds
+from tessera.cost.latency import StageCost, StageSpec, stage_cost
 from tessera.cost.profile import Link, Profile
 
-
-@dataclass(frozen=True)
-class StageCost:
-    """Linear coefficients of one stage's time for one microbatch."""
-
-    const: float  # per step: overheads and the weight read
-    per_token: float  # GEMMs, all-reduce and hop payload per query token
-    per_pair: float  # attention per (query, key) token pair in prefill
-    per_ctx: float  # KV read per decode sequence and context token
-    per_logit: float  # LM head per sampled row (last stage only)
-
-
-def stage_cost(profile: Profile, stage: StageSpec, tp: int, intra: Link) -> StageCost:
-    """The stage's linear coefficients from the profile."""
-    pre, dec, L = profile.prefill, profile.decode, stage.layers
-    ar0 = layer_allreduce_seconds(profile, 0.0, tp, intra)
-    ar1 = layer_allreduce_seconds(profile, 1.0, tp, intra) - ar0
-    const = L * (max(pre.fixed, dec.fixed) + max(pre.per_tp, dec.per_tp) / tp + ar0)
-    per_token = L * (max(pre.per_token, dec.per_seq) / tp + ar1)
-    per_logit = 0.0
-    if stage.last:
-        head = profile.lm_head_decode
-        const += head.fixed + head.per_tp / tp
-        per_logit = head.per_seq / tp
-    if stage.hop is not None:
-        const += stage.hop.latency_s
-        per_token += profile.memory.activation_bytes_per_token / stage.hop.bandwidth_bytes_per_s
-    return StageCost(
-        const, per_token, L * pre.per_token_sq / tp, L * dec.per_seq_ctx / tp, per_logit
-    )
+__all__ = ["StageCost", "StepModel", "layer_and_head", "scaled", "stage_cost"]
 
 
 class StepModel:
