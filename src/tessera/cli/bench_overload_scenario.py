@@ -112,7 +112,7 @@ async def _saturate(
         return got
 
     try:
-        await asyncio.gather(*(one(i, [0, 7, 7, 7], WARMUP_TOKENS) for i in range(4)))
+        await asyncio.gather(*(one(i, [0] + [7] * 47, WARMUP_TOKENS) for i in range(4)))
         t0 = time.perf_counter()
         tokens = await asyncio.gather(*(one(i, p, o) for i, (p, o) in enumerate(work)))
         wall = time.perf_counter() - t0
