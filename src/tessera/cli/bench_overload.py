@@ -87,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=scenario.DEFAULT_MULTIPLE,
         help="the burst arrives at this multiple of the capacity measured first",
     )
-    parser.add_argument("--calibration-requests", type=int, default=32)
+    parser.add_argument("--calibration-requests", type=int, default=48)
     parser.add_argument("--pool-pages", type=int, default=6)
     parser.add_argument("--tick-ms", type=float, default=50.0)
     options.add_seed(parser)
