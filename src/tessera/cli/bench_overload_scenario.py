@@ -5,7 +5,7 @@ Rule: before the replay, 4 fresh agents each load a whole replica with the bench
 replay (every k-th row's sizes, fresh random prompts) at once, a quarter to each, after one
 untimed warm-up request per replica; capacity = requests / wall seconds (saturated, a full
 pool preempting). `time_scale_for` then picks the replay's time scale so the burst window
-(`--burst`, after `burst`) arrives at `--overload-multiple` (default 3) x that capacity;
+(`--burst`, after `burst`) arrives at `--overload-multiple` (default 2.5) x that capacity;
 the rest of the trace keeps its shape at half that rate. One scale for the off and on
 runs and for both paths (`--via up`, `--via operator`); `--time-scale` given wins (no
 calibration). `slowest` names the requests that make a run's p99 TTFT.
@@ -30,7 +30,7 @@ from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
-DEFAULT_MULTIPLE = 3.0
+DEFAULT_MULTIPLE = 2.5
 WARMUP_TOKENS = 4
 
 
