@@ -7,7 +7,7 @@ untimed warm-up request per replica; capacity = requests / wall seconds (saturat
 pool preempting). `time_scale_for` then picks the replay's time scale so the burst window
 (`--burst`, after `burst`) arrives at `--overload-multiple` (default 2.5) x that capacity;
 the rest of the trace keeps its shape at half that rate. One scale for the off and on
-runs and for both paths (`--via up`, `--via operator`); `--time-scale` given wins (no
+runs and for both paths (`--via replay`, `--via operator`); `--time-scale` given wins (no
 calibration). `slowest` names the requests that make a run's p99 TTFT.
 Caller: `tessera.cli.bench_overload.run`.
 """
