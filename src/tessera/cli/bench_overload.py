@@ -3,7 +3,8 @@
 `tessera bench overload --json [--requests N] [--time-scale X]` makes the tiny checkpoint,
 starts 4 local agents, each serving a whole-model replica with a small declared KV pool
 (`--pool-pages` pages), and replays the first N requests of the shared conversation trace
-(time-compressed by X; prompt and output lengths scaled to the tiny model) with a burst:
+(time-compressed by X, by default so the burst offers `--overload-multiple` x the capacity
+measured first: `bench_overload_scenario`; lengths scaled to the tiny model) with a burst:
 the arrival rate is doubled for the requests in `--burst` (a window of the replay), which
 overflows the pools. Greedy, streamed over the agents' `Generate`; a least-outstanding
 router in this process. Two runs of the same replay on fresh agents:
@@ -45,6 +46,7 @@ import grpc
 
 from tessera.bench import harness, options, oracle, trace
 from tessera.cli import bench_overload_bubble, local_agents
+from tessera.cli import bench_overload_scenario as scenario
 from tessera.control import overload_driver, overload_loop
 from tessera.policies.overload import lookahead
 from tessera.policies.overload import monitor as overload
@@ -61,7 +63,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     trace.add_arguments(
         parser,
         requests=160,
-        time_scale=8.0,
         input_scale=0.05,
         output_scale=0.1,
         max_input=48,
@@ -74,6 +75,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=(0.35, 0.75),
         help="the replay's fraction [a, b) whose arrival rate is doubled",
     )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        help="divide the trace's arrival gaps by this (default: calibrated, --overload-multiple)",
+    )
+    parser.add_argument(
+        "--overload-multiple",
+        type=float,
+        default=scenario.DEFAULT_MULTIPLE,
+        help="the burst arrives at this multiple of the capacity measured first",
+    )
+    parser.add_argument("--calibration-requests", type=int, default=48)
     parser.add_argument("--pool-pages", type=int, default=6)
     parser.add_argument("--tick-ms", type=float, default=50.0)
     options.add_seed(parser)
@@ -206,13 +220,22 @@ async def _replay(
         members, cfg, layer_bytes, per_page, router.queued_bytes, driver, describe
     )
     queue_at_drop: list[int] = []
+    shifts: list[list[float]] = []  # [tick start s, end s, drops, restores] of acting ticks
     rs = [Req(i, prompts[i], out) for i, (_, _, out) in enumerate(reqs)]
     start = time.perf_counter()
     stop = asyncio.Event()
 
+    async def timed_tick() -> None:
+        t0, before = time.perf_counter(), (loop.stats.drops, loop.stats.restores)
+        await loop.tick()
+        done = (loop.stats.drops - before[0], loop.stats.restores - before[1])
+        if any(done):
+            t1 = time.perf_counter()
+            shifts.append([round(t0 - start, 2), round(t1 - start, 2), *done])
+
     async def control() -> None:
         while not stop.is_set():
-            await loop.tick()
+            await timed_tick()
             if loop.dropped:  # the deepest queue seen while dropped, for the bubble model
                 heads = [r for d in loop.dropped for r in router.on[d] if r.first is None]
                 if sum(len(r.prompt) for r in heads) > sum(queue_at_drop):
@@ -222,7 +245,7 @@ async def _replay(
             except TimeoutError:
                 pass
         while loop.dropped:  # the replay ended dropped: restore before the agents stop
-            await loop.tick()
+            await timed_tick()
             await asyncio.sleep(tick_s)
 
     async def one(r: Req) -> None:
@@ -252,6 +275,11 @@ async def _replay(
         "lost": sum(not r.done for r in rs),
         "stats": loop.stats,
         "queue_at_drop": queue_at_drop,
+        "slowest": scenario.slowest(
+            [r.sent - start for r in rs],
+            [None if r.first is None else r.first - r.sent for r in rs],
+        ),
+        "shifts": shifts,
     }
 
 
@@ -319,7 +347,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tessera_agent.engine import block_tensors, config, kv_cache
     from tessera_agent.engine import stage as stage_mod
 
-    reqs = burst(trace.load(args), *args.burst)
+    reqs = _rows(args, args.time_scale or 1.0)  # sizes; arrivals once the scale is chosen
     rng = random.Random(args.seed)
     prompts = [[0] + [rng.randrange(5, 500) for _ in range(n - 1)] for _, n, _ in reqs]
     with tempfile.TemporaryDirectory(prefix="tessera-overload-") as tmp:
@@ -344,9 +372,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 **bub,
             }
+        reqs, scen = scenario.choose(
+            args, model, args.pool_pages * per_page, lambda x: _rows(args, x)
+        )
         replay = trace.Replay(model, reqs, prompts)
         if args.via == "operator":
-            return _via_operator(replay, args, per_page, bub)
+            return {**_via_operator(replay, args, per_page, bub), **scen}
         off, _ = _run_once(replay, args, per_page, layer_bytes, False)
         on, cost = _run_once(replay, args, per_page, layer_bytes, True)
         match = None
@@ -382,7 +413,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"({len(on['queue_at_drop'])} prompts) in {mbs} microbatches on 2 stages"
         ),
         "events": [f"{e.reason}: {e.message}" for e in stats.events][:8],
+        "shifts_on_s": on["shifts"],
+        **scen,
     }
+
+
+def _rows(args: argparse.Namespace, scale: float) -> list[tuple[float, int, int]]:
+    """The replay's rows at time scale `scale`, the burst applied."""
+    return burst(trace.load(argparse.Namespace(**{**vars(args), "time_scale": scale})), *args.burst)
 
 
 def _reference(model: Path, prompts: list[list[int]], news: list[int]) -> list[list[int]]:
@@ -407,6 +445,8 @@ def _compared(
         "p50_ttft_on_ms": round(on["p50_ttft_ms"], 1),
         "p50_ttft_off_ms": round(off["p50_ttft_ms"], 1),
         "p50_tpot_on_vs_off": round(on["p50_tpot_ms"] / off["p50_tpot_ms"], 2),
+        "ttft_slowest_off": off["slowest"],
+        "ttft_slowest_on": on["slowest"],
     }
 
 
@@ -451,4 +491,5 @@ def _via_operator(
         "bubble_fraction_token_count_model": None,
         "bubble_model_basis": "not computed via the operator (no queue is seen here)",
         "events": on["events"][:8],
+        "shifts_on_s": None,
     }

@@ -20,6 +20,7 @@ from typing import Any
 
 from tessera.bench import client, deployment, harness, trace
 from tessera.cli import bench_operator_harness as h
+from tessera.cli import bench_overload_scenario as scenario
 from tessera.cli import local_agents
 
 NAME = "ovl"
@@ -79,6 +80,7 @@ async def _replay(
         "wall_s": wall,
         **harness.latency_ms(ttft, tpot),
         "lost": sum(not r.ok for r in rs),
+        "slowest": scenario.slowest([r.at for r in rs], [r.ttft for r in rs]),
         "drops": sum(_count(m, "drops") for m in shifted),
         "restores": sum(_count(m, "restores") for m in shifted),
         "fallbacks": sum(reason == "DropInsufficient" for reason, _ in items),
