@@ -5,12 +5,12 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from tessera.cli import bench_overload
+from tessera.cli import bench_overload, bench_overload_scenario
 
 
 def test_burst_halves_gaps_inside_the_window_only() -> None:
     reqs = [(float(t), 10, 5) for t in range(0, 20, 2)]  # one request every 2 s, 10 of them
-    out = bench_overload.burst(reqs, 0.3, 0.7)  # requests 3..6 form the window
+    out = bench_overload_scenario.burst(reqs, 0.3, 0.7)  # requests 3..6 form the window
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(out)]
     assert gaps == [2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0]
     assert [r[1:] for r in out] == [r[1:] for r in reqs]  # sizes unchanged
@@ -30,7 +30,7 @@ def test_the_time_scale_puts_the_burst_at_the_asked_multiple_of_capacity() -> No
     from tessera.cli import bench_overload_scenario as scenario
 
     reqs = [(float(t), 10, 5) for t in range(0, 20, 2)]  # 0.5 requests/s at scale 1
-    out = bench_overload.burst(reqs, 0.3, 0.7)
+    out = bench_overload_scenario.burst(reqs, 0.3, 0.7)
     assert scenario.window_rate(out, 0.3, 0.7) == 1.0  # 3 gaps of 1 s inside the window
     scale = scenario.time_scale_for(out, 1.0, 0.3, 0.7, capacity_rps=5.0, multiple=4.0)
     assert scale == 20.0
@@ -74,7 +74,9 @@ def test_time_scale_given_wins_and_the_default_is_calibrated() -> None:
 
     def rows_at(scale: float) -> list[tuple[float, int, int]]:
         seen.append(scale)
-        return bench_overload.burst([(t / scale, 10, 5) for t in range(0, 40, 2)], *args.burst)
+        return bench_overload_scenario.burst(
+            [(t / scale, 10, 5) for t in range(0, 40, 2)], *args.burst
+        )
 
     reqs, keys = scenario.choose(args, Path("unused"), 1, rows_at)  # no calibration
     assert seen == [8.0] and keys["time_scale"] == 8.0 and keys["calibration"] is None

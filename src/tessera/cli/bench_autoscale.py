@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.bench import client, harness, local_up, options, trace
-from tessera.cli import bench_overload, bench_serve
+from tessera.cli import bench_overload_scenario, bench_serve
 from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         args.requests, args.max_replicas, args.time_scale = 24, 2, 4.0
     reqs = trace.load(args)
     for _ in range(2):  # the rate x 4 in the burst window
-        reqs = bench_overload.burst(reqs, *args.burst)
+        reqs = bench_overload_scenario.burst(reqs, *args.burst)
     scaling = {
         "enabled": True,
         "replicas": {"min": 1, "max": args.max_replicas},

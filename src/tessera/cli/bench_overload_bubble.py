@@ -22,7 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tessera.cli import local_agents
 from tessera.policies.overload import lookahead, microbatch
+from tessera.rpc import transport
+from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
 SPLITS = ("lookahead", "token_count")
 
@@ -125,3 +128,25 @@ async def _measure(
             "1 - sum(stage busy s) / (2 x wall s), median over rounds"
         ),
     }
+
+
+def prefill_cost(agent: local_agents.AgentProcess, replica: str) -> lookahead.ChunkCost:
+    """Eq. 1's alpha beta gamma fitted to measured prefill times (max_tokens 1, p = 0)."""
+    stub = pb_grpc.AgentStub(transport.sync_channel(agent.address, agent.tls))
+    samples = []
+    for n in (4, 8, 16, 32, 48, 64) * 2:  # within the small pool
+        t0 = time.perf_counter()
+        local_agents.generate_tokens(stub, replica, [0] + [7] * (n - 1), 1)
+        samples.append(lookahead.ChunkSample(0, n, time.perf_counter() - t0))
+    return lookahead.fit_chunk_cost(samples)
+
+
+def model_bubbles(queue: list[int], cost: lookahead.ChunkCost) -> tuple[float, float, int]:
+    """Eq. 1's bubble of lookahead vs token-count splits of `queue` on 2 stages, and the
+    lookahead split's microbatch count (NaN, NaN, 0 for a queue under 2 tokens)."""
+    chunks = [lookahead.Chunk(f"q{i}", 0, n) for i, n in enumerate(queue)]
+    if sum(queue) < 2:
+        return float("nan"), float("nan"), 0
+    la = lookahead.lookahead_split(chunks, cost, min_tokens=8, max_microbatches=8)
+    tc = lookahead.token_count_split(chunks, len(la))
+    return lookahead.pipeline_bubble(la, cost, 2), lookahead.pipeline_bubble(tc, cost, 2), len(la)

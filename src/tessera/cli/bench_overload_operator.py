@@ -5,7 +5,7 @@ and the gateway, each its own process (`bench_operator_harness.Cluster`): a Serv
 of 4 whole replicas with `spec.policies.overload.enabled` as asked, the replay streamed to
 the gateway's `/v1/completions`. The gateway routes by least outstanding work, as the
 replay's router does (docs/overload.md says why). Drops, restores, exchange and pause times
-come from the loop's `OverloadShifted` events. Output: what `bench_overload._replay`
+come from the loop's `OverloadShifted` events. Output: what `bench_overload_replay.replay`
 returns, with each request's text. Caller: `bench_overload.run`.
 """
 

@@ -30,6 +30,7 @@ from tessera.rpc import transport
 from tessera.rpc.v1 import agent_pb2 as pb
 from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
+PAGE = 16  # tokens per KV page of the bench's agents
 DEFAULT_MULTIPLE = 2.5
 WARMUP_TOKENS = 4
 
@@ -162,3 +163,16 @@ def slowest(
     """The `k` requests of longest TTFT as [arrival s, TTFT ms] (p99 of 160 is the third)."""
     pairs = [(t, a) for a, t in zip(arrivals, ttfts, strict=True) if t is not None]
     return [[round(a, 2), round(t * 1e3, 1)] for t, a in sorted(pairs, reverse=True)[:k]]
+
+
+def burst(reqs: list[tuple[float, int, int]], a: float, b: float) -> list[tuple[float, int, int]]:
+    """Halve the arrival gaps of the requests in [a, b) of the replay (rate doubled there);
+    later requests move earlier by the time saved."""
+    i0, i1 = int(a * len(reqs)), int(b * len(reqs))
+    out, shift = [], 0.0
+    for i, (t, ci, co) in enumerate(reqs):
+        if i0 < i < i1:
+            gap = t - reqs[i - 1][0]
+            shift += gap / 2
+        out.append((t - shift, ci, co))
+    return out
