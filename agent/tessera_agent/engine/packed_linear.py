@@ -86,14 +86,19 @@ class StagePacks:
                 shapes.setdefault(key, (mod, pack))
         per_row = sum(2 * k[0] * k[1] for k in shapes)
         budget = WARM_FLOPS
+        # One zero buffer per input width, sliced per bucket (a fresh tensor per GEMM was
+        # a parallel fill each: seconds on a loaded machine).
+        zeros: dict[tuple[int, torch.dtype], torch.Tensor] = {}
         with torch.inference_mode():
             for rows in range(MIN_ROWS, max_rows + 1, ROW_BUCKET):
                 budget -= rows * per_row
                 if budget < 0:
                     break
                 for mod, pack in shapes.values():
-                    x = torch.zeros(rows, mod.in_features, dtype=mod.weight.dtype)
-                    run_packed(x, pack, mod.bias)
+                    width = (mod.in_features, mod.weight.dtype)
+                    if width not in zeros:
+                        zeros[width] = torch.zeros(max_rows, width[0], dtype=width[1])
+                    run_packed(zeros[width][:rows], pack, mod.bias)
         return time.perf_counter() - t0
 
     def get(self, mod: nn.Module) -> torch.Tensor | None:
