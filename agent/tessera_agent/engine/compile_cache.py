@@ -5,7 +5,8 @@ came from that cache.
 folder per torch version under `--compile-cache DIR`, else `default_root(environ)`:
 `$TESSERA_COMPILE_CACHE`, else `$XDG_CACHE_HOME/tessera/compile`. The default decode graph
 (unfrozen, its packed weights graph inputs: `compile_policy.freeze`) comes whole from the
-cache ("cached": Dynamo's trace only); a frozen one (`TESSERA_COMPILE_FREEZE=1`) bypasses
+cache ("cached"), Dynamo's trace included (`decode_aot.py` saves it in `tessera-decode/`
+of the same folder); a frozen one (`TESSERA_COMPILE_FREEZE=1`) bypasses
 the FX graph and AOT autograd caches (torch 2.13 cannot pickle its prepacked weights), so a
 restart finds only its C++ kernels and the prompt rows' graphs ("warm"). `Probe` tells the
 two apart from Inductor's process-wide hit, miss and bypass counters around a warm-up.

@@ -5,12 +5,14 @@ Inductor fuses a decode step's elementwise work and traces decode attention as
 slot-indexed reductions (`attention._decode_fused`). On CPU the projections run over the
 eager rows' prepacked weights passed as graph inputs (`packed_linear.GraphPacks`, one
 `tessera::decode_linear` op each), so Inductor's caches keep the whole graph across
-restarts; `compile_freeze` compiles it frozen instead. `CompiledDecode` warms up on a
-background thread (`start`) or synchronously (`warm_up`) over a scratch KV pool, runs steps
-eagerly until `ready`, never recompiles on a request's step, turns itself off loudly on a
-failure (the step is rerun eagerly), and rebuilds when a memory shift or drop swaps its
-layers. Its packs cost `packed_bytes` (booked by `hosting.py`); when it is on:
-`compile_policy.py`. Called by `runner.py`, `compile_policy.begin` and `bench_engine.py`.
+restarts; `compile_freeze` compiles it frozen instead. Unfrozen, its graphs are saved whole
+and loaded on a restart without Dynamo's trace (`decode_aot.py`; `origin` says how each
+was obtained). `CompiledDecode` warms up on a background thread (`start`) or synchronously
+(`warm_up`) over a scratch KV pool, runs steps eagerly until `ready`, never recompiles on
+a request's step, turns itself off loudly on a failure (the step is rerun eagerly), and
+rebuilds when a memory shift or drop swaps its layers. Its packs cost `packed_bytes`
+(booked by `hosting.py`); when it is on: `compile_policy.py`. Called by `runner.py`,
+`compile_policy.begin` and `bench_engine.py`.
 """
 
 from __future__ import annotations
