@@ -273,11 +273,15 @@ class CompiledDecode:
             gen = self._gen
             self.state, self.warmed = "warming", False
         t0 = time.perf_counter()
+        kernels: threading.Thread | None = None
         with compile_cache.Probe() as probe:
             on = self.with_packs and compile_policy.pack_prompts(self.options, self.device)
             if on and packed_linear.packable(self.model):
                 packs = packed_linear.StagePacks(self.model)
-                packs.warm(self.model, batching.BatchLimits.max_batched_tokens)
+                # oneDNN's kernels built beside the graphs' load or trace (joined below)
+                kernels = packs.warm_beside(
+                    self.model, batching.BatchLimits.max_batched_tokens, self.options.omp_release
+                )
                 with self._lock:
                     if gen == self._gen and self.with_packs:
                         self.packs = packs
@@ -305,6 +309,8 @@ class CompiledDecode:
                 self.packed_bytes,
             )
             self._warm_prompts(gen)
+            if kernels is not None:
+                kernels.join()
         with self._lock:
             if gen == self._gen:  # the prompt rows' graphs exist too: the warm-up is over
                 if self.aot:  # prompt rows' graphs, if any, from Inductor's cache
