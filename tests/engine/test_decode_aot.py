@@ -91,6 +91,16 @@ def test_restart_loads_saved_graphs_without_tracing(one_layer: Path, cache: Path
     fourth.warm_up(r2.cache.layers())
     assert fourth.origin == ["loaded", "loaded"] and fourth.status == "cached"
 
+    # Called over other attention than it was built for (what a guard checked): the step
+    # runs eagerly and the path turns off, loudly.
+    fourth.fused_attention = not fourth.fused_attention
+    x = torch.zeros(2, dtype=torch.long)
+    chunks = [attention.ChunkGeometry(5, 1, (0,)), attention.ChunkGeometry(5, 1, (1,))]
+    with torch.inference_mode():
+        md = attention.build_metadata(chunks, r2.page_size, r2.device)
+        assert fourth(x, md, r2.cache.layers()) is None
+    assert fourth.state == "failed" and fourth.status == "eager"
+
 
 def test_saved_graph_name_covers_what_guards_checked(tiny_llama: Path) -> None:
     stages = helpers.load(tiny_llama, [(0, 1), (1, 2)])

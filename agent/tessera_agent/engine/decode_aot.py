@@ -159,11 +159,22 @@ def obtain(fn: Callable[..., torch.Tensor], args: tuple[Any, ...], name: str) ->
 
 class Graphs:
     """A stage's decode graphs as one callable: batch 1 to its own graph, every other
-    batch to the general one (the guards that chose between them are dropped)."""
+    batch to the general one (the guards that chose between them are dropped). A step over
+    other packs or attention than the graphs were built for raises (Dynamo's guards would
+    have recompiled; the caller then runs eagerly, loudly)."""
 
-    def __init__(self, one: Callable[..., torch.Tensor], general: Callable[..., torch.Tensor]):
-        self.one, self.general = one, general
+    def __init__(
+        self,
+        one: Callable[..., torch.Tensor],
+        general: Callable[..., torch.Tensor],
+        fused: bool,
+        packs: packed_linear.GraphPacks | None,
+    ) -> None:
+        self.one, self.general, self.fused, self.packs = one, general, fused, packs
 
     def __call__(self, model: model_mod.StageModel, x: torch.Tensor, *rest: Any) -> torch.Tensor:
+        # `decode_graph._forward`'s last two arguments: fused attention, the graph's packs
+        if rest[-2] is not self.fused or rest[-1] is not self.packs:
+            raise RuntimeError("decode graphs built over other packs or attention")
         fn = self.one if x.shape[0] == 1 else self.general
         return fn(model, x, *rest)

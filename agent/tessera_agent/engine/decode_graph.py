@@ -264,7 +264,7 @@ class CompiledDecode:
             )
             got.append(one)
         self.origin = [one.how for one in got]
-        return decode_aot.Graphs(got[0].fn, got[1].fn)
+        return decode_aot.Graphs(got[0].fn, got[1].fn, self.fused_attention, self._graph_packs)
 
     def warm_up(self, kv_like: KV) -> float:
         """Compile now (batch 1 and the general shape), on the calling thread; returns the
