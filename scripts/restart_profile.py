@@ -9,7 +9,9 @@ it is empty; the later runs are restarts with a warm cache):
 2. the same agent alone (`tessera agent` + one LoadBlock, as `tessera up` drives it):
    process start to "listening" (`agent_start_s`: interpreter, imports), the LoadBlock
    (`load_s`) and, from the agent's own log lines, the checkpoint load, each compile
-   phase and the compile state the agent reports (`warm` / `cached`).
+   phase, how the decode graphs were obtained (`decode_graphs`: "loaded" skips Dynamo's
+   trace, `engine/decode_aot.py`), the agent's compile preparation at start (`prepare_s`,
+   on a thread) and the compile state the agent reports (`warm` / `cached`).
 
 Prints one JSON object. The machine should be quiet: on a shared machine the figures
 are upper bounds. Usage:
@@ -37,6 +39,8 @@ _PHASES = {
     "warmup_total_s": re.compile(r"compiled graphs of layers .* in ([\d.]+) s"),
 }
 _HITS = re.compile(r"\((\d+) cache hits, (\d+) misses\)")
+_ORIGIN = re.compile(r"; decode graphs: (.*)$")
+_PREPARED = re.compile(r"compile prepared in ([\d.]+) s")
 _STAMP = re.compile(r"^(\d\d:\d\d:\d\d),(\d\d\d) ")
 
 
@@ -138,6 +142,12 @@ def _agent_once(model: Path, env: dict[str, str]) -> dict[str, Any]:
         h = _HITS.search(line)
         if h:
             out["cache_hits"], out["cache_misses"] = int(h.group(1)), int(h.group(2))
+        how = _ORIGIN.search(line)
+        if how:  # "loaded" (Dynamo skipped) or "compiled ..." per decode graph
+            out["decode_graphs"] = how.group(1)
+        prep = _PREPARED.search(line)
+        if prep:
+            out["prepare_s"] = float(prep.group(1))
     out["log_tail"] = [x for x in agent.output if "compiled" in x or "loaded" in x][-6:]
     return out
 

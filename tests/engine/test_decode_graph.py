@@ -92,7 +92,8 @@ def test_compiled_decode_matches_hf(
         r = st.runner
         g = decode_graph.CompiledDecode(r.model, r.device, r.page_size, opts)
         g.warm_up(r.cache.layers())
-        assert g.state == "ready" and g.compiles >= 2
+        # compiled here, or (unfrozen) both graphs loaded whole from an earlier run's save
+        assert g.state == "ready" and (g.compiles >= 2 or g.origin == ["loaded", "loaded"])
         assert g.freeze == (freeze == "1") and (g._graph_packs is None) == g.freeze
         r.decode_graph = g
         r.split_min_decodes = 1  # the late arrival's step: 3 decodes + 1 prompt

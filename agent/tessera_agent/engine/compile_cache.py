@@ -5,18 +5,23 @@ came from that cache.
 folder per torch version under `--compile-cache DIR`, else `default_root(environ)`:
 `$TESSERA_COMPILE_CACHE`, else `$XDG_CACHE_HOME/tessera/compile`. The default decode graph
 (unfrozen, its packed weights graph inputs: `compile_policy.freeze`) comes whole from the
-cache ("cached": Dynamo's trace only); a frozen one (`TESSERA_COMPILE_FREEZE=1`) bypasses
+cache ("cached"), Dynamo's trace included (`decode_aot.py` saves it in `tessera-decode/`
+of the same folder); a frozen one (`TESSERA_COMPILE_FREEZE=1`) bypasses
 the FX graph and AOT autograd caches (torch 2.13 cannot pickle its prepacked weights), so a
 restart finds only its C++ kernels and the prompt rows' graphs ("warm"). `Probe` tells the
 two apart from Inductor's process-wide hit, miss and bypass counters around a warm-up.
-Called by `tessera agent` (at start, with its environment) and
-`decode_graph.CompiledDecode`.
+`prepare` does a warm-up's once-per-process work (imports, the CPU ISA probe) on a thread
+while the agent waits for its first load. Called by `tessera agent` (at start, with its
+environment) and `decode_graph.CompiledDecode`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
+import threading
+import time
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
@@ -59,6 +64,34 @@ def configure(root: str | Path | None, environ: MutableMapping[str, str]) -> Pat
     functorch_config.enable_autograd_cache = True
     log.info("compiled graphs are cached in %s", where)
     return where
+
+
+# What loading or compiling a graph imports first (seconds of imports on this machine).
+_PREPARED = ("torch._inductor.compile_fx", "torch._inductor.codecache", "torch._dynamo.aot_compile")
+
+
+def _prepare() -> None:
+    t0 = time.perf_counter()
+    try:
+        for name in _PREPARED:
+            importlib.import_module(name)
+        from torch._inductor import cpu_vec_isa
+
+        isa = cpu_vec_isa.pick_vec_isa()  # dry-compiles a program per candidate ISA
+    except Exception:  # the warm-up does the same work again, and reports its failure
+        log.exception("compile preparation failed")
+        return
+    log.info("compile prepared in %.1f s (vector ISA %s)", time.perf_counter() - t0, isa)
+
+
+def prepare() -> threading.Thread:
+    """Start, on a daemon thread, what the first warm-up of this process pays before any
+    graph (Inductor's and Dynamo's AOT loader's imports, Inductor's probe of the CPU's
+    vector ISA: ~6 s on a loaded 2-core machine), so that it overlaps the agent's wait
+    for its first load. Returns the thread."""
+    thread = threading.Thread(target=_prepare, name="compile-prepare", daemon=True)
+    thread.start()
+    return thread
 
 
 def _counts() -> tuple[int, int]:

@@ -58,6 +58,13 @@ def freeze(opts: Options, device: torch.device | None = None) -> bool:
     return opts.compile_freeze and _cpu(device)
 
 
+def aot(opts: Options, device: torch.device | None = None) -> bool:
+    """Whether a CPU stage's decode graphs are saved whole and loaded on a restart, Dynamo's
+    trace skipped (`decode_aot.py`): unfrozen only (a frozen graph's prepacked weights
+    cannot be pickled), on unless `TESSERA_COMPILE_AOT=0`."""
+    return opts.compile_aot and _cpu(device) and not freeze(opts, device)
+
+
 def pack_prompts(opts: Options, device: torch.device | None = None) -> bool:
     """Whether a CPU stage's compiled decode also packs its projections for the eager
     (prompt) rows: on unless `TESSERA_PACK_PROMPTS=0`."""

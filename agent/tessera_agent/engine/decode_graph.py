@@ -5,12 +5,14 @@ Inductor fuses a decode step's elementwise work and traces decode attention as
 slot-indexed reductions (`attention._decode_fused`). On CPU the projections run over the
 eager rows' prepacked weights passed as graph inputs (`packed_linear.GraphPacks`, one
 `tessera::decode_linear` op each), so Inductor's caches keep the whole graph across
-restarts; `compile_freeze` compiles it frozen instead. `CompiledDecode` warms up on a
-background thread (`start`) or synchronously (`warm_up`) over a scratch KV pool, runs steps
-eagerly until `ready`, never recompiles on a request's step, turns itself off loudly on a
-failure (the step is rerun eagerly), and rebuilds when a memory shift or drop swaps its
-layers. Its packs cost `packed_bytes` (booked by `hosting.py`); when it is on:
-`compile_policy.py`. Called by `runner.py`, `compile_policy.begin` and `bench_engine.py`.
+restarts; `compile_freeze` compiles it frozen instead. Unfrozen, its graphs are saved whole
+and loaded on a restart without Dynamo's trace (`decode_aot.py`; `origin` says how each
+was obtained). `CompiledDecode` warms up on a background thread (`start`) or synchronously
+(`warm_up`) over a scratch KV pool, runs steps eagerly until `ready`, never recompiles on
+a request's step, turns itself off loudly on a failure (the step is rerun eagerly), and
+rebuilds when a memory shift or drop swaps its layers. Its packs cost `packed_bytes`
+(booked by `hosting.py`); when it is on: `compile_policy.py`. Called by `runner.py`,
+`compile_policy.begin` and `bench_engine.py`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tessera_agent.engine import (
     attention,
     compile_cache,
     compile_policy,
+    decode_aot,
     packed_linear,
     prompt_graph,
 )
@@ -126,6 +129,9 @@ class CompiledDecode:
         self.state = "cold"  # cold -> warming -> ready | failed | off
         self.warmed = False  # the last warm-up is over (decode and prompt rows' graphs)
         self.cached = False  # and its graphs all came from the compile cache
+        # How the decode graphs were obtained (`decode_aot.Obtained.how`, one per graph;
+        # empty: traced by `torch.compile` at its first call, as without `decode_aot`).
+        self.origin: list[str] = []
         self.reason = ""  # why failed/off
         self._gen = 0  # bumped by every rebuild; a stale warm-up does not publish
         self._lock = threading.Lock()
@@ -147,7 +153,9 @@ class CompiledDecode:
         self.packs = None
         self._graph_packs: packed_linear.GraphPacks | None = None
         self.freeze = compile_policy.freeze(self.options, self.device)  # read once per graph
+        self.aot = compile_policy.aot(self.options, self.device)  # graphs saved whole
         fn = types.FunctionType(_forward.__code__.replace(), _forward.__globals__, "_forward")
+        self._traced = fn
         backend = compile_policy.counting_backend(self)
         if self.device.type == "cuda":  # CUDA graphs captured and replayed per shape
             self._fn: Callable[..., torch.Tensor] = torch.compile(
@@ -206,7 +214,10 @@ class CompiledDecode:
         slots = _distinct(pages * self.page_size, taken | {b, ctx})
         return b, ctx, slots
 
-    def _run_synthetic(self, kv_like: KV, b: int, ctx: int, slots: int) -> None:
+    def _synthetic(
+        self, kv_like: KV, b: int, ctx: int, slots: int
+    ) -> tuple[torch.Tensor, attention.AttentionMetadata, KV]:
+        """A pure-decode step of `b` rows at context `ctx` over a scratch pool of `slots`."""
         ps = self.page_size
         k0 = kv_like[0][0]
         # Made the way the real pool is (outside inference mode): Dynamo guards on the
@@ -227,7 +238,33 @@ class CompiledDecode:
         else:
             x = torch.zeros(b, self.model.cfg.hidden_size, dtype=self.model.dtype_)
             x = x.to(self.device)
-        self._invoke(x, md, scratch)
+        return x, md, scratch
+
+    def _saved_graphs(self, kv_like: KV, b: int, ctx: int, slots: int) -> decode_aot.Graphs:
+        """Batch 1's graph and the general one, each loaded whole when saved by an earlier
+        run (`decode_aot.py`), else compiled and saved; each run once here so that its
+        first request does not build oneDNN's kernels."""
+        got: list[decode_aot.Obtained] = []
+        for batch in (1, b):
+            x, md, scratch = self._synthetic(kv_like, batch, ctx, slots)
+            args = self._args(x, md, scratch)
+            name = decode_aot.key(
+                self.model, self._graph_packs, self.page_size, self.fused_attention, batch == 1
+            )
+            one = decode_aot.obtain(self._traced, args, name)
+            self.compiles += 0 if one.loaded else 1
+            with self._config():
+                one.fn(*args)
+            log.info(
+                "decode graph (batch %s) of layers [%d, %d): %s in %.1f s",
+                "1" if batch == 1 else "n",
+                *self._range(),
+                one.how,
+                one.seconds,
+            )
+            got.append(one)
+        self.origin = [one.how for one in got]
+        return decode_aot.Graphs(got[0].fn, got[1].fn, self.fused_attention, self._graph_packs)
 
     def warm_up(self, kv_like: KV) -> float:
         """Compile now (batch 1 and the general shape), on the calling thread; returns the
@@ -236,11 +273,15 @@ class CompiledDecode:
             gen = self._gen
             self.state, self.warmed = "warming", False
         t0 = time.perf_counter()
+        kernels: threading.Thread | None = None
         with compile_cache.Probe() as probe:
             on = self.with_packs and compile_policy.pack_prompts(self.options, self.device)
             if on and packed_linear.packable(self.model):
                 packs = packed_linear.StagePacks(self.model)
-                packs.warm(self.model, batching.BatchLimits.max_batched_tokens)
+                # oneDNN's kernels built beside the graphs' load or trace (joined below)
+                kernels = packs.warm_beside(
+                    self.model, batching.BatchLimits.max_batched_tokens, self.options.omp_release
+                )
                 with self._lock:
                     if gen == self._gen and self.with_packs:
                         self.packs = packs
@@ -248,8 +289,14 @@ class CompiledDecode:
                     self._graph_packs = packed_linear.GraphPacks(self.model, packs)
             b, ctx, slots = self._shapes(kv_like)
             with torch.inference_mode():
-                self._run_synthetic(kv_like, 1, ctx, slots)
-                self._run_synthetic(kv_like, b, ctx, slots)
+                if self.aot:
+                    graphs = self._saved_graphs(kv_like, b, ctx, slots)
+                    with self._lock:
+                        if gen == self._gen:  # not rebuilt meanwhile
+                            self._fn = graphs
+                else:
+                    self._invoke(*self._synthetic(kv_like, 1, ctx, slots))
+                    self._invoke(*self._synthetic(kv_like, b, ctx, slots))
             took = time.perf_counter() - t0
             with self._lock:
                 if gen == self._gen:
@@ -262,16 +309,24 @@ class CompiledDecode:
                 self.packed_bytes,
             )
             self._warm_prompts(gen)
+            if kernels is not None:
+                kernels.join()
         with self._lock:
             if gen == self._gen:  # the prompt rows' graphs exist too: the warm-up is over
-                self.warmed, self.cached = True, probe.outcome == "cached"
+                if self.aot:  # prompt rows' graphs, if any, from Inductor's cache
+                    loaded = all(how == "loaded" for how in self.origin)
+                    self.cached = loaded and not probe.misses
+                else:
+                    self.cached = probe.outcome == "cached"
+                self.warmed = True
         log.info(
-            "compiled graphs of layers [%d, %d) %s in %.1f s (%d cache hits, %d misses)",
+            "compiled graphs of layers [%d, %d) %s in %.1f s (%d cache hits, %d misses)%s",
             *self._range(),
-            "came from the compile cache" if probe.outcome == "cached" else "compiled",
+            "came from the compile cache" if self.cached else "compiled",
             time.perf_counter() - t0,
             probe.hits,
             probe.misses,
+            f"; decode graphs: {', '.join(self.origin)}" if self.origin else "",
         )
         return took
 
@@ -341,24 +396,28 @@ class CompiledDecode:
         md: attention.AttentionMetadata,
         kv: KV,
     ) -> torch.Tensor:
-        cos, sin = self.model.rope_tables(md.positions, md.max_position)
         with self._config():
-            return self._fn(
-                self.model,
-                x,
-                md.positions,
-                md.slot_mapping,
-                md.decode_rows,
-                # Contiguous whatever the context length (a slice of the page table when it
-                # is not a whole number of pages): Dynamo guards on strides.
-                md.decode_gather.contiguous(),
-                md.decode_mask,
-                cos,
-                sin,
-                kv,
-                self.fused_attention,
-                self._graph_packs,
-            )
+            return self._fn(*self._args(x, md, kv))
+
+    def _args(self, x: torch.Tensor, md: attention.AttentionMetadata, kv: KV) -> tuple[Any, ...]:
+        """`_forward`'s arguments for a step."""
+        cos, sin = self.model.rope_tables(md.positions, md.max_position)
+        return (
+            self.model,
+            x,
+            md.positions,
+            md.slot_mapping,
+            md.decode_rows,
+            # Contiguous whatever the context length (a slice of the page table when it is
+            # not a whole number of pages): Dynamo guards on strides.
+            md.decode_gather.contiguous(),
+            md.decode_mask,
+            cos,
+            sin,
+            kv,
+            self.fused_attention,
+            self._graph_packs,
+        )
 
     def __call__(
         self,

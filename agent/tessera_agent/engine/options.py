@@ -5,10 +5,10 @@ step needs before they run compiled apart from its prefill chunks (`split_min_de
 CUDA graphs, glibc's malloc thresholds, the attention backend stages attend with
 (`attention_backend`, from `tessera agent --attention-backend`; `attention_backend.py`),
 the compiled decode (`compile_policy.py`: its mode, freezing, packed prompt rows and their
-graphs, fused decode attention) and the release of helper threads' OpenMP teams
-(`omp_teams.py`). `tessera agent` builds it with `from_env` into its `AgentConfig`; it
-reaches each `StageRunner` through `load_config.LoadDefaults`, `hosting` and
-`stage.load_stage`. In-process engines get the defaults (compiled decode off).
+graphs, fused decode attention, graphs saved whole: `decode_aot.py`) and the release of
+helper threads' OpenMP teams (`omp_teams.py`). `tessera agent` builds it with `from_env`
+into its `AgentConfig`; it reaches each `StageRunner` through `load_config.LoadDefaults`,
+`hosting` and `stage.load_stage`. In-process engines get the defaults (compiled decode off).
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ PACK_ENV = "TESSERA_PACK_PROMPTS"
 FREEZE_ENV = "TESSERA_COMPILE_FREEZE"
 # The compiled row-wise layer parts over those packs (`prompt_graph.py`); "0" turns them off.
 PROMPT_ENV = "TESSERA_COMPILE_PROMPTS"
+# "0": a CPU stage's unfrozen decode graphs are traced by Dynamo at every start, not
+# saved whole and loaded (`decode_aot.py`; A/B).
+AOT_ENV = "TESSERA_COMPILE_AOT"
 # "gather": compiled decode graphs attend with eager's gather + SDPA (A/B), not fused.
 DECODE_ATTN_ENV = "TESSERA_DECODE_ATTN"
 OMP_ENV = "TESSERA_OMP_RELEASE"  # "0": helper threads keep their OpenMP teams (omp_teams)
@@ -85,6 +88,7 @@ class EngineOptions:
     compile_freeze: bool = False  # CPU decode graphs compiled frozen (compile_policy.freeze)
     pack_prompts: bool = True  # eager rows over packed projections, with the compiled decode
     compile_prompts: bool = True  # and those rows' layer parts compiled (prompt_graph.py)
+    compile_aot: bool = True  # unfrozen CPU decode graphs saved whole and loaded (decode_aot)
     fused_decode_attn: bool = True  # compiled decode attends fused (attention._decode_fused)
     omp_release: bool = True  # helper threads release their OpenMP teams (omp_teams)
     attention_backend: str = "auto"  # one of ATTENTION_BACKENDS; auto: native (docs/gpu.md)
@@ -125,6 +129,7 @@ class EngineOptions:
             compile_freeze=env_flags.strict(environ, FREEZE_ENV, False),
             pack_prompts=on(PACK_ENV),
             compile_prompts=on(PROMPT_ENV),
+            compile_aot=on(AOT_ENV),
             fused_decode_attn=attn == "fused",
             omp_release=on(OMP_ENV),
         )

@@ -7,15 +7,18 @@ packed once instead of on every eager matmul.
 `ROW_BUCKET` (fewer rows stay on `F.linear`); the compiled decode graph reads the same packs
 as inputs (`GraphPacks`). A pack is tied to the weight it was packed from: a swapped layer
 runs `F.linear`. Built by `CompiledDecode.warm_up` (CPU, float32, no LoRA, no TP; off with
-`EngineOptions.pack_prompts`), dropped with the graph; its bytes are booked with it
-(`compile_policy.packed_bytes`). Measured gains: docs (benchmarks-log, issue 16). Checked
-against `transformers` in `tests/engine/test_packed_linear.py`. Called by `model.py`
-(eager projections; `AttentionMetadata.packed`, set by `runner.py`) and `decode_graph.py`.
+`EngineOptions.pack_prompts`; kernels warmed beside the graphs: `warm_beside`), dropped with
+the graph; its bytes are booked with it (`compile_policy.packed_bytes`). Measured gains:
+docs (benchmarks-log, issue 16). Checked against `transformers` in
+`tests/engine/test_packed_linear.py`. Called by `model.py` (eager projections;
+`AttentionMetadata.packed`, set by `runner.py`) and `decode_graph.py`.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -24,7 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tessera_agent.engine import attention
+from tessera_agent.engine import attention, omp_teams
+
+log = logging.getLogger(__name__)
 
 MIN_ROWS = 64  # fewer rows: F.linear (measured no faster packed at 4-32 rows)
 # Rows are padded to a multiple of this: oneDNN builds (JIT-compiles) a kernel per row
@@ -86,15 +91,40 @@ class StagePacks:
                 shapes.setdefault(key, (mod, pack))
         per_row = sum(2 * k[0] * k[1] for k in shapes)
         budget = WARM_FLOPS
+        # One zero buffer per input width, sliced per bucket (a fresh tensor per GEMM was
+        # a parallel fill each: seconds on a loaded machine).
+        zeros: dict[tuple[int, torch.dtype], torch.Tensor] = {}
         with torch.inference_mode():
             for rows in range(MIN_ROWS, max_rows + 1, ROW_BUCKET):
                 budget -= rows * per_row
                 if budget < 0:
                     break
                 for mod, pack in shapes.values():
-                    x = torch.zeros(rows, mod.in_features, dtype=mod.weight.dtype)
-                    run_packed(x, pack, mod.bias)
+                    width = (mod.in_features, mod.weight.dtype)
+                    if width not in zeros:
+                        zeros[width] = torch.zeros(max_rows, width[0], dtype=width[1])
+                    run_packed(zeros[width][:rows], pack, mod.bias)
         return time.perf_counter() - t0
+
+    def warm_beside(self, model: Stage, max_rows: int, release: bool) -> threading.Thread:
+        """`warm` on a thread of its own (GEMMs: the GIL released), beside the caller's
+        Python-bound work (a graph's load or trace); the caller joins it. `release`: the
+        thread frees its OpenMP team when done (`omp_teams.py`). A failure is logged (the
+        kernels are then built by the first steps)."""
+
+        def work() -> None:
+            try:
+                took = self.warm(model, max_rows)
+                log.info("packed kernels built in %.1f s", took)
+            except Exception:
+                log.exception("packed kernels: warm-up failed")
+            finally:
+                if release:
+                    omp_teams.release()
+
+        thread = threading.Thread(target=work, name="pack-kernels", daemon=True)
+        thread.start()
+        return thread
 
     def get(self, mod: nn.Module) -> torch.Tensor | None:
         """The pack of `mod`'s current weight, or None (not packed here, or swapped)."""

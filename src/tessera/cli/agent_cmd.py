@@ -183,6 +183,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     if compile_policy.enabled(engine):  # before anything compiles
         compile_cache.configure(args.compile_cache or None, os.environ)
+        compile_cache.prepare()  # overlaps the wait for the first load
     cfg = server.AgentConfig(
         agent_id=args.agent_id,
         host=args.host,
