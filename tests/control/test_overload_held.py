@@ -204,3 +204,67 @@ def test_a_restore_waits_until_demand_stayed_low_for_the_hold() -> None:
 
     asyncio.run(ticks())
     assert restores() == 1
+
+
+def test_the_groups_of_one_plan_drop_at_once() -> None:
+    """A plan of two groups drops them concurrently (they share no member): a request
+    queued on the second group's head does not wait for the first group's drain (a
+    donor finishing its running requests). The fake driver holds the first group's drop
+    until the second's has run; run one after the other, the first one times out."""
+    import asyncio
+
+    from tessera.control import overload_driver
+    from tessera.policies.overload import monitor as overload
+
+    members = [overload_held.Member(f"r{i}", f"agent-{i}", f"127.0.0.1:{i + 1}") for i in range(4)]
+    agents = tuple(
+        observed.AgentInfo(
+            m.agent,
+            m.address,
+            blocks=(
+                blocks.Block(
+                    "/m",
+                    0,
+                    8,
+                    replica_id=m.replica_id,
+                    kv_bytes=1 << 20,
+                    kv_pages=8,
+                    param_bytes=8 << 21,
+                ),
+            ),
+            kv=(observed.ReplicaLoad(m.replica_id, 8, 8),),
+        )
+        for m in members
+    )
+    obs = observed.Observed(agents)
+    calls = {m.replica_id: (gateway_load.Call(64, 256, False),) * 2 for m in members}
+    heads: list[str] = []
+    done: dict[str, asyncio.Event] = {}
+    waited_out: list[str] = []
+
+    class Driver(overload_driver.Driver):
+        async def run(self, steps: object) -> overload_driver.Report:
+            got = tuple(steps)  # type: ignore[call-overload]
+            pause = [s for s in got if isinstance(s, overload_steps.Pause)]
+            if not pause:
+                return overload_driver.Report()  # the takeover of the first tick
+            head = pause[0].block.replica_id
+            heads.append(head)
+            done.setdefault(head, asyncio.Event())
+            if len(heads) == 1:  # the first group's drain lasts until the other dropped
+                other = asyncio.Event()
+                done["other"] = other
+                try:
+                    await asyncio.wait_for(other.wait(), 1.0)
+                except TimeoutError:
+                    waited_out.append(head)
+            else:
+                done["other"].set()
+            return overload_driver.Report()
+
+    loop = control.OverloadLoop(Driver(tls=None))
+    cfg = overload.OverloadConfig(enabled=True)
+    out = asyncio.run(loop.tick(members, cfg, 8, obs, calls))
+    assert out.drops == 2, out.events
+    assert len(heads) == 2
+    assert waited_out == []

@@ -10,7 +10,8 @@ the agents' report of this pass (`observed.Observed`), the calls on each replica
 gateway sees them (`gateway_load.Calls`; those the agent says wait are queued), the
 policy. Decision, pure: `overload_held.read` (groups, shifts cut short), then
 `overload.assess_restore` + `overload.hold_restore` per group, `overload.assess` +
-`drop_plan.plan_drop` over the whole replicas, `overload_steps` for the steps.
+`drop_plan.plan_drop` over the whole replicas, `overload_steps` for the steps (the plan's
+groups share no member and drop at once).
 Actuation: `overload_driver.Driver`; its routes steps call `set_routes` (the operator
 writes the routes document it publishes).
 Report: a `Tick` with Warning/Normal events and whether the agents changed (the operator
@@ -22,6 +23,7 @@ Caller: `tessera_operator.overload_loop` (a kopf timer, every 0.5 s as in `tesse
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -97,6 +99,14 @@ class OverloadLoop:
         if steps:
             self.runs += 1
         return await self.driver.run(steps)
+
+    async def _try(
+        self, steps: Sequence[overload_steps.Step]
+    ) -> overload_driver.Report | overload_driver.DriveError:
+        try:
+            return await self._run(steps)
+        except overload_driver.DriveError as exc:
+            return exc
 
     async def tick(
         self,
@@ -198,19 +208,21 @@ class OverloadLoop:
         if plan.fallback:
             out.events.append(Event("Warning", plan.reason, plan.message))
             return out
-        for group in plan.groups:
-            if not group.changed:
-                continue
-            try:
-                rep = await self._run(overload_steps.drop_steps(group, steps_members))
-            except overload_driver.DriveError as exc:
-                out.events.append(Event("Warning", "OverloadDropFailed", f"{group.members}: {exc}"))
+        # The groups share no member: drop them at once, so that a request queued on one
+        # group's head waits for its own group's drain, not for every group's in turn.
+        changed = [g for g in plan.groups if g.changed]
+        runs = await asyncio.gather(
+            *(self._try(overload_steps.drop_steps(g, steps_members)) for g in changed)
+        )
+        for group, got in zip(changed, runs, strict=True):
+            if isinstance(got, overload_driver.DriveError):
+                out.events.append(Event("Warning", "OverloadDropFailed", f"{group.members}: {got}"))
                 out.acted = True  # some steps may have run: the next tick converges
                 self.taken_over = False  # and resumes a head left paused
                 continue
             out.acted, out.drops = True, out.drops + 1
-            out.paused_s += rep.paused_s
-            out.exchange_s += rep.exchange_s
+            out.paused_s += got.paused_s
+            out.exchange_s += got.exchange_s
         return out
 
 

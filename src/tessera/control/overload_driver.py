@@ -10,7 +10,8 @@ each block's pool after a shift (the allocator target on resume). The exchange c
 those pages' K/V layer range with `ExportKV` -> `ImportKV` in chunks of `chunk_pages`
 pages, page ids unchanged (the caller sizes chunks; `policies.kv_exchange.chunk_bytes`
 gives about one stage step on the link; the bench and the test use fixed 4 and 3 pages).
-The head is paused during the exchange, so no activation competes with it.
+The head is paused during the exchange, so no activation competes with it. One driver may
+run several groups' steps at once; their routes steps go one at a time.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class Driver:
         # deployment ones), or the driver's own, closed by `close`
         self.channels = channels if channels is not None else agents.Channels(tls)
         self._own_channels = channels is None
+        # drops of disjoint groups run at once; their routes changes go one at a time
+        # (the operator's is a read-modify-write of the routes document)
+        self._routes_lock = asyncio.Lock()
 
     def stub(self, address: str) -> pb_grpc.AgentStub:
         """The agent at `address` over the one kept channel to it."""
@@ -91,7 +95,8 @@ class Driver:
         for st in steps:
             try:
                 if isinstance(st, steps_mod.Routes):
-                    await self.set_routes(st)
+                    async with self._routes_lock:
+                        await self.set_routes(st)
                 elif isinstance(st, steps_mod.Drain):
                     await self._drain(st.block)
                 elif isinstance(st, steps_mod.Pause):

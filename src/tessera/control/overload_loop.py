@@ -13,7 +13,8 @@ each replica), build `policies.overload.ReplicaKV`s, and
   threshold (and stayed there for `restore_hold_s`, `overload.hold_restore`) gets
   `overload_steps.restore_steps`;
 * otherwise `overload.assess` over the whole replicas; when it fires, `drop_plan.plan_drop`
-  over the whole replicas for R; each new group gets `overload_steps.drop_steps`; a plan
+  over the whole replicas for R; each new group gets `overload_steps.drop_steps` (the
+  groups at once: they share no member); a plan
   that cannot free R is a fallback (KV-centric: preempt and recompute) with an event
   advising scale-out.
 The driver (`overload_driver.Driver`) performs the steps. Events go to `on_event`. A
@@ -26,6 +27,7 @@ drop, so a dropped group's pool is comparable with the replicas' pools before it
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -162,24 +164,32 @@ class OverloadLoop:
             self.stats.fallbacks += 1
             self._event("Warning", plan.reason, plan.message)
             return
-        for g in plan.groups:
-            if not g.changed:
-                continue
-            try:
-                with control.action("overload", "drop", replicas=",".join(g.members)):
-                    rep = await self.driver.run(overload_steps.drop_steps(g, self.members))
-            except overload_driver.DriveError as exc:  # the loop survives; the event says why
-                self._event("Warning", "OverloadDropFailed", f"{g.members}: {exc}")
+        # The groups share no member: drop them at once, so that a request queued on one
+        # group's head waits for its own group's drain, not for every group's in turn.
+        changed = [g for g in plan.groups if g.changed]
+        runs = await asyncio.gather(*(self._drop(g) for g in changed))
+        for g, got in zip(changed, runs, strict=True):
+            if isinstance(got, overload_driver.DriveError):  # the loop survives; the event says why
+                self._event("Warning", "OverloadDropFailed", f"{g.members}: {got}")
                 continue
             head = sorted(g.stages, key=lambda s: s.start)[0].replica
             pre = sum(int(kv[m].pages_total) * self.page_bytes for m in g.members)
-            self.dropped[head] = Dropped(g, pre, rep)
+            self.dropped[head] = Dropped(g, pre, got)
             self.stats.drops += 1
-            self.stats.paused_s += rep.paused_s
-            self.stats.exchange_s += rep.exchange_s
+            self.stats.paused_s += got.paused_s
+            self.stats.exchange_s += got.exchange_s
             layers = ", ".join(f"{s.replica} [{s.start}, {s.end})" for s in g.stages)
             self._event(
                 "Normal",
                 "OverloadDropped",
-                f"{dec.message}; {layers}; exchange {rep.exchange_s * 1e3:.1f} ms",
+                f"{dec.message}; {layers}; exchange {got.exchange_s * 1e3:.1f} ms",
             )
+
+    async def _drop(
+        self, g: drop_plan.Group
+    ) -> overload_driver.Report | overload_driver.DriveError:
+        try:
+            with control.action("overload", "drop", replicas=",".join(g.members)):
+                return await self.driver.run(overload_steps.drop_steps(g, self.members))
+        except overload_driver.DriveError as exc:
+            return exc
