@@ -1,7 +1,5 @@
 """Modules stay under `MAX_LINES` lines (issue 36): a file past it is split by concept,
-not trimmed to fit. `TOO_LONG` lists the modules still over it, debt to cut, so the list
-can only shrink: a new long module fails this test, and so does a listed module that is
-now short enough (take it off). Generated gRPC stubs (`*_pb2*.py`) are not counted.
+not trimmed to fit. Generated gRPC stubs (`*_pb2*.py`) are not counted.
 """
 
 from __future__ import annotations
@@ -11,9 +9,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TREES = ("src", "agent", "operator")
 MAX_LINES = 400
-TOO_LONG = {
-    "agent/tessera_agent/engine/decode_graph.py",
-}
 
 
 def _modules() -> dict[str, int]:
@@ -26,7 +21,5 @@ def _modules() -> dict[str, int]:
 
 
 def test_modules_are_short() -> None:
-    long = {p for p, n in _modules().items() if n > MAX_LINES}
-    assert long - TOO_LONG == set(), f"split by concept: over {MAX_LINES} lines"
-    listed = {p for p in TOO_LONG if (ROOT / p).exists()}
-    assert listed - long == set(), "short enough now: take it off TOO_LONG"
+    long = {p: n for p, n in _modules().items() if n > MAX_LINES}
+    assert long == {}, f"split by concept: over {MAX_LINES} lines"

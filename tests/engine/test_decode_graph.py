@@ -20,6 +20,7 @@ from tessera_agent.engine import (
     compile_policy,
     config,
     decode_graph,
+    decode_trace,
     model,
     options,
     sampling,
@@ -63,8 +64,8 @@ def test_pure_decode_detection() -> None:
     cpu = torch.device("cpu")
     decode = attention.build_metadata([mk(5, 1, (0,)), mk(3, 1, (1,))], 16, cpu)
     mixed = attention.build_metadata([mk(5, 1, (0,)), mk(0, 4, (1,))], 16, cpu)
-    assert decode_graph.is_pure_decode(decode)
-    assert not decode_graph.is_pure_decode(mixed)
+    assert decode_trace.is_pure_decode(decode)
+    assert not decode_trace.is_pure_decode(mixed)
 
 
 @pytest.fixture(scope="module")

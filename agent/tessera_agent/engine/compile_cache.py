@@ -1,18 +1,15 @@
-"""Where an agent's compiled decode graphs are cached across restarts, and whether a warm-up
-came from that cache.
+"""Where an agent's compiled decode graphs are cached across restarts, and whether a
+warm-up came from that cache.
 
-`configure` points Inductor's on-disk caches (FX graphs, AOT autograd, C++ kernels) at one
-folder per torch version under `--compile-cache DIR`, else `default_root(environ)`:
-`$TESSERA_COMPILE_CACHE`, else `$XDG_CACHE_HOME/tessera/compile`. The default decode graph
-(unfrozen, its packed weights graph inputs: `compile_policy.freeze`) comes whole from the
-cache ("cached"), Dynamo's trace included (`decode_aot.py` saves it in `tessera-decode/`
-of the same folder); a frozen one (`TESSERA_COMPILE_FREEZE=1`) bypasses
-the FX graph and AOT autograd caches (torch 2.13 cannot pickle its prepacked weights), so a
-restart finds only its C++ kernels and the prompt rows' graphs ("warm"). `Probe` tells the
-two apart from Inductor's process-wide hit, miss and bypass counters around a warm-up.
-`prepare` does a warm-up's once-per-process work (imports, the CPU ISA probe) on a thread
-while the agent waits for its first load. Called by `tessera agent` (at start, with its
-environment) and `decode_graph.CompiledDecode`.
+`configure` points Inductor's on-disk caches at one folder per torch version under
+`--compile-cache DIR`, else `default_root(environ)`: `$TESSERA_COMPILE_CACHE`, else
+`$XDG_CACHE_HOME/tessera/compile`. The default (unfrozen) decode graph comes whole from it
+("cached"; `decode_aot.py` saves Dynamo's output in `tessera-decode/` there); a frozen one
+(`TESSERA_COMPILE_FREEZE=1`) finds only its C++ kernels and the prompt rows' graphs
+("warm": torch 2.13 cannot pickle its prepacked weights). `Probe` tells the two apart from
+Inductor's hit, miss and bypass counters around a warm-up; `prepare` does a warm-up's
+once-per-process work (imports, the CPU ISA probe) on a thread while the agent waits for
+its first load. Called by `tessera agent` (at start) and `decode_graph.CompiledDecode`.
 """
 
 from __future__ import annotations

@@ -173,7 +173,7 @@ class Graphs:
         self.one, self.general, self.fused, self.packs = one, general, fused, packs
 
     def __call__(self, model: model_mod.StageModel, x: torch.Tensor, *rest: Any) -> torch.Tensor:
-        # `decode_graph._forward`'s last two arguments: fused attention, the graph's packs
+        # `decode_trace.forward`'s last two arguments: fused attention, the graph's packs
         if rest[-2] is not self.fused or rest[-1] is not self.packs:
             raise RuntimeError("decode graphs built over other packs or attention")
         fn = self.one if x.shape[0] == 1 else self.general

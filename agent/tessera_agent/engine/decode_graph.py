@@ -1,18 +1,16 @@
-"""Compiled decode: a stage's pure-decode forward through `torch.compile`, warmed up off the
-request path.
+"""Compiled decode: a stage's pure-decode forward (`decode_trace.forward`) through
+`torch.compile`, warmed up off the request path.
 
-Inductor fuses a decode step's elementwise work and traces decode attention as
-slot-indexed reductions (`attention._decode_fused`). On CPU the projections run over the
-eager rows' prepacked weights passed as graph inputs (`packed_linear.GraphPacks`, one
-`tessera::decode_linear` op each), so Inductor's caches keep the whole graph across
-restarts; `compile_freeze` compiles it frozen instead. Unfrozen, its graphs are saved whole
-and loaded on a restart without Dynamo's trace (`decode_aot.py`; `origin` says how each
-was obtained). `CompiledDecode` warms up on a background thread (`start`) or synchronously
-(`warm_up`) over a scratch KV pool, runs steps eagerly until `ready`, never recompiles on
-a request's step, turns itself off loudly on a failure (the step is rerun eagerly), and
-rebuilds when a memory shift or drop swaps its layers. Its packs cost `packed_bytes`
-(booked by `hosting.py`); when it is on: `compile_policy.py`. Called by `runner.py`,
-`compile_policy.begin` and `bench_engine.py`.
+Inductor fuses a decode step's elementwise work and traces decode attention as slot-indexed
+reductions. On CPU the projections run over the eager rows' prepacked weights passed as
+graph inputs (`packed_linear.GraphPacks`), so Inductor's caches keep the graph across
+restarts; unfrozen, its graphs are saved whole and loaded on a restart without Dynamo's
+trace (`decode_aot.py`; `origin` says how each was obtained); `compile_freeze` compiles it
+frozen instead. `CompiledDecode` warms up on a background thread (`start`) or at once
+(`warm_up`), runs steps eagerly until `ready`, never recompiles on a request's step, turns
+itself off loudly on a failure (the step reruns eagerly), and rebuilds when a memory shift
+or drop swaps its layers. Its packs cost `packed_bytes` (booked by `hosting.py`); when it
+is on: `compile_policy.py`. Called by `runner.py`, `compile_policy.begin`, `bench_engine.py`.
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ from tessera_agent.engine import (
     compile_cache,
     compile_policy,
     decode_aot,
+    decode_trace,
     packed_linear,
     prompt_graph,
 )
@@ -43,56 +42,7 @@ from tessera_agent.engine import options as options_mod
 
 log = logging.getLogger(__name__)
 
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # a stage's pool: (K, V) per local layer
-
-
-def is_pure_decode(md: attention.AttentionMetadata) -> bool:
-    """Every row of the step is one decode token, in order (no prefill of any kind)."""
-    return (
-        md.decode_leading
-        and not md.prefill
-        and not md.fresh
-        and md.decode_rows.numel() == md.positions.numel()
-    )
-
-
-def _forward(
-    model: model_mod.StageModel,
-    x: torch.Tensor,
-    positions: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    decode_rows: torch.Tensor,
-    gather: torch.Tensor,
-    mask: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    kv: list[tuple[torch.Tensor, torch.Tensor]],
-    fused: bool,
-    packs: packed_linear.GraphPacks | None,
-) -> torch.Tensor:
-    """The layers of `StageModel.forward` for a pure-decode step (traced by dynamo)."""
-    md = attention.AttentionMetadata(
-        positions=positions,
-        slot_mapping=slot_mapping,
-        decode_rows=decode_rows,
-        decode_gather=gather,
-        decode_mask=mask,
-        prefill=[],
-        decode_leading=True,
-        cos=cos,
-        sin=sin,
-        decode_fused=fused,
-        packed=packs,
-    )
-    if model.embed_tokens is not None:
-        x = model.embed_tokens(x)
-    for layer, (k_cache, v_cache) in zip(model.layers, kv, strict=True):
-        x = layer(x, md, k_cache, v_cache)
-    return x
-
-
-def _fingerprint(model: model_mod.StageModel) -> tuple[int, ...]:
-    return (id(model.embed_tokens), id(model.lm_head), *(id(layer) for layer in model.layers))
+KV = decode_trace.KV
 
 
 _warmups: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
@@ -101,13 +51,6 @@ _warmups: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 def warming() -> bool:
     """Whether a background warm-up is compiling in this process now."""
     return any(t.is_alive() for t in list(_warmups))
-
-
-def _distinct(start: int, taken: set[int]) -> int:
-    n = start
-    while n in taken:
-        n += 1
-    return n
 
 
 class CompiledDecode:
@@ -154,7 +97,8 @@ class CompiledDecode:
         self._graph_packs: packed_linear.GraphPacks | None = None
         self.freeze = compile_policy.freeze(self.options, self.device)  # read once per graph
         self.aot = compile_policy.aot(self.options, self.device)  # graphs saved whole
-        fn = types.FunctionType(_forward.__code__.replace(), _forward.__globals__, "_forward")
+        fwd = decode_trace.forward
+        fn = types.FunctionType(fwd.__code__.replace(), fwd.__globals__, "_forward")
         self._traced = fn
         backend = compile_policy.counting_backend(self)
         if self.device.type == "cuda":  # CUDA graphs captured and replayed per shape
@@ -163,7 +107,7 @@ class CompiledDecode:
             )
         else:
             self._fn = torch.compile(fn, dynamic=True, backend=backend)
-        self._for = _fingerprint(self.model)
+        self._for = decode_trace.fingerprint(self.model)
 
     def _config(self) -> contextlib.AbstractContextManager[Any]:
         # Compiling happens inside the call; `freezing` must be set then (passed as
@@ -203,50 +147,15 @@ class CompiledDecode:
         return self.model.start, self.model.end
 
     # -- warm-up --------------------------------------------------------------------------
-    def _shapes(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, int, int]:
-        """A general batch size, context length and scratch pool size: unlike each other
-        and every fixed input dimension, so Dynamo's duck sizing ties none of them."""
-        _, nkv, hd = kv[0][0].shape
-        taken = {0, 1, nkv, hd, self.model.cfg.hidden_size, self.page_size}
-        b = _distinct(2, taken)
-        ctx = _distinct(self.page_size + 3, taken | {b})
-        pages = -(-ctx // self.page_size) + 1
-        slots = _distinct(pages * self.page_size, taken | {b, ctx})
-        return b, ctx, slots
-
-    def _synthetic(
-        self, kv_like: KV, b: int, ctx: int, slots: int
-    ) -> tuple[torch.Tensor, attention.AttentionMetadata, KV]:
-        """A pure-decode step of `b` rows at context `ctx` over a scratch pool of `slots`."""
-        ps = self.page_size
-        k0 = kv_like[0][0]
-        # Made the way the real pool is (outside inference mode): Dynamo guards on the
-        # tensors' dispatch keys, and an inference tensor's differ.
-        with torch.inference_mode(k0.is_inference()):
-            scratch = [
-                (
-                    torch.zeros(slots, *k0.shape[1:], dtype=k0.dtype, device=k0.device),
-                    torch.zeros(slots, *k0.shape[1:], dtype=k0.dtype, device=k0.device),
-                )
-                for _ in kv_like
-            ]
-        table = tuple(range(-(-ctx // ps)))
-        chunks = [attention.ChunkGeometry(ctx - 1, 1, table) for _ in range(b)]
-        md = attention.build_metadata(chunks, ps, self.device)
-        if self.model.is_first:
-            x = torch.zeros(b, dtype=torch.long, device=self.device)
-        else:
-            x = torch.zeros(b, self.model.cfg.hidden_size, dtype=self.model.dtype_)
-            x = x.to(self.device)
-        return x, md, scratch
-
     def _saved_graphs(self, kv_like: KV, b: int, ctx: int, slots: int) -> decode_aot.Graphs:
         """Batch 1's graph and the general one, each loaded whole when saved by an earlier
         run (`decode_aot.py`), else compiled and saved; each run once here so that its
         first request does not build oneDNN's kernels."""
         got: list[decode_aot.Obtained] = []
         for batch in (1, b):
-            x, md, scratch = self._synthetic(kv_like, batch, ctx, slots)
+            x, md, scratch = decode_trace.synthetic(
+                self.model, self.page_size, self.device, kv_like, batch, ctx, slots
+            )
             args = self._args(x, md, scratch)
             name = decode_aot.key(
                 self.model, self._graph_packs, self.page_size, self.fused_attention, batch == 1
@@ -287,7 +196,7 @@ class CompiledDecode:
                         self.packs = packs
                 if not self.freeze:
                     self._graph_packs = packed_linear.GraphPacks(self.model, packs)
-            b, ctx, slots = self._shapes(kv_like)
+            b, ctx, slots = decode_trace.shapes(self.model, self.page_size, kv_like)
             with torch.inference_mode():
                 if self.aot:
                     graphs = self._saved_graphs(kv_like, b, ctx, slots)
@@ -295,8 +204,16 @@ class CompiledDecode:
                         if gen == self._gen:  # not rebuilt meanwhile
                             self._fn = graphs
                 else:
-                    self._invoke(*self._synthetic(kv_like, 1, ctx, slots))
-                    self._invoke(*self._synthetic(kv_like, b, ctx, slots))
+                    self._invoke(
+                        *decode_trace.synthetic(
+                            self.model, self.page_size, self.device, kv_like, 1, ctx, slots
+                        )
+                    )
+                    self._invoke(
+                        *decode_trace.synthetic(
+                            self.model, self.page_size, self.device, kv_like, b, ctx, slots
+                        )
+                    )
             took = time.perf_counter() - t0
             with self._lock:
                 if gen == self._gen:
@@ -400,7 +317,7 @@ class CompiledDecode:
             return self._fn(*self._args(x, md, kv))
 
     def _args(self, x: torch.Tensor, md: attention.AttentionMetadata, kv: KV) -> tuple[Any, ...]:
-        """`_forward`'s arguments for a step."""
+        """`decode_trace.forward`'s arguments for a step."""
         cos, sin = self.model.rope_tables(md.positions, md.max_position)
         return (
             self.model,
@@ -427,7 +344,7 @@ class CompiledDecode:
     ) -> torch.Tensor | None:
         """The step's hidden states, or None when the step must run eagerly (not warmed up
         yet, a shape the warm-up did not cover, the path off)."""
-        if _fingerprint(self.model) != self._for:  # layers dropped or swapped since
+        if decode_trace.fingerprint(self.model) != self._for:  # layers dropped or swapped since
             with self._lock:
                 if self.state in ("off", "failed"):
                     return None

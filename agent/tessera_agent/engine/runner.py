@@ -17,6 +17,7 @@ from tessera_agent.engine import (
     compile_policy,
     cuda_graphs,
     decode_graph,
+    decode_trace,
     errors,
     layer_run,
     lora,
@@ -217,7 +218,7 @@ class StageRunner:
     def _graphed(self, x: torch.Tensor, md: attention.AttentionMetadata) -> torch.Tensor | None:
         """A pure-decode step's output replayed from its CUDA graph, or None."""
         g = self.graphs
-        if g is None or self.runs or self.lora is not None or not decode_graph.is_pure_decode(md):
+        if g is None or self.runs or self.lora is not None or not decode_trace.is_pure_decode(md):
             return None
         if g.capture_s is None and self.capture_graphs() is None:
             return None
@@ -279,7 +280,7 @@ class StageRunner:
         if graph is None or not graph.usable(self.model, self.lora is not None):
             return None
         kv = self.cache.layers()
-        if decode_graph.is_pure_decode(md):
+        if decode_trace.is_pure_decode(md):
             return graph(x, md, kv)
         b = md.decode_rows.numel()
         if not md.decode_leading or b < self.split_min_decodes or graph.state != "ready":
