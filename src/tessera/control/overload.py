@@ -1,24 +1,17 @@
-"""The overload loop (KunServe, issue 13), level-triggered: observe, decide, actuate, report.
+"""The overload loop (KunServe), level-triggered: observe, decide, actuate, report.
 
-One `tick` per period for a deployment whose spec enables `spec.policies.overload`.
-Nothing is carried between ticks but gRPC channels, whether this loop has taken over
-the groups it found, and since when each group's demand has been low enough to restore
-(`overload.hold_restore`; lost on a restart, which only delays a restore by one hold):
+One `tick` per period for a deployment whose spec enables `spec.policies.overload`. Nothing
+is carried between ticks but channels, the groups taken over, and since when each group's
+demand has been low enough to restore (lost on a restart, which only delays a restore):
 an operator restarted mid-drop or mid-restore converges from what the agents report.
-Inputs of a tick: the planned whole replicas (`overload_held.Member`),
-the agents' report of this pass (`observed.Observed`), the calls on each replica as the
-gateway sees them (`gateway_load.Calls`; those the agent says wait are queued), the
-policy. Decision, pure: `overload_held.read` (groups, shifts cut short), then
-`overload.assess_restore` + `overload.hold_restore` per group, `overload.assess` +
-`drop_plan.plan_drop` over the whole replicas, `overload_steps` for the steps (the plan's
-groups share no member and drop at once).
-Actuation: `overload_driver.Driver`; its routes steps call `set_routes` (the operator
-writes the routes document it publishes).
-Report: a `Tick` with Warning/Normal events and whether the agents changed (the operator
-then observes again and writes `status.overload`, the `Overloaded` condition and the
-`OverloadDropped` / `OverloadRestored` events from that observation, without waiting on
-the write; `tessera up` runs a reconcile pass).
-Caller: `tessera_operator.overload_loop` (a kopf timer, every 0.5 s as in `tessera up`).
+Inputs: the planned whole replicas, the agents' report of this pass (`observed.Observed`),
+the calls on each replica as the gateway sees them (`gateway_load.Calls`), the policy.
+Decision, pure (`policies/overload/`): `held.read`, `assess_restore` + `hold_restore` per
+group, `assess` + `drop_plan.plan_drop`, `steps` (a plan's groups share no member and drop
+at once). Actuation: `overload_driver.Driver` (its routes steps call `set_routes`).
+Report: a `Tick` with events and whether the agents changed; the operator writes
+`status.overload`, the `Overloaded` condition and events, `tessera up` runs a pass.
+Caller: `tessera_operator.overload_loop` and `tessera up` (every 0.5 s); docs/overload.md.
 """
 
 from __future__ import annotations

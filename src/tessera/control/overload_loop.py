@@ -1,28 +1,15 @@
-"""The overload control loop (issue 13): observe the replicas, decide purely, drive.
+"""The overload loop of `tessera bench overload`'s replay path: the same decisions as the
+product loop (`control/overload.py`), driven beside the bench's own in-process router.
 
-Where it runs: beside the gateway that routes to the replicas (`tessera bench overload`
-runs it with its own replay router; a deployment would run it in the gateway's process
-or `tessera up`'s loop), because a drop changes which replicas are routable and which
-requests move, both of which the gateway owns. The operator only reports its outcome
-(conditions and events, `tessera_operator.overload_status`).
-
-Each `tick`: read every member leader's KV (`Describe`: pages in use and in the pool)
-and the queued requests' KV needs (a callback: the router knows the prompts waiting on
-each replica), build `policies.overload.ReplicaKV`s, and
-* for dropped groups: `overload.assess_restore`; a group whose demand fell below the
-  threshold (and stayed there for `restore_hold_s`, `overload.hold_restore`) gets
-  `overload_steps.restore_steps`;
-* otherwise `overload.assess` over the whole replicas; when it fires, `drop_plan.plan_drop`
-  over the whole replicas for R; each new group gets `overload_steps.drop_steps` (the
-  groups at once: they share no member); a plan
-  that cannot free R is a fallback (KV-centric: preempt and recompute) with an event
-  advising scale-out.
-The driver (`overload_driver.Driver`) performs the steps. Events go to `on_event`. A
-step that fails ends that drop or restore with a Warning event (`OverloadDropFailed`,
-`OverloadRestoreFailed`) and the loop goes on; the steps already done stay done (no
-rollback yet: a half-applied drop needs an operator's look, the event names the step).
-Units: bytes of whole-model KV pages (a page holds the same tokens before and after a
-drop, so a dropped group's pool is comparable with the replicas' pools before it).
+Each `tick` reads every member leader's KV (`Describe`) and the queued requests' KV needs
+(a callback: the router knows the prompts waiting on each replica), then, with the pure
+decisions of `policies/overload/`: dropped groups whose demand stayed under the restore
+threshold for the hold get `restore_steps`; otherwise `assess` over the whole replicas and,
+when it fires, `drop_plan.plan_drop` and `drop_steps` (a plan's groups at once), or a
+fallback (preempt and recompute) with an event advising scale-out. `overload_driver.Driver`
+performs the steps; a failed step ends its drop or restore with a Warning event
+(`OverloadDropFailed`, `OverloadRestoreFailed`), steps done stay done. Units: bytes of
+whole-model KV pages. Caller: `tessera.cli.bench_overload_replay`; docs/overload.md.
 """
 
 from __future__ import annotations
