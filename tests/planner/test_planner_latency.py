@@ -104,3 +104,45 @@ def test_three_waits_and_the_decode_stretch() -> None:
     plain = queueing.Component(1.0, 10.0)
     spread_out = queueing.Component(1.0, 10.0 + shift, queueing.NO_WAIT, queueing.NO_WAIT, spread)
     assert queueing.mixture_quantile([spread_out]) > queueing.mixture_quantile([plain]) + sd
+
+
+def test_robust_routing_survives_the_other_mix() -> None:
+    # Two replicas, chats and long prompts. Routed for a doc-heavy forecast, one replica is
+    # set apart for the docs; when the mix turns chat-heavy, that split (a gateway's
+    # per-class shares) sends every chat to the other replica. The robust routing over
+    # both mixes prices each candidate split at both and keeps the best worst case.
+    classes = (RequestClass("chat", 200, 100, 1.0), RequestClass("doc", 6000, 20, 1.0))
+    problem = helpers.problem(classes=classes, nodes=1, gpus=2)
+    table = capacity_table.build_table(problem)
+    model = LatencyModel(problem, table)
+    shape = min(table.infos, key=lambda s: (s.gpus, s.sort_key()))
+    rates = table.rates(shape)
+    docs = (0.3 * rates[0], 1.2 * rates[1])  # two replicas' worth: 0.75 each
+    chats = (1.2 * rates[0], 0.3 * rates[1])
+    for_docs = model.robust_routing((shape,), (2,), (docs,), dedicate=True)
+    assert for_docs.worst == model.best_routing((shape,), (2,), docs, dedicate=True)
+    both = model.robust_routing((shape,), (2,), (docs, chats), dedicate=True)
+    stale = model.robust_routing((shape,), (2,), (docs, chats), dedicate=True)
+    # the doc-planned split priced at the chat-heavy mix
+    g_shapes = tuple(s for s, _ in for_docs.worst.groups)
+    g_counts = tuple(n for _, n in for_docs.worst.groups)
+    split = for_docs.split
+    at_chats = model.report(
+        g_shapes,
+        g_counts,
+        tuple(tuple(w * d for w, d in zip(row, chats, strict=True)) for row in split),
+    )
+    assert for_docs.worst.dedicated and at_chats.p99_latency_s == math.inf  # stale: overloads
+    assert both.worst.p99_latency_s < math.inf
+    assert both.worst.key() <= max(for_docs.worst, at_chats, key=lambda r: r.key()).key()
+    assert both.worst.key() == max(both.at, key=lambda r: r.key()).key()
+    assert both.at_demand(chats).p99_latency_s <= at_chats.p99_latency_s
+    assert stale == both  # pure
+    for row in both.split:
+        assert all(0.0 <= w <= 1.0 for w in row)
+    assert [sum(col) for col in zip(*both.split, strict=True)] == pytest.approx([1.0, 1.0])
+    # the gateway's shares: the split at each class's highest rate of the two mixes
+    routed = both.rates()
+    assert [sum(col) for col in zip(*routed, strict=True)] == pytest.approx([chats[0], docs[1]])
+    with pytest.raises(ValueError):
+        model.robust_routing((shape,), (2,), ())

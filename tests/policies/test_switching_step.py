@@ -149,3 +149,45 @@ def test_bad_price_is_an_error() -> None:
         switching_step.step(
             _config(), switching.HysteresisState(), [[1.0, 1.0]], "A", [], _price, max
         )
+
+
+def test_a_deployment_is_priced_at_the_worse_of_forecast_and_last_span() -> None:
+    # period 2: the seasonal forecast says class 0 next while the last span was class 1.
+    # Each deployment is priced at the worse of the two (a forecast can lag a change of
+    # mix); here both are as bad at one of them, so the current stays.
+    alternating = [[10.0, 0.0], [0.0, 10.0]] * 8
+    demand = (1.0, 0.0)
+    assert switching_step.plausible(demand, alternating, SPAN) == ((1.0, 0.0), (0.0, 1.0))
+    assert switching_step.plausible((0.0, 1.0), alternating, SPAN) == ((0.0, 1.0),)
+    s = switching_step.step(
+        _config(),
+        switching.HysteresisState(),
+        alternating,
+        "B",
+        ["A", "B"],
+        _price,
+        lambda a, b: 1.0,
+    )
+    assert s.forecast.method == "seasonal" and s.demand_rps == pytest.approx(demand)
+    assert s.latencies == {"B": 5.0, "A": 5.0}  # forecast alone: A 1.0, B 5.0
+    assert s.decision.action == switching.STAY
+
+
+def test_worst_case_price_keeps_a_deployment_that_serves_both_mixes() -> None:
+    # "C" serves either class at 2.0; "A" is best at the forecast but bad at the mix
+    # that just arrived: the worst case prefers C, the forecast alone would take A.
+    def price(name: str, demand: tuple[float, ...]) -> float:
+        return 2.0 if name == "C" else _price(name, demand)
+
+    history = [[10.0, 0.0], [0.0, 10.0]] * 8
+    s = switching_step.step(
+        _config(),
+        switching.HysteresisState(),
+        history,
+        "B",
+        ["A", "B", "C"],
+        price,
+        lambda a, b: 0.0,
+    )
+    assert s.latencies["C"] == 2.0 and s.latencies["A"] == 5.0
+    assert s.decision.candidate == "C"

@@ -543,3 +543,34 @@ def test_seed_plots_from_the_recorded_json(tmp_path: Path) -> None:
     }
     assert all(p.stat().st_size > 10_000 for p in paths)
     assert all(r["label"] == "simulation" for r in out["oserve_table1"] + out["blockllm_variants"])
+
+
+def test_the_gateway_reroutes_within_a_span_from_its_counts(small_oserve, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The mix changes at 30 s, on a span boundary: the span's forecast is the old mix,
+    and within the span the routing follows the counts arrived so far (robust over both
+    mixes); without the within-span re-route it stays the forecast's until 40 s."""
+    from tessera.policies.switching import gain as switching
+    from tessera.sim import oserve, oserve_switcher
+
+    prof, base, slo, (a, _) = small_oserve
+    s1, s5 = (oserve._shares(x) for x in ("S1", "S5"))
+    arr = oserve.mix_arrivals(base, [(30.0, s1), (30.0, s5)], 8.0)
+    cfg = switching.SwitchingConfig(enabled=True, mode="active", span_s=10.0, hold_spans=5)
+
+    def shares_within(reroute: bool) -> tuple[dict[str, dict[str, float]], ...]:
+        if not reroute:
+            monkeypatch.setattr(oserve_switcher.Switcher, "_reroute", lambda *args: None)
+        built = oserve.build(a, a.hetero, "g0-")
+        sw = oserve_switcher.Switcher(prof, base, slo, built, a.hetero[0], cfg, nodes=1, gpus=4)
+        eng = engine.Engine(built.replicas, oserve.router(base, built.shares), [sw], 1.0)
+        seen: list[dict[str, dict[str, float]]] = []
+        for t in (30.5, 39.5):
+            eng.at(t, "look", lambda: seen.append(eng.router.class_shares))
+        eng.run(arr, until=40.0)
+        return tuple(seen)
+
+    early, late = shares_within(True)
+    assert early != late
+    assert sum(late["SISO"].values()) > sum(early["SISO"].values())  # S5 is SISO-heavy
+    early, late = shares_within(False)
+    assert early == late

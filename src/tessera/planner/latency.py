@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +76,26 @@ class LatencyReport:
 
 
 INFEASIBLE = LatencyReport(math.inf, math.inf, math.inf, math.inf, math.inf, False, ())
+
+
+@dataclass(frozen=True)
+class Robust:
+    """One routing (one split of each class over the groups) priced at several demands."""
+
+    demands: tuple[tuple[float, ...], ...]
+    at: tuple[LatencyReport, ...]  # [demand] the routing's report there
+    worst: LatencyReport  # the worst of ``at`` (the routing's price)
+    split: tuple[tuple[float, ...], ...] = ()  # [group of worst.groups][class] share
+
+    def rates(self) -> tuple[tuple[float, ...], ...]:
+        """[group][class] the split at each class's highest rate among ``demands`` (a
+        gateway's per-class shares, in req/s like `LatencyReport.rates`)."""
+        top = [max(d[j] for d in self.demands) for j in range(len(self.demands[0]))]
+        return tuple(tuple(w * t for w, t in zip(row, top, strict=True)) for row in self.split)
+
+    def at_demand(self, demand: tuple[float, ...]) -> LatencyReport:
+        """The report at one of ``demands``."""
+        return self.at[self.demands.index(tuple(float(v) for v in demand))]
 
 
 @dataclass(frozen=True)
@@ -273,6 +294,65 @@ class LatencyModel:
                 best = dataclasses.replace(report, dedicated=note)
         return best
 
+    def robust_routing(
+        self,
+        shapes: tuple[Shape, ...],
+        counts: tuple[int, ...],
+        demands: Sequence[tuple[float, ...]],
+        dedicate: bool = False,
+    ) -> Robust:
+        """The routing with the lowest worst case over ``demands`` (e.g. the forecast and
+        the mix observed since), for a forecast that may be wrong.
+
+        A gateway applies a routing as each class's split over the groups, whatever rate
+        arrives; so each demand's best routing (`best_routing`), that of their mean and,
+        with ``dedicate``, each demand's best with no replica set apart, is kept as that
+        split and priced at every demand, and the split whose worst report is best wins (ties: the
+        better at the first demand, then the earlier demand's). No feasible routing at
+        any demand: ``split`` is empty."""
+        if not demands:
+            raise ValueError("no demand to route")
+        unique = list(dict.fromkeys(tuple(float(v) for v in d) for d in demands))
+        best: Robust | None = None
+        pooled = tuple(float(v) for v in np.mean(np.asarray(unique), axis=0))
+        tries = [(d, dedicate) for d in unique]
+        if len(unique) > 1:
+            tries += [(pooled, dedicate)] + ([(d, False) for d in unique] if dedicate else [])
+        for d, apart in tries:
+            planned = self.best_routing(shapes, counts, d, apart)
+            if not planned.groups:
+                continue
+            split = self._split(planned)
+            g_shapes = tuple(s for s, _ in planned.groups)
+            g_counts = tuple(n for _, n in planned.groups)
+            at = [
+                dataclasses.replace(
+                    self.report(g_shapes, g_counts, _apply_split(split, x)),
+                    dedicated=planned.dedicated,
+                )
+                for x in unique
+            ]
+            worst = max(at, key=LatencyReport.key)
+            if best is None or (worst.key(), at[0].key()) < (best.worst.key(), best.at[0].key()):
+                best = Robust(tuple(unique), tuple(at), worst, split)
+        if best is None:
+            return Robust(tuple(unique), tuple(INFEASIBLE for _ in unique), INFEASIBLE)
+        return best
+
+    def _split(self, planned: LatencyReport) -> tuple[tuple[float, ...], ...]:
+        """[group][class] share of each class's rate; a class with no rate splits by the
+        groups' capacity for it (what a capacity-weighted router does)."""
+        rates = np.asarray(planned.rates, dtype=np.float64)
+        caps = np.asarray(
+            [[n * r for r in self.facts(s).rates] for s, n in planned.groups], dtype=np.float64
+        )
+        out = np.zeros_like(rates)
+        for j in range(rates.shape[1]):
+            col = rates[:, j] if rates[:, j].sum() > 0 else caps[:, j]
+            if col.sum() > 0:
+                out[:, j] = col / col.sum()
+        return tuple(tuple(float(v) for v in row) for row in out)
+
     def _route(
         self,
         shapes: tuple[Shape, ...],
@@ -320,6 +400,10 @@ class LatencyModel:
             return math.inf
         cap = self.table.infos[shape].capacities[j]
         return f.first_token[j] + (self.problem.classes[j].output_tokens - 1) * cap.tpot_s
+
+
+def _apply_split(split: tuple[tuple[float, ...], ...], demand: tuple[float, ...]) -> assign.Matrix:
+    return tuple(tuple(w * d for w, d in zip(row, demand, strict=True)) for row in split)
 
 
 def _weighted_quantile(pairs: list[tuple[float, float]], q: float) -> float:

@@ -11,8 +11,8 @@ tests; every figure it produces is a simulation.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +21,7 @@ from tessera.cost import calibration as calibration_
 from tessera.cost.capacity import RequestClass, Slo
 from tessera.cost.profile import Profile
 from tessera.planner import table1
-from tessera.planner.latency import LatencyModel, LatencyReport
+from tessera.planner.latency import LatencyModel, LatencyReport, Robust
 from tessera.planner.layout import Layout
 from tessera.planner.shapes import Shape
 from tessera.policies import device_links, links, placement
@@ -38,6 +38,10 @@ from tessera.sim.oserve import (
 )
 from tessera.sim.replica import SimReplica, adopt
 
+# within-span re-routes per span (the gateway's counters read at each quarter: ~240
+# arrivals at Table 2's 16 req/s, a class share known to ~3 %)
+REROUTES = 4
+
 
 @dataclass
 class Switcher:
@@ -47,8 +51,10 @@ class Switcher:
     What the simulator supplies is what the operator's candidate source supplies: the
     candidate (the planner's latency objective, `table1.choose`, at the step's forecast),
     the price (each layout's modelled P99 with its best routing, class-dedicated
-    replicas allowed) and the switch time (`policies.switch_plan.plan`). On a stay the
-    current layout is re-routed for the forecast (its best routing)."""
+    replicas allowed) and the switch time (`policies.switch_plan.plan`). Every layout is
+    routed and priced by its worst over the forecast and the last span as observed
+    (`LatencyModel.robust_routing`); on a stay the current layout is re-routed so, and
+    again within the span from the counts so far (`_reroute`)."""
 
     profile: Profile
     base: tuple[RequestClass, ...]
@@ -74,6 +80,8 @@ class Switcher:
     _next: float = 0.0
     _cache: dict[tuple[int | float, ...], table1.Choice] | None = None
     _rates: dict[int, float] = field(default_factory=dict)
+    _planned: tuple[table1.Choice, tuple[float, ...]] | None = None  # the span's pick, forecast
+    _reroute_at: float = 0.0
 
     def __post_init__(self) -> None:
         self.counts, self.decisions = [], []
@@ -82,8 +90,10 @@ class Switcher:
 
     def tick(self, now: float, eng: engine.Engine) -> None:
         if now + 1e-9 < self._next:
+            self._reroute(now, eng)
             return
         self._next += self.cfg.span_s
+        self._planned = None
         assert self.counts is not None and self.decisions is not None
         self.counts.append(self._count(eng, now))
         if self.executor is not None and self.executor.finished_at is None:
@@ -108,29 +118,37 @@ class Switcher:
                     {"time_s": round(now, 1), "action": "stay", "reason": "no layout serves it"}
                 )
                 return
-        here = (
-            LatencyModel(pick.problem, pick.table).best_routing(
-                *_groups(self.current_layout), pick.demand, dedicate=True
-            )
-            if pick is not None
-            else None
-        )
+        # every layout routed and priced for the worst of the forecast and the last span
+        # as observed (`switching_step.plausible`: the step's own price range)
+        seen = switching_step.plausible(demand, self.counts, self.cfg.span_s)
+        model = LatencyModel(pick.problem, pick.table) if pick is not None else None
+        robust: dict[str, Robust] = {}
+
+        def routed(name: str) -> Robust:
+            assert model is not None
+            if name not in robust:
+                lay = self.current_layout if name == current_name else options[name][0]
+                robust[name] = model.robust_routing(*_groups(lay), seen, dedicate=True)
+            return robust[name]
+
+        here = routed(current_name).worst if pick is not None else None
         built: dict[str, Built] = {}
 
         def target_of(name: str) -> Built:
             assert pick is not None
             if name not in built:
-                built[name] = build(pick, options[name], f"g{self._gen + 1}-")
+                r = routed(name)
+                which = (options[name][0], dataclasses.replace(r.worst, rates=r.rates()))
+                built[name] = build(pick, which, f"g{self._gen + 1}-")
             return built[name]
 
         def price(name: str, at: tuple[float, ...]) -> float:
-            assert pick is not None and here is not None and at == demand
-            rep = here if name == current_name else options[name][1]
-            raw = max(rep.p99_latency_s, 1e-9)
+            assert pick is not None
+            raw = max(routed(name).at_demand(at).p99_latency_s, 1e-9)
             if self.calibration is None:
                 return raw
-            load = sum(demand) / self._sustainable(pick)
-            return self.calibration.price(name, raw, oserve_calibrate.point(demand, load))
+            load = sum(at) / self._sustainable(pick)
+            return self.calibration.price(name, raw, oserve_calibrate.point(at, load))
 
         def switch_seconds(source: str, dest: str) -> float:
             assert source == current_name
@@ -153,6 +171,8 @@ class Switcher:
         )
         if pick is None or here is None:
             return
+        self._planned = (pick, demand)
+        self._reroute_at = now + self.cfg.span_s / REROUTES
         if decision.action == switching.SWITCH:
             target, layout = target_of(decision.candidate), options[decision.candidate][0]
             self._gen += 1
@@ -165,10 +185,37 @@ class Switcher:
                     f"switch: {current_name} -> {target.label}",
                     functools.partial(self._apply, eng, target, layout),
                 )
-        elif math.isfinite(here.p99_latency_s):
-            # stay: the current layout re-routed for the forecast (assignment per span)
-            self.current.shares = _shares_of(self.current, here)
-            eng.router.set_class_shares(self.current.shares, _classifier(self.base))
+        elif routed(current_name).split:
+            # stay: the current layout re-routed (assignment per span)
+            self._route(eng, routed(current_name))
+
+    def _route(self, eng: engine.Engine, r: Robust) -> None:
+        self.current.shares = _shares_of(self.current, r.worst.groups, r.rates())
+        eng.router.set_class_shares(self.current.shares, _classifier(self.base))
+
+    def _reroute(self, now: float, eng: engine.Engine) -> None:
+        """Within a span, as a gateway reading its span counters so far: every
+        `REROUTES`-th of a span, the current layout re-routed for the worst of the span's
+        forecast and the mix arrived since the span began (a forecast lags a change of
+        mix by a span; a routing planned for the old mix overloads a replica set apart
+        for one class). Not while a transition runs (its executor routes)."""
+        if self._planned is None or now + 1e-9 < self._reroute_at:
+            return
+        self._reroute_at += self.cfg.span_s / REROUTES
+        if self.executor is not None and self.executor.finished_at is None:
+            return
+        began = self._next - self.cfg.span_s
+        if now - began <= 0:
+            return
+        observed = tuple(c / (now - began) for c in self._count(eng, now, now - began))
+        if sum(observed) <= 0:
+            return
+        pick, demand = self._planned
+        r = LatencyModel(pick.problem, pick.table).robust_routing(
+            *_groups(self.current_layout), (demand, observed), dedicate=True
+        )
+        if r.split:
+            self._route(eng, r)
 
     def _switch_seconds(self, target: Built) -> float:
         """The greedy switch plan's time from the current placement to `target`'s."""
@@ -197,9 +244,10 @@ class Switcher:
             self._rates[key] = table1.sustainable_rps(pick.problem, pick.table)
         return self._rates[key]
 
-    def _count(self, eng: engine.Engine, now: float) -> list[float]:
-        """Arrivals per class in the span that just ended (the gateway's counters)."""
-        arr = eng.arrivals_between(now - self.cfg.span_s, now)
+    def _count(self, eng: engine.Engine, now: float, seconds: float | None = None) -> list[float]:
+        """Arrivals per class in the last `seconds` (default: the span that just ended;
+        the gateway's counters)."""
+        arr = eng.arrivals_between(now - (seconds or self.cfg.span_s), now)
         classify = _classifier(self.base)
         names = [c.name for c in self.base]
         out = [0.0] * len(names)
@@ -308,7 +356,9 @@ def _groups(layout: Layout) -> tuple[tuple[Shape, ...], tuple[int, ...]]:
     return tuple(s for s, _ in pairs), tuple(n for _, n in pairs)
 
 
-def _shares_of(built: Built, rep: LatencyReport) -> dict[str, dict[str, float]]:
+def _shares_of(
+    built: Built, groups: Sequence[tuple[Shape, int]], rates: Sequence[Sequence[float]]
+) -> dict[str, dict[str, float]]:
     """Shares of a re-routed layout: each group's rates over that many built replicas of
     its shape, split evenly (a class set apart takes the next replicas of its shape)."""
     names = list(built.shares)
@@ -316,7 +366,7 @@ def _shares_of(built: Built, rep: LatencyReport) -> dict[str, dict[str, float]]:
     for r in built.replicas:
         free.setdefault(built.shape_of[r.name], []).append(r.name)
     out: dict[str, dict[str, float]] = {n: {} for n in names}
-    for (shape, n), row in zip(rep.groups, rep.rates, strict=True):
+    for (shape, n), row in zip(groups, rates, strict=True):
         members, free[shape] = free[shape][:n], free[shape][n:]
         for name in members:
             for j, cls in enumerate(names):

@@ -8,7 +8,9 @@ per-class demand in req/s, ``inf`` when unservable), ``switch_seconds(from, to)`
 decision's config, the hysteresis state, optionally ``model_error(name)``. Forecast: the
 method with the lowest pooled RRMSE over the last ``window`` spans (``workload.selector``'s
 rule, recomputed so the step keeps no state but the hysteresis; last value until two
-spans). Plan: the lowest modelled latency at the forecast (the current wins ties). Decide:
+spans). Plan: the lowest modelled latency, each deployment priced at the worse of the
+forecast and the last span as observed (`plausible`: a forecast lags a change of mix;
+the current wins ties). Decide:
 ``switching.gain.decide``. Returns a :class:`LoopStep` whose ``to_json`` is the
 operator's ``status.switching``. docs/switching.md, "The step".
 """
@@ -91,6 +93,17 @@ def forecast(
     return Forecast(tuple(float(v) for v in nxt), best, scores, w)
 
 
+def plausible(
+    demand: tuple[float, ...],
+    history: Sequence[Sequence[float]] | FloatArray,
+    span_s: float,
+) -> tuple[tuple[float, ...], ...]:
+    """The demands a span's price covers: the forecast, then the last span's observed
+    req/s when it differs (each deployment is priced at the worse of the two)."""
+    last = tuple(float(v) / span_s for v in np.asarray(history, dtype=np.float64)[-1])
+    return (demand,) if last == demand or sum(last) <= 0 else (demand, last)
+
+
 @dataclass(frozen=True)
 class LoopStep:
     """One span's forecast, plan and decision."""
@@ -162,7 +175,12 @@ def step(
         decision = switching.decide(config, state, same, same, 0.0, 0.0)
         decision = replace(decision, reason="no demand forecast for the next span")
         return LoopStep(f, demand, lat, current, decision)
-    lat = {n: float(price(n, demand)) for n in names}
+    # priced at its worst over the forecast and the last span as observed: a forecast
+    # lags a change of mix, and a routing planned for one mix can overload a replica
+    # under the other (docs/switching.md, "The step")
+    lat = {
+        n: max(float(price(n, d)) for d in plausible(demand, history, config.span_s)) for n in names
+    }
     for n, v in lat.items():
         if not v > 0:
             raise ValueError(f"price({n!r}) = {v}: a latency must be > 0 (inf: cannot serve)")
