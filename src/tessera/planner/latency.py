@@ -1,37 +1,16 @@
-"""Latency-aware objective: modelled P99 TTFT, TPOT and request latency of a layout.
+"""Latency-aware objective: modelled P99 TTFT, TPOT and request latency of a layout at a
+demand (req/s per class), where the throughput objective (`evaluate`) cannot see why a
+long-prompt class wants high TP and short chats many small replicas.
 
-The throughput objective (``evaluate``) cannot see why a long-prompt class wants high TP
-while short chats want many small replicas: both only change *latency* at a given load.
-This module prices a layout at a concrete demand (req/s per class) with queueing
-(``tessera.cost.queueing``), per replica of shape s serving rates ``x_j``:
-
-* utilization ``rho = sum_j x_j / cap_j`` (the capacity model's rates; ``rho >= 1``:
-  unstable, infinite latency);
-* slots ``c``: the utilization-weighted mean of the capacity model's batch per class;
-  the mean busy slots are ``n = rho * c``, the decode round is ``R(n)`` at the mix's
-  mean context (``tessera.cost.capacity.decode_round_seconds``);
-* prefill: a prompt of class j stalls every decode by ``P_j``, its chunk's cost in a
-  step shared with decodes on the slowest stage (``cost.latency.stage_chunk_seconds``:
-  the simulator's step costs, no second weight read); prefill utilization
-  ``u = sum_j x_j P_j``, and ``TPOT = R(n) / (1 - u)`` for every sequence on the replica;
-* TTFT of class j = its pipeline prefill latency + ``R(n)`` + the mix's mean prefill
-  occupancy, plus two waits: for a slot (M/M/c, Erlang C with ``c`` servers at
-  utilization ``rho``) and for the prefill server (M/M/1 at ``u``): short prompts queue
-  behind long ones on a shared replica, which is what a heterogeneous layout avoids;
-* request latency of class j = TTFT + (out_j - 1) * TPOT, the decode spread by the
-  prefills that land inside it (``queueing.stretch``: compound Poisson, variance
-  ``sum_k x_k P_k^2`` per second of decode, amplified by ``1 / (1 - u)``): near
-  saturation a shared replica's long prompts make the tail, not the mean.
-
-The P99s are quantiles of the demand-weighted mixture over (replica, class). The layout's
-routing is chosen by :meth:`LatencyModel.best_routing`: an LP minimising the summed
-queue-free latency under a utilization cap, for several caps, plus the
-throughput-balanced (makespan) routing, keeping the lowest P99 latency; optionally also
-with some replicas of a shape dedicated to one class (``dedicate``). A routing meeting
-the SLO's P99 TTFT and TPOT is preferred to one that does not. Every figure is model
-output (analytic or fitted profile), not a measurement. Callers:
-``tessera.planner.table1`` (the bench's ``oserve_table1``) and the switching loop
-(modelled latency of the current and the candidate deployment).
+Per replica (`replica`): utilization from the capacity model's rates, busy slots and the
+decode round `R(n)`; a prompt stalls the decodes by its chunk's cost in a shared step
+(`cost.latency.stage_chunk_seconds`, the simulator's step costs); `TPOT = R(n) / (1 - u)`;
+TTFT adds Erlang-C and M/M/1 waits; the decode is spread by the prefills inside it
+(`queueing.stretch`). P99s are quantiles of the demand-weighted mixture (`latency_report`).
+Routing: `best_routing` (the capped LP of `routing_lp` at several caps, the makespan
+routing, optionally replicas dedicated to one class) and `robust_routing` (the best worst
+case over several mixes). Every figure is model output. Callers: `planner.table1`, the
+switching loop, the simulator's switcher; docs/switching.md has the model in full.
 """
 
 from __future__ import annotations
@@ -42,60 +21,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize
 
 from tessera.cost import capacity, queueing
 from tessera.cost import latency as stage_latency
-from tessera.planner import assign
+from tessera.planner import assign, latency_report, routing_lp
 from tessera.planner.capacity_table import CapacityTable, replica_layout
 from tessera.planner.deployment import Deployment
+from tessera.planner.latency_report import INFEASIBLE, LatencyReport, Q, Robust
 from tessera.planner.problem import PlanningProblem
 from tessera.planner.shapes import Shape
 
 CAPS: tuple[float, ...] = (0.5, 0.65, 0.8, 0.9, 0.97)  # utilization caps tried by routing
-Q = 0.99
-
-
-@dataclass(frozen=True)
-class LatencyReport:
-    """Modelled tail latency of a layout at a demand."""
-
-    p99_latency_s: float  # end-to-end request latency
-    p99_normalized_s: float  # request latency / output tokens (vLLM's normalized latency)
-    p99_ttft_s: float
-    p99_tpot_s: float
-    max_utilization: float
-    meets_slo: bool  # P99 TTFT and TPOT within the problem's SLO
-    rates: tuple[tuple[float, ...], ...]  # [group][class] req/s routed (all replicas)
-    dedicated: str = ""  # replicas set apart for one class, e.g. "1x tp4pp2: LISO"
-    groups: tuple[tuple[Shape, int], ...] = ()  # (shape, replicas) per row of ``rates``
-
-    def key(self) -> tuple[bool, float]:
-        """Sort key: SLO-meeting first, then lower P99 latency."""
-        return (not self.meets_slo, self.p99_latency_s)
-
-
-INFEASIBLE = LatencyReport(math.inf, math.inf, math.inf, math.inf, math.inf, False, ())
-
-
-@dataclass(frozen=True)
-class Robust:
-    """One routing (one split of each class over the groups) priced at several demands."""
-
-    demands: tuple[tuple[float, ...], ...]
-    at: tuple[LatencyReport, ...]  # [demand] the routing's report there
-    worst: LatencyReport  # the worst of ``at`` (the routing's price)
-    split: tuple[tuple[float, ...], ...] = ()  # [group of worst.groups][class] share
-
-    def rates(self) -> tuple[tuple[float, ...], ...]:
-        """[group][class] the split at each class's highest rate among ``demands`` (a
-        gateway's per-class shares, in req/s like `LatencyReport.rates`)."""
-        top = [max(d[j] for d in self.demands) for j in range(len(self.demands[0]))]
-        return tuple(tuple(w * t for w, t in zip(row, top, strict=True)) for row in self.split)
-
-    def at_demand(self, demand: tuple[float, ...]) -> LatencyReport:
-        """The report at one of ``demands``."""
-        return self.at[self.demands.index(tuple(float(v) for v in demand))]
 
 
 @dataclass(frozen=True)
@@ -235,7 +171,7 @@ class LatencyModel:
             tpots += d
         if not total:
             return INFEASIBLE
-        p99_tpot = _weighted_quantile(tpots, Q)
+        p99_tpot = latency_report.weighted_quantile(tpots, Q)
         p99_ttft = queueing.mixture_quantile(ttft, Q)
         slo = self.problem.slo
         return LatencyReport(
@@ -327,7 +263,7 @@ class LatencyModel:
             g_counts = tuple(n for _, n in planned.groups)
             at = [
                 dataclasses.replace(
-                    self.report(g_shapes, g_counts, _apply_split(split, x)),
+                    self.report(g_shapes, g_counts, routing_lp.apply_split(split, x)),
                     dedicated=planned.dedicated,
                 )
                 for x in unique
@@ -375,7 +311,7 @@ class LatencyModel:
         for cap in CAPS:
             if cap <= balanced.value:
                 continue
-            routed = _capped_lp(demand, capacity_matrix, cost, cap)
+            routed = routing_lp.capped_lp(demand, capacity_matrix, cost, cap)
             if routed is not None:
                 candidates.append(routed)
         reports = [self.report(shapes, counts, r) for r in candidates]
@@ -400,58 +336,3 @@ class LatencyModel:
             return math.inf
         cap = self.table.infos[shape].capacities[j]
         return f.first_token[j] + (self.problem.classes[j].output_tokens - 1) * cap.tpot_s
-
-
-def _apply_split(split: tuple[tuple[float, ...], ...], demand: tuple[float, ...]) -> assign.Matrix:
-    return tuple(tuple(w * d for w, d in zip(row, demand, strict=True)) for row in split)
-
-
-def _weighted_quantile(pairs: list[tuple[float, float]], q: float) -> float:
-    ordered = sorted(pairs, key=lambda p: p[1])
-    total = sum(w for w, _ in ordered)
-    acc = 0.0
-    for w, v in ordered:
-        acc += w
-        if acc >= q * total - 1e-12:
-            return v
-    return ordered[-1][1] if ordered else 0.0
-
-
-def _capped_lp(
-    demand: tuple[float, ...],
-    capacity_matrix: assign.Matrix,
-    cost: list[list[float]],
-    cap: float,
-) -> assign.Matrix | None:
-    """min sum x*cost s.t. every class served, every group's utilization <= cap."""
-    groups, classes = len(capacity_matrix), len(demand)
-    n = groups * classes
-    c = np.zeros(n)
-    bounds = []
-    for g in range(groups):
-        for j in range(classes):
-            ok = capacity_matrix[g][j] > 0 and math.isfinite(cost[g][j])
-            c[g * classes + j] = cost[g][j] if ok else 0.0
-            bounds.append((0.0, None if ok else 0.0))
-    a_ub = np.zeros((groups, n))
-    for g in range(groups):
-        for j in range(classes):
-            if capacity_matrix[g][j] > 0:
-                a_ub[g, g * classes + j] = 1.0 / capacity_matrix[g][j]
-    a_eq = np.zeros((classes, n))
-    for g in range(groups):
-        for j in range(classes):
-            a_eq[j, g * classes + j] = 1.0
-    res = optimize.linprog(
-        c,
-        A_ub=a_ub,
-        b_ub=np.full(groups, cap),
-        A_eq=a_eq,
-        b_eq=np.asarray(demand),
-        bounds=bounds,
-        method="highs",
-    )
-    if res.status != 0:
-        return None
-    x = np.maximum(np.asarray(res.x), 0.0).reshape(groups, classes)
-    return tuple(tuple(float(v) for v in row) for row in x)

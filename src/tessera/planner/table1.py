@@ -27,7 +27,8 @@ from tessera.cost.profile import Profile
 from tessera.planner import capacity_table, exhaustive, homogeneous
 from tessera.planner.capacity_table import CapacityTable
 from tessera.planner.evaluate import Evaluator
-from tessera.planner.latency import LatencyModel, LatencyReport
+from tessera.planner.latency import LatencyModel
+from tessera.planner.latency_report import LatencyReport
 from tessera.planner.layout import Layout
 from tessera.planner.problem import PlanningProblem, PoolNode
 from tessera.workload import traces

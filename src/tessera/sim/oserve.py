@@ -24,7 +24,7 @@ from tessera.cost.capacity import RequestClass, Slo
 from tessera.cost.profile import Profile
 from tessera.planner import deployment, table1
 from tessera.planner.evaluate import Evaluator
-from tessera.planner.latency import LatencyReport
+from tessera.planner.latency_report import LatencyReport
 from tessera.planner.layout import Layout
 from tessera.planner.shapes import Shape
 from tessera.policies import placement

@@ -18,7 +18,8 @@ from tessera.cost import calibration
 from tessera.cost.capacity import RequestClass, Slo
 from tessera.cost.profile import Profile
 from tessera.planner import table1
-from tessera.planner.latency import LatencyModel, LatencyReport
+from tessera.planner.latency import LatencyModel
+from tessera.planner.latency_report import LatencyReport
 from tessera.planner.layout import Layout
 from tessera.sim import arrivals, engine
 from tessera.sim.oserve import GPUS, LOAD, NODES, _stats, build, router

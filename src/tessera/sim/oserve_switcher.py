@@ -21,7 +21,8 @@ from tessera.cost import calibration as calibration_
 from tessera.cost.capacity import RequestClass, Slo
 from tessera.cost.profile import Profile
 from tessera.planner import table1
-from tessera.planner.latency import LatencyModel, LatencyReport, Robust
+from tessera.planner.latency import LatencyModel
+from tessera.planner.latency_report import LatencyReport, Robust
 from tessera.planner.layout import Layout
 from tessera.planner.shapes import Shape
 from tessera.policies import device_links, links, placement

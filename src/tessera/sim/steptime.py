@@ -3,20 +3,13 @@
 Input: the cost profile (`tessera.cost`, analytic or measured with `tessera profile`), the
 replica's stages (layers, first/last, hop link) and its tp degree; per step the decode
 count, their summed context, and the prefill chunks. Output: seconds. Called by
-`tessera.sim.replica` for every (macro-)step.
-
-Per stage and microbatch the time is the profile's per-layer terms (fixed overhead, weight
-read, GEMM per token, attention per token pair and per context token) times the stage's
-layers, plus the tensor-parallel all-reduce (`cost.latency.layer_allreduce_seconds`), the
-LM head on the last stage and the hop to the next stage (`cost.latency.stage_cost`, which
-the planner's latency model prices a prompt's stall with). A chunk of n prompt tokens after
-k cached ones costs the quadratic attention term of ((k+n)^2 - k^2). Decode and prefill
-in one step share a single weight read. Pipeline: the batch is split into m = min(pp,
-sequences) microbatches flowing through the stages back to back; a round, in which every
-sequence advances one token, takes max(sum_s t_s, m max_s t_s): a microbatch's trip
-through all stages, or the slowest stage's work on all m microbatches. With fewer
-microbatches than stages the difference is the pipeline bubble (one sequence on pp
-stages pays the whole trip alone).
+`tessera.sim.replica` for every (macro-)step. Per stage and microbatch: the profile's
+per-layer terms times the stage's layers, the TP all-reduce, the LM head on the last
+stage and the hop (`cost.latency.stage_cost`, which the planner's latency model prices a
+prompt's stall with); a chunk of n tokens after k cached ones costs ((k+n)^2 - k^2) of
+the attention term; decode and prefill in one step share one weight read. Pipeline: m =
+min(pp, sequences) microbatches back to back; a round takes max(sum_s t_s, m max_s t_s),
+so with fewer microbatches than stages the difference is the pipeline bubble.
 """
 
 from __future__ import annotations

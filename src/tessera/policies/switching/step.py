@@ -1,18 +1,15 @@
 """One span of the predictive switching loop: forecast, plan, decide (OServe §5; pure).
 
-Called every ``spanSeconds`` by the operator's switching loop
-(``tessera.control.switching``) and by ``tessera bench adaptive``. Inputs: per-span
-per-class arrival counts (the gateway's ``/admin/v1/arrivals``, oldest first), the current
-deployment's name, the candidates, ``price(name, demand)`` (modelled P99 latency in s at a
-per-class demand in req/s, ``inf`` when unservable), ``switch_seconds(from, to)``, the
-decision's config, the hysteresis state, optionally ``model_error(name)``. Forecast: the
-method with the lowest pooled RRMSE over the last ``window`` spans (``workload.selector``'s
-rule, recomputed so the step keeps no state but the hysteresis; last value until two
-spans). Plan: the lowest modelled latency, each deployment priced at the worse of the
-forecast and the last span as observed (`plausible`: a forecast lags a change of mix;
-the current wins ties). Decide:
-``switching.gain.decide``. Returns a :class:`LoopStep` whose ``to_json`` is the
-operator's ``status.switching``. docs/switching.md, "The step".
+Called every ``spanSeconds`` by the operator's switching loop (``tessera.control.switching``)
+and by ``tessera bench adaptive``. Inputs: per-span per-class arrival counts (oldest first),
+the current deployment's name, the candidates, ``price(name, demand)`` (modelled P99 latency
+in s, ``inf`` when unservable), ``switch_seconds(from, to)``, the config, the hysteresis
+state, optionally ``model_error(name)``. Forecast: the method with the lowest pooled RRMSE
+over the last ``window`` spans (``workload.selector``'s rule; no state kept but the
+hysteresis). Plan: the lowest modelled latency, each deployment priced at the worse of the
+forecast and the last span observed (`plausible`; the current wins ties). Decide:
+``switching.gain.decide``. Returns a :class:`LoopStep` whose ``to_json`` is the operator's
+``status.switching``. docs/switching.md, "The step".
 """
 
 from __future__ import annotations
