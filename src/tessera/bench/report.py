@@ -42,15 +42,10 @@ lists the figures the log kept, under their names there.
 
 **Where they live.** Each benchmark is a module with `add_arguments` and `run`
 (`tessera.cli.bench.BENCHES` maps names to modules): serving scenarios in
-`tessera.cli.bench_*`; engine and data-plane ones in the agent (`tessera_agent.bench_*`,
-with `tessera_agent.engine_batch`); pure ones beside what they measure
-(`tessera.planner.bench`, `tessera.workload.bench`, `tessera.policies.transition.plan_bench`,
-`tessera.sim.bench`, `tessera_operator.bench_reconcile`). What they share is
-`tessera.bench`: `harness` (interleaved rounds, medians of per-round ratios, the
-quiet-machine check, provenance), `client` (the one SSE client of the gateway, and the
-gRPC `agent_greedy` of the benches that bypass it), `trace`, `options` (the command-line
-options several benches share), `local_up` (a `tessera up` to drive) and `oracle` (greedy
-`transformers` texts).
+`tessera.cli.bench_*`, engine ones in `tessera_agent.bench_*`, pure ones beside what they
+measure. What they share is `tessera.bench`: `harness` (interleaved rounds, medians of
+per-round ratios, the quiet check, provenance), `client` (the one SSE client), `trace`,
+`options`, `local_up` (a `tessera up` to drive) and `oracle` (`transformers` texts).
 """
 
 
