@@ -5,10 +5,11 @@ requests must not be lost. `decide` is the rule the gateway's cut-over
 (`tessera.gateway.cutover`) applies every tick: a request expected to finish before the drain
 deadline (tokens left at its decode rate, plus a margin) drains; a longer one moves (its KV
 prefix copied to a survivor, `kv_move.move_prefix`, the stream continuing there); one with no
-token yet moves at once, nothing copied, to the least loaded survivor; after the deadline
-everything moves. A target survivor's free KV pages must hold the whole sequence; among those
-the least loaded after this tick's moves wins (ties by id). A request no survivor can hold is
-`stranded`: it drains while its replica lives and is retried next tick. Frozen dataclasses in
+token yet moves at once, nothing copied, to the least loaded survivor (room or not: it has
+no KV yet); after the deadline everything moves. A started request's target must hold its
+whole sequence in free KV pages; among those the least loaded after this tick's moves wins
+(ties by id). A started request no survivor can hold is `stranded`: it drains while its
+replica lives and is retried next tick. Frozen dataclasses in
 and out; no I/O, no clock (the caller passes elapsed times).
 """
 
