@@ -2,8 +2,8 @@
 
 Input: the steps `tessera.policies.overload.steps` decided (pure), the agents' gRPC
 addresses in them, and a callback that changes the gateway's routable replica set.
-Caller: `tessera.control.overload_loop.OverloadLoop` (the control loop `tessera bench overload`
-and `tessera up` run beside their in-process gateway), and the acceptance test. Each step
+Caller: `tessera.control.overload.OverloadLoop` (the loop the operator, `tessera up` and
+`tessera bench overload` tick), and the acceptance test. Each step
 is one RPC or a short poll; the driver keeps only what the steps hand on: the pages the
 paused head holds (which pages' K/V to exchange), the page moves of a compaction, and
 each block's pool after a shift (the allocator target on resume). The exchange copies
