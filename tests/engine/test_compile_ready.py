@@ -90,6 +90,27 @@ def test_cache_folder_is_the_agents_own(
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(shared)  # a warning, not a refusal
 
 
+def test_load_answers_once_the_heap_is_settled(
+    one_layer: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collector's pass after a load (`gc_heap.settle`, hundreds of ms after a compile)
+    runs before the load answers, not under the first requests routed to the stage."""
+    settled: list[str] = []
+    monkeypatch.setattr(hosting.gc_heap, "settle", lambda reason, *a: settled.append(reason))
+    hs = hosting.Hosting(
+        "a0",
+        booking.Booking("a0", [devices.Device("cpu:0", "cpu", "virtual", 256 * MiB)]),
+        load_config.LoadDefaults(gc_settle=True),
+        concurrent.futures.ThreadPoolExecutor(1),
+    )
+
+    async def run() -> None:
+        await hs.load(blocks.Block(str(one_layer), 0, 1, replica_id="r0"))
+        assert settled == ["loaded r0/0"]
+
+    asyncio.run(run())
+
+
 def test_background_mode_answers_at_once() -> None:
     cpu = torch.device("cpu")
 
