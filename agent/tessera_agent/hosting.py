@@ -51,6 +51,7 @@ from tessera_agent.engine import (
     decode_graph,
     errors,
     omp_teams,
+    rehearsal,
     replica,
     stage,
 )
@@ -96,7 +97,8 @@ class Hosting:
             1, thread_name_prefix="loader", release=defaults.engine.omp_release
         )
         self._lock = asyncio.Lock()
-        self._settling: set[asyncio.Task[None]] = set()  # gc settles waiting for warm-ups
+        # gc settles waiting for warm-ups, by holder (a load awaits its own: `load`)
+        self._settling: dict[str, asyncio.Task[None]] = {}
 
     async def close(self) -> None:
         for h in [*self.hosted.values(), *self.more_ranks.values()]:
@@ -151,7 +153,8 @@ class Hosting:
         kept: dict[str, torch.Tensor] | None = None,
     ) -> Loaded:
         """Load the block; with the compiled decode on (an agent's default) answer only
-        once its graphs exist (`compile_policy.warm_before_ready`): ready means warm.
+        once its graphs exist (`compile_policy.warm_before_ready`) and the collector has
+        settled what they made (`gc_heap`): ready means warm.
         `kept`: its tensors as a sleep kept them in host memory (a TP rank's slices)."""
         began = time.monotonic()
         loaded = await self._load(
@@ -170,9 +173,37 @@ class Hosting:
                     graph.status,
                     graph.warmup_s,
                 )
+        if loaded.how == "loaded" and (graph is None or graph.state != "warming"):
+            await self._rehearse(loaded.hosted, max_num_seqs, max_batched_tokens)
+        # Ready means settled too: the collector's pass over what loading and compiling
+        # made (hundreds of ms, holding the GIL) runs before the load answers, not under
+        # the first requests routed to it (in `background` mode, while it still warms up,
+        # it stays behind the warm-up).
+        settling = self._settling.get(loaded.hosted.holder)
+        if settling is not None and (graph is None or graph.state != "warming"):
+            await asyncio.shield(settling)
         if loaded.how == "loaded":
             loaded.hosted.sources.seconds = time.monotonic() - began
         return loaded
+
+    async def _rehearse(self, h: hosted.Hosted, max_num_seqs: int, max_tokens: int) -> None:
+        """Run the stage's rehearsal (`engine/rehearsal.py`) on the compute thread before
+        the load answers: the first requests' one-time costs paid here. CPU stages of one
+        rank (a TP rank's steps need its peers); a failure is logged, the stage serves."""
+        r = h.stage.runner
+        if h.stage.spec.tp_size > 1 or not compile_policy.rehearse(self.defaults.engine, r.device):
+            return
+        seqs = max_num_seqs or self.defaults.max_num_seqs
+        tokens = max_tokens or self.defaults.max_batched_tokens
+        began = time.monotonic()
+        try:
+            steps = await asyncio.get_running_loop().run_in_executor(
+                self.compute, rehearsal.rehearse, r, seqs, tokens
+            )
+        except Exception:
+            log.exception("%s: rehearsal failed; its first requests pay what it would", h.holder)
+            return
+        log.info("%s: rehearsed %d steps in %.2f s", h.holder, steps, time.monotonic() - began)
 
     async def _load(
         self,
@@ -393,5 +424,10 @@ class Hosting:
             gc_heap.settle(f"loaded {holder}")
 
         task = asyncio.get_running_loop().create_task(settle())
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
+        self._settling[holder] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            if self._settling.get(holder) is t:
+                del self._settling[holder]
+
+        task.add_done_callback(done)

@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tessera.gateway import config, server
+from tessera.gateway import config, replicas, server
 from tests.gateway import helpers
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
@@ -177,3 +177,29 @@ def test_cli_flags_build_a_config() -> None:
     with pytest.raises(ValueError, match="duplicate"):
         config.GatewayConfig("m", "/m", replicas=(config.parse_replica("a=h:1"),) * 2)
     assert gateway_cmd._run(parser.parse_args(["gateway", "--model-name", "m"])) == 1
+
+
+async def test_settle_before_the_first_poll(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry point's heap settle (`before_ready`) runs before the poll that can make
+    `/health` say OK, not under the first requests."""
+    order: list[str] = []
+    real = replicas.ReplicaSet.poll_once
+
+    async def poll_once(self: replicas.ReplicaSet) -> None:
+        order.append("poll")
+        await real(self)
+
+    monkeypatch.setattr(replicas.ReplicaSet, "poll_once", poll_once)
+    cfg = config.GatewayConfig(
+        helpers.MODEL,
+        str(tiny_llama),
+        port=0,
+        replicas=(config.ReplicaEndpoint("gone", helpers.dead_address()),),
+    )
+    gw = await server.start_gateway(cfg, before_ready=lambda: order.append("settle"))
+    try:
+        assert order[:2] == ["settle", "poll"]
+    finally:
+        await gw.stop()

@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
@@ -192,8 +192,12 @@ def _load_live_classes(path: str) -> tuple[live_classes.LiveClassifier, tuple[st
         raise ValueError(f"{path}: {exc}") from exc
 
 
-async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
-    """Load the model metadata, poll the replicas once, listen; see the module docstring."""
+async def start_gateway(
+    cfg: config.GatewayConfig, before_ready: Callable[[], object] | None = None
+) -> GatewayHandle:
+    """Load the model metadata, listen, poll the replicas once; see the module docstring.
+    `before_ready` runs just before that poll, while `/health` still says unavailable
+    (an entry point's `gc_heap.settle`: not under the first requests)."""
     watcher = routes.RoutesWatcher(cfg.routes_file) if cfg.routes_file else None
     initial = watcher.poll() if watcher is not None else None  # ValueError: fail at start
     name = cfg.model_name or (initial.model if initial else "")
@@ -279,6 +283,8 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
             handle._apply_routes(initial)
         else:
             replica_set.update(cfg.replicas)
+        if before_ready is not None:
+            before_ready()
         await replica_set.poll_once()
     except BaseException:
         await runner.cleanup()
