@@ -37,6 +37,7 @@ from tessera_agent import (
     load_check,
     load_config,
     load_fetch,
+    load_ready,
     load_sources,
     load_wire,
     sleep_shards,
@@ -48,10 +49,8 @@ from tessera_agent import (
 from tessera_agent.engine import (
     block_zoo,
     compile_policy,
-    decode_graph,
     errors,
     omp_teams,
-    rehearsal,
     replica,
     stage,
 )
@@ -160,50 +159,18 @@ class Hosting:
         loaded = await self._load(
             spec, source, max_num_seqs, max_batched_tokens, data_plane, parts, kept
         )
-        graph = loaded.hosted.stage.runner.decode_graph
-        # "already loaded" too: a retried load (its first call timed out) waits as well
-        if graph is not None and graph.state == "warming":
-            if compile_policy.warm_before_ready(
-                self.defaults.engine, graph.device
-            ):  # outside the load lock
-                await asyncio.get_running_loop().run_in_executor(None, graph.wait)
-                log.info(
-                    "%s: ready after its warm-up (compile: %s, %.1f s)",
-                    loaded.hosted.holder,
-                    graph.status,
-                    graph.warmup_s,
-                )
-        if loaded.how == "loaded" and (graph is None or graph.state != "warming"):
-            await self._rehearse(loaded.hosted, max_num_seqs, max_batched_tokens)
-        # Ready means settled too: the collector's pass over what loading and compiling
-        # made (hundreds of ms, holding the GIL) runs before the load answers, not under
-        # the first requests routed to it (in `background` mode, while it still warms up,
-        # it stays behind the warm-up).
-        settling = self._settling.get(loaded.hosted.holder)
-        if settling is not None and (graph is None or graph.state != "warming"):
-            await asyncio.shield(settling)
+        await load_ready.until_ready(
+            loaded.hosted,
+            loaded.how == "loaded",
+            self.defaults,
+            self.compute,
+            self._settling,
+            max_num_seqs,
+            max_batched_tokens,
+        )
         if loaded.how == "loaded":
             loaded.hosted.sources.seconds = time.monotonic() - began
         return loaded
-
-    async def _rehearse(self, h: hosted.Hosted, max_num_seqs: int, max_tokens: int) -> None:
-        """Run the stage's rehearsal (`engine/rehearsal.py`) on the compute thread before
-        the load answers: the first requests' one-time costs paid here. CPU stages of one
-        rank (a TP rank's steps need its peers); a failure is logged, the stage serves."""
-        r = h.stage.runner
-        if h.stage.spec.tp_size > 1 or not compile_policy.rehearse(self.defaults.engine, r.device):
-            return
-        seqs = max_num_seqs or self.defaults.max_num_seqs
-        tokens = max_tokens or self.defaults.max_batched_tokens
-        began = time.monotonic()
-        try:
-            steps = await asyncio.get_running_loop().run_in_executor(
-                self.compute, rehearsal.rehearse, r, seqs, tokens
-            )
-        except Exception:
-            log.exception("%s: rehearsal failed; its first requests pay what it would", h.holder)
-            return
-        log.info("%s: rehearsed %d steps in %.2f s", h.holder, steps, time.monotonic() - began)
 
     async def _load(
         self,
@@ -323,7 +290,9 @@ class Hosting:
             compile_policy.begin(
                 loaded.runner.decode_graph, graph_bytes, loaded.runner.cache.layers()
             )
-            self._settle_when_warm(loaded.runner.decode_graph, h.holder)
+            load_ready.settle_when_warm(
+                loaded.runner.decode_graph, h.holder, self.defaults, self._settling
+            )
             if loaded.runner.graphs is not None:  # CUDA graphs: captured before ready
                 await load_wire.capture_graphs(h, self.memory, dev.id, reserve, self.compute)
             if loaded.pieces is not None:  # each new piece is booked once, for every user
@@ -411,23 +380,3 @@ class Hosting:
             asyncio.get_running_loop().call_soon(
                 functools.partial(gc_heap.settle, f"unloaded {replica_id}/{stage_index}", True)
             )
-
-    def _settle_when_warm(self, graph: decode_graph.CompiledDecode | None, holder: str) -> None:
-        """Freeze the heap (`gc_heap`) once the block's compiled decode, whose compiler
-        state is most of the new objects, has warmed up; at once when there is none."""
-        if not self.defaults.gc_settle:
-            return
-
-        async def settle() -> None:
-            if graph is not None and graph.state == "warming":
-                await asyncio.get_running_loop().run_in_executor(None, graph.wait)
-            gc_heap.settle(f"loaded {holder}")
-
-        task = asyncio.get_running_loop().create_task(settle())
-        self._settling[holder] = task
-
-        def done(t: asyncio.Task[None]) -> None:
-            if self._settling.get(holder) is t:
-                del self._settling[holder]
-
-        task.add_done_callback(done)
