@@ -254,12 +254,19 @@ def routes_change(
     addresses: Mapping[str, str],
 ) -> routes_doc.RoutesDoc:
     """`doc` less the replicas `change` removes, plus those it adds at their leader
-    (`addresses`: replica id -> leader address), same version: the gateway drains them."""
+    (`addresses`: replica id -> leader address), those it closes closed and those it
+    reopens open; same version: the gateway drains the removed ones."""
     keep = [r for r in doc.replicas if r.id not in change.remove]
     have = {r.id for r in keep}
     keep += [
         routes_doc.RouteReplica(rid, addresses[rid])
         for rid in change.add
         if rid not in have and addresses.get(rid)
+    ]
+    keep = [
+        dataclasses.replace(r, closed=r.id in change.close)
+        if r.id in change.close or r.id in change.reopen
+        else r
+        for r in keep
     ]
     return dataclasses.replace(doc, replicas=tuple(keep))

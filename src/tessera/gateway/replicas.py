@@ -91,6 +91,7 @@ class ReplicaSet:
         self._states: dict[str, ReplicaState] = {}
         self._stubs: dict[str, tuple[grpc.aio.Channel, Any]] = {}
         self._retiring: dict[asyncio.Task[None], grpc.aio.Channel] = {}
+        self.closed: frozenset[str] = frozenset()  # the routes' closed replicas (routes.py)
 
     # -- membership ---------------------------------------------------------------------
     def update(self, endpoints: Sequence[config.ReplicaEndpoint]) -> None:

@@ -170,6 +170,7 @@ class GatewayHandle:
             )
         if not self.cutover.apply(new):
             return False
+        self.service.replicas.closed = new.closed
         self.service.table.update(new.variants)
         classify = None
         if new.class_centroids:

@@ -1,0 +1,42 @@
+"""A replica the routes close (an overload drop's head) gets no new request while another
+is ready, and gets them again once the routes open it (issue 30; docs/overload.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+
+from tessera import routes_doc
+from tessera.gateway import routes
+from tests.gateway import fake_agent, helpers
+
+
+async def test_a_closed_replica_takes_new_requests_only_when_reopened(
+    tiny_llama: Path, session: aiohttp.ClientSession
+) -> None:
+    (s0, l0, a0), (s1, l1, a1) = await fake_agent.start("r0"), await fake_agent.start("r1")
+    l0.release.set()
+    l1.release.set()
+    gw = await helpers.start(str(tiny_llama))
+    try:
+
+        def doc(closed: bool) -> routes.Routes:
+            reps = (routes_doc.RouteReplica("r0", a0, closed), routes_doc.RouteReplica("r1", a1))
+            return routes.from_doc(routes_doc.RoutesDoc(reps, version=1))
+
+        assert gw.apply_routes(doc(True))
+        await gw.refresh()
+        body = {"model": helpers.MODEL, "prompt": "hi", "max_tokens": 1}
+        for _ in range(4):
+            status, _ = await helpers.post(session, gw.url + "/v1/completions", body)
+            assert status == 200
+        assert (l0.started, l1.started) == (0, 4)
+        assert gw.apply_routes(doc(False))
+        for _ in range(4):
+            assert (await helpers.post(session, gw.url + "/v1/completions", body))[0] == 200
+        assert l0.started > 0  # open again: balanced over both
+    finally:
+        await gw.stop()
+        await s0.stop(None)
+        await s1.stop(None)
