@@ -1,23 +1,45 @@
 """A replica the routes close (an overload drop's head) gets no new request while another
-is ready, and gets them again once the routes open it (issue 30; docs/overload.md)."""
+ready replica has room, and gets them again once the routes open it (issue 30;
+docs/overload.md)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import grpc
 
 from tessera import routes_doc
 from tessera.gateway import routes
+from tessera.rpc import transport
+from tessera.rpc.v1 import agent_pb2 as pb
+from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tests.gateway import fake_agent, helpers
+
+
+class RoomyLeader(fake_agent.FakeLeader):
+    """A leader whose replica has free KV pages and no queue."""
+
+    async def Describe(self, request: Any, context: Any) -> pb.DescribeReply:
+        kv = pb.ReplicaKV(replica_id=self.replica_id, pages_total=8, pages_used=1)
+        return pb.DescribeReply(agent_id="fake", kv=[kv])
+
+
+async def _start(rid: str) -> tuple[grpc.aio.Server, RoomyLeader, str]:
+    srv = transport.server()
+    leader = RoomyLeader(rid)
+    leader.release.set()
+    pb_grpc.add_AgentServicer_to_server(leader, srv)
+    port = transport.add_port(srv, "127.0.0.1:0", tls=None)
+    await srv.start()
+    return srv, leader, f"127.0.0.1:{port}"
 
 
 async def test_a_closed_replica_takes_new_requests_only_when_reopened(
     tiny_llama: Path, session: aiohttp.ClientSession
 ) -> None:
-    (s0, l0, a0), (s1, l1, a1) = await fake_agent.start("r0"), await fake_agent.start("r1")
-    l0.release.set()
-    l1.release.set()
+    (s0, l0, a0), (s1, l1, a1) = await _start("r0"), await _start("r1")
     gw = await helpers.start(str(tiny_llama))
     try:
 

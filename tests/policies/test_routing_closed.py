@@ -1,16 +1,23 @@
-"""A closed replica (an overload drop's head) gets new requests only when no other is ready."""
+"""A closed replica (an overload drop's head) gives way to open replicas with room."""
 
 from __future__ import annotations
 
 from tessera.policies.routing import closed
 
 
-def test_closed_replicas_give_way_to_open_ones() -> None:
-    assert closed.open_first(["r0", "r1", "r2"], {"r0"}) == ["r1", "r2"]
+def test_closed_replicas_give_way_to_open_ones_with_room() -> None:
+    assert closed.open_first(["r0", "r1", "r2"], {"r0"}, {"r0", "r1", "r2"}) == ["r1", "r2"]
+    assert closed.open_first(["r0", "r1", "r2"], {"r0"}, {"r2"}) == ["r2"]
 
 
-def test_when_every_ready_replica_is_closed_all_stay_candidates() -> None:
-    """A request waits on a dropping head rather than for nothing (as before closing)."""
-    assert closed.open_first(["r0", "r2"], {"r0", "r2"}) == ["r0", "r2"]
-    assert closed.open_first([], {"r0"}) == []
-    assert closed.open_first(["r1", "r0"], set()) == ["r1", "r0"]
+def test_full_open_replicas_do_not_beat_the_closed_head() -> None:
+    """A whole replica with a full pool or a queue is no better than a head about to
+    grow: every ready replica stays a candidate (a reopen reaches the gateway late)."""
+    assert closed.open_first(["r0", "r1", "r2"], {"r0"}, set()) == ["r0", "r1", "r2"]
+    assert closed.open_first(["r0", "r2"], {"r0", "r2"}, {"r0", "r2"}) == ["r0", "r2"]
+
+
+def test_nothing_changes_while_no_ready_replica_is_closed() -> None:
+    assert closed.open_first(["r1", "r0"], set(), {"r0"}) == ["r1", "r0"]
+    assert closed.open_first(["r1"], {"r9"}, set()) == ["r1"]
+    assert closed.open_first([], {"r0"}, set()) == []

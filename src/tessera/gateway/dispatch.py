@@ -160,7 +160,7 @@ class Dispatcher:
             if job.allowed is not None:  # a variant's replicas only
                 ready = [r for r in ready if job.allowed(r)]
             if redirect not in ready:  # an overload drop's head: other replicas first
-                ready = closed.open_first(ready, self._replicas.closed)
+                ready = closed.open_first(ready, self._replicas.closed, self._replicas.room_ids())
             if redirect in ready:
                 route: router.Route | None = router.Route(redirect, "cutover")
             elif self._affinity is not None:

@@ -125,6 +125,14 @@ class ReplicaSet:
     def ready_ids(self) -> list[str]:
         return [rid for rid, st in self._states.items() if st.ready]
 
+    def room_ids(self) -> list[str]:
+        """Ready replicas with free KV pages and no queue, as their leaders last said."""
+        return [
+            rid
+            for rid, st in self._states.items()
+            if st.ready and st.waiting == 0 and st.pages_used < st.pages_total
+        ]
+
     def unpolled(self) -> bool:
         """Whether some replica has never been polled (named by a cut-over just now)."""
         return any(st.detail == NOT_POLLED for st in self._states.values())
