@@ -1,5 +1,5 @@
-"""A replica the routes close (an overload drop's head) gets no new request while another
-ready replica has room, and gets them again once the routes open it (issue 30;
+"""A full replica the routes close (an overload drop's head) gets no new request while
+another ready replica has room, and gets them again once the routes open it (issue 30;
 docs/overload.md)."""
 
 from __future__ import annotations
@@ -18,17 +18,20 @@ from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 from tests.gateway import fake_agent, helpers
 
 
-class RoomyLeader(fake_agent.FakeLeader):
-    """A leader whose replica has free KV pages and no queue."""
+class PagedLeader(fake_agent.FakeLeader):
+    """A leader whose replica reports 8 KV pages, `used` of them in use."""
+
+    used = 1
 
     async def Describe(self, request: Any, context: Any) -> pb.DescribeReply:
-        kv = pb.ReplicaKV(replica_id=self.replica_id, pages_total=8, pages_used=1)
+        kv = pb.ReplicaKV(replica_id=self.replica_id, pages_total=8, pages_used=self.used)
         return pb.DescribeReply(agent_id="fake", kv=[kv])
 
 
-async def _start(rid: str) -> tuple[grpc.aio.Server, RoomyLeader, str]:
+async def _start(rid: str, used: int) -> tuple[grpc.aio.Server, PagedLeader, str]:
     srv = transport.server()
-    leader = RoomyLeader(rid)
+    leader = PagedLeader(rid)
+    leader.used = used
     leader.release.set()
     pb_grpc.add_AgentServicer_to_server(leader, srv)
     port = transport.add_port(srv, "127.0.0.1:0", tls=None)
@@ -39,7 +42,8 @@ async def _start(rid: str) -> tuple[grpc.aio.Server, RoomyLeader, str]:
 async def test_a_closed_replica_takes_new_requests_only_when_reopened(
     tiny_llama: Path, session: aiohttp.ClientSession
 ) -> None:
-    (s0, l0, a0), (s1, l1, a1) = await _start("r0"), await _start("r1")
+    # r0 is a drop's head: full; r1 has room
+    (s0, l0, a0), (s1, l1, a1) = await _start("r0", 8), await _start("r1", 1)
     gw = await helpers.start(str(tiny_llama))
     try:
 
