@@ -84,7 +84,7 @@ def test_a_drop_cut_short_gives_the_stage_back_and_resumes_the_head() -> None:
             "",
             ((h, 0, 8),),
         ),
-        overload_steps.Routes(add=("r1",)),
+        overload_steps.Routes(add=("r1",), reopen=("r0",)),  # the drop had closed r0
     )
 
 
@@ -115,6 +115,21 @@ def test_routes_change_keeps_the_version() -> None:
     assert out.replica_ids == ("r0",) and out.version == 3
     back = control.routes_change(out, overload_steps.Routes(add=("r1",)), {"r1": A1})
     assert back == doc
+
+
+def test_routes_change_closes_a_drops_head_and_reopens_it() -> None:
+    """The drop's first routes step closes the head (no new requests while another
+    replica is routable) as it removes the donor; the last one opens it again; both in
+    the document the gateway reads, at the same version."""
+    doc = routes_doc.RoutesDoc(
+        tuple(routes_doc.RouteReplica(f"r{i}", f"127.0.0.1:{i + 1}") for i in range(3)), version=3
+    )
+    out = control.routes_change(doc, overload_steps.Routes(remove=("r1",), close=("r0",)), {})
+    assert [(r.id, r.closed) for r in out.replicas] == [("r0", True), ("r2", False)]
+    assert routes_doc.parse(out.to_json()) == out  # the flag survives the document
+    again = control.routes_change(out, overload_steps.Routes(reopen=("r0",)), {})
+    assert [(r.id, r.closed) for r in again.replicas] == [("r0", False), ("r2", False)]
+    assert "closed" not in again.to_json()["replicas"][0]  # older gateways read it as before
 
 
 def test_a_failed_restore_leaves_no_head_paused() -> None:

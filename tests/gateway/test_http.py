@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -127,6 +128,35 @@ async def test_routes_file_reloads_on_change(tiny_llama: Path, tmp_path: Path) -
         assert [e.replica_id for e in h.service.replicas.endpoints] == ["b"]
         h.update_replicas([config.ReplicaEndpoint("c", helpers.dead_address())])
         assert [e.replica_id for e in h.service.replicas.endpoints] == ["c"]
+    finally:
+        await h.stop()
+
+
+async def test_a_changed_routes_file_applies_between_polls(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    """A drop's donors leave the routes before they drain: the file is checked on its own
+    short period, not only at the (much longer) Describe poll."""
+    path = tmp_path / "routes.json"
+    doc = {"model": helpers.MODEL, "modelPath": str(tiny_llama)}
+    path.write_text(
+        json.dumps({**doc, "replicas": [{"id": "a", "address": helpers.dead_address()}]})
+    )
+    h = await server.start_gateway(
+        config.GatewayConfig(
+            "", "", port=0, routes_file=str(path), poll_interval_s=30.0, routes_check_s=0.01
+        )
+    )
+    try:
+        path.write_text(
+            json.dumps({**doc, "replicas": [{"id": "b", "address": helpers.dead_address()}]})
+        )
+        os.utime(path, ns=(3, 3))
+        for _ in range(200):
+            if [e.replica_id for e in h.service.replicas.endpoints] == ["b"]:
+                break
+            await asyncio.sleep(0.01)
+        assert [e.replica_id for e in h.service.replicas.endpoints] == ["b"]
     finally:
         await h.stop()
 

@@ -219,6 +219,8 @@ def _via_operator(
         "lost": on["lost"] + off["lost"],
         "exchange_ms": round(on["exchange_ms"], 1),
         "paused_ms": round(on["paused_ms"], 1),
+        "drop_routes_ms": round(on["drop_routes_ms"], 1),
+        "drop_drain_ms": round(on["drop_drain_ms"], 1),
         "tokens_match": match,
         "wall_on_s": round(on["wall_s"], 1),
         "wall_off_s": round(off["wall_s"], 1),

@@ -78,6 +78,9 @@ class Router:
         return out
 
     async def set_routes(self, routes: overload_steps.Routes) -> None:
+        # `close` / `reopen` are not modelled: this router knows no free pages, and the
+        # gateway's rule (`policies/routing/closed`) gives a closed head way only to replicas
+        # with room; the replay path keeps routing by count (docs/overload.md).
         for n in routes.add:
             if n not in self.routable:
                 self.routable.append(n)

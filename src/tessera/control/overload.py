@@ -7,10 +7,11 @@ an operator restarted mid-drop or mid-restore converges from what the agents rep
 Inputs: the planned whole replicas, the agents' report of this pass (`observed.Observed`),
 the calls on each replica as the gateway sees them (`gateway_load.Calls`), the policy.
 Decision, pure (`policies/overload/`): `held.read`, `assess_restore` + `hold_restore` per
-group, `assess` + `drop_plan.plan_drop`, `steps` (a plan's groups share no member and drop
-at once). Actuation: `overload_driver.Driver` (its routes steps call `set_routes`).
-Report: a `Tick` with events and whether the agents changed; the operator writes
-`status.overload`, the `Overloaded` condition and events, `tessera up` runs a pass.
+group, `assess` + `drop_plan.merge_order` (busy heads, idle donors) + `plan_drop`, `steps`
+(a plan's groups share no member and drop at once). Actuation: `overload_driver.Driver`
+(its routes steps call `set_routes`). Report: a `Tick` with events, whether the agents
+changed and how long the drops' steps took; the operator writes `status.overload`, the
+`Overloaded` condition and events (`shifted_message`), `tessera up` runs a pass.
 Caller: `tessera_operator.overload_loop` and `tessera up` (every 0.5 s); docs/overload.md.
 """
 
@@ -48,6 +49,7 @@ class Tick:
     converged: int = 0
     exchange_s: float = 0.0
     paused_s: float = 0.0
+    drop_step_s: dict[str, float] = field(default_factory=dict)  # per step kind, over the drops
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,12 @@ def sizes(held: overload_held.Held, obs: observed.Observed, num_layers: int) -> 
 
 def _load(obs: observed.Observed) -> dict[str, observed.ReplicaLoad]:
     return {k.replica_id: k for a in obs.agents for k in a.kv}
+
+
+def _started(calls: Sequence[gateway_load.Call], load: observed.ReplicaLoad) -> int:
+    """Requests a donor would drain: those with a token at the gateway (one with none
+    moves elsewhere), or the agent's running ones when the gateway lists none."""
+    return sum(c.started for c in calls) if calls else load.running
 
 
 class OverloadLoop:
@@ -190,10 +198,15 @@ class OverloadLoop:
         if not dec.fire:
             return out
         firing = {v.name for v in dec.replicas if v.fires}
-        whole.sort(key=lambda n: (n not in firing, n))  # firing replicas merge first
+        order = drop_plan.merge_order(
+            [
+                drop_plan.Candidate(n, n in firing, _started(calls.get(n, ()), load[n]))
+                for n in whole
+            ]
+        )
         plan = drop_plan.plan_drop(
             drop_plan.DropInput(
-                tuple(drop_plan.Replica(n, frozenset(range(num_layers))) for n in whole),
+                tuple(drop_plan.Replica(n, frozenset(range(num_layers))) for n in order),
                 (size.layer_bytes,) * num_layers,
                 dec.required_bytes,
             )
@@ -216,7 +229,23 @@ class OverloadLoop:
             out.acted, out.drops = True, out.drops + 1
             out.paused_s += got.paused_s
             out.exchange_s += got.exchange_s
+            for kind, took in got.step_s.items():
+                out.drop_step_s[kind] = out.drop_step_s.get(kind, 0.0) + took
         return out
+
+
+def shifted_message(out: Tick) -> str:
+    """The `OverloadShifted` event's text: what the tick did and how long the drops' waits
+    took (`drop routes`: until the gateway routed none of the donors; `drop drain`: until
+    the donors finished their requests)."""
+    text = (
+        f"{out.drops} drops, {out.restores} restores: exchange "
+        f"{out.exchange_s * 1e3:.1f} ms, paused {out.paused_s * 1e3:.1f} ms"
+    )
+    if out.drops:
+        routes, drain = out.drop_step_s.get("Routes", 0.0), out.drop_step_s.get("Drain", 0.0)
+        text += f", drop routes {routes * 1e3:.1f} ms, drop drain {drain * 1e3:.1f} ms"
+    return text
 
 
 def routes_change(
@@ -225,12 +254,19 @@ def routes_change(
     addresses: Mapping[str, str],
 ) -> routes_doc.RoutesDoc:
     """`doc` less the replicas `change` removes, plus those it adds at their leader
-    (`addresses`: replica id -> leader address), same version: the gateway drains them."""
+    (`addresses`: replica id -> leader address), those it closes closed and those it
+    reopens open; same version: the gateway drains the removed ones."""
     keep = [r for r in doc.replicas if r.id not in change.remove]
     have = {r.id for r in keep}
     keep += [
         routes_doc.RouteReplica(rid, addresses[rid])
         for rid in change.add
         if rid not in have and addresses.get(rid)
+    ]
+    keep = [
+        dataclasses.replace(r, closed=r.id in change.close)
+        if r.id in change.close or r.id in change.reopen
+        else r
+        for r in keep
     ]
     return dataclasses.replace(doc, replicas=tuple(keep))

@@ -11,7 +11,9 @@ those pages' K/V layer range with `ExportKV` -> `ImportKV` in chunks of `chunk_p
 pages, page ids unchanged (the caller sizes chunks; `policies.kv_exchange.chunk_bytes`
 gives about one stage step on the link; the bench and the test use fixed 4 and 3 pages).
 The head is paused during the exchange, so no activation competes with it. One driver may
-run several groups' steps at once; their routes steps go one at a time.
+run several groups' steps at once; their routes steps go one at a time. The report times
+each kind of step (`step_s`: a drop's `Routes` waits for the gateway, its `Drain` for the
+donors' running requests).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Report:
     exchange_chunks: int = 0
     pools: dict[steps_mod.BlockRef, int] = field(default_factory=dict)  # pages after shifts
     replies: list[pb.OverloadShiftReply] = field(default_factory=list)
+    step_s: dict[str, float] = field(default_factory=dict)  # seconds per step kind ("Drain")
 
 
 async def _no_routes(_: steps_mod.Routes) -> None:
@@ -93,6 +96,7 @@ class Driver:
         moves: tuple[list[int], list[int]] = ([], [])
         paused_at = 0.0
         for st in steps:
+            began = time.monotonic()
             try:
                 if isinstance(st, steps_mod.Routes):
                     async with self._routes_lock:
@@ -123,6 +127,8 @@ class Driver:
                     rep.paused_s += time.monotonic() - paused_at
             except grpc.aio.AioRpcError as exc:
                 raise DriveError(f"{st}: {exc.code().name}: {exc.details()}") from exc
+            kind = type(st).__name__
+            rep.step_s[kind] = rep.step_s.get(kind, 0.0) + time.monotonic() - began
             if self.after_step is not None:
                 await self.after_step(st)
         return rep
