@@ -3,17 +3,12 @@
 Input: the steps `tessera.policies.overload.steps` decided (pure), the agents' gRPC
 addresses in them, and a callback that changes the gateway's routable replica set.
 Caller: `tessera.control.overload.OverloadLoop` (the loop the operator, `tessera up` and
-`tessera bench overload` tick), and the acceptance test. Each step
-is one RPC or a short poll; the driver keeps only what the steps hand on: the pages the
-paused head holds (which pages' K/V to exchange), the page moves of a compaction, and
-each block's pool after a shift (the allocator target on resume). The exchange copies
-those pages' K/V layer range with `ExportKV` -> `ImportKV` in chunks of `chunk_pages`
-pages, page ids unchanged (the caller sizes chunks; `policies.kv_exchange.chunk_bytes`
-gives about one stage step on the link; the bench and the test use fixed 4 and 3 pages).
-The head is paused during the exchange, so no activation competes with it. One driver may
-run several groups' steps at once; their routes steps go one at a time. The report times
-each kind of step (`step_s`: a drop's `Routes` waits for the gateway, its `Drain` for the
-donors' running requests).
+`tessera bench overload` tick), and the acceptance test. Each step is one RPC or a short
+poll; the driver keeps only what the steps hand on (the paused head's pages, a
+compaction's page moves, each block's pool after a shift). The exchange copies K/V with
+`ExportKV` -> `ImportKV` in chunks of `chunk_pages` pages, ids unchanged, the head paused.
+Several groups' steps may run at once, their routes steps one at a time; the report times
+each kind of step (`step_s`). Details: `docs/overload.md`.
 """
 
 from __future__ import annotations
