@@ -10,8 +10,7 @@ Decision, pure (`policies/overload/`): `held.read`, `assess_restore` + `hold_res
 group, `assess` + `drop_plan.merge_order` (busy heads, idle donors) + `plan_drop`, `steps`
 (a plan's groups share no member and drop at once). Actuation: `overload_driver.Driver`
 (its routes steps call `set_routes`). Report: a `Tick` with events, whether the agents
-changed and how long the drops' steps took; the operator writes `status.overload`, the
-`Overloaded` condition and events (`shifted_message`), `tessera up` runs a pass.
+changed and how long the drops' steps took (the operator writes status and events).
 Caller: `tessera_operator.overload_loop` and `tessera up` (every 0.5 s); docs/overload.md.
 """
 
