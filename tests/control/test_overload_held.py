@@ -277,9 +277,51 @@ def test_the_groups_of_one_plan_drop_at_once() -> None:
                 done["other"].set()
             return overload_driver.Report()
 
+    from tessera.observability import control as recorder
+
+    def drops_recorded() -> int:
+        return sum(r.loop == "overload" and r.action == "drop" for r in recorder.current().recent())
+
+    before = drops_recorded()
     loop = control.OverloadLoop(Driver(tls=None))
     cfg = overload.OverloadConfig(enabled=True)
     out = asyncio.run(loop.tick(members, cfg, 8, obs, calls))
     assert out.drops == 2, out.events
     assert len(heads) == 2
     assert waited_out == []
+    assert drops_recorded() - before == 2  # each group's drop is a recorded control action
+
+
+def test_drops_and_restores_are_recorded_control_actions() -> None:
+    """A drop and a restore the loop drives are `overload/drop` and `overload/restore`
+    actions of the process's recorder (the dashboard's "Overload drops and restores"
+    panel and the traces read them); the takeover's resume is not one."""
+    import asyncio
+
+    from tessera.control import overload_driver
+    from tessera.observability import control as recorder
+    from tessera.policies.overload import monitor as overload
+
+    class Driver(overload_driver.Driver):
+        async def run(self, steps: object) -> overload_driver.Report:
+            tuple(steps)  # type: ignore[call-overload]
+            return overload_driver.Report()
+
+    def seen() -> list[tuple[str, str, str]]:
+        return [
+            (r.loop, r.action, r.outcome)
+            for r in recorder.current().recent()
+            if r.loop == "overload"
+        ]
+
+    before = len(seen())
+    # a dropped group whose demand is low: restored (no hold)
+    o = _obs([_block("r0", 0, 0, 4, 2)], [_block("r0", 1, 4, 8, 2)])
+    load = (observed.ReplicaLoad("r0", 8, 0),)
+    obs = observed.Observed(
+        (observed.AgentInfo("agent-0", A0, blocks=o.agents[0].blocks, kv=load), o.agents[1])
+    )
+    loop = control.OverloadLoop(Driver(tls=None))
+    cfg = overload.OverloadConfig(enabled=True, restore_hold_s=0.0)
+    assert asyncio.run(loop.tick(MEMBERS, cfg, 8, obs, {})).restores == 1
+    assert seen()[before:] == [("overload", "restore", "ok")]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from tessera import blocks, observed, routes_doc
 from tessera.control import gateway_load, overload_driver
+from tessera.observability import control
 from tessera.policies.overload import drop_plan
 from tessera.policies.overload import held as overload_held
 from tessera.policies.overload import monitor as overload
@@ -95,16 +96,23 @@ class OverloadLoop:
     async def close(self) -> None:
         await self.driver.close()
 
-    async def _run(self, steps: Sequence[overload_steps.Step]) -> overload_driver.Report:
+    async def _run(
+        self, steps: Sequence[overload_steps.Step], action: str = "", head: str = ""
+    ) -> overload_driver.Report:
+        """Drive `steps`; a drop or a restore (`action`) is a recorded control action
+        (`overload/drop`, `overload/restore`: counted, timed, traced; docs/observability.md)."""
         if steps:
             self.runs += 1
-        return await self.driver.run(steps)
+        if not action:
+            return await self.driver.run(steps)
+        with control.action("overload", action, head=head):
+            return await self.driver.run(steps)
 
     async def _try(
-        self, steps: Sequence[overload_steps.Step]
+        self, steps: Sequence[overload_steps.Step], action: str = "", head: str = ""
     ) -> overload_driver.Report | overload_driver.DriveError:
         try:
-            return await self._run(steps)
+            return await self._run(steps, action, head)
         except overload_driver.DriveError as exc:
             return exc
 
@@ -182,7 +190,9 @@ class OverloadLoop:
             self.below_since.pop(g.head, None)
             try:
                 rep = await self._run(
-                    overload_steps.restore_steps(g.group, steps_members, num_layers)
+                    overload_steps.restore_steps(g.group, steps_members, num_layers),
+                    "restore",
+                    g.head,
                 )
             except overload_driver.DriveError as exc:
                 out.events.append(Event("Warning", "OverloadRestoreFailed", f"{g.head}: {exc}"))
@@ -217,7 +227,10 @@ class OverloadLoop:
         # group's head waits for its own group's drain, not for every group's in turn.
         changed = [g for g in plan.groups if g.changed]
         runs = await asyncio.gather(
-            *(self._try(overload_steps.drop_steps(g, steps_members)) for g in changed)
+            *(
+                self._try(overload_steps.drop_steps(g, steps_members), "drop", g.stages[0].replica)
+                for g in changed
+            )
         )
         for group, got in zip(changed, runs, strict=True):
             if isinstance(got, overload_driver.DriveError):
