@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tessera import blocks, observed, routes_doc
 from tessera.control import gateway_load
 from tessera.control import overload as control
@@ -221,7 +223,7 @@ def test_a_restore_waits_until_demand_stayed_low_for_the_hold() -> None:
     assert restores() == 1
 
 
-def test_the_groups_of_one_plan_drop_at_once() -> None:
+def test_the_groups_of_one_plan_drop_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A plan of two groups drops them concurrently (they share no member): a request
     queued on the second group's head does not wait for the first group's drain (a
     donor finishing its running requests). The fake driver holds the first group's drop
@@ -282,6 +284,7 @@ def test_the_groups_of_one_plan_drop_at_once() -> None:
     def drops_recorded() -> int:
         return sum(r.loop == "overload" and r.action == "drop" for r in recorder.current().recent())
 
+    monkeypatch.setattr(recorder._Process, "recorder", recorder.Recorder())  # its own window
     before = drops_recorded()
     loop = control.OverloadLoop(Driver(tls=None))
     cfg = overload.OverloadConfig(enabled=True)
@@ -292,7 +295,7 @@ def test_the_groups_of_one_plan_drop_at_once() -> None:
     assert drops_recorded() - before == 2  # each group's drop is a recorded control action
 
 
-def test_drops_and_restores_are_recorded_control_actions() -> None:
+def test_drops_and_restores_are_recorded_control_actions(monkeypatch: pytest.MonkeyPatch) -> None:
     """A drop and a restore the loop drives are `overload/drop` and `overload/restore`
     actions of the process's recorder (the dashboard's "Overload drops and restores"
     panel and the traces read them); the takeover's resume is not one."""
@@ -314,6 +317,7 @@ def test_drops_and_restores_are_recorded_control_actions() -> None:
             if r.loop == "overload"
         ]
 
+    monkeypatch.setattr(recorder._Process, "recorder", recorder.Recorder())  # its own window
     before = len(seen())
     # a dropped group whose demand is low: restored (no hold)
     o = _obs([_block("r0", 0, 0, 4, 2)], [_block("r0", 1, 4, 8, 2)])
