@@ -490,6 +490,7 @@ def test_one_replica_over_every_gpu_switches_by_shrinking_its_pool(small_oserve)
     sw._gen = 1
     arr = oserve.mix_arrivals(base, [(60.0, (0.25, 0.25, 0.25, 0.25))], 6.0)
     eng = engine.Engine(start.replicas, oserve.router(base, start.shares))
+    planned = {r.name: r.alloc.num_pages for r in target.replicas}
     eng.at(8.0, "switch", lambda: sw._transition(eng, target, a.hetero[0]))
     res = eng.run(arr, until=60.0)
     assert len(res.done) == len(arr) and res.unfinished == 0
@@ -499,6 +500,9 @@ def test_one_replica_over_every_gpu_switches_by_shrinking_its_pool(small_oserve)
     assert set(eng.replicas) == {r.name for r in target.replicas}
     assert any("shrink the KV pool" in a for _, a in res.actions)
     assert any("grow the KV pool" in a for _, a in res.actions)
+    # the old layout gone, every new pool is back at its planned size: the grow counts
+    # each stage's budget against the planned pool, not the pool its most cut stage left
+    assert {r.name: r.alloc.num_pages for r in target.replicas} == planned
 
 
 def test_the_decisions_never_import_the_simulator_contract() -> None:

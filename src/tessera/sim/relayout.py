@@ -113,8 +113,10 @@ class Executor:
     # parameter bytes per unit: loads take their parts from several peers by the OServe
     # switch plan (`World.sourcing == "switch"`, the operator's default); None: one peer
     model: placement.ModelBytes | None = None
+    full_pages: dict[str, int] = field(default_factory=dict)  # new replica id -> planned pool
 
     def __post_init__(self) -> None:
+        self.full_pages = {r: rep.alloc.num_pages for r, rep in self.new.replicas.items()}
         for p in self.old.placed:
             self.held.setdefault(p.agent, []).append(p.block)
         self.published = routes_doc.RoutesDoc(
@@ -259,8 +261,9 @@ class Executor:
         rep = self.new.replicas.get(a.block.replica_id)
         planned = self._planned(a.block)
         if rep is not None and planned is not None and a.block.kv_bytes < planned.kv_bytes:
-            # loaded with a cut KV budget (shrink-pools): its pool holds that many pages
-            pages = rep.alloc.num_pages * a.block.kv_bytes // planned.kv_bytes
+            # loaded with a cut KV budget (shrink-pools): its pool holds what its most cut
+            # stage's budget holds (a share of the planned pool, not of the pool now)
+            pages = self._pages_of(a.block.replica_id, a.block)
             rep.alloc.resize(max(1, min(pages, rep.alloc.num_pages)))
         self._finish(eng, step)
 
@@ -269,6 +272,15 @@ class Executor:
             if p.block.key == b.key:
                 return p.block
         return None
+
+    def _pages_of(self, replica_id: str, b: blocks.Block) -> int:
+        """The pages a new replica's pool holds with stage block `b`'s KV budget: its
+        planned pool in the ratio of `b`'s budget to the planned stage's."""
+        planned = self._planned(b)
+        full = self.full_pages.get(replica_id)
+        if planned is None or full is None or not planned.kv_bytes:
+            return 0
+        return full * b.kv_bytes // planned.kv_bytes
 
     def _resize(self, eng: engine.Engine, a: actions.ResizeKV) -> None:
         rep = self.old.replicas.get(a.replica_id) or self.new.replicas.get(a.replica_id)
@@ -280,7 +292,12 @@ class Executor:
                 for i, b in enumerate(held):
                     if b.key == st.block.key and node == st.agent:
                         if not a.num_pages and b.kv_bytes:  # grow to the stages' budgets
-                            n = rep.alloc.num_pages * st.block.kv_bytes // b.kv_bytes
+                            # a new replica: its planned pool in the stages' budgets'
+                            # ratio (every stage counts, not the one cut most); else
+                            # the pool now scaled by this stage's change
+                            n = self._pages_of(a.replica_id, st.block) or (
+                                rep.alloc.num_pages * st.block.kv_bytes // b.kv_bytes
+                            )
                             pages = n if not pages else min(pages, n)
                         held[i] = st.block
         pages = max(pages, rep.alloc.held_pages, 1)
