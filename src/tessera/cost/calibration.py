@@ -2,18 +2,14 @@
 
 The planner prices a layout with `planner.latency.LatencyModel`; where that price is
 wrong, the switching loop switches to a worse layout. Input: samples `(layout, predicted
-P99, measured P99, split)` ("fit" or held-out "eval"), each with an optional `point` (the
-demand's class shares, then its load as a share of the sustainable rate). `fit` keeps the
-measured / predicted ratios per layout; the correction at a demand comes from the fit
-samples of the nearest calibrated mix, interpolated linearly in the load (a mix's own
-samples only: the ratio is not smooth between mixes). It reports per layout the corrected
-and raw relative errors on held-out samples (a sample measured as the mean of several runs:
-also its worst single run, `run_max`); a layout with no samples keeps the raw price and the
-largest raw error seen; a planner label of shapes calibrated one by one
-(`cost.profile_calibration`) takes its shapes' (`lookup`). `error(layout)`, the larger of the
-two maxima, is the switching hysteresis (`policies.switching.gain_threshold`). `dump` /
-`load`: JSON. Pure; called by the simulator's Table 2, `tessera bench sim`, `tessera
-calibrate` and the operator.
+P99, measured P99, split)` ("fit" or held-out "eval"), each with an optional `point` (class
+shares, then load as a share of the sustainable rate). `fit` keeps measured / predicted
+ratios per layout, interpolated in the load within the nearest calibrated mix. It reports
+per layout the corrected and raw held-out errors (a sample that is the mean of several
+runs: also its worst single run, `run_max`); `error(layout)`, the larger of the two maxima,
+is the switching hysteresis (`policies.switching.gain_threshold`). `lookup` serves planner
+labels calibrated shape by shape (`cost.profile_calibration`). `dump` / `load`: JSON. Pure;
+called by the simulator's Table 2, `tessera bench sim`, `tessera calibrate`, the operator.
 """
 
 from __future__ import annotations
