@@ -164,6 +164,32 @@ def slots_of(block_table: Sequence[int], length: int, page_size: int) -> torch.T
     return idx[:length]
 
 
+# Decode gather tables of at most this many slots (rows x longest context) are built in
+# Python, two `torch.tensor` calls, instead of ~12 small tensor ops: a decode step's
+# eager ops between compiled graphs cost several times their isolated time (cold caches
+# after the graph streams the weights), and these were most of them.
+SMALL_DECODE_SLOTS = 1024
+
+
+def _small_decode_tables(
+    tables: list[tuple[int, ...]], lens: list[int], ps: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decode rows' gather table [B, Lmax] and additive mask [B, 1, 1, Lmax], as the
+    tensor path below makes them (past a row's context: slot 0, -inf)."""
+    lmax = max(lens)
+    offsets = range(ps)
+    gather: list[list[int]] = []
+    mask: list[list[float]] = []
+    inf = float("-inf")
+    for bt, n in zip(tables, lens, strict=True):
+        row = [page * ps + o for page in bt[: -(-n // ps)] for o in offsets][:n]
+        gather.append(row + [0] * (lmax - n))
+        mask.append([0.0] * n + [inf] * (lmax - n))
+    g = torch.tensor(gather, dtype=torch.long, device=device)
+    m = torch.tensor(mask, dtype=torch.float32, device=device).view(len(lens), 1, 1, lmax)
+    return g, m
+
+
 def build_metadata(
     chunks: Sequence[Chunk], page_size: int, device: torch.device
 ) -> AttentionMetadata:
@@ -206,7 +232,9 @@ def build_metadata(
             mask = (torch.arange(ctx)[None, :] <= q).to(device)
             prefill.append(PrefillSegment(row, n, slots, mask))
         row += n
-    if decode_rows:
+    if decode_rows and len(decode_rows) * max(decode_lens) <= SMALL_DECODE_SLOTS:
+        gather, mask = _small_decode_tables(decode_tables, decode_lens, ps, device)
+    elif decode_rows:
         lmax = max(decode_lens)
         npages = -(-lmax // ps)
         tables = torch.tensor(

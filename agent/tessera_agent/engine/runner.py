@@ -242,8 +242,12 @@ class StageRunner:
             return self.sampled(inp.step_id, graphed.float(), ids, params)
         self._plan_attention(md, inp.chunks)
         compiled = None if self.runs else self._compiled(x, md, inp.chunks)
+        if compiled is not None and compiled[1] is not None:  # logits of every row
+            rows, ids, params = sample_rows(inp.chunks)
+            if len(rows) == compiled[1].shape[0]:
+                return self.sampled(inp.step_id, compiled[1].float(), ids, params)
         if compiled is not None:
-            hidden = compiled
+            hidden = compiled[0]
         elif self.runs:
             hidden = layer_run.forward(
                 self.model, x, md, self.cache.layers(), inp.chunks, self.runs
@@ -268,8 +272,10 @@ class StageRunner:
 
     def _compiled(
         self, x: torch.Tensor, md: attention.AttentionMetadata, chunks: list[step.SeqChunk]
-    ) -> torch.Tensor | None:
-        """The step through the compiled decode graph, or None: run it eagerly.
+    ) -> decode_graph.Step | None:
+        """The step through the compiled decode graph (hidden states, and every row's
+        logits when the graph made them: a pure-decode step of a last stage), or None: run
+        it eagerly.
 
         A mixed step whose leading decode rows are many (`split_min_decodes`, the steps
         of a saturated replica) runs as two passes: the decode rows through the graph,
@@ -281,7 +287,7 @@ class StageRunner:
             return None
         kv = self.cache.layers()
         if decode_trace.is_pure_decode(md):
-            return graph(x, md, kv)
+            return graph.decode(x, md, kv)
         b = md.decode_rows.numel()
         if not md.decode_leading or b < self.split_min_decodes or graph.state != "ready":
             return None
@@ -294,7 +300,7 @@ class StageRunner:
         tail_md.packed = self._packs()
         tail = self.model(x[b:], tail_md, kv)
         self.split_steps += 1
-        return torch.cat((head, tail))
+        return torch.cat((head, tail)), None
 
     def forget(self, seq_id: str) -> None:
         self.block_tables.pop(seq_id, None)
