@@ -145,12 +145,18 @@ def _worker(system: str, model: str, prompts_file: str, new: int) -> None:
 
         torch.set_num_threads(int(os.environ.get(ANCHOR_THREADS_ENV) or THREADS))
         from tessera_agent import bench_engine
-        from tessera_agent.engine import host_malloc
+        from tessera_agent.engine import host_malloc, options
 
         host_malloc.tune()  # as an agent process does at start
+        # The compiled decode as `main` set it for an agent (`TESSERA_COMPILE_DECODE`),
+        # warmed up before anything is timed. The engine reads no environment and defaults
+        # to eager, so it is passed here: without it this worker timed the eager engine.
+        opts = options.EngineOptions.from_env(os.environ, compile_default=True)
 
         # KV room for the large batch (128 x 96 tokens x 8 KiB); vLLM's is 1 GiB
-        ctx = bench_engine._engine_generate(Path(model), sets["short"], new, kv_bytes=256 << 20)
+        ctx = bench_engine._engine_generate(
+            Path(model), sets["short"], new, opts.compile_decode != "off", kv_bytes=256 << 20
+        )
         eng = ctx.__enter__()
 
         def run(b: int, n: int, prompts: list[list[int]]) -> list[list[int]]:
