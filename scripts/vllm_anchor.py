@@ -7,8 +7,10 @@ torchcodec that it brings (vLLM does not import with them), and then measures, o
 default tiny checkpoint (8 layers, hidden 256, float32):
 
 (a) offline greedy generation, 64 new tokens, batch 1 and batch 8, same prompts as
-    `tessera bench engine`: Tessera's in-process engine and vLLM's `LLM.generate`, each in
-    its own long-lived worker process (2 threads each), timed alternately round by round,
+    `tessera bench engine`: Tessera's in-process engine (its compiled decode, as an agent
+    runs it, unless `--tessera-eager`) and vLLM's `LLM.generate`, each in its own
+    long-lived worker process (2 threads each but in a one-thread candidate), timed
+    alternately round by round,
     each run after a 2 s settle; plus, for information, batch 128 of 64-token prompts with
     32 new tokens (the served workload's shape, without the servers). First each system
     runs in every candidate configuration of its OpenMP placement (`pick`: vLLM's
