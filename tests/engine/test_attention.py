@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tessera_agent.engine import attention
+from tessera_agent.engine import attention, decode_tables
 
 PS, NH, NKV, HD = 4, 4, 2, 8
 
@@ -107,7 +107,7 @@ def test_small_decode_tables_equal_the_tensor_path(monkeypatch: pytest.MonkeyPat
             table = tuple(int(p) for p in torch.randperm(64, generator=g)[:pages] + 1)
             chunks.append(attention.ChunkGeometry(start, n, table))
         small = attention.build_metadata(chunks, ps, torch.device("cpu"))
-        monkeypatch.setattr(attention, "SMALL_DECODE_SLOTS", -1)
+        monkeypatch.setattr(decode_tables, "SMALL_SLOTS", -1)
         big = attention.build_metadata(chunks, ps, torch.device("cpu"))
         monkeypatch.undo()
         for name in ("decode_gather", "decode_mask", "positions", "slot_mapping", "decode_rows"):

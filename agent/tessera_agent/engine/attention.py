@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tessera_agent.engine import decode_tables
+
 
 class Chunk(Protocol):
     """What attention needs of one chunk of a step (`step.SeqChunk` has it)."""
@@ -164,32 +166,6 @@ def slots_of(block_table: Sequence[int], length: int, page_size: int) -> torch.T
     return idx[:length]
 
 
-# Decode gather tables of at most this many slots (rows x longest context) are built in
-# Python, two `torch.tensor` calls, instead of ~12 small tensor ops: a decode step's
-# eager ops between compiled graphs cost several times their isolated time (cold caches
-# after the graph streams the weights), and these were most of them.
-SMALL_DECODE_SLOTS = 1024
-
-
-def _small_decode_tables(
-    tables: list[tuple[int, ...]], lens: list[int], ps: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The decode rows' gather table [B, Lmax] and additive mask [B, 1, 1, Lmax], as the
-    tensor path below makes them (past a row's context: slot 0, -inf)."""
-    lmax = max(lens)
-    offsets = range(ps)
-    gather: list[list[int]] = []
-    mask: list[list[float]] = []
-    inf = float("-inf")
-    for bt, n in zip(tables, lens, strict=True):
-        row = [page * ps + o for page in bt[: -(-n // ps)] for o in offsets][:n]
-        gather.append(row + [0] * (lmax - n))
-        mask.append([0.0] * n + [inf] * (lmax - n))
-    g = torch.tensor(gather, dtype=torch.long, device=device)
-    m = torch.tensor(mask, dtype=torch.float32, device=device).view(len(lens), 1, 1, lmax)
-    return g, m
-
-
 def build_metadata(
     chunks: Sequence[Chunk], page_size: int, device: torch.device
 ) -> AttentionMetadata:
@@ -199,7 +175,7 @@ def build_metadata(
     positions: list[int] = []
     slot_map: list[int] = []
     decode_rows: list[int] = []
-    decode_tables: list[tuple[int, ...]] = []
+    decode_pages: list[tuple[int, ...]] = []
     decode_lens: list[int] = []
     prefill: list[PrefillSegment] = []
     fresh: list[FreshGroup] = []
@@ -210,7 +186,7 @@ def build_metadata(
             positions.append(start)
             slot_map.append(bt[start // ps] * ps + start % ps)
             decode_rows.append(row)
-            decode_tables.append(bt)
+            decode_pages.append(bt)
             decode_lens.append(start + 1)
             row += 1
             continue
@@ -232,27 +208,8 @@ def build_metadata(
             mask = (torch.arange(ctx)[None, :] <= q).to(device)
             prefill.append(PrefillSegment(row, n, slots, mask))
         row += n
-    if decode_rows and len(decode_rows) * max(decode_lens) <= SMALL_DECODE_SLOTS:
-        gather, mask = _small_decode_tables(decode_tables, decode_lens, ps, device)
-    elif decode_rows:
-        lmax = max(decode_lens)
-        npages = -(-lmax // ps)
-        tables = torch.tensor(
-            [list(t[:npages]) + [0] * (npages - len(t[:npages])) for t in decode_tables],
-            dtype=torch.long,
-        )
-        gather = (tables[:, :, None] * ps + torch.arange(ps)[None, None, :]).reshape(
-            len(decode_rows), -1
-        )[:, :lmax]
-        lens = torch.tensor(decode_lens)
-        inside = (torch.arange(lmax)[None, :] < lens[:, None])[:, None, None, :]
-        # Positions past a sequence's context read slot 0, masked: one cached row instead
-        # of stale slots of its last page or page 0's (the padding of a step's shorter
-        # contexts was a fifth of the KV read at contexts 64-96).
-        gather = gather.masked_fill(~inside[:, 0, 0, :], 0)
-        # Additive float mask built once per step (a bool mask is converted per layer).
-        mask = torch.zeros(inside.shape).masked_fill_(~inside, float("-inf"))
-        gather, mask = gather.to(device), mask.to(device)
+    if decode_rows:
+        gather, mask = decode_tables.build(decode_pages, decode_lens, ps, device)
     else:
         gather = torch.empty(0, 0, dtype=torch.long, device=device)
         mask = torch.empty(0, 1, 1, 0, device=device)
