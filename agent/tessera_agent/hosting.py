@@ -37,6 +37,7 @@ from tessera_agent import (
     load_check,
     load_config,
     load_fetch,
+    load_ready,
     load_sources,
     load_wire,
     sleep_shards,
@@ -48,7 +49,6 @@ from tessera_agent import (
 from tessera_agent.engine import (
     block_zoo,
     compile_policy,
-    decode_graph,
     errors,
     omp_teams,
     replica,
@@ -96,7 +96,8 @@ class Hosting:
             1, thread_name_prefix="loader", release=defaults.engine.omp_release
         )
         self._lock = asyncio.Lock()
-        self._settling: set[asyncio.Task[None]] = set()  # gc settles waiting for warm-ups
+        # gc settles waiting for warm-ups, by holder (a load awaits its own: `load`)
+        self._settling: dict[str, asyncio.Task[None]] = {}
 
     async def close(self) -> None:
         for h in [*self.hosted.values(), *self.more_ranks.values()]:
@@ -151,25 +152,22 @@ class Hosting:
         kept: dict[str, torch.Tensor] | None = None,
     ) -> Loaded:
         """Load the block; with the compiled decode on (an agent's default) answer only
-        once its graphs exist (`compile_policy.warm_before_ready`): ready means warm.
+        once its graphs exist (`compile_policy.warm_before_ready`) and the collector has
+        settled what they made (`gc_heap`): ready means warm.
         `kept`: its tensors as a sleep kept them in host memory (a TP rank's slices)."""
         began = time.monotonic()
         loaded = await self._load(
             spec, source, max_num_seqs, max_batched_tokens, data_plane, parts, kept
         )
-        graph = loaded.hosted.stage.runner.decode_graph
-        # "already loaded" too: a retried load (its first call timed out) waits as well
-        if graph is not None and graph.state == "warming":
-            if compile_policy.warm_before_ready(
-                self.defaults.engine, graph.device
-            ):  # outside the load lock
-                await asyncio.get_running_loop().run_in_executor(None, graph.wait)
-                log.info(
-                    "%s: ready after its warm-up (compile: %s, %.1f s)",
-                    loaded.hosted.holder,
-                    graph.status,
-                    graph.warmup_s,
-                )
+        await load_ready.until_ready(
+            loaded.hosted,
+            loaded.how == "loaded",
+            self.defaults,
+            self.compute,
+            self._settling,
+            max_num_seqs,
+            max_batched_tokens,
+        )
         if loaded.how == "loaded":
             loaded.hosted.sources.seconds = time.monotonic() - began
         return loaded
@@ -292,7 +290,9 @@ class Hosting:
             compile_policy.begin(
                 loaded.runner.decode_graph, graph_bytes, loaded.runner.cache.layers()
             )
-            self._settle_when_warm(loaded.runner.decode_graph, h.holder)
+            load_ready.settle_when_warm(
+                loaded.runner.decode_graph, h.holder, self.defaults, self._settling
+            )
             if loaded.runner.graphs is not None:  # CUDA graphs: captured before ready
                 await load_wire.capture_graphs(h, self.memory, dev.id, reserve, self.compute)
             if loaded.pieces is not None:  # each new piece is booked once, for every user
@@ -380,18 +380,3 @@ class Hosting:
             asyncio.get_running_loop().call_soon(
                 functools.partial(gc_heap.settle, f"unloaded {replica_id}/{stage_index}", True)
             )
-
-    def _settle_when_warm(self, graph: decode_graph.CompiledDecode | None, holder: str) -> None:
-        """Freeze the heap (`gc_heap`) once the block's compiled decode, whose compiler
-        state is most of the new objects, has warmed up; at once when there is none."""
-        if not self.defaults.gc_settle:
-            return
-
-        async def settle() -> None:
-            if graph is not None and graph.state == "warming":
-                await asyncio.get_running_loop().run_in_executor(None, graph.wait)
-            gc_heap.settle(f"loaded {holder}")
-
-        task = asyncio.get_running_loop().create_task(settle())
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)

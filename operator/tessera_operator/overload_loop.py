@@ -163,12 +163,7 @@ async def tick(
             post = kopf.warn if e.kind == "Warning" else kopf.info
             post(body, reason=e.reason, message=e.message)
         if out.drops or out.restores:
-            kopf.info(
-                body,
-                reason="OverloadShifted",
-                message=f"{out.drops} drops, {out.restores} restores: exchange "
-                f"{out.exchange_s * 1e3:.1f} ms, paused {out.paused_s * 1e3:.1f} ms",
-            )
+            kopf.info(body, reason="OverloadShifted", message=control.shifted_message(out))
         if out.acted:
             _write_status(body, memo, ctx.kube, ctx.posted, dep, whole, await seen.get())
 

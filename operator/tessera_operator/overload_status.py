@@ -6,7 +6,7 @@ loop's tick after it acted (`patch`: the same two fields from the tick's new
 observation, without a reconcile pass). Input: a pass's `outcome.Outcome`, or the
 whole replicas `status.plan` names and an observation. A *dropped group* is a replica
 the plan has whole that the agents hold as a pipeline: the overload loop
-(`tessera.control.overload_loop`) turned it and donor replicas into one (`docs/overload.md`).
+(`tessera.control.overload`) turned it and donor replicas into one (`docs/overload.md`).
 Each group lists its stages: agent, layers, KV pages. Pure, except `Posted.record`.
 """
 

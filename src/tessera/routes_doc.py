@@ -3,7 +3,8 @@
 Written by the operator (`tessera_operator.gateway_objects.routes`) and `tessera up`; re-read by
 the gateway (`tessera.gateway.routes`), which answers `GET /admin/v1/routes` with `AdminRoutes`.
 JSON: `version` (plan generation), `drainDeadlineSeconds`, `cutOverAt` (unix time published),
-`model`, `modelPath`, `replicas` (`id`, `address`), `classShares`, `classes`.
+`model`, `modelPath`, `replicas` (`id`, `address`, `closed`: no new requests while another
+replica is routable), `classShares`, `classes`.
 Every change of the replica set is a cut-over, even at one `version`. Replicas named before but
 not now are leaving: no new requests; in-flight ones finish within `drainDeadlineSeconds` or
 have their KV moved. Older documents parse as version 0 with the default deadline. Pure;
@@ -25,6 +26,9 @@ DEFAULT_DRAIN_DEADLINE_S = 30.0
 class RouteReplica:
     id: str
     address: str  # the leader's (stage 0) agent, host:port; "" = not placed yet
+    # no new requests while another replica is routable; its running and queued ones stay
+    # (the head of an overload drop, until its pool has grown: docs/overload.md)
+    closed: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,10 @@ class RoutesDoc:
             "cutOverAt": self.cut_over_at,
             "model": self.model,
             "modelPath": self.model_path,
-            "replicas": [{"id": r.id, "address": r.address} for r in self.replicas],
+            "replicas": [
+                {"id": r.id, "address": r.address, **({"closed": True} if r.closed else {})}
+                for r in self.replicas
+            ],
             "classShares": {k: dict(v) for k, v in self.class_shares.items()},
             "classes": [
                 {"name": c.name, "inputTokens": c.input_tokens, "outputTokens": c.output_tokens}
@@ -96,7 +103,10 @@ def parse(obj: object) -> RoutesDoc:
             raise ValueError(f"replicas[{i}].id: expected a non-empty string")
         if not isinstance(address, str):
             raise ValueError(f"replicas[{i}].address: expected a string host:port")
-        replicas.append(RouteReplica(rid, address))
+        closed = item.get("closed", False)
+        if not isinstance(closed, bool):
+            raise ValueError(f"replicas[{i}].closed: expected true or false")
+        replicas.append(RouteReplica(rid, address, closed))
     ids = [r.id for r in replicas]
     if len(set(ids)) != len(ids):
         raise ValueError(f"replicas: duplicate ids in {ids}")

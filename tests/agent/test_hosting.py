@@ -185,8 +185,7 @@ def test_the_heap_is_frozen_after_a_load_and_a_dropped_stage_is_freed(
         done = await h.load(_block(tiny_llama, "default.d.r0.g1", 1))
         model = weakref.ref(done.hosted.stage.runner.model)
         del done
-        await asyncio.gather(*h._settling)  # the settle waits for a warm-up, if any
-        assert gc.get_freeze_count() > 0
+        assert gc.get_freeze_count() > 0  # settled before the load answered
         await h.unload("default.d.r0.g1", 0)
         await asyncio.sleep(0)  # the reclaiming settle runs once unload's frame is gone
         assert model() is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tessera import blocks, observed, routes_doc
 from tessera.control import gateway_load
 from tessera.control import overload as control
@@ -84,7 +86,7 @@ def test_a_drop_cut_short_gives_the_stage_back_and_resumes_the_head() -> None:
             "",
             ((h, 0, 8),),
         ),
-        overload_steps.Routes(add=("r1",)),
+        overload_steps.Routes(add=("r1",), reopen=("r0",)),  # the drop had closed r0
     )
 
 
@@ -115,6 +117,21 @@ def test_routes_change_keeps_the_version() -> None:
     assert out.replica_ids == ("r0",) and out.version == 3
     back = control.routes_change(out, overload_steps.Routes(add=("r1",)), {"r1": A1})
     assert back == doc
+
+
+def test_routes_change_closes_a_drops_head_and_reopens_it() -> None:
+    """The drop's first routes step closes the head (no new requests while another
+    replica is routable) as it removes the donor; the last one opens it again; both in
+    the document the gateway reads, at the same version."""
+    doc = routes_doc.RoutesDoc(
+        tuple(routes_doc.RouteReplica(f"r{i}", f"127.0.0.1:{i + 1}") for i in range(3)), version=3
+    )
+    out = control.routes_change(doc, overload_steps.Routes(remove=("r1",), close=("r0",)), {})
+    assert [(r.id, r.closed) for r in out.replicas] == [("r0", True), ("r2", False)]
+    assert routes_doc.parse(out.to_json()) == out  # the flag survives the document
+    again = control.routes_change(out, overload_steps.Routes(reopen=("r0",)), {})
+    assert [(r.id, r.closed) for r in again.replicas] == [("r0", False), ("r2", False)]
+    assert "closed" not in again.to_json()["replicas"][0]  # older gateways read it as before
 
 
 def test_a_failed_restore_leaves_no_head_paused() -> None:
@@ -206,7 +223,7 @@ def test_a_restore_waits_until_demand_stayed_low_for_the_hold() -> None:
     assert restores() == 1
 
 
-def test_the_groups_of_one_plan_drop_at_once() -> None:
+def test_the_groups_of_one_plan_drop_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A plan of two groups drops them concurrently (they share no member): a request
     queued on the second group's head does not wait for the first group's drain (a
     donor finishing its running requests). The fake driver holds the first group's drop
@@ -262,9 +279,53 @@ def test_the_groups_of_one_plan_drop_at_once() -> None:
                 done["other"].set()
             return overload_driver.Report()
 
+    from tessera.observability import control as recorder
+
+    def drops_recorded() -> int:
+        return sum(r.loop == "overload" and r.action == "drop" for r in recorder.current().recent())
+
+    monkeypatch.setattr(recorder._Process, "recorder", recorder.Recorder())  # its own window
+    before = drops_recorded()
     loop = control.OverloadLoop(Driver(tls=None))
     cfg = overload.OverloadConfig(enabled=True)
     out = asyncio.run(loop.tick(members, cfg, 8, obs, calls))
     assert out.drops == 2, out.events
     assert len(heads) == 2
     assert waited_out == []
+    assert drops_recorded() - before == 2  # each group's drop is a recorded control action
+
+
+def test_drops_and_restores_are_recorded_control_actions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drop and a restore the loop drives are `overload/drop` and `overload/restore`
+    actions of the process's recorder (the dashboard's "Overload drops and restores"
+    panel and the traces read them); the takeover's resume is not one."""
+    import asyncio
+
+    from tessera.control import overload_driver
+    from tessera.observability import control as recorder
+    from tessera.policies.overload import monitor as overload
+
+    class Driver(overload_driver.Driver):
+        async def run(self, steps: object) -> overload_driver.Report:
+            tuple(steps)  # type: ignore[call-overload]
+            return overload_driver.Report()
+
+    def seen() -> list[tuple[str, str, str]]:
+        return [
+            (r.loop, r.action, r.outcome)
+            for r in recorder.current().recent()
+            if r.loop == "overload"
+        ]
+
+    monkeypatch.setattr(recorder._Process, "recorder", recorder.Recorder())  # its own window
+    before = len(seen())
+    # a dropped group whose demand is low: restored (no hold)
+    o = _obs([_block("r0", 0, 0, 4, 2)], [_block("r0", 1, 4, 8, 2)])
+    load = (observed.ReplicaLoad("r0", 8, 0),)
+    obs = observed.Observed(
+        (observed.AgentInfo("agent-0", A0, blocks=o.agents[0].blocks, kv=load), o.agents[1])
+    )
+    loop = control.OverloadLoop(Driver(tls=None))
+    cfg = overload.OverloadConfig(enabled=True, restore_hold_s=0.0)
+    assert asyncio.run(loop.tick(MEMBERS, cfg, 8, obs, {})).restores == 1
+    assert seen()[before:] == [("overload", "restore", "ok")]

@@ -198,7 +198,7 @@ def test_a_pass_and_the_overload_tick_in_it_describe_each_agent_once(tiny_llama:
                     dep, str(tiny_llama), refs, apply=False, shared=seen, tls=None
                 )
                 assert out.plan is not None and out.observed is not None, out.message
-                ov = up_overload.UpOverload(
+                ov = up_overload.beside_gateway(
                     out.plan,
                     out.observed,
                     overload.OverloadConfig(enabled=True),

@@ -18,7 +18,7 @@ import torch._dynamo.utils
 from tessera import blocks
 from tessera.rpc import blocks as rpc_blocks
 from tessera_agent import booking, devices, hosted, hosting, load_config, metrics, tiny_checkpoint
-from tessera_agent.engine import compile_cache, compile_policy, options
+from tessera_agent.engine import compile_cache, compile_policy, options, rehearsal
 
 MiB = 1 << 20
 
@@ -72,6 +72,45 @@ def test_cache_folder_and_probe(tmp_path: Path) -> None:
     assert p.outcome == "warm"  # nothing looked up: nothing came from the cache
 
 
+def test_cache_folder_is_the_agents_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the cache holds is run (saved decode graphs, Inductor's code): `configure`
+    makes the folder its owner's only, and warns about one that others can write."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "unused"))
+    env: dict[str, str] = {}
+    own = compile_cache.configure(tmp_path / "own", env)
+    assert own.stat().st_mode & 0o077 == 0 and compile_cache.trust_problems(own) == []
+    shared = compile_cache.folder(tmp_path / "shared")
+    shared.mkdir(parents=True)
+    shared.chmod(0o777)
+    with caplog.at_level("WARNING", logger=compile_cache.__name__):
+        assert compile_cache.configure(tmp_path / "shared", env) == shared
+    assert "writable by its group or others (mode 777)" in caplog.text
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(shared)  # a warning, not a refusal
+
+
+def test_load_answers_once_the_heap_is_settled(
+    one_layer: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collector's pass after a load (`gc_heap.settle`, hundreds of ms after a compile)
+    runs before the load answers, not under the first requests routed to the stage."""
+    settled: list[str] = []
+    monkeypatch.setattr(hosting.gc_heap, "settle", lambda reason, *a: settled.append(reason))
+    hs = hosting.Hosting(
+        "a0",
+        booking.Booking("a0", [devices.Device("cpu:0", "cpu", "virtual", 256 * MiB)]),
+        load_config.LoadDefaults(gc_settle=True),
+        concurrent.futures.ThreadPoolExecutor(1),
+    )
+
+    async def run() -> None:
+        await hs.load(blocks.Block(str(one_layer), 0, 1, replica_id="r0"))
+        assert settled == ["loaded r0/0"]
+
+    asyncio.run(run())
+
+
 def test_background_mode_answers_at_once() -> None:
     cpu = torch.device("cpu")
 
@@ -107,6 +146,8 @@ def test_load_answers_once_warm_and_reports_it(one_layer: Path, cache: Path) -> 
         g = loaded.hosted.stage.runner.decode_graph
         assert g is not None and g.state == "ready" and g.warmed and g.compiles >= 2
         assert g.warmup_s > 0 and g.status == "warm"
+        # and rehearsed: every decode batch size 1..BATCH ran once, through the graph
+        assert g.calls == rehearsal.BATCH and loaded.hosted.stage.runner.block_tables == {}
         info = rpc_blocks.to_proto(hosted.observed(loaded.hosted))
         assert info.compile == "warm" and rpc_blocks.from_proto(info).compile == "warm"
         state = types.SimpleNamespace(

@@ -18,6 +18,7 @@ import torch
 
 from tessera import dtypes as dtype_names
 from tessera_agent.engine import (
+    decode_graph,
     dtypes,
     logprob_oracle,
     memory_shift,
@@ -242,11 +243,35 @@ def test_half_replicated_layer_run(half_ckpts: dict[str, Path], prompts: list[li
     assert run.placed.get("a0/cpu:1", 0) >= 1
 
 
+@pytest.mark.parametrize("dtype", HALF)
 def test_half_stage_loads_with_the_compiled_decode_asked(
-    half_ckpts: dict[str, Path],
+    half_ckpts: dict[str, Path], dtype: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The CPU's compiled decode is float32-only: a half stage asked to compile at load
-    (`wait`) loads and runs eagerly instead of failing in Inductor."""
+    """The CPU's compiled decode, saved graphs (`decode_aot.py`) included, is float32-only:
+    a half stage asked to compile at load (`wait`) loads and runs eagerly instead of
+    failing in Inductor, and says so in the log."""
     wait = options.EngineOptions(compile_decode="wait")
-    (st,) = helpers.load(half_ckpts["bfloat16"], [(0, 8)], engine=wait)
-    assert st.dtype == torch.bfloat16 and st.runner.decode_graph is None
+    with caplog.at_level("WARNING"):
+        (st,) = helpers.load(half_ckpts[dtype], [(0, 8)], engine=wait)
+    assert st.dtype == dtypes.torch_dtype(dtype) and st.runner.decode_graph is None
+    assert f"compiled decode off for layers [0, 8): {dtype}" in caplog.text
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_stage_refused_by_the_saved_graph_path(
+    half_ckpts: dict[str, Path], dtype: str, prompts: list[list[int]]
+) -> None:
+    """Built by hand over a half stage (as a bench could), the compiled decode with its
+    saved graphs refuses before tracing: its warm-up fails with the reason, the stage
+    reports "eager" and its steps run eagerly, within the half-precision oracle."""
+    (st,) = helpers.load(half_ckpts[dtype], [(0, 8)])
+    r = st.runner
+    opts = options.EngineOptions(compile_decode="on", pack_prompts=False)
+    graph = decode_graph.CompiledDecode(r.model, r.device, r.page_size, opts)
+    assert graph.aot
+    graph.start(r.cache.layers())
+    assert graph.wait(60) == "failed" and graph.status == "eager"
+    assert "float32" in graph.reason and graph.compiles == 0
+    r.decode_graph = graph
+    _check(_ratio([st], half_ckpts[dtype], dtypes.torch_dtype(dtype), prompts[:4]))
+    assert graph.calls == 0  # every step eager

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -11,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tessera.gateway import config, server
+from tessera.gateway import config, replicas, server
 from tests.gateway import helpers
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
@@ -131,6 +132,35 @@ async def test_routes_file_reloads_on_change(tiny_llama: Path, tmp_path: Path) -
         await h.stop()
 
 
+async def test_a_changed_routes_file_applies_between_polls(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    """A drop's donors leave the routes before they drain: the file is checked on its own
+    short period, not only at the (much longer) Describe poll."""
+    path = tmp_path / "routes.json"
+    doc = {"model": helpers.MODEL, "modelPath": str(tiny_llama)}
+    path.write_text(
+        json.dumps({**doc, "replicas": [{"id": "a", "address": helpers.dead_address()}]})
+    )
+    h = await server.start_gateway(
+        config.GatewayConfig(
+            "", "", port=0, routes_file=str(path), poll_interval_s=30.0, routes_check_s=0.01
+        )
+    )
+    try:
+        path.write_text(
+            json.dumps({**doc, "replicas": [{"id": "b", "address": helpers.dead_address()}]})
+        )
+        os.utime(path, ns=(3, 3))
+        for _ in range(200):
+            if [e.replica_id for e in h.service.replicas.endpoints] == ["b"]:
+                break
+            await asyncio.sleep(0.01)
+        assert [e.replica_id for e in h.service.replicas.endpoints] == ["b"]
+    finally:
+        await h.stop()
+
+
 async def test_body_too_large_is_413(tiny_llama: Path, session: aiohttp.ClientSession) -> None:
     h = await helpers.start(str(tiny_llama), max_body_bytes=1024)
     try:
@@ -177,3 +207,29 @@ def test_cli_flags_build_a_config() -> None:
     with pytest.raises(ValueError, match="duplicate"):
         config.GatewayConfig("m", "/m", replicas=(config.parse_replica("a=h:1"),) * 2)
     assert gateway_cmd._run(parser.parse_args(["gateway", "--model-name", "m"])) == 1
+
+
+async def test_settle_before_the_first_poll(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry point's heap settle (`before_ready`) runs before the poll that can make
+    `/health` say OK, not under the first requests."""
+    order: list[str] = []
+    real = replicas.ReplicaSet.poll_once
+
+    async def poll_once(self: replicas.ReplicaSet) -> None:
+        order.append("poll")
+        await real(self)
+
+    monkeypatch.setattr(replicas.ReplicaSet, "poll_once", poll_once)
+    cfg = config.GatewayConfig(
+        helpers.MODEL,
+        str(tiny_llama),
+        port=0,
+        replicas=(config.ReplicaEndpoint("gone", helpers.dead_address()),),
+    )
+    gw = await server.start_gateway(cfg, before_ready=lambda: order.append("settle"))
+    try:
+        assert order[:2] == ["settle", "poll"]
+    finally:
+        await gw.stop()

@@ -82,3 +82,19 @@ def test_time_scale_given_wins_and_the_default_is_calibrated() -> None:
     assert seen == [8.0] and keys["time_scale"] == 8.0 and keys["calibration"] is None
     assert keys["burst_rate_rps"] == 8.0  # the window's gaps: 2 s / 2 / 8
     assert reqs == rows_at(8.0)
+
+
+def test_the_drops_waits_reach_the_bench_output() -> None:
+    """The loop's `OverloadShifted` text names how long the drops waited for the gateway
+    and for the donors' drain; the bench reads both back."""
+    from tessera.cli import bench_overload_operator as via
+    from tessera.control import overload as control
+
+    out = control.Tick(drops=1, restores=1, exchange_s=0.0052, paused_s=0.0473)
+    out.drop_step_s.update(Routes=0.2065, Drain=1.0873, Pause=0.001)
+    msg = control.shifted_message(out)
+    assert (via._count(msg, "drops"), via._count(msg, "restores")) == (1, 1)
+    assert (via._ms(msg, "exchange"), via._ms(msg, "paused")) == (5.2, 47.3)
+    assert (via._ms(msg, "drop routes"), via._ms(msg, "drop drain")) == (206.5, 1087.3)
+    no_drop = control.shifted_message(control.Tick(restores=1))
+    assert via._ms(no_drop, "drop routes") == 0.0

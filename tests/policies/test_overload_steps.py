@@ -32,13 +32,14 @@ def test_two_member_drop_orders_routes_drain_pause_shifts_exchange_resume() -> N
     a0, b0 = BlockRef("10.0.0.0:1", "a", 0), BlockRef("10.0.0.1:1", "b", 0)
     a1 = BlockRef("10.0.0.1:1", "a", 1)  # b's block becomes stage 1 of a's replica
     assert steps == (
-        Routes(remove=("b",)),
+        Routes(remove=("b",), close=("a",)),  # arrivals go elsewhere while b drains
         Drain(b0),
         Pause(a0),
         Shift("drop", b0, 4, 8, a1, 2, ""),
         ExchangeKV(a0, a1, 4, 8),  # before the head drops the layers the K/V lives in
         Shift("drop", a0, 0, 4, a0, 2, "10.0.0.1:1"),
         Resume(a0, grow_to=(a0, a1)),
+        Routes(reopen=("a",)),  # the grown pool takes new requests again
     )
 
 

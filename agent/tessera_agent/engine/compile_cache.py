@@ -3,7 +3,9 @@ warm-up came from that cache.
 
 `configure` points Inductor's on-disk caches at one folder per torch version under
 `--compile-cache DIR`, else `default_root(environ)`: `$TESSERA_COMPILE_CACHE`, else
-`$XDG_CACHE_HOME/tessera/compile`. The default (unfrozen) decode graph comes whole from it
+`$XDG_CACHE_HOME/tessera/compile`, created readable by its owner only; what it holds is
+code the agent runs, so a folder of another user or one others can write is warned about
+(`trust_problems`; docs/security.md). The default (unfrozen) decode graph comes whole from it
 ("cached"; `decode_aot.py` saves Dynamo's output in `tessera-decode/` there); a frozen one
 (`TESSERA_COMPILE_FREEZE=1`) finds only its C++ kernels and the prompt rows' graphs
 ("warm": torch 2.13 cannot pickle its prepacked weights). `Probe` tells the two apart from
@@ -17,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import os
+import stat
 import threading
 import time
 from collections.abc import Mapping, MutableMapping
@@ -52,7 +56,9 @@ def configure(root: str | Path | None, environ: MutableMapping[str, str]) -> Pat
     Inductor finds the folder in `environ` (the process's: `TORCHINDUCTOR_CACHE_DIR`). Call
     before anything compiles. Returns it."""
     where = folder(Path(root).expanduser() if root else default_root(environ))
-    where.mkdir(parents=True, exist_ok=True)
+    where.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for problem in trust_problems(where):
+        log.warning("compile cache %s: %s", where, problem)
     environ[_INDUCTOR_ENV] = str(where)
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
@@ -61,6 +67,23 @@ def configure(root: str | Path | None, environ: MutableMapping[str, str]) -> Pat
     functorch_config.enable_autograd_cache = True
     log.info("compiled graphs are cached in %s", where)
     return where
+
+
+def trust_problems(where: Path) -> list[str]:
+    """Why `where` (a compile cache folder) is not trusted as the agent's own: what it
+    holds is unpickled and run (saved decode graphs, Inductor's graphs and kernels), so
+    another user, or anyone its group or others bits let write, could run code as the
+    agent. Empty: owned by this process's user and writable by no one else."""
+    st = where.stat()
+    out: list[str] = []
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        out.append(f"owned by uid {st.st_uid}, not this agent's user ({os.getuid()})")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        out.append(
+            f"writable by its group or others (mode {stat.S_IMODE(st.st_mode):o}): whoever "
+            "can write it can run code as the agent (its graphs are loaded and run)"
+        )
+    return out
 
 
 # What loading or compiling a graph imports first (seconds of imports on this machine).

@@ -2,12 +2,12 @@
 
 Every answer is read from the entry point's `options.EngineOptions`: `mode` / `enabled`
 (the compiled decode's mode for a device), `warm_before_ready` (a load answers only once
-the warm-up is over: ready means warm), `freeze`, `pack_prompts` and `compile_prompts`;
-`packed_bytes` / `planned_packed_bytes` size the packed weight copies it holds (a frozen
-graph's own, the eager rows' packs); `load_reserve` decides, before a block's KV pool is
-sized, whether an agent holds those bytes back, and `begin` then starts the warm-up or
-turns the path off with the reason. Called by `runner.py`, `decode_graph.py`, `hosting.py`
-and `server.py`.
+the warm-up is over: ready means warm), `rehearse` (and once its first steps were
+rehearsed), `freeze`, `pack_prompts` and `compile_prompts`; `packed_bytes` /
+`planned_packed_bytes` size the packed weight copies it holds (a frozen graph's own, the
+eager rows' packs); `load_reserve` decides, before a block's KV pool is sized, whether an
+agent holds those bytes back, and `begin` then starts the warm-up or turns the path off
+with the reason. Called by `runner.py`, `decode_graph.py`, `hosting.py` and `server.py`.
 """
 
 from __future__ import annotations
@@ -50,6 +50,13 @@ def warm_before_ready(opts: Options, device: torch.device | None = None) -> bool
     """Whether an agent's load waits for the stage's warm-up before it answers (the
     default where the path is on; `TESSERA_COMPILE_DECODE=background` does not)."""
     return mode(opts, device) == _ON
+
+
+def rehearse(opts: Options, device: torch.device | None = None) -> bool:
+    """Whether an agent's load rehearses the stage's first steps before it answers
+    (`rehearsal.py`): where ready means warm (`warm_before_ready`) on CPU, unless
+    `TESSERA_REHEARSE=0`."""
+    return opts.rehearse and _cpu(device) and warm_before_ready(opts, device)
 
 
 def freeze(opts: Options, device: torch.device | None = None) -> bool:

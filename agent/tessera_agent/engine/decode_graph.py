@@ -177,6 +177,12 @@ class CompiledDecode:
     def warm_up(self, kv_like: KV) -> float:
         """Compile now (batch 1 and the general shape), on the calling thread; returns the
         seconds it took. Raises what compiling raises."""
+        if self.device.type == "cpu" and self.model.dtype_ != torch.float32:
+            # Inductor cannot lower it in half precision (torch 2.13): refused before a
+            # minute of tracing ends in a dtype error (`start` logs it; steps run eagerly)
+            raise ValueError(
+                f"the CPU's compiled decode serves float32 stages only, not {self.model.dtype_}"
+            )
         with self._lock:
             gen = self._gen
             self.state, self.warmed = "warming", False

@@ -5,10 +5,11 @@ step needs before they run compiled apart from its prefill chunks (`split_min_de
 CUDA graphs, glibc's malloc thresholds, the attention backend stages attend with
 (`attention_backend`, from `tessera agent --attention-backend`; `attention_backend.py`),
 the compiled decode (`compile_policy.py`: its mode, freezing, packed prompt rows and their
-graphs, fused decode attention, graphs saved whole: `decode_aot.py`) and the release of
-helper threads' OpenMP teams (`omp_teams.py`). `tessera agent` builds it with `from_env`
-into its `AgentConfig`; it reaches each `StageRunner` through `load_config.LoadDefaults`,
-`hosting` and `stage.load_stage`. In-process engines get the defaults (compiled decode off).
+graphs, fused decode attention, graphs saved whole: `decode_aot.py`; the rehearsal before
+ready: `rehearsal.py`) and the release of helper threads' OpenMP teams (`omp_teams.py`).
+`tessera agent` builds it with `from_env` into its `AgentConfig`; it reaches each
+`StageRunner` through `load_config.LoadDefaults`, `hosting` and `stage.load_stage`.
+In-process engines get the defaults (compiled decode off).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ NEVER = 1 << 62  # a split threshold no step reaches
 # The compiled decode (`compile_policy.py`): "0"/"1"/"background"/"wait" over the agent's
 # default (`--no-compile-decode`).
 COMPILE_ENV = "TESSERA_COMPILE_DECODE"
+# A CPU stage's rehearsal before its load answers (`rehearsal.py`, with the compiled
+# decode's "on"); "0" skips it (A/B: the first requests then pay its one-time costs).
+REHEARSE_ENV = "TESSERA_REHEARSE"
 # The eager rows' prepacked projections (`packed_linear.py`), on with the compiled decode;
 # "0" turns them off (A/B).
 PACK_ENV = "TESSERA_PACK_PROMPTS"
@@ -92,6 +96,7 @@ class EngineOptions:
     fused_decode_attn: bool = True  # compiled decode attends fused (attention._decode_fused)
     omp_release: bool = True  # helper threads release their OpenMP teams (omp_teams)
     attention_backend: str = "auto"  # one of ATTENTION_BACKENDS; auto: native (docs/gpu.md)
+    rehearse: bool = True  # a CPU stage rehearses its first steps before ready (rehearsal.py)
 
     def __post_init__(self) -> None:
         if self.split_min_decodes < 1:
@@ -132,4 +137,5 @@ class EngineOptions:
             compile_aot=on(AOT_ENV),
             fused_decode_attn=attn == "fused",
             omp_release=on(OMP_ENV),
+            rehearse=on(REHEARSE_ENV),
         )

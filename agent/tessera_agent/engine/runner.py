@@ -18,6 +18,7 @@ from tessera_agent.engine import (
     cuda_graphs,
     decode_graph,
     decode_trace,
+    dtypes,
     errors,
     layer_run,
     lora,
@@ -84,6 +85,14 @@ class StageRunner:
             if mode != "off" and model.shard.size == 1 and model.dtype_ == torch.float32
             else None
         )
+        if self.decode_graph is None and mode != "off" and model.dtype_ != torch.float32:
+            log.warning(
+                "compiled decode off for layers [%d, %d): %s stages run eagerly (the CPU's "
+                "compiled decode, saved graphs included, serves float32 only)",
+                model.start,
+                model.end,
+                dtypes.name_of(model.dtype_),
+            )
         self.split_min_decodes = opts.split_min_decodes
         self.split_steps = 0  # mixed steps run as compiled decode rows + eager prefill
         if self.decode_graph is not None and mode == "wait":

@@ -4,8 +4,10 @@
 agents, each a whole-model replica with a small KV pool (`--pool-pages`), replays the
 shared trace's first `--requests` rows with a burst whose rate is a multiple of the
 capacity measured first (`bench_overload_scenario`). Two runs on fresh agents: off (a full
-pool preempts and recomputes) and on (the overload loop drops layers and restores them;
-`bench_overload_replay`, or the operator and a gateway: `bench_overload_operator`).
+pool preempts and recomputes) and on (the product's overload loop, `control/overload.py`,
+drops layers and restores them: ticked as `tessera up` ticks it beside this process's
+router, `bench_overload_replay`, or by the operator behind a gateway,
+`bench_overload_operator`).
 Keys: p99/p50 TTFT on and off and `p99_ttft_ratio` (off / on), `p50_tpot_on_vs_off`,
 drops, restores, lost, exchange_ms, paused_ms, `tokens_match` (transformers' greedy
 tokens), the live pipeline bubble of lookahead vs token-count splits
@@ -27,7 +29,6 @@ from tessera.bench import options, oracle, trace
 from tessera.cli import bench_overload_bubble
 from tessera.cli import bench_overload_replay as replay_mod
 from tessera.cli import bench_overload_scenario as scenario
-from tessera.control import overload_loop
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,8 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from tessera_agent import tiny_checkpoint as tc
-    from tessera_agent.engine import block_tensors, config, kv_cache
-    from tessera_agent.engine import stage as stage_mod
+    from tessera_agent.engine import config, kv_cache
 
     reqs = _rows(args, args.time_scale or 1.0)  # sizes; arrivals once the scale is chosen
     rng = random.Random(args.seed)
@@ -90,8 +90,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         per_page = kv_cache.KVLayout(
             8, 1, scenario.PAGE, cfg.num_kv_heads, cfg.head_dim
         ).bytes_per_page
-        dtype = stage_mod.torch_dtype("float32")
-        layer_bytes = tuple(block_tensors.nbytes(cfg, i, i + 1, dtype) for i in range(8))
         i0 = int(args.burst[0] * len(reqs))
         sel = list(range(i0, min(len(reqs), i0 + args.bubble_requests)))
         b_prompts, b_news = [prompts[i] for i in sel], [reqs[i][2] for i in sel]
@@ -114,8 +112,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         replay = trace.Replay(model, reqs, prompts)
         if args.via == "operator":
             return {**_via_operator(replay, args, per_page, bub), **scen}
-        off, _ = replay_mod.run_once(replay, args, per_page, layer_bytes, False)
-        on, cost = replay_mod.run_once(replay, args, per_page, layer_bytes, True)
+        off, _ = replay_mod.run_once(replay, args, per_page, False)
+        on, cost = replay_mod.run_once(replay, args, per_page, True)
         match = None
         if args.check_tokens:
             want = _reference(model, prompts, [o for _, _, o in reqs])
@@ -125,7 +123,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for r, w in zip(res["requests"], want, strict=True)
                 if r.done
             )
-    stats: overload_loop.LoopStats = on["stats"]
+    stats: replay_mod.Stats = on["stats"]
     assert cost is not None
     la, tcb, mbs = bench_overload_bubble.model_bubbles(on["queue_at_drop"], cost)
     return {
@@ -148,7 +146,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"beta={cost.beta:.3g}, gamma={cost.gamma:.3g}), the deepest queue while dropped "
             f"({len(on['queue_at_drop'])} prompts) in {mbs} microbatches on 2 stages"
         ),
-        "events": [f"{e.reason}: {e.message}" for e in stats.events][:8],
+        "events": stats.events[:8],
         "shifts_on_s": on["shifts"],
         **scen,
     }
@@ -221,6 +219,8 @@ def _via_operator(
         "lost": on["lost"] + off["lost"],
         "exchange_ms": round(on["exchange_ms"], 1),
         "paused_ms": round(on["paused_ms"], 1),
+        "drop_routes_ms": round(on["drop_routes_ms"], 1),
+        "drop_drain_ms": round(on["drop_drain_ms"], 1),
         "tokens_match": match,
         "wall_on_s": round(on["wall_s"], 1),
         "wall_off_s": round(off["wall_s"], 1),

@@ -5,7 +5,9 @@ and the gateway, each its own process (`bench_operator_harness.Cluster`): a Serv
 of 4 whole replicas with `spec.policies.overload.enabled` as asked, the replay streamed to
 the gateway's `/v1/completions`. The gateway routes by least outstanding work, as the
 replay's router does (docs/overload.md says why). Drops, restores, exchange and pause times
-come from the loop's `OverloadShifted` events. Output: what `bench_overload_replay.replay`
+come from the loop's `OverloadShifted` events, with how long the drops waited for the
+gateway to stop routing their donors (`drop_routes_ms`) and for the donors to drain
+(`drop_drain_ms`). Output: what `bench_overload_replay.replay`
 returns, with each request's text. Caller: `bench_overload.run`.
 """
 
@@ -86,6 +88,8 @@ async def _replay(
         "fallbacks": sum(reason == "DropInsufficient" for reason, _ in items),
         "exchange_ms": sum(_ms(m, "exchange") for m in shifted),
         "paused_ms": sum(_ms(m, "paused") for m in shifted),
+        "drop_routes_ms": sum(_ms(m, "drop routes") for m in shifted),
+        "drop_drain_ms": sum(_ms(m, "drop drain") for m in shifted),
         "events": [f"{r}: {m}" for r, m in items if r.startswith(("Overload", "Drop"))],
     }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -139,9 +140,11 @@ async def _serve(cfg: gateway_config.GatewayConfig) -> int:
     from tessera import gc_heap
     from tessera.gateway import server
 
-    handle = await server.start_gateway(cfg)
+    settle = None
     if gc_heap.wanted(os.environ):  # this process owns its heap (see gc_heap)
-        gc_heap.settle("gateway started")
+        settle = functools.partial(gc_heap.settle, "gateway started")
+    # settled before its first poll can make `/health` say OK
+    handle = await server.start_gateway(cfg, before_ready=settle)
     sys.stdout.write(f"gateway listening on {handle.url}\n")
     sys.stdout.flush()
     stop = asyncio.Event()

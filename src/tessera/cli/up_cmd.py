@@ -251,6 +251,11 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                 tls=tls,
             )
         )
+        # Ready means settled: `/health` answers OK once the routes are applied and polled,
+        # so the collector's pass over start-up's objects (hundreds of ms holding this
+        # loop, which is the gateway's) comes first, not under the first requests.
+        if settle_heap:  # later passes skip all this
+            gc_heap.settle("tessera up serving")
         gateway.apply_routes(gw_routes.from_doc(outcome.routes))  # with the class shares
         await gateway.refresh()
         up_report.write_state(args.state_file, dep, refs, gateway.url)
@@ -260,8 +265,6 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
         )
         sys.stdout.write(up_report.curl_example(gateway.url, dep.spec.model.name))
         sys.stdout.flush()
-        if settle_heap:  # before traffic: later passes skip all this
-            gc_heap.settle("tessera up serving")
         said = said_overload = ""
         seen: dict[str, str] = {}
         up_report.report_variants(outcome, console.print, seen)

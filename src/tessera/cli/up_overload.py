@@ -1,24 +1,23 @@
-"""The overload loop inside `tessera up` (issue 13): beside the in-process gateway.
+"""The overload loop's tick as `tessera up` runs it beside its gateway (issue 13).
 
-Where it runs: `tessera up` supervises the agents and the gateway in one process, so
-when `spec.policies.overload.enabled` it also ticks the level-triggered loop the
-operator ticks on a cluster (`tessera.control.overload`, issue 30): each tick takes the
-agents as observed in its pass (`tessera.control.observation`: right after a converge
-pass, under the same lock, the pass's own observation), reads the in-process gateway's
-calls per replica (its in-flight table, ordered as `GET /admin/v1/load` orders them)
-and runs one `OverloadLoop.tick` over the converged plan's whole replicas with
-`dropThreshold` / `restoreThreshold` from the spec. The loop's routes steps apply the
-last published routes document less the donors (same version: the gateway drains
-them). A tick and a reconcile pass never overlap (both are passes of the deployment's
-`observation.Pass`): between a drop's routes step and the donors' renaming a pass would
-see the donors as whole replicas to route again. Caller: `up_cmd._serve`.
+`UpOverload.tick` is one observe -> decide -> actuate -> report pass of the level-triggered
+loop the operator ticks (`tessera.control.overload`): the agents as observed in the pass
+(`tessera.control.observation`: after a converge pass, under the same lock, the pass's own
+observation), the calls per replica that only the gateway sees, one `OverloadLoop.tick`
+over the plan's whole replicas with `dropThreshold` / `restoreThreshold` from the spec, the
+events said. The caller supplies the gateway side: `beside_gateway` reads `tessera up`'s
+in-process gateway (its in-flight table, ordered as `GET /admin/v1/load`; routes steps
+apply the last published routes document less the donors, same version: the gateway
+drains them); `tessera bench overload`'s replay (`cli/bench_overload_replay`) its own
+router. A tick and a reconcile pass never overlap (both are passes of the deployment's
+`observation.Pass`). Callers: `up_cmd._serve`, `bench_overload_replay.replay`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from tessera import observed, plan, routes_doc
@@ -29,9 +28,11 @@ from tessera.gateway import server as gw_server
 from tessera.policies.overload import held as overload_held
 from tessera.policies.overload import monitor as overload
 from tessera.policies.overload import steps as overload_steps
+from tessera.rpc import transport
 
 Published = Callable[[], routes_doc.RoutesDoc]
 Print = Callable[[str], None]
+Calls = Callable[[], gateway_load.Calls]  # each member's calls, as the gateway sees them
 
 
 def _whole(p: plan.Plan) -> list[plan.PlannedReplica]:
@@ -47,6 +48,33 @@ def page_bytes(obs: observed.Observed, replica_id: str) -> int:
     return 0
 
 
+def whole_members(p: plan.Plan, obs: observed.Observed) -> list[overload_held.Member]:
+    """The plan's whole replicas as the loop takes them: id, agent, the agent's address."""
+    addr = {a.name: a.address for a in obs.agents}
+    return [
+        overload_held.Member(r.replica_id, r.stages[0].agent, addr.get(r.stages[0].agent, ""))
+        for r in _whole(p)
+    ]
+
+
+def gateway_calls(
+    gateway: gw_server.GatewayHandle, held: Sequence[overload_held.Member]
+) -> dict[str, tuple[gateway_load.Call, ...]]:
+    """The in-process gateway's calls per member, most likely waiting first (as
+    `/admin/v1/load` orders them)."""
+    out = {}
+    for m in held:
+        on = sorted(
+            gateway.in_flight(m.replica_id),
+            key=lambda a: (a.first_token_at is not None, a.last_token_at or a.started),
+        )
+        out[m.replica_id] = tuple(
+            gateway_load.Call(len(a.prompt_ids), a.max_tokens, a.first_token_at is not None)
+            for a in on
+        )
+    return out
+
+
 def routes_change(
     doc: routes_doc.RoutesDoc,
     change: overload_steps.Routes,
@@ -57,29 +85,28 @@ def routes_change(
 
 
 class UpOverload:
-    """One loop over a deployment's whole replicas; `run` until `stop`."""
+    """One loop over a deployment's whole replicas (`held`); `tick` per pass, or `run`
+    until `stop`. The caller supplies what only the gateway sees: `calls` (each member's
+    calls, most likely waiting first, as `GET /admin/v1/load` lists them) and `set_routes`
+    (the loop's routes steps). `beside_gateway` feeds it `tessera up`'s in-process gateway;
+    `tessera bench overload`'s replay feeds it the bench's own router."""
 
     def __init__(
         self,
-        p: plan.Plan,
-        obs: observed.Observed,
+        held: Sequence[overload_held.Member],
         cfg: overload.OverloadConfig,
         num_layers: int,
-        gateway: gw_server.GatewayHandle,
-        published: Published,
+        calls: Calls,
+        set_routes: overload_driver.SetRoutes,
         say: Print,
+        *,
+        tls: transport.TlsFiles | None,
     ) -> None:
-        addr = {a.name: a.address for a in obs.agents}
-        self.held = [
-            overload_held.Member(r.replica_id, r.stages[0].agent, addr.get(r.stages[0].agent, ""))
-            for r in _whole(p)
-        ]
+        self.held = list(held)
         self.members = dict(overload_held.step_members(self.held))
         self.cfg, self.num_layers = cfg, num_layers
-        self.gateway, self.published, self.say = gateway, published, say
-        self.loop = control.OverloadLoop(
-            overload_driver.Driver(self.set_routes, chunk_pages=4, tls=gateway.config.tls)
-        )
+        self.calls, self.say = calls, say
+        self.loop = control.OverloadLoop(overload_driver.Driver(set_routes, chunk_pages=4, tls=tls))
 
     @staticmethod
     def usable(p: plan.Plan, obs: observed.Observed) -> str:
@@ -90,24 +117,6 @@ class UpOverload:
         if not page_bytes(obs, whole[0].replica_id):
             return "overload: the agents report no KV pages; the loop is off"
         return ""
-
-    def calls(self) -> dict[str, tuple[gateway_load.Call, ...]]:
-        """The gateway's calls per member, most likely waiting first (as `/admin/v1/load`)."""
-        out = {}
-        for m in self.held:
-            on = sorted(
-                self.gateway.in_flight(m.replica_id),
-                key=lambda a: (a.first_token_at is not None, a.last_token_at or a.started),
-            )
-            out[m.replica_id] = tuple(
-                gateway_load.Call(len(a.prompt_ids), a.max_tokens, a.first_token_at is not None)
-                for a in on
-            )
-        return out
-
-    async def set_routes(self, change: overload_steps.Routes) -> None:
-        doc = routes_change(self.published(), change, self.members)
-        self.gateway.apply_routes(gw_routes.from_doc(doc))
 
     async def tick(self, seen: observation.Observation) -> control.Tick:
         """One tick over the pass's observation (the caller holds the pass lock)."""
@@ -134,6 +143,35 @@ class UpOverload:
                     await asyncio.wait_for(stop.wait(), interval_s)
         finally:
             await self.loop.close()
+
+
+def beside_gateway(
+    p: plan.Plan,
+    obs: observed.Observed,
+    cfg: overload.OverloadConfig,
+    num_layers: int,
+    gateway: gw_server.GatewayHandle,
+    published: Published,
+    say: Print,
+) -> UpOverload:
+    """The loop beside `tessera up`'s in-process gateway: its in-flight table as the calls;
+    a routes step applies the last published routes document less the donors."""
+    held = whole_members(p, obs)
+    members = dict(overload_held.step_members(held))
+
+    async def set_routes(change: overload_steps.Routes) -> None:
+        doc = routes_change(published(), change, members)
+        gateway.apply_routes(gw_routes.from_doc(doc))
+
+    return UpOverload(
+        held,
+        cfg,
+        num_layers,
+        lambda: gateway_calls(gateway, held),
+        set_routes,
+        say,
+        tls=gateway.config.tls,
+    )
 
 
 def guarded(
@@ -166,7 +204,9 @@ def start(dep: Any, outcome: Any, gateway: Any, published: Any) -> UpOverload | 
     if why or shape is None:
         say(why or "overload: model config unreadable; the loop is off")
         return None
-    ov = UpOverload(outcome.plan, outcome.observed, cfg, shape.num_layers, gateway, published, say)
+    ov = beside_gateway(
+        outcome.plan, outcome.observed, cfg, shape.num_layers, gateway, published, say
+    )
     say(
         f"overload loop on {len(ov.members)} replicas (drop at {cfg.drop_threshold}, "
         f"restore below {cfg.restore_threshold})"

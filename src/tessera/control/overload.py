@@ -7,10 +7,10 @@ an operator restarted mid-drop or mid-restore converges from what the agents rep
 Inputs: the planned whole replicas, the agents' report of this pass (`observed.Observed`),
 the calls on each replica as the gateway sees them (`gateway_load.Calls`), the policy.
 Decision, pure (`policies/overload/`): `held.read`, `assess_restore` + `hold_restore` per
-group, `assess` + `drop_plan.plan_drop`, `steps` (a plan's groups share no member and drop
-at once). Actuation: `overload_driver.Driver` (its routes steps call `set_routes`).
-Report: a `Tick` with events and whether the agents changed; the operator writes
-`status.overload`, the `Overloaded` condition and events, `tessera up` runs a pass.
+group, `assess` + `drop_plan.merge_order` (busy heads, idle donors) + `plan_drop`, `steps`
+(a plan's groups share no member and drop at once). Actuation: `overload_driver.Driver`
+(its routes steps call `set_routes`). Report: a `Tick` with events, whether the agents
+changed and how long the drops' steps took (the operator writes status and events).
 Caller: `tessera_operator.overload_loop` and `tessera up` (every 0.5 s); docs/overload.md.
 """
 
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from tessera import blocks, observed, routes_doc
 from tessera.control import gateway_load, overload_driver
+from tessera.observability import control
 from tessera.policies.overload import drop_plan
 from tessera.policies.overload import held as overload_held
 from tessera.policies.overload import monitor as overload
@@ -48,6 +49,7 @@ class Tick:
     converged: int = 0
     exchange_s: float = 0.0
     paused_s: float = 0.0
+    drop_step_s: dict[str, float] = field(default_factory=dict)  # per step kind, over the drops
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,12 @@ def _load(obs: observed.Observed) -> dict[str, observed.ReplicaLoad]:
     return {k.replica_id: k for a in obs.agents for k in a.kv}
 
 
+def _started(calls: Sequence[gateway_load.Call], load: observed.ReplicaLoad) -> int:
+    """Requests a donor would drain: those with a token at the gateway (one with none
+    moves elsewhere), or the agent's running ones when the gateway lists none."""
+    return sum(c.started for c in calls) if calls else load.running
+
+
 class OverloadLoop:
     """The loop of one deployment; `tick` once per period."""
 
@@ -88,16 +96,23 @@ class OverloadLoop:
     async def close(self) -> None:
         await self.driver.close()
 
-    async def _run(self, steps: Sequence[overload_steps.Step]) -> overload_driver.Report:
+    async def _run(
+        self, steps: Sequence[overload_steps.Step], action: str = "", head: str = ""
+    ) -> overload_driver.Report:
+        """Drive `steps`; a drop or a restore (`action`) is a recorded control action
+        (`overload/drop`, `overload/restore`: counted, timed, traced; docs/observability.md)."""
         if steps:
             self.runs += 1
-        return await self.driver.run(steps)
+        if not action:
+            return await self.driver.run(steps)
+        with control.action("overload", action, head=head):
+            return await self.driver.run(steps)
 
     async def _try(
-        self, steps: Sequence[overload_steps.Step]
+        self, steps: Sequence[overload_steps.Step], action: str = "", head: str = ""
     ) -> overload_driver.Report | overload_driver.DriveError:
         try:
-            return await self._run(steps)
+            return await self._run(steps, action, head)
         except overload_driver.DriveError as exc:
             return exc
 
@@ -175,7 +190,9 @@ class OverloadLoop:
             self.below_since.pop(g.head, None)
             try:
                 rep = await self._run(
-                    overload_steps.restore_steps(g.group, steps_members, num_layers)
+                    overload_steps.restore_steps(g.group, steps_members, num_layers),
+                    "restore",
+                    g.head,
                 )
             except overload_driver.DriveError as exc:
                 out.events.append(Event("Warning", "OverloadRestoreFailed", f"{g.head}: {exc}"))
@@ -190,10 +207,15 @@ class OverloadLoop:
         if not dec.fire:
             return out
         firing = {v.name for v in dec.replicas if v.fires}
-        whole.sort(key=lambda n: (n not in firing, n))  # firing replicas merge first
+        order = drop_plan.merge_order(
+            [
+                drop_plan.Candidate(n, n in firing, _started(calls.get(n, ()), load[n]))
+                for n in whole
+            ]
+        )
         plan = drop_plan.plan_drop(
             drop_plan.DropInput(
-                tuple(drop_plan.Replica(n, frozenset(range(num_layers))) for n in whole),
+                tuple(drop_plan.Replica(n, frozenset(range(num_layers))) for n in order),
                 (size.layer_bytes,) * num_layers,
                 dec.required_bytes,
             )
@@ -205,7 +227,10 @@ class OverloadLoop:
         # group's head waits for its own group's drain, not for every group's in turn.
         changed = [g for g in plan.groups if g.changed]
         runs = await asyncio.gather(
-            *(self._try(overload_steps.drop_steps(g, steps_members)) for g in changed)
+            *(
+                self._try(overload_steps.drop_steps(g, steps_members), "drop", g.stages[0].replica)
+                for g in changed
+            )
         )
         for group, got in zip(changed, runs, strict=True):
             if isinstance(got, overload_driver.DriveError):
@@ -216,7 +241,23 @@ class OverloadLoop:
             out.acted, out.drops = True, out.drops + 1
             out.paused_s += got.paused_s
             out.exchange_s += got.exchange_s
+            for kind, took in got.step_s.items():
+                out.drop_step_s[kind] = out.drop_step_s.get(kind, 0.0) + took
         return out
+
+
+def shifted_message(out: Tick) -> str:
+    """The `OverloadShifted` event's text: what the tick did and how long the drops' waits
+    took (`drop routes`: until the gateway routed none of the donors; `drop drain`: until
+    the donors finished their requests)."""
+    text = (
+        f"{out.drops} drops, {out.restores} restores: exchange "
+        f"{out.exchange_s * 1e3:.1f} ms, paused {out.paused_s * 1e3:.1f} ms"
+    )
+    if out.drops:
+        routes, drain = out.drop_step_s.get("Routes", 0.0), out.drop_step_s.get("Drain", 0.0)
+        text += f", drop routes {routes * 1e3:.1f} ms, drop drain {drain * 1e3:.1f} ms"
+    return text
 
 
 def routes_change(
@@ -225,12 +266,19 @@ def routes_change(
     addresses: Mapping[str, str],
 ) -> routes_doc.RoutesDoc:
     """`doc` less the replicas `change` removes, plus those it adds at their leader
-    (`addresses`: replica id -> leader address), same version: the gateway drains them."""
+    (`addresses`: replica id -> leader address), those it closes closed and those it
+    reopens open; same version: the gateway drains the removed ones."""
     keep = [r for r in doc.replicas if r.id not in change.remove]
     have = {r.id for r in keep}
     keep += [
         routes_doc.RouteReplica(rid, addresses[rid])
         for rid in change.add
         if rid not in have and addresses.get(rid)
+    ]
+    keep = [
+        dataclasses.replace(r, closed=r.id in change.close)
+        if r.id in change.close or r.id in change.reopen
+        else r
+        for r in keep
     ]
     return dataclasses.replace(doc, replicas=tuple(keep))

@@ -2,16 +2,13 @@
 
 Input: the steps `tessera.policies.overload.steps` decided (pure), the agents' gRPC
 addresses in them, and a callback that changes the gateway's routable replica set.
-Caller: `tessera.control.overload_loop.OverloadLoop` (the control loop `tessera bench overload`
-and `tessera up` run beside their in-process gateway), and the acceptance test. Each step
-is one RPC or a short poll; the driver keeps only what the steps hand on: the pages the
-paused head holds (which pages' K/V to exchange), the page moves of a compaction, and
-each block's pool after a shift (the allocator target on resume). The exchange copies
-those pages' K/V layer range with `ExportKV` -> `ImportKV` in chunks of `chunk_pages`
-pages, page ids unchanged (the caller sizes chunks; `policies.kv_exchange.chunk_bytes`
-gives about one stage step on the link; the bench and the test use fixed 4 and 3 pages).
-The head is paused during the exchange, so no activation competes with it. One driver may
-run several groups' steps at once; their routes steps go one at a time.
+Caller: `tessera.control.overload.OverloadLoop` (the loop the operator, `tessera up` and
+`tessera bench overload` tick), and the acceptance test. Each step is one RPC or a short
+poll; the driver keeps only what the steps hand on (the paused head's pages, a
+compaction's page moves, each block's pool after a shift). The exchange copies K/V with
+`ExportKV` -> `ImportKV` in chunks of `chunk_pages` pages, ids unchanged, the head paused.
+Several groups' steps may run at once, their routes steps one at a time; the report times
+each kind of step (`step_s`). Details: `docs/overload.md`.
 """
 
 from __future__ import annotations
@@ -47,6 +44,7 @@ class Report:
     exchange_chunks: int = 0
     pools: dict[steps_mod.BlockRef, int] = field(default_factory=dict)  # pages after shifts
     replies: list[pb.OverloadShiftReply] = field(default_factory=list)
+    step_s: dict[str, float] = field(default_factory=dict)  # seconds per step kind ("Drain")
 
 
 async def _no_routes(_: steps_mod.Routes) -> None:
@@ -93,6 +91,7 @@ class Driver:
         moves: tuple[list[int], list[int]] = ([], [])
         paused_at = 0.0
         for st in steps:
+            began = time.monotonic()
             try:
                 if isinstance(st, steps_mod.Routes):
                     async with self._routes_lock:
@@ -123,6 +122,8 @@ class Driver:
                     rep.paused_s += time.monotonic() - paused_at
             except grpc.aio.AioRpcError as exc:
                 raise DriveError(f"{st}: {exc.code().name}: {exc.details()}") from exc
+            kind = type(st).__name__
+            rep.step_s[kind] = rep.step_s.get(kind, 0.0) + time.monotonic() - began
             if self.after_step is not None:
                 await self.after_step(st)
         return rep

@@ -68,6 +68,10 @@ class GatewayConfig:
     replicas: tuple[ReplicaEndpoint, ...] = ()
     routes_file: str = ""  # JSON routes, re-read when its mtime changes (see routes.py)
     poll_interval_s: float = 1.0  # Describe poll period of every leader
+    # How often the routes file is checked for a change (a stat; a changed file is applied
+    # at once and its new replicas polled). A drop's donors leave the routes before they
+    # drain, so this bounds how long a drop waits for the gateway (docs/overload.md).
+    routes_check_s: float = 0.02
     poll_timeout_s: float = 2.0  # a Describe slower than this marks the replica not ready
     failure_backoff_s: float = 3.0  # a replica failing a request sits out this long
     max_body_bytes: int = 2 << 20  # largest accepted HTTP request body (413 above)
@@ -93,7 +97,7 @@ class GatewayConfig:
             raise ValueError(f"port: {self.port} is outside [0, 65535]")
         if not self.host:
             raise ValueError("host: must not be empty")
-        for name in ("poll_interval_s", "poll_timeout_s"):
+        for name in ("poll_interval_s", "poll_timeout_s", "routes_check_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0")
         if not self.arrival_span_s > 0:

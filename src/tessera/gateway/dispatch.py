@@ -28,7 +28,7 @@ import grpc
 
 from tessera.gateway import errors, inflight, kv_affinity, limits, metrics, replicas, router
 from tessera.observability import tracing
-from tessera.policies.routing import retry
+from tessera.policies.routing import closed, retry
 from tessera.rpc import sampling as rpc_sampling
 from tessera.rpc.v1 import agent_pb2 as pb
 
@@ -159,6 +159,8 @@ class Dispatcher:
             ready = [r for r in self._replicas.ready_ids() if r not in tried]
             if job.allowed is not None:  # a variant's replicas only
                 ready = [r for r in ready if job.allowed(r)]
+            if redirect not in ready:  # an overload drop's head: other replicas first
+                ready = closed.open_first(ready, self._replicas.closed, self._replicas.room_ids())
             if redirect in ready:
                 route: router.Route | None = router.Route(redirect, "cutover")
             elif self._affinity is not None:

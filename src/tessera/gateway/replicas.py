@@ -91,6 +91,7 @@ class ReplicaSet:
         self._states: dict[str, ReplicaState] = {}
         self._stubs: dict[str, tuple[grpc.aio.Channel, Any]] = {}
         self._retiring: dict[asyncio.Task[None], grpc.aio.Channel] = {}
+        self.closed: frozenset[str] = frozenset()  # the routes' closed replicas (routes.py)
 
     # -- membership ---------------------------------------------------------------------
     def update(self, endpoints: Sequence[config.ReplicaEndpoint]) -> None:
@@ -123,6 +124,14 @@ class ReplicaSet:
 
     def ready_ids(self) -> list[str]:
         return [rid for rid, st in self._states.items() if st.ready]
+
+    def room_ids(self) -> list[str]:
+        """Ready replicas with free KV pages and no queue, as their leaders last said."""
+        return [
+            rid
+            for rid, st in self._states.items()
+            if st.ready and st.waiting == 0 and st.pages_used < st.pages_total
+        ]
 
     def unpolled(self) -> bool:
         """Whether some replica has never been polled (named by a cut-over just now)."""

@@ -35,6 +35,7 @@ class Routes:
     version: int = 0  # plan generation; a higher one is a cut-over
     drain_deadline_s: float = DEFAULT_DRAIN_DEADLINE_S  # leaving replicas' requests by then
     variants: tuple[variant_routes.RouteVariant, ...] = ()  # models served beside the foundation
+    closed: frozenset[str] = frozenset()  # replicas sent new requests only when none else is
 
 
 def from_doc(doc: routes_doc.RoutesDoc) -> Routes:
@@ -57,6 +58,7 @@ def from_doc(doc: routes_doc.RoutesDoc) -> Routes:
         version=doc.version,
         drain_deadline_s=doc.drain_deadline_s,
         variants=doc.variants,
+        closed=frozenset(r.id for r in doc.replicas if r.closed),
     )
 
 

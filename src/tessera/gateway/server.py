@@ -3,8 +3,8 @@
 Called in-process by `tessera up` and by `tessera gateway` (`cli/gateway_cmd.py`).
 `start_gateway` loads the model's tokenizer and metadata, polls every replica once (so
 `/health` is right from the start), binds the HTTP port and starts the maintenance loop
-(Describe polls and routes-file reloads every `poll_interval_s`). The returned
-`GatewayHandle` changes replicas and class shares at run time and stops everything; a
+(Describe polls every `poll_interval_s`, the routes file checked every `routes_check_s`).
+The returned `GatewayHandle` changes replicas and class shares at run time and stops everything; a
 versioned routes document (file or `apply_routes`) switches through `cutover.Cutover`.
 """
 
@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
@@ -69,6 +69,7 @@ class GatewayHandle:
         self.cutover = switch
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._routes_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._live: router.ClassRouter | None = None  # set_live_classifier's rule
 
@@ -118,8 +119,22 @@ class GatewayHandle:
         self._reload_routes()
         await self.service.replicas.poll_once()
 
-    def start_maintenance(self, interval_s: float) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._maintain(interval_s))
+    def start_maintenance(self, interval_s: float, routes_check_s: float = 0.0) -> None:
+        """Poll the replicas every `interval_s`; with `routes_check_s` > 0 and a routes
+        file, check the file that often too (a changed one wakes the poll at once)."""
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._maintain(interval_s))
+        if routes_check_s > 0 and self._watcher is not None:
+            self._routes_task = loop.create_task(self._watch_routes(routes_check_s))
+
+    async def _watch_routes(self, every_s: float) -> None:
+        while not self._stopping:
+            await asyncio.sleep(every_s)
+            try:
+                if self._reload_routes():
+                    self._wake.set()  # poll the replicas it names now
+            except Exception:  # the watch must survive anything; the next check retries
+                log.exception("routes file check failed")
 
     async def _maintain(self, interval_s: float) -> None:
         while not self._stopping:
@@ -135,16 +150,16 @@ class GatewayHandle:
             except Exception:  # the loop must survive anything; the next poll retries
                 log.exception("gateway maintenance failed")
 
-    def _reload_routes(self) -> None:
+    def _reload_routes(self) -> bool:
+        """Apply the routes file if it changed; whether a new document was applied."""
         if self._watcher is None:
-            return
+            return False
         try:
             new = self._watcher.poll()
         except ValueError as exc:
             log.error("routes file ignored, keeping the previous routes: %s", exc)
-            return
-        if new is not None:
-            self._apply_routes(new)
+            return False
+        return new is not None and self._apply_routes(new)
 
     def _apply_routes(self, new: routes.Routes) -> bool:
         if new.model and new.model != self.model_name:
@@ -155,6 +170,7 @@ class GatewayHandle:
             )
         if not self.cutover.apply(new):
             return False
+        self.service.replicas.closed = new.closed
         self.service.table.update(new.variants)
         classify = None
         if new.class_centroids:
@@ -171,11 +187,12 @@ class GatewayHandle:
     async def stop(self) -> None:
         """Stop serving, the maintenance loop and every agent channel. Idempotent."""
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._routes_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._routes_task = None
         await self.cutover.close()
         if self.service.holding is not None:
             await self.service.holding.close()
@@ -192,8 +209,12 @@ def _load_live_classes(path: str) -> tuple[live_classes.LiveClassifier, tuple[st
         raise ValueError(f"{path}: {exc}") from exc
 
 
-async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
-    """Load the model metadata, poll the replicas once, listen; see the module docstring."""
+async def start_gateway(
+    cfg: config.GatewayConfig, before_ready: Callable[[], object] | None = None
+) -> GatewayHandle:
+    """Load the model metadata, listen, poll the replicas once; see the module docstring.
+    `before_ready` runs just before that poll, while `/health` still says unavailable
+    (an entry point's `gc_heap.settle`: not under the first requests)."""
     watcher = routes.RoutesWatcher(cfg.routes_file) if cfg.routes_file else None
     initial = watcher.poll() if watcher is not None else None  # ValueError: fail at start
     name = cfg.model_name or (initial.model if initial else "")
@@ -279,11 +300,13 @@ async def start_gateway(cfg: config.GatewayConfig) -> GatewayHandle:
             handle._apply_routes(initial)
         else:
             replica_set.update(cfg.replicas)
+        if before_ready is not None:
+            before_ready()
         await replica_set.poll_once()
     except BaseException:
         await runner.cleanup()
         await replica_set.close()
         raise
-    handle.start_maintenance(cfg.poll_interval_s)
+    handle.start_maintenance(cfg.poll_interval_s, cfg.routes_check_s)
     log.info("gateway for %s listening on %s", name, handle.url)
     return handle

@@ -4,8 +4,9 @@ Input: one model's replicas (the layers each holds), every layer's bytes, existi
 the bytes R the overload monitor says the queue needs. Output: a `DropPlan` (new groups, each
 group's stages: which member keeps which layers, bytes freed per member) or a fallback
 (preempt/recompute, advise scale-out) when no grouping frees R. Called by the overload loop
-and `tessera bench overload`. Algorithm (KunServe Figure 6): a min-heap by group size; merge
-the two smallest, counting one copy of the layers both held as freed, until freed >= R or one
+and `tessera bench overload`; the loop orders the replicas with `merge_order` (busy heads,
+idle donors). Algorithm (KunServe Figure 6): a min-heap by group size; merge the two
+smallest, counting one copy of the layers both held as freed, until freed >= R or one
 group is left (short pipelines lose least). A group never has more members than layers. Stages:
 k members over L layers cut into k contiguous stages minimising the slowest (a linear-partition
 DP over per-layer costs, `layer_costs_from_profile`, uniform by default), matched to members
@@ -98,6 +99,33 @@ class DropPlan:
     message: str
     freed_by_replica: dict[str, int] = field(default_factory=dict)  # bytes each member frees
     merges: int = 0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A whole replica a drop may merge, as the loop sees it now."""
+
+    name: str
+    fires: bool  # its demand crossed the drop threshold with a queue
+    started: int  # requests with a token: what it must finish before it can be a donor
+
+
+def merge_order(candidates: Sequence[Candidate]) -> tuple[str, ...]:
+    """The order to hand `plan_drop`, which merges neighbours (0, 1), (2, 3), ... and makes
+    the first of each pair the head. Heads are the firing and busiest replicas (their
+    running requests keep going through the drop, their queue gets the grown pool); each
+    is paired with the least busy replica left, its donor, which must drain its started
+    requests before the head's pool can grow (a busy donor under a burst held a drop
+    1.1 s; docs/overload.md). Ties by name."""
+    ranked = sorted(candidates, key=lambda c: (not c.fires, -c.started, c.name))
+    out: list[str] = []
+    i, j = 0, len(ranked) - 1
+    while i <= j:
+        out.append(ranked[i].name)
+        if i < j:
+            out.append(ranked[j].name)
+        i, j = i + 1, j - 1
+    return tuple(out)
 
 
 def plan_drop(inp: DropInput) -> DropPlan:

@@ -165,7 +165,7 @@ def _covers(stages: Sequence[HeldStage], num_layers: int) -> bool:
 
 def stray_steps(stray: Stray, num_layers: int) -> tuple[overload_steps.Step, ...]:
     """Whole replicas again: resume the head, give each stage back to its donor (which
-    restores [0, L) from the head), route the donors again."""
+    restores [0, L) from the head), route the donors again and open the head."""
     h = overload_steps.BlockRef(stray.address, stray.head, 0)
     out: list[overload_steps.Step] = [overload_steps.Resume(h)]
     for s in stray.stages:
@@ -176,7 +176,9 @@ def stray_steps(stray: Stray, num_layers: int) -> tuple[overload_steps.Step, ...
                 "restore", block, 0, num_layers, back, 1, "", ((h, 0, num_layers),)
             )
         )
-    out.append(overload_steps.Routes(add=tuple(s.member for s in stray.stages)))
+    out.append(
+        overload_steps.Routes(add=tuple(s.member for s in stray.stages), reopen=(stray.head,))
+    )
     return tuple(out)
 
 

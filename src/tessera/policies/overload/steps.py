@@ -4,12 +4,13 @@ Pure: `drop_steps(group, members)` and `restore_steps(group, members)` turn one 
 and where each member runs (`Member`: replica id, agent address) into the steps the driver
 performs over the agents' `OverloadShift`, `ExportKV` and `ImportKV` RPCs and the routes. The
 member keeping layer 0 is the head (its replica becomes the pipeline); the others are donors
-(their blocks become its later stages in place). Drop: routes without the donors, donors
-drain, pause the head, each donor drops to its stage's layers as stage i, the head's K/V for
-each donor stage moves there (page ids unchanged, chunks of about one stage step), the head
-drops to stage 0, resume at the smallest grown pool. Restore, the inverse: pause, compact the
-head's pages (donors copy the moves), pull dropped layers and running K/V back to the head,
-resume whole, donors reload their layers, routes with the donors.
+(their blocks become its later stages in place). Drop: routes without the donors and the
+head closed (new requests go elsewhere while another replica is routable), donors drain,
+pause the head, each donor drops to its stage's layers as stage i, the head's K/V for each
+donor stage moves there (page ids unchanged, chunks of about one stage step), the head drops
+to stage 0, resume at the smallest grown pool, reopen the head. Restore, the inverse: pause,
+compact the head's pages (donors copy the moves), pull dropped layers and running K/V back
+to the head, resume whole, donors reload their layers, routes with the donors.
 """
 
 from __future__ import annotations
@@ -39,10 +40,13 @@ class BlockRef:
 
 @dataclass(frozen=True)
 class Routes:
-    """Take replicas out of the gateway's routable set, or put them back."""
+    """Take replicas out of the gateway's routable set, or put them back; close replicas
+    (no new requests while another is routable, the queued ones stay), or open them."""
 
     remove: tuple[str, ...] = ()
     add: tuple[str, ...] = ()
+    close: tuple[str, ...] = ()
+    reopen: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,9 @@ def drop_steps(group: drop_plan.Group, members: Mapping[str, Member]) -> tuple[S
         BlockRef(members[s.replica].address, head.replica_id, i) for i, s in enumerate(stages)
     ]
     donors = [s.replica for s in stages[1:]]
-    out: list[Step] = [Routes(remove=tuple(donors))]
+    # the head is closed while its donors drain: an arrival sent there would wait for the
+    # grown pool, one sent to another replica (a dropped pipeline) need not
+    out: list[Step] = [Routes(remove=tuple(donors), close=(head.replica_id,))]
     out += [Drain(whole[d]) for d in donors]
     out.append(Pause(whole[head.replica_id]))
     for i, s in enumerate(stages[1:], start=1):
@@ -133,6 +139,7 @@ def drop_steps(group: drop_plan.Group, members: Mapping[str, Member]) -> tuple[S
     s0 = stages[0]
     out.append(Shift("drop", as_stage[0], s0.start, s0.end, as_stage[0], k, as_stage[1].address))
     out.append(Resume(as_stage[0], grow_to=tuple(as_stage)))
+    out.append(Routes(reopen=(head.replica_id,)))
     return tuple(out)
 
 
