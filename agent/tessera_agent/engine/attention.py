@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tessera_agent.engine import decode_tables
+
 
 class Chunk(Protocol):
     """What attention needs of one chunk of a step (`step.SeqChunk` has it)."""
@@ -173,7 +175,7 @@ def build_metadata(
     positions: list[int] = []
     slot_map: list[int] = []
     decode_rows: list[int] = []
-    decode_tables: list[tuple[int, ...]] = []
+    decode_pages: list[tuple[int, ...]] = []
     decode_lens: list[int] = []
     prefill: list[PrefillSegment] = []
     fresh: list[FreshGroup] = []
@@ -184,7 +186,7 @@ def build_metadata(
             positions.append(start)
             slot_map.append(bt[start // ps] * ps + start % ps)
             decode_rows.append(row)
-            decode_tables.append(bt)
+            decode_pages.append(bt)
             decode_lens.append(start + 1)
             row += 1
             continue
@@ -207,24 +209,7 @@ def build_metadata(
             prefill.append(PrefillSegment(row, n, slots, mask))
         row += n
     if decode_rows:
-        lmax = max(decode_lens)
-        npages = -(-lmax // ps)
-        tables = torch.tensor(
-            [list(t[:npages]) + [0] * (npages - len(t[:npages])) for t in decode_tables],
-            dtype=torch.long,
-        )
-        gather = (tables[:, :, None] * ps + torch.arange(ps)[None, None, :]).reshape(
-            len(decode_rows), -1
-        )[:, :lmax]
-        lens = torch.tensor(decode_lens)
-        inside = (torch.arange(lmax)[None, :] < lens[:, None])[:, None, None, :]
-        # Positions past a sequence's context read slot 0, masked: one cached row instead
-        # of stale slots of its last page or page 0's (the padding of a step's shorter
-        # contexts was a fifth of the KV read at contexts 64-96).
-        gather = gather.masked_fill(~inside[:, 0, 0, :], 0)
-        # Additive float mask built once per step (a bool mask is converted per layer).
-        mask = torch.zeros(inside.shape).masked_fill_(~inside, float("-inf"))
-        gather, mask = gather.to(device), mask.to(device)
+        gather, mask = decode_tables.build(decode_pages, decode_lens, ps, device)
     else:
         gather = torch.empty(0, 0, dtype=torch.long, device=device)
         mask = torch.empty(0, 1, 1, 0, device=device)

@@ -22,7 +22,7 @@ import time
 import types
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch._inductor.config as inductor_config
@@ -43,6 +43,7 @@ from tessera_agent.engine import options as options_mod
 log = logging.getLogger(__name__)
 
 KV = decode_trace.KV
+Step = tuple[torch.Tensor, torch.Tensor | None]  # hidden states; logits on a last stage
 
 
 _warmups: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
@@ -102,9 +103,7 @@ class CompiledDecode:
         self._traced = fn
         backend = compile_policy.counting_backend(self)
         if self.device.type == "cuda":  # CUDA graphs captured and replayed per shape
-            self._fn: Callable[..., torch.Tensor] = torch.compile(
-                fn, dynamic=True, mode="reduce-overhead"
-            )
+            self._fn: Callable[..., Step] = torch.compile(fn, dynamic=True, mode="reduce-overhead")
         else:
             self._fn = torch.compile(fn, dynamic=True, backend=backend)
         self._for = decode_trace.fingerprint(self.model)
@@ -112,8 +111,8 @@ class CompiledDecode:
     def _config(self) -> contextlib.AbstractContextManager[Any]:
         # Compiling happens inside the call; `freezing` must be set then (passed as
         # `torch.compile(options=...)` it did not take effect here).
-        if self.device.type == "cuda":
-            return contextlib.nullcontext()
+        if self.device.type == "cuda" or inductor_config.freezing == self.freeze:
+            return contextlib.nullcontext()  # a patch costs ~13 us a step (a class built)
         freeze = self.freeze
         patched: contextlib.AbstractContextManager[Any] = inductor_config.patch(freezing=freeze)
         return patched
@@ -208,7 +207,8 @@ class CompiledDecode:
                     graphs = self._saved_graphs(kv_like, b, ctx, slots)
                     with self._lock:
                         if gen == self._gen:  # not rebuilt meanwhile
-                            self._fn = graphs
+                            # (`Graphs` returns what `decode_trace.forward` does: a Step)
+                            self._fn = cast(Callable[..., Step], graphs)
                 else:
                     self._invoke(
                         *decode_trace.synthetic(
@@ -318,9 +318,10 @@ class CompiledDecode:
         x: torch.Tensor,
         md: attention.AttentionMetadata,
         kv: KV,
-    ) -> torch.Tensor:
+    ) -> Step:
         with self._config():
-            return self._fn(*self._args(x, md, kv))
+            out: Step = self._fn(*self._args(x, md, kv))
+            return out
 
     def _args(self, x: torch.Tensor, md: attention.AttentionMetadata, kv: KV) -> tuple[Any, ...]:
         """`decode_trace.forward`'s arguments for a step."""
@@ -350,6 +351,17 @@ class CompiledDecode:
     ) -> torch.Tensor | None:
         """The step's hidden states, or None when the step must run eagerly (not warmed up
         yet, a shape the warm-up did not cover, the path off)."""
+        out = self.decode(x, md, kv)
+        return None if out is None else out[0]
+
+    def decode(
+        self,
+        x: torch.Tensor,
+        md: attention.AttentionMetadata,
+        kv: KV,
+    ) -> Step | None:
+        """The step's hidden states and, on a last stage, every row's logits (None on
+        other stages); None when the step must run eagerly, as `__call__`."""
         if decode_trace.fingerprint(self.model) != self._for:  # layers dropped or swapped since
             with self._lock:
                 if self.state in ("off", "failed"):

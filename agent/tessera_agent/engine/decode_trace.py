@@ -41,8 +41,11 @@ def forward(
     kv: list[tuple[torch.Tensor, torch.Tensor]],
     fused: bool,
     packs: packed_linear.GraphPacks | None,
-) -> torch.Tensor:
-    """The layers of `StageModel.forward` for a pure-decode step (traced by dynamo)."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The layers of `StageModel.forward` for a pure-decode step (traced by dynamo): the
+    hidden states, and on a last stage every row's logits (`StageModel.logits`: a decode
+    step samples every row, and its final norm and LM head compiled with the layers
+    cost a fraction of running them eagerly after the graph)."""
     md = attention.AttentionMetadata(
         positions=positions,
         slot_mapping=slot_mapping,
@@ -60,7 +63,9 @@ def forward(
         x = model.embed_tokens(x)
     for layer, (k_cache, v_cache) in zip(model.layers, kv, strict=True):
         x = layer(x, md, k_cache, v_cache)
-    return x
+    if model.norm is None or model.lm_head is None:
+        return x, None
+    return x, model.logits(x)
 
 
 def fingerprint(model: model_mod.StageModel) -> tuple[int, ...]:

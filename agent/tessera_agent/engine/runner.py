@@ -251,8 +251,9 @@ class StageRunner:
             return self.sampled(inp.step_id, graphed.float(), ids, params)
         self._plan_attention(md, inp.chunks)
         compiled = None if self.runs else self._compiled(x, md, inp.chunks)
+        head_logits = None  # the compiled rows' logits, when the graph made them
         if compiled is not None:
-            hidden = compiled
+            hidden, head_logits = compiled
         elif self.runs:
             hidden = layer_run.forward(
                 self.model, x, md, self.cache.layers(), inp.chunks, self.runs
@@ -264,10 +265,31 @@ class StageRunner:
         rows, ids, params = sample_rows(inp.chunks)
         if not rows:
             return step.StepOutput(step_id=inp.step_id)
+        if head_logits is not None:
+            return self.sampled(
+                inp.step_id, self._row_logits(rows, hidden, head_logits), ids, params
+            )
         # A decode-only step samples every row: no gather of the rows to sample.
         every = len(rows) == hidden.shape[0]
         picked = hidden if every else hidden[torch.tensor(rows, device=self.device)]
         return self.sampled(inp.step_id, self.model.logits(picked).float(), ids, params)
+
+    def _row_logits(
+        self, rows: list[int], hidden: torch.Tensor, head: torch.Tensor
+    ) -> torch.Tensor:
+        """The logits of the sampled `rows` (ascending), in row order: those of the rows
+        the compiled graph covered (the first `len(head)`) from `head`, the others through
+        the eager final norm and LM head."""
+        n = head.shape[0]
+        first = [r for r in rows if r < n]
+        parts = []
+        if first:
+            parts.append(head if len(first) == n else head[torch.tensor(first, device=self.device)])
+        rest = rows[len(first) :]
+        if rest:
+            parts.append(self.model.logits(hidden[torch.tensor(rest, device=self.device)]))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return out.float()
 
     def _packs(self) -> packed_linear.StagePacks | None:
         """The stage's packed projections for eager rows, when its compiled decode holds
@@ -277,8 +299,9 @@ class StageRunner:
 
     def _compiled(
         self, x: torch.Tensor, md: attention.AttentionMetadata, chunks: list[step.SeqChunk]
-    ) -> torch.Tensor | None:
-        """The step through the compiled decode graph, or None: run it eagerly.
+    ) -> decode_graph.Step | None:
+        """The step through the compiled decode graph (hidden states, and on a last
+        stage the logits of the rows the graph ran), or None: run it eagerly.
 
         A mixed step whose leading decode rows are many (`split_min_decodes`, the steps
         of a saturated replica) runs as two passes: the decode rows through the graph,
@@ -290,20 +313,20 @@ class StageRunner:
             return None
         kv = self.cache.layers()
         if decode_trace.is_pure_decode(md):
-            return graph(x, md, kv)
+            return graph.decode(x, md, kv)
         b = md.decode_rows.numel()
         if not md.decode_leading or b < self.split_min_decodes or graph.state != "ready":
             return None
         ps = self.page_size
         decode_md = attention.build_metadata(chunks[:b], ps, self.device)
-        head = graph(x[:b], decode_md, kv)
+        head = graph.decode(x[:b], decode_md, kv)
         if head is None:
             return None
         tail_md = attention.build_metadata(chunks[b:], ps, self.device)
         tail_md.packed = self._packs()
         tail = self.model(x[b:], tail_md, kv)
         self.split_steps += 1
-        return torch.cat((head, tail))
+        return torch.cat((head[0], tail)), head[1]
 
     def forget(self, seq_id: str) -> None:
         self.block_tables.pop(seq_id, None)
