@@ -72,3 +72,14 @@ def test_bad_inputs() -> None:
         reroute.decide([S3], [60, 60, 60, 60], alpha=0.0)
     assert reroute.decide([], [1, 2, 3, 4]).reroute
     assert reroute.decide([S3], [60, 60, 60, 60]).to_json()["reroute"] is False
+
+
+def test_more_reads_per_span_test_each_read_harder() -> None:
+    counts = [70, 50, 60, 60]
+    p = reroute.fit(S3, counts)
+    assert p is not None
+    alpha = min(0.5, p * 3)
+    assert reroute.decide([S3], counts, alpha=alpha).reroute
+    assert not reroute.decide([S3], counts, alpha=alpha, reads=6).reroute
+    with pytest.raises(ValueError):
+        reroute.decide([S3], counts, reads=0)

@@ -40,9 +40,10 @@ from tessera.sim.oserve import (
 )
 from tessera.sim.replica import SimReplica, adopt
 
-# within-span re-routes per span (the gateway's counters read at each quarter: ~240
-# arrivals at Table 2's 16 req/s, a class share known to ~3 %)
-REROUTES = 4
+# the gateway's counters read this many times per span (every 5 s of a 60 s span); a read
+# moves the split only when its counts reject the span's planned mixes
+# (`policies.routing.reroute.decide`, at 1 % per span over these reads)
+REROUTES = 12
 
 
 @dataclass
@@ -215,8 +216,10 @@ class Switcher:
         counts = self._count(eng, now, now - began)
         observed = tuple(c / (now - began) for c in counts)
         pick, demand, planned = self._planned
-        if sum(observed) <= 0 or not reroute.decide(planned, counts).reroute:
+        if sum(observed) <= 0 or not reroute.decide(planned, counts, reads=REROUTES).reroute:
             return
+        # the split is now planned for the mix counted so far too
+        self._planned = (pick, demand, (*planned, observed))
         r = LatencyModel(pick.problem, pick.table).robust_routing(
             *_groups(self.current_layout), (demand, observed), dedicate=True
         )

@@ -4,8 +4,9 @@ Inputs: the class mixes the span's routing was planned for (the forecast and the
 as observed, req/s or counts per class) and the arrivals counted per class since the span
 began. A chi-square goodness-of-fit test (`scipy.stats.chisquare`) of the counts against
 each planned mix's shares; the split moves only when every planned mix is rejected at
-`ALPHA`. Counts too few for the test (an expected count under `MIN_EXPECTED`, Cochran's
-rule) never move it. Pure; called by the simulated switching loop
+`ALPHA` per span (Bonferroni over the span's reads). Counts too few for the test (an
+expected count under `MIN_EXPECTED`, Cochran's rule) never move it. Pure; called by the
+simulated switching loop
 (`tessera.sim.oserve_switcher.Switcher._reroute`) at each within-span counter read.
 """
 
@@ -63,12 +64,20 @@ def fit(planned: Sequence[float], counts: Sequence[float]) -> float | None:
 
 
 def decide(
-    planned: Sequence[Sequence[float]], counts: Sequence[float], alpha: float = ALPHA
+    planned: Sequence[Sequence[float]],
+    counts: Sequence[float],
+    alpha: float = ALPHA,
+    reads: int = 1,
 ) -> RerouteDecision:
     """Re-route only when the counts since the span began reject every mix the span's
-    routing was planned for at significance `alpha`."""
+    routing was planned for. `alpha` is the span's chance of a move on counts from a
+    planned mix over its `reads` counter reads: each read tests at `alpha / reads`
+    (Bonferroni)."""
     if not 0 < alpha < 1:
         raise ValueError("alpha must be in (0, 1)")
+    if reads < 1:
+        raise ValueError("reads must be >= 1")
+    alpha /= reads
     if not planned:
         return RerouteDecision(True, 0.0, "no planned mix: route for the counts")
     fits = [fit(p, counts) for p in planned]
