@@ -55,6 +55,7 @@ def _imports(path: Path) -> set[str]:
                 "tessera.policies.switching.switch_plan",
                 "tessera.policies.switching.step",
                 "tessera.policies.routing.shares",
+                "tessera.policies.routing.reroute",
             },
         ),
         (

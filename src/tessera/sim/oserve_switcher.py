@@ -26,6 +26,7 @@ from tessera.planner.latency_report import LatencyReport, Robust
 from tessera.planner.layout import Layout
 from tessera.planner.shapes import Shape
 from tessera.policies import device_links, links, placement
+from tessera.policies.routing import reroute
 from tessera.policies.routing.shares import centroid_class_router
 from tessera.policies.switching import gain as switching
 from tessera.policies.switching import step as switching_step
@@ -39,9 +40,10 @@ from tessera.sim.oserve import (
 )
 from tessera.sim.replica import SimReplica, adopt
 
-# within-span re-routes per span (the gateway's counters read at each quarter: ~240
-# arrivals at Table 2's 16 req/s, a class share known to ~3 %)
-REROUTES = 4
+# the gateway's counters read this many times per span (every 5 s of a 60 s span); a read
+# moves the split only when its counts reject the span's planned mixes
+# (`policies.routing.reroute.decide`, at 1 % per span over these reads)
+REROUTES = 12
 
 
 @dataclass
@@ -81,7 +83,8 @@ class Switcher:
     _next: float = 0.0
     _cache: dict[tuple[int | float, ...], table1.Choice] | None = None
     _rates: dict[int, float] = field(default_factory=dict)
-    _planned: tuple[table1.Choice, tuple[float, ...]] | None = None  # the span's pick, forecast
+    # the span's pick, forecast, and the mixes its routing was planned for
+    _planned: tuple[table1.Choice, tuple[float, ...], tuple[tuple[float, ...], ...]] | None = None
     _reroute_at: float = 0.0
 
     def __post_init__(self) -> None:
@@ -172,7 +175,7 @@ class Switcher:
         )
         if pick is None or here is None:
             return
-        self._planned = (pick, demand)
+        self._planned = (pick, demand, seen)
         self._reroute_at = now + self.cfg.span_s / REROUTES
         if decision.action == switching.SWITCH:
             target, layout = target_of(decision.candidate), options[decision.candidate][0]
@@ -199,7 +202,9 @@ class Switcher:
         `REROUTES`-th of a span, the current layout re-routed for the worst of the span's
         forecast and the mix arrived since the span began (a forecast lags a change of
         mix by a span; a routing planned for the old mix overloads a replica set apart
-        for one class). Not while a transition runs (its executor routes)."""
+        for one class). Only when the counts reject every mix the span's routing was planned
+        for (`policies.routing.reroute.decide`: a chi-square test); not while a transition
+        runs (its executor routes)."""
         if self._planned is None or now + 1e-9 < self._reroute_at:
             return
         self._reroute_at += self.cfg.span_s / REROUTES
@@ -208,10 +213,13 @@ class Switcher:
         began = self._next - self.cfg.span_s
         if now - began <= 0:
             return
-        observed = tuple(c / (now - began) for c in self._count(eng, now, now - began))
-        if sum(observed) <= 0:
+        counts = self._count(eng, now, now - began)
+        observed = tuple(c / (now - began) for c in counts)
+        pick, demand, planned = self._planned
+        if sum(observed) <= 0 or not reroute.decide(planned, counts, reads=REROUTES).reroute:
             return
-        pick, demand = self._planned
+        # the split is now planned for the mix counted so far too
+        self._planned = (pick, demand, (*planned, observed))
         r = LatencyModel(pick.problem, pick.table).robust_routing(
             *_groups(self.current_layout), (demand, observed), dedicate=True
         )
