@@ -274,3 +274,19 @@ def test_first_token_is_an_event_even_before_its_character_completes(
     assert evs[0].text == "" and evs[0].finish_reason is None  # the first token, no text yet
     assert all(ev.text for ev in evs[1:-1])  # afterwards only events that carry text
     assert "".join(ev.text for ev in evs) == "日本 ok"
+
+
+def test_a_missing_routes_file_is_reported_once_until_it_returns(tmp_path: Path) -> None:
+    """The gateway checks the file every 20 ms: a file that cannot be read raises once
+    (the caller logs it), not at every check; when it is back it loads again."""
+    path = tmp_path / "routes.json"
+    path.write_text(json.dumps({"replicas": [{"id": "r0", "address": "127.0.0.1:1"}]}))
+    watcher = routes.RoutesWatcher(str(path))
+    assert watcher.poll() is not None
+    path.unlink()
+    with pytest.raises(ValueError, match=r"routes\.json"):
+        watcher.poll()
+    assert watcher.poll() is None  # said once
+    path.write_text(json.dumps({"replicas": [{"id": "r1", "address": "127.0.0.1:2"}]}))
+    got = watcher.poll()
+    assert got is not None and [r.replica_id for r in got.replicas] == ["r1"]

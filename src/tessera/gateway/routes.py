@@ -76,12 +76,15 @@ def load(path: str) -> Routes:
     return parse(doc)
 
 
+GONE = (-1, -1, -1)  # the stamp of a file that could not be stat'ed
+
+
 class RoutesWatcher:
     """Re-reads the routes file when its mtime (or size) changes."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._seen: tuple[int, int, int] | None = None
+        self._seen: tuple[int, int, int] | None = None  # GONE: the file could not be read
 
     def poll(self) -> Routes | None:
         """New routes if the file changed since the last poll, else None. Raises ValueError
@@ -89,6 +92,9 @@ class RoutesWatcher:
         try:
             st = os.stat(self.path)
         except OSError as exc:
+            if self._seen == GONE:  # said once: the 20 ms check must not flood the log
+                return None
+            self._seen = GONE
             raise ValueError(f"{self.path}: {exc.strerror}") from exc
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp == self._seen:
