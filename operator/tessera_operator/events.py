@@ -17,7 +17,7 @@ from typing import Any
 import kopf
 
 from tessera.control import actuate
-from tessera_operator import owned, scaling
+from tessera_operator import owned
 
 # action kind -> (reason when done, reason when failed)
 REASONS = {
@@ -82,13 +82,3 @@ def released(body: kopf.Body, message: str, ok: bool) -> None:
         kopf.info(body, reason="BlocksReleased", message=message)
     else:
         kopf.warn(body, reason="BlocksOrphaned", message=message)
-
-
-def layer_runs(
-    body: kopf.Body, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
-) -> None:
-    """Record replicated, migrated and evicted layer runs (module scaling)."""
-    before = (old or {}).get("layerRuns") or []
-    after = (new or {}).get("layerRuns") or []
-    for reason, message in scaling.changes(before, after):
-        kopf.info(body, reason=reason, message=message)

@@ -30,6 +30,7 @@ from tessera.control import overload as control
 from tessera.policies.overload import held as overload_held
 from tessera.policies.overload import steps as overload_steps
 from tessera_operator import (
+    announced,
     config,
     discovery,
     gateway_objects,
@@ -176,7 +177,7 @@ def _write_status(
     body: kopf.Body,
     memo: kopf.Memo,
     client: kube.Kube,
-    posted: overload_status.Posted,
+    posted: announced.Announced,
     dep: api.ServingDeployment,
     whole: list[tuple[str, str]],
     obs: observed.Observed,

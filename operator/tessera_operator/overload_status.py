@@ -7,7 +7,7 @@ observation, without a reconcile pass). Input: a pass's `outcome.Outcome`, or th
 whole replicas `status.plan` names and an observation. A *dropped group* is a replica
 the plan has whole that the agents hold as a pipeline: the overload loop
 (`tessera.control.overload`) turned it and donor replicas into one (`docs/overload.md`).
-Each group lists its stages: agent, layers, KV pages. Pure, except `Posted.record`.
+Each group lists its stages: agent, layers, KV pages. Pure.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-import kopf
-
 from tessera import observed
 from tessera.control import outcome
+from tessera_operator import announced
 
 REASON_DROPPED = "LayersDropped"
 REASON_WHOLE = "WholeReplicas"
@@ -115,29 +114,6 @@ def patch(
     return out
 
 
-class Posted:
-    """The groups each deployment's events last announced, with the resourceVersion of
-    the body they were computed from (one per operator, in `reconciler.Context`). A pass
-    or tick that reads the same version again read a body older than its own status
-    write (the watch has not delivered it yet): it compares with what was announced, so
-    two passes over one stale status do not post `OverloadRestored` twice."""
-
-    def __init__(self) -> None:
-        self._by_uid: dict[str, tuple[str, list[dict[str, Any]]]] = {}
-
-    def record(self, body: kopf.Body, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-        """Post the events for `changes` between the previous (`old`, or what was
-        announced from the same body version) and the new `status.overload`."""
-        meta = body.metadata
-        uid, version = (
-            str(meta.get("uid") or meta.get("name") or ""),
-            str(meta.get("resourceVersion") or ""),
-        )
-        before: Sequence[Mapping[str, Any]] = old.get("groups") or []
-        held = self._by_uid.get(uid)
-        if held is not None and version and held[0] == version:
-            before = held[1]
-        after = [dict(g) for g in new.get("groups") or []]
-        for reason, message in changes(before, after):
-            kopf.info(body, reason=reason, message=message)
-        self._by_uid[uid] = (version, after)
+def posted() -> announced.Announced:
+    """The operator's record of the groups its events announced (`announced.py`)."""
+    return announced.Announced(changes, "groups")

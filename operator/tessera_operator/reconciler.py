@@ -31,6 +31,7 @@ from tessera.policies.security import admission
 from tessera.policies.switching import candidates as switching_candidates
 from tessera.policies.transition import planner as transition
 from tessera_operator import (
+    announced,
     config,
     discovery,
     events,
@@ -40,6 +41,7 @@ from tessera_operator import (
     overload_status,
     owned,
     replica_status,
+    scaling,
     status,
 )
 
@@ -56,8 +58,9 @@ class Context:
     candidates: switching_candidates.CandidateCache = field(
         default_factory=switching_candidates.CandidateCache
     )
-    # the overload groups last announced per deployment (duplicate events from a stale body)
-    posted: overload_status.Posted = field(default_factory=overload_status.Posted)
+    # the overload groups and layer runs last announced per deployment (announced.py)
+    posted: announced.Announced = field(default_factory=overload_status.posted)
+    runs_posted: announced.Announced = field(default_factory=scaling.posted)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "probe", link_probe.LinkProbe(self.config.tls))
@@ -226,7 +229,7 @@ async def one_pass(
     events.switching(
         body, status.condition(previous, "Progressing"), status.condition(new, "Progressing")
     )
-    events.layer_runs(body, previous.get("scaling"), new.get("scaling"))
+    ctx.runs_posted.record(body, previous.get("scaling") or {}, new.get("scaling") or {})
     replica_status.ready_events(
         body, previous.get("replicaSources") or [], new.get("replicaSources") or []
     )

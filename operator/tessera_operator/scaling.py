@@ -2,9 +2,10 @@
 
 `status_doc` lists the deployment's replicated and migrated layer runs and where each
 holder is, for `status.scaling.layerRuns` (called by `status.build`); `changes` names what
-changed between two passes, which `reconciler` records as events (LayerRunReplicated,
-LayerRunMigrated, LayerRunEvicted). Pure. (An agent's `Describe.scaling_runs` become
-`observed.LayerRun`s in `tessera.control.agents.runs_from_describe`.)
+changed between two passes, which `reconciler` posts as events once each (`posted`:
+LayerRunReplicated, LayerRunMigrated, LayerRunEvicted). Pure. (An agent's
+`Describe.scaling_runs` become `observed.LayerRun`s in
+`tessera.control.agents.runs_from_describe`.)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from tessera import observed
+from tessera_operator import announced
 
 
 def status_doc(obs: observed.Observed | None, replicas: Set[str]) -> list[dict[str, Any]]:
@@ -60,3 +62,8 @@ def changes(
         elif a and not b and a.get("migrated"):
             out.append(("LayerRunMigrated", f"{where} migrated to {a.get('home')}"))
     return out
+
+
+def posted() -> announced.Announced:
+    """The operator's record of the layer runs its events announced (`announced.py`)."""
+    return announced.Announced(changes, "layerRuns")

@@ -134,7 +134,8 @@ def test_operator_replicates_onto_an_idle_device_and_evicts(
         assert get_sd(kube, "sc")["spec"]["policies"]["scaling"]["enabled"]  # still on
         time.sleep(4.0)  # the calm goes on: nothing is replicated again
         assert not _runs(kube)
-        assert [r for r, _ in events(kube, "sc")].count("LayerRunReplicated") == 1
+        said_all = events(kube, "sc")
+        assert [r for r, _ in said_all].count("LayerRunReplicated") == 1, said_all
         assert texts and all(x in want for x in texts)
     finally:
         stop.set()

@@ -9,7 +9,7 @@ import pytest
 
 from tessera import blocks, observed, plan
 from tessera.control import outcome
-from tessera_operator import overload_status, status
+from tessera_operator import announced, overload_status, status
 
 PLAN = plan.Plan(
     "/models/tiny",
@@ -59,7 +59,7 @@ def test_drop_and_restore_show_in_status_condition_and_events(
 ) -> None:
     posted: list[tuple[str, str]] = []
     monkeypatch.setattr(
-        overload_status.kopf, "info", lambda body, reason, message: posted.append((reason, message))
+        announced.kopf, "info", lambda body, reason, message: posted.append((reason, message))
     )
     whole = status.build(_outcome(False), 1, {}, "T1", "")
     assert "overload" not in whole and _cond(whole) == {}  # never dropped: no condition
@@ -79,7 +79,7 @@ def test_drop_and_restore_show_in_status_condition_and_events(
     c = _cond(dropped)
     assert (c["status"], c["reason"]) == ("True", "LayersDropped")
     assert c["message"] == "team.tiny.r0: a [0, 4) 220 KV pages | b [4, 8) 220 KV pages"
-    seen = overload_status.Posted()
+    seen = overload_status.posted()
     seen.record(_body("1"), whole.get("overload") or {}, dropped["overload"])
     assert posted == [("OverloadDropped", c["message"])]
     # the overload tick writes the same two fields as a pass would

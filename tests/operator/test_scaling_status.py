@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import kopf
+import pytest
+
 from tessera import observed
 from tessera.control import agents
 from tessera.rpc.v1 import agent_pb2 as pb
-from tessera_operator import scaling
+from tessera_operator import announced, scaling
 
 
 def _describe(home: str, replicas: list[str], migrated: bool) -> pb.DescribeReply:
@@ -59,3 +62,24 @@ def test_status_lists_runs_and_events_name_each_change() -> None:
         {"another"},
     )
     assert other == []  # another deployment's runs are not ours
+
+
+def test_a_replication_is_announced_once_over_a_stale_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two passes over one body whose status predates the first pass's write (a timer's
+    cached body): `LayerRunReplicated` is posted once; a body that caught up posts
+    nothing, and the eviction is posted once too."""
+    posted: list[str] = []
+    monkeypatch.setattr(announced.kopf, "info", lambda body, reason, message: posted.append(reason))
+
+    def body(version: str) -> kopf.Body:
+        return kopf.Body({"metadata": {"uid": "u1", "resourceVersion": version}})
+
+    runs = {"layerRuns": _doc(_describe("a0/cpu:0", ["a1/cpu:0"], False))}
+    seen = scaling.posted()
+    seen.record(body("1"), {}, runs)
+    seen.record(body("1"), {}, runs)  # the same stale body again
+    seen.record(body("2"), runs, runs)  # caught up
+    assert posted == ["LayerRunReplicated"]
+    seen.record(body("2"), runs, {})
+    seen.record(body("2"), runs, {})
+    assert posted == ["LayerRunReplicated", "LayerRunEvicted"]
