@@ -57,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -403,18 +404,26 @@ def tessera_server(
     )
     url = ""
     assert proc.stdout is not None
-    with log.open("w") as f:
-        for line in proc.stdout:
-            f.write(line)
-            m = URL_RE.search(line)
-            if m and "serving" in line:
-                url = m.group(1).rstrip("/")
-                break
-    with _stopped(proc):
-        if not url:
-            raise RuntimeError(f"tessera up failed; see {log}")
-        _wait_http(url, proc, 300)
-        yield url
+    f = log.open("w")
+    for line in proc.stdout:
+        f.write(line)
+        m = URL_RE.search(line)
+        if m and "serving" in line:
+            url = m.group(1).rstrip("/")
+            break
+    f.flush()
+    # keep draining its output into the log: a full pipe would block `tessera up`
+    drain = threading.Thread(target=lambda: f.writelines(proc.stdout or ()), daemon=True)
+    drain.start()
+    try:
+        with _stopped(proc):
+            if not url:
+                raise RuntimeError(f"tessera up failed; see {log}")
+            _wait_http(url, proc, 300)
+            yield url
+    finally:
+        drain.join(10)  # the pipe ends with the process
+        f.close()
 
 
 def _client_args(url: str, model: Path, rate: float, num: int, out: Path, seed: int) -> list[str]:
