@@ -6,11 +6,11 @@ names at least two whole replicas. A tick takes the deployment's pass
 (`reconciler.deployment_pass`; skips if one runs) and its shared observation, reads the
 gateway's calls per replica (`GET /admin/v1/load`, or `cfg.gateway_admin_url`) and runs the
 loop over the pass's kept channels. Routes steps rewrite the routes ConfigMap (same version,
-next revision) and push it to the gateway (`routes_publish`); one taking replicas out waits
-until the gateway routes none of them (`GET /admin/v1/routes`). When the agents changed, it
-writes `status.overload` and the `Overloaded` condition (`overload_status.patch`, from its own
-task, `STATUS_KEY`, in order) and posts `OverloadDropped` / `OverloadRestored` and the loop's
-own events. The loop object and the
+next revision) and push it to the gateway (`routes_publish`); one taking replicas out, when
+the push failed, waits until the gateway routes none of them (`GET /admin/v1/routes`). When
+the agents changed, it writes `status.overload` and the `Overloaded` condition
+(`overload_status.patch`, from its own task, `STATUS_KEY`, in order) and posts
+`OverloadDropped` / `OverloadRestored` and the loop's own events. The loop object and the
 last status written live in kopf's memo; a new operator converges from the agents.
 """
 
@@ -88,8 +88,10 @@ def _routes_writer(
         cm = await routes_publish.stored(ctx.kube, dep)
         doc = gateway_objects.published(cm) or routes_doc.RoutesDoc(())
         new = control.routes_change(doc, change, addresses)
-        await routes_publish.write(ctx.kube, cfg, dep, owner, new, cm)
-        if change.remove:  # the next step drains them: only once the gateway sends none
+        written = await routes_publish.write(ctx.kube, cfg, dep, owner, new, cm)
+        # the next step drains them: only once the gateway sends none (a push it took
+        # switched it already; else the file's way, as the kubelet refreshes it)
+        if change.remove and not written.pushed:
             took = await gateway_load.wait_unrouted(
                 routes_url(cfg, dep), change.remove, cfg.gateway_admin_token
             )
