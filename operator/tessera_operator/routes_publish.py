@@ -2,18 +2,20 @@
 
 Called by `reconciler` (a transition's cut-over, and each pass's gateway objects) and by
 `overload_loop` (a routes step). `write` reads the routes ConfigMap back (unless the caller
-just did), stamps the document one revision past the stored one when it changed
-(`routes_doc.successor`), replaces the ConfigMap (the source of truth: what a restarted
-gateway reads) and, when it changed an existing one, pushes the same document to the gateway
-(`PUT /admin/v1/routes`, `tessera.control.gateway_routes`) so it applies now rather than when
-the kubelet refreshes the mounted file (about once a minute). A push that fails is logged:
-the gateway still gets the document from the file. `admin_url` is the gateway's admin base.
+just did), stamps a changed document one revision past the stored one and at least the wall
+clock in ms (`routes_doc.successor`; a recreated ConfigMap still orders after the old one),
+replaces the ConfigMap (the source of truth: what a restarted gateway reads) and, when it
+changed an existing one, pushes the same document to the gateway (`PUT /admin/v1/routes`,
+`tessera.control.gateway_routes`) so it applies now rather than when the kubelet refreshes the
+mounted file (about once a minute). A failed push is logged: the file still brings it.
+`admin_url` is the gateway's admin base.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,11 +57,14 @@ async def write(
     owner: Mapping[str, Any],
     doc: routes_doc.RoutesDoc,
     existing: dict[str, Any] | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> Written:
-    """Write `doc` (module docstring); `existing`: the ConfigMap as just read, else read."""
+    """Write `doc` (module docstring); `existing`: the ConfigMap as just read, else read;
+    `clock`: the wall clock in s (tests)."""
     if existing is None:
         existing = await stored(client, dep)
-    new = routes_doc.successor(gateway_objects.published(existing), doc)
+    floor = int(clock() * 1000)  # a recreated ConfigMap still orders after the old one
+    new = routes_doc.successor(gateway_objects.published(existing), doc, floor)
     cm = gateway_objects.config_map(dep, dict(owner), new.to_json())
     applied = await owned.apply(client, cm, existing)
     # a created ConfigMap: the gateway is not running yet, and reads the file when it starts

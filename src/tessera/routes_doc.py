@@ -87,16 +87,17 @@ class RoutesDoc:
         }
 
 
-def successor(stored: RoutesDoc | None, new: RoutesDoc) -> RoutesDoc:
-    """`new` as the write that follows `stored` (the document as read back): its revision one
-    past the stored one when anything else differs, the stored one when nothing does (an
-    unchanged write stays unchanged). Revisions never go down, whatever `new` carries."""
+def successor(stored: RoutesDoc | None, new: RoutesDoc, floor: int = 0) -> RoutesDoc:
+    """`new` as the write that follows `stored` (the document as read back): the stored
+    revision when nothing else differs (an unchanged write stays unchanged), else one past
+    it and at least `floor` (the operator's wall clock in ms: a deleted and recreated
+    document still orders after what the gateway holds). Revisions never go down."""
     if stored is None:
-        return new
+        return dataclasses.replace(new, revision=max(new.revision, floor))
     same = dataclasses.replace(new, revision=stored.revision)
     if same.to_json() == stored.to_json():
         return same
-    return dataclasses.replace(new, revision=max(new.revision, stored.revision + 1))
+    return dataclasses.replace(new, revision=max(new.revision, stored.revision + 1, floor))
 
 
 def leaving(previous: RoutesDoc | None, new: RoutesDoc) -> tuple[str, ...]:

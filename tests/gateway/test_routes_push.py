@@ -186,6 +186,10 @@ def test_successor_bumps_the_revision_only_when_the_document_changed() -> None:
     assert routes_doc.successor(stored, routes_doc.RoutesDoc(one, 3)).order == (3, 8)
     assert routes_doc.successor(stored, routes_doc.RoutesDoc(two, 4)).order == (4, 8)
     assert routes_doc.successor(stored, routes_doc.RoutesDoc(one, 3, revision=20)).revision == 20
+    # the wall clock as a floor: a recreated document (nothing stored) still orders later
+    assert routes_doc.successor(None, routes_doc.RoutesDoc(one, 3), floor=900).order == (3, 900)
+    assert routes_doc.successor(stored, routes_doc.RoutesDoc(one, 3), floor=900).revision == 900
+    assert routes_doc.successor(stored, routes_doc.RoutesDoc(two, 3), floor=900) == stored
     back = routes_doc.parse(routes_doc.RoutesDoc(one, 3, revision=8).to_json())
     assert back.order == (3, 8) and routes_doc.parse({"replicas": []}).revision == 0
     admin = routes_doc.AdminRoutes(3, ("r0",), {"r1": 2}, 8)

@@ -5,7 +5,9 @@ API keys and the admin token on) in front of two fake leaders takes the pushes. 
 routes step (`overload_loop._routes_writer`) taking a replica out bumps the revision, pushes,
 and its wait for the gateway to stop routing the replica ends at once, with no kubelet
 mirroring the ConfigMap into a file. A write that changes nothing neither bumps nor pushes;
-a document built without a revision (the reconcile's cut-over) gets the stored one's next;
+a document built without a revision (the reconcile's cut-over) gets the stored one's next,
+and at least the wall clock in ms: a deleted and recreated ConfigMap still orders after what
+the gateway holds, so its pushes are taken;
 a push that fails (gateway down) is logged, and the ConfigMap is written all the same.
 """
 
@@ -20,6 +22,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import kopf
 import pytest
 
@@ -104,15 +107,16 @@ async def test_a_routes_step_pushes_and_the_drop_waits_for_no_file(
 ) -> None:
     gw, leaders = gateway
     client = kube.Kube.connect(api_server.url)
+    start_wall = time.time()
     try:
         cfg = _cfg(api_server, gw.url)
         dep = api.parse(json.loads(json.dumps(BODY)))
         owner = gateway_objects.owner_reference(BODY)
         replicas = tuple(routes_doc.RouteReplica(r, a) for r, a in leaders.items())
         first = await routes_publish.write(
-            client, cfg, dep, owner, routes_doc.RoutesDoc(replicas, 1)
+            client, cfg, dep, owner, routes_doc.RoutesDoc(replicas, 1), clock=lambda: 5.0
         )
-        assert (first.applied.action, first.doc.revision, first.pushed) == ("created", 0, False)
+        assert (first.applied.action, first.doc.revision, first.pushed) == ("created", 5000, False)
         gw.apply_routes(routes.from_doc(first.doc))  # what the gateway read from its file
 
         ctx = reconciler.Context(cfg, client)
@@ -121,21 +125,42 @@ async def test_a_routes_step_pushes_and_the_drop_waits_for_no_file(
         await set_routes(overload_steps.Routes(remove=("r1",)))
         took = time.monotonic() - start
         doc = _stored(await routes_publish.stored(client, dep))
-        assert (doc.version, doc.revision, doc.replica_ids) == (1, 1, ("r0",))
-        assert (gw.cutover.version, gw.cutover.revision) == (1, 1)
+        assert (doc.version, doc.replica_ids) == (1, ("r0",))
+        assert doc.revision >= int(start_wall * 1000)  # the wall clock: past 5000
+        assert (gw.cutover.version, gw.cutover.revision) == (1, doc.revision)
         assert [ep.replica_id for ep in gw.service.replicas.endpoints] == ["r0"]
         assert took < 5.0  # no file ever changed: without the push it waits 10 s
         assert "still routes" not in caplog.text
 
         # the reconcile writes the same document again (no revision of its own): unchanged
         same = dataclasses.replace(doc, revision=0)
-        again = await routes_publish.write(client, cfg, dep, owner, same)
-        assert (again.applied.action, again.doc.revision, again.pushed) == ("unchanged", 1, False)
-        # the reconcile's cut-over (no revision of its own) after the step: the next one
+        again = await routes_publish.write(client, cfg, dep, owner, same, clock=lambda: 1.0)
+        assert (again.applied.action, again.doc.revision, again.pushed) == (
+            "unchanged",
+            doc.revision,
+            False,
+        )
+        # the reconcile's cut-over (no revision of its own) after the step, its clock behind
+        # (another operator's): one past the stored revision
         back = routes_doc.RoutesDoc(replicas, 1)
-        cut = await routes_publish.write(client, cfg, dep, owner, back)
-        assert (cut.applied.action, cut.doc.revision, cut.pushed) == ("updated", 2, True)
-        assert (gw.cutover.revision, len(gw.service.replicas.endpoints)) == (2, 2)
+        cut = await routes_publish.write(client, cfg, dep, owner, back, clock=lambda: 1.0)
+        assert (cut.applied.action, cut.doc.revision, cut.pushed) == (
+            "updated",
+            doc.revision + 1,
+            True,
+        )
+        assert (gw.cutover.revision, len(gw.service.replicas.endpoints)) == (doc.revision + 1, 2)
+
+        # the ConfigMap deleted and recreated: revisions start from the clock again, past
+        # what the gateway holds, so a later step's push is taken
+        name = gateway_objects.routes_name(dep)
+        url = api_server.url + kube.path("v1", "configmaps", "default", name)
+        async with aiohttp.ClientSession() as s, s.delete(url) as r:  # a user, not the operator
+            assert r.status == 200
+        await routes_publish.write(client, cfg, dep, owner, back)
+        await set_routes(overload_steps.Routes(remove=("r0",)))
+        assert [ep.replica_id for ep in gw.service.replicas.endpoints] == ["r1"]
+        assert gw.cutover.revision == _stored(await routes_publish.stored(client, dep)).revision
     finally:
         client.close()
 
@@ -149,10 +174,14 @@ async def test_a_failed_push_is_logged_and_the_config_map_written(
         dep = api.parse(json.loads(json.dumps(BODY)))
         owner = gateway_objects.owner_reference(BODY)
         one = (routes_doc.RouteReplica("r0", "127.0.0.1:1"),)
-        await routes_publish.write(client, cfg, dep, owner, routes_doc.RoutesDoc(one, 1))
+        await routes_publish.write(
+            client, cfg, dep, owner, routes_doc.RoutesDoc(one, 1), clock=lambda: 0.0
+        )
         with caplog.at_level(logging.WARNING):
             out = await asyncio.wait_for(
-                routes_publish.write(client, cfg, dep, owner, routes_doc.RoutesDoc((), 1)),
+                routes_publish.write(
+                    client, cfg, dep, owner, routes_doc.RoutesDoc((), 1), clock=lambda: 0.0
+                ),
                 timeout=10,
             )
         assert (out.applied.action, out.doc.revision, out.pushed) == ("updated", 1, False)
