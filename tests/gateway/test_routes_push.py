@@ -1,11 +1,12 @@
 """`PUT /admin/v1/routes`: the operator pushes the routes document the gateway also reads.
 
 A real gateway (`helpers.start`) with a routes file, API keys and the admin token, in front
-of two fake leaders. The push needs the admin token (401 without, 403 with a user's key);
-a bad document is a 400 naming the field; a pushed document applies at once (`GET
-/admin/v1/routes` shows it). File and push are ordered by (`version`, `revision`): a late read
-of an older file never undoes a newer push, a stale push is a 409, and a newer file applies
-over an older push. `gateway_routes.push` (the operator's client) says why a push failed.
+of two fake leaders. The push needs the admin token (401 without, 403 with a user's key, 403
+when the gateway has none configured); a bad document is a 400 naming the field; a pushed
+document applies at once (`GET /admin/v1/routes` shows it). File and push are ordered by
+(`version`, `revision`): a late read of an older file never undoes a newer push, a stale push
+is a 409, and a newer file applies over an older push. `gateway_routes.push` (the operator's
+client) says why a push failed.
 """
 
 from __future__ import annotations
@@ -96,6 +97,20 @@ async def test_push_needs_the_admin_token(
     status, body = await _put(session, gw, doc)
     assert (status, body) == (200, {"applied": True, "version": 1, "revision": 2})
     assert await _routed(session, gw) == (["r0"], 2)
+
+
+async def test_no_push_without_an_admin_token_configured(
+    tiny_llama: Path, leaders: dict[str, str], session: aiohttp.ClientSession
+) -> None:
+    """With neither API keys nor an admin token the other admin endpoints are open; a
+    routes push never is (it could send traffic anywhere): the file stays the only way."""
+    gw = await helpers.start(str(tiny_llama))
+    try:
+        status, body = await _put(session, gw, _doc(leaders, ["r0"], 1, 2), None)
+        assert status == 403 and body["error"]["code"] == "admin_token_not_configured"
+        assert (await _routed(session, gw))[0] == []
+    finally:
+        await gw.stop()
 
 
 @pytest.mark.parametrize(

@@ -4,13 +4,13 @@ Installed by `server.start_gateway`; `admin_auth` guards them. `GET /admin/v1/ro
 (`routes_doc.AdminRoutes`: version, revision, replicas, in-flight per leaving replica) tells a
 transition's executor which document the gateway serves. `PUT /admin/v1/routes`: the operator
 pushes the routes document it just wrote to the ConfigMap (a kubelet refreshes a mounted one
-only about once a minute): 200 `{"applied", "version", "revision"}`, 400 naming the bad field,
-409 `stale_routes` when older than the one served. `/admin/v1/arrivals`: per-class arrivals per
-span (`arrivals.ArrivalRecorder.snapshot`, the switching loop's). `/admin/v1/load`: each
-replica's load as only the gateway sees it, for the overload loop: `{"replicas": {id:
-{"inFlight": n, "calls": [[prompt_tokens, max_tokens, started], ...]}}, "held": n}`, calls most
-likely waiting first (`tessera.control.gateway_load`); `held`: requests held for a replica to
-wake (`hold.py`, read by `tessera.control.gateway_demand`).
+only about once a minute): 200 `{"applied", "version", "revision"}`, 400 naming the field, 409
+`stale_routes` when older than the one served, 403 when no admin token is configured (never
+open). `/admin/v1/arrivals`: per-class arrivals per span (the switching loop's).
+`/admin/v1/load`: each replica's load as only the gateway sees it, for the overload loop:
+`{"replicas": {id: {"inFlight": n, "calls": [[prompt_tokens, max_tokens, started], ...]}},
+"held": n}`, calls most likely waiting first (`tessera.control.gateway_load`); `held`:
+requests held for a replica to wake (`hold.py`, read by `tessera.control.gateway_demand`).
 """
 
 from __future__ import annotations
@@ -35,13 +35,14 @@ def install(
     table: inflight_mod.InFlightTable | None = None,
     holding: hold.Holding | None = None,
     apply: Apply | None = None,
+    writable: bool = False,
 ) -> None:
     async def routes(request: web.Request) -> web.StreamResponse:
         return web.json_response(switch.snapshot().to_json())
 
     application.router.add_get(ROUTES_PATH, routes)
     if apply is not None:
-        application.router.add_put(ROUTES_PATH, _put_routes(switch, apply))
+        application.router.add_put(ROUTES_PATH, _put_routes(switch, apply, writable))
     if arrivals is not None:
         recorder = arrivals
 
@@ -69,8 +70,15 @@ def install(
         application.router.add_get("/admin/v1/load", load)
 
 
-def _put_routes(switch: cutover.Cutover, apply: Apply) -> body.Handler:
+def _put_routes(switch: cutover.Cutover, apply: Apply, writable: bool) -> body.Handler:
     async def put(request: web.Request) -> web.StreamResponse:
+        if not writable:  # a write is never open: it could route traffic anywhere
+            raise errors.ApiError(
+                403,
+                "Routes can be pushed only with an admin token (--admin-token-file); the "
+                "gateway reads them from its routes file.",
+                code="admin_token_not_configured",
+            )
         doc = body.parse(await request.read())
         try:
             new = routes_mod.parse(doc)

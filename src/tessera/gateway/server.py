@@ -278,7 +278,13 @@ async def start_gateway(
     )
     application = app.build(service, cfg.max_body_bytes)
     admin.install(
-        application, switch, counts, table, holding, apply=lambda r: box[0].apply_routes(r)
+        application,
+        switch,
+        counts,
+        table,
+        holding,
+        apply=lambda r: box[0].apply_routes(r),
+        writable=service.admin_token is not None,  # a routes push needs the admin token
     )
     status_page.install(application, service, switch, lambda: route.class_shares)
     runner = web.AppRunner(
