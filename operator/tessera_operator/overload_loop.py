@@ -5,11 +5,12 @@ per ServingDeployment, doing nothing unless `spec.policies.overload.enabled` and
 names at least two whole replicas. A tick takes the deployment's pass
 (`reconciler.deployment_pass`; skips if one runs) and its shared observation, reads the
 gateway's calls per replica (`GET /admin/v1/load`, or `cfg.gateway_admin_url`) and runs the
-loop over the pass's kept channels. Routes steps rewrite the routes ConfigMap (same document,
-same version); a step taking replicas out waits until the gateway routes none of them
-(`GET /admin/v1/routes`). When the agents changed, it writes `status.overload` and the
-`Overloaded` condition (`overload_status.patch`, from its own task, `STATUS_KEY`, in order) and
-posts `OverloadDropped` / `OverloadRestored` and the loop's own events. The loop object and the
+loop over the pass's kept channels. Routes steps rewrite the routes ConfigMap (same version,
+next revision) and push it to the gateway (`routes_publish`); one taking replicas out, when
+the push failed, waits until the gateway routes none of them (`GET /admin/v1/routes`). When
+the agents changed, it writes `status.overload` and the `Overloaded` condition
+(`overload_status.patch`, from its own task, `STATUS_KEY`, in order) and posts
+`OverloadDropped` / `OverloadRestored` and the loop's own events. The loop object and the
 last status written live in kopf's memo; a new operator converges from the agents.
 """
 
@@ -36,8 +37,8 @@ from tessera_operator import (
     gateway_objects,
     kube,
     overload_status,
-    owned,
     reconciler,
+    routes_publish,
     timers,
 )
 
@@ -68,15 +69,11 @@ def members(plan_status: Mapping[str, Any] | None) -> tuple[list[tuple[str, str]
 
 
 def load_url(cfg: config.OperatorConfig, dep: api.ServingDeployment) -> str:
-    if cfg.gateway_admin_url:
-        base = cfg.gateway_admin_url.format(namespace=dep.namespace, name=dep.name)
-    else:
-        base = gateway_objects.endpoint(dep)
-    return base.rstrip("/") + gateway_load.LOAD_PATH
+    return routes_publish.admin_url(cfg, dep) + gateway_load.LOAD_PATH
 
 
 def routes_url(cfg: config.OperatorConfig, dep: api.ServingDeployment) -> str:
-    return load_url(cfg, dep).removesuffix(gateway_load.LOAD_PATH) + gateway_load.ROUTES_PATH
+    return routes_publish.admin_url(cfg, dep) + gateway_load.ROUTES_PATH
 
 
 def _routes_writer(
@@ -89,12 +86,13 @@ def _routes_writer(
     owner = gateway_objects.owner_reference(dict(body))
 
     async def set_routes(change: overload_steps.Routes) -> None:
-        path = kube.path("v1", "configmaps", dep.namespace, gateway_objects.routes_name(dep))
-        cm = await ctx.kube.get(path)
+        cm = await routes_publish.stored(ctx.kube, dep)
         doc = gateway_objects.published(cm) or routes_doc.RoutesDoc(())
         new = control.routes_change(doc, change, addresses)
-        await owned.apply(ctx.kube, gateway_objects.config_map(dep, owner, new.to_json()), cm)
-        if change.remove:  # the next step drains them: only once the gateway sends none
+        written = await routes_publish.write(ctx.kube, cfg, dep, owner, new, cm)
+        # the next step drains them: only once the gateway sends none (a push it took
+        # switched it already; else the file's way, as the kubelet refreshes it)
+        if change.remove and not written.pushed:
             took = await gateway_load.wait_unrouted(
                 routes_url(cfg, dep), change.remove, cfg.gateway_admin_token
             )

@@ -41,6 +41,7 @@ from tessera_operator import (
     overload_status,
     owned,
     replica_status,
+    routes_publish,
     scaling,
     status,
 )
@@ -121,12 +122,12 @@ def _rollout(ctx: Context) -> converge.Rollout:
 def _routes_writer(
     ctx: Context, body: kopf.Body, dep: api.ServingDeployment, owner: dict[str, Any]
 ) -> outcome.Publish:
-    """The cut-over of a transition: write the routes ConfigMap now (the gateway re-reads
-    it)."""
+    """The cut-over of a transition: write the routes ConfigMap now and push it to the
+    gateway (`routes_publish`)."""
 
     async def publish(doc: routes_doc.RoutesDoc, _plan: plan.Plan) -> None:
-        cm = gateway_objects.config_map(dep, owner, doc.to_json())
-        events.applied(body, await owned.apply(ctx.kube, cm))
+        written = await routes_publish.write(ctx.kube, ctx.config, dep, owner, doc)
+        events.applied(body, written.applied)
 
     return publish
 
@@ -144,10 +145,9 @@ async def _apply_gateway(
     cut-over rewrote it since), the gateway Deployment and Service."""
     tmpl = ctx.config.gateway
     doc = out.routes or routes_doc.RoutesDoc(())  # nothing routed yet
-    cm = gateway_objects.config_map(
-        dep, owner, gateway_objects.routes(dep, out.plan, model_path, doc)
-    )
-    events.applied(body, await owned.apply(ctx.kube, cm, routes_cm))
+    full = converge.filled(dep, out.plan, model_path, doc)
+    written = await routes_publish.write(ctx.kube, ctx.config, dep, owner, full, routes_cm)
+    events.applied(body, written.applied)
     cert = gateway_certificate.certificate(dep, owner, tmpl)
     if cert is not None:  # before the Deployment that mounts its Secret
         events.applied(body, await owned.apply(ctx.kube, cert))
@@ -160,9 +160,7 @@ async def _apply_gateway(
 
 async def _routes_config_map(ctx: Context, dep: api.ServingDeployment) -> dict[str, Any] | None:
     """The routes ConfigMap as stored (level-triggered: read back every pass)."""
-    return await ctx.kube.get(
-        kube.path("v1", "configmaps", dep.namespace, gateway_objects.routes_name(dep))
-    )
+    return await routes_publish.stored(ctx.kube, dep)
 
 
 async def _serve(

@@ -2,17 +2,18 @@
 
 Written by the operator (`tessera_operator.gateway_objects.routes`) and `tessera up`; re-read by
 the gateway (`tessera.gateway.routes`), which answers `GET /admin/v1/routes` with `AdminRoutes`.
-JSON: `version` (plan generation), `drainDeadlineSeconds`, `cutOverAt` (unix time published),
-`model`, `modelPath`, `replicas` (`id`, `address`, `closed`: no new requests while another
-replica is routable), `classShares`, `classes`.
-Every change of the replica set is a cut-over, even at one `version`. Replicas named before but
-not now are leaving: no new requests; in-flight ones finish within `drainDeadlineSeconds` or
-have their KV moved. Older documents parse as version 0 with the default deadline. Pure;
-semantics in docs/transitions.md.
+JSON: `version` (plan generation), `revision` (bumped by every writer that changes the
+document: `successor`), `drainDeadlineSeconds`, `cutOverAt` (unix time published), `model`,
+`modelPath`, `replicas` (`id`, `address`, `closed`), `classShares`, `classes`. The gateway
+orders documents by (`version`, `revision`): one older than the one it serves is ignored, so a
+late file read never undoes a newer push (`PUT /admin/v1/routes`). Every change of the replica
+set is a cut-over, even at one `version`; replicas named before but not now are leaving (they
+drain within `drainDeadlineSeconds` or have their KV moved). Pure; docs/transitions.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,10 +50,16 @@ class RoutesDoc:
     class_shares: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     classes: tuple[ClassCentroid, ...] = ()
     variants: tuple[variant_routes.RouteVariant, ...] = ()  # issue 14: variant_routes.py
+    revision: int = 0  # bumped by each write that changes the document (`successor`)
 
     @property
     def replica_ids(self) -> tuple[str, ...]:
         return tuple(r.id for r in self.replicas)
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """What the gateway orders documents by: a lower one is stale."""
+        return (self.version, self.revision)
 
     def to_json(self) -> dict[str, Any]:
         out = self._base_json()
@@ -63,6 +70,7 @@ class RoutesDoc:
     def _base_json(self) -> dict[str, Any]:
         return {
             "version": self.version,
+            "revision": self.revision,
             "drainDeadlineSeconds": self.drain_deadline_s,
             "cutOverAt": self.cut_over_at,
             "model": self.model,
@@ -77,6 +85,19 @@ class RoutesDoc:
                 for c in self.classes
             ],
         }
+
+
+def successor(stored: RoutesDoc | None, new: RoutesDoc, floor: int = 0) -> RoutesDoc:
+    """`new` as the write that follows `stored` (the document as read back): the stored
+    revision when nothing else differs (an unchanged write stays unchanged), else one past
+    it and at least `floor` (the operator's wall clock in ms: a deleted and recreated
+    document still orders after what the gateway holds). Revisions never go down."""
+    if stored is None:
+        return dataclasses.replace(new, revision=max(new.revision, floor))
+    same = dataclasses.replace(new, revision=stored.revision)
+    if same.to_json() == stored.to_json():
+        return same
+    return dataclasses.replace(new, revision=max(new.revision, stored.revision + 1, floor))
 
 
 def leaving(previous: RoutesDoc | None, new: RoutesDoc) -> tuple[str, ...]:
@@ -110,12 +131,10 @@ def parse(obj: object) -> RoutesDoc:
     ids = [r.id for r in replicas]
     if len(set(ids)) != len(ids):
         raise ValueError(f"replicas: duplicate ids in {ids}")
-    version = obj.get("version", 0)
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise ValueError("version: expected an integer >= 0")
     return RoutesDoc(
         replicas=tuple(replicas),
-        version=version,
+        version=_count(obj, "version"),
+        revision=_count(obj, "revision"),
         drain_deadline_s=_number(
             obj.get("drainDeadlineSeconds", DEFAULT_DRAIN_DEADLINE_S), "drainDeadlineSeconds"
         ),
@@ -130,16 +149,18 @@ def parse(obj: object) -> RoutesDoc:
 
 @dataclass(frozen=True)
 class AdminRoutes:
-    """`GET /admin/v1/routes` of the gateway: the version it routes by, its replicas and,
-    per leaving replica, the requests still in flight there."""
+    """`GET /admin/v1/routes` of the gateway: the version (and revision) it routes by, its
+    replicas and, per leaving replica, the requests still in flight there."""
 
     version: int
     replicas: tuple[str, ...]
     leaving: Mapping[str, int] = field(default_factory=dict)
+    revision: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "version": self.version,
+            "revision": self.revision,
             "replicas": list(self.replicas),
             "leaving": dict(self.leaving),
         }
@@ -157,7 +178,18 @@ def parse_admin(obj: object) -> AdminRoutes:
         isinstance(v, int) and not isinstance(v, bool) for v in gone.values()
     ):
         raise ValueError("leaving: expected {replica id: in-flight count}")
-    return AdminRoutes(version, tuple(replicas), {str(k): int(v) for k, v in gone.items()})
+    revision = obj.get("revision", 0)
+    if isinstance(revision, bool) or not isinstance(revision, int):
+        raise ValueError("revision: expected an integer")
+    leaving_now = {str(k): int(v) for k, v in gone.items()}
+    return AdminRoutes(version, tuple(replicas), leaving_now, revision)
+
+
+def _count(obj: Mapping[str, Any], key: str) -> int:
+    v = obj.get(key, 0)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{key}: expected an integer >= 0")
+    return v
 
 
 def _str(obj: Mapping[str, Any], key: str) -> str:

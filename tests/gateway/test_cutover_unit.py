@@ -84,6 +84,7 @@ async def test_switch_is_atomic_and_leaving_replicas_keep_their_requests() -> No
     assert "b" not in h.replicas.ready_ids()
     assert h.cut.snapshot().to_json() == {
         "version": 2,
+        "revision": 0,
         "replicas": ["a", "c"],
         "leaving": {"b": 1},
     }

@@ -1,16 +1,16 @@
 """The cluster a `tessera bench ... --via operator` run serves through, in one process.
 
 `Cluster` starts, each as its own process as on a cluster, the gateway (`tessera gateway`,
-reading a routes file; `kv_dispatch=False` gives it the least-outstanding router, the rule
-`tessera bench overload`'s replay routes by), the test API server (KMock, a dev dependency)
-and the operator (`tessera operator` against it: the agents given, the caller's tick and
-resync periods, the gateway's admin URL, the checkpoint's folder the allowed model root,
-hostPath allowed), creates one ServingDeployment, waits for it Ready, mirrors its routes
-ConfigMap into the gateway's routes file (the kubelet's part) and waits for the gateway to
-route its replicas. Then the caller streams greedy requests to the gateway
-(`tessera.bench.client` over `Cluster.s`), patches the deployment (`patch`), reads it
-(`deployment`) and its events (`events`). Callers: `bench_overload_operator`,
-`bench_scaling_operator`.
+reading a routes file, with the admin token the operator's routes push needs;
+`kv_dispatch=False` gives it the least-outstanding router, the rule `tessera bench overload`'s
+replay routes by), the test API server (KMock, a dev dependency) and the operator (`tessera
+operator` against it: the agents given, the caller's tick and resync periods, the gateway's
+admin URL and token, the checkpoint's folder the allowed model root, hostPath allowed),
+creates one ServingDeployment, waits for it Ready, mirrors its routes ConfigMap into the
+gateway's routes file (the kubelet's part) and waits for the gateway to route its replicas.
+Then the caller streams greedy requests to the gateway (`tessera.bench.client` over
+`Cluster.s`), patches the deployment (`patch`), reads it (`deployment`) and its events
+(`events`). Callers: `bench_overload_operator`, `bench_scaling_operator`.
 """
 
 from __future__ import annotations
@@ -35,8 +35,13 @@ from tessera.cli import local_agents
 GROUP, VERSION, PLURAL = deployment.GROUP, deployment.VERSION, deployment.PLURAL
 
 
-async def get(s: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
-    async with s.get(url) as r:
+ADMIN_TOKEN = "bench-admin-token"  # the gateway's and the operator's (its routes push needs one)
+
+
+async def get(
+    s: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None
+) -> dict[str, Any] | None:
+    async with s.get(url, headers=headers) as r:
         if r.status == 404:
             return None
         r.raise_for_status()
@@ -143,10 +148,13 @@ class Cluster:
     async def __aenter__(self) -> Cluster:
         routes = self.work / "routes.json"
         routes.write_text('{"replicas": []}')
+        token = self.work / "admin-token"
+        token.write_text(ADMIN_TOKEN + "\n")
         main = [sys.executable, "-m", "tessera.cli.main"]
         try:
             gw_cmd = [*main, "gateway", "--routes", str(routes), "--model-name", "tiny-llama"]
             gw_cmd += ["--model-path", str(self.model), "--port", "0", "--poll-interval", "0.2"]
+            gw_cmd += ["--admin-token-file", str(token)]
             if not self.kv_dispatch:
                 gw_cmd += ["--no-kv-dispatch"]
             gw, self.gateway = await asyncio.to_thread(
@@ -160,6 +168,7 @@ class Cluster:
             # the checkpoint lies in a temporary folder (the model root), mounted as a hostPath
             cmd = [*main, "operator", "--api-server", self.api, "-n", "default", "--quiet"]
             cmd += ["--gateway-admin-url", self.gateway, "--allow-host-path"]
+            cmd += ["--gateway-admin-token-file", str(token)]
             cmd += ["--allowed-model-root", str(self.model.parent.resolve())]
             for i, a in enumerate(self.agents):
                 cmd += ["--agent", f"agent-{i}={a.address}"]
@@ -185,7 +194,8 @@ class Cluster:
             )
 
             async def serving() -> bool:
-                admin = await get(self.s, self.gateway + "/admin/v1/routes") or {}
+                auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+                admin = await get(self.s, self.gateway + "/admin/v1/routes", auth) or {}
                 return len(admin.get("replicas") or []) == self.replicas
 
             await wait(f"the gateway routing {self.replicas} replicas", serving)

@@ -3,11 +3,12 @@
 `GatewayHandle` hands every routes document to `Cutover.apply`, which switches the routable
 replicas at once (one synchronous `ReplicaSet.update`: every request routed after it sees only
 the new set); replicas the previous document named and the new one does not become leaving.
-Every change of the set is a cut-over, also at the same `version`; a lower version is stale and
-ignored. While any replica is leaving, a task ticks every `tick_s`: it reads the attempts on
-leaving replicas (`inflight.InFlightTable`), asks `policies.drain.decide` which drain and which
-move where, copies each moved request's KV prefix to its target (`kv_move.move_prefix`) while
-the source keeps decoding, then redirects the attempt (the dispatcher continues it there with a
+Every change of the set is a cut-over, also at the same `version`; a document lower in
+(`version`, `revision`) is stale and ignored (file and push alike). While any replica is
+leaving, a task ticks every `tick_s`: it reads the attempts on leaving replicas
+(`inflight.InFlightTable`), asks `policies.drain.decide` which drain and which move where,
+copies each moved request's KV prefix to its target (`kv_move.move_prefix`) while the source
+keeps decoding, then redirects the attempt (the dispatcher continues it there with a
 prefix-cache hit; a failed copy still redirects: the target recomputes). A leaving replica with
 no attempt left is dropped from the set. `snapshot` is `GET /admin/v1/routes`.
 """
@@ -84,6 +85,7 @@ class Cutover:
             lambda tokens, src, dst: _move_prefix(tokens, src, dst, tls)
         )
         self.version = 0
+        self.revision = 0  # within `version`: documents order by both (routes_doc.successor)
         self._leaving: dict[str, Leaving] = {}
         self._layouts: dict[str, stage_chain.Layout] = {}  # per replica id (immutable)
         self._watched: dict[inflight.Attempt, str] = {}  # attempt -> leaving replica
@@ -93,8 +95,14 @@ class Cutover:
     # -- the switch ---------------------------------------------------------------------
     def apply(self, new: routes.Routes) -> bool:
         """Switch to `new` (module docstring); False when it is stale and was ignored."""
-        if new.version < self.version:
-            log.warning("routes version %d ignored: serving version %d", new.version, self.version)
+        if (new.version, new.revision) < (self.version, self.revision):
+            log.warning(
+                "routes %d.%d ignored: serving %d.%d (a newer one was pushed or read)",
+                new.version,
+                new.revision,
+                self.version,
+                self.revision,
+            )
             return False
         now = self._clock()
         names = {ep.replica_id for ep in new.replicas}
@@ -111,7 +119,7 @@ class Cutover:
                 len(new.replicas),
                 sorted(self._leaving) or "none",
             )
-        self.version = new.version
+        self.version, self.revision = new.version, new.revision
         self._metrics.routes_version.set(new.version)
         for ep in new.replicas:
             self._leaving.pop(ep.replica_id, None)  # named again: routable again
@@ -130,6 +138,7 @@ class Cutover:
             self.version,
             tuple(ep.replica_id for ep in self._replicas.endpoints),
             {rid: self._table.count(rid) for rid in sorted(self._leaving)},
+            self.revision,
         )
 
     @property

@@ -33,6 +33,7 @@ class Routes:
     class_shares: dict[str, dict[str, float]] = field(default_factory=dict)
     class_centroids: dict[str, tuple[float, float]] = field(default_factory=dict)
     version: int = 0  # plan generation; a higher one is a cut-over
+    revision: int = 0  # within a version: a lower one is older (`routes_doc.successor`)
     drain_deadline_s: float = DEFAULT_DRAIN_DEADLINE_S  # leaving replicas' requests by then
     variants: tuple[variant_routes.RouteVariant, ...] = ()  # models served beside the foundation
     closed: frozenset[str] = frozenset()  # replicas sent new requests only when none else is
@@ -56,6 +57,7 @@ def from_doc(doc: routes_doc.RoutesDoc) -> Routes:
         class_shares={k: dict(v) for k, v in doc.class_shares.items()},
         class_centroids={c.name: (c.input_tokens, c.output_tokens) for c in doc.classes},
         version=doc.version,
+        revision=doc.revision,
         drain_deadline_s=doc.drain_deadline_s,
         variants=doc.variants,
         closed=frozenset(r.id for r in doc.replicas if r.closed),

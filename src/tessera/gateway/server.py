@@ -5,7 +5,8 @@ Called in-process by `tessera up` and by `tessera gateway` (`cli/gateway_cmd.py`
 `/health` is right from the start), binds the HTTP port and starts the maintenance loop
 (Describe polls every `poll_interval_s`, the routes file checked every `routes_check_s`).
 The returned `GatewayHandle` changes replicas and class shares at run time and stops everything; a
-versioned routes document (file or `apply_routes`) switches through `cutover.Cutover`.
+versioned routes document (the file, `PUT /admin/v1/routes` or `apply_routes`) switches through
+`cutover.Cutover`, the newest by (`version`, `revision`) winning.
 """
 
 from __future__ import annotations
@@ -276,7 +277,15 @@ async def start_gateway(
         holding=holding,
     )
     application = app.build(service, cfg.max_body_bytes)
-    admin.install(application, switch, counts, table, holding)
+    admin.install(
+        application,
+        switch,
+        counts,
+        table,
+        holding,
+        apply=lambda r: box[0].apply_routes(r),
+        writable=service.admin_token is not None,  # a routes push needs the admin token
+    )
     status_page.install(application, service, switch, lambda: route.class_shares)
     runner = web.AppRunner(
         application,
