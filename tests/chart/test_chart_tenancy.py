@@ -145,6 +145,9 @@ def test_notes_warn_when_tls_is_off(helm: Path) -> None:
 
     assert "WARNING: tls.enabled is false" in notes("tls.enabled=false")
     assert "WARNING" not in notes()
+    # no admin token: the operator cannot push routes changes to the gateways
+    assert "cannot push routes" in notes()
+    assert "cannot push routes" not in notes("gateway.adminToken.secretName=gw-admin")
 
 
 def test_a_gateway_secret_per_deployment_is_passed_through(helm: Path, tmp_path: Path) -> None:
