@@ -191,3 +191,25 @@ def test_worst_case_price_keeps_a_deployment_that_serves_both_mixes() -> None:
     )
     assert s.latencies["C"] == 2.0 and s.latencies["A"] == 5.0
     assert s.decision.candidate == "C"
+
+
+def test_a_last_span_within_the_forecasts_noise_is_not_priced_apart() -> None:
+    # 60 s spans of ~1,000 arrivals: a span drawn from the forecast's rates is its Poisson
+    # noise (priced at the forecast alone); a span of another mix is priced as well
+    demand = (3.0, 3.1, 5.5, 4.3)  # req/s
+    noisy = [[170.0, 205.0, 342.0, 282.0]]  # within ~2 sd per class of 180, 186, 330, 258
+    assert switching_step.plausible(demand, noisy, 60.0) == (demand,)
+    other = [[300.0, 280.0, 250.0, 190.0]]
+    assert switching_step.plausible(demand, other, 60.0) == (
+        demand,
+        (5.0, 280 / 60, 250 / 60, 190 / 60),
+    )
+
+
+def test_regime_mean_forecasts_a_steady_mix_from_every_span_since_it_began() -> None:
+    # Table 2's T2 up to 420 s (simulation counts): four spans of S1, then three of S3
+    s1 = [[254, 277, 262, 195], [258, 254, 291, 203], [246, 285, 259, 200], [264, 242, 281, 187]]
+    s3 = [[186, 183, 340, 250], [175, 177, 318, 255], [170, 205, 342, 282]]
+    f = switching_step.forecast(s1 + s3)
+    assert f.method == "regime_mean" and f.rrmse["regime_mean"] < f.rrmse["last_value"]
+    assert f.counts == pytest.approx(tuple(sum(c) / 3 for c in zip(*s3, strict=True)))

@@ -98,3 +98,37 @@ def test_smoothing_baselines_beat_last_value_on_noise() -> None:
         scores[name] = rrmse.overall(counts[start:], forecaster.rolling(model, counts, start))
     assert scores["ma"] < 0.8 * scores["last"]
     assert scores["es"] < 0.8 * scores["last"]
+
+
+def test_regime_mean_pools_the_spans_since_the_mix_changed() -> None:
+    rng = np.random.default_rng(3)
+    before = rng.poisson([250, 250, 260, 200], size=(4, 4)).astype(np.float64)
+    after = rng.poisson([180, 190, 350, 270], size=(3, 4)).astype(np.float64)
+    model = baselines.RegimeMean()
+    model.fit(before)
+    # a steady mix: every span; right after a change: the new spans only
+    assert model.predict(before).tolist() == pytest.approx(before.mean(axis=0).tolist())
+    history = np.vstack([before, after])
+    assert model.predict(history).tolist() == pytest.approx(after.mean(axis=0).tolist())
+    assert model.predict(history[:5]).tolist() == history[4].tolist()
+
+
+def test_regime_mean_is_closer_than_last_value_on_a_steady_mix() -> None:
+    # Poisson counts of one mix: one span's counts are noisier than their mean
+    rng = np.random.default_rng(4)
+    means = np.array([187.0, 190.0, 340.0, 280.0])
+    errs: dict[str, list[float]] = {"regime": [], "last": []}
+    for _ in range(50):
+        h = rng.poisson(means, size=(4, 4)).astype(np.float64)
+        errs["regime"].append(float(np.abs(baselines.RegimeMean().predict(h) - means).sum()))
+        errs["last"].append(float(np.abs(baselines.LastValue().predict(h) - means).sum()))
+    assert np.mean(errs["regime"]) < 0.7 * np.mean(errs["last"])
+
+
+def test_same_regime_tests_only_classes_it_can() -> None:
+    expected = np.array([100.0, 100.0, 2.0])
+    assert baselines.same_regime(np.array([104.0, 95.0, 3.0]), expected)  # class 3: too few
+    assert not baselines.same_regime(np.array([104.0, 95.0, 12.0]), expected)  # now enough
+    assert not baselines.same_regime(np.array([150.0, 95.0, 2.0]), expected)
+    assert not baselines.same_regime(np.array([100.0, 6.0]), np.array([100.0, 0.0]))
+    assert baselines.same_regime(np.array([1.0, 0.0]), np.array([2.0, 1.0]))  # none testable

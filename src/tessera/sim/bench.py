@@ -70,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", default=str(TRACE))
     parser.add_argument("--plots", help="write the runs' plots under this folder")
     parser.add_argument(
+        "--oserve-traces",
+        default="",
+        help="comma-separated OServe Table 2 traces to run (T1-T4; default: all): the "
+        "calibration runs in full, then only these rows",
+    )
+    parser.add_argument(
         "--parts",
         default=",".join(DEFAULT_PARTS),
         help="comma-separated reproduced tables to run (default: "
@@ -223,7 +229,8 @@ def _part(part: str, args: argparse.Namespace) -> dict[str, Any]:
         if part == "oserve_model_error":
             _, error = oserve_table2.model_error(prof, base, planner_bench.SLO, args.quick)
             return {"planner_model_error": error}
-        return oserve_table2.table2(prof, base, planner_bench.SLO, args.quick)
+        only = [t for t in (args.oserve_traces or "").split(",") if t] or None
+        return oserve_table2.table2(prof, base, planner_bench.SLO, args.quick, only)
     if part == "cocoserve":
         from tessera.sim import cocoserve_load
 

@@ -13,6 +13,7 @@ Called by `tessera.sim.bench`; split out of `sim/oserve.py` (Table 1 and shared 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -47,14 +48,18 @@ MODES: tuple[tuple[str, bool, bool], ...] = (
 
 
 def table2(
-    profile: Profile, base: tuple[RequestClass, ...], slo: Slo, quick: bool
+    profile: Profile,
+    base: tuple[RequestClass, ...],
+    slo: Slo,
+    quick: bool,
+    only: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The latency model calibrated on Table 1's mixes (`model_error`), then Table 2's
-    rows with it: `{"planner_model_error", "oserve_table2"}`."""
+    rows with it (`only`: those traces): `{"planner_model_error", "oserve_table2"}`."""
     cal, error = model_error(profile, base, slo, quick)
     return {
         "planner_model_error": error,
-        "oserve_table2": table2_rows(profile, base, slo, quick, cal),
+        "oserve_table2": table2_rows(profile, base, slo, quick, cal, only),
     }
 
 
@@ -93,14 +98,21 @@ def table2_rows(
     slo: Slo,
     quick: bool,
     cal: calibration_.Calibration | None = None,
+    only: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """OServe Table 2: each trace's mixes in consecutive phases at one rate (LOAD x the
     lowest sustainable rate among its mixes); static = the best homogeneous layout for
     the trace's mean mix with least-outstanding routing; switching = the planner's
     heterogeneous layout for the first mix, re-routed and re-planned every span
     through `switching.decide` (active mode), once per `MODES` entry (the calibrated
-    ones only with `cal`)."""
+    ones only with `cal`); `only`: those traces (e.g. `("T2",)`). Each run also reports
+    the P99 of the requests arriving in each span (`p99_by_span_s`)."""
     traces_ = (TRACES[0], TRACES[-1]) if quick else TRACES
+    if only is not None:
+        unknown = set(only) - {t[0] for t in TRACES}
+        if unknown:
+            raise ValueError(f"unknown Table 2 trace(s): {', '.join(sorted(unknown))}")
+        traces_ = tuple(t for t in TRACES if t[0] in only)
     span_s, per_phase = (30.0, 3) if quick else (60.0, 4)
     phase = span_s * per_phase
     cfg = switching.SwitchingConfig(
@@ -141,7 +153,11 @@ def table2_rows(
             "total_rps": round(rate, 3),
             "span_s": span_s,
             "paper_speedup": paper_speedup,
-            "static": {"layout": built_label(static), **st},
+            "static": {
+                "layout": built_label(static),
+                **st,
+                "p99_by_span_s": _by_span(res_static, span_s, end),
+            },
         }
         plans: dict[tuple[int | float, ...], table1.Choice] = {}
         for key, use_transition, calibrated in MODES:
@@ -193,6 +209,7 @@ def table2_rows(
                 if so["p99_latency_s"]
                 else None,
                 "mean_latency_speedup_sim": _mean_speedup(res_static, res_sw, window),
+                "p99_by_span_s": _by_span(res_sw, span_s, end),
                 "switch_decisions": len(switched),
                 "switch_plan_s": [d["switchSeconds"] for d in switched],
                 "deployments": [a for _, a in res_sw.actions if a.startswith("switch:")],
@@ -212,6 +229,16 @@ def table2_rows(
         row["switches_blocked"] = tr["switches_blocked"]
         rows.append(row)
     return rows
+
+
+def _by_span(res: engine.SimResult, span_s: float, end: float) -> list[float | None]:
+    """P99 latency of the requests arriving in each span after the first (None: none)."""
+    out: list[float | None] = []
+    for k in range(1, round(end / span_s)):
+        a, b = k * span_s, (k + 1) * span_s
+        xs = [d.finish - d.arrival for d in res.done if a <= d.arrival < b]
+        out.append(round(float(np.percentile(xs, 99)), 3) if xs else None)
+    return out
 
 
 def _mean_speedup(a: engine.SimResult, b: engine.SimResult, window: tuple[float, float]) -> float:

@@ -1,4 +1,5 @@
-"""Baseline forecasters: last value, moving average, exponential smoothing, seasonal (per class).
+"""Baseline forecasters: last value, moving average, exponential smoothing, seasonal, the
+mean of the spans since the mix last changed (per class).
 
 Callers: the predictor benchmark (as the bar the LSTM must clear) and the planner's
 control loop (a cheap forecaster needing no torch). Each implements
@@ -13,6 +14,7 @@ import dataclasses
 
 import numpy as np
 import numpy.typing as npt
+from scipy import stats
 
 from tessera.workload import forecaster, rrmse
 
@@ -20,6 +22,11 @@ WINDOWS = (1, 2, 3, 5, 8, 12, 20, 30, 50)  # moving-average windows tried by fit
 ALPHAS = tuple(round(0.05 * i, 2) for i in range(1, 21))  # smoothing factors tried by fit
 PERIODS = (2, 3, 4, 6, 8, 12, 18, 24, 30, 36, 60, 90, 120, 180, 360)  # seasonal periods tried
 CYCLES = (1, 2, 3)  # seasonal cycles averaged
+# RegimeMean: a span is the same regime when its counts fit the later spans' mean at this
+# significance (as the within-span re-route's test, policies.routing.reroute), on classes
+# expecting at least Cochran's 5 arrivals
+REGIME_ALPHA = 0.01
+REGIME_MIN_EXPECTED = 5.0
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -167,3 +174,42 @@ def _seasonal(history: FloatArray, period: int, cycles: int) -> FloatArray:
         out[first:] += history[: len(history) - lag]
         used[first:] += 1
     return np.asarray(out / used[:, None], dtype=np.float64)
+
+
+@dataclasses.dataclass
+class RegimeMean:
+    """Predicts the mean of the spans since the counts last changed: walking back from the
+    last span, a span joins while its per-class counts fit the mean of the spans after it
+    (each class a Poisson count: chi-square with one degree of freedom per class tested,
+    at ``REGIME_ALPHA``). A steady mix is estimated from every span since it began, not
+    one span's counts; right after a change it is the last span alone. History rows are
+    per-span arrival counts."""
+
+    def fit(self, history: FloatArray) -> None:
+        """Nothing to learn."""
+        forecaster.check_history(history)
+
+    def predict(self, history: FloatArray) -> FloatArray:
+        """Mean of the rows of the current regime."""
+        forecaster.check_history(history)
+        h = np.asarray(history, dtype=np.float64)
+        start = len(h) - 1
+        while start > 0 and same_regime(h[start - 1], h[start:].mean(axis=0)):
+            start -= 1
+        return np.asarray(h[start:].mean(axis=0), dtype=np.float64)
+
+
+def same_regime(counts: FloatArray, expected: FloatArray) -> bool:
+    """Whether one span's per-class `counts` fit Poisson counts of mean `expected` (a
+    chi-square test over the classes where either reaches ``REGIME_MIN_EXPECTED``, a count
+    where none is expected rejecting; with no such class, too few to tell: the same
+    regime)."""
+    c = np.asarray(counts, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    keep = np.maximum(c, e) >= REGIME_MIN_EXPECTED
+    if not keep.any():
+        return True
+    if (e[keep] <= 0).any():
+        return False
+    x2 = float((((c - e) ** 2)[keep] / e[keep]).sum())
+    return float(stats.chi2.sf(x2, int(keep.sum()))) >= REGIME_ALPHA

@@ -6,8 +6,9 @@ the current deployment's name, the candidates, ``price(name, demand)`` (modelled
 in s, ``inf`` when unservable), ``switch_seconds(from, to)``, the config, the hysteresis
 state, optionally ``model_error(name)``. Forecast: the method with the lowest pooled RRMSE
 over the last ``window`` spans (``workload.selector``'s rule; no state kept but the
-hysteresis). Plan: the lowest modelled latency, each deployment priced at the worse of the
-forecast and the last span observed (`plausible`; the current wins ties). Decide:
+hysteresis; `regime_mean` pools the spans since the counts last changed). Plan: the lowest
+modelled latency, each deployment priced at the worse of the forecast and the last span
+observed when that differs beyond its noise (`plausible`; the current wins ties). Decide:
 ``switching.gain.decide``. Returns a :class:`LoopStep` whose ``to_json`` is the operator's
 ``status.switching``. docs/switching.md, "The step".
 """
@@ -39,6 +40,7 @@ def default_methods() -> dict[str, forecaster.Forecaster]:
         "moving_average": baselines.MovingAverage(),
         "exp_smoothing": baselines.ExpSmoothing(),
         "seasonal": baselines.Seasonal(),
+        "regime_mean": baselines.RegimeMean(),
     }
 
 
@@ -96,9 +98,15 @@ def plausible(
     span_s: float,
 ) -> tuple[tuple[float, ...], ...]:
     """The demands a span's price covers: the forecast, then the last span's observed
-    req/s when it differs (each deployment is priced at the worse of the two)."""
-    last = tuple(float(v) / span_s for v in np.asarray(history, dtype=np.float64)[-1])
-    return (demand,) if last == demand or sum(last) <= 0 else (demand, last)
+    req/s when its counts are evidence of other rates (`baselines.same_regime` rejects
+    them as Poisson counts of the forecast; each deployment is priced at the worse)."""
+    counts = np.asarray(history, dtype=np.float64)[-1]
+    last = tuple(float(v) / span_s for v in counts)
+    if last == demand or sum(last) <= 0:
+        return (demand,)
+    # the last span's counts drawn from the forecast's rates are its noise, not a new mix
+    forecast_counts = np.asarray(demand, dtype=np.float64) * span_s
+    return (demand,) if baselines.same_regime(counts, forecast_counts) else (demand, last)
 
 
 @dataclass(frozen=True)
