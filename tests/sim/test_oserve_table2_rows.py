@@ -11,6 +11,7 @@ from tessera.sim.bench import TRACE, profile_of
 from tessera.workload import traces
 
 
+@pytest.mark.slow
 def test_one_trace_alone_with_its_p99_per_span() -> None:
     prof = profile_of("llama-2-70b")
     base = table1.quadrant_classes(traces.read_trace(str(TRACE)))
