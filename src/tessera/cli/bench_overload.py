@@ -229,5 +229,6 @@ def _via_operator(
         "bubble_fraction_token_count_model": None,
         "bubble_model_basis": "not computed via the operator (no queue is seen here)",
         "events": on["events"][:8],
-        "shifts_on_s": None,
+        "shifts_on_s": on["shifts"],
+        "slowest_on": on["slowest_phased"],
     }

@@ -14,6 +14,7 @@ returns, with each request's text. Caller: `bench_overload.run`.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import re
 import tempfile
 import time
@@ -23,6 +24,7 @@ from typing import Any
 from tessera.bench import client, deployment, harness, trace
 from tessera.cli import bench_operator_harness as h
 from tessera.cli import bench_overload_scenario as scenario
+from tessera.cli import bench_overload_timeline as timeline
 from tessera.cli import local_agents
 
 NAME = "ovl"
@@ -60,7 +62,7 @@ async def _replay(
             client.Stream(p, out, at)
             for p, (at, _, out) in zip(replay.prompts, replay.reqs, strict=True)
         ]
-        start = time.perf_counter()
+        start, epoch = time.perf_counter(), time.time()
         await asyncio.gather(*(client.send(c.s, c.gateway, deployment.MODEL, r, start) for r in rs))
         wall = time.perf_counter() - start
 
@@ -69,7 +71,13 @@ async def _replay(
             return not (status.get("overload") or {}).get("groups")
 
         await h.wait("whole replicas again", whole, timeout=120)
-        items = [(e.reason, e.message) for e in await c.events()]
+        listed = await c.events()
+    items = [(e.reason, e.message) for e in listed]
+    shifts = [
+        timeline.shift(e.message, _seconds(e.time) - epoch)
+        for e in listed
+        if e.reason == "OverloadShifted" and e.time
+    ]
     ttft = [r.ttft for r in rs if r.ttft is not None]
     tpot = [
         (r.chunk_times[-1] - r.chunk_times[0]) / (r.max_tokens - 1)
@@ -83,6 +91,8 @@ async def _replay(
         **harness.latency_ms(ttft, tpot),
         "lost": sum(not r.ok for r in rs),
         "slowest": scenario.slowest([r.at for r in rs], [r.ttft for r in rs]),
+        "slowest_phased": timeline.slowest(shifts, [r.at for r in rs], [r.ttft for r in rs]),
+        "shifts": [[s.start, s.end, s.drops, s.restores] for s in shifts],
         "drops": sum(_count(m, "drops") for m in shifted),
         "restores": sum(_count(m, "restores") for m in shifted),
         "fallbacks": sum(reason == "DropInsufficient" for reason, _ in items),
@@ -92,6 +102,11 @@ async def _replay(
         "drop_drain_ms": sum(_ms(m, "drop drain") for m in shifted),
         "events": [f"{r}: {m}" for r, m in items if r.startswith(("Overload", "Drop"))],
     }
+
+
+def _seconds(stamp: str) -> float:
+    """An event's RFC 3339 time as seconds since the epoch."""
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def _count(message: str, key: str) -> int:
