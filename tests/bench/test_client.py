@@ -27,6 +27,9 @@ async def _gateway(mode: str) -> web.AppRunner:
         if mode == "error":
             await resp.write(_sse({"choices": [{"text": "a"}]}, {"error": {"message": "boom"}}))
             return resp
+        if mode == "held":  # the first token's event carries no text yet (part of a char)
+            await resp.write(_sse({"choices": [{"text": "", "finish_reason": None}]})[:-14])
+            await asyncio.sleep(0.3)
         for word in ("he", "llo"):
             await resp.write(_sse({"choices": [{"text": word, "finish_reason": None}]})[:-14])
             await asyncio.sleep(0.01)
@@ -65,3 +68,11 @@ def test_failures_are_recorded_not_raised() -> None:
     assert not busy.ok and busy.error.startswith("503: overloaded")
     err = asyncio.run(_one("error"))
     assert not err.ok and "boom" in err.error and err.text == "a"
+
+
+def test_time_to_first_token_is_the_first_event_even_without_text() -> None:
+    """As vLLM's benchmark client: the first event with a choice is the first token, even
+    when the gateway holds its text back (an incomplete UTF-8 character)."""
+    s = asyncio.run(_one("held"))
+    assert s.ok and s.text == "hello" and len(s.chunk_times) == 2
+    assert s.ttft is not None and s.ttft < 0.25 <= s.chunk_times[0] - s.sent

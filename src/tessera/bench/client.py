@@ -4,13 +4,12 @@
 events arrive (a bench may watch it mid-flight: `ttft` set means tokens are flowing);
 `send` waits for the request's arrival time, posts it to `/v1/completions` with
 `stream: true` (greedy, EOS ignored, usage in the last chunk) and records send time,
-time to first token, the time of each text chunk, the text, the usage count and
-whether a finish reason arrived. Any failure (HTTP status, an `error` event, the
-connection) is recorded in `error`, never raised. `replay` sends many on their
-schedule over one session. `agent_greedy` streams one request straight from an
-agent's gRPC `Generate` (the benches that bypass the gateway). `events` decodes a
-server-sent event stream (the one parser: `send` and the gateway tests read streams
-through it). Called by the serving benchmarks
+time to first token (the first event with a choice, even one with no text yet, as vLLM's
+benchmark client counts it), the time of each text chunk, the text, the usage count and
+whether a finish reason arrived. Failures (HTTP status, an `error` event, the connection)
+are recorded in `error`, never raised. `replay` sends many on their schedule over one
+session. `agent_greedy` streams one request from an agent's gRPC `Generate`. `events`
+decodes a server-sent event stream (the one parser). Called by the serving benchmarks
 (`tessera.cli.bench_*`, `tessera_agent.bench_gpu_serve`) and tests.
 """
 
@@ -35,7 +34,7 @@ class Stream:
     max_tokens: int
     at: float = 0.0  # seconds after the replay's start when it is sent
     sent: float = 0.0  # perf_counter() when it was sent
-    ttft: float | None = None  # seconds from `sent` to the first text chunk
+    ttft: float | None = None  # seconds from `sent` to the first token's event (text or not)
     finish: float = 0.0  # perf_counter() when the stream ended
     chunk_times: list[float] = field(default_factory=list)  # perf_counter() per text chunk
     text: str = ""
@@ -110,10 +109,10 @@ async def send(session: Any, url: str, model: str, s: Stream, t0: float | None =
                 if chunk.get("usage"):
                     s.usage_tokens = chunk["usage"]["completion_tokens"]
                 for ch in chunk.get("choices") or ():
+                    now = time.perf_counter()
+                    if s.ttft is None:  # the first token's event, text or not (as vLLM's client)
+                        s.ttft = now - s.sent
                     if ch.get("text"):
-                        now = time.perf_counter()
-                        if s.ttft is None:
-                            s.ttft = now - s.sent
                         s.chunk_times.append(now)
                         parts.append(ch["text"])
                     if ch.get("finish_reason"):
