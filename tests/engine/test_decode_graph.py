@@ -285,6 +285,25 @@ def test_not_ready_or_uncovered_steps_run_eagerly_and_failures_are_loud(
     assert g2.state == "warming" and g2.started == 1
 
 
+def test_a_drop_runs_eagerly_without_a_warm_up_until_restored(tiny_llama: Path) -> None:
+    """An overload drop leaves the stage fewer layers: its steps run eagerly and nothing
+    warms up beside the burst; the restore (the layers back) warms up again."""
+    r = helpers.load(tiny_llama, [(0, 8)])[0].runner
+    g = _Stub(r.model, r.device, r.page_size)
+    g.state = "ready"
+    two = attention.build_metadata([attention.ChunkGeometry(1, 1, (0,))], 16, r.device)
+
+    def step() -> object:
+        return g(torch.zeros(1, dtype=torch.long), two, r.cache.layers())
+
+    layers = list(r.model.layers)
+    r.model.layers = torch.nn.ModuleList(layers[:4])  # as `memory_shift.drop_layers`
+    assert step() is None and g.state == "dropped" and g.packs is None
+    assert step() is None and g.state == "dropped" and not hasattr(g, "started")
+    r.model.layers = torch.nn.ModuleList(layers)  # restored
+    assert step() is None and g.state == "warming" and g.started == 1
+
+
 def test_agent_books_the_packed_copy_and_starts_the_warm_up(
     tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,12 +5,12 @@ Inductor fuses a decode step's elementwise work and traces decode attention as s
 reductions. On CPU the projections run over the eager rows' prepacked weights passed as
 graph inputs (`packed_linear.GraphPacks`), so Inductor's caches keep the graph across
 restarts; unfrozen, its graphs are saved whole and loaded on a restart without Dynamo's
-trace (`decode_aot.py`; `origin` says how each was obtained); `compile_freeze` compiles it
-frozen instead. `CompiledDecode` warms up on a background thread (`start`) or at once
-(`warm_up`), runs steps eagerly until `ready`, never recompiles on a request's step, turns
-itself off loudly on a failure (the step reruns eagerly), and rebuilds when a memory shift
-or drop swaps its layers. Its packs cost `packed_bytes` (booked by `hosting.py`); when it
-is on: `compile_policy.py`. Called by `runner.py`, `compile_policy.begin`, `bench_engine.py`.
+trace (`decode_aot.py`); `compile_freeze` compiles it frozen. `CompiledDecode` warms up on a
+background thread (`start`) or at once (`warm_up`), runs steps eagerly until `ready`, never
+recompiles on a request's step, turns itself off loudly on a failure, rebuilds when a memory
+shift swaps its layers, and runs eagerly (`dropped`) after a drop left fewer until they
+change again. Its packs cost `packed_bytes` (booked by `hosting.py`); when it is on:
+`compile_policy.py`. Called by `runner.py`, `compile_policy.begin`, `bench_engine.py`.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class CompiledDecode:
         self.calls = 0  # steps run compiled
         self.compiles = 0  # graphs Inductor built (warm-up: 3-4 measured; more is logged)
         self.warmup_s = 0.0  # wall time of the last warm-up (mostly compiling)
-        self.state = "cold"  # cold -> warming -> ready | failed | off
+        self.state = "cold"  # cold -> warming -> ready | failed | off; dropped (eager)
         self.warmed = False  # the last warm-up is over (decode and prompt rows' graphs)
         self.cached = False  # and its graphs all came from the compile cache
         # How the decode graphs were obtained (`decode_aot.Obtained.how`, one per graph;
@@ -107,6 +107,7 @@ class CompiledDecode:
         else:
             self._fn = torch.compile(fn, dynamic=True, backend=backend)
         self._for = decode_trace.fingerprint(self.model)
+        self._layers = len(self.model.layers)  # the layers a warm-up covers
 
     def _config(self) -> contextlib.AbstractContextManager[Any]:
         # Compiling happens inside the call; `freezing` must be set then (passed as
@@ -349,8 +350,7 @@ class CompiledDecode:
         md: attention.AttentionMetadata,
         kv: KV,
     ) -> torch.Tensor | None:
-        """The step's hidden states, or None when the step must run eagerly (not warmed up
-        yet, a shape the warm-up did not cover, the path off)."""
+        """The step's hidden states, or None: run it eagerly (as `decode`)."""
         out = self.decode(x, md, kv)
         return None if out is None else out[0]
 
@@ -361,21 +361,21 @@ class CompiledDecode:
         kv: KV,
     ) -> Step | None:
         """The step's hidden states and, on a last stage, every row's logits (None on
-        other stages); None when the step must run eagerly, as `__call__`."""
+        other stages); None: run it eagerly (not warm yet, dropped, an uncovered shape, off)."""
         if decode_trace.fingerprint(self.model) != self._for:  # layers dropped or swapped since
             with self._lock:
                 if self.state in ("off", "failed"):
                     return None
                 self._gen += 1
-                self.state = "cold"
-            log.info(
-                "compiled decode: layers of [%d, %d) changed, warming up again", *self._range()
-            )
-            self._build()
+                shrunk = len(self.model.layers) < self._layers  # a drop: no warm-up by a burst
+                self.state = "dropped" if shrunk else "cold"
+            what = "eager until restored" if shrunk else "warming up again"
+            log.info("compiled decode: layers of [%d, %d) changed, %s", *self._range(), what)
+            self._build()  # (the old graph and packs go)
         if self.state == "cold":
             self.start(kv)
             return None
-        if self.state != "ready" or md.decode_gather.shape[1] < 2:
+        if self.state != "ready" or md.decode_gather.shape[1] < 2:  # (also "dropped")
             return None  # a one-token context is a shape of its own: eager, not compiled
         before = self.compiles
         t0 = time.perf_counter()
