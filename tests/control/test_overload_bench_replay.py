@@ -106,7 +106,7 @@ def test_the_replay_drops_and_restores_through_the_product_loop(
             [a], str(tiny_llama), [(0, 8)], f"r{i}", 8 * per_page, data_plane=False
         )
     chosen = [prompts[i] for i in (1, 3, 0, 4, 7, 5, 2, 1)]
-    news = [24] * len(chosen)  # about 20 pages per replica: a queue behind 8-page pools
+    news = [48] * len(chosen)  # about 20 pages per replica: a queue behind 8-page pools
     rows = [(0.01 * i, len(p), n) for i, (p, n) in enumerate(zip(chosen, news, strict=True))]
     res = asyncio.run(replay_mod.replay(agents, rows, chosen, True, 0.05))
     stats: replay_mod.Stats = res["stats"]
