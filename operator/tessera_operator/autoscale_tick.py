@@ -23,7 +23,7 @@ import kopf
 
 from tessera.control import autoscale_loop, gateway_demand, observation
 from tessera.policies.scaling import autoscale
-from tessera_operator import config, discovery, overload_loop, reconciler, timers
+from tessera_operator import config, discovery, reconciler, routes_publish, timers
 
 log = logging.getLogger(__name__)
 LOOP_KEY = "autoscale_loop"
@@ -76,7 +76,7 @@ async def tick(
         return
     async with deployment.held(keep=True) as seen:
         ctx = reconciler.context(memo)
-        base = overload_loop.load_url(cfg, dep).removesuffix("/admin/v1/load")
+        base = routes_publish.admin_url(cfg, dep)
         fetch = gateway_demand.fetch(base, cfg.gateway_admin_token)
         demand = await timers.from_gateway(
             body, memo, WARNED_KEY, "GatewayDemandUnavailable", fetch

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera import api, routes_doc
-from tessera.control import gateway_routes
+from tessera.control import gateway_load, gateway_routes
 from tessera_operator import config, gateway_objects, kube, owned
 
 log = logging.getLogger(__name__)
-ROUTES_PATH = "/admin/v1/routes"
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,7 @@ async def push(
     cfg: config.OperatorConfig, dep: api.ServingDeployment, doc: routes_doc.RoutesDoc
 ) -> bool:
     """PUT `doc` to the gateway; False (logged) when it did not take it."""
-    url = admin_url(cfg, dep) + ROUTES_PATH
+    url = admin_url(cfg, dep) + gateway_load.ROUTES_PATH
     try:
         took = await gateway_routes.push(url, doc, cfg.gateway_admin_token)
     except ValueError as exc:

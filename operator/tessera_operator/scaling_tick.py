@@ -23,7 +23,7 @@ from tessera import api, model_facts, plan
 from tessera.control import agents, converge, gateway_itl, scaling_loop
 from tessera.policies.scaling import signal as sig
 from tessera.rpc import transport
-from tessera_operator import config, discovery, overload_loop, reconciler, timers
+from tessera_operator import config, discovery, reconciler, routes_publish, timers
 
 LOOP_KEY = "scaling_loop"
 WARNED_KEY = "scaling_itl_warned"
@@ -37,7 +37,7 @@ def register(
 
 
 def metrics_url(cfg: config.OperatorConfig, dep: api.ServingDeployment) -> str:
-    base = overload_loop.load_url(cfg, dep).removesuffix("/admin/v1/load")
+    base = routes_publish.admin_url(cfg, dep)
     return base + gateway_itl.METRICS_PATH
 
 
