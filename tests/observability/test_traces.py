@@ -120,6 +120,9 @@ async def test_a_pipelined_request_is_one_trace_across_gateway_and_stages(
         assert kinds[0] == "prefill" and kinds.count("decode") >= 2, kinds
         assert gen.attributes["tessera.generated_tokens"] == 4
         assert attempt.attributes["tessera.replica"] == "two"
+        # a finished request is no error (its stream was closed by the consumer)
+        assert attempt.status.is_ok and gen.status.is_ok, (attempt.status, gen.status)
+        assert [e.name for e in attempt.events] == ["first_token"]
 
 
 async def test_a_transition_is_one_trace_of_its_pass_and_steps(

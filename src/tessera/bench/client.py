@@ -125,10 +125,16 @@ async def send(session: Any, url: str, model: str, s: Stream, t0: float | None =
 
 
 def session(timeout_s: float = 900.0) -> Any:
-    """An aiohttp session for a replay (one connection pool, a whole-request timeout)."""
+    """An aiohttp session for a replay: a whole-request timeout, and a connection pool
+    without aiohttp's default cap of 100 (an open-loop replay sends each request on time,
+    as vLLM's benchmark client does; at the cap, later ones waited for a connection and
+    that wait counted as their TTFT). Call it inside the event loop that uses it."""
     import aiohttp
 
-    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
+    return aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+        connector=aiohttp.TCPConnector(limit=0),
+    )
 
 
 async def replay(

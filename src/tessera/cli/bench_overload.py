@@ -62,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibration-requests", type=int, default=48)
     parser.add_argument("--pool-pages", type=int, default=6)
     parser.add_argument("--tick-ms", type=float, default=50.0)
+    parser.add_argument(
+        "--agent-nice",
+        type=int,
+        default=scenario.AGENT_NICE,
+        help="the agents' niceness (0: as every other process); see docs/overload.md",
+    )
     options.add_seed(parser)
     options.add_via(
         parser,
@@ -174,6 +180,7 @@ def _compared(
         "requests": requests,
         "replicas": 4,
         "pool_pages": args.pool_pages,
+        "agent_nice": args.agent_nice,
         "page_size": scenario.PAGE,
         "p99_ttft_on_ms": round(on["p99_ttft_ms"], 1),
         "p99_ttft_off_ms": round(off["p99_ttft_ms"], 1),
@@ -197,8 +204,8 @@ def _via_operator(
     from tessera.cli import bench_overload_operator as via
 
     kv = args.pool_pages * per_page
-    off = via.run_once(replay, kv, False, args.tick_ms / 1e3)
-    on = via.run_once(replay, kv, True, args.tick_ms / 1e3)
+    off = via.run_once(replay, kv, False, args.tick_ms / 1e3, args.agent_nice)
+    on = via.run_once(replay, kv, True, args.tick_ms / 1e3, args.agent_nice)
     match = None
     if args.check_tokens:
         outs = [o for _, _, o in replay.reqs]

@@ -47,6 +47,7 @@ async def _replay(
     policy: bool,
     tick_s: float,
     work: Path,
+    nice: int = 0,
 ) -> dict[str, Any]:
     async with h.Cluster(
         agents,
@@ -55,6 +56,7 @@ async def _replay(
         work,
         replicas=4,
         kv_dispatch=False,
+        api_nice=nice,  # as the agents: a cluster's API server has CPUs of its own
         resync_seconds=10.0,  # the operator's default
         overload_tick_seconds=tick_s,
     ) as c:
@@ -119,15 +121,14 @@ def _ms(message: str, key: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def run_once(replay: trace.Replay, kv_bytes: int, policy: bool, tick_s: float) -> dict[str, Any]:
-    """One replay on 4 fresh agents (module docstring)."""
-    agents = [
-        local_agents.start_agent(f"op-{'on' if policy else 'off'}-{i}", "cpu:1x256MiB", 1)
-        for i in range(4)
-    ]
+def run_once(
+    replay: trace.Replay, kv_bytes: int, policy: bool, tick_s: float, nice: int = 0
+) -> dict[str, Any]:
+    """One replay on 4 fresh agents at niceness `nice` (module docstring)."""
+    agents = [scenario.start_agent(f"op-{'on' if policy else 'off'}-{i}", nice) for i in range(4)]
     try:
         with tempfile.TemporaryDirectory(prefix="tessera-overload-op-") as tmp:
-            return asyncio.run(_replay(agents, replay, kv_bytes, policy, tick_s, Path(tmp)))
+            return asyncio.run(_replay(agents, replay, kv_bytes, policy, tick_s, Path(tmp), nice))
     finally:
         for a in agents:
             local_agents.stop_agent(a)

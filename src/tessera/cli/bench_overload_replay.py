@@ -264,10 +264,8 @@ def run_once(
     per_page: int,
     policy: bool,
 ) -> tuple[dict[str, Any], lookahead.ChunkCost | None]:
-    agents = [
-        local_agents.start_agent(f"ovl-{'on' if policy else 'off'}-{i}", "cpu:1x256MiB", 1)
-        for i in range(4)
-    ]
+    nice = getattr(args, "agent_nice", 0)
+    agents = [scenario.start_agent(f"ovl-{'on' if policy else 'off'}-{i}", nice) for i in range(4)]
     try:
         for i, a in enumerate(agents):
             local_agents.load_pipeline(

@@ -32,6 +32,11 @@ from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
 PAGE = 16  # tokens per KV page of the bench's agents
 DEFAULT_MULTIPLE = 2.5
+# The runs' agents yield the CPU to the processes serving their requests (the gateway, the
+# operator and its API server, this client): on a cluster those have CPUs of their own,
+# while here 4 compute-bound agents share 2 cores with them, and an overloaded burst starved
+# the gateway's event loop for up to 0.6 s at a time (docs/overload.md).
+AGENT_NICE = 10
 WARMUP_TOKENS = 4
 
 
@@ -82,9 +87,17 @@ def sample(reqs: Sequence[trace.Row], n: int, seed: int) -> list[tuple[list[int]
     return [([0] + [rng.randrange(5, 500) for _ in range(p - 1)], o) for _, p, o in rows]
 
 
-def calibrate(model: Path, reqs: Sequence[trace.Row], kv_bytes: int, n: int, seed: int) -> Capacity:
-    """Capacity of 4 whole replicas of `kv_bytes` pools on fresh agents (module docstring)."""
-    agents = [local_agents.start_agent(f"ovl-cal-{i}", "cpu:1x256MiB", 1) for i in range(4)]
+def start_agent(name: str, nice: int) -> local_agents.AgentProcess:
+    """One of a run's 4 agents: one CPU thread, a 256 MiB device, niceness `nice`."""
+    return local_agents.start_agent(name, "cpu:1x256MiB", 1, nice=nice)
+
+
+def calibrate(
+    model: Path, reqs: Sequence[trace.Row], kv_bytes: int, n: int, seed: int, nice: int = 0
+) -> Capacity:
+    """Capacity of 4 whole replicas of `kv_bytes` pools on fresh agents (module docstring),
+    the agents at niceness `nice` as in the runs."""
+    agents = [start_agent(f"ovl-cal-{i}", nice) for i in range(4)]
     try:
         for i, a in enumerate(agents):
             local_agents.load_pipeline(
@@ -140,7 +153,14 @@ def choose(
         }
     else:
         a, b = args.burst
-        cap = calibrate(model, rows_at(1.0), kv_bytes, args.calibration_requests, args.seed)
+        cap = calibrate(
+            model,
+            rows_at(1.0),
+            kv_bytes,
+            args.calibration_requests,
+            args.seed,
+            getattr(args, "agent_nice", 0),
+        )
         scale = time_scale_for(rows_at(1.0), 1.0, a, b, cap.requests_per_s, args.overload_multiple)
         reqs = rows_at(scale)
         keys = {

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -46,10 +47,13 @@ def start_agent(
     timeout: float = 60.0,
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    nice: int = 0,
 ) -> AgentProcess:
     """Start one agent process and wait until it listens; raise with its output if it dies.
 
-    `env` adds variables to the child's environment (e.g. `TESSERA_TLS_DIR`)."""
+    `env` adds variables to the child's environment (e.g. `TESSERA_TLS_DIR`); `nice` > 0
+    runs every thread of the agent at that niceness (a bench sharing a few cores between
+    agents and the processes that serve their requests: `tessera bench overload`)."""
     cmd = [
         sys.executable,
         "-m",
@@ -85,6 +89,8 @@ def start_agent(
         },
         start_new_session=True,
     )
+    if nice:
+        _renice_session(proc.pid, nice)
     agent = AgentProcess(agent_id, proc, tls=tls)
     ready = threading.Event()
 
@@ -109,6 +115,16 @@ def start_agent(
         stop_agent(agent)
         raise RuntimeError(f"agent {agent_id} exited: " + "\n".join(agent.output[-20:]))
     return agent
+
+
+def _renice_session(pid: int, nice: int) -> None:
+    """Run the agent `pid` (a session and process group of its own) at niceness `nice`:
+    every thread in its group (threads made later inherit it), and, where the kernel groups
+    each session for scheduling (Linux's autogroup, `/proc/PID/autogroup`), that group too;
+    without the latter, a thread's niceness only counts against the agent's own threads."""
+    os.setpriority(os.PRIO_PGRP, pid, nice)
+    with contextlib.suppress(OSError):  # no autogroup (kernel, or not Linux): threads suffice
+        Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
 
 
 def stop_agent(agent: AgentProcess, grace: float = 5.0) -> None:

@@ -283,6 +283,7 @@ class Dispatcher:
                     if first:
                         self._metrics.first_token(job.variant, now - job.received_at)
                         first, first_at = False, now
+                        span.event("first_token", tokens=len(ids))
                     else:
                         self._metrics.itl.observe((now - last) / len(ids))
                     last = now

@@ -166,7 +166,9 @@ class SpanHandle:
         if self._span is None:
             return
         exc = sys.exc_info()[1]
-        if exc is not None:
+        # a consumer closing a finished stream raises GeneratorExit in its generator: not
+        # an error of the span (every streamed attempt ended that way)
+        if exc is not None and not isinstance(exc, GeneratorExit):
             from opentelemetry.trace import Status, StatusCode
 
             self._span.record_exception(exc)
