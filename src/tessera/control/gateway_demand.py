@@ -68,7 +68,7 @@ def p99(prev: sig.Hist | None, now: sig.Hist | None) -> float | None:
 async def fetch(base_url: str, token: str = "") -> Demand:
     """GET `/admin/v1/load` and `/metrics`; ValueError saying why they could not be read."""
     url = base_url.rstrip("/")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = gateway_load.admin_headers(token)
     try:
         timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as s:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from tessera.control import gateway_load
 from tessera.policies.scaling import signal as sig
 
 METRICS_PATH = "/metrics"
@@ -32,7 +33,7 @@ def parse(text: str) -> sig.Hist:
 async def fetch(url: str, token: str = "") -> sig.Hist:
     """GET and parse; ValueError saying why it could not be read. `token`: the gateway's
     admin token (sent as a bearer token when set)."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = gateway_load.admin_headers(token)
     try:
         timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url, headers=headers) as r:

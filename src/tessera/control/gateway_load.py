@@ -29,6 +29,12 @@ TIMEOUT_S = 2.0
 ROUTES_WAIT_S = 10.0  # how long a drop waits for the gateway to stop routing its donors
 
 
+def admin_headers(token: str) -> dict[str, str]:
+    """The headers of a call to the gateway's admin API: its bearer token, when it has one
+    (every control loop's reads and the routes push)."""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 @dataclass(frozen=True)
 class Call:
     prompt_tokens: int
@@ -61,7 +67,7 @@ def queued(calls: Sequence[Call], waiting: int) -> list[Call]:
 
 async def fetch(url: str, token: str = "") -> dict[str, tuple[Call, ...]]:
     """GET the document; ValueError saying why it could not be read."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = admin_headers(token)
     try:
         timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
         async with (
@@ -85,7 +91,7 @@ async def wait_unrouted(
     """Poll the gateway's `GET /admin/v1/routes` (`url`) until it routes none of
     `replicas`; the seconds that took, or None when it still did after `timeout_s` (or
     could not be read)."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = admin_headers(token)
     loop = asyncio.get_running_loop()
     start = loop.time()
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)

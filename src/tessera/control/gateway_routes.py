@@ -17,13 +17,14 @@ import time
 import aiohttp
 
 from tessera import routes_doc
+from tessera.control import gateway_load
 
 TIMEOUT_S = 2.0
 
 
 async def push(url: str, doc: routes_doc.RoutesDoc, token: str = "") -> float:
     """PUT `doc` to `url` (module docstring); the seconds it took, ValueError if not applied."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = gateway_load.admin_headers(token)
     start = time.monotonic()
     try:
         async with (

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from tessera import api, model_facts
-from tessera.control import agents
+from tessera.control import agents, gateway_load
 from tessera.cost import calibration as cost_calibration
 from tessera.cost import profile as cost_profile
 from tessera.policies.switching import candidates as switching_candidates
@@ -43,7 +43,7 @@ Candidates = Callable[[Sequence[str], Placed], Awaitable[SwitchingCandidates | N
 async def fetch_arrivals(url: str, token: str = "") -> dict[str, Any]:
     """The gateway's arrivals snapshot (`token`: its admin token, sent when set);
     ValueError saying why it could not be read."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = gateway_load.admin_headers(token)
     try:
         timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url, headers=headers) as r:
