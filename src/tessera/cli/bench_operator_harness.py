@@ -110,8 +110,10 @@ def _spawn(cmd: list[str], pattern: str, what: str) -> tuple[subprocess.Popen[st
 
 
 def _renice(pid: int, nice: int) -> None:
-    """Every thread of process `pid` at niceness `nice` (Linux: one call per thread)."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    """Every thread of process `pid` at niceness `nice` (Linux: one call per thread; where
+    there is no /proc, its main thread only)."""
+    tasks = Path(f"/proc/{pid}/task")
+    for tid in os.listdir(tasks) if tasks.is_dir() else [str(pid)]:
         os.setpriority(os.PRIO_PROCESS, int(tid), nice)
 
 

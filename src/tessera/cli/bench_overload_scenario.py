@@ -34,8 +34,9 @@ PAGE = 16  # tokens per KV page of the bench's agents
 DEFAULT_MULTIPLE = 2.5
 # The runs' agents yield the CPU to the processes serving their requests (the gateway, the
 # operator and its API server, this client): on a cluster those have CPUs of their own,
-# while here 4 compute-bound agents share 2 cores with them, and an overloaded burst starved
-# the gateway's event loop for up to 0.6 s at a time (docs/overload.md).
+# while here 4 compute-bound agents share 2 cores with them, and at an overloaded burst's
+# peak the gateway's event loop lagged up to 212 ms, first tokens reaching the client up to
+# 0.6 s after the agents sent them (docs/overload.md).
 AGENT_NICE = 10
 WARMUP_TOKENS = 4
 
