@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tessera.bench import client
-from tessera.cli import bench_operator_harness, local_agents
+from tessera.cli import local_agents
 
 
 def _nice_of_threads(pid: int) -> set[int]:
@@ -47,7 +47,7 @@ def test_renice_reaches_every_thread_of_a_running_process() -> None:
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "up\n"
         assert len(os.listdir(f"/proc/{proc.pid}/task")) == 2
-        bench_operator_harness._renice(proc.pid, 4)
+        local_agents.renice_threads(proc.pid, 4)
         assert _nice_of_threads(proc.pid) == {4}
     finally:
         proc.kill()

@@ -109,14 +109,6 @@ def _spawn(cmd: list[str], pattern: str, what: str) -> tuple[subprocess.Popen[st
     raise RuntimeError(f"{what} exited: " + "".join(seen[-20:]))
 
 
-def _renice(pid: int, nice: int) -> None:
-    """Every thread of process `pid` at niceness `nice` (Linux: one call per thread; where
-    there is no /proc, its main thread only)."""
-    tasks = Path(f"/proc/{pid}/task")
-    for tid in os.listdir(tasks) if tasks.is_dir() else [str(pid)]:
-        os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-
-
 # the test API server (KMock) as its own process, until its stdin closes
 _API = (
     "import sys; from tessera_operator.testing import background as b; "
@@ -176,7 +168,7 @@ class Cluster:
             )
             self._procs.append(api)
             if api_nice := self.api_nice:
-                _renice(api.pid, api_nice)
+                local_agents.renice_threads(api.pid, api_nice)
             # the checkpoint lies in a temporary folder (the model root), mounted as a hostPath
             cmd = [*main, "operator", "--api-server", self.api, "-n", "default", "--quiet"]
             cmd += ["--gateway-admin-url", self.gateway, "--allow-host-path"]

@@ -264,8 +264,10 @@ def run_once(
     per_page: int,
     policy: bool,
 ) -> tuple[dict[str, Any], lookahead.ChunkCost | None]:
-    nice = getattr(args, "agent_nice", 0)
-    agents = [scenario.start_agent(f"ovl-{'on' if policy else 'off'}-{i}", nice) for i in range(4)]
+    agents = [
+        scenario.start_agent(f"ovl-{'on' if policy else 'off'}-{i}", args.agent_nice)
+        for i in range(4)
+    ]
     try:
         for i, a in enumerate(agents):
             local_agents.load_pipeline(

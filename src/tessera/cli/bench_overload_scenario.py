@@ -160,7 +160,7 @@ def choose(
             kv_bytes,
             args.calibration_requests,
             args.seed,
-            getattr(args, "agent_nice", 0),
+            args.agent_nice,
         )
         scale = time_scale_for(rows_at(1.0), 1.0, a, b, cap.requests_per_s, args.overload_multiple)
         reqs = rows_at(scale)

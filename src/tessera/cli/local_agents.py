@@ -117,6 +117,15 @@ def start_agent(
     return agent
 
 
+def renice_threads(pid: int, nice: int) -> None:
+    """Every thread of process `pid` at niceness `nice` (Linux: one call per thread; where
+    there is no /proc, its main thread only): a process that shares its session and group
+    with others (the bench's test API server)."""
+    tasks = Path(f"/proc/{pid}/task")
+    for tid in os.listdir(tasks) if tasks.is_dir() else [str(pid)]:
+        os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+
+
 def _renice_session(pid: int, nice: int) -> None:
     """Run the agent `pid` (a session and process group of its own) at niceness `nice`:
     every thread in its group (threads made later inherit it), and, where the kernel groups
