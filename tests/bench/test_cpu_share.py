@@ -60,3 +60,17 @@ def test_the_replay_session_has_no_cap_on_connections() -> None:
             return int(s.connector.limit)
 
     assert asyncio.run(limit()) == 0  # aiohttp's default (100) queued an open-loop replay
+
+
+def test_the_agents_niceness_is_0_to_19() -> None:
+    import argparse
+
+    from tessera.cli import bench_overload
+
+    parser = argparse.ArgumentParser()
+    bench_overload.add_arguments(parser)
+    assert parser.parse_args([]).agent_nice == 10
+    assert parser.parse_args(["--agent-nice", "0"]).agent_nice == 0
+    for bad in ("-5", "20", "x"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--agent-nice", bad])

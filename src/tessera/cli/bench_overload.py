@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tick-ms", type=float, default=50.0)
     parser.add_argument(
         "--agent-nice",
-        type=int,
+        type=_niceness,
         default=scenario.AGENT_NICE,
         help="the agents' niceness (0: as every other process); see docs/overload.md",
     )
@@ -81,6 +81,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bubble-only", action="store_true", help="measure the live bubble only (no replay)"
     )
+
+
+def _niceness(text: str) -> int:
+    """`--agent-nice`: 0-19 (lowering it below 0 needs privileges the bench should not ask)."""
+    value = int(text)
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"{value}: must be 0-19")
+    return value
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
