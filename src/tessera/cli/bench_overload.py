@@ -76,11 +76,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the operator runs it against the test API server, requests go through a gateway",
     )
     parser.add_argument("--check-tokens", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--bubble-rounds", type=int, default=3, help="live bubble runs per split")
-    parser.add_argument("--bubble-requests", type=int, default=24)
+    parser.add_argument(
+        "--bubble-rounds", type=_positive, default=3, help="live bubble runs per split (>= 1)"
+    )
+    parser.add_argument("--bubble-requests", type=_positive, default=24, help="(>= 1)")
     parser.add_argument(
         "--bubble-only", action="store_true", help="measure the live bubble only (no replay)"
     )
+
+
+def _positive(text: str) -> int:
+    """`--bubble-rounds`, `--bubble-requests`: at least 1 (the bubble's median needs a run)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be >= 1")
+    return value
 
 
 def _niceness(text: str) -> int:
