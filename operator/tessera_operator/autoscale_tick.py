@@ -77,7 +77,7 @@ async def tick(
     async with deployment.held(keep=True) as seen:
         ctx = reconciler.context(memo)
         base = routes_publish.admin_url(cfg, dep)
-        fetch = gateway_demand.fetch(base, cfg.gateway_admin_token)
+        fetch = gateway_demand.fetch(base, cfg.gateway_admin_token, reconciler.admin_session(memo))
         demand = await timers.from_gateway(
             body, memo, WARNED_KEY, "GatewayDemandUnavailable", fetch
         )

@@ -82,6 +82,7 @@ def _routes_writer(
     dep: api.ServingDeployment,
     addresses: Mapping[str, str],
     cfg: config.OperatorConfig,
+    session: gateway_load.AdminSession | None = None,
 ) -> overload_driver.SetRoutes:
     owner = gateway_objects.owner_reference(dict(body))
 
@@ -89,12 +90,12 @@ def _routes_writer(
         cm = await routes_publish.stored(ctx.kube, dep)
         doc = gateway_objects.published(cm) or routes_doc.RoutesDoc(())
         new = control.routes_change(doc, change, addresses)
-        written = await routes_publish.write(ctx.kube, cfg, dep, owner, new, cm)
+        written = await routes_publish.write(ctx.kube, cfg, dep, owner, new, cm, session=session)
         # the next step drains them: only once the gateway sends none (a push it took
         # switched it already; else the file's way, as the kubelet refreshes it)
         if change.remove and not written.pushed:
             took = await gateway_load.wait_unrouted(
-                routes_url(cfg, dep), change.remove, cfg.gateway_admin_token
+                routes_url(cfg, dep), change.remove, cfg.gateway_admin_token, session=session
             )
             if took is None:
                 log.warning("the gateway still routes %s; draining anyway", change.remove)
@@ -126,7 +127,9 @@ async def tick(
     async with deployment.held(keep=True) as seen:
         ctx = reconciler.context(memo)
         try:
-            calls = await gateway_load.fetch(load_url(cfg, dep), cfg.gateway_admin_token)
+            calls = await gateway_load.fetch(
+                load_url(cfg, dep), cfg.gateway_admin_token, reconciler.admin_session(memo)
+            )
         except ValueError as exc:
             if not memo.get(WARNED_KEY):
                 kopf.warn(body, reason="GatewayLoadUnavailable", message=str(exc))
@@ -149,7 +152,12 @@ async def tick(
         seen.retarget(refs)
         obs = await seen.get()  # the deployment's, over its kept channels
         loop.driver.set_routes = _routes_writer(
-            ctx, body, dep, {m.replica_id: m.address for m in held}, cfg
+            ctx,
+            body,
+            dep,
+            {m.replica_id: m.address for m in held},
+            cfg,
+            reconciler.admin_session(memo),
         )
         runs = loop.runs
         try:

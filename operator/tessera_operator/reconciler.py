@@ -25,7 +25,15 @@ from typing import Any
 import kopf
 
 from tessera import api, fields, plan, reconcile, routes_doc
-from tessera.control import actuate, agents, converge, link_probe, observation, outcome
+from tessera.control import (
+    actuate,
+    agents,
+    converge,
+    gateway_load,
+    link_probe,
+    observation,
+    outcome,
+)
 from tessera.policies.scaling import autoscale
 from tessera.policies.security import admission
 from tessera.policies.switching import candidates as switching_candidates
@@ -84,6 +92,16 @@ def deployment_pass(memo: kopf.Memo) -> observation.Pass:
             observation.Observation([], channels=agents.Channels(tls), max_age_s=fresh_s, tls=tls)
         )
     assert isinstance(held, observation.Pass)
+    return held
+
+
+def admin_session(memo: kopf.Memo) -> gateway_load.AdminSession:
+    """The deployment's kept HTTP session to its gateway's admin API (the loops' reads and
+    routes pushes: one connection, not one per tick), closed with its agent channels."""
+    held = memo.get("admin_session")
+    if held is None:
+        held = memo["admin_session"] = gateway_load.AdminSession()
+    assert isinstance(held, gateway_load.AdminSession)
     return held
 
 
@@ -262,3 +280,4 @@ async def finalize(body: kopf.Body, memo: kopf.Memo, retry: int) -> None:
         held.observation.acted()
         if held.observation.channels is not None:
             await held.observation.channels.close()
+        await admin_session(memo).close()

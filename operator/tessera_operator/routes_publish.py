@@ -57,9 +57,10 @@ async def write(
     doc: routes_doc.RoutesDoc,
     existing: dict[str, Any] | None = None,
     clock: Callable[[], float] = time.time,
+    session: gateway_load.AdminSession | None = None,
 ) -> Written:
     """Write `doc` (module docstring); `existing`: the ConfigMap as just read, else read;
-    `clock`: the wall clock in s (tests)."""
+    `clock`: the wall clock in s (tests); `session`: the deployment's kept admin session."""
     if existing is None:
         existing = await stored(client, dep)
     floor = int(clock() * 1000)  # a recreated ConfigMap still orders after the old one
@@ -67,17 +68,20 @@ async def write(
     cm = gateway_objects.config_map(dep, dict(owner), new.to_json())
     applied = await owned.apply(client, cm, existing)
     # a created ConfigMap: the gateway is not running yet, and reads the file when it starts
-    pushed = applied.action == "updated" and await push(cfg, dep, new)
+    pushed = applied.action == "updated" and await push(cfg, dep, new, session)
     return Written(applied, new, pushed)
 
 
 async def push(
-    cfg: config.OperatorConfig, dep: api.ServingDeployment, doc: routes_doc.RoutesDoc
+    cfg: config.OperatorConfig,
+    dep: api.ServingDeployment,
+    doc: routes_doc.RoutesDoc,
+    session: gateway_load.AdminSession | None = None,
 ) -> bool:
     """PUT `doc` to the gateway; False (logged) when it did not take it."""
     url = admin_url(cfg, dep) + gateway_load.ROUTES_PATH
     try:
-        took = await gateway_routes.push(url, doc, cfg.gateway_admin_token)
+        took = await gateway_routes.push(url, doc, cfg.gateway_admin_token, session)
     except ValueError as exc:
         log.warning(
             "routes %d.%d of %s/%s not pushed (the gateway gets them from the file): %s",

@@ -87,7 +87,9 @@ async def tick(
                     kopf.info(body, reason="ModuleScaling", message=line)
                 await reconciler.one_pass(body, patch, ctx, seen)
         return
-    fetch = gateway_itl.fetch(metrics_url(cfg, dep), cfg.gateway_admin_token)
+    fetch = gateway_itl.fetch(
+        metrics_url(cfg, dep), cfg.gateway_admin_token, reconciler.admin_session(memo)
+    )
     hist = await timers.from_gateway(body, memo, WARNED_KEY, "GatewayMetricsUnavailable", fetch)
     if hist is None:
         return

@@ -28,7 +28,7 @@ from tessera.control import converge, switching
 from tessera.observability import control
 from tessera.policies.switching import candidates as switching_candidates
 from tessera.policies.switching import decide as switching_decide
-from tessera_operator import config, discovery, gateway_objects, kube, timers
+from tessera_operator import config, discovery, gateway_objects, kube, reconciler, timers
 
 ARRIVALS_PATH = switching.ARRIVALS_PATH
 DUE_KEY = "switching_due"
@@ -116,7 +116,9 @@ async def tick(
     memo[DUE_KEY] = now + sw.span_seconds
 
     async def arrivals() -> dict[str, Any]:
-        return await switching.fetch_arrivals(arrivals_url(cfg, dep), cfg.gateway_admin_token)
+        return await switching.fetch_arrivals(
+            arrivals_url(cfg, dep), cfg.gateway_admin_token, reconciler.admin_session(memo)
+        )
 
     async def candidates(
         names: Sequence[str], placed: switching.Placed

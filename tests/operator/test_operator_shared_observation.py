@@ -109,13 +109,13 @@ def fakes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
     async def no_cm(ctx: Any, dep: Any) -> None:
         return None
 
-    async def calls(url: str, token: str = "") -> gateway_load.Calls:
+    async def calls(url: str, token: str = "", session: object = None) -> gateway_load.Calls:
         return {}
 
-    async def demand(url: str, token: str = "") -> gateway_demand.Demand:
+    async def demand(url: str, token: str = "", session: object = None) -> gateway_demand.Demand:
         return gateway_demand.Demand()
 
-    async def itl(url: str, token: str = "") -> sig.Hist:
+    async def itl(url: str, token: str = "", session: object = None) -> sig.Hist:
         return sig.Hist((float("inf"),), (0.0,), 0.0, 0.0)
 
     posted: list[str] = []

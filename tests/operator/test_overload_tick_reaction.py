@@ -93,7 +93,7 @@ def posted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     for post in ("info", "warn"):
         monkeypatch.setattr(kopf, post, lambda body, reason="", **kw: out.append(reason))
 
-    async def calls(url: str, token: str = "") -> gateway_load.Calls:
+    async def calls(url: str, token: str = "", session: object = None) -> gateway_load.Calls:
         return {}
 
     async def refs(*a: Any, **k: Any) -> list[agents.AgentRef]:

@@ -65,18 +65,22 @@ def p99(prev: sig.Hist | None, now: sig.Hist | None) -> float | None:
     return lo_b
 
 
-async def fetch(base_url: str, token: str = "") -> Demand:
-    """GET `/admin/v1/load` and `/metrics`; ValueError saying why they could not be read."""
+async def fetch(
+    base_url: str, token: str = "", session: gateway_load.AdminSession | None = None
+) -> Demand:
+    """GET `/admin/v1/load` and `/metrics`; ValueError saying why they could not be read.
+    `session`: a kept one (`gateway_load.AdminSession`), else one for this call."""
     url = base_url.rstrip("/")
     headers = gateway_load.admin_headers(token)
     try:
         timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as s:
-            async with s.get(url + gateway_load.LOAD_PATH, headers=headers) as r:
+        async with gateway_load.client(session) as s:
+            load_url = url + gateway_load.LOAD_PATH
+            async with s.get(load_url, headers=headers, timeout=timeout) as r:
                 if r.status != 200:
                     raise ValueError(f"GET {url}{gateway_load.LOAD_PATH}: HTTP {r.status}")
                 doc = await r.json(content_type=None)
-            async with s.get(url + "/metrics", headers=headers) as r:
+            async with s.get(url + "/metrics", headers=headers, timeout=timeout) as r:
                 text = await r.text() if r.status == 200 else ""
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise ValueError(f"GET {url}: {exc!r}") from exc

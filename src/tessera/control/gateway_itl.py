@@ -30,13 +30,19 @@ def parse(text: str) -> sig.Hist:
     raise ValueError(f"no {ITL} histogram")
 
 
-async def fetch(url: str, token: str = "") -> sig.Hist:
+async def fetch(
+    url: str, token: str = "", session: gateway_load.AdminSession | None = None
+) -> sig.Hist:
     """GET and parse; ValueError saying why it could not be read. `token`: the gateway's
-    admin token (sent as a bearer token when set)."""
+    admin token (sent as a bearer token when set); `session`: a kept one, else one for
+    this call."""
     headers = gateway_load.admin_headers(token)
     try:
         timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url, headers=headers) as r:
+        async with (
+            gateway_load.client(session) as s,
+            s.get(url, headers=headers, timeout=timeout) as r,
+        ):
             if r.status != 200:
                 raise ValueError(f"GET {url}: HTTP {r.status}")
             text = await r.text()

@@ -12,13 +12,18 @@ switching loop. Input: the URL; an optional bearer token (the admin endpoints' o
 user's API key). Output: replica id -> the calls, `Call`s in that order. Caller:
 `tessera_operator.overload_loop`, which also waits with `wait_unrouted` (`GET
 /admin/v1/routes`) until the gateway routes none of a drop's donors before draining them.
+Every read of the admin API (here, `gateway_demand`, `gateway_itl`, `switching`) and the
+routes push take an optional kept session (`AdminSession`: the operator keeps one per
+deployment), so a loop ticking many times a second reuses one connection instead of
+opening one (a TLS handshake where the gateway serves HTTPS) per call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -33,6 +38,34 @@ def admin_headers(token: str) -> dict[str, str]:
     """The headers of a call to the gateway's admin API: its bearer token, when it has one
     (every control loop's reads and the routes push)."""
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+class AdminSession:
+    """One kept HTTP session to a gateway's admin API, opened at first use in the running
+    event loop and closed by `close` (the operator: with the deployment's agent channels)."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    def get(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+
+@contextlib.asynccontextmanager
+async def client(kept: AdminSession | None) -> AsyncIterator[aiohttp.ClientSession]:
+    """`kept`'s session, or one of this call's own (closed after it) when None."""
+    if kept is not None:
+        yield kept.get()
+        return
+    async with aiohttp.ClientSession() as own:
+        yield own
 
 
 @dataclass(frozen=True)
@@ -65,15 +98,14 @@ def queued(calls: Sequence[Call], waiting: int) -> list[Call]:
     return list(calls[: max(waiting, fresh)])
 
 
-async def fetch(url: str, token: str = "") -> dict[str, tuple[Call, ...]]:
+async def fetch(
+    url: str, token: str = "", session: AdminSession | None = None
+) -> dict[str, tuple[Call, ...]]:
     """GET the document; ValueError saying why it could not be read."""
     headers = admin_headers(token)
     try:
         timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as s,
-            s.get(url, headers=headers) as r,
-        ):
+        async with client(session) as s, s.get(url, headers=headers, timeout=timeout) as r:
             if r.status != 200:
                 raise ValueError(f"GET {url}: HTTP {r.status}")
             doc = await r.json(content_type=None)
@@ -86,7 +118,11 @@ async def fetch(url: str, token: str = "") -> dict[str, tuple[Call, ...]]:
 
 
 async def wait_unrouted(
-    url: str, replicas: Sequence[str], token: str = "", timeout_s: float = ROUTES_WAIT_S
+    url: str,
+    replicas: Sequence[str],
+    token: str = "",
+    timeout_s: float = ROUTES_WAIT_S,
+    session: AdminSession | None = None,
 ) -> float | None:
     """Poll the gateway's `GET /admin/v1/routes` (`url`) until it routes none of
     `replicas`; the seconds that took, or None when it still did after `timeout_s` (or
@@ -95,10 +131,10 @@ async def wait_unrouted(
     loop = asyncio.get_running_loop()
     start = loop.time()
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout) as s:
+    async with client(session) as s:
         while loop.time() - start < timeout_s:
             try:
-                async with s.get(url, headers=headers) as r:
+                async with s.get(url, headers=headers, timeout=timeout) as r:
                     doc = await r.json(content_type=None) if r.status == 200 else {}
             except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
                 doc = {}

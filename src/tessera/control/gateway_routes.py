@@ -22,14 +22,21 @@ from tessera.control import gateway_load
 TIMEOUT_S = 2.0
 
 
-async def push(url: str, doc: routes_doc.RoutesDoc, token: str = "") -> float:
-    """PUT `doc` to `url` (module docstring); the seconds it took, ValueError if not applied."""
+async def push(
+    url: str,
+    doc: routes_doc.RoutesDoc,
+    token: str = "",
+    session: gateway_load.AdminSession | None = None,
+) -> float:
+    """PUT `doc` to `url` (module docstring); the seconds it took, ValueError if not applied.
+    `session`: a kept one (`gateway_load.AdminSession`), else one for this call."""
     headers = gateway_load.admin_headers(token)
     start = time.monotonic()
+    timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
     try:
         async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as s,
-            s.put(url, json=doc.to_json(), headers=headers) as r,
+            gateway_load.client(session) as s,
+            s.put(url, json=doc.to_json(), headers=headers, timeout=timeout) as r,
         ):
             if r.status != 200:
                 text = (await r.text())[:300]

@@ -40,13 +40,18 @@ Arrivals = Callable[[], Awaitable[dict[str, Any]]]
 Candidates = Callable[[Sequence[str], Placed], Awaitable[SwitchingCandidates | None]]
 
 
-async def fetch_arrivals(url: str, token: str = "") -> dict[str, Any]:
-    """The gateway's arrivals snapshot (`token`: its admin token, sent when set);
-    ValueError saying why it could not be read."""
+async def fetch_arrivals(
+    url: str, token: str = "", session: gateway_load.AdminSession | None = None
+) -> dict[str, Any]:
+    """The gateway's arrivals snapshot (`token`: its admin token, sent when set; `session`:
+    a kept one, else one for this call); ValueError saying why it could not be read."""
     headers = gateway_load.admin_headers(token)
     try:
         timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url, headers=headers) as r:
+        async with (
+            gateway_load.client(session) as s,
+            s.get(url, headers=headers, timeout=timeout) as r,
+        ):
             if r.status != 200:
                 raise ValueError(f"GET {url}: HTTP {r.status}")
             doc = await r.json(content_type=None)
