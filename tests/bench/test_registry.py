@@ -37,6 +37,8 @@ def test_every_bench_name_is_still_there_and_has_a_module() -> None:
 def test_the_dispatcher_keeps_a_bench_s_keys_and_adds_provenance(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # unset here, restored after: the dispatcher's default must not leak into other tests
+    monkeypatch.delenv("TESSERA_COMPILE_DECODE", raising=False)
     fake = types.ModuleType("fake_bench")
     fake.run = lambda args: {"figure": 1.5, "machine": "m"}  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "fake_bench", fake)
@@ -45,6 +47,7 @@ def test_the_dispatcher_keeps_a_bench_s_keys_and_adds_provenance(
     assert set(out) == {"figure", "machine", "provenance"}
     assert {"machine", "commit", "date", "quiet", "load_per_cpu"} <= set(out["provenance"])
     assert out["provenance"]["date"].endswith("Z")
+    assert out["provenance"]["agent_compile_decode"] == "0"  # the agents' decode: eager
 
 
 @pytest.mark.slow

@@ -37,8 +37,9 @@ was; a figure measured on a loaded machine is marked so). A run recorded from th
 lists the figures the log kept, under their names there.
 
 **Running one.** `tessera bench NAME --json` prints one JSON object, with `provenance`
-(machine, commit, date, load per CPU, quiet). `--record` also writes it to
-`docs/bench-results/NAME.json`; then `python -m tessera.cli.bench` rewrites this file.
+(machine, commit, date, load per CPU, quiet, `agent_compile_decode`: "0", eager, unless
+`TESSERA_COMPILE_DECODE` is set; `tessera agent` compiles by default). `--record` writes
+it to `docs/bench-results/NAME.json`; `python -m tessera.cli.bench` rewrites this file.
 
 **Where they live.** Each benchmark is a module with `add_arguments` and `run`
 (`tessera.cli.bench.BENCHES` maps names to modules): serving scenarios in

@@ -134,6 +134,9 @@ def _runner(module_name: str) -> Any:
         module = importlib.import_module(module_name)
         result: dict[str, Any] = module.run(args)
         result["provenance"] = harness.provenance()
+        # the agents' decode as this bench started them: "0" eager (the benches' default),
+        # else the compiled decode's mode (`tessera agent` compiles on CPU by default)
+        result["provenance"]["agent_compile_decode"] = os.environ["TESSERA_COMPILE_DECODE"]
         if not result["provenance"]["quiet"]:
             sys.stderr.write(
                 f"tessera bench {args.bench}: the machine was busy (load "
