@@ -49,7 +49,8 @@ def test_up_restarts_a_killed_agent_and_reloads_its_blocks(
     (tmp_path / "m.yaml").write_text(manifest.replace("../.demo/tiny-llama", str(tiny_llama)))
     up = subprocess.Popen(
         [sys.executable, "-m", "tessera.cli.main", "up", "-f", str(tmp_path / "m.yaml"),
-         "--port", "0", "--state-file", str(tmp_path / "s.json"), "--reconcile-interval", "600"],
+         "--port", "0", "--state-file", str(tmp_path / "s.json"), "--reconcile-interval", "600",
+         "--agent-nice", "7"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -88,8 +89,11 @@ def test_up_restarts_a_killed_agent_and_reloads_its_blocks(
             if "agent-1" in Path(f"/proc/{k}/cmdline").read_text().replace("\0", " ")
         ]
         assert len(agent1) == 1
-        killed = time.monotonic()
         import os
+
+        # `--agent-nice`: every local agent runs at that niceness, the restarted one too
+        assert os.getpriority(os.PRIO_PROCESS, agent1[0]) == 7
+        killed = time.monotonic()
 
         os.kill(agent1[0], signal.SIGKILL)
         wait_for(r"agent agent-1 restarted at 127\.0\.0\.1:\d+")
@@ -98,6 +102,9 @@ def test_up_restarts_a_killed_agent_and_reloads_its_blocks(
         argvs = [Path(f"/proc/{k}/cmdline").read_text().split("\0") for k in _children(up.pid)]
         agents = [a for a in argvs if "agent" in a and "--agent-id" in a]
         assert len(agents) == 2, argvs
+        for k in _children(up.pid):
+            if "--agent-id" in Path(f"/proc/{k}/cmdline").read_text():
+                assert os.getpriority(os.PRIO_PROCESS, k) == 7, k
         assert all(any(a[i : i + 2] == root for i in range(len(a))) for a in agents), agents
         wait_for(r"reconciled drift: \d+ actions")
         deadline = time.monotonic() + 180

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.bench import options, oracle, trace
-from tessera.cli import bench_overload_bubble
+from tessera.cli import bench_overload_bubble, local_agents
 from tessera.cli import bench_overload_replay as replay_mod
 from tessera.cli import bench_overload_scenario as scenario
 
@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tick-ms", type=float, default=50.0)
     parser.add_argument(
         "--agent-nice",
-        type=_niceness,
+        type=local_agents.niceness,
         default=scenario.AGENT_NICE,
         help="the agents' niceness (0: as every other process); see docs/overload.md",
     )
@@ -90,14 +90,6 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value}: must be >= 1")
-    return value
-
-
-def _niceness(text: str) -> int:
-    """`--agent-nice`: 0-19 (lowering it below 0 needs privileges the bench should not ask)."""
-    value = int(text)
-    if not 0 <= value <= 19:
-        raise argparse.ArgumentTypeError(f"{value}: must be 0-19")
     return value
 
 

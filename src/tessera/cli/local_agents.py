@@ -7,6 +7,7 @@ left behind.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import re
@@ -25,6 +26,15 @@ if TYPE_CHECKING:
     from tessera.rpc.v1 import agent_pb2_grpc as pb_grpc
 
 _LISTEN_RE = re.compile(r"listening on (\S+):(\d+)")
+
+
+def niceness(text: str) -> int:
+    """An `--agent-nice` flag's value: 0-19 (below 0 needs privileges a CLI should not ask);
+    else an argparse error naming the flag."""
+    value = int(text)
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"{value}: must be 0-19")
+    return value
 
 
 @dataclass
@@ -52,8 +62,9 @@ def start_agent(
     """Start one agent process and wait until it listens; raise with its output if it dies.
 
     `env` adds variables to the child's environment (e.g. `TESSERA_TLS_DIR`); `nice` > 0
-    runs every thread of the agent at that niceness (a bench sharing a few cores between
-    agents and the processes that serve their requests: `tessera bench overload`)."""
+    runs every thread of the agent at that niceness (agents sharing a few cores with the
+    processes that serve their requests: `tessera up --agent-nice`, `tessera bench
+    overload`)."""
     cmd = [
         sys.executable,
         "-m",

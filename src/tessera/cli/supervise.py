@@ -45,6 +45,7 @@ class Supervisor:
     policy: restart.RestartPolicy = field(default_factory=restart.RestartPolicy)
     poll_s: float = 0.2
     extra_args: tuple[str, ...] = ()
+    nice: int = 0  # a restarted agent's niceness, as the first's (`tessera up --agent-nice`)
     _slots: dict[str, _Slot] = field(default_factory=dict)
     restarted: asyncio.Event = field(default_factory=asyncio.Event)
     deaths: int = 0
@@ -70,6 +71,7 @@ class Supervisor:
                 host=host,
                 port=slot.port,
                 extra_args=self.extra_args,
+                nice=self.nice,
             )
         except RuntimeError as exc:
             slot.restarts = (*slot.restarts, now)
@@ -139,12 +141,14 @@ def start(
     threads: int,
     say: Callable[[str], None] = print,
     extra_args: tuple[str, ...] = (),
+    nice: int = 0,
 ) -> Supervisor | None:
     """Supervise `procs` in the running loop (None when there are no local agents);
-    `extra_args` go to every restarted agent, as to the first (e.g. `--model-root`)."""
+    `extra_args` and `nice` go to every restarted agent, as to the first (e.g.
+    `--model-root`)."""
     if not procs:
         return None
-    sup = Supervisor(procs, devices, threads, say, extra_args=extra_args)
+    sup = Supervisor(procs, devices, threads, say, extra_args=extra_args, nice=nice)
     sup.task = asyncio.get_running_loop().create_task(sup.run())
     return sup
 

@@ -9,6 +9,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tessera.cli import local_agents
+
+# The local agents' niceness (`--agent-nice`); why: docs/overload.md, "The gateway starved
+# of CPU".
+UP_AGENT_NICE = 0
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """`tessera up`'s flags on the `up` sub-parser `p`."""
@@ -35,6 +41,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="torch threads per local agent (default: the cores less one for the gateway / agents)",
+    )
+    p.add_argument(
+        "--agent-nice",
+        type=local_agents.niceness,
+        default=UP_AGENT_NICE,
+        help="niceness of the local agents (0-19): the gateway and the control loops, which "
+        "serve their requests, get the cores first (docs/overload.md, 'The gateway starved "
+        "of CPU')",
     )
     p.add_argument(
         "--agent",

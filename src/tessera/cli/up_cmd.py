@@ -197,7 +197,11 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
                     try:
                         procs.append(
                             local_agents.start_agent(
-                                f"agent-{i}", args.devices, threads, extra_args=agent_args
+                                f"agent-{i}",
+                                args.devices,
+                                threads,
+                                extra_args=agent_args,
+                                nice=args.agent_nice,
                             )
                         )
                     except RuntimeError as exc:  # e.g. --devices cuda without a GPU
@@ -317,7 +321,9 @@ async def _serve(args: argparse.Namespace, dep: Any) -> int:
             remaining = again.remaining
             return remaining is not None and bool(remaining.steps) and remaining.blocked is None
 
-        supervisor = supervise.start(procs, args.devices, threads, console.print, agent_args)
+        supervisor = supervise.start(
+            procs, args.devices, threads, console.print, agent_args, nice=args.agent_nice
+        )
         # one pass at a time: a converge pass, an overload tick and a scaling tick never
         # overlap, and the loops ticked in a pass share its observation of the agents
         deployment = observation.Pass(observation.Observation(refs, tls=tls))
