@@ -1,21 +1,17 @@
 """Read what only the gateway sees of each replica's load: `GET /admin/v1/load`.
 
 The overload loop needs the KV the requests waiting on each replica will need (prompt
-tokens and budget), which no agent reports: an agent counts its waiting requests
-(`ReplicaKV.waiting`, preempted ones included) but not their sizes, and knows nothing of
-a call not admitted yet. The gateway lists its calls per replica, most likely waiting
+tokens and budget), which no agent reports: an agent counts its waiting requests but not
+their sizes, and knows nothing of a call not admitted yet. The gateway lists its calls per replica, most likely waiting
 first; `queued` takes as many as the agent says wait (at least those with no token).
 The loop pulls the gateway's admin document every tick rather than the gateway pushing
 it: the loop owns the timing (a tick reads one fresh snapshot, never a stale push), the
 gateway needs no address of its controller, and the same pull reads `/arrivals` for the
 switching loop. Input: the URL; an optional bearer token (the admin endpoints' own, not a
-user's API key). Output: replica id -> the calls, `Call`s in that order. Caller:
-`tessera_operator.overload_loop`, which also waits with `wait_unrouted` (`GET
-/admin/v1/routes`) until the gateway routes none of a drop's donors before draining them.
-Every read of the admin API (here, `gateway_demand`, `gateway_itl`, `switching`) and the
-routes push take an optional kept session (`AdminSession`: the operator keeps one per
-deployment), so a loop ticking many times a second reuses one connection instead of
-opening one (a TLS handshake where the gateway serves HTTPS) per call.
+user's API key), optionally a kept session (`AdminSession`, one per deployment: every
+admin read and push reuses its connection). Output: replica id -> the calls, in that
+order. Caller: `tessera_operator.overload_loop`, which also waits with `wait_unrouted`
+until the gateway routes none of a drop's donors before draining them.
 """
 
 from __future__ import annotations
