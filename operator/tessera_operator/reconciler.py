@@ -67,6 +67,8 @@ class Context:
     candidates: switching_candidates.CandidateCache = field(
         default_factory=switching_candidates.CandidateCache
     )
+    # every deployment's kept admin session (`admin_session`), closed when the operator stops
+    admin_sessions: list[gateway_load.AdminSession] = field(default_factory=list)
     # the overload groups and layer runs last announced per deployment (announced.py)
     posted: announced.Announced = field(default_factory=overload_status.posted)
     runs_posted: announced.Announced = field(default_factory=scaling.posted)
@@ -101,6 +103,9 @@ def admin_session(memo: kopf.Memo) -> gateway_load.AdminSession:
     held = memo.get("admin_session")
     if held is None:
         held = memo["admin_session"] = gateway_load.AdminSession()
+        ctx = memo.get("ctx")
+        if isinstance(ctx, Context):
+            ctx.admin_sessions.append(held)
     assert isinstance(held, gateway_load.AdminSession)
     return held
 

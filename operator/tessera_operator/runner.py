@@ -43,11 +43,12 @@ async def serve(
 ) -> None:
     """Run until `stop_flag` is set (or the task is cancelled); set `ready_flag` once up."""
     client = kube.Kube.connect(cfg.api_server)
+    ctx = reconciler.Context(cfg, client)
     try:
         await kopf.operator(
             registry=handlers.build_registry(cfg),
             settings=settings(cfg),
-            memo=kopf.Memo(ctx=reconciler.Context(cfg, client)),
+            memo=kopf.Memo(ctx=ctx),
             clusterwide=cfg.clusterwide,
             namespaces=list(cfg.namespaces),
             standalone=not cfg.peering,
@@ -58,6 +59,8 @@ async def serve(
             ready_flag=ready_flag,
         )
     finally:
+        for session in ctx.admin_sessions:  # the deployments' kept gateway admin sessions
+            await session.close()
         client.close()
 
 

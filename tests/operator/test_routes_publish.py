@@ -120,10 +120,14 @@ async def test_a_routes_step_pushes_and_the_drop_waits_for_no_file(
         gw.apply_routes(routes.from_doc(first.doc))  # what the gateway read from its file
 
         ctx = reconciler.Context(cfg, client)
-        set_routes = overload_loop._routes_writer(ctx, kopf.Body(BODY), dep, leaders, cfg)
+        memo = kopf.Memo(ctx=ctx)
+        kept = reconciler.admin_session(memo)  # the deployment's, as the overload tick's
+        assert reconciler.admin_session(memo) is kept and ctx.admin_sessions == [kept]
+        set_routes = overload_loop._routes_writer(ctx, kopf.Body(BODY), dep, leaders, cfg, kept)
         start = time.monotonic()
         await set_routes(overload_steps.Routes(remove=("r1",)))
         took = time.monotonic() - start
+        await kept.close()
         doc = _stored(await routes_publish.stored(client, dep))
         assert (doc.version, doc.replica_ids) == (1, ("r0",))
         assert doc.revision >= int(start_wall * 1000)  # the wall clock: past 5000
