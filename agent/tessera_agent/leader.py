@@ -9,6 +9,7 @@ address, so a rewire takes effect on the next connect.
 from __future__ import annotations
 
 import concurrent.futures
+import ipaddress
 
 from tessera.policies.overload import microbatch
 from tessera.rpc import transport
@@ -48,6 +49,18 @@ def make_leader(
     connect = connector(h, tls)
     inflight = (microbatches or max(2, h.num_stages)) if connect is not None else None
     return replica.ReplicaEngine(h.stage.runner, compute, cfg, connect, inflight, split)
+
+
+def dropped_in_flight(h: hosted.Hosted, configured: int) -> int:
+    """Microbatches in flight for the pipeline an overload drop made of `h`'s replica
+    (`microbatch.in_flight`): CPU stages linked over loopback share this machine's cores."""
+    host = h.next_address.rsplit(":", 1)[0].strip("[]")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: not known to be this machine
+        loopback = False
+    cpu = h.stage.runner.device.type == "cpu"
+    return microbatch.in_flight(h.stage.spec.num_stages, configured, cpu and loopback)
 
 
 def connector(h: hosted.Hosted, tls: transport.TlsFiles | None) -> replica.DownstreamFactory | None:

@@ -57,7 +57,8 @@ async def apply(hs: hosting.Hosting, req: pb.OverloadShiftRequest) -> pb.Overloa
         return _reply(h, held_pages=held)
     if op == "resume":
         eng = _leader(h)
-        await eng.resume(leader.connector(h, hs.defaults.tls), req.num_pages)
+        inflight = leader.dropped_in_flight(h, hs.defaults.pipeline_microbatches)
+        await eng.resume(leader.connector(h, hs.defaults.tls), req.num_pages, inflight)
         return _reply(h)
     if op == "compact":
         return await _compact(hs, h, req.num_pages)

@@ -73,3 +73,12 @@ def test_measured_bubble() -> None:
     assert lookahead.measured_bubble([2.0, 2.0], 2.0) == 0.0
     with pytest.raises(ValueError):
         lookahead.measured_bubble([], 1.0)
+
+
+def test_a_drops_pipeline_keeps_one_microbatch_in_flight_on_shared_cpu_cores() -> None:
+    assert microbatch.in_flight(2) == 2  # one per stage, at least 2
+    assert microbatch.in_flight(3) == 3
+    assert microbatch.in_flight(2, shared_cpu=True) == 1  # stages share one machine's cores
+    assert microbatch.in_flight(3, shared_cpu=True) == 1
+    assert microbatch.in_flight(2, configured=3, shared_cpu=True) == 3  # the agent's flag wins
+    assert microbatch.in_flight(4, configured=1) == 1

@@ -179,14 +179,17 @@ class ReplicaEngine(kv_pins.KVPins):
             await asyncio.gather(*list(self._inflight), return_exceptions=True)
         return [] if self._sched is None else self._sched.alloc.content_pages()
 
-    async def resume(self, connect: DownstreamFactory | None, num_pages: int = 0) -> None:
-        """Run again over the (possibly new) downstream stages: `connect` None means the
-        replica is whole now. Raises the allocator to `num_pages` when that is more."""
+    async def resume(
+        self, connect: DownstreamFactory | None, num_pages: int = 0, max_inflight: int = 2
+    ) -> None:
+        """Run again over the (possibly new) downstream stages, `max_inflight` microbatches
+        in flight: `connect` None means the replica is whole now (one). Raises the
+        allocator to `num_pages` when that is more."""
         if self._downstream is not None:  # the stages after the leader changed
             ds, self._downstream = self._downstream, None
             await ds.close()
         self._connect = connect
-        self.max_inflight = 2 if connect is not None else 1
+        self.max_inflight = max(1, max_inflight) if connect is not None else 1
         self.dropped = connect is not None
         if self._sched is not None and connect is not None:
             self._downstream = await connect()

@@ -82,6 +82,16 @@ def window_chunks(
     return tuple(out)
 
 
+def in_flight(num_stages: int, configured: int = 0, shared_cpu: bool = False) -> int:
+    """Microbatches a pipeline an overload drop made keeps in flight: `configured` when > 0
+    (the agent's `--pipeline-microbatches`); 1 when its stages are CPU stages sharing one
+    machine's cores (`shared_cpu`: a second microbatch overlaps no idle hardware there and
+    doubles each token's fixed step costs; docs/overload.md); else one per stage (>= 2)."""
+    if configured > 0:
+        return configured
+    return 1 if shared_cpu else max(2, num_stages)
+
+
 def deep(window: Window, cfg: SplitConfig) -> bool:
     """The queue is deep enough to look ahead at (see the module docstring)."""
     return lookahead.use_lookahead(
