@@ -78,7 +78,8 @@ def register(sub: Any) -> None:
         "--pipeline-microbatches",
         type=int,
         default=0,
-        help="microbatches a pipelined replica led here keeps in flight (0: one per stage)",
+        help="microbatches a pipelined replica led here keeps in flight (0: one per stage; "
+        "for a pipeline an overload drop made of CPU stages linked over loopback, one)",
     )
     p.add_argument(
         "--health-port",
