@@ -1,11 +1,11 @@
 """Replica leader: drives continuous batching over the first stage and the rest of the pipeline.
 
 The leader agent of a replica owns the scheduler and page allocator. Its loop keeps up to
-`max_inflight` microbatches in flight (one per stage, at least two when pipelined) so
-that stages on different agents compute at the same time: microbatch A runs on stage 2
-while microbatch B runs on stage 1. Each step runs the local stage on the agent's compute
-thread, then goes downstream through a `Downstream` (the gRPC stage stream in production,
-an in-process runner chain in tests), and its sampled tokens come back to `postprocess`.
+`max_inflight` microbatches in flight (one per stage, at least two when pipelined; one on
+a drop's pipeline of CPU stages sharing a machine) so stages on different agents compute
+at once. Each step runs the local stage on the agent's compute thread, then goes
+downstream through a `Downstream` (the gRPC stage stream in production, an in-process
+runner chain in tests), and its sampled tokens come back to `postprocess`.
 How each microbatch is cut (by sequence count, or by modelled cost while an overload drop
 made the replica a pipeline and its queue is deep) is `tessera.policies.overload.microbatch`'s
 decision. `busy_s()` is each stage's compute time so far (the leader's own, and the
