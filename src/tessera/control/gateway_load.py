@@ -2,16 +2,16 @@
 
 The overload loop needs the KV the requests waiting on each replica will need (prompt
 tokens and budget), which no agent reports: an agent counts its waiting requests but not
-their sizes, and knows nothing of a call not admitted yet. The gateway lists its calls per replica, most likely waiting
-first; `queued` takes as many as the agent says wait (at least those with no token).
-The loop pulls the gateway's admin document every tick rather than the gateway pushing
-it: the loop owns the timing (a tick reads one fresh snapshot, never a stale push), the
-gateway needs no address of its controller, and the same pull reads `/arrivals` for the
-switching loop. Input: the URL; an optional bearer token (the admin endpoints' own, not a
-user's API key), optionally a kept session (`AdminSession`, one per deployment: every
-admin read and push reuses its connection). Output: replica id -> the calls, in that
-order. Caller: `tessera_operator.overload_loop`, which also waits with `wait_unrouted`
-until the gateway routes none of a drop's donors before draining them.
+their sizes, and knows nothing of a call not admitted yet. The gateway lists its calls per
+replica, most likely waiting first; `queued` takes as many as the agent says wait (at
+least those with no token). The loop pulls every tick rather than the gateway pushing:
+the loop owns the timing (one fresh snapshot per tick), the gateway needs no address of
+its controller, and the same pull reads `/arrivals` for switching. Input: the URL; an
+optional bearer token (the admin endpoints' own, not a user's API key); optionally a kept
+session (`AdminSession`, one per deployment: every admin read and push reuses its
+connection). Output: replica id -> the calls, in that order. Caller:
+`tessera_operator.overload_loop`, which also waits with `wait_unrouted` until the gateway
+routes none of a drop's donors before draining them.
 """
 
 from __future__ import annotations
