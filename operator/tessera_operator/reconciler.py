@@ -110,6 +110,16 @@ def admin_session(memo: kopf.Memo) -> gateway_load.AdminSession:
     return held
 
 
+async def close_admin_session(memo: kopf.Memo) -> None:
+    """Close the deployment's kept admin session, if it has one, and forget it (deletion)."""
+    held = memo.pop("admin_session", None)
+    if isinstance(held, gateway_load.AdminSession):
+        ctx = memo.get("ctx")
+        if isinstance(ctx, Context) and held in ctx.admin_sessions:
+            ctx.admin_sessions.remove(held)
+        await held.close()
+
+
 def lock(memo: kopf.Memo) -> asyncio.Lock:
     """The deployment's pass lock (`deployment_pass`)."""
     return deployment_pass(memo).lock
@@ -285,4 +295,4 @@ async def finalize(body: kopf.Body, memo: kopf.Memo, retry: int) -> None:
         held.observation.acted()
         if held.observation.channels is not None:
             await held.observation.channels.close()
-        await admin_session(memo).close()
+        await close_admin_session(memo)
